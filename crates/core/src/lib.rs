@@ -1,0 +1,147 @@
+//! Shared vocabulary of kjob, defined once: the names upstream Kubernetes uses for Job labels,
+//! annotations and finalizers, kjob's queue names, and the `namespace/name` key format.
+
+/// Finalizer the Job controller puts on every pod it creates, removed once the pod is counted.
+pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
+
+/// Label (and annotation) carrying a pod's completion index in Indexed Jobs.
+pub const JOB_COMPLETION_INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
+/// Annotation counting failures of the pod's index (backoffLimitPerIndex).
+pub const JOB_INDEX_FAILURE_COUNT_ANNOTATION: &str = "batch.kubernetes.io/job-index-failure-count";
+/// Annotation counting ignored failures of the pod's index (backoffLimitPerIndex).
+pub const JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION: &str =
+    "batch.kubernetes.io/job-index-ignored-failure-count";
+/// Label with the owning Job's UID, added to the generated selector and template.
+pub const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+/// Legacy twin of [`CONTROLLER_UID_LABEL`].
+pub const LEGACY_CONTROLLER_UID_LABEL: &str = "controller-uid";
+/// Label with the owning Job's name.
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+/// Legacy twin of [`JOB_NAME_LABEL`].
+pub const LEGACY_JOB_NAME_LABEL: &str = "job-name";
+/// Env var carrying the completion index inside Indexed Job containers.
+pub const JOB_COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
+
+/// `spec.managedBy` value of the built-in controller.
+pub const BUILTIN_JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
+/// Default `spec.managedBy` value (and `--controller-name`) kjob answers to.
+pub const DEFAULT_CONTROLLER_NAME: &str = "kjob.io/job-controller";
+
+/// Queue of Job keys to sync.
+pub const JOB_QUEUE: &str = "job";
+/// Queue of orphan pod keys whose tracking finalizer must be removed.
+pub const ORPHAN_POD_QUEUE: &str = "orphan-pod";
+/// Every queue name kjob knows.
+pub const QUEUES: [&str; 2] = [JOB_QUEUE, ORPHAN_POD_QUEUE];
+
+/// Longest key accepted anywhere: namespace (63) + '/' + name (253).
+pub const MAX_KEY_LEN: usize = 63 + 1 + 253;
+
+/// Errors parsing an object key.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    /// The key is empty.
+    #[error("key is empty")]
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`].
+    #[error("key is {0} bytes long; the limit is {MAX_KEY_LEN}")]
+    TooLong(usize),
+    /// The key is not of the form `namespace/name`.
+    #[error("key {0:?} is not of the form namespace/name")]
+    Malformed(String),
+}
+
+/// A namespaced object key, `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Namespace of the object.
+    pub namespace: String,
+    /// Name of the object.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Builds a key from its parts.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+
+    /// Parses `namespace/name`, refusing empty parts, extra slashes and oversized keys.
+    pub fn parse(key: &str) -> Result<Self, KeyError> {
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong(key.len()));
+        }
+        match key.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self::new(ns, name))
+            }
+            _ => Err(KeyError::Malformed(key.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trip() {
+        let k = ObjectKey::parse("default/pi").unwrap();
+        assert_eq!(k, ObjectKey::new("default", "pi"));
+        assert_eq!(k.to_string(), "default/pi");
+    }
+
+    #[test]
+    fn key_rejects_bad_input() {
+        assert_eq!(ObjectKey::parse(""), Err(KeyError::Empty));
+        for bad in ["noslash", "/name", "ns/", "a/b/c"] {
+            assert!(matches!(ObjectKey::parse(bad), Err(KeyError::Malformed(_))), "{bad}");
+        }
+        let long = format!("ns/{}", "x".repeat(MAX_KEY_LEN));
+        assert!(matches!(ObjectKey::parse(&long), Err(KeyError::TooLong(_))));
+    }
+}
+
+/// Whether a controller named `controller_name` reconciles a Job whose `spec.managedBy` is
+/// `managed_by`. With `manage_all`, Jobs without managedBy (or naming the built-in controller,
+/// for clusters whose built-in Job controller is disabled) are taken too; Jobs naming any other
+/// controller are never touched.
+pub fn manages(managed_by: Option<&str>, controller_name: &str, manage_all: bool) -> bool {
+    match managed_by {
+        Some(m) if m == controller_name => true,
+        None => manage_all,
+        Some(m) => manage_all && m == BUILTIN_JOB_CONTROLLER,
+    }
+}
+
+#[cfg(test)]
+mod manages_tests {
+    use super::*;
+
+    #[test]
+    fn managed_by_table() {
+        let me = DEFAULT_CONTROLLER_NAME;
+        let cases = [
+            (Some(me), false, true),
+            (Some(me), true, true),
+            (None, false, false),
+            (None, true, true),
+            (Some(BUILTIN_JOB_CONTROLLER), false, false),
+            (Some(BUILTIN_JOB_CONTROLLER), true, true),
+            (Some("example.com/other"), true, false),
+            (Some("example.com/other"), false, false),
+        ];
+        for (m, all, want) in cases {
+            assert_eq!(manages(m, me, all), want, "{m:?} manage_all={all}");
+        }
+    }
+}

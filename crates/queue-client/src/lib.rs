@@ -1,0 +1,1 @@
+//! Typed client of kjob-queue with retries and backoff

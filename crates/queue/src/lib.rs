@@ -1,0 +1,1 @@
+//! kjob-queue: the gRPC queue service over the Redis workqueue

@@ -1,0 +1,10 @@
+//! Test harness: real `redis-server` processes and kjob binaries on free loopback ports.
+//!
+//! Every helper owns its child process and kills it on drop, so a failing test never leaves a
+//! server behind, and every test gets its own ports so tests run in parallel.
+
+pub mod process;
+pub mod redis;
+
+pub use process::{ChildGuard, bin_path, free_port, wait_for_tcp, workspace_root};
+pub use redis::RedisServer;

@@ -1,0 +1,114 @@
+//! Child processes that die with the test, and free ports.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bound then released; the OS will not hand it out again soon).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("nothing listens on {addr} after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The workspace root (where the top-level Cargo.toml is).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct ChildGuard {
+    name: String,
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd`, naming the process for error messages.
+    pub fn spawn(name: impl Into<String>, cmd: &mut Command) -> anyhow::Result<Self> {
+        let name = name.into();
+        let child = cmd.spawn().map_err(|e| anyhow::anyhow!("spawning {name}: {e}"))?;
+        Ok(Self { name, child: Some(child) })
+    }
+
+    /// The OS process id, if still running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit; SIGKILL after that.
+    /// Returns the exit status if it exited by itself.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+
+    /// Whether the process has exited (without reaping a running one).
+    pub fn has_exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+        }
+    }
+
+    /// The process name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Path of a workspace binary built by `cargo build` (e.g. `kjob-queue`), honouring
+/// `CARGO_TARGET_DIR`. `make test` builds every binary before the tests run.
+pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    for profile in ["debug", "release"] {
+        let p = target.join(profile).join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    anyhow::bail!(
+        "binary {name} not found under {}: run `cargo build --bins` first",
+        target.display()
+    )
+}

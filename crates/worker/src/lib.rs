@@ -1,0 +1,1 @@
+//! kjob-worker: leases Job keys and runs syncJob against the API server

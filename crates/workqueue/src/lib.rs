@@ -1,0 +1,1 @@
+//! Redis-backed distributed workqueue: data model, Lua scripts, rate limiters, expectations
