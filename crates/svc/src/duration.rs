@@ -19,7 +19,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 366.0 * 24.0 * 3600.0 {
+    if !secs.is_finite() || !(0.0..=366.0 * 24.0 * 3600.0).contains(&secs) {
         return Err(format!("duration {s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
