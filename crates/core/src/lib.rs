@@ -1,6 +1,8 @@
 //! Shared vocabulary of kjob, defined once: the names upstream Kubernetes uses for Job labels,
 //! annotations and finalizers, kjob's queue names, and the `namespace/name` key format.
 
+pub mod rbac;
+
 /// Finalizer the Job controller puts on every pod it creates, removed once the pod is counted.
 pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
 
