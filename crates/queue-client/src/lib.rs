@@ -1,1 +1,550 @@
-//! Typed client of kjob-queue with retries and backoff
+//! Typed client of kjob-queue with retries and backoff.
+//!
+//! One [`QueueClient`] wraps one lazily connected tonic channel; clone it freely (clones share
+//! the channel). Transport failures and `UNAVAILABLE` are retried with capped exponential
+//! backoff plus jitter, as the [`RetryPolicy`] says (by default forever); `INVALID_ARGUMENT`,
+//! `FAILED_PRECONDITION` and the other definite answers are returned at once.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kjob_queue_client::ClientError> {
+//! use kjob_queue_client::{QueueClient, v1};
+//! let client = QueueClient::connect_lazy("http://127.0.0.1:50051")?;
+//! client.add(vec![v1::AddItem { queue: "job".into(), key: "default/pi".into(), ..Default::default() }]).await?;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use kjob_proto::v1;
+use kjob_proto::v1::expectations_client::ExpectationsClient;
+use kjob_proto::v1::queue_client::QueueClient as RawQueueClient;
+use rand::Rng;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+/// Connecting to the server must not hang longer than this; a retry follows.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Deadline of a unary call, on top of the long-poll wait for Lease: Redis scripts are bounded,
+/// so a healthy server answers far sooner.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings keep idle connections (a worker waiting in Lease) alive through middleboxes and
+/// notice a dead server without waiting for the request timeout.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+
+/// How failed calls are retried.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Delay before the first retry.
+    pub initial_backoff: Duration,
+    /// Longest delay between two attempts.
+    pub max_backoff: Duration,
+    /// Give up after this many retries (`None` = never give up).
+    pub max_retries: Option<u32>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            max_retries: None,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A policy that never retries (errors come back at once).
+    pub fn no_retries() -> Self {
+        Self { max_retries: Some(0), ..Self::default() }
+    }
+
+    /// The delay before retry number `attempt` (0-based) without jitter: initial · 2^attempt,
+    /// capped at `max_backoff`.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.min(31));
+        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+    }
+
+    /// The delay actually slept: the capped backoff scaled by a random factor in [0.5, 1.0], so
+    /// many clients that lost the server together do not come back in lockstep.
+    fn jittered(&self, attempt: u32) -> Duration {
+        let base = self.backoff(attempt);
+        base.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+}
+
+/// Errors of the queue client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The lease id is stale: the lease expired and the key may be held by someone else.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// The server refused the request as malformed (never retried).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The server or its Redis is unreachable and the retry policy gave up.
+    #[error("queue unavailable: {0}")]
+    Unavailable(String),
+    /// The URL given to [`QueueClient::connect_lazy`] is not usable.
+    #[error("invalid queue url {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// Any other gRPC status.
+    #[error("queue call failed: {0}")]
+    Status(Box<Status>),
+}
+
+impl ClientError {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ClientError::Unavailable(_))
+    }
+}
+
+/// Classifies a status: `true` when the call may be retried.
+fn retryable(status: &Status) -> bool {
+    // Transport errors surface as UNAVAILABLE (or UNKNOWN carrying a transport source);
+    // DEADLINE_EXCEEDED is a call that did not get through in time. All are safe to resend:
+    // Add, Lease and the expectation calls tolerate a duplicate, and a duplicate Done/Renew
+    // comes back as LeaseLost, which the worker treats as "someone else owns the key now".
+    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled)
+        || (status.code() == Code::Unknown && std::error::Error::source(status).is_some())
+}
+
+fn from_status(status: Status) -> ClientError {
+    match status.code() {
+        Code::InvalidArgument => ClientError::InvalidArgument(status.message().to_string()),
+        Code::FailedPrecondition => ClientError::LeaseLost(status.message().to_string()),
+        _ if retryable(&status) => {
+            ClientError::Unavailable(format!("{}: {}", status.code(), status.message()))
+        }
+        _ => ClientError::Status(Box::new(status)),
+    }
+}
+
+/// How a finished lease ends (see `DoneOutcome` in the proto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Success: reset the failure count.
+    Forget,
+    /// Error: requeue after the per-item exponential backoff.
+    RateLimited,
+    /// Success asking for another sync after the given delay.
+    RequeueAfter(Duration),
+}
+
+impl Outcome {
+    fn to_proto(self) -> (v1::DoneOutcome, u64) {
+        match self {
+            Outcome::Forget => (v1::DoneOutcome::Forget, 0),
+            Outcome::RateLimited => (v1::DoneOutcome::RateLimited, 0),
+            Outcome::RequeueAfter(d) => (v1::DoneOutcome::RequeueAfter, millis(d)),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A cheap, cloneable client of the kjob-queue `Queue` and `Expectations` services.
+#[derive(Debug, Clone)]
+pub struct QueueClient {
+    queue: RawQueueClient<Channel>,
+    expectations: ExpectationsClient<Channel>,
+    retry: RetryPolicy,
+}
+
+impl QueueClient {
+    /// Creates a client for `url` (e.g. `http://127.0.0.1:50051`) without connecting yet; the
+    /// first call connects, and later calls reconnect after failures.
+    pub fn connect_lazy(url: &str) -> Result<Self, ClientError> {
+        let invalid = |reason: String| ClientError::InvalidUrl { url: url.to_string(), reason };
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid("expected http://host:port".into()));
+        }
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| invalid(e.to_string()))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        Ok(Self {
+            queue: RawQueueClient::new(channel.clone()),
+            expectations: ExpectationsClient::new(channel),
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    /// Returns the client with another retry policy.
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Runs `call` until it succeeds, fails definitely, or the retry policy gives up.
+    async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut attempt = 0u32;
+        loop {
+            let res = tokio::time::timeout(timeout + Duration::from_secs(1), call()).await;
+            let status = match res {
+                Ok(Ok(resp)) => return Ok(resp.into_inner()),
+                Ok(Err(status)) => status,
+                // Belt and braces: the grpc-timeout header normally ends the call first.
+                Err(_) => Status::deadline_exceeded(format!("{what} timed out after {timeout:?}")),
+            };
+            if !retryable(&status) {
+                return Err(from_status(status));
+            }
+            if self.retry.max_retries.is_some_and(|max| attempt >= max) {
+                return Err(from_status(status));
+            }
+            let delay = self.retry.jittered(attempt);
+            tracing::warn!(call = what, attempt, error = %status.message(), code = ?status.code(), ?delay, "queue call failed; retrying");
+            tokio::time::sleep(delay).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    fn req<T>(msg: T, timeout: Duration) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.set_timeout(timeout);
+        r
+    }
+
+    /// Enqueues a batch; returns once Redis has applied every item.
+    pub async fn add(&self, items: Vec<v1::AddItem>) -> Result<v1::AddResponse, ClientError> {
+        let msg = v1::AddRequest { items };
+        self.call("add", REQUEST_TIMEOUT, || {
+            let mut c = self.queue.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.add(r).await }
+        })
+        .await
+    }
+
+    /// Leases up to `max_items` ready keys of `queue`, waiting up to `wait` for the first.
+    pub async fn lease(
+        &self,
+        queue: &str,
+        max_items: u32,
+        lease: Duration,
+        wait: Duration,
+        worker_id: &str,
+    ) -> Result<Vec<v1::LeasedItem>, ClientError> {
+        let msg = v1::LeaseRequest {
+            queue: queue.to_string(),
+            max_items,
+            lease_ms: millis(lease),
+            wait_ms: millis(wait),
+            worker_id: worker_id.to_string(),
+        };
+        let timeout = wait + REQUEST_TIMEOUT;
+        let resp = self
+            .call("lease", timeout, || {
+                let mut c = self.queue.clone();
+                let r = Self::req(msg.clone(), timeout);
+                async move { c.lease(r).await }
+            })
+            .await?;
+        Ok(resp.items)
+    }
+
+    /// Extends a lease; returns the new deadline (Unix ms). A stale id is [`ClientError::LeaseLost`].
+    pub async fn renew(
+        &self,
+        queue: &str,
+        key: &str,
+        lease_id: &str,
+        lease: Duration,
+    ) -> Result<i64, ClientError> {
+        let msg = v1::RenewRequest {
+            queue: queue.to_string(),
+            key: key.to_string(),
+            lease_id: lease_id.to_string(),
+            lease_ms: millis(lease),
+        };
+        let resp = self
+            .call("renew", REQUEST_TIMEOUT, || {
+                let mut c = self.queue.clone();
+                let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+                async move { c.renew(r).await }
+            })
+            .await?;
+        Ok(resp.deadline_unix_ms)
+    }
+
+    /// Finishes a lease with `outcome`. A stale id is [`ClientError::LeaseLost`].
+    pub async fn done(
+        &self,
+        queue: &str,
+        key: &str,
+        lease_id: &str,
+        outcome: Outcome,
+    ) -> Result<v1::DoneResponse, ClientError> {
+        let (outcome, requeue_after_ms) = outcome.to_proto();
+        let msg = v1::DoneRequest {
+            queue: queue.to_string(),
+            key: key.to_string(),
+            lease_id: lease_id.to_string(),
+            outcome: outcome as i32,
+            requeue_after_ms,
+        };
+        self.call("done", REQUEST_TIMEOUT, || {
+            let mut c = self.queue.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.done(r).await }
+        })
+        .await
+    }
+
+    /// Replaces the expectations of Job `key` (UID `job_uid`).
+    pub async fn set_expectations(
+        &self,
+        key: &str,
+        job_uid: &str,
+        add: i64,
+        del: i64,
+    ) -> Result<(), ClientError> {
+        let msg = v1::SetExpectationsRequest {
+            key: key.to_string(),
+            job_uid: job_uid.to_string(),
+            add,
+            del,
+        };
+        self.call("set_expectations", REQUEST_TIMEOUT, || {
+            let mut c = self.expectations.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.set_expectations(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Lowers existing expectations of Job `key` by `add`/`del` (no-op without a record).
+    pub async fn lower_expectations(
+        &self,
+        key: &str,
+        job_uid: &str,
+        add: i64,
+        del: i64,
+    ) -> Result<(), ClientError> {
+        let msg = v1::LowerExpectationsRequest {
+            key: key.to_string(),
+            job_uid: job_uid.to_string(),
+            add,
+            del,
+        };
+        self.call("lower_expectations", REQUEST_TIMEOUT, || {
+            let mut c = self.expectations.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.lower_expectations(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Reads the expectations of Job `key` as seen by a Job with UID `job_uid`.
+    pub async fn get_expectations(
+        &self,
+        key: &str,
+        job_uid: &str,
+    ) -> Result<v1::GetExpectationsResponse, ClientError> {
+        let msg = v1::GetExpectationsRequest { key: key.to_string(), job_uid: job_uid.to_string() };
+        self.call("get_expectations", REQUEST_TIMEOUT, || {
+            let mut c = self.expectations.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.get_expectations(r).await }
+        })
+        .await
+    }
+
+    /// Deletes the expectations, finalizer-removal set and records of Job `key`.
+    pub async fn delete_expectations(&self, key: &str) -> Result<(), ClientError> {
+        let msg = v1::DeleteExpectationsRequest { key: key.to_string() };
+        self.call("delete_expectations", REQUEST_TIMEOUT, || {
+            let mut c = self.expectations.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.delete_expectations(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Adds pod UIDs whose tracking-finalizer removal is in flight for Job `key`.
+    pub async fn expect_finalizer_removals(
+        &self,
+        key: &str,
+        job_uid: &str,
+        pod_uids: Vec<String>,
+    ) -> Result<(), ClientError> {
+        let msg = v1::ExpectFinalizerRemovalsRequest {
+            key: key.to_string(),
+            job_uid: job_uid.to_string(),
+            pod_uids,
+        };
+        self.call("expect_finalizer_removals", REQUEST_TIMEOUT, || {
+            let mut c = self.expectations.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.expect_finalizer_removals(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Reads the record `name` of Job `key`.
+    pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, ClientError> {
+        let msg = v1::GetRecordRequest { key: key.to_string(), name: name.to_string() };
+        let resp = self
+            .call("get_record", REQUEST_TIMEOUT, || {
+                let mut c = self.expectations.clone();
+                let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+                async move { c.get_record(r).await }
+            })
+            .await?;
+        Ok(resp.found.then_some(resp.value))
+    }
+
+    /// Writes the record `name` of Job `key`, optionally expiring after `ttl`.
+    pub async fn put_record(
+        &self,
+        key: &str,
+        name: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<(), ClientError> {
+        let msg = v1::PutRecordRequest {
+            key: key.to_string(),
+            name: name.to_string(),
+            value,
+            ttl_ms: ttl.map(millis).unwrap_or(0),
+        };
+        self.call("put_record", REQUEST_TIMEOUT, || {
+            let mut c = self.expectations.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.put_record(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Reports the depth of each part of `queue`.
+    pub async fn stats(&self, queue: &str) -> Result<v1::StatsResponse, ClientError> {
+        let msg = v1::StatsRequest { queue: queue.to_string() };
+        self.call("stats", REQUEST_TIMEOUT, || {
+            let mut c = self.queue.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.stats(r).await }
+        })
+        .await
+    }
+
+    /// Reports what `queue` knows about `keys`.
+    pub async fn inspect(
+        &self,
+        queue: &str,
+        keys: Vec<String>,
+    ) -> Result<v1::InspectResponse, ClientError> {
+        let msg = v1::InspectRequest { queue: queue.to_string(), keys };
+        self.call("inspect", REQUEST_TIMEOUT, || {
+            let mut c = self.queue.clone();
+            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+            async move { c.inspect(r).await }
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = RetryPolicy {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            max_retries: None,
+        };
+        let got: Vec<u128> = (0..6).map(|a| p.backoff(a).as_millis()).collect();
+        assert_eq!(got, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(p.backoff(u32::MAX), Duration::from_secs(1));
+        for a in 0..8 {
+            let j = p.jittered(a);
+            assert!(j <= p.backoff(a) && j >= p.backoff(a) / 2, "{a}: {j:?}");
+        }
+    }
+
+    #[test]
+    fn status_mapping() {
+        assert!(matches!(
+            from_status(Status::invalid_argument("bad key")),
+            ClientError::InvalidArgument(m) if m == "bad key"
+        ));
+        assert!(matches!(
+            from_status(Status::failed_precondition("stale")),
+            ClientError::LeaseLost(_)
+        ));
+        assert!(matches!(
+            from_status(Status::unavailable("redis down")),
+            ClientError::Unavailable(_)
+        ));
+        assert!(matches!(from_status(Status::not_found("x")), ClientError::Status(_)));
+        assert!(retryable(&Status::unavailable("x")));
+        assert!(!retryable(&Status::invalid_argument("x")));
+        assert!(!retryable(&Status::failed_precondition("x")));
+    }
+
+    #[test]
+    fn outcome_to_proto() {
+        assert_eq!(Outcome::Forget.to_proto(), (v1::DoneOutcome::Forget, 0));
+        assert_eq!(Outcome::RateLimited.to_proto(), (v1::DoneOutcome::RateLimited, 0));
+        assert_eq!(
+            Outcome::RequeueAfter(Duration::from_millis(1500)).to_proto(),
+            (v1::DoneOutcome::RequeueAfter, 1500)
+        );
+    }
+
+    #[test]
+    fn refuses_bad_urls() {
+        assert!(matches!(
+            QueueClient::connect_lazy("127.0.0.1:50051"),
+            Err(ClientError::InvalidUrl { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_unavailable_after_the_policy_gives_up() {
+        // A port nothing listens on: bind, learn the port, close.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let client = QueueClient::connect_lazy(&format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .with_retry_policy(RetryPolicy {
+                initial_backoff: Duration::from_millis(10),
+                max_backoff: Duration::from_millis(20),
+                max_retries: Some(2),
+            });
+        let started = std::time::Instant::now();
+        let err = client.stats("job").await.unwrap_err();
+        assert!(err.is_transient(), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}
