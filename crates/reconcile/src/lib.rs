@@ -8,3 +8,5 @@ pub mod pod_failure_policy;
 pub mod pod_util;
 pub mod success_policy;
 pub mod template;
+#[cfg(any(test, feature = "testutil"))]
+pub mod testutil;
