@@ -1,0 +1,310 @@
+//! The upstream Job controller's event handlers as pure functions: (event, store) → what to
+//! enqueue, when, and which expectation observations go with it.
+//!
+//! Behaviour follows `addJob`, `updateJob`, `deleteJob`, `addPod`, `updatePod`, `deletePod`,
+//! `resolveControllerRef`, `getPodJobs` and `cleanupPodFinalizers` of
+//! `pkg/controller/job/job_controller.go`, with two kjob rules on top: Jobs managed by another
+//! controller (and their pods) are never enqueued, and a pod's deletion is observed once (when its
+//! deletionTimestamp first shows up, or at its final delete if it never did), because kjob's
+//! expectations are shared and must not be lowered twice for one pod.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
+
+use crate::model::{ControllerRef, JobInfo, PodInfo, Store};
+
+/// Delay that batches the syncs triggered by pod events and Job status updates
+/// (upstream `syncJobBatchPeriod`).
+pub const SYNC_JOB_BATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// The kind of expectation observation the watcher reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObservationKind {
+    /// A pod of the Job was seen created (`CreationObserved`).
+    Creation,
+    /// A pod of the Job was seen deleted or deleting (`DeletionObserved`).
+    Deletion,
+    /// A pod's tracking finalizer was seen gone (`finalizerRemovalObserved`).
+    FinalizerRemoval,
+}
+
+/// One expectation observation for a Job.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Observation {
+    /// What was observed.
+    pub kind: ObservationKind,
+    /// UID of the Job, from the pod's controllerRef.
+    pub job_uid: String,
+    /// UID of the pod.
+    pub pod_uid: String,
+}
+
+/// A decision of a handler: enqueue `key` on `queue` after `delay`, applying `observations` first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueue {
+    /// Queue name ([`JOB_QUEUE`] or [`ORPHAN_POD_QUEUE`]).
+    pub queue: &'static str,
+    /// `namespace/name` of the Job (or of the pod, on the orphan queue).
+    pub key: String,
+    /// Delay before the key becomes ready.
+    pub delay: Duration,
+    /// Observations applied before the enqueue.
+    pub observations: Vec<Observation>,
+}
+
+impl Enqueue {
+    fn job(job: &JobInfo, delay: Duration, observations: Vec<Observation>) -> Self {
+        Self { queue: JOB_QUEUE, key: job.key(), delay, observations }
+    }
+
+    fn orphan(pod: &PodInfo) -> Self {
+        Self {
+            queue: ORPHAN_POD_QUEUE,
+            key: pod.key(),
+            delay: Duration::ZERO,
+            observations: vec![],
+        }
+    }
+}
+
+/// Which Jobs this watcher answers for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerConfig {
+    /// The `spec.managedBy` value this controller owns.
+    pub controller_name: String,
+    /// Also take Jobs with managedBy unset (or naming the built-in controller).
+    pub manage_all: bool,
+}
+
+impl HandlerConfig {
+    /// Whether this controller reconciles `job`.
+    pub fn manages(&self, job: &JobInfo) -> bool {
+        kjob_core::manages(job.managed_by.as_deref(), &self.controller_name, self.manage_all)
+    }
+}
+
+fn observation(kind: ObservationKind, job: &JobInfo, pod: &PodInfo) -> Observation {
+    Observation { kind, job_uid: job.uid.clone(), pod_uid: pod.uid.clone() }
+}
+
+/// The Job a controllerRef points at: same kind, found by name, and with the same UID.
+pub fn resolve_controller_ref<'a>(
+    store: &'a Store,
+    namespace: &str,
+    cref: &ControllerRef,
+) -> Option<&'a JobInfo> {
+    if cref.kind != "Job" {
+        return None;
+    }
+    store.job_by_name(namespace, &cref.name).filter(|j| j.uid == cref.uid)
+}
+
+/// Managed Jobs of the pod's namespace whose selector matches the pod's labels (`getPodJobs`).
+fn pod_jobs<'a>(
+    cfg: &'a HandlerConfig,
+    store: &'a Store,
+    pod: &'a PodInfo,
+) -> impl Iterator<Item = &'a JobInfo> {
+    // Upstream refuses pods without labels before looking at any Job.
+    let has_labels = !pod.labels.is_empty();
+    store
+        .jobs_in_namespace(&pod.namespace)
+        .filter(move |j| has_labels && cfg.manages(j) && j.selector.matches(&pod.labels))
+}
+
+/// Orphan-queue entries for the Job's pods that still carry the tracking finalizer.
+fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, out: &mut Vec<Enqueue>) {
+    let mut pods: Vec<&PodInfo> = store
+        .pods_controlled_by(&job.uid)
+        .filter(|p| {
+            p.namespace == job.namespace
+                && p.has_tracking_finalizer
+                && job.selector.matches(&p.labels)
+        })
+        .collect();
+    // Deterministic order keeps batches and tests stable.
+    pods.sort_by(|a, b| a.name.cmp(&b.name));
+    out.extend(pods.into_iter().map(Enqueue::orphan));
+}
+
+/// A Job appeared: sync it now.
+pub fn on_job_add(cfg: &HandlerConfig, job: &JobInfo) -> Vec<Enqueue> {
+    if !cfg.manages(job) {
+        return vec![];
+    }
+    vec![Enqueue::job(job, Duration::ZERO, vec![])]
+}
+
+/// A Job changed from `old` to `new` at `now`.
+pub fn on_job_update(
+    cfg: &HandlerConfig,
+    store: &Store,
+    old: &JobInfo,
+    new: &JobInfo,
+    now: Timestamp,
+) -> Vec<Enqueue> {
+    if !cfg.manages(new) || old.resource_version == new.resource_version {
+        return vec![];
+    }
+    let delay =
+        if new.generation == old.generation { SYNC_JOB_BATCH_PERIOD } else { Duration::ZERO };
+    let mut out = vec![Enqueue::job(new, delay, vec![])];
+    if new.finished {
+        // Backup for finalizers a finished Job left behind; no deadline matters any more.
+        cleanup_pod_finalizers(store, new, &mut out);
+        return out;
+    }
+    if let (Some(start), Some(ads)) = (new.start_time, new.active_deadline_seconds)
+        && old.active_deadline_seconds != Some(ads)
+    {
+        let total = jiff::SignedDuration::from_secs(ads);
+        let passed = now.duration_since(start);
+        let left = Duration::try_from(total - passed).unwrap_or(Duration::ZERO);
+        out.push(Enqueue::job(new, left, vec![]));
+    }
+    out
+}
+
+/// A Job was deleted (`job` is its last known state): sync it now (the sync sees it gone and
+/// drops its state) and clean up its pods' finalizers.
+pub fn on_job_delete(cfg: &HandlerConfig, store: &Store, job: &JobInfo) -> Vec<Enqueue> {
+    if !cfg.manages(job) {
+        return vec![];
+    }
+    let mut out = vec![Enqueue::job(job, Duration::ZERO, vec![])];
+    cleanup_pod_finalizers(store, job, &mut out);
+    out
+}
+
+/// A pod appeared.
+pub fn on_pod_add(cfg: &HandlerConfig, store: &Store, pod: &PodInfo) -> Vec<Enqueue> {
+    if pod.deleting {
+        // Seen for the first time already deleting: a deletion, never a creation.
+        return pod_deleted(cfg, store, pod, false, true);
+    }
+    if let Some(cref) = &pod.controller {
+        return match resolve_controller_ref(store, &pod.namespace, cref) {
+            Some(job) if cfg.manages(job) => vec![Enqueue::job(
+                job,
+                SYNC_JOB_BATCH_PERIOD,
+                vec![observation(ObservationKind::Creation, job, pod)],
+            )],
+            _ => vec![],
+        };
+    }
+    let mut out = vec![];
+    if pod.has_tracking_finalizer {
+        out.push(Enqueue::orphan(pod));
+    }
+    // Wake matching Jobs so they may adopt it; no creation is observed for an orphan.
+    out.extend(pod_jobs(cfg, store, pod).map(|j| Enqueue::job(j, SYNC_JOB_BATCH_PERIOD, vec![])));
+    out
+}
+
+/// A pod changed from `old` to `new`.
+pub fn on_pod_update(
+    cfg: &HandlerConfig,
+    store: &Store,
+    old: &PodInfo,
+    new: &PodInfo,
+) -> Vec<Enqueue> {
+    if old.resource_version == new.resource_version {
+        return vec![];
+    }
+    if new.deleting {
+        // Graceful deletion: let the Job replace the pod now rather than when it is gone.
+        return pod_deleted(cfg, store, new, false, !old.deleting);
+    }
+    // The latest state wins: finalizer changes may have collapsed into one event.
+    let finalizer_removed = !new.has_tracking_finalizer;
+    let obs = |job: &JobInfo| {
+        if finalizer_removed {
+            vec![observation(ObservationKind::FinalizerRemoval, job, new)]
+        } else {
+            vec![]
+        }
+    };
+    let cref_changed = old.controller != new.controller;
+    let mut out = vec![];
+    if cref_changed
+        && let Some(old_ref) = &old.controller
+        && let Some(job) = resolve_controller_ref(store, &old.namespace, old_ref)
+        && cfg.manages(job)
+    {
+        out.push(Enqueue::job(job, SYNC_JOB_BATCH_PERIOD, obs(job)));
+    }
+    if let Some(cref) = &new.controller {
+        if let Some(job) = resolve_controller_ref(store, &new.namespace, cref)
+            && cfg.manages(job)
+        {
+            out.push(Enqueue::job(job, SYNC_JOB_BATCH_PERIOD, obs(job)));
+        }
+        return out;
+    }
+    if new.has_tracking_finalizer {
+        out.push(Enqueue::orphan(new));
+    }
+    if cref_changed || old.labels != new.labels {
+        out.extend(
+            pod_jobs(cfg, store, new).map(|j| Enqueue::job(j, SYNC_JOB_BATCH_PERIOD, vec![])),
+        );
+    }
+    out
+}
+
+/// A pod is gone. `pod` is its final (or, for a tombstone, last known) state; `was_deleting`
+/// says whether an earlier version already showed a deletionTimestamp, in which case the
+/// deletion was observed then.
+pub fn on_pod_delete(
+    cfg: &HandlerConfig,
+    store: &Store,
+    pod: &PodInfo,
+    was_deleting: bool,
+) -> Vec<Enqueue> {
+    pod_deleted(cfg, store, pod, true, !was_deleting)
+}
+
+/// `deletePod`: `is_final` for a real delete (or tombstone), false for a deletionTimestamp.
+fn pod_deleted(
+    cfg: &HandlerConfig,
+    store: &Store,
+    pod: &PodInfo,
+    is_final: bool,
+    observe_deletion: bool,
+) -> Vec<Enqueue> {
+    let orphan = || if pod.has_tracking_finalizer { vec![Enqueue::orphan(pod)] } else { vec![] };
+    let Some(cref) = &pod.controller else {
+        // It may have belonged to a Job before the GC removed the reference.
+        return orphan();
+    };
+    let Some(job) = resolve_controller_ref(store, &pod.namespace, cref) else {
+        return orphan();
+    };
+    if !cfg.manages(job) {
+        return vec![];
+    }
+    if job.finished {
+        // A finished Job's sync no longer removes finalizers.
+        return orphan();
+    }
+    let mut obs = vec![];
+    if observe_deletion {
+        obs.push(observation(ObservationKind::Deletion, job, pod));
+    }
+    if is_final || !pod.has_tracking_finalizer {
+        obs.push(observation(ObservationKind::FinalizerRemoval, job, pod));
+    }
+    vec![Enqueue::job(job, SYNC_JOB_BATCH_PERIOD, obs)]
+}
+
+/// Every managed Job, to sync now (periodic resync and leadership takeover).
+pub fn enqueue_all_jobs(cfg: &HandlerConfig, store: &Store) -> Vec<Enqueue> {
+    let mut jobs: Vec<&JobInfo> = store.jobs().filter(|j| cfg.manages(j)).collect();
+    jobs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    jobs.into_iter().map(|j| Enqueue::job(j, Duration::ZERO, vec![])).collect()
+}
+
+#[cfg(test)]
+mod tests;

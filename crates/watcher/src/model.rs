@@ -1,0 +1,363 @@
+//! The slim view of Jobs and Pods the handlers need, and the store the informer keeps them in.
+//!
+//! Only what a handler decision reads is kept (no spec templates, statuses or managedFields), so
+//! the watcher's memory stays proportional to the number of objects, not to their size.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_core::JOB_TRACKING_FINALIZER;
+
+use crate::selector::Selector;
+
+/// The controller owner reference of a pod (the one with `controller: true`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerRef {
+    /// apiVersion of the owner, e.g. `batch/v1`.
+    pub api_version: String,
+    /// Kind of the owner, e.g. `Job`.
+    pub kind: String,
+    /// Name of the owner (same namespace as the pod).
+    pub name: String,
+    /// UID of the owner.
+    pub uid: String,
+}
+
+/// What the handlers need to know about a Job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobInfo {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// resourceVersion, to ignore resync-style updates.
+    pub resource_version: String,
+    /// metadata.generation: changes on spec updates only.
+    pub generation: i64,
+    /// spec.managedBy.
+    pub managed_by: Option<String>,
+    /// Compiled spec.selector (an invalid selector matches nothing, as upstream).
+    pub selector: Selector,
+    /// spec.activeDeadlineSeconds.
+    pub active_deadline_seconds: Option<i64>,
+    /// status.startTime.
+    pub start_time: Option<Timestamp>,
+    /// Whether a Complete or Failed condition is True (`IsJobFinished`).
+    pub finished: bool,
+}
+
+impl JobInfo {
+    /// The queue key `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Extracts the slim view from a full Job.
+    pub fn from_job(job: &Job) -> Self {
+        let meta = &job.metadata;
+        let spec = job.spec.as_ref();
+        let status = job.status.as_ref();
+        let finished = status.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+            cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        });
+        let selector = match Selector::compile(spec.and_then(|s| s.selector.as_ref())) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(job = %format!("{}/{}", ns(meta), name(meta)), error = %e, "invalid Job selector; it matches no pods");
+                Selector::nothing()
+            }
+        };
+        Self {
+            namespace: ns(meta),
+            name: name(meta),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            generation: meta.generation.unwrap_or_default(),
+            managed_by: spec.and_then(|s| s.managed_by.clone()),
+            selector,
+            active_deadline_seconds: spec.and_then(|s| s.active_deadline_seconds),
+            start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            finished,
+        }
+    }
+}
+
+/// What the handlers need to know about a Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// resourceVersion, to ignore resync-style updates.
+    pub resource_version: String,
+    /// Labels, for selector matching of orphans.
+    pub labels: BTreeMap<String, String>,
+    /// The controller owner reference, if any.
+    pub controller: Option<ControllerRef>,
+    /// Whether the pod carries `batch.kubernetes.io/job-tracking`.
+    pub has_tracking_finalizer: bool,
+    /// Whether metadata.deletionTimestamp is set.
+    pub deleting: bool,
+}
+
+impl PodInfo {
+    /// The orphan-queue key `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Extracts the slim view from a full Pod.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let controller =
+            meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| {
+                ControllerRef {
+                    api_version: o.api_version.clone(),
+                    kind: o.kind.clone(),
+                    name: o.name.clone(),
+                    uid: o.uid.clone(),
+                }
+            });
+        Self {
+            namespace: ns(meta),
+            name: name(meta),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            controller,
+            has_tracking_finalizer: meta
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == JOB_TRACKING_FINALIZER),
+            deleting: meta.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+fn ns(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.namespace.clone().unwrap_or_default()
+}
+
+fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
+}
+
+/// The informer's cache of Jobs and Pods, with the indexes the handlers look up by.
+#[derive(Debug, Default)]
+pub struct Store {
+    jobs: HashMap<String, JobInfo>,
+    jobs_by_namespace: HashMap<String, BTreeSet<String>>,
+    pods: HashMap<String, PodInfo>,
+    pods_by_controller_uid: HashMap<String, HashSet<String>>,
+}
+
+impl Store {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The Job with this key.
+    pub fn job(&self, key: &str) -> Option<&JobInfo> {
+        self.jobs.get(key)
+    }
+
+    /// The Job `namespace/name`.
+    pub fn job_by_name(&self, namespace: &str, name: &str) -> Option<&JobInfo> {
+        self.jobs.get(&format!("{namespace}/{name}"))
+    }
+
+    /// Every Job of a namespace, in name order.
+    pub fn jobs_in_namespace<'a>(&'a self, namespace: &str) -> impl Iterator<Item = &'a JobInfo> {
+        self.jobs_by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter_map(move |n| self.jobs.get(&format!("{namespace}/{n}")))
+    }
+
+    /// Every Job.
+    pub fn jobs(&self) -> impl Iterator<Item = &JobInfo> {
+        self.jobs.values()
+    }
+
+    /// Number of Jobs.
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Inserts or replaces a Job; returns the previous version.
+    pub fn upsert_job(&mut self, job: JobInfo) -> Option<JobInfo> {
+        self.jobs_by_namespace.entry(job.namespace.clone()).or_default().insert(job.name.clone());
+        self.jobs.insert(job.key(), job)
+    }
+
+    /// Removes a Job by key; returns it if it was there.
+    pub fn remove_job(&mut self, key: &str) -> Option<JobInfo> {
+        let job = self.jobs.remove(key)?;
+        if let Some(names) = self.jobs_by_namespace.get_mut(&job.namespace) {
+            names.remove(&job.name);
+            if names.is_empty() {
+                self.jobs_by_namespace.remove(&job.namespace);
+            }
+        }
+        Some(job)
+    }
+
+    /// Keys of every Job (for relist bookkeeping).
+    pub fn job_keys(&self) -> impl Iterator<Item = &String> {
+        self.jobs.keys()
+    }
+
+    /// The Pod with this key.
+    pub fn pod(&self, key: &str) -> Option<&PodInfo> {
+        self.pods.get(key)
+    }
+
+    /// Number of Pods.
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Keys of every Pod (for relist bookkeeping).
+    pub fn pod_keys(&self) -> impl Iterator<Item = &String> {
+        self.pods.keys()
+    }
+
+    /// Pods whose controllerRef UID is `uid`.
+    pub fn pods_controlled_by<'a>(&'a self, uid: &str) -> impl Iterator<Item = &'a PodInfo> {
+        self.pods_by_controller_uid.get(uid).into_iter().flatten().filter_map(|k| self.pods.get(k))
+    }
+
+    /// Inserts or replaces a Pod; returns the previous version.
+    pub fn upsert_pod(&mut self, pod: PodInfo) -> Option<PodInfo> {
+        let key = pod.key();
+        if let Some(c) = &pod.controller {
+            self.pods_by_controller_uid.entry(c.uid.clone()).or_default().insert(key.clone());
+        }
+        let old = self.pods.insert(key.clone(), pod);
+        if let Some(old_uid) = old.as_ref().and_then(|o| o.controller.as_ref()).map(|c| &c.uid) {
+            let still = self.pods[&key].controller.as_ref().is_some_and(|c| &c.uid == old_uid);
+            if !still {
+                self.unindex_pod(old_uid.clone(), &key);
+            }
+        }
+        old
+    }
+
+    /// Removes a Pod by key; returns it if it was there.
+    pub fn remove_pod(&mut self, key: &str) -> Option<PodInfo> {
+        let pod = self.pods.remove(key)?;
+        if let Some(c) = &pod.controller {
+            self.unindex_pod(c.uid.clone(), key);
+        }
+        Some(pod)
+    }
+
+    fn unindex_pod(&mut self, uid: String, key: &str) {
+        if let Some(set) = self.pods_by_controller_uid.get_mut(&uid) {
+            set.remove(key);
+            if set.is_empty() {
+                self.pods_by_controller_uid.remove(&uid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::{JobCondition, JobSpec, JobStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+
+    #[test]
+    fn job_info_extracts_fields() {
+        let job = Job {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("j".into()),
+                uid: Some("u1".into()),
+                resource_version: Some("7".into()),
+                generation: Some(2),
+                ..Default::default()
+            },
+            spec: Some(JobSpec {
+                managed_by: Some("kjob.io/job-controller".into()),
+                active_deadline_seconds: Some(30),
+                selector: Some(Default::default()),
+                ..Default::default()
+            }),
+            status: Some(JobStatus {
+                start_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+                conditions: Some(vec![JobCondition {
+                    type_: "Failed".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        };
+        let info = JobInfo::from_job(&job);
+        assert_eq!(info.key(), "ns/j");
+        assert_eq!(info.generation, 2);
+        assert_eq!(info.active_deadline_seconds, Some(30));
+        assert!(info.finished);
+        assert!(info.selector.matches(&BTreeMap::new()));
+        assert_eq!(info.start_time.unwrap().to_string(), "2026-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn pod_info_extracts_fields_and_store_indexes_by_controller() {
+        let mut pod = Pod {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("p".into()),
+                uid: Some("pu".into()),
+                finalizers: Some(vec![JOB_TRACKING_FINALIZER.into()]),
+                owner_references: Some(vec![
+                    OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "ConfigMap".into(),
+                        name: "c".into(),
+                        uid: "cu".into(),
+                        ..Default::default()
+                    },
+                    OwnerReference {
+                        api_version: "batch/v1".into(),
+                        kind: "Job".into(),
+                        name: "j".into(),
+                        uid: "u1".into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let info = PodInfo::from_pod(&pod);
+        assert!(info.has_tracking_finalizer);
+        assert!(!info.deleting);
+        assert_eq!(info.controller.as_ref().unwrap().uid, "u1");
+
+        let mut store = Store::new();
+        assert!(store.upsert_pod(info).is_none());
+        assert_eq!(store.pods_controlled_by("u1").count(), 1);
+        // Re-parented: the old index entry goes away.
+        pod.metadata.owner_references.as_mut().unwrap()[1].uid = "u2".into();
+        store.upsert_pod(PodInfo::from_pod(&pod));
+        assert_eq!(store.pods_controlled_by("u1").count(), 0);
+        assert_eq!(store.pods_controlled_by("u2").count(), 1);
+        assert!(store.remove_pod("ns/p").is_some());
+        assert_eq!(store.pods_controlled_by("u2").count(), 0);
+        assert_eq!(store.pod_count(), 0);
+    }
+}
