@@ -1,0 +1,299 @@
+//! `kjob-demo`: runs redis-server, kjob-sim, kjob-queue, kjob-watcher and kjob-workers as
+//! real processes, creates the example Jobs, shows their progress and exits 0 once every Job
+//! ended as its `kjob.io/demo-expect` annotation says (1 otherwise, 2 on a set-up error,
+//! 130 on Ctrl-C).
+
+mod stack;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Namespace;
+use kjob_demo::examples::{self, Example};
+use kjob_demo::view::{self, JobRow};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+use crate::stack::{Stack, StackConfig};
+
+/// Timeout of each API call the demo makes to kjob-sim.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the table refreshes.
+const REFRESH: Duration = Duration::from_millis(500);
+/// Width of the progress bar, in characters.
+const BAR_WIDTH: usize = 30;
+
+/// Runs the kjob stack locally and shows the example Jobs being reconciled.
+#[derive(Debug, Parser)]
+#[command(name = "kjob-demo", version)]
+struct Args {
+    /// Folder of example Job YAMLs (each with a kjob.io/demo-expect annotation).
+    #[arg(long, env = "KJOB_DEMO_EXAMPLES")]
+    examples: Option<PathBuf>,
+    /// Working folder for logs, Redis data and the kubeconfig [default: target/demo].
+    #[arg(long, env = "KJOB_DEMO_DIR")]
+    run_dir: Option<PathBuf>,
+    /// Folder holding kjob-sim, kjob-queue, kjob-watcher and kjob-worker [default: next to
+    /// this binary].
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Number of kjob-worker processes.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Give up (exit 1) if the Jobs are not all finished after this long.
+    #[arg(long, default_value = "180s", value_parser = kjob_svc::parse_duration)]
+    timeout: Duration,
+    /// Namespace the example Jobs are created in.
+    #[arg(long, default_value = "kjob-demo")]
+    namespace: String,
+    /// `spec.managedBy` value kjob answers to.
+    #[arg(long, env = "KJOB_CONTROLLER_NAME", default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
+    controller_name: String,
+    /// Print one line per change instead of a refreshing table (automatic when stdout is not
+    /// a terminal).
+    #[arg(long)]
+    plain: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kjob-demo: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// How the run ended.
+enum End {
+    Finished,
+    TimedOut,
+    Interrupted,
+}
+
+async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let Args { examples, run_dir, bin_dir, workers, timeout, namespace, controller_name, plain } =
+        args;
+    let root = kjob_testkit::workspace_root();
+    let examples_dir = examples.unwrap_or_else(|| root.join("examples"));
+    let run_dir = run_dir.unwrap_or_else(|| root.join("target/demo"));
+    let bin_dir = match bin_dir {
+        Some(d) => d,
+        None => std::env::current_exe()?.parent().context("binary has no folder")?.to_path_buf(),
+    };
+    let examples = examples::load_dir(&examples_dir)?;
+    anyhow::ensure!(!examples.is_empty(), "no example Jobs in {}", examples_dir.display());
+    let redis_server = kjob_testkit::redis::redis_server_binary()?;
+    let tty = std::io::stdout().is_terminal() && !plain;
+
+    println!("kjob demo: {} example Jobs from {}", examples.len(), examples_dir.display());
+    let cfg = StackConfig { bin_dir, redis_server, run_dir, workers, controller_name };
+    let mut stack =
+        tokio::task::spawn_blocking(move || Stack::start(&cfg, |step| println!("  {step}")))
+            .await??;
+    println!("logs:      {}", stack.log_dir.display());
+    println!("kjob-sim:  {}", stack.sim_url);
+    println!("queue:     {}", stack.queue_url);
+    println!("Point kubectl at the simulated cluster (while the demo runs):");
+    println!("  export KUBECONFIG={}", stack.kubeconfig.display());
+    println!("  kubectl get jobs,pods -n {namespace}");
+    println!();
+
+    let client = client(&stack).await?;
+    create_examples(&client, &namespace, &examples).await?;
+
+    let end = tokio::select! {
+        r = watch(&client, &namespace, &examples, &mut stack, timeout, tty) => r?,
+        _ = tokio::signal::ctrl_c() => End::Interrupted,
+    };
+    let rows = match end {
+        End::Interrupted => Vec::new(),
+        _ => current_rows(&client, &namespace, &examples).await.unwrap_or_default(),
+    };
+    println!("stopping every process...");
+    tokio::task::spawn_blocking(move || stack.stop()).await?;
+    Ok(match end {
+        End::Interrupted => {
+            println!("interrupted");
+            ExitCode::from(130)
+        }
+        End::Finished | End::TimedOut => summary(&examples, &rows, matches!(end, End::TimedOut)),
+    })
+}
+
+async fn client(stack: &Stack) -> anyhow::Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig)
+        .with_context(|| format!("reading {}", stack.kubeconfig.display()))?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    config.connect_timeout = Some(API_TIMEOUT);
+    config.read_timeout = Some(API_TIMEOUT);
+    config.write_timeout = Some(API_TIMEOUT);
+    Ok(Client::try_from(config)?)
+}
+
+async fn timed<T>(
+    what: &str,
+    fut: impl Future<Output = Result<T, kube::Error>>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(API_TIMEOUT, fut)
+        .await
+        .with_context(|| format!("{what}: no answer within {API_TIMEOUT:?}"))?
+        .with_context(|| what.to_string())
+}
+
+async fn create_examples(client: &Client, ns: &str, examples: &[Example]) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut nsobj = Namespace::default();
+    nsobj.metadata.name = Some(ns.to_string());
+    match tokio::time::timeout(API_TIMEOUT, namespaces.create(&PostParams::default(), &nsobj)).await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => {}
+        Ok(Err(e)) => return Err(e).context(format!("creating namespace {ns}")),
+        Err(_) => anyhow::bail!("creating namespace {ns}: no answer within {API_TIMEOUT:?}"),
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    for ex in examples {
+        let mut job = ex.job.clone();
+        job.metadata.namespace = Some(ns.to_string());
+        timed(
+            &format!("creating Job {ns}/{}", ex.name()),
+            jobs.create(&PostParams::default(), &job),
+        )
+        .await?;
+        println!("created job {ns}/{:<16} expect {}", ex.name(), ex.expect);
+    }
+    Ok(())
+}
+
+/// The rows of the example Jobs, in example order (a Job not found yet shows as Pending).
+async fn current_rows(
+    client: &Client,
+    ns: &str,
+    examples: &[Example],
+) -> anyhow::Result<Vec<JobRow>> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let list = timed("listing Jobs", jobs.list(&ListParams::default())).await?;
+    let by_name: BTreeMap<String, Job> =
+        list.items.into_iter().filter_map(|j| Some((j.metadata.name.clone()?, j))).collect();
+    let now = jiff::Timestamp::now();
+    Ok(examples
+        .iter()
+        .map(|ex| {
+            let job = by_name.get(ex.name()).unwrap_or(&ex.job);
+            JobRow::from_job(job, now)
+        })
+        .collect())
+}
+
+async fn watch(
+    client: &Client,
+    ns: &str,
+    examples: &[Example],
+    stack: &mut Stack,
+    timeout: Duration,
+    tty: bool,
+) -> anyhow::Result<End> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let started = Instant::now();
+    let mut resumed = BTreeSet::new();
+    let mut last_lines = 0usize;
+    let mut printed: BTreeMap<String, String> = BTreeMap::new();
+    let mut last_done = usize::MAX;
+    let mut tick = tokio::time::interval(REFRESH);
+    loop {
+        tick.tick().await;
+        stack.check_alive()?;
+        for ex in examples {
+            if let Some(after) = ex.resume_after
+                && started.elapsed() >= after
+                && resumed.insert(ex.name().to_string())
+            {
+                let patch = serde_json::json!({ "spec": { "suspend": false } });
+                let pp = PatchParams::default();
+                timed(
+                    &format!("resuming Job {}", ex.name()),
+                    jobs.patch(ex.name(), &pp, &Patch::Merge(&patch)),
+                )
+                .await?;
+                if !tty {
+                    println!(
+                        "[{:>5.1}s] resumed job {}",
+                        started.elapsed().as_secs_f64(),
+                        ex.name()
+                    );
+                }
+            }
+        }
+        let rows = current_rows(client, ns, examples).await?;
+        let done = rows.iter().filter(|r| r.finished()).count();
+        if tty {
+            let frame = format!(
+                "{}\n\n{}",
+                view::progress_bar(done, rows.len(), BAR_WIDTH),
+                view::render_table(&rows)
+            );
+            let mut out = std::io::stdout().lock();
+            if last_lines > 0 {
+                // Move back over the previous frame and clear it, so the table refreshes in
+                // place.
+                write!(out, "\x1b[{last_lines}A\x1b[J")?;
+            }
+            write!(out, "{frame}")?;
+            out.flush()?;
+            last_lines = frame.lines().count();
+        } else {
+            let t = started.elapsed().as_secs_f64();
+            for r in &rows {
+                let line = view::render_line(r);
+                if printed.get(&r.name) != Some(&line) {
+                    println!("[{t:>5.1}s] {line}");
+                    printed.insert(r.name.clone(), line);
+                }
+            }
+            if done != last_done {
+                println!("[{t:>5.1}s] {}", view::progress_bar(done, rows.len(), BAR_WIDTH));
+                last_done = done;
+            }
+        }
+        if done == rows.len() {
+            return Ok(End::Finished);
+        }
+        if started.elapsed() >= timeout {
+            return Ok(End::TimedOut);
+        }
+    }
+}
+
+fn summary(examples: &[Example], rows: &[JobRow], timed_out: bool) -> ExitCode {
+    println!();
+    if timed_out {
+        println!("timed out: not every Job finished");
+    }
+    println!("summary:");
+    let mut ok = !timed_out && rows.len() == examples.len();
+    for (ex, row) in examples.iter().zip(rows) {
+        let got =
+            row.outcome.as_ref().map(ToString::to_string).unwrap_or_else(|| "unfinished".into());
+        let good = row.outcome.as_ref().is_some_and(|o| ex.expect.matches(o));
+        ok &= good;
+        let mark = if good { "ok " } else { "BAD" };
+        println!("  {mark} {:<16} expected {:<28} got {got}", ex.name(), ex.expect.to_string());
+    }
+    if ok {
+        println!("every Job ended as expected");
+        ExitCode::SUCCESS
+    } else {
+        println!("some Jobs did not end as expected; see the logs above");
+        ExitCode::from(1)
+    }
+}
