@@ -1,6 +1,271 @@
 //! kjob-watcher: informer events to enqueue requests, as the upstream Job controller handlers
 //! decide them.
+//!
+//! Pipeline: kube-runtime watchers (Jobs, then Pods) → [`informer::Informer`] (last-seen store,
+//! relist tombstones) → [`handlers`] (pure upstream decisions) → bounded channel →
+//! [`sender`] (batched, retried `Add` calls to kjob-queue). [`leader`] decides whether this
+//! process emits anything; standbys keep warm caches.
 
 pub mod handlers;
+pub mod informer;
+pub mod leader;
+pub mod metrics;
 pub mod model;
 pub mod selector;
+pub mod sender;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_queue_client::{QueueClient, RetryPolicy};
+use kjob_svc::{AdminState, Shutdown};
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::handlers::{Enqueue, HandlerConfig};
+use crate::informer::Informer;
+use crate::leader::{LeaderElector, LeaseConfig};
+use crate::metrics::{KindLabels, Metrics};
+
+/// How often readiness is re-evaluated (and, when leading, the queue probed).
+const READINESS_INTERVAL: Duration = Duration::from_secs(2);
+/// Deadline of the readiness probe call to kjob-queue.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Everything `run` needs, already parsed.
+#[derive(Debug, Clone)]
+pub struct WatcherConfig {
+    /// kjob-queue gRPC URL, e.g. `http://127.0.0.1:50051`.
+    pub queue_url: String,
+    /// `spec.managedBy` value this controller owns.
+    pub controller_name: String,
+    /// Also take Jobs without managedBy.
+    pub manage_all: bool,
+    /// Watch only this namespace (all namespaces when `None`).
+    pub namespace: Option<String>,
+    /// Leader election.
+    pub lease: LeaseConfig,
+    /// Interval of the "enqueue every managed Job" resync.
+    pub resync_period: Duration,
+}
+
+/// Errors that end the watcher.
+#[derive(Debug, thiserror::Error)]
+pub enum WatcherError {
+    /// Bad settings.
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    /// The queue URL is unusable.
+    #[error("queue client: {0}")]
+    Queue(#[from] kjob_queue_client::ClientError),
+    /// A watch stream ended, which kube-runtime's watcher never does on its own.
+    #[error("the {0} watch stream ended")]
+    StreamEnded(&'static str),
+    /// The sender task is gone, so nothing can be delivered.
+    #[error("the sender stopped unexpectedly")]
+    SenderGone,
+    /// Buffered items could not be delivered at shutdown.
+    #[error(transparent)]
+    Send(#[from] sender::SendError),
+    /// The admin server failed.
+    #[error("admin server: {0}")]
+    Admin(#[from] std::io::Error),
+    /// A task panicked.
+    #[error("task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Runs the watcher until `shutdown`: serves the admin port on `admin`, elects a leader, and
+/// while leading turns Job/Pod events into kjob-queue Adds. On shutdown it stops watching,
+/// flushes what is buffered (bounded by [`sender::DRAIN_TIMEOUT`]) and releases the Lease.
+pub async fn run(
+    config: WatcherConfig,
+    client: kube::Client,
+    admin: TcpListener,
+    shutdown: Shutdown,
+) -> Result<(), WatcherError> {
+    let WatcherConfig { queue_url, controller_name, manage_all, namespace, lease, resync_period } =
+        config;
+    lease.validate()?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let admin_state = AdminState::new(registry);
+    let admin_task =
+        tokio::spawn(kjob_svc::serve_admin(admin, admin_state.clone(), shutdown.child_token()));
+
+    // Retries happen in the sender, which counts them and bounds them at shutdown.
+    let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
+    let (tx, rx) = sender::channel();
+    let queue_ok = Arc::new(AtomicBool::new(false));
+    let sender_task = tokio::spawn(sender::run_sender(
+        rx,
+        queue.clone(),
+        metrics.clone(),
+        queue_ok.clone(),
+        shutdown.clone(),
+    ));
+
+    let (leading_tx, leading_rx) = watch::channel(false);
+    let elector_stop = Shutdown::new();
+    let elector = LeaderElector::new(client.clone(), lease, metrics.clone());
+    let elector_task = tokio::spawn(elector.run(leading_tx, elector_stop.clone()));
+
+    let synced = Arc::new(AtomicBool::new(false));
+    let readiness_stop = Shutdown::new();
+    let readiness_task = tokio::spawn(readiness_loop(
+        admin_state,
+        queue,
+        synced.clone(),
+        queue_ok,
+        leading_rx.clone(),
+        readiness_stop.clone(),
+    ));
+
+    let cfg = HandlerConfig { controller_name, manage_all };
+    let loop_result = event_loop(
+        client,
+        cfg,
+        namespace,
+        resync_period,
+        tx,
+        leading_rx,
+        synced,
+        metrics,
+        shutdown.clone(),
+    )
+    .await;
+    if loop_result.is_err() {
+        // Nothing more will be produced; let the sender flush and stop.
+        shutdown.cancel();
+    }
+    // The channel is closed now (the loop owned the only sender): flush, then hand the Lease
+    // back, so a new leader never runs while our last items are still in flight.
+    let send_result = sender_task.await?;
+    elector_stop.cancel();
+    elector_task.await?;
+    readiness_stop.cancel();
+    readiness_task.await?;
+    shutdown.cancel();
+    admin_task.await??;
+    loop_result?;
+    send_result?;
+    Ok(())
+}
+
+async fn readiness_loop(
+    admin: AdminState,
+    queue: QueueClient,
+    synced: Arc<AtomicBool>,
+    queue_ok: Arc<AtomicBool>,
+    leading: watch::Receiver<bool>,
+    stop: Shutdown,
+) {
+    loop {
+        let is_leader = *leading.borrow();
+        if is_leader {
+            let probe = tokio::time::timeout(PROBE_TIMEOUT, queue.stats(kjob_core::JOB_QUEUE));
+            let ok = matches!(probe.await, Ok(Ok(_)));
+            queue_ok.store(ok, Ordering::Relaxed);
+        }
+        let ready =
+            synced.load(Ordering::Relaxed) && (!is_leader || queue_ok.load(Ordering::Relaxed));
+        admin.set_ready(ready);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(READINESS_INTERVAL) => {}
+        }
+    }
+}
+
+/// The informer loop: Jobs first, Pods once the Job list is complete; leadership changes and
+/// the resync timer in the same loop, so every decision sees one consistent store.
+#[allow(clippy::too_many_arguments)]
+async fn event_loop(
+    client: kube::Client,
+    cfg: HandlerConfig,
+    namespace: Option<String>,
+    resync_period: Duration,
+    tx: mpsc::Sender<Enqueue>,
+    mut leading: watch::Receiver<bool>,
+    synced_flag: Arc<AtomicBool>,
+    metrics: Metrics,
+    shutdown: Shutdown,
+) -> Result<(), WatcherError> {
+    let (jobs_api, pods_api): (Api<Job>, Api<Pod>) = match &namespace {
+        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    let mut jobs = watcher(jobs_api, watcher::Config::default()).default_backoff().boxed();
+    let mut pods = watcher(pods_api, watcher::Config::default()).default_backoff().boxed();
+    let mut informer = Informer::new(cfg, metrics.clone());
+    let mut resync = tokio::time::interval_at(
+        tokio::time::Instant::now() + resync_period.max(Duration::from_millis(10)),
+        resync_period.max(Duration::from_millis(10)),
+    );
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut is_leader = *leading.borrow_and_update();
+    // Set when leadership was gained: every Job is enqueued once the caches are synced.
+    let mut takeover_pending = is_leader;
+    let restart = |kind: &'static str, e: &watcher::Error| {
+        metrics.watch_restarts.get_or_create(&KindLabels { kind }).inc();
+        tracing::warn!(kind, error = %e, "watch failed; retrying with backoff");
+    };
+    loop {
+        let mut out = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(()),
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    // The elector is gone (it only stops after this loop): wait for shutdown.
+                    shutdown.cancelled().await;
+                    return Ok(());
+                }
+                let now_leader = *leading.borrow_and_update();
+                if now_leader && !is_leader {
+                    takeover_pending = true;
+                }
+                is_leader = now_leader;
+                vec![]
+            }
+            _ = resync.tick() => {
+                if is_leader && informer.synced() {
+                    tracing::debug!(jobs = informer.store().job_count(), "periodic resync");
+                    informer.enqueue_all()
+                } else {
+                    vec![]
+                }
+            }
+            ev = jobs.next() => match ev {
+                Some(Ok(ev)) => informer.job_event(ev, is_leader, jiff::Timestamp::now()),
+                Some(Err(e)) => { restart("job", &e); vec![] }
+                None => return Err(WatcherError::StreamEnded("job")),
+            },
+            ev = pods.next(), if informer.jobs_synced() => match ev {
+                Some(Ok(ev)) => informer.pod_event(ev, is_leader),
+                Some(Err(e)) => { restart("pod", &e); vec![] }
+                None => return Err(WatcherError::StreamEnded("pod")),
+            },
+        };
+        if takeover_pending && is_leader && informer.synced() {
+            takeover_pending = false;
+            tracing::info!(jobs = informer.store().job_count(), "leading: enqueueing every Job");
+            out.extend(informer.enqueue_all());
+        }
+        synced_flag.store(informer.synced(), Ordering::Relaxed);
+        for item in out {
+            tokio::select! {
+                // Backpressure: a full buffer holds the watch streams here.
+                r = tx.send(item) => r.map_err(|_| WatcherError::SenderGone)?,
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! The informer layer: turns kube-runtime watcher events into (old, new) handler calls over a
+//! store of last-seen versions.
+//!
+//! * Apply of an unknown object is an add; of a known one with another resourceVersion an
+//!   update; with the same resourceVersion nothing.
+//! * A relist (Init … InitDone after a watch was cut, e.g. by 410 Gone) turns objects that are
+//!   no longer listed into deletes of their last known state (tombstones).
+//! * Nothing is handled before the initial lists of both Jobs and Pods are complete: objects
+//!   present at start are not events (the takeover resync enqueues every Job instead), and a
+//!   half-filled Job cache would make pods look orphaned.
+//!
+//! [`Informer`] is plain data (no I/O), so the whole event path is tested without a server.
+
+use std::collections::HashSet;
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
+
+use crate::handlers::{self, Enqueue, HandlerConfig};
+use crate::metrics::{EventLabels, KindLabels, Metrics};
+use crate::model::{JobInfo, PodInfo, Store};
+
+#[derive(Debug, Default)]
+struct ListState {
+    /// The first complete list has been seen.
+    synced: bool,
+    /// Keys listed so far in the current (re)list.
+    relist: Option<HashSet<String>>,
+}
+
+/// The informer caches and the handler dispatch.
+#[derive(Debug)]
+pub struct Informer {
+    cfg: HandlerConfig,
+    store: Store,
+    jobs: ListState,
+    pods: ListState,
+    metrics: Metrics,
+}
+
+impl Informer {
+    /// An empty, unsynced informer.
+    pub fn new(cfg: HandlerConfig, metrics: Metrics) -> Self {
+        Self {
+            cfg,
+            store: Store::new(),
+            jobs: ListState::default(),
+            pods: ListState::default(),
+            metrics,
+        }
+    }
+
+    /// Whether the initial lists of both Jobs and Pods are complete.
+    pub fn synced(&self) -> bool {
+        self.jobs.synced && self.pods.synced
+    }
+
+    /// Whether the initial Job list is complete (Pods are listed only after it).
+    pub fn jobs_synced(&self) -> bool {
+        self.jobs.synced
+    }
+
+    /// The cache.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Every managed Job, to sync now (resync, leadership takeover).
+    pub fn enqueue_all(&self) -> Vec<Enqueue> {
+        handlers::enqueue_all_jobs(&self.cfg, &self.store)
+    }
+
+    fn count(&self, kind: &'static str, r#type: &'static str) {
+        self.metrics.events.get_or_create(&EventLabels { kind, r#type }).inc();
+    }
+
+    fn update_gauges(&self) {
+        let jobs = i64::try_from(self.store.job_count()).unwrap_or(i64::MAX);
+        let pods = i64::try_from(self.store.pod_count()).unwrap_or(i64::MAX);
+        self.metrics.cached.get_or_create(&KindLabels { kind: "job" }).set(jobs);
+        self.metrics.cached.get_or_create(&KindLabels { kind: "pod" }).set(pods);
+    }
+
+    /// Applies a Job event; returns what to enqueue when `leading` and synced.
+    pub fn job_event(&mut self, ev: Event<Job>, leading: bool, now: Timestamp) -> Vec<Enqueue> {
+        let emit = leading && self.synced();
+        let out = match ev {
+            Event::Init => {
+                self.jobs.relist = Some(HashSet::new());
+                vec![]
+            }
+            Event::InitApply(job) | Event::Apply(job) => {
+                let info = JobInfo::from_job(&job);
+                if let Some(seen) = self.jobs.relist.as_mut() {
+                    seen.insert(info.key());
+                }
+                let old = self.store.upsert_job(info.clone());
+                match old {
+                    None => {
+                        self.count("job", "add");
+                        if emit { handlers::on_job_add(&self.cfg, &info) } else { vec![] }
+                    }
+                    Some(old) if old.resource_version == info.resource_version => vec![],
+                    Some(old) => {
+                        self.count("job", "update");
+                        if emit {
+                            handlers::on_job_update(&self.cfg, &self.store, &old, &info, now)
+                        } else {
+                            vec![]
+                        }
+                    }
+                }
+            }
+            Event::Delete(job) => {
+                let info = JobInfo::from_job(&job);
+                self.store.remove_job(&info.key());
+                self.count("job", "delete");
+                if emit { handlers::on_job_delete(&self.cfg, &self.store, &info) } else { vec![] }
+            }
+            Event::InitDone => {
+                let seen = self.jobs.relist.take().unwrap_or_default();
+                let was_synced = self.jobs.synced;
+                self.jobs.synced = true;
+                let gone: Vec<String> =
+                    self.store.job_keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                let mut out = vec![];
+                for key in gone {
+                    if let Some(last) = self.store.remove_job(&key) {
+                        self.count("job", "tombstone");
+                        if emit && was_synced {
+                            out.extend(handlers::on_job_delete(&self.cfg, &self.store, &last));
+                        }
+                    }
+                }
+                out
+            }
+        };
+        self.update_gauges();
+        out
+    }
+
+    /// Applies a Pod event; returns what to enqueue when `leading` and synced.
+    pub fn pod_event(&mut self, ev: Event<Pod>, leading: bool) -> Vec<Enqueue> {
+        let emit = leading && self.synced();
+        let out = match ev {
+            Event::Init => {
+                self.pods.relist = Some(HashSet::new());
+                vec![]
+            }
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let info = PodInfo::from_pod(&pod);
+                if let Some(seen) = self.pods.relist.as_mut() {
+                    seen.insert(info.key());
+                }
+                let old = self.store.upsert_pod(info.clone());
+                match old {
+                    None => {
+                        self.count("pod", "add");
+                        if emit {
+                            handlers::on_pod_add(&self.cfg, &self.store, &info)
+                        } else {
+                            vec![]
+                        }
+                    }
+                    Some(old) if old.resource_version == info.resource_version => vec![],
+                    Some(old) => {
+                        self.count("pod", "update");
+                        if emit {
+                            handlers::on_pod_update(&self.cfg, &self.store, &old, &info)
+                        } else {
+                            vec![]
+                        }
+                    }
+                }
+            }
+            Event::Delete(pod) => {
+                let info = PodInfo::from_pod(&pod);
+                let old = self.store.remove_pod(&info.key());
+                // A delete whose object UID differs from the cached one is for a pod we never
+                // saw; the cached namesake's state must not decide whether deletion was seen.
+                let was_deleting = old.filter(|o| o.uid == info.uid).is_some_and(|o| o.deleting);
+                self.count("pod", "delete");
+                if emit {
+                    handlers::on_pod_delete(&self.cfg, &self.store, &info, was_deleting)
+                } else {
+                    vec![]
+                }
+            }
+            Event::InitDone => {
+                let seen = self.pods.relist.take().unwrap_or_default();
+                let was_synced = self.pods.synced;
+                self.pods.synced = true;
+                let gone: Vec<String> =
+                    self.store.pod_keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                let mut out = vec![];
+                for key in gone {
+                    if let Some(last) = self.store.remove_pod(&key) {
+                        self.count("pod", "tombstone");
+                        if emit && was_synced {
+                            out.extend(handlers::on_pod_delete(
+                                &self.cfg,
+                                &self.store,
+                                &last,
+                                last.deleting,
+                            ));
+                        }
+                    }
+                }
+                out
+            }
+        };
+        self.update_gauges();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::JobSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        LabelSelector, ObjectMeta, OwnerReference, Time,
+    };
+    use kjob_core::{DEFAULT_CONTROLLER_NAME, JOB_QUEUE, JOB_TRACKING_FINALIZER, ORPHAN_POD_QUEUE};
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use crate::handlers::{ObservationKind, SYNC_JOB_BATCH_PERIOD};
+
+    fn job(name: &str, rv: &str) -> Job {
+        Job {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some(rv.into()),
+                generation: Some(1),
+                ..Default::default()
+            },
+            spec: Some(JobSpec {
+                managed_by: Some(DEFAULT_CONTROLLER_NAME.into()),
+                selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("job".into(), name.into())])),
+                    match_expressions: None,
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn pod(name: &str, job: &str, rv: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some(rv.into()),
+                labels: Some(BTreeMap::from([("job".into(), job.into())])),
+                finalizers: Some(vec![JOB_TRACKING_FINALIZER.into()]),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "batch/v1".into(),
+                    kind: "Job".into(),
+                    name: job.into(),
+                    uid: format!("uid-{job}"),
+                    controller: Some(true),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn informer() -> Informer {
+        let cfg =
+            HandlerConfig { controller_name: DEFAULT_CONTROLLER_NAME.into(), manage_all: false };
+        Informer::new(cfg, Metrics::default())
+    }
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    /// Runs the initial lists: jobs `a` and pod `p0` of `a`.
+    fn synced() -> Informer {
+        let mut inf = informer();
+        assert!(inf.job_event(Event::Init, true, now()).is_empty());
+        assert!(inf.job_event(Event::InitApply(job("a", "1")), true, now()).is_empty());
+        assert!(inf.job_event(Event::InitDone, true, now()).is_empty());
+        assert!(inf.jobs_synced() && !inf.synced());
+        assert!(inf.pod_event(Event::Init, true).is_empty());
+        assert!(inf.pod_event(Event::InitApply(pod("p0", "a", "2")), true).is_empty());
+        assert!(inf.pod_event(Event::InitDone, true).is_empty());
+        assert!(inf.synced());
+        inf
+    }
+
+    #[test]
+    fn nothing_is_handled_during_the_initial_lists() {
+        let inf = synced();
+        assert_eq!(inf.store().job_count(), 1);
+        assert_eq!(inf.store().pod_count(), 1);
+        assert_eq!(inf.enqueue_all().len(), 1);
+    }
+
+    #[test]
+    fn add_update_same_rv_and_delete() {
+        let mut inf = synced();
+        let out = inf.pod_event(Event::Apply(pod("p1", "a", "3")), true);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].observations[0].kind, ObservationKind::Creation);
+        assert_eq!(out[0].delay, SYNC_JOB_BATCH_PERIOD);
+        // Same resourceVersion again: a resync-style duplicate, ignored.
+        assert!(inf.pod_event(Event::Apply(pod("p1", "a", "3")), true).is_empty());
+        // A real update.
+        let mut p = pod("p1", "a", "4");
+        p.metadata.deletion_timestamp = Some(Time(now()));
+        let out = inf.pod_event(Event::Apply(p.clone()), true);
+        assert_eq!(out[0].observations[0].kind, ObservationKind::Deletion);
+        // Final delete: deletion already observed, only the finalizer removal remains.
+        let out = inf.pod_event(Event::Delete(p), true);
+        let kinds: Vec<_> = out[0].observations.iter().map(|o| o.kind).collect();
+        assert_eq!(kinds, [ObservationKind::FinalizerRemoval]);
+        assert!(inf.store().pod("ns/p1").is_none());
+    }
+
+    #[test]
+    fn standby_keeps_the_cache_but_emits_nothing() {
+        let mut inf = synced();
+        assert!(inf.pod_event(Event::Apply(pod("p1", "a", "3")), false).is_empty());
+        assert!(inf.job_event(Event::Apply(job("b", "5")), false, now()).is_empty());
+        assert!(inf.store().pod("ns/p1").is_some());
+        assert_eq!(inf.enqueue_all().len(), 2);
+    }
+
+    #[test]
+    fn relist_synthesizes_tombstones_for_vanished_objects() {
+        let mut inf = synced();
+        inf.pod_event(Event::Apply(pod("p1", "a", "3")), true);
+        // Watch cut; the relist shows p1 changed, p0 gone, p2 new.
+        assert!(inf.pod_event(Event::Init, true).is_empty());
+        let out = inf.pod_event(Event::InitApply(pod("p1", "a", "3")), true);
+        assert!(out.is_empty(), "unchanged object on relist is not an event");
+        let out = inf.pod_event(Event::InitApply(pod("p2", "a", "9")), true);
+        assert_eq!(out[0].observations[0].kind, ObservationKind::Creation);
+        let out = inf.pod_event(Event::InitDone, true);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].queue, JOB_QUEUE);
+        let kinds: Vec<_> = out[0].observations.iter().map(|o| o.kind).collect();
+        assert_eq!(kinds, [ObservationKind::Deletion, ObservationKind::FinalizerRemoval]);
+        assert_eq!(out[0].observations[0].pod_uid, "uid-p0");
+        assert!(inf.store().pod("ns/p0").is_none());
+        let tombstones = inf
+            .metrics
+            .events
+            .get_or_create(&EventLabels { kind: "pod", r#type: "tombstone" })
+            .get();
+        assert_eq!(tombstones, 1);
+    }
+
+    #[test]
+    fn job_relist_tombstone_cleans_up_pods() {
+        let mut inf = synced();
+        inf.job_event(Event::Init, true, now());
+        let out = inf.job_event(Event::InitDone, true, now());
+        assert_eq!(
+            out.iter().map(|e| (e.queue, e.key.as_str(), e.delay)).collect::<Vec<_>>(),
+            [(JOB_QUEUE, "ns/a", Duration::ZERO), (ORPHAN_POD_QUEUE, "ns/p0", Duration::ZERO)]
+        );
+        assert_eq!(inf.store().job_count(), 0);
+    }
+
+    #[test]
+    fn job_update_and_delete_events() {
+        let mut inf = synced();
+        assert!(inf.job_event(Event::Apply(job("a", "1")), true, now()).is_empty());
+        let out = inf.job_event(Event::Apply(job("a", "7")), true, now());
+        assert_eq!(out[0].delay, SYNC_JOB_BATCH_PERIOD);
+        let out = inf.job_event(Event::Delete(job("a", "8")), true, now());
+        assert_eq!(out.len(), 2, "{out:?}");
+        // Pods of a deleted Job: a later pod delete goes to orphan cleanup.
+        let out = inf.pod_event(Event::Delete(pod("p0", "a", "10")), true);
+        assert_eq!(out[0].queue, ORPHAN_POD_QUEUE);
+    }
+}

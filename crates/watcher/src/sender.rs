@@ -1,0 +1,263 @@
+//! Ships handler decisions to kjob-queue in batches.
+//!
+//! Items arrive over a bounded channel (a full channel stalls the watch streams: backpressure,
+//! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items or
+//! [`LINGER`] after the first), and each batch is retried with backoff until kjob-queue has it.
+//! One batch is in flight at a time, so the queue applies items in the order the handlers made
+//! them: an observation is never applied after a later enqueue of the same key.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kjob_queue_client::{ClientError, QueueClient, v1};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::handlers::{Enqueue, ObservationKind};
+use crate::metrics::{Metrics, ObservationLabels, QueueLabels};
+
+/// Items buffered between the informer and the sender: enough for a burst of events while one
+/// batch is in flight, small enough that a stuck queue stalls the watches quickly.
+pub const SEND_BUFFER: usize = 4096;
+/// Largest Add batch: keeps one Redis script run short (upstream caps per-sync work at 500 too).
+pub const MAX_BATCH: usize = 500;
+/// How long a batch waits for company after its first item: long enough to gather a burst of
+/// pod events, short against the 1 s batch period so syncs are not noticeably later.
+pub const LINGER: Duration = Duration::from_millis(5);
+/// First retry delay after a failed Add.
+const RETRY_INITIAL: Duration = Duration::from_millis(100);
+/// Longest delay between Add retries: a queue that comes back is used within this.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// After shutdown is requested, how long buffered items may still be retried before the
+/// watcher gives up on them (the next leader's resync repairs what is lost).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of the sender.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Shutdown was requested and kjob-queue still refused the remaining items after
+    /// [`DRAIN_TIMEOUT`].
+    #[error("gave up on {0} buffered items at shutdown: kjob-queue unreachable")]
+    Abandoned(usize),
+}
+
+/// The bounded channel from the informer to the sender.
+pub fn channel() -> (mpsc::Sender<Enqueue>, mpsc::Receiver<Enqueue>) {
+    mpsc::channel(SEND_BUFFER)
+}
+
+/// Merges items for the same queue and key, keeping the first one's position: observations are
+/// concatenated in order and the earliest delay wins, which is what the queue would do with the
+/// separate items anyway (an item already waiting keeps the earlier time).
+pub fn coalesce(batch: Vec<Enqueue>) -> Vec<Enqueue> {
+    let mut out: Vec<Enqueue> = Vec::with_capacity(batch.len());
+    let mut index: std::collections::HashMap<(&'static str, String), usize> =
+        std::collections::HashMap::with_capacity(batch.len());
+    for e in batch {
+        match index.get(&(e.queue, e.key.clone())) {
+            Some(&i) => {
+                let merged = &mut out[i];
+                merged.delay = merged.delay.min(e.delay);
+                merged.observations.extend(e.observations);
+            }
+            None => {
+                index.insert((e.queue, e.key.clone()), out.len());
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
+/// The wire form of a handler decision.
+pub fn to_proto(e: &Enqueue) -> v1::AddItem {
+    v1::AddItem {
+        queue: e.queue.to_string(),
+        key: e.key.clone(),
+        delay_ms: u64::try_from(e.delay.as_millis()).unwrap_or(u64::MAX),
+        observations: e
+            .observations
+            .iter()
+            .map(|o| v1::Observation {
+                kind: match o.kind {
+                    ObservationKind::Creation => v1::ObservationKind::Creation,
+                    ObservationKind::Deletion => v1::ObservationKind::Deletion,
+                    ObservationKind::FinalizerRemoval => v1::ObservationKind::FinalizerRemoval,
+                } as i32,
+                job_uid: o.job_uid.clone(),
+                pod_uid: o.pod_uid.clone(),
+            })
+            .collect(),
+        observe_only: false,
+    }
+}
+
+fn kind_label(k: ObservationKind) -> &'static str {
+    match k {
+        ObservationKind::Creation => "creation",
+        ObservationKind::Deletion => "deletion",
+        ObservationKind::FinalizerRemoval => "finalizer_removal",
+    }
+}
+
+/// Sends batches until the channel closes (the informer stopped). `queue_ok` reflects whether
+/// the last Add succeeded, for readiness. `shutdown` only bounds how long the last items are
+/// retried; the loop itself ends when every sender of the channel is gone.
+pub async fn run_sender(
+    mut rx: mpsc::Receiver<Enqueue>,
+    client: QueueClient,
+    metrics: Metrics,
+    queue_ok: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) -> Result<(), SendError> {
+    let mut give_up_at: Option<Instant> = None;
+    loop {
+        let Some(first) = rx.recv().await else { return Ok(()) };
+        let mut batch = vec![first];
+        let linger_until = Instant::now() + LINGER;
+        while batch.len() < MAX_BATCH {
+            match tokio::time::timeout_at(linger_until, rx.recv()).await {
+                Ok(Some(e)) => batch.push(e),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let batch = coalesce(batch);
+        send_batch(&client, &metrics, &queue_ok, &shutdown, &mut give_up_at, batch, &mut rx)
+            .await?;
+    }
+}
+
+async fn send_batch(
+    client: &QueueClient,
+    metrics: &Metrics,
+    queue_ok: &AtomicBool,
+    shutdown: &CancellationToken,
+    give_up_at: &mut Option<Instant>,
+    batch: Vec<Enqueue>,
+    rx: &mut mpsc::Receiver<Enqueue>,
+) -> Result<(), SendError> {
+    let items: Vec<v1::AddItem> = batch.iter().map(to_proto).collect();
+    let mut attempt = 0u32;
+    loop {
+        let started = Instant::now();
+        match client.add(items.clone()).await {
+            Ok(_) => {
+                metrics.send_duration.observe(started.elapsed().as_secs_f64());
+                metrics.batches.inc();
+                for e in &batch {
+                    metrics.enqueues.get_or_create(&QueueLabels { queue: e.queue }).inc();
+                    for o in &e.observations {
+                        metrics
+                            .observations
+                            .get_or_create(&ObservationLabels { kind: kind_label(o.kind) })
+                            .inc();
+                    }
+                }
+                queue_ok.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(ClientError::InvalidArgument(msg)) if items.len() > 1 => {
+                // One bad item must not wedge the pipeline: send them one by one so only the
+                // refused ones are dropped.
+                tracing::warn!(error = %msg, items = items.len(), "kjob-queue refused a batch; sending its items one by one");
+                metrics.send_errors.inc();
+                for e in batch {
+                    Box::pin(send_batch(
+                        client,
+                        metrics,
+                        queue_ok,
+                        shutdown,
+                        give_up_at,
+                        vec![e],
+                        rx,
+                    ))
+                    .await?;
+                }
+                return Ok(());
+            }
+            Err(ClientError::InvalidArgument(msg)) => {
+                // Keys come from the API server, so this is a bug somewhere; retrying cannot help.
+                metrics.send_errors.inc();
+                tracing::error!(error = %msg, item = ?batch.first(), "kjob-queue refused an item; dropping it");
+                return Ok(());
+            }
+            Err(e) => {
+                metrics.send_errors.inc();
+                queue_ok.store(false, Ordering::Relaxed);
+                let delay = RETRY_INITIAL.saturating_mul(1 << attempt.min(6)).min(RETRY_MAX);
+                tracing::warn!(error = %e, attempt, ?delay, items = items.len(), "sending to kjob-queue failed; retrying");
+                attempt = attempt.saturating_add(1);
+                if give_up_at.is_none() && shutdown.is_cancelled() {
+                    *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+                }
+                if let Some(limit) = *give_up_at
+                    && Instant::now() >= limit
+                {
+                    let pending = items.len() + rx.len();
+                    return Err(SendError::Abandoned(pending));
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled(), if give_up_at.is_none() => {
+                        *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::Observation;
+    use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
+
+    fn e(queue: &'static str, key: &str, ms: u64, obs: &[&str]) -> Enqueue {
+        Enqueue {
+            queue,
+            key: key.into(),
+            delay: Duration::from_millis(ms),
+            observations: obs
+                .iter()
+                .map(|p| Observation {
+                    kind: ObservationKind::Creation,
+                    job_uid: "j".into(),
+                    pod_uid: p.to_string(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn coalesce_merges_same_key_keeping_order_and_earliest_delay() {
+        let out = coalesce(vec![
+            e(JOB_QUEUE, "ns/a", 1000, &["p1"]),
+            e(JOB_QUEUE, "ns/b", 0, &[]),
+            e(ORPHAN_POD_QUEUE, "ns/a", 0, &[]),
+            e(JOB_QUEUE, "ns/a", 0, &["p2"]),
+            e(JOB_QUEUE, "ns/a", 40_000, &["p3"]),
+        ]);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].key, "ns/a");
+        assert_eq!(out[0].delay, Duration::ZERO);
+        let pods: Vec<_> = out[0].observations.iter().map(|o| o.pod_uid.as_str()).collect();
+        assert_eq!(pods, ["p1", "p2", "p3"]);
+        assert_eq!((out[1].queue, out[1].key.as_str()), (JOB_QUEUE, "ns/b"));
+        assert_eq!((out[2].queue, out[2].key.as_str()), (ORPHAN_POD_QUEUE, "ns/a"));
+    }
+
+    #[test]
+    fn proto_conversion() {
+        let mut item = e(JOB_QUEUE, "ns/a", 1500, &["p1"]);
+        item.observations[0].kind = ObservationKind::FinalizerRemoval;
+        let p = to_proto(&item);
+        assert_eq!(p.queue, "job");
+        assert_eq!(p.delay_ms, 1500);
+        assert!(!p.observe_only);
+        assert_eq!(p.observations[0].kind, v1::ObservationKind::FinalizerRemoval as i32);
+        assert_eq!(p.observations[0].pod_uid, "p1");
+    }
+}
