@@ -1,0 +1,327 @@
+//! The worker's only door to the API server: typed calls over Jobs, Pods and Events with a
+//! client-side token bucket, a timeout on every call, bounded retries of throttling and server
+//! errors, and a metric per call.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+use crate::metrics::Metrics;
+use crate::ratelimit::TokenBucket;
+
+/// Deadline of one API call. Writes of this controller are small; a call slower than this is
+/// treated like a server error (retried, then the sync fails and is requeued).
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// Attempts of one call when the server throttles (429) or fails (5xx, timeout, transport).
+const MAX_ATTEMPTS: u32 = 4;
+/// First delay between attempts; doubled each time.
+const RETRY_BASE: Duration = Duration::from_millis(200);
+/// Upper bound of one retry delay (also caps a server's Retry-After-like hints).
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Errors of API server calls.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The object does not exist (404).
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The write lost a race (409): stale resourceVersion or the object already exists.
+    #[error("conflict on {what}: {message}")]
+    Conflict {
+        /// What was written.
+        what: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server refused the request definitely (400, 403, 422, …).
+    #[error("{what} refused ({code} {reason}): {message}")]
+    Refused {
+        /// What was attempted.
+        what: String,
+        /// HTTP status.
+        code: u16,
+        /// The Status reason (e.g. `Invalid`, `Forbidden`).
+        reason: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server stayed throttled or failing after the retries.
+    #[error("{what} failed after {MAX_ATTEMPTS} attempts: {message}")]
+    Unavailable {
+        /// What was attempted.
+        what: String,
+        /// The last failure.
+        message: String,
+    },
+}
+
+impl ApiError {
+    /// Whether the error is a 404.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ApiError::NotFound(_))
+    }
+
+    /// Whether the error says the namespace is being deleted (such create failures are ignored,
+    /// as upstream does).
+    pub fn is_namespace_terminating(&self) -> bool {
+        match self {
+            ApiError::Refused { reason, message, .. } => {
+                reason == "Forbidden" && message.contains("because it is being terminated")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// What a failed attempt means for the caller.
+enum Attempt {
+    /// Definite answer; return it.
+    Final(ApiError),
+    /// Worth another try.
+    Retry(String),
+}
+
+/// Typed API calls, shared by every sync of the process (clone is cheap).
+#[derive(Clone)]
+pub struct KubeApi {
+    client: kube::Client,
+    limiter: Arc<TokenBucket>,
+    metrics: Metrics,
+}
+
+impl KubeApi {
+    /// Wraps a client with a `qps`/`burst` token bucket.
+    pub fn new(client: kube::Client, qps: f64, burst: u32, metrics: Metrics) -> Self {
+        Self { client, limiter: Arc::new(TokenBucket::new(qps, burst)), metrics }
+    }
+
+    fn jobs(&self, ns: &str) -> Api<Job> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    fn pods(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// Runs one call with the limiter, a timeout and bounded retries of transient failures.
+    /// `idempotent = false` (creates) retries only a 429, which the server answers before doing
+    /// anything; a timed-out or failed create may have happened, so it is not resent.
+    async fn call<T, F, Fut>(
+        &self,
+        verb: &str,
+        resource: &str,
+        what: &str,
+        idempotent: bool,
+        mut f: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let mut attempt = 0u32;
+        loop {
+            self.limiter.acquire().await;
+            let res = tokio::time::timeout(API_CALL_TIMEOUT, f()).await;
+            let (result_label, outcome) = match res {
+                Ok(Ok(v)) => {
+                    self.metrics.api_call(verb, resource, "ok");
+                    return Ok(v);
+                }
+                Ok(Err(kube::Error::Api(status))) => {
+                    let code = status.code;
+                    let label = code.to_string();
+                    let outcome = match code {
+                        404 => Attempt::Final(ApiError::NotFound(what.to_string())),
+                        409 => Attempt::Final(ApiError::Conflict {
+                            what: what.to_string(),
+                            message: status.message.clone(),
+                        }),
+                        429 => Attempt::Retry(format!("429 {}", status.message)),
+                        500..=599 if idempotent => {
+                            Attempt::Retry(format!("{code} {}", status.message))
+                        }
+                        _ => Attempt::Final(ApiError::Refused {
+                            what: what.to_string(),
+                            code,
+                            reason: status.reason.clone(),
+                            message: status.message.clone(),
+                        }),
+                    };
+                    (label, outcome)
+                }
+                Ok(Err(e)) => {
+                    let msg = e.to_string();
+                    let outcome = if idempotent {
+                        Attempt::Retry(msg)
+                    } else {
+                        Attempt::Final(ApiError::Unavailable {
+                            what: what.to_string(),
+                            message: msg,
+                        })
+                    };
+                    ("transport".to_string(), outcome)
+                }
+                Err(_) => {
+                    let msg = format!("timed out after {API_CALL_TIMEOUT:?}");
+                    let outcome = if idempotent {
+                        Attempt::Retry(msg)
+                    } else {
+                        Attempt::Final(ApiError::Unavailable {
+                            what: what.to_string(),
+                            message: msg,
+                        })
+                    };
+                    ("timeout".to_string(), outcome)
+                }
+            };
+            self.metrics.api_call(verb, resource, &result_label);
+            match outcome {
+                Attempt::Final(e) => return Err(e),
+                Attempt::Retry(message) => {
+                    attempt += 1;
+                    if attempt >= MAX_ATTEMPTS {
+                        return Err(ApiError::Unavailable { what: what.to_string(), message });
+                    }
+                    let delay = RETRY_BASE.saturating_mul(1 << (attempt - 1)).min(RETRY_MAX);
+                    tracing::debug!(verb, resource, what, attempt, ?delay, error = %message, "API call failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// GETs a Job (a consistent read: no resourceVersion); `None` when it does not exist.
+    pub async fn get_job(&self, ns: &str, name: &str) -> Result<Option<Job>, ApiError> {
+        let api = self.jobs(ns);
+        let what = format!("job {ns}/{name}");
+        match self.call("get", "jobs", &what, true, || api.get(name)).await {
+            Ok(j) => Ok(Some(j)),
+            Err(ApiError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// GETs a Pod (consistent read); `None` when it does not exist.
+    pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
+        let api = self.pods(ns);
+        let what = format!("pod {ns}/{name}");
+        match self.call("get", "pods", &what, true, || api.get(name)).await {
+            Ok(p) => Ok(Some(p)),
+            Err(ApiError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion).
+    pub async fn list_pods(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, ApiError> {
+        let api = self.pods(ns);
+        let lp = ListParams::default().labels(selector);
+        let what = format!("pods in {ns} matching {selector:?}");
+        let list = self.call("list", "pods", &what, true, || api.list(&lp)).await?;
+        Ok(list.items)
+    }
+
+    /// Creates a pod (never resent after an ambiguous failure).
+    pub async fn create_pod(&self, ns: &str, pod: &Pod) -> Result<Pod, ApiError> {
+        let api = self.pods(ns);
+        let what = format!(
+            "create pod {ns}/{}",
+            pod.metadata.generate_name.as_deref().or(pod.metadata.name.as_deref()).unwrap_or("")
+        );
+        let pp = PostParams::default();
+        self.call("create", "pods", &what, false, || api.create(&pp, pod)).await
+    }
+
+    /// Deletes a pod; NotFound counts as done.
+    pub async fn delete_pod(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        let api = self.pods(ns);
+        let what = format!("delete pod {ns}/{name}");
+        let dp = DeleteParams::default();
+        match self.call("delete", "pods", &what, true, || api.delete(name, &dp)).await {
+            Ok(_) | Err(ApiError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Strategic-merge-patches a pod.
+    pub async fn patch_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<Pod, ApiError> {
+        let api = self.pods(ns);
+        let what = format!("patch pod {ns}/{name}");
+        let pp = PatchParams::default();
+        let patch = Patch::Strategic(patch);
+        self.call("patch", "pods", &what, true, || api.patch(name, &pp, &patch)).await
+    }
+
+    /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
+    pub async fn remove_tracking_finalizer(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        match self.patch_pod(ns, name, &remove_tracking_finalizer_patch()).await {
+            Ok(_) | Err(ApiError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes a Job's status with its resourceVersion (PUT /status); 409 on a stale version.
+    pub async fn replace_job_status(&self, job: &Job) -> Result<Job, ApiError> {
+        let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let api = self.jobs(ns);
+        let what = format!("status of job {ns}/{name}");
+        let pp = PostParams::default();
+        self.call("update_status", "jobs", &what, true, || api.replace_status(name, &pp, job)).await
+    }
+
+    /// Creates an events.k8s.io/v1 Event (never resent: a duplicate event is noise).
+    pub async fn create_event(&self, ns: &str, event: &Event) -> Result<(), ApiError> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
+        let what = format!("event in {ns}");
+        let pp = PostParams::default();
+        self.call("create", "events", &what, false, || api.create(&pp, event)).await.map(|_| ())
+    }
+}
+
+/// The strategic merge patch removing the tracking finalizer (upstream
+/// `removeTrackingFinalizerPatch`).
+pub fn remove_tracking_finalizer_patch() -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "$deleteFromPrimitiveList/finalizers": [kjob_core::JOB_TRACKING_FINALIZER]
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finalizer_patch_shape() {
+        let p = remove_tracking_finalizer_patch();
+        assert_eq!(
+            p.to_string(),
+            r#"{"metadata":{"$deleteFromPrimitiveList/finalizers":["batch.kubernetes.io/job-tracking"]}}"#
+        );
+    }
+
+    #[test]
+    fn namespace_terminating_is_recognised() {
+        let e = ApiError::Refused {
+            what: "create pod".into(),
+            code: 403,
+            reason: "Forbidden".into(),
+            message: "pods \"x\" is forbidden: unable to create new content in namespace ns because it is being terminated".into(),
+        };
+        assert!(e.is_namespace_terminating());
+        assert!(!ApiError::NotFound("x".into()).is_namespace_terminating());
+    }
+}

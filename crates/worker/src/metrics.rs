@@ -1,0 +1,280 @@
+//! Metrics: the upstream `job_controller_*` families (names, labels and buckets as upstream
+//! `pkg/controller/job/metrics`) plus the worker's own `kjob_worker_*` families.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of the sync duration and sync count families.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SyncLabels {
+    /// `Indexed` or `NonIndexed`.
+    pub completion_mode: String,
+    /// `success` or `error`.
+    pub result: String,
+    /// `reconciling`, `tracking`, `pods_created` or `pods_deleted`.
+    pub action: String,
+}
+
+/// Labels of `jobs_finished_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FinishedLabels {
+    /// `Indexed` or `NonIndexed`.
+    pub completion_mode: String,
+    /// `succeeded` or `failed`.
+    pub result: String,
+    /// The terminal condition's reason.
+    pub reason: String,
+}
+
+/// Labels of `job_pods_finished_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodsFinishedLabels {
+    /// `Indexed` or `NonIndexed`.
+    pub completion_mode: String,
+    /// `succeeded` or `failed`.
+    pub result: String,
+}
+
+/// Labels of `pod_failures_handled_by_failure_policy_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// `FailJob`, `FailIndex`, `Ignore` or `Count`.
+    pub action: String,
+}
+
+/// Labels of `terminated_pods_tracking_finalizer_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `add` or `delete`.
+    pub event: String,
+}
+
+/// Labels of `job_finished_indexes_total`.
+// The upstream label name is camelCase and the derive names labels after the fields.
+#[allow(non_snake_case)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IndexesLabels {
+    /// `succeeded` or `failed`.
+    pub status: String,
+    /// `perIndex` or `global`.
+    pub backoffLimit: String,
+}
+
+/// Labels of `job_pods_creation_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CreationLabels {
+    /// `new`, `recreate_terminating_or_failed` or `recreate_failed`.
+    pub reason: String,
+    /// `succeeded` or `failed`.
+    pub status: String,
+}
+
+/// Labels of the per-queue worker families.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    /// Queue name (`job`, `orphan-pod`).
+    pub queue: String,
+}
+
+/// Labels of the per-queue sync outcome family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// Queue name.
+    pub queue: String,
+    /// `forget`, `rate_limited`, `requeue_after`, `lease_lost` or `handed_back`.
+    pub outcome: String,
+}
+
+/// Labels of the API call family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// `get`, `list`, `create`, `delete`, `patch`, `update_status`.
+    pub verb: String,
+    /// `jobs`, `pods`, `events`.
+    pub resource: String,
+    /// HTTP status code, or `timeout` / `transport`.
+    pub result: String,
+}
+
+/// Every metric the worker exports.
+#[derive(Clone)]
+pub struct Metrics {
+    /// `job_controller_job_sync_duration_seconds`.
+    pub job_sync_duration: Family<SyncLabels, Histogram>,
+    /// `job_controller_job_syncs_total`.
+    pub job_syncs: Family<SyncLabels, Counter>,
+    /// `job_controller_jobs_finished_total`.
+    pub jobs_finished: Family<FinishedLabels, Counter>,
+    /// `job_controller_job_pods_finished_total`.
+    pub job_pods_finished: Family<PodsFinishedLabels, Counter>,
+    /// `job_controller_pod_failures_handled_by_failure_policy_total`.
+    pub pod_failures_handled_by_failure_policy: Family<ActionLabels, Counter>,
+    /// `job_controller_terminated_pods_tracking_finalizer_total`.
+    pub terminated_pods_tracking_finalizer: Family<EventLabels, Counter>,
+    /// `job_controller_job_finished_indexes_total`.
+    pub job_finished_indexes: Family<IndexesLabels, Counter>,
+    /// `job_controller_job_pods_creation_total`.
+    pub job_pods_creation: Family<CreationLabels, Counter>,
+    /// `kjob_worker_leases_held`: leases this process holds now.
+    pub leases_held: Family<QueueLabels, Gauge>,
+    /// `kjob_worker_lease_wait_seconds`: time from enqueue to lease.
+    pub lease_wait: Family<QueueLabels, Histogram>,
+    /// `kjob_worker_renew_failures_total`: renewals refused or failed.
+    pub renew_failures: Family<QueueLabels, Counter>,
+    /// `kjob_worker_leases_finished_total`: how each lease ended.
+    pub leases_finished: Family<OutcomeLabels, Counter>,
+    /// `kjob_worker_api_calls_total`: API server calls by verb, resource and result.
+    pub api_calls: Family<ApiLabels, Counter>,
+    /// `kjob_worker_events_dropped_total`: events dropped because the event sink was full.
+    pub events_dropped: Counter,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let sync_buckets = || Histogram::new(exponential_buckets(0.004, 2.0, 15));
+        let wait_buckets = || Histogram::new(exponential_buckets(0.001, 4.0, 12));
+        let m = Self {
+            job_sync_duration: Family::new_with_constructor(sync_buckets),
+            job_syncs: Family::default(),
+            jobs_finished: Family::default(),
+            job_pods_finished: Family::default(),
+            pod_failures_handled_by_failure_policy: Family::default(),
+            terminated_pods_tracking_finalizer: Family::default(),
+            job_finished_indexes: Family::default(),
+            job_pods_creation: Family::default(),
+            leases_held: Family::default(),
+            lease_wait: Family::new_with_constructor(wait_buckets),
+            renew_failures: Family::default(),
+            leases_finished: Family::default(),
+            api_calls: Family::default(),
+            events_dropped: Counter::default(),
+        };
+        let jc = registry.sub_registry_with_prefix("job_controller");
+        jc.register(
+            "job_sync_duration_seconds",
+            "The time it took to sync a job",
+            m.job_sync_duration.clone(),
+        );
+        jc.register("job_syncs", "The number of job syncs", m.job_syncs.clone());
+        jc.register("jobs_finished", "The number of finished jobs", m.jobs_finished.clone());
+        jc.register(
+            "job_pods_finished",
+            "The number of finished Pods that are fully tracked",
+            m.job_pods_finished.clone(),
+        );
+        jc.register(
+            "pod_failures_handled_by_failure_policy",
+            "The number of failed Pods handled by failure policy with respect to the failure \
+             policy action applied based on the matched rule",
+            m.pod_failures_handled_by_failure_policy.clone(),
+        );
+        jc.register(
+            "terminated_pods_tracking_finalizer",
+            "The number of terminated pods (phase=Failed|Succeeded) that have the finalizer \
+             batch.kubernetes.io/job-tracking",
+            m.terminated_pods_tracking_finalizer.clone(),
+        );
+        jc.register(
+            "job_finished_indexes",
+            "The number of finished indexes",
+            m.job_finished_indexes.clone(),
+        );
+        jc.register(
+            "job_pods_creation",
+            "The number of Pods created by the Job controller labelled with a reason for the \
+             Pod creation",
+            m.job_pods_creation.clone(),
+        );
+        let w = registry.sub_registry_with_prefix("kjob_worker");
+        w.register("leases_held", "Leases this worker holds now", m.leases_held.clone());
+        w.register(
+            "lease_wait_seconds",
+            "Time from a key's enqueue to its lease by this worker",
+            m.lease_wait.clone(),
+        );
+        w.register("renew_failures", "Lease renewals refused or failed", m.renew_failures.clone());
+        w.register("leases_finished", "Leases finished, by outcome", m.leases_finished.clone());
+        w.register(
+            "api_calls",
+            "API server calls by verb, resource and result",
+            m.api_calls.clone(),
+        );
+        w.register(
+            "events_dropped",
+            "Kubernetes events dropped because the event sink was full",
+            m.events_dropped.clone(),
+        );
+        m
+    }
+
+    /// Counts one API call.
+    pub fn api_call(&self, verb: &str, resource: &str, result: &str) {
+        self.api_calls
+            .get_or_create(&ApiLabels {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// The per-queue label set.
+    pub fn queue(queue: &str) -> QueueLabels {
+        QueueLabels { queue: queue.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_names_and_labels() {
+        let mut reg = Registry::default();
+        let m = Metrics::new(&mut reg);
+        m.job_syncs
+            .get_or_create(&SyncLabels {
+                completion_mode: "Indexed".into(),
+                result: "success".into(),
+                action: "pods_created".into(),
+            })
+            .inc();
+        m.job_sync_duration
+            .get_or_create(&SyncLabels {
+                completion_mode: "NonIndexed".into(),
+                result: "error".into(),
+                action: "reconciling".into(),
+            })
+            .observe(0.01);
+        m.job_finished_indexes
+            .get_or_create(&IndexesLabels {
+                status: "failed".into(),
+                backoffLimit: "perIndex".into(),
+            })
+            .inc();
+        m.api_call("create", "pods", "201");
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(
+            out.contains(
+                r#"job_controller_job_syncs_total{completion_mode="Indexed",result="success",action="pods_created"} 1"#
+            ),
+            "{out}"
+        );
+        assert!(out.contains("job_controller_job_sync_duration_seconds_bucket{"), "{out}");
+        assert!(out.contains(r#"le="0.004""#), "{out}");
+        assert!(out.contains(r#"le="65.536""#), "{out}");
+        assert!(out.contains(r#"backoffLimit="perIndex""#), "{out}");
+        assert!(
+            out.contains(
+                r#"kjob_worker_api_calls_total{verb="create",resource="pods",result="201"} 1"#
+            ),
+            "{out}"
+        );
+    }
+}

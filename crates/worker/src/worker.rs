@@ -1,0 +1,108 @@
+//! The per-process worker context shared by every sync, and the dispatch from queue name to
+//! sync function.
+
+use std::time::Duration;
+
+use kjob_core::{ORPHAN_POD_QUEUE, ObjectKey};
+use kjob_queue_client::{ClientError, QueueClient};
+
+use crate::events::EventSink;
+use crate::kube_api::{ApiError, KubeApi};
+use crate::metrics::Metrics;
+
+/// How a successful sync ends its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncOutcome {
+    /// Nothing more to do until something changes (Done with Forget).
+    Done,
+    /// Sync again after this delay (deadlines, pod-failure backoff).
+    RequeueAfter(Duration),
+}
+
+/// Why a sync failed; every variant ends the lease with a rate-limited requeue.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// An API server call failed.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// A queue service call (expectations, records) failed.
+    #[error("queue service: {0}")]
+    Queue(#[from] ClientError),
+    /// Some pod creations failed; the rest of the sync was saved.
+    #[error("{failed} of {attempted} pod creations failed: {first}")]
+    CreatesFailed {
+        /// How many creates failed or were skipped.
+        failed: usize,
+        /// How many creates the sync wanted.
+        attempted: usize,
+        /// The first error.
+        first: String,
+    },
+    /// Some pod deletions or finalizer removals failed.
+    #[error("{failed} pod updates failed: {first}")]
+    PodUpdatesFailed {
+        /// How many failed.
+        failed: usize,
+        /// The first error.
+        first: String,
+    },
+}
+
+/// Everything a sync needs; one per process, shared by all syncs.
+pub struct Worker {
+    /// API server access.
+    pub(crate) api: KubeApi,
+    /// Queue service (expectations and records).
+    pub(crate) queue: QueueClient,
+    /// Event sink.
+    pub(crate) events: EventSink,
+    /// Metrics.
+    pub(crate) metrics: Metrics,
+    /// `spec.managedBy` value this worker answers to.
+    pub(crate) controller_name: String,
+    /// Also take Jobs without managedBy (or naming the built-in controller).
+    pub(crate) manage_all: bool,
+}
+
+impl Worker {
+    /// Builds the context.
+    pub fn new(
+        api: KubeApi,
+        queue: QueueClient,
+        events: EventSink,
+        metrics: Metrics,
+        controller_name: String,
+        manage_all: bool,
+    ) -> Self {
+        Self { api, queue, events, metrics, controller_name, manage_all }
+    }
+
+    /// The queue service client (expectations and records).
+    pub fn queue(&self) -> &QueueClient {
+        &self.queue
+    }
+
+    /// The event sink.
+    pub fn events(&self) -> &EventSink {
+        &self.events
+    }
+
+    /// Runs the sync of `key` leased from `queue`. Keys that cannot be parsed are dropped
+    /// (retrying cannot fix them).
+    pub async fn sync(&self, queue: &str, key: &str) -> Result<SyncOutcome, SyncError> {
+        let key = match ObjectKey::parse(key) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(key, error = %e, "dropping malformed key");
+                return Ok(SyncOutcome::Done);
+            }
+        };
+        match queue {
+            ORPHAN_POD_QUEUE => self.sync_orphan_pod(&key).await,
+            other => {
+                tracing::error!(queue = other, "no sync for this queue; dropping key");
+                Ok(SyncOutcome::Done)
+            }
+        }
+    }
+}
