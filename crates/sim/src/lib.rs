@@ -1,1 +1,4 @@
 //! kjob-sim: a simulated Kubernetes API server and kubelet for tests, demos and benchmarks
+pub mod admission;
+pub mod patch;
+pub mod selector;
