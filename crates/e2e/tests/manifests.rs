@@ -1,0 +1,253 @@
+//! deploy/: every kustomization renders, every object parses into its k8s-openapi type, the
+//! RBAC equals `kjob_core::rbac`, and the workloads follow the conventions of the issue.
+
+use std::collections::BTreeSet;
+
+use kjob_e2e::*;
+use serde_json::Value;
+
+const KUSTOMIZATIONS: [&str; 4] = [
+    "deploy/base",
+    "deploy/overlays/kind",
+    "deploy/overlays/kind-manage-all",
+    "deploy/overlays/hpa",
+];
+
+/// Renders `dir`, or says loudly why it cannot.
+fn render(dir: &str) -> Option<Vec<Value>> {
+    match kubectl() {
+        Some(k) => Some(kustomize(&k, dir).unwrap()),
+        None => {
+            eprintln!("SKIPPED rendering {dir}: no kubectl (set KJOB_KUBECTL or install kubectl)");
+            None
+        }
+    }
+}
+
+/// deploy/base rendered by kubectl, or assembled without it.
+fn base() -> Vec<Value> {
+    render("deploy/base").unwrap_or_else(|| base_without_kustomize().unwrap())
+}
+
+fn deployment<'a>(objs: &'a [Value], name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| o["kind"] == "Deployment" && kjob_e2e::name(o) == name)
+        .unwrap_or_else(|| panic!("no Deployment {name}"))
+}
+
+#[test]
+fn every_kustomization_renders_into_typed_objects() {
+    for dir in KUSTOMIZATIONS {
+        let Some(objs) = render(dir) else { continue };
+        assert!(objs.len() >= 20, "{dir} rendered only {} objects", objs.len());
+        for o in &objs {
+            if let Err(e) = check_typed(o) {
+                panic!("{dir}: {e:#}");
+            }
+            if !["Namespace", "ClusterRole", "ClusterRoleBinding"]
+                .contains(&o["kind"].as_str().unwrap())
+            {
+                assert_eq!(o["metadata"]["namespace"], "kjob-system", "{dir}: {}", name(o));
+            }
+        }
+    }
+}
+
+#[test]
+fn rbac_equals_kjob_core_rbac_exactly() {
+    let granted = grants_by_service_account(&base()).unwrap();
+    let expected = expected_grants();
+    for (sa, want) in &expected {
+        let got = granted.get(sa).cloned().unwrap_or_default();
+        let missing: Vec<_> = want.difference(&got).collect();
+        let extra: Vec<_> = got.difference(want).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{sa}: deploy/ lacks {missing:?} and grants more than kjob_core::rbac: {extra:?}"
+        );
+    }
+    let unknown: Vec<_> = granted.keys().filter(|sa| !expected.contains_key(*sa)).collect();
+    assert!(
+        unknown.is_empty(),
+        "bindings for ServiceAccounts kjob_core::rbac does not know: {unknown:?}"
+    );
+}
+
+#[test]
+fn service_accounts_exist_and_the_queue_and_redis_mount_no_token() {
+    let objs = base();
+    let sas: BTreeSet<&str> = of_kind(&objs, "ServiceAccount").into_iter().map(name).collect();
+    for c in kjob_core::rbac::COMPONENTS {
+        assert!(sas.contains(c.service_account), "no ServiceAccount {}", c.service_account);
+        let d = deployment(&objs, c.name);
+        assert_eq!(d["spec"]["template"]["spec"]["serviceAccountName"], c.service_account);
+        if c.rules.is_empty() {
+            assert_eq!(
+                d["spec"]["template"]["spec"]["automountServiceAccountToken"], false,
+                "{}",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn workloads_are_hardened_probed_and_sized() {
+    let objs = base();
+    let workloads: Vec<&Value> =
+        objs.iter().filter(|o| o["kind"] == "Deployment" || o["kind"] == "StatefulSet").collect();
+    assert_eq!(workloads.len(), 4);
+    for w in workloads {
+        let n = name(w);
+        let pod = &w["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{n}");
+        assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{n}");
+        for c in pod["containers"].as_array().unwrap() {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{n}");
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{n}");
+            assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]), "{n}");
+            for k in ["requests", "limits"] {
+                for r in ["cpu", "memory"] {
+                    assert!(c["resources"][k][r].is_string(), "{n}: no {k}.{r}");
+                }
+            }
+            for p in c["ports"].as_array().unwrap() {
+                assert!(p["name"].is_string(), "{n}: unnamed port {p}");
+            }
+            assert!(c["livenessProbe"].is_object() && c["readinessProbe"].is_object(), "{n}");
+            if n != "kjob-redis" {
+                assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez", "{n}");
+                assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{n}");
+                assert_eq!(c["readinessProbe"]["httpGet"]["port"], "admin", "{n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn replicas_leader_election_env_and_redis_persistence() {
+    let objs = base();
+    for (n, r) in [("kjob-watcher", 2), ("kjob-queue", 2), ("kjob-worker", 3)] {
+        assert_eq!(deployment(&objs, n)["spec"]["replicas"], r, "{n}");
+    }
+    let env =
+        &deployment(&objs, "kjob-watcher")["spec"]["template"]["spec"]["containers"][0]["env"];
+    for (var, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+        let e = env.as_array().unwrap().iter().find(|e| e["name"] == var).expect(var);
+        assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], field);
+    }
+    let redis = of_kind(&objs, "StatefulSet")[0];
+    let args: Vec<&str> = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for pair in [
+        ["--appendonly", "yes"],
+        ["--appendfsync", "everysec"],
+        ["--maxmemory-policy", "noeviction"],
+    ] {
+        assert!(args.windows(2).any(|w| w == pair), "redis args lack {pair:?}: {args:?}");
+    }
+    assert!(redis["spec"]["volumeClaimTemplates"].as_array().is_some_and(|v| !v.is_empty()));
+    let pdbs: BTreeSet<&str> =
+        of_kind(&objs, "PodDisruptionBudget").into_iter().map(name).collect();
+    assert_eq!(pdbs, BTreeSet::from(["kjob-queue", "kjob-watcher", "kjob-worker"]));
+    assert!(
+        of_kind(&objs, "HorizontalPodAutoscaler").is_empty(),
+        "the HPA belongs to overlays/hpa"
+    );
+}
+
+#[test]
+fn network_policies_let_only_clients_reach_queue_and_only_the_queue_reach_redis() {
+    let objs = base();
+    let pols = of_kind(&objs, "NetworkPolicy");
+    let by_name = |n: &str| *pols.iter().find(|p| name(p) == n).unwrap_or_else(|| panic!("no {n}"));
+    assert_eq!(by_name("kjob-default-deny-ingress")["spec"]["podSelector"], serde_json::json!({}));
+    let peers = |p: &Value, port: &str| -> BTreeSet<String> {
+        p["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["ports"].as_array().unwrap().iter().any(|x| x["port"] == port))
+            .flat_map(|r| r["from"].as_array().cloned().unwrap_or_default())
+            .map(|f| {
+                f["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let q = by_name("kjob-queue");
+    assert_eq!(peers(q, "grpc"), BTreeSet::from(["kjob-watcher".into(), "kjob-worker".into()]));
+    assert_eq!(peers(by_name("kjob-redis"), "redis"), BTreeSet::from(["kjob-queue".into()]));
+    // Admin ports: a rule with no `from` (any source) for scraping.
+    assert!(
+        q["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["from"].is_null() && r["ports"][0]["port"] == "admin")
+    );
+}
+
+#[test]
+fn kind_overlay_uses_local_dev_images_and_fewer_replicas() {
+    let Some(objs) = render("deploy/overlays/kind") else { return };
+    for c in ["queue", "watcher", "worker"] {
+        let d = deployment(&objs, &format!("kjob-{c}"));
+        let ctr = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(ctr["image"], format!("kjob/{c}:dev"));
+        assert_eq!(ctr["imagePullPolicy"], "IfNotPresent");
+        assert!(d["spec"]["replicas"].as_i64().unwrap() <= 2);
+    }
+    let Some(all) = render("deploy/overlays/kind-manage-all") else { return };
+    for c in ["kjob-watcher", "kjob-worker"] {
+        let args = &deployment(&all, c)["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(args.as_array().unwrap().iter().any(|a| a == "--manage-all-jobs"), "{c}");
+    }
+    let Some(hpa) = render("deploy/overlays/hpa") else { return };
+    let h = of_kind(&hpa, "HorizontalPodAutoscaler");
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0]["spec"]["scaleTargetRef"]["name"], "kjob-worker");
+}
+
+#[test]
+fn kind_cluster_configs_and_grafana_dashboard_parse() {
+    let root = root();
+    let plain: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("deploy/kind/cluster.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(plain["kind"], "Cluster");
+    let text =
+        std::fs::read_to_string(root.join("deploy/kind/cluster-no-job-controller.yaml")).unwrap();
+    let nojob: Value = serde_yaml::from_str(&text).unwrap();
+    let patch = nojob["nodes"][0]["kubeadmConfigPatches"][0].as_str().unwrap();
+    let patch: Value = serde_yaml::from_str(patch).unwrap();
+    assert_eq!(patch["controllerManager"]["extraArgs"]["controllers"], "*,-job");
+
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/kjob.json")).unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect();
+    for m in [
+        "workqueue_depth",
+        "workqueue_adds_total",
+        "job_controller_job_syncs_total",
+        "job_controller_jobs_finished_total",
+    ] {
+        assert!(exprs.iter().any(|e| e.contains(m)), "dashboard has no panel over {m}");
+    }
+}
