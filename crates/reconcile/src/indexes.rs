@@ -1,1 +1,685 @@
-//! (in progress)
+//! Completion indexes of Indexed Jobs: the compressed interval format of
+//! `status.completedIndexes` / `status.failedIndexes`, index sets computed from pods, the choice
+//! of indexes to create next, and per-index failure counts (upstream `indexed_job_utils.go`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_core::{
+    JOB_COMPLETION_INDEX_ANNOTATION, JOB_INDEX_FAILURE_COUNT_ANNOTATION,
+    JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION,
+};
+
+use crate::pod_failure_policy::{PodFailurePolicyAction, match_pod_failure_policy};
+use crate::pod_util::{
+    active_pods_order, completions, finished_time, has_tracking_finalizer, is_pod_failed,
+    is_valid_tracked_pod, only_replace_failed_pods, terminating_pods,
+};
+
+/// A closed range of indexes `first..=last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// First index in the range.
+    pub first: i32,
+    /// Last index in the range (inclusive).
+    pub last: i32,
+}
+
+/// A sorted list of disjoint, non-adjacent intervals (upstream `orderedIntervals`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OrderedIntervals(Vec<Interval>);
+
+impl OrderedIntervals {
+    /// The empty set.
+    pub fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Parses the compressed format ("1,3-5,7") keeping only indexes below `completions`, as
+    /// upstream `parseIndexesFromString`: unparsable parts are skipped, parsing stops at the
+    /// first part starting at or beyond `completions`, and an interval end is clamped to
+    /// `completions - 1`. Unlike upstream, reversed ranges are skipped and out-of-order or
+    /// overlapping parts are normalised, so the result always keeps the type's invariant.
+    pub fn parse(s: &str, completions: i32) -> Self {
+        if s.is_empty() {
+            return Self::new();
+        }
+        let mut parts = Vec::new();
+        for part in s.split(',') {
+            let mut limits = part.split('-');
+            let Some(Ok(first)) = limits.next().map(str::parse::<i32>) else { continue };
+            if first >= completions {
+                break;
+            }
+            let last = match limits.next() {
+                None => first,
+                Some(l) => match l.parse::<i32>() {
+                    Ok(l) => l.min(completions - 1),
+                    Err(_) => continue,
+                },
+            };
+            if last < first {
+                continue;
+            }
+            parts.push(Interval { first, last });
+        }
+        Self::normalise(parts)
+    }
+
+    /// Parses an optional status field; `None` is the empty set.
+    pub fn parse_opt(s: Option<&str>, completions: i32) -> Self {
+        s.map(|s| Self::parse(s, completions)).unwrap_or_default()
+    }
+
+    /// Builds the set from indexes in any order (duplicates allowed).
+    pub fn from_indexes(indexes: impl IntoIterator<Item = i32>) -> Self {
+        let mut v: Vec<i32> = indexes.into_iter().collect();
+        v.sort_unstable();
+        v.dedup();
+        Self::from_sorted(&v)
+    }
+
+    fn from_sorted(sorted: &[i32]) -> Self {
+        Self::normalise(sorted.iter().map(|&i| Interval { first: i, last: i }).collect())
+    }
+
+    /// Sorts by start and merges overlapping or adjacent intervals.
+    fn normalise(mut v: Vec<Interval>) -> Self {
+        if !v.windows(2).all(|w| w[0].first <= w[1].first) {
+            v.sort_unstable_by_key(|iv| iv.first);
+        }
+        let mut out: Vec<Interval> = Vec::with_capacity(v.len());
+        for iv in v {
+            match out.last_mut() {
+                // `i64` so `last + 1` cannot overflow at i32::MAX.
+                Some(prev) if i64::from(iv.first) <= i64::from(prev.last) + 1 => {
+                    prev.last = prev.last.max(iv.last);
+                }
+                _ => out.push(iv),
+            }
+        }
+        Self(out)
+    }
+
+    /// The set plus `indexes` (any order) (upstream `withOrderedIndexes`).
+    pub fn with_indexes(&self, indexes: impl IntoIterator<Item = i32>) -> Self {
+        self.merge(&Self::from_indexes(indexes))
+    }
+
+    /// The union of two sets, in linear time (upstream `merge`).
+    pub fn merge(&self, other: &Self) -> Self {
+        let (a, b) = (&self.0, &other.0);
+        let mut all = Vec::with_capacity(a.len() + b.len());
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() && j < b.len() {
+            if a[i].first < b[j].first {
+                all.push(a[i]);
+                i += 1;
+            } else {
+                all.push(b[j]);
+                j += 1;
+            }
+        }
+        all.extend_from_slice(&a[i..]);
+        all.extend_from_slice(&b[j..]);
+        Self::normalise(all)
+    }
+
+    /// Whether `ix` is in the set, by binary search (upstream `has`).
+    pub fn contains(&self, ix: i32) -> bool {
+        let pos = self.0.partition_point(|iv| iv.last < ix);
+        self.0.get(pos).is_some_and(|iv| iv.first <= ix)
+    }
+
+    /// Number of indexes in the set (upstream `total`).
+    pub fn total(&self) -> usize {
+        self.0.iter().map(|iv| (i64::from(iv.last) - i64::from(iv.first) + 1) as usize).sum()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The intervals, sorted.
+    pub fn intervals(&self) -> &[Interval] {
+        &self.0
+    }
+
+    /// Every index in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = i32> + '_ {
+        self.0.iter().flat_map(|iv| iv.first..=iv.last)
+    }
+}
+
+/// Upstream format: "a" for one index, "a,b" for two adjacent ones, "a-b" for three or more.
+impl fmt::Display for OrderedIntervals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, iv) in self.0.iter().enumerate() {
+            if n > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}", iv.first)?;
+            if iv.last == iv.first + 1 {
+                write!(f, ",{}", iv.last)?;
+            } else if iv.last > iv.first {
+                write!(f, "-{}", iv.last)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_non_negative(v: &str) -> Option<i32> {
+    v.parse::<i32>().ok().filter(|i| *i >= 0)
+}
+
+/// The pod's completion index: the annotation, else the label (both
+/// `batch.kubernetes.io/job-completion-index`); `None` when missing, unparsable or negative
+/// (upstream `getCompletionIndex`, which reads the annotation; the label is the fallback for
+/// pods whose annotations were stripped).
+pub fn completion_index(pod: &Pod) -> Option<i32> {
+    let meta = &pod.metadata;
+    if let Some(v) = meta.annotations.as_ref().and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION))
+    {
+        return parse_non_negative(v);
+    }
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(JOB_COMPLETION_INDEX_ANNOTATION))
+        .and_then(|v| parse_non_negative(v))
+}
+
+/// Indexes of `pods` that have a valid index (upstream `getIndexes`).
+pub fn indexes_of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeSet<i32> {
+    pods.into_iter().filter_map(completion_index).collect()
+}
+
+/// `(previous, current)` succeeded indexes: `status.completedIndexes` parsed, and that plus the
+/// indexes of Succeeded pods that still carry the tracking finalizer (upstream
+/// `calculateSucceededIndexes`).
+pub fn calculate_succeeded_indexes<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> (OrderedIntervals, OrderedIntervals) {
+    let completions = completions(job);
+    let prev = OrderedIntervals::parse_opt(
+        job.status.as_ref().and_then(|s| s.completed_indexes.as_deref()),
+        completions,
+    );
+    let new = pods.into_iter().filter_map(|p| {
+        let ix = completion_index(p)?;
+        (crate::pod_util::is_succeeded(p) && ix < completions && has_tracking_finalizer(p))
+            .then_some(ix)
+    });
+    let current = prev.with_indexes(new);
+    (prev, current)
+}
+
+/// `status.failedIndexes` plus the indexes of tracked pods whose failure fails the index
+/// (upstream `calculateFailedIndexes`; only meaningful with backoffLimitPerIndex).
+pub fn calculate_failed_indexes<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> OrderedIntervals {
+    let completions = completions(job);
+    let prev = OrderedIntervals::parse_opt(
+        job.status.as_ref().and_then(|s| s.failed_indexes.as_deref()),
+        completions,
+    );
+    let new = pods.into_iter().filter_map(|p| {
+        let ix = completion_index(p)?;
+        (ix < completions && has_tracking_finalizer(p) && is_index_failed(job, p)).then_some(ix)
+    });
+    prev.with_indexes(new)
+}
+
+/// The pod's failure fails its index: a FailIndex rule matched, or the failure counts and the
+/// pod's failure-count annotation reached backoffLimitPerIndex (upstream `isIndexFailed`).
+pub fn is_index_failed(job: &Job, pod: &Pod) -> bool {
+    if !is_pod_failed(pod, job) {
+        return false;
+    }
+    let spec = job.spec.as_ref();
+    let counted = match spec.and_then(|s| s.pod_failure_policy.as_ref()) {
+        Some(policy) => {
+            let m = match_pod_failure_policy(Some(policy), pod);
+            if m.action == Some(PodFailurePolicyAction::FailIndex) {
+                return true;
+            }
+            m.count_failed
+        }
+        None => true,
+    };
+    let limit = spec.and_then(|s| s.backoff_limit_per_index).unwrap_or(i32::MAX);
+    counted && index_failure_count(pod) >= limit
+}
+
+/// Up to `count` smallest indexes in `[0, completions)` that are not succeeded, failed, held by
+/// an active pod, or (with [`only_replace_failed_pods`]) held by a terminating pod, ascending
+/// (upstream `firstPendingIndexes`). Linear in pods plus intervals plus `count`.
+pub fn first_pending_indexes<'a>(
+    job: &Job,
+    active: impl IntoIterator<Item = &'a Pod>,
+    all_pods: impl IntoIterator<Item = &'a Pod>,
+    succeeded: &OrderedIntervals,
+    failed: Option<&OrderedIntervals>,
+    count: usize,
+) -> Vec<i32> {
+    if count == 0 {
+        return Vec::new();
+    }
+    let completions = completions(job);
+    let mut non_pending = succeeded.with_indexes(indexes_of(active));
+    if only_replace_failed_pods(job) {
+        non_pending = non_pending.with_indexes(indexes_of(terminating_pods(all_pods)));
+    }
+    if let Some(failed) = failed {
+        non_pending = non_pending.merge(failed);
+    }
+    let mut result = Vec::with_capacity(count.min(completions.max(0) as usize));
+    let mut candidate = 0i32;
+    for iv in non_pending.intervals() {
+        while candidate < completions && result.len() < count && candidate < iv.first {
+            result.push(candidate);
+            candidate += 1;
+        }
+        if result.len() >= count || candidate >= completions {
+            return result;
+        }
+        candidate = candidate.max(iv.last.saturating_add(1));
+    }
+    while candidate < completions && result.len() < count {
+        result.push(candidate);
+        candidate += 1;
+    }
+    result
+}
+
+/// Splits active pods of an Indexed Job into (to remove, to keep): pods without a valid index or
+/// with index ≥ `completions` are removed, and of each duplicated index all but the pod that sorts
+/// last in [`active_pods_order`] (the most advanced one) (upstream
+/// `appendDuplicatedIndexPodsForRemoval`).
+pub fn duplicated_index_pods_for_removal<'a>(
+    pods: &[&'a Pod],
+    completions: i32,
+) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
+    let mut rm = Vec::new();
+    let mut by_index: BTreeMap<i32, Vec<&'a Pod>> = BTreeMap::new();
+    for &p in pods {
+        match completion_index(p) {
+            Some(ix) if ix < completions => by_index.entry(ix).or_default().push(p),
+            _ => rm.push(p),
+        }
+    }
+    let mut left = Vec::with_capacity(by_index.len());
+    for (_, mut group) in by_index {
+        if group.len() > 1 {
+            group.sort_by(|a, b| active_pods_order(a, b));
+        }
+        let keep = group.pop().expect("groups are never empty");
+        rm.extend(group);
+        left.push(keep);
+    }
+    (rm, left)
+}
+
+/// For each pending index, the last failed pod whose deletion waits for its replacement, so the
+/// failure count can be copied into the new pod. Indexes that are succeeded, failed or active
+/// are skipped; among candidates the one with the highest absolute failure count and latest
+/// finish time wins (upstream `getPodsWithDelayedDeletionPerIndex`).
+pub fn pods_with_delayed_deletion_per_index<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    active: impl IntoIterator<Item = &'a Pod>,
+    succeeded: &OrderedIntervals,
+    failed: &OrderedIntervals,
+    finalizer_removals_in_flight: &BTreeSet<String>,
+) -> BTreeMap<i32, &'a Pod> {
+    let active_indexes = indexes_of(active);
+    let mut out: BTreeMap<i32, &'a Pod> = BTreeMap::new();
+    for p in pods {
+        if !is_valid_tracked_pod(job, p, finalizer_removals_in_flight) || !is_pod_failed(p, job) {
+            continue;
+        }
+        let Some(ix) = completion_index(p) else { continue };
+        if succeeded.contains(ix) || failed.contains(ix) || active_indexes.contains(&ix) {
+            continue;
+        }
+        match out.get(&ix) {
+            Some(prev)
+                if !(index_absolute_failure_count(prev) <= index_absolute_failure_count(p)
+                    && finished_time(p) >= finished_time(prev)) => {}
+            _ => {
+                out.insert(ix, p);
+            }
+        }
+    }
+    out
+}
+
+fn annotation_count(pod: &Pod, key: &str) -> i32 {
+    // Missing, unparsable, negative or out-of-range values read as 0, as upstream `parseInt32`.
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| (0..=i64::from(i32::MAX)).contains(v))
+        .map_or(0, |v| v as i32)
+}
+
+/// The pod's `batch.kubernetes.io/job-index-failure-count` (upstream `getIndexFailureCount`).
+pub fn index_failure_count(pod: &Pod) -> i32 {
+    annotation_count(pod, JOB_INDEX_FAILURE_COUNT_ANNOTATION)
+}
+
+/// The pod's `batch.kubernetes.io/job-index-ignored-failure-count`.
+pub fn index_ignored_failure_count(pod: &Pod) -> i32 {
+    annotation_count(pod, JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION)
+}
+
+/// Failure count plus ignored failure count (upstream `getIndexAbsoluteFailureCount`).
+pub fn index_absolute_failure_count(pod: &Pod) -> i32 {
+    index_failure_count(pod).saturating_add(index_ignored_failure_count(pod))
+}
+
+/// `(failure count, ignored failure count)` for the pod replacing `replaced`: the previous
+/// counts plus one in the bucket its failure fell into; `(0, 0)` for a fresh index (upstream
+/// `getNewIndexFailureCounts`).
+pub fn new_index_failure_counts(job: &Job, replaced: Option<&Pod>) -> (i32, i32) {
+    let Some(pod) = replaced else { return (0, 0) };
+    let (mut failures, mut ignored) = (index_failure_count(pod), index_ignored_failure_count(pod));
+    let counted = match job.spec.as_ref().and_then(|s| s.pod_failure_policy.as_ref()) {
+        Some(policy) => match_pod_failure_policy(Some(policy), pod).count_failed,
+        None => true,
+    };
+    if counted {
+        failures = failures.saturating_add(1);
+    } else {
+        ignored = ignored.saturating_add(1);
+    }
+    (failures, ignored)
+}
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // Table rows are spelled out as tuples on purpose.
+mod tests {
+    use super::*;
+    use crate::testutil::{at, exit_code_rule, mk_job, mk_pod};
+
+    fn iv(pairs: &[(i32, i32)]) -> OrderedIntervals {
+        OrderedIntervals(pairs.iter().map(|&(first, last)| Interval { first, last }).collect())
+    }
+
+    #[test]
+    fn parse_table() {
+        let cases: &[(&str, i32, &[(i32, i32)])] = &[
+            ("", 10, &[]),
+            ("1", 10, &[(1, 1)]),
+            ("1,3-5,7", 10, &[(1, 1), (3, 5), (7, 7)]),
+            ("0-2,3,4,6,7", 10, &[(0, 4), (6, 7)]),
+            ("1,2-4,5,7-9", 8, &[(1, 5), (7, 7)]),
+            ("0-5,9", 8, &[(0, 5)]),
+            ("9-12", 8, &[]),
+            ("a,1,2-x,3,5-b", 10, &[(1, 1), (3, 3)]),
+            ("-3,2", 10, &[(2, 2)]),
+            ("5-3,7", 10, &[(7, 7)]),
+            ("7,1-2,2-3", 10, &[(1, 3), (7, 7)]),
+            ("2147483647", i32::MAX, &[]),
+        ];
+        for (s, completions, want) in cases {
+            assert_eq!(OrderedIntervals::parse(s, *completions), iv(want), "{s:?} / {completions}");
+        }
+    }
+
+    #[test]
+    fn format_table() {
+        let cases: &[(&[(i32, i32)], &str)] = &[
+            (&[], ""),
+            (&[(0, 0)], "0"),
+            (&[(1, 2)], "1,2"),
+            (&[(1, 3)], "1-3"),
+            (&[(0, 0), (3, 4), (6, 10), (12, 12)], "0,3,4,6-10,12"),
+        ];
+        for (ivs, want) in cases {
+            assert_eq!(iv(ivs).to_string(), *want);
+        }
+        // Round trip through the parser.
+        let s = "0,3,4,6-10,12";
+        assert_eq!(OrderedIntervals::parse(s, 100).to_string(), s);
+    }
+
+    #[test]
+    fn merge_contains_total_iter() {
+        let a = OrderedIntervals::parse("0-2,8", 100);
+        let b = OrderedIntervals::parse("3,5-6,9-10", 100);
+        let m = a.merge(&b);
+        assert_eq!(m.to_string(), "0-3,5,6,8-10");
+        assert_eq!(m.total(), 9);
+        for (ix, want) in [
+            (0, true),
+            (3, true),
+            (4, false),
+            (6, true),
+            (7, false),
+            (10, true),
+            (11, false),
+            (-1, false),
+        ] {
+            assert_eq!(m.contains(ix), want, "{ix}");
+        }
+        assert_eq!(m.iter().collect::<Vec<_>>(), vec![0, 1, 2, 3, 5, 6, 8, 9, 10]);
+        assert_eq!(OrderedIntervals::new().with_indexes([5, 1, 3, 2, 5]).to_string(), "1-3,5");
+    }
+
+    /// Re-derived from upstream's TestCalculateSucceededIndexes.
+    #[test]
+    fn succeeded_indexes_table() {
+        let cases: &[(&str, &[(i32, &str, bool)], i32, &str)] = &[
+            // (previous, pods (index, phase, has finalizer), completions, want)
+            ("", &[], 4, ""),
+            ("", &[(0, "Succeeded", true), (1, "Failed", true), (2, "Succeeded", true)], 4, "0,2"),
+            (
+                "1",
+                &[(0, "Succeeded", true), (2, "Succeeded", true), (5, "Succeeded", true)],
+                4,
+                "0-2",
+            ),
+            ("0-5", &[(7, "Succeeded", true)], 6, "0-5"),
+            ("", &[(0, "Succeeded", false), (1, "Succeeded", true)], 4, "1"),
+            ("0-2,7-9", &[(5, "Succeeded", true)], 8, "0-2,5,7"),
+        ];
+        for (prev, pods, completions, want) in cases {
+            let job = mk_job("j")
+                .indexed()
+                .completions(Some(*completions))
+                .completed_indexes(prev)
+                .build();
+            let pods: Vec<Pod> = pods
+                .iter()
+                .enumerate()
+                .map(|(n, (ix, phase, fin))| {
+                    let b = mk_pod(&job, &format!("p{n}")).index(*ix).phase(phase);
+                    if *fin { b.build() } else { b.no_finalizer().build() }
+                })
+                .collect();
+            let (p, cur) = calculate_succeeded_indexes(&job, &pods);
+            assert_eq!(p, OrderedIntervals::parse(prev, *completions));
+            assert_eq!(cur.to_string(), *want, "prev={prev:?}");
+        }
+    }
+
+    #[test]
+    fn failed_indexes_and_index_failed() {
+        let job = mk_job("j")
+            .indexed()
+            .completions(Some(6))
+            .backoff_limit_per_index(1)
+            .failed_indexes("0")
+            .build();
+        let pods = [
+            // count 1 >= limit 1: index fails.
+            mk_pod(&job, "a").index(2).failure_counts(1, None).failed(1, at(1)).build(),
+            // count 0 < 1: retried.
+            mk_pod(&job, "b").index(3).failure_counts(0, None).failed(1, at(1)).build(),
+            // already counted (no finalizer): not new.
+            mk_pod(&job, "c")
+                .index(4)
+                .failure_counts(3, None)
+                .failed(1, at(1))
+                .no_finalizer()
+                .build(),
+        ];
+        assert_eq!(calculate_failed_indexes(&job, &pods).to_string(), "0,2");
+
+        let pfp = mk_job("j")
+            .indexed()
+            .completions(Some(6))
+            .backoff_limit_per_index(1)
+            .pod_failure_policy(vec![
+                exit_code_rule("FailIndex", None, "In", &[42]),
+                exit_code_rule("Ignore", None, "In", &[7]),
+            ])
+            .build();
+        let fail_index = mk_pod(&pfp, "x").index(1).failed(42, at(1)).build();
+        assert!(is_index_failed(&pfp, &fail_index));
+        let ignored = mk_pod(&pfp, "y").index(1).failure_counts(5, None).failed(7, at(1)).build();
+        assert!(!is_index_failed(&pfp, &ignored));
+        let counted = mk_pod(&pfp, "z").index(1).failure_counts(1, None).failed(3, at(1)).build();
+        assert!(is_index_failed(&pfp, &counted));
+        assert!(!is_index_failed(
+            &pfp,
+            &mk_pod(&pfp, "r").index(1).failure_counts(9, None).build()
+        ));
+    }
+
+    /// Re-derived from upstream's TestFirstPendingIndexes.
+    #[test]
+    fn first_pending_table() {
+        let job = mk_job("j").indexed().completions(Some(20)).build();
+        let running = |ixs: &[i32]| -> Vec<Pod> {
+            ixs.iter().map(|ix| mk_pod(&job, &format!("r{ix}")).index(*ix).build()).collect()
+        };
+        let cases: Vec<(Vec<Pod>, &str, Option<&str>, usize, Vec<i32>)> = vec![
+            (vec![], "", None, 0, vec![]),
+            (vec![], "", None, 3, vec![0, 1, 2]),
+            (running(&[5, 0, 7]), "", None, 4, vec![1, 2, 3, 4]),
+            (vec![], "2,4,5,7-9", None, 6, vec![0, 1, 3, 6, 10, 11]),
+            (running(&[3, 0, 6]), "2,4,5,7-9", None, 6, vec![1, 10, 11, 12, 13, 14]),
+            (running(&[18, 19]), "0-16", None, 5, vec![17]),
+            (vec![], "0-4", Some("5,7"), 3, vec![6, 8, 9]),
+        ];
+        for (pods, succ, failed, count, want) in cases {
+            let succ = OrderedIntervals::parse(succ, 20);
+            let failed = failed.map(|f| OrderedIntervals::parse(f, 20));
+            let got = first_pending_indexes(&job, &pods, &pods, &succ, failed.as_ref(), count);
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn first_pending_skips_terminating_only_when_replacing_failed() {
+        let term = |job: &Job| mk_pod(job, "t").index(0).deleting(at(1)).build();
+        let default = mk_job("j").indexed().completions(Some(3)).build();
+        let pods = [term(&default)];
+        let none = OrderedIntervals::new();
+        assert_eq!(first_pending_indexes(&default, [], &pods, &none, None, 2), vec![0, 1]);
+        let strict =
+            mk_job("j").indexed().completions(Some(3)).pod_replacement_policy("Failed").build();
+        let pods = [term(&strict)];
+        assert_eq!(first_pending_indexes(&strict, [], &pods, &none, None, 2), vec![1, 2]);
+    }
+
+    #[test]
+    fn duplicated_indexes() {
+        let job = mk_job("j").indexed().completions(Some(3)).build();
+        let a = mk_pod(&job, "a").index(0).pending().build();
+        let b = mk_pod(&job, "b").index(0).ready(at(1)).build();
+        let c = mk_pod(&job, "c").index(0).build();
+        let d = mk_pod(&job, "d").index(1).build();
+        let e = mk_pod(&job, "e").index(3).build();
+        let f = mk_pod(&job, "f").build();
+        let (rm, left) = duplicated_index_pods_for_removal(&[&a, &b, &c, &d, &e, &f], 3);
+        let names =
+            |v: &[&Pod]| v.iter().map(|p| p.metadata.name.clone().unwrap()).collect::<Vec<_>>();
+        assert_eq!(names(&rm), vec!["e", "f", "a", "c"]);
+        assert_eq!(names(&left), vec!["b", "d"]);
+    }
+
+    #[test]
+    fn completion_index_sources() {
+        let job = mk_job("j").build();
+        let p = |f: fn(crate::testutil::PodBuilder) -> crate::testutil::PodBuilder| {
+            f(mk_pod(&job, "p")).build()
+        };
+        assert_eq!(completion_index(&p(|b| b.index(4))), Some(4));
+        assert_eq!(
+            completion_index(&p(|b| b.label(JOB_COMPLETION_INDEX_ANNOTATION, "6"))),
+            Some(6)
+        );
+        assert_eq!(
+            completion_index(&p(|b| b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, "-1"))),
+            None
+        );
+        assert_eq!(
+            completion_index(&p(|b| b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, "x"))),
+            None
+        );
+        assert_eq!(completion_index(&p(|b| b)), None);
+    }
+
+    #[test]
+    fn failure_count_annotations() {
+        let job = mk_job("j").indexed().completions(Some(3)).backoff_limit_per_index(3).build();
+        let p = mk_pod(&job, "p").failure_counts(2, Some(1)).failed(1, at(1)).build();
+        assert_eq!(
+            (
+                index_failure_count(&p),
+                index_ignored_failure_count(&p),
+                index_absolute_failure_count(&p)
+            ),
+            (2, 1, 3)
+        );
+        let bogus =
+            mk_pod(&job, "q").annotation(JOB_INDEX_FAILURE_COUNT_ANNOTATION, "99999999999").build();
+        assert_eq!(index_failure_count(&bogus), 0);
+        assert_eq!(new_index_failure_counts(&job, None), (0, 0));
+        assert_eq!(new_index_failure_counts(&job, Some(&p)), (3, 1));
+        let pfp = mk_job("j")
+            .indexed()
+            .completions(Some(3))
+            .backoff_limit_per_index(3)
+            .pod_failure_policy(vec![exit_code_rule("Ignore", None, "In", &[1])])
+            .build();
+        assert_eq!(new_index_failure_counts(&pfp, Some(&p)), (2, 2));
+    }
+
+    #[test]
+    fn delayed_deletion_picks_latest_failure_of_pending_index() {
+        let job = mk_job("j").indexed().completions(Some(4)).backoff_limit_per_index(5).build();
+        let pods = vec![
+            mk_pod(&job, "i0-old").index(0).failure_counts(0, None).failed(1, at(10)).build(),
+            mk_pod(&job, "i0-new").index(0).failure_counts(1, None).failed(1, at(20)).build(),
+            mk_pod(&job, "i1-failed").index(1).failed(1, at(5)).build(),
+            mk_pod(&job, "i1-active").index(1).build(),
+            mk_pod(&job, "i2-succ-idx").index(2).failed(1, at(5)).build(),
+            mk_pod(&job, "i3-counted").index(3).failed(1, at(5)).no_finalizer().build(),
+        ];
+        let active: Vec<&Pod> = crate::pod_util::active_pods(&pods);
+        let succeeded = OrderedIntervals::parse("2", 4);
+        let got = pods_with_delayed_deletion_per_index(
+            &job,
+            &pods,
+            active,
+            &succeeded,
+            &OrderedIntervals::new(),
+            &BTreeSet::new(),
+        );
+        let got: Vec<(i32, &str)> =
+            got.iter().map(|(ix, p)| (*ix, p.metadata.name.as_deref().unwrap())).collect();
+        assert_eq!(got, vec![(0, "i0-new")]);
+    }
+}

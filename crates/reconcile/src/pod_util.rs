@@ -1,1 +1,680 @@
-//! (in progress)
+//! Pod classification and selection helpers with upstream parity.
+//!
+//! Mirrors `controller.IsPodActive` / `IsPodTerminating` / `ActivePods` from
+//! `pkg/controller/controller_utils.go`, and `isPodFailed`, `onlyReplaceFailedPods`,
+//! `getNewFinishedPods`, `activePodsForRemoval`, `pastBackoffLimitOnFailure`, `getFinishedTime`
+//! and `ClaimPods` decisions from `pkg/controller/job`.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use kjob_core::JOB_TRACKING_FINALIZER;
+
+use crate::indexes::{completion_index, duplicated_index_pods_for_removal};
+
+/// Pod phase `Pending`.
+pub const PHASE_PENDING: &str = "Pending";
+/// Pod phase `Running`.
+pub const PHASE_RUNNING: &str = "Running";
+/// Pod phase `Succeeded`.
+pub const PHASE_SUCCEEDED: &str = "Succeeded";
+/// Pod phase `Failed`.
+pub const PHASE_FAILED: &str = "Failed";
+/// Pod phase `Unknown`.
+pub const PHASE_UNKNOWN: &str = "Unknown";
+
+/// `spec.podReplacementPolicy` value that waits for pods to be fully terminal.
+pub const POD_REPLACEMENT_POLICY_FAILED: &str = "Failed";
+/// `spec.completionMode` value of Indexed Jobs.
+pub const INDEXED_COMPLETION: &str = "Indexed";
+/// `spec.completionMode` value of NonIndexed Jobs (also the default).
+pub const NON_INDEXED_COMPLETION: &str = "NonIndexed";
+
+/// The pod's phase, `""` when unset.
+pub fn phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+}
+
+/// The pod's UID, `""` when unset.
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or("")
+}
+
+/// The pod's name, `""` when unset.
+pub fn name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or("")
+}
+
+/// Phase is Succeeded.
+pub fn is_succeeded(pod: &Pod) -> bool {
+    phase(pod) == PHASE_SUCCEEDED
+}
+
+/// Phase is Succeeded or Failed (upstream `podutil.IsPodTerminal`).
+pub fn is_finished(pod: &Pod) -> bool {
+    matches!(phase(pod), PHASE_SUCCEEDED | PHASE_FAILED)
+}
+
+/// The pod has a deletionTimestamp.
+pub fn is_deleting(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Not terminal and not being deleted (upstream `controller.IsPodActive`).
+pub fn is_active(pod: &Pod) -> bool {
+    !is_finished(pod) && !is_deleting(pod)
+}
+
+/// Being deleted but not yet terminal (upstream `controller.IsPodTerminating`).
+pub fn is_terminating(pod: &Pod) -> bool {
+    !is_finished(pod) && is_deleting(pod)
+}
+
+/// Condition Ready=True (upstream `podutil.IsPodReady`).
+pub fn is_ready(pod: &Pod) -> bool {
+    ready_condition(pod).is_some_and(|(status, _)| status == "True")
+}
+
+/// When the pod became Ready, if it is Ready and the transition time is known.
+pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
+    match ready_condition(pod) {
+        Some(("True", t)) => t,
+        _ => None,
+    }
+}
+
+fn ready_condition(pod: &Pod) -> Option<(&str, Option<Timestamp>)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.as_str(), c.last_transition_time.as_ref().map(|t| t.0)))
+}
+
+/// The pod carries the `batch.kubernetes.io/job-tracking` finalizer (upstream `hasJobTrackingFinalizer`).
+pub fn has_tracking_finalizer(pod: &Pod) -> bool {
+    pod.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == JOB_TRACKING_FINALIZER))
+}
+
+/// Whether the Job is Indexed (upstream `isIndexedJob`).
+pub fn is_indexed_job(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.completion_mode.as_deref()) == Some(INDEXED_COMPLETION)
+}
+
+/// Whether `spec.backoffLimitPerIndex` is set (upstream `hasBackoffLimitPerIndex`).
+pub fn has_backoff_limit_per_index(job: &Job) -> bool {
+    job.spec.as_ref().is_some_and(|s| s.backoff_limit_per_index.is_some())
+}
+
+/// `spec.completions`, 0 when unset (only meaningful for Indexed Jobs, which always set it).
+pub fn completions(job: &Job) -> i32 {
+    job.spec.as_ref().and_then(|s| s.completions).unwrap_or(0)
+}
+
+/// Terminating pods are neither failures nor replaced until terminal: podReplacementPolicy=Failed,
+/// or any podFailurePolicy (upstream `onlyReplaceFailedPods`).
+pub fn only_replace_failed_pods(job: &Job) -> bool {
+    let Some(spec) = job.spec.as_ref() else { return false };
+    spec.pod_replacement_policy.as_deref() == Some(POD_REPLACEMENT_POLICY_FAILED)
+        || spec.pod_failure_policy.is_some()
+}
+
+/// Phase Failed; or, unless [`only_replace_failed_pods`], being deleted and not Succeeded, so
+/// orphaned pods that never reach a terminal phase still count (upstream `isPodFailed`).
+pub fn is_pod_failed(pod: &Pod, job: &Job) -> bool {
+    if phase(pod) == PHASE_FAILED {
+        return true;
+    }
+    if only_replace_failed_pods(job) {
+        return false;
+    }
+    is_deleting(pod) && phase(pod) != PHASE_SUCCEEDED
+}
+
+/// The pod's controller ownerReference, if any (upstream `metav1.GetControllerOf`).
+pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true))
+}
+
+/// The pod's controller is this Job (kind Job, group batch, same UID).
+pub fn is_controlled_by(pod: &Pod, job: &Job) -> bool {
+    let Some(job_uid) = job.metadata.uid.as_deref() else { return false };
+    controller_ref(pod)
+        .is_some_and(|r| r.uid == job_uid && r.kind == "Job" && r.api_version.starts_with("batch/"))
+}
+
+/// What `ClaimPods` would do with one pod for a Job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Owned by the Job and still matching its selector: part of the Job.
+    Owned,
+    /// Orphan matching the selector: patch in the controllerRef (and the tracking finalizer).
+    Adopt,
+    /// Owned by the Job but no longer matching the selector: remove the ownerReference.
+    Release,
+    /// Owned by someone else, or an orphan that does not match (or is being deleted).
+    Ignore,
+}
+
+/// Classifies a pod for a Job as upstream `PodControllerRefManager.ClaimPods` does; adoption
+/// additionally needs the caller to confirm the Job still exists and is not being deleted.
+pub fn claim(job: &Job, pod: &Pod) -> Claim {
+    let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
+    let matches = selector.is_some_and(|sel| selector_matches(sel, pod.metadata.labels.as_ref()));
+    let job_deleting = job.metadata.deletion_timestamp.is_some();
+    match controller_ref(pod) {
+        // Upstream compares the UID only here.
+        Some(r) if Some(r.uid.as_str()) != job.metadata.uid.as_deref() => Claim::Ignore,
+        Some(_) if matches => Claim::Owned,
+        // A Job being deleted neither releases nor keeps pods that stopped matching.
+        Some(_) if job_deleting => Claim::Ignore,
+        Some(_) => Claim::Release,
+        None if !matches || job_deleting || is_deleting(pod) => Claim::Ignore,
+        None if pod.metadata.namespace != job.metadata.namespace => Claim::Ignore,
+        None => Claim::Adopt,
+    }
+}
+
+/// Pods whose controllerRef is this Job (the ones `getPodsForJob` keeps without adopting).
+pub fn pods_for_job<'a>(job: &Job, pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+    pods.into_iter().filter(|p| is_controlled_by(p, job)).collect()
+}
+
+/// Whether `labels` satisfy a LabelSelector (`metav1.LabelSelectorAsSelector` semantics: an
+/// empty selector matches everything, an unknown operator matches nothing).
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    let empty = BTreeMap::new();
+    let labels = labels.unwrap_or(&empty);
+    let labels_ok = selector
+        .match_labels
+        .as_ref()
+        .is_none_or(|ml| ml.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    if !labels_ok {
+        return false;
+    }
+    selector.match_expressions.as_ref().is_none_or(|exprs| {
+        exprs.iter().all(|e| {
+            let values = e.values.as_deref().unwrap_or(&[]);
+            let got = labels.get(&e.key);
+            match e.operator.as_str() {
+                "In" => got.is_some_and(|v| values.contains(v)),
+                "NotIn" => got.is_none_or(|v| !values.contains(v)),
+                "Exists" => got.is_some(),
+                "DoesNotExist" => got.is_none(),
+                _ => false,
+            }
+        })
+    })
+}
+
+/// Active pods (upstream `controller.FilterActivePods`).
+pub fn active_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+    pods.into_iter().filter(|p| is_active(p)).collect()
+}
+
+/// Terminating pods (upstream `controller.FilterTerminatingPods`).
+pub fn terminating_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+    pods.into_iter().filter(|p| is_terminating(p)).collect()
+}
+
+/// Number of Ready pods (upstream `countReadyPods`).
+pub fn count_ready<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> i32 {
+    pods.into_iter().filter(|p| is_ready(p)).count() as i32
+}
+
+/// Highest restart count over the regular containers (upstream `maxContainerRestarts`).
+pub fn max_container_restarts(pod: &Pod) -> i32 {
+    container_statuses(pod).iter().map(|c| c.restart_count).max().unwrap_or(0)
+}
+
+fn container_statuses(pod: &Pod) -> &[ContainerStatus] {
+    pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or(&[])
+}
+
+fn init_container_statuses(pod: &Pod) -> &[ContainerStatus] {
+    pod.status.as_ref().and_then(|s| s.init_container_statuses.as_deref()).unwrap_or(&[])
+}
+
+/// `afterOrZero`: a missing time sorts first, otherwise the later time sorts first.
+fn after_or_zero(a: Option<Timestamp>, b: Option<Timestamp>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(a), Some(b)) => b.cmp(&a),
+    }
+}
+
+fn phase_rank(pod: &Pod) -> u8 {
+    // Upstream uses a map lookup, so any other phase ranks like Pending (0).
+    match phase(pod) {
+        PHASE_UNKNOWN => 1,
+        PHASE_RUNNING => 2,
+        _ => 0,
+    }
+}
+
+/// Deletion preference order of upstream `controller.ActivePods` (`Less`): `Less` means "delete
+/// first". Unassigned < assigned; Pending < Unknown < Running; not Ready < Ready; Ready for less
+/// time first; more restarts first; newer (or no creationTimestamp) first.
+pub fn active_pods_order(a: &Pod, b: &Pod) -> Ordering {
+    let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let (na, nb) = (node(a), node(b));
+    if na != nb && (na.is_empty() || nb.is_empty()) {
+        return if na.is_empty() { Ordering::Less } else { Ordering::Greater };
+    }
+    let by_phase = phase_rank(a).cmp(&phase_rank(b));
+    if by_phase != Ordering::Equal {
+        return by_phase;
+    }
+    let (ra, rb) = (is_ready(a), is_ready(b));
+    if ra != rb {
+        return if ra { Ordering::Greater } else { Ordering::Less };
+    }
+    if ra && rb {
+        let (ta, tb) = (ready_since(a), ready_since(b));
+        if ta != tb {
+            return after_or_zero(ta, tb);
+        }
+    }
+    let by_restarts = max_container_restarts(b).cmp(&max_container_restarts(a));
+    if by_restarts != Ordering::Equal {
+        return by_restarts;
+    }
+    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    after_or_zero(created(a), created(b))
+}
+
+/// Sorts pods so the ones to delete first come first (upstream `sort.Sort(controller.ActivePods)`).
+pub fn sort_for_removal(pods: &mut [&Pod]) {
+    pods.sort_by(|a, b| active_pods_order(a, b));
+}
+
+/// Active pods to delete, first to last: for Indexed Jobs every pod with a missing or
+/// out-of-range index and all but the most advanced pod of each duplicated index, then, if fewer
+/// than `rm_at_least`, the first pods in [`active_pods_order`] (upstream `activePodsForRemoval`).
+pub fn active_pods_for_removal<'a>(
+    job: &Job,
+    active: &[&'a Pod],
+    rm_at_least: usize,
+) -> Vec<&'a Pod> {
+    let (mut rm, mut left) = if is_indexed_job(job) {
+        duplicated_index_pods_for_removal(active, completions(job))
+    } else {
+        (Vec::new(), active.to_vec())
+    };
+    if rm.len() < rm_at_least {
+        let need = (rm_at_least - rm.len()).min(left.len());
+        if need < left.len() {
+            // Only the first `need` are taken, so a partial selection keeps this O(n) on average.
+            left.select_nth_unstable_by(need, |a, b| active_pods_order(a, b));
+            left.truncate(need);
+        }
+        sort_for_removal(&mut left);
+        rm.extend(left);
+    }
+    rm
+}
+
+/// Finished pods not yet accounted for: tracked (finalizer), not in `uncounted`, not awaiting a
+/// finalizer removal, with a valid index for Indexed Jobs; split into (succeeded, failed) where
+/// failed follows [`is_pod_failed`] (upstream `getNewFinishedPods` / `getValidPodsWithFilter`).
+pub fn new_finished_pods<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    uncounted_succeeded: &BTreeSet<String>,
+    uncounted_failed: &BTreeSet<String>,
+    finalizer_removals_in_flight: &BTreeSet<String>,
+) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
+    let mut succeeded = Vec::new();
+    let mut failed = Vec::new();
+    for p in pods {
+        if !is_valid_tracked_pod(job, p, finalizer_removals_in_flight) {
+            continue;
+        }
+        let uid = uid(p);
+        if is_succeeded(p) && !uncounted_succeeded.contains(uid) {
+            succeeded.push(p);
+        }
+        if is_pod_failed(p, job) && !uncounted_failed.contains(uid) {
+            failed.push(p);
+        }
+    }
+    (succeeded, failed)
+}
+
+/// Tracked (finalizer present), not awaiting finalizer removal, and, for Indexed Jobs, with an
+/// index in `[0, completions)` — the common filter of upstream `getValidPodsWithFilter`.
+pub fn is_valid_tracked_pod(
+    job: &Job,
+    pod: &Pod,
+    finalizer_removals_in_flight: &BTreeSet<String>,
+) -> bool {
+    if !has_tracking_finalizer(pod) || finalizer_removals_in_flight.contains(uid(pod)) {
+        return false;
+    }
+    if is_indexed_job(job) {
+        return completion_index(pod).is_some_and(|ix| ix < completions(job));
+    }
+    true
+}
+
+/// With restartPolicy OnFailure, the summed restart counts of Running/Pending pods reached
+/// backoffLimit (> 0 when the limit is 0) (upstream `pastBackoffLimitOnFailure`).
+pub fn past_backoff_limit_on_failure<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> bool {
+    let Some(spec) = job.spec.as_ref() else { return false };
+    let restart_policy = spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+    if restart_policy != Some("OnFailure") {
+        return false;
+    }
+    let total: i64 = pods
+        .into_iter()
+        .filter(|p| matches!(phase(p), PHASE_RUNNING | PHASE_PENDING))
+        .flat_map(|p| init_container_statuses(p).iter().chain(container_statuses(p)))
+        .map(|c| i64::from(c.restart_count))
+        .sum();
+    let limit = i64::from(spec.backoff_limit.unwrap_or(6));
+    if limit == 0 { total > 0 } else { total >= limit }
+}
+
+/// When the pod finished: latest container `finishedAt` if every container (and every sidecar
+/// init container) terminated; else when Ready turned False; else deletionTimestamp minus the
+/// grace period; else creationTimestamp (upstream `getFinishedTime`).
+pub fn finished_time(pod: &Pod) -> Timestamp {
+    if let Some(t) = finish_time_from_containers(pod) {
+        return t;
+    }
+    if let Some(("False", Some(t))) = ready_condition(pod) {
+        return t;
+    }
+    if let Some(del) = pod.metadata.deletion_timestamp.as_ref() {
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        return del.0 - SignedDuration::from_secs(grace);
+    }
+    pod.metadata.creation_timestamp.as_ref().map(|t| t.0).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn finish_time_from_containers(pod: &Pod) -> Option<Timestamp> {
+    let mut latest: Option<Timestamp> = None;
+    let mut fold = |cs: &ContainerStatus| -> bool {
+        let Some(t) = cs
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.finished_at.as_ref())
+        else {
+            return false;
+        };
+        latest = Some(latest.map_or(t.0, |l| l.max(t.0)));
+        true
+    };
+    for cs in container_statuses(pod) {
+        if !fold(cs) {
+            return None;
+        }
+    }
+    // Sidecars (restartable init containers) outlive the main containers, so they count too.
+    let sidecars: BTreeSet<&str> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map(|ics| {
+            ics.iter()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+                .map(|c| c.name.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    for cs in init_container_statuses(pod) {
+        if sidecars.contains(cs.name.as_str()) && !fold(cs) {
+            return None;
+        }
+    }
+    latest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{at, mk_job, mk_pod};
+
+    #[test]
+    fn classification_table() {
+        let job = mk_job("j").build();
+        let pfp_job = mk_job("j").pod_failure_policy(vec![]).build();
+        // (pod, active, terminating, finished, failed(default), failed(only-failed))
+        let cases = [
+            (mk_pod(&job, "run").build(), true, false, false, false, false),
+            (mk_pod(&job, "pend").pending().build(), true, false, false, false, false),
+            (mk_pod(&job, "ok").succeeded(at(1)).build(), false, false, true, false, false),
+            (mk_pod(&job, "bad").failed(1, at(1)).build(), false, false, true, true, true),
+            (mk_pod(&job, "del").deleting(at(1)).build(), false, true, false, true, false),
+            (
+                mk_pod(&job, "del-ok").succeeded(at(1)).deleting(at(2)).build(),
+                false,
+                false,
+                true,
+                false,
+                false,
+            ),
+            (
+                mk_pod(&job, "del-bad").failed(2, at(1)).deleting(at(2)).build(),
+                false,
+                false,
+                true,
+                true,
+                true,
+            ),
+        ];
+        for (pod, active, terminating, finished, failed, failed_strict) in cases {
+            let n = name(&pod).to_string();
+            assert_eq!(is_active(&pod), active, "{n} active");
+            assert_eq!(is_terminating(&pod), terminating, "{n} terminating");
+            assert_eq!(is_finished(&pod), finished, "{n} finished");
+            assert_eq!(is_pod_failed(&pod, &job), failed, "{n} failed");
+            assert_eq!(is_pod_failed(&pod, &pfp_job), failed_strict, "{n} failed with pfp");
+        }
+    }
+
+    #[test]
+    fn only_replace_failed_table() {
+        assert!(!only_replace_failed_pods(&mk_job("j").build()));
+        assert!(only_replace_failed_pods(&mk_job("j").pod_replacement_policy("Failed").build()));
+        let pfp = mk_job("j")
+            .pod_failure_policy(vec![])
+            .pod_replacement_policy("TerminatingOrFailed")
+            .build();
+        assert!(only_replace_failed_pods(&pfp));
+    }
+
+    #[test]
+    fn ready_and_finalizer() {
+        let job = mk_job("j").build();
+        let ready = mk_pod(&job, "a").ready(at(3)).build();
+        assert!(is_ready(&ready));
+        assert_eq!(ready_since(&ready), Some(at(3)));
+        let not_ready = mk_pod(&job, "b").condition("Ready", "False", at(3)).build();
+        assert!(!is_ready(&not_ready));
+        assert_eq!(ready_since(&not_ready), None);
+        assert!(has_tracking_finalizer(&ready));
+        assert!(!has_tracking_finalizer(&mk_pod(&job, "c").no_finalizer().build()));
+        assert_eq!(count_ready([&ready, &not_ready]), 1);
+    }
+
+    /// Re-derived from upstream's TestSortingActivePods: each list is in expected deletion order.
+    #[test]
+    fn active_pods_sort_order() {
+        let job = mk_job("j").build();
+        let expected: Vec<Pod> = vec![
+            mk_pod(&job, "unscheduled").pending().build(),
+            mk_pod(&job, "scheduled-pending").pending().node(Some("n")).build(),
+            mk_pod(&job, "unknown").phase("Unknown").build(),
+            mk_pod(&job, "running-not-ready").build(),
+            mk_pod(&job, "ready-no-time")
+                .ready(at(0))
+                .with(|p| {
+                    p.status.as_mut().unwrap().conditions.as_mut().unwrap()[0]
+                        .last_transition_time = None;
+                })
+                .build(),
+            mk_pod(&job, "ready-recent").ready(at(100)).build(),
+            mk_pod(&job, "ready-older-restarts").ready(at(50)).restarts(5).build(),
+            mk_pod(&job, "ready-older-no-created")
+                .ready(at(50))
+                .with(|p| p.metadata.creation_timestamp = None)
+                .build(),
+            mk_pod(&job, "ready-older-newer").ready(at(50)).created(at(10)).build(),
+            mk_pod(&job, "ready-older-oldest").ready(at(50)).created(at(1)).build(),
+        ];
+        // Shuffle deterministically (reverse + rotate) and sort back.
+        let mut shuffled: Vec<&Pod> = expected.iter().rev().collect();
+        shuffled.rotate_left(3);
+        sort_for_removal(&mut shuffled);
+        let got: Vec<&str> = shuffled.iter().map(|p| name(p)).collect();
+        let want: Vec<&str> = expected.iter().map(name).collect();
+        assert_eq!(got, want);
+    }
+
+    /// Re-derived from upstream's TestActivePodsForRemoval equivalents.
+    #[test]
+    fn pods_for_removal_table() {
+        let nonidx = mk_job("j").parallelism(3).completions(Some(5)).build();
+        let a = mk_pod(&nonidx, "a").ready(at(10)).build();
+        let b = mk_pod(&nonidx, "b").build();
+        let c = mk_pod(&nonidx, "c").pending().build();
+        let active = [&a, &b, &c];
+        let names = |v: Vec<&Pod>| v.into_iter().map(|p| name(p).to_string()).collect::<Vec<_>>();
+        assert_eq!(names(active_pods_for_removal(&nonidx, &active, 0)), Vec::<String>::new());
+        assert_eq!(names(active_pods_for_removal(&nonidx, &active, 1)), vec!["c"]);
+        assert_eq!(names(active_pods_for_removal(&nonidx, &active, 2)), vec!["c", "b"]);
+        assert_eq!(names(active_pods_for_removal(&nonidx, &active, 5)), vec!["c", "b", "a"]);
+
+        let idx = mk_job("j").indexed().parallelism(4).completions(Some(4)).build();
+        let p0 = mk_pod(&idx, "p0").index(0).ready(at(1)).build();
+        let p0dup = mk_pod(&idx, "p0dup").index(0).build();
+        let p1 = mk_pod(&idx, "p1").index(1).build();
+        let p7 = mk_pod(&idx, "p7").index(7).build();
+        let none = mk_pod(&idx, "none").build();
+        let bad =
+            mk_pod(&idx, "bad").annotation(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, "x").build();
+        let active = [&p1, &p7, &p0, &none, &p0dup, &bad];
+        let mut got = names(active_pods_for_removal(&idx, &active, 0));
+        got.sort();
+        assert_eq!(got, vec!["bad", "none", "p0dup", "p7"]);
+        let got = names(active_pods_for_removal(&idx, &active, 5));
+        assert_eq!(got.len(), 5);
+        assert_eq!(got[4], "p1", "the extra removal comes from the remaining pods");
+    }
+
+    #[test]
+    fn new_finished_pods_filters() {
+        let job = mk_job("j").completions(Some(3)).build();
+        let ok = mk_pod(&job, "ok").succeeded(at(1)).build();
+        let ok_counted = mk_pod(&job, "okc").succeeded(at(1)).build();
+        let bad = mk_pod(&job, "bad").failed(1, at(1)).build();
+        let bad_no_fin = mk_pod(&job, "badnf").failed(1, at(1)).no_finalizer().build();
+        let bad_inflight = mk_pod(&job, "badif").failed(1, at(1)).build();
+        let deleting = mk_pod(&job, "del").deleting(at(2)).build();
+        let running = mk_pod(&job, "run").build();
+        let uncounted_s = BTreeSet::from(["okc-uid".to_string()]);
+        let in_flight = BTreeSet::from(["badif-uid".to_string()]);
+        let pods = [&ok, &ok_counted, &bad, &bad_no_fin, &bad_inflight, &deleting, &running];
+        let (s, f) = new_finished_pods(&job, pods, &uncounted_s, &BTreeSet::new(), &in_flight);
+        assert_eq!(s.iter().map(|p| name(p)).collect::<Vec<_>>(), vec!["ok"]);
+        assert_eq!(f.iter().map(|p| name(p)).collect::<Vec<_>>(), vec!["bad", "del"]);
+
+        let idx = mk_job("i").indexed().completions(Some(2)).build();
+        let in_range = mk_pod(&idx, "in").index(1).succeeded(at(1)).build();
+        let out = mk_pod(&idx, "out").index(2).succeeded(at(1)).build();
+        let no_ix = mk_pod(&idx, "noix").succeeded(at(1)).build();
+        let (s, _) = new_finished_pods(
+            &idx,
+            [&in_range, &out, &no_ix],
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+        );
+        assert_eq!(s.iter().map(|p| name(p)).collect::<Vec<_>>(), vec!["in"]);
+    }
+
+    #[test]
+    fn backoff_limit_on_failure() {
+        let job = mk_job("j").restart_policy("OnFailure").backoff_limit(3).build();
+        let p1 = mk_pod(&job, "a").restarts(1).build();
+        let p2 = mk_pod(&job, "b").restarts(2).build();
+        let done = mk_pod(&job, "c").restarts(9).succeeded(at(1)).build();
+        assert!(!past_backoff_limit_on_failure(&job, [&p1, &done]));
+        assert!(past_backoff_limit_on_failure(&job, [&p1, &p2]));
+        let zero = mk_job("j").restart_policy("OnFailure").backoff_limit(0).build();
+        assert!(past_backoff_limit_on_failure(&zero, [&p1]));
+        assert!(!past_backoff_limit_on_failure(&zero, [&mk_pod(&zero, "z").build()]));
+        let never = mk_job("j").backoff_limit(0).build();
+        assert!(!past_backoff_limit_on_failure(&never, [&p2]));
+    }
+
+    #[test]
+    fn finished_time_lookups() {
+        let job = mk_job("j").build();
+        let from_containers =
+            mk_pod(&job, "a").failed(1, at(30)).terminated("side", 0, at(40)).build();
+        assert_eq!(finished_time(&from_containers), at(40));
+        // A running container blocks (1.), Ready=False is used instead.
+        let from_ready = mk_pod(&job, "b").condition("Ready", "False", at(20)).build();
+        assert_eq!(finished_time(&from_ready), at(20));
+        let from_deletion = mk_pod(&job, "c").deleting(at(100)).build();
+        assert_eq!(finished_time(&from_deletion), at(70));
+        let from_creation = mk_pod(&job, "d").created(at(5)).build();
+        assert_eq!(finished_time(&from_creation), at(5));
+    }
+
+    #[test]
+    fn claim_table() {
+        let job = mk_job("j").build();
+        let other = mk_job("k").build();
+        let owned = mk_pod(&job, "owned").build();
+        assert_eq!(claim(&job, &owned), Claim::Owned);
+        let orphan = mk_pod(&job, "orphan").orphan().build();
+        assert_eq!(claim(&job, &orphan), Claim::Adopt);
+        assert_eq!(
+            claim(&job, &mk_pod(&job, "o2").orphan().deleting(at(1)).build()),
+            Claim::Ignore
+        );
+        let foreign = mk_pod(&other, "foreign").build();
+        assert_eq!(claim(&job, &foreign), Claim::Ignore);
+        let relabelled = mk_pod(&job, "rl").with(|p| p.metadata.labels = None).build();
+        assert_eq!(claim(&job, &relabelled), Claim::Release);
+        assert_eq!(pods_for_job(&job, [&owned, &orphan, &foreign]).len(), 1);
+    }
+
+    #[test]
+    fn selector_operators() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let labels = BTreeMap::from([("a".to_string(), "1".to_string())]);
+        let req = |op: &str, vals: &[&str]| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "a".into(),
+                operator: op.into(),
+                values: Some(vals.iter().map(|s| s.to_string()).collect()),
+            }]),
+            ..Default::default()
+        };
+        assert!(selector_matches(&LabelSelector::default(), Some(&labels)));
+        assert!(selector_matches(&req("In", &["1", "2"]), Some(&labels)));
+        assert!(!selector_matches(&req("NotIn", &["1"]), Some(&labels)));
+        assert!(selector_matches(&req("Exists", &[]), Some(&labels)));
+        assert!(!selector_matches(&req("DoesNotExist", &[]), Some(&labels)));
+        assert!(!selector_matches(&req("Bogus", &[]), Some(&labels)));
+    }
+}
