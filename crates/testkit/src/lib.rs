@@ -5,6 +5,8 @@
 
 pub mod process;
 pub mod redis;
+pub mod redis_cluster;
 
 pub use process::{ChildGuard, bin_path, free_port, wait_for_tcp, workspace_root};
 pub use redis::RedisServer;
+pub use redis_cluster::RedisCluster;

@@ -1,1 +1,69 @@
-//! Redis-backed distributed workqueue: data model, Lua scripts, rate limiters, expectations
+//! Redis-backed distributed workqueue: data model, Lua scripts, rate limiters, expectations.
+//!
+//! The semantics are client-go's rate-limiting delaying workqueue, made distributed: every
+//! operation is one Lua script, so it is atomic across any number of kjob-queue replicas, and the
+//! clock is Redis `TIME`. Keys of one queue share the hash tag `{wq:<name>}` and the keys of one
+//! Job's expectations share `{exp:<key>}`, so every script touches one Cluster slot.
+//!
+//! * [`Store`]: the operations (add, lease, renew, done, sweep, stats, inspect, expectations,
+//!   records) over a single server or a Cluster (see [`conn`] for the URL forms).
+//! * [`limiter`] and [`expectations`]: the pure formulas (rate limiter, satisfied check).
+//! * [`wake`]: prompt wake-ups of waiting lessees across replicas.
+
+pub mod conn;
+pub mod expectations;
+pub mod limiter;
+mod scripts;
+pub mod store;
+pub mod wake;
+
+pub use conn::{Conn, RedisTarget};
+pub use expectations::{ExpectationRecord, Expectations, Observation, satisfied};
+pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
+pub use store::{
+    AddOutcome, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch, Leased,
+    QueueStats, Store, StoreConfig, SweepResult,
+};
+pub use wake::Waker;
+
+/// Errors of the workqueue.
+#[derive(Debug, thiserror::Error)]
+pub enum WqError {
+    /// Redis did not answer in time or the connection is down.
+    #[error("redis unavailable: {0}")]
+    Unavailable(String),
+    /// Redis answered with an error, or the connection failed.
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The configuration (URL, Redis settings) is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A script returned something this version does not understand.
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+}
+
+impl WqError {
+    /// Whether the error means "Redis is unreachable right now" (retry later) rather than a
+    /// definite failure.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            WqError::Unavailable(_) => true,
+            WqError::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout()
+                    || e.is_cluster_error()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::BusyLoadingError
+                            | redis::ErrorKind::TryAgain
+                            | redis::ErrorKind::ClusterDown
+                            | redis::ErrorKind::MasterDown
+                    )
+            }
+            _ => false,
+        }
+    }
+}

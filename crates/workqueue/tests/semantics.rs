@@ -1,0 +1,438 @@
+//! The semantic suite, written once and run against a single redis-server and a 3-node Redis
+//! Cluster (each test starts its own servers on free ports).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kjob_testkit::{RedisCluster, RedisServer};
+use kjob_workqueue::{
+    DoneOutcome, Enqueue, KeyState, Observation, Store, StoreConfig, Waker, WqError,
+};
+
+const Q: &str = "job";
+
+/// Keeps the servers alive for the test.
+#[allow(dead_code)]
+enum Backend {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+async fn single(config: StoreConfig) -> (Backend, Store) {
+    let server = RedisServer::start().expect("redis-server");
+    let store = Store::connect(&server.url(), config).await.expect("connect");
+    (Backend::Single(server), store)
+}
+
+async fn cluster(config: StoreConfig) -> (Backend, Store) {
+    let c = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().expect("cluster");
+    let store = Store::connect(&c.url(), config).await.expect("connect");
+    (Backend::Cluster(c), store)
+}
+
+fn now(key: &str) -> Enqueue {
+    Enqueue { key: key.to_string(), delay: Duration::ZERO }
+}
+
+fn after(key: &str, ms: u64) -> Enqueue {
+    Enqueue { key: key.to_string(), delay: Duration::from_millis(ms) }
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Polls `lease` until it returns something or `within` passes.
+async fn lease_within(s: &Store, worker: &str, within: Duration) -> Vec<kjob_workqueue::Leased> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let got = s.lease(Q, worker, 10, LEASE).await.unwrap().items;
+        if !got.is_empty() || tokio::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn dedupe(s: Store) {
+    assert_eq!(s.add(Q, &[now("ns/a")]).await.unwrap().added, 1);
+    let again = s.add(Q, &[now("ns/a"), now("ns/a")]).await.unwrap();
+    assert_eq!((again.added, again.accepted_now), (0, 0));
+    let st = s.stats(Q).await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.leased, st.dirty), (1, 0, 0, 0));
+    let got = s.lease(Q, "w1", 10, LEASE).await.unwrap().items;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key, "ns/a");
+    assert!(s.lease(Q, "w1", 10, LEASE).await.unwrap().items.is_empty());
+}
+
+async fn earliest_ready_time_wins(s: Store) {
+    s.add(Q, &[after("ns/a", 10_000)]).await.unwrap();
+    let first = s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].delayed_ms.unwrap();
+    assert_eq!(s.add(Q, &[after("ns/a", 300)]).await.unwrap().added, 1);
+    let v = &s.inspect(Q, &["ns/a".into()]).await.unwrap()[0];
+    assert_eq!(v.state, KeyState::Delayed);
+    let earlier = v.delayed_ms.unwrap();
+    assert!(earlier < first - 9_000, "{earlier} vs {first}");
+    // A later time never postpones.
+    assert_eq!(s.add(Q, &[after("ns/a", 20_000)]).await.unwrap().added, 0);
+    assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].delayed_ms, Some(earlier));
+    assert!(s.lease(Q, "w", 1, LEASE).await.unwrap().items.is_empty());
+    let got = lease_within(&s, "w", Duration::from_secs(5)).await;
+    assert_eq!(got.len(), 1);
+    // An immediate add beats a pending delayed one.
+    s.add(Q, &[after("ns/b", 10_000), now("ns/b")]).await.unwrap();
+    let got = s.lease(Q, "w", 10, LEASE).await.unwrap().items;
+    assert_eq!(got.iter().map(|l| l.key.as_str()).collect::<Vec<_>>(), vec!["ns/b"]);
+}
+
+async fn dirty_while_processing(s: Store) {
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    let l = s.lease(Q, "w1", 1, LEASE).await.unwrap().items.remove(0);
+    let add = s.add(Q, &[now("ns/a")]).await.unwrap();
+    assert_eq!(add.added, 1);
+    let v = &s.inspect(Q, &["ns/a".into()]).await.unwrap()[0];
+    assert_eq!((v.state, v.dirty, v.holder.as_str()), (KeyState::Leased, true, "w1"));
+    // Never handed to a second worker while leased.
+    assert!(s.lease(Q, "w2", 10, LEASE).await.unwrap().items.is_empty());
+    let done = s.done(Q, "ns/a", &l.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    assert_eq!(done.ready_at_ms, Some(done.now_ms));
+    let l2 = s.lease(Q, "w2", 1, LEASE).await.unwrap().items.remove(0);
+    assert_ne!(l2.lease_id, l.lease_id);
+    assert!(!s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].dirty);
+
+    // Added with a delay while processing: back at that time, not at Done.
+    s.add(Q, &[after("ns/a", 400)]).await.unwrap();
+    let done = s.done(Q, "ns/a", &l2.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    let ready = done.ready_at_ms.unwrap();
+    assert!(ready > done.now_ms, "{ready} vs {}", done.now_ms);
+    assert!(s.lease(Q, "w", 1, LEASE).await.unwrap().items.is_empty());
+    assert_eq!(lease_within(&s, "w", Duration::from_secs(5)).await.len(), 1);
+}
+
+async fn dirty_requeue_takes_earliest_time(s: Store) {
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    let l = s.lease(Q, "w1", 1, LEASE).await.unwrap().items.remove(0);
+    s.add(Q, &[after("ns/a", 60_000), now("ns/a")]).await.unwrap();
+    let done = s
+        .done(Q, "ns/a", &l.lease_id, DoneOutcome::RequeueAfter(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.ready_at_ms, Some(done.now_ms));
+    assert_eq!(s.lease(Q, "w", 1, LEASE).await.unwrap().items.len(), 1);
+}
+
+async fn no_key_leased_twice(s: Store) {
+    let items: Vec<Enqueue> = (0..200).map(|i| now(&format!("ns/k{i}"))).collect();
+    assert_eq!(s.add(Q, &items).await.unwrap().added, 200);
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = s.lease(Q, &format!("w{w}"), 7, LEASE).await.unwrap().items;
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.into_iter().map(|l| l.key));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 200, "a key was leased twice or lost");
+    assert_eq!(unique.len(), 200);
+    assert_eq!(s.stats(Q).await.unwrap().leased, 200);
+}
+
+async fn lease_expiry_returns_key_and_fences_stale_holder(s: Store) {
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    let old = s.lease(Q, "w1", 1, Duration::from_millis(300)).await.unwrap().items.remove(0);
+    s.add(Q, &[now("ns/a")]).await.unwrap(); // dirty while processing
+    assert!(s.renew(Q, "ns/a", &old.lease_id, Duration::from_millis(300)).await.unwrap().is_some());
+    let new = lease_within(&s, "w2", Duration::from_secs(5)).await;
+    assert_eq!(new.len(), 1, "expired lease did not come back");
+    let new = &new[0];
+    assert_ne!(new.lease_id, old.lease_id);
+    // The stale holder can neither extend nor finish, and changes nothing by trying.
+    assert_eq!(s.renew(Q, "ns/a", &old.lease_id, LEASE).await.unwrap(), None);
+    assert_eq!(s.done(Q, "ns/a", &old.lease_id, DoneOutcome::Forget).await.unwrap(), None);
+    assert_eq!(s.done(Q, "ns/a", &old.lease_id, DoneOutcome::RateLimited).await.unwrap(), None);
+    let v = &s.inspect(Q, &["ns/a".into()]).await.unwrap()[0];
+    assert_eq!((v.state, v.holder.as_str(), v.requeues), (KeyState::Leased, "w2", 0));
+    assert_eq!(v.lease_deadline_ms, Some(new.deadline_ms));
+    assert!(s.done(Q, "ns/a", &new.lease_id, DoneOutcome::Forget).await.unwrap().is_some());
+    // The dirty mark was folded into the re-queue at expiry: exactly one more run, not two.
+    let st = s.stats(Q).await.unwrap();
+    assert_eq!((st.ready, st.leased, st.dirty), (0, 0, 0));
+    // Garbage ids are refused too.
+    s.add(Q, &[now("ns/b")]).await.unwrap();
+    s.lease(Q, "w", 1, LEASE).await.unwrap();
+    assert_eq!(s.done(Q, "ns/b", "1-1", DoneOutcome::Forget).await.unwrap(), None);
+    assert_eq!(s.inspect(Q, &["ns/b".into()]).await.unwrap()[0].state, KeyState::Leased);
+}
+
+async fn sweep_reaps_without_lessees(s: Store) {
+    s.add(Q, &[now("ns/a"), after("ns/b", 100)]).await.unwrap();
+    s.lease(Q, "w", 1, Duration::from_millis(100)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let r = s.sweep(Q).await.unwrap();
+    assert_eq!((r.reaped, r.promoted), (1, 1));
+    assert_eq!(s.stats(Q).await.unwrap().ready, 2);
+    assert_eq!(s.sweep(Q).await.unwrap().reaped, 0);
+}
+
+async fn rate_limiter_sequence_and_forget(s: Store) {
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    let mut delays = Vec::new();
+    for i in 0..9u32 {
+        let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+        assert_eq!(l.requeues, i);
+        let d = s.done(Q, "ns/a", &l.lease_id, DoneOutcome::RateLimited).await.unwrap().unwrap();
+        if i == 0 {
+            assert_eq!(d.ready_at_ms, Some(d.now_ms + 1000));
+        }
+        delays.push(d.retry_delay_ms.unwrap() / 1000);
+        s.add(Q, &[now("ns/a")]).await.unwrap(); // make it ready again without waiting
+    }
+    assert_eq!(delays, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    assert_eq!(s.stats(Q).await.unwrap().failing, 1);
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    s.done(Q, "ns/a", &l.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].requeues, 0);
+    assert_eq!(s.stats(Q).await.unwrap().failing, 0);
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    let d = s.done(Q, "ns/a", &l.lease_id, DoneOutcome::RateLimited).await.unwrap().unwrap();
+    assert_eq!(d.retry_delay_ms, Some(1000));
+}
+
+async fn requeue_after(s: Store) {
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    let d = s
+        .done(Q, "ns/a", &l.lease_id, DoneOutcome::RequeueAfter(Duration::from_millis(300)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.ready_at_ms, Some(d.now_ms + 300));
+    assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].state, KeyState::Delayed);
+    let l = lease_within(&s, "w", Duration::from_secs(5)).await.remove(0);
+    let d =
+        s.done(Q, "ns/a", &l.lease_id, DoneOutcome::RequeueAfter(Duration::ZERO)).await.unwrap();
+    assert_eq!(d.unwrap().ready_at_ms, d.map(|d| d.now_ms));
+    assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].state, KeyState::Ready);
+}
+
+async fn expectations_semantics(s: Store) {
+    let k = "ns/job";
+    // No record: satisfied.
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert!(e.satisfied && e.record.is_none());
+    // Lower without a record creates nothing.
+    assert!(!s.lower_expectations(k, "u1", 1, 0).await.unwrap());
+    assert!(s.get_expectations(k, "u1").await.unwrap().record.is_none());
+    s.set_expectations(k, "u1", 2, 1).await.unwrap();
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert!(!e.satisfied);
+    assert_eq!(e.record.as_ref().map(|r| (r.add, r.del)), Some((2, 1)));
+    // Set replaces.
+    s.set_expectations(k, "u1", 1, 1).await.unwrap();
+    assert_eq!(s.get_expectations(k, "u1").await.unwrap().record.unwrap().add, 1);
+    // Observations lower; a repeated observation of one pod counts once.
+    let c = |p: &str| Observation::Creation { job_uid: "u1".into(), pod_uid: p.into() };
+    assert_eq!(s.observe(k, &[c("p1"), c("p1")]).await.unwrap(), 1);
+    assert!(!s.get_expectations(k, "u1").await.unwrap().satisfied);
+    // Another Job UID's observation is ignored, and its view is "no record".
+    let other = Observation::Deletion { job_uid: "u2".into(), pod_uid: "p9".into() };
+    assert_eq!(s.observe(k, &[other]).await.unwrap(), 0);
+    let e2 = s.get_expectations(k, "u2").await.unwrap();
+    assert!(e2.satisfied && e2.record.is_none());
+    assert!(!s.lower_expectations(k, "u2", 0, 1).await.unwrap());
+    // Lowering (a failed delete call) satisfies it.
+    assert!(s.lower_expectations(k, "u1", 0, 1).await.unwrap());
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert!(e.satisfied);
+    assert_eq!(e.record.map(|r| (r.add, r.del)), Some((0, 0)));
+    // A new Set resets the seen pods.
+    s.set_expectations(k, "u1", 1, 0).await.unwrap();
+    assert_eq!(s.observe(k, &[c("p1")]).await.unwrap(), 1);
+    assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+}
+
+async fn expectations_timeout(s: Store) {
+    s.set_expectations("ns/j", "u1", 3, 0).await.unwrap();
+    assert!(!s.get_expectations("ns/j", "u1").await.unwrap().satisfied);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let e = s.get_expectations("ns/j", "u1").await.unwrap();
+    assert!(e.satisfied, "{e:?}");
+    assert!(e.age_ms >= 400, "{e:?}");
+}
+
+async fn finalizer_uid_sets_and_records(s: Store) {
+    let k = "ns/job";
+    s.expect_finalizer_removals(k, "u1", &["a".into(), "b".into(), "c".into()]).await.unwrap();
+    assert_eq!(s.get_expectations(k, "u1").await.unwrap().finalizer_removals, vec!["a", "b", "c"]);
+    let fr = |p: &str| Observation::FinalizerRemoval { job_uid: "u1".into(), pod_uid: p.into() };
+    assert_eq!(s.observe(k, &[fr("a"), fr("a"), fr("zz")]).await.unwrap(), 1);
+    assert_eq!(s.get_expectations(k, "u1").await.unwrap().finalizer_removals, vec!["b", "c"]);
+    assert!(s.get_expectations(k, "u2").await.unwrap().finalizer_removals.is_empty());
+
+    assert_eq!(s.get_record(k, "backoff").await.unwrap(), None);
+    let bin = vec![0u8, 1, 2, b'|', 255];
+    s.put_record(k, "backoff", &bin, None).await.unwrap();
+    assert_eq!(s.get_record(k, "backoff").await.unwrap(), Some(bin));
+    s.put_record(k, "short", b"x", Some(Duration::from_millis(150))).await.unwrap();
+    assert_eq!(s.get_record(k, "short").await.unwrap().as_deref(), Some(&b"x"[..]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.get_record(k, "short").await.unwrap(), None);
+
+    s.set_expectations(k, "u1", 1, 0).await.unwrap();
+    s.delete_expectations(k).await.unwrap();
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert!(e.record.is_none() && e.finalizer_removals.is_empty() && e.satisfied);
+    assert_eq!(s.get_record(k, "backoff").await.unwrap(), None);
+}
+
+async fn stats_and_inspect(s: Store) {
+    s.add(Q, &[now("ns/a"), now("ns/b"), after("ns/c", 60_000)]).await.unwrap();
+    let l = s.lease(Q, "w9", 1, LEASE).await.unwrap().items.remove(0);
+    s.add(Q, &[now(&l.key)]).await.unwrap();
+    let st = s.stats(Q).await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.leased, st.dirty), (1, 1, 1, 1));
+    assert!(st.oldest_ready_ms.is_some() && st.oldest_started_ms.is_some());
+    let keys: Vec<String> = ["ns/a", "ns/b", "ns/c", "ns/zz"].map(String::from).to_vec();
+    let v = s.inspect(Q, &keys).await.unwrap();
+    let states: Vec<_> = v.iter().map(|v| v.state).collect();
+    assert_eq!(
+        states,
+        vec![KeyState::Leased, KeyState::Ready, KeyState::Delayed, KeyState::Absent]
+    );
+    assert_eq!(v[0].holder, "w9");
+    // Queues are independent.
+    assert_eq!(s.stats("orphan-pod").await.unwrap().ready, 0);
+}
+
+async fn waiting_lease_wakes_on_add(s: Store) {
+    let waker = Waker::new(&s, [Q]);
+    let shutdown = tokio::sync::oneshot::channel::<()>();
+    let runner = {
+        let (w, s, rx) = (waker.clone(), s.clone(), shutdown.1);
+        tokio::spawn(async move {
+            w.run(s, async move {
+                let _ = rx.await;
+            })
+            .await
+        })
+    };
+    let t0 = tokio::time::Instant::now();
+    let waiter = {
+        let (w, s) = (waker.clone(), s.clone());
+        tokio::spawn(async move { w.lease(&s, Q, "w", 5, LEASE, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let added_at = tokio::time::Instant::now();
+    // Added through another Store (another replica's connection).
+    let other = Store::connect(&target_url(&s), StoreConfig::default()).await.unwrap();
+    other.add(Q, &[now("ns/a")]).await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    let latency = added_at.elapsed();
+    assert_eq!(got.len(), 1);
+    assert!(t0.elapsed() >= Duration::from_millis(1500));
+    assert!(latency < Duration::from_millis(800), "woke after {latency:?}");
+    // A zero wait returns at once with nothing.
+    let r: Result<_, WqError> = waker.lease(&s, Q, "w", 1, LEASE, Duration::ZERO).await;
+    assert!(r.unwrap().is_empty());
+    let _ = shutdown.0.send(());
+    runner.await.unwrap();
+}
+
+fn target_url(s: &Store) -> String {
+    match s.target() {
+        kjob_workqueue::RedisTarget::Single(u) => u.clone(),
+        kjob_workqueue::RedisTarget::Cluster(n) => format!(
+            "redis+cluster://{}",
+            n.iter().map(|u| u.trim_start_matches("redis://")).collect::<Vec<_>>().join(",")
+        ),
+    }
+}
+
+fn short_expectations() -> StoreConfig {
+    StoreConfig { expectations_timeout: Duration::from_millis(400), ..StoreConfig::default() }
+}
+
+macro_rules! suite {
+    ($backend:ident: $($name:ident $(($config:expr))?),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    #[allow(unused_mut, unused_assignments)]
+                    let mut config = kjob_workqueue::StoreConfig::default();
+                    $( config = $config; )?
+                    let (_servers, store) = super::$backend(config).await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! both {
+    ($($t:tt)*) => {
+        suite!(single: $($t)*);
+        suite!(cluster: $($t)*);
+    };
+}
+
+both!(
+    dedupe,
+    earliest_ready_time_wins,
+    dirty_while_processing,
+    dirty_requeue_takes_earliest_time,
+    no_key_leased_twice,
+    lease_expiry_returns_key_and_fences_stale_holder,
+    sweep_reaps_without_lessees,
+    rate_limiter_sequence_and_forget,
+    requeue_after,
+    expectations_semantics,
+    expectations_timeout(super::short_expectations()),
+    finalizer_uid_sets_and_records,
+    stats_and_inspect,
+    waiting_lease_wakes_on_add,
+);
+
+#[tokio::test]
+async fn refuses_redis_that_may_evict() {
+    let server = RedisServer::start_with(false, &["--maxmemory-policy", "allkeys-lru"]).unwrap();
+    let err = Store::connect(&server.url(), StoreConfig::default()).await.unwrap_err();
+    assert!(err.to_string().contains("noeviction"), "{err}");
+}
+
+#[tokio::test]
+async fn redis_down_is_unavailable_and_recovers() {
+    let mut server = RedisServer::start().unwrap();
+    let s = Store::connect(&server.url(), StoreConfig::default()).await.unwrap();
+    s.add(Q, &[now("ns/a")]).await.unwrap();
+    server.kill();
+    let err = s.add(Q, &[now("ns/b")]).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    server.restart().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.add(Q, &[now("ns/c")]).await {
+            Ok(r) => {
+                assert_eq!(r.added, 1);
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_unavailable(), "{e:?}");
+                assert!(tokio::time::Instant::now() < deadline, "no recovery: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
