@@ -6,7 +6,9 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use serde::Deserialize;
 
-use crate::expect::{self, ExpectError, Expectation, RESUME_AFTER_ANNOTATION};
+use crate::expect::{
+    self, ExpectError, Expectation, FIRST_POD_EXIT_CODE_ANNOTATION, RESUME_AFTER_ANNOTATION,
+};
 
 /// Errors loading the examples.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +50,8 @@ pub struct Example {
     pub expect: Expectation,
     /// When set, the demo resumes the (suspended) Job this long after creating it.
     pub resume_after: Option<Duration>,
+    /// When set, the demo makes the first pod of this Job exit with this code.
+    pub first_pod_exit_code: Option<i32>,
 }
 
 impl Example {
@@ -85,15 +89,24 @@ fn example(path: &Path, job: Job) -> Result<Example, ExampleError> {
         }
         None => return Err(invalid(format!("no {} annotation", expect::EXPECT_ANNOTATION))),
     };
-    let resume_after =
-        match job.metadata.annotations.as_ref().and_then(|a| a.get(RESUME_AFTER_ANNOTATION)) {
-            Some(v) => Some(
-                kjob_svc::parse_duration(v)
-                    .map_err(|e| invalid(format!("bad {RESUME_AFTER_ANNOTATION}: {e}")))?,
-            ),
-            None => None,
-        };
-    Ok(Example { path: path.into(), job, expect, resume_after })
+    let annotations = job.metadata.annotations.as_ref();
+    let resume_after = match annotations.and_then(|a| a.get(RESUME_AFTER_ANNOTATION)) {
+        Some(v) => Some(
+            kjob_svc::parse_duration(v)
+                .map_err(|e| invalid(format!("bad {RESUME_AFTER_ANNOTATION}: {e}")))?,
+        ),
+        None => None,
+    };
+    let first_pod_exit_code = match annotations.and_then(|a| a.get(FIRST_POD_EXIT_CODE_ANNOTATION))
+    {
+        Some(v) => {
+            Some(v.trim().parse::<i32>().ok().filter(|c| (1..=255).contains(c)).ok_or_else(
+                || invalid(format!("bad {FIRST_POD_EXIT_CODE_ANNOTATION} {v:?}: want 1-255")),
+            )?)
+        }
+        None => None,
+    };
+    Ok(Example { path: path.into(), job, expect, resume_after, first_pod_exit_code })
 }
 
 /// Loads every `*.yaml`/`*.yml` file of `dir`, sorted by Job name; names must be unique.
@@ -164,6 +177,20 @@ spec:
         assert_eq!(ex[0].expect, Expectation::parse("Failed:DeadlineExceeded").unwrap());
         assert_eq!(ex[0].resume_after, None);
         assert_eq!(ex[1].resume_after, Some(Duration::from_secs(5)));
+        assert_eq!(ex[1].first_pod_exit_code, None);
+        let with = TWO
+            .replace("kjob.io/demo-resume-after: 5s", "kjob.io/demo-first-pod-exit-code: \"42\"");
+        assert_eq!(
+            parse_file(Path::new("x.yaml"), &with).unwrap()[1].first_pod_exit_code,
+            Some(42)
+        );
+        for bad in ["\"0\"", "\"256\"", "x"] {
+            let with = TWO.replace(
+                "kjob.io/demo-resume-after: 5s",
+                &format!("kjob.io/demo-first-pod-exit-code: {bad}"),
+            );
+            assert!(parse_file(Path::new("x.yaml"), &with).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -194,9 +221,15 @@ spec:
         let dir = kjob_testkit::workspace_root().join("examples");
         let ex = load_dir(&dir).unwrap();
         let names: Vec<_> = ex.iter().map(Example::name).collect();
-        for want in
-            ["plain", "indexed", "work-queue", "backoff-limit", "suspended", "active-deadline"]
-        {
+        for want in [
+            "plain",
+            "indexed",
+            "work-queue",
+            "pod-failure-policy",
+            "backoff-limit",
+            "suspended",
+            "active-deadline",
+        ] {
             assert!(names.contains(&want), "examples/ lacks {want}: {names:?}");
         }
         for e in &ex {
@@ -211,5 +244,10 @@ spec:
         let suspended = ex.iter().find(|e| e.name() == "suspended").unwrap();
         assert!(suspended.resume_after.is_some());
         assert_eq!(suspended.job.spec.as_ref().unwrap().suspend, Some(true));
+        let pfp = ex.iter().find(|e| e.name() == "pod-failure-policy").unwrap();
+        assert_eq!(pfp.first_pod_exit_code, Some(42));
+        let rules = pfp.job.spec.as_ref().unwrap().pod_failure_policy.as_ref().unwrap();
+        assert_eq!(rules.rules[0].action, "Ignore");
+        assert_eq!(rules.rules[0].on_exit_codes.as_ref().unwrap().values, vec![42]);
     }
 }

@@ -10,6 +10,14 @@ pub const EXPECT_ANNOTATION: &str = "kjob.io/demo-expect";
 /// Annotation asking the demo to resume a suspended Job after a delay (e.g. `5s`).
 pub const RESUME_AFTER_ANNOTATION: &str = "kjob.io/demo-resume-after";
 
+/// Annotation asking the demo to make the first pod of the Job exit with this code (it sets
+/// [`SIM_EXIT_CODE_ANNOTATION`] on that pod while it runs), e.g. to show a podFailurePolicy
+/// `Ignore` rule at work.
+pub const FIRST_POD_EXIT_CODE_ANNOTATION: &str = "kjob.io/demo-first-pod-exit-code";
+/// The simulated kubelet's per-pod exit code annotation (kjob-sim's
+/// `kubelet::stages::EXIT_CODE_ANNOTATION`); read when the containers exit.
+pub const SIM_EXIT_CODE_ANNOTATION: &str = "kjob.io/sim-exit-code";
+
 /// Errors reading an expectation.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ExpectError {

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kjob_demo::examples::{self, Example};
+use kjob_demo::expect;
 use kjob_demo::view::{self, JobRow};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -204,8 +205,10 @@ async fn watch(
     tty: bool,
 ) -> anyhow::Result<End> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
     let mut resumed = BTreeSet::new();
+    let mut injected = BTreeSet::new();
     let mut last_lines = 0usize;
     let mut printed: BTreeMap<String, String> = BTreeMap::new();
     let mut last_done = usize::MAX;
@@ -231,6 +234,19 @@ async fn watch(
                         started.elapsed().as_secs_f64(),
                         ex.name()
                     );
+                }
+            }
+        }
+        for ex in examples {
+            let Some(code) = ex.first_pod_exit_code else { continue };
+            if injected.contains(ex.name()) {
+                continue;
+            }
+            if let Some(pod) = inject_exit_code(&pods, ex.name(), code).await? {
+                injected.insert(ex.name().to_string());
+                if !tty {
+                    let t = started.elapsed().as_secs_f64();
+                    println!("[{t:>5.1}s] made pod {pod} of job {} exit {code}", ex.name());
                 }
             }
         }
@@ -272,6 +288,27 @@ async fn watch(
             return Ok(End::TimedOut);
         }
     }
+}
+
+/// Sets the simulated kubelet's exit code on a running pod of `job`; the pod's name if one was
+/// found.
+async fn inject_exit_code(pods: &Api<Pod>, job: &str, code: i32) -> anyhow::Result<Option<String>> {
+    let lp = ListParams::default().labels(&format!("{}={job}", kjob_core::JOB_NAME_LABEL));
+    let list = timed(&format!("listing pods of Job {job}"), pods.list(&lp)).await?;
+    let running = list.items.into_iter().find(|p| {
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        p.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+    });
+    let Some(name) = running.and_then(|p| p.metadata.name) else { return Ok(None) };
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { expect::SIM_EXIT_CODE_ANNOTATION: code.to_string() } }
+    });
+    timed(
+        &format!("setting the exit code of pod {name}"),
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    Ok(Some(name))
 }
 
 fn summary(examples: &[Example], rows: &[JobRow], timed_out: bool) -> ExitCode {
