@@ -609,6 +609,147 @@ mod tests {
         assert_eq!(names(&left), vec!["b", "d"]);
     }
 
+    /// Re-derived from upstream's TestAppendDuplicatedIndexPodsForRemoval (compared as
+    /// multisets: our removal list puts invalid indexes first, upstream sorts by index).
+    #[test]
+    fn duplicated_indexes_upstream_table() {
+        let job = mk_job("j").indexed().completions(Some(6)).build();
+        type Row<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Row, Row, Row)] = &[
+            (
+                &[("-", "Pending"), ("2", "Pending"), ("5", "Running"), ("6", "Running")],
+                &[("-", "Pending"), ("6", "Running")],
+                &[("2", "Pending"), ("5", "Running")],
+            ),
+            (
+                &[
+                    ("5", "Pending"),
+                    ("0", "Running"),
+                    ("3", "Pending"),
+                    ("0", "Running"),
+                    ("3", "Running"),
+                    ("0", "Pending"),
+                    ("6", "Running"),
+                    ("6", "Pending"),
+                ],
+                &[
+                    ("0", "Pending"),
+                    ("0", "Running"),
+                    ("3", "Pending"),
+                    ("6", "Running"),
+                    ("6", "Pending"),
+                ],
+                &[("0", "Running"), ("3", "Running"), ("5", "Pending")],
+            ),
+            (
+                &[
+                    ("-", "Pending"),
+                    ("invalid", "Running"),
+                    ("-2", "Running"),
+                    ("0", "Pending"),
+                    ("1", "Pending"),
+                    ("1", "Pending"),
+                    ("1", "Running"),
+                ],
+                &[
+                    ("-", "Pending"),
+                    ("invalid", "Running"),
+                    ("-2", "Running"),
+                    ("1", "Pending"),
+                    ("1", "Pending"),
+                ],
+                &[("0", "Pending"), ("1", "Running")],
+            ),
+        ];
+        let desc = |p: &Pod| -> (String, String) {
+            let ix = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION).cloned())
+                .unwrap_or_else(|| "-".to_string());
+            (ix, crate::pod_util::phase(p).to_string())
+        };
+        let sorted = |mut v: Vec<(String, String)>| {
+            v.sort();
+            v
+        };
+        for (pods, want_rm, want_left) in cases {
+            // Hollow pods like upstream's: no node, no conditions, only index and phase.
+            let pods: Vec<Pod> = pods
+                .iter()
+                .enumerate()
+                .map(|(n, (ix, phase))| {
+                    let b = mk_pod(&job, &format!("p{n}"))
+                        .node(None)
+                        .phase(phase)
+                        .with(|p| p.metadata.labels = None);
+                    if *ix == "-" {
+                        b.build()
+                    } else {
+                        b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, ix).build()
+                    }
+                })
+                .collect();
+            let refs: Vec<&Pod> = pods.iter().collect();
+            let (rm, left) = duplicated_index_pods_for_removal(&refs, 6);
+            let own =
+                |r: Row| sorted(r.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect());
+            assert_eq!(sorted(rm.iter().map(|p| desc(p)).collect()), own(want_rm));
+            assert_eq!(sorted(left.iter().map(|p| desc(p)).collect()), own(want_left));
+        }
+    }
+
+    /// A 10,000-pod Indexed Job goes through every helper; all of them are (near) linear, so this
+    /// stays fast in debug builds.
+    #[test]
+    fn large_indexed_job() {
+        let n = 10_000;
+        let job = mk_job("big")
+            .indexed()
+            .completions(Some(n))
+            .parallelism(n)
+            .backoff_limit_per_index(1)
+            .build();
+        let pods: Vec<Pod> = (0..n)
+            .map(|ix| {
+                let b = mk_pod(&job, &format!("p{ix}")).index(ix);
+                match ix % 4 {
+                    0 => b.succeeded(at(1)).build(),
+                    1 => b.failure_counts(0, None).failed(1, at(1)).build(),
+                    _ => b.build(),
+                }
+            })
+            .collect();
+        let (_, succeeded) = calculate_succeeded_indexes(&job, &pods);
+        assert_eq!(succeeded.total(), 2500);
+        let failed = calculate_failed_indexes(&job, &pods);
+        assert!(failed.is_empty(), "failure count 0 < limit 1: retried, not failed");
+        let active = crate::pod_util::active_pods(&pods);
+        assert_eq!(active.len(), 5000);
+        let pending = first_pending_indexes(
+            &job,
+            active.iter().copied(),
+            &pods,
+            &succeeded,
+            Some(&failed),
+            500,
+        );
+        assert_eq!(pending.len(), 500);
+        assert_eq!(pending[..3], [1, 5, 9]);
+        let delayed = pods_with_delayed_deletion_per_index(
+            &job,
+            &pods,
+            active.iter().copied(),
+            &succeeded,
+            &failed,
+            &BTreeSet::new(),
+        );
+        assert_eq!(delayed.len(), 2500);
+        let (rm, left) = duplicated_index_pods_for_removal(&active, n);
+        assert_eq!((rm.len(), left.len()), (0, 5000));
+    }
+
     #[test]
     fn completion_index_sources() {
         let job = mk_job("j").build();
