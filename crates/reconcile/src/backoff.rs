@@ -246,6 +246,46 @@ mod tests {
         }
     }
 
+    /// Upstream's own table uses base 5 s and max 700 s, which exercises the cap differently.
+    #[test]
+    fn remaining_time_custom_base_and_cap() {
+        let base = Duration::from_secs(5);
+        let max = Duration::from_secs(700);
+        for (n, now, want) in
+            [(1, 0, 5), (1, 1, 4), (1, 5, 0), (1, 6, 0), (3, 0, 20), (8, 0, 640), (9, 0, 700)]
+        {
+            let r =
+                BackoffRecord { failures_after_last_success: n, last_failure_time: Some(at(0)) };
+            assert_eq!(
+                r.remaining_time(at(now), base, max),
+                Duration::from_secs(want),
+                "n={n} now={now}"
+            );
+        }
+        let job = mk_job("j").indexed().completions(Some(2)).backoff_limit_per_index(9).build();
+        // Two previous failures (or one counted + one ignored) make this the third: 20 s.
+        for pod in [
+            mk_pod(&job, "a")
+                .index(0)
+                .failure_counts(2, None)
+                .phase("Failed")
+                .deleting(at(30))
+                .build(),
+            mk_pod(&job, "b")
+                .index(0)
+                .failure_counts(1, Some(1))
+                .phase("Failed")
+                .deleting(at(30))
+                .build(),
+        ] {
+            // deleting() sets a 30 s grace period, so the pod finished at t=0.
+            assert_eq!(
+                remaining_time_per_index(Some(&pod), at(0), base, max),
+                Duration::from_secs(20)
+            );
+        }
+    }
+
     #[test]
     fn delay_sequence() {
         let got: Vec<u64> = (0..=8).map(|n| backoff_delay(n, BASE, MAX).as_secs()).collect();

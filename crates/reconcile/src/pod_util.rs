@@ -637,6 +637,19 @@ mod tests {
         // A running container blocks (1.), Ready=False is used instead.
         let from_ready = mk_pod(&job, "b").condition("Ready", "False", at(20)).build();
         assert_eq!(finished_time(&from_ready), at(20));
+        // A terminated container without finishedAt does not count as a finish time.
+        let no_finished_at = mk_pod(&job, "e")
+            .failed(1, at(30))
+            .with(|p| {
+                let cs = &mut p.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0];
+                cs.state.as_mut().unwrap().terminated.as_mut().unwrap().finished_at = None;
+            })
+            .condition("Ready", "False", at(25))
+            .build();
+        assert_eq!(finished_time(&no_finished_at), at(25));
+        // Ready=True is not a finish time: fall through to the deletion timestamp.
+        let ready_true = mk_pod(&job, "f").ready(at(1)).deleting(at(60)).build();
+        assert_eq!(finished_time(&ready_true), at(30));
         let from_deletion = mk_pod(&job, "c").deleting(at(100)).build();
         assert_eq!(finished_time(&from_deletion), at(70));
         let from_creation = mk_pod(&job, "d").created(at(5)).build();
