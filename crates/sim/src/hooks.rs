@@ -1,0 +1,265 @@
+//! Test and benchmark hooks under `/sim/...`, injected faults and latencies, and the request
+//! counters served at `/metrics`.
+//!
+//! Hooks (all `POST` unless noted):
+//! * `/sim/compact` — drop the watch history; watches from older revisions get 410.
+//! * `/sim/close-watches` — end every open watch stream (clients re-watch).
+//! * `/sim/faults` — body `{"error429": 0.1, "error500": 0.05, "writeLatencyMs": 10, "readLatencyMs": 0}`
+//!   (every field optional); `GET` shows the current settings.
+//! * `/sim/kubelet/pause`, `/sim/kubelet/resume` — stop and restart the simulated kubelet.
+//! * `GET /sim/state` — current and compacted revision, object counts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Method, StatusCode, header};
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use rand::Rng;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::resources::StoreKind;
+use crate::server::App;
+
+/// Injected faults: shares of 429 / 500 answers and per-request latencies.
+#[derive(Debug)]
+pub struct Faults {
+    // Shares are stored as parts per million so reads need no lock.
+    error429_ppm: AtomicU64,
+    error500_ppm: AtomicU64,
+    write_latency_us: AtomicU64,
+    read_latency_us: AtomicU64,
+}
+
+impl Faults {
+    /// No errors, the given latencies.
+    pub fn new(write: Duration, read: Duration) -> Self {
+        Self {
+            error429_ppm: AtomicU64::new(0),
+            error500_ppm: AtomicU64::new(0),
+            write_latency_us: AtomicU64::new(write.as_micros() as u64),
+            read_latency_us: AtomicU64::new(read.as_micros() as u64),
+        }
+    }
+
+    /// Latency added before every write.
+    pub fn write_latency(&self) -> Duration {
+        Duration::from_micros(self.write_latency_us.load(Ordering::Relaxed))
+    }
+
+    /// Latency added before every read.
+    pub fn read_latency(&self) -> Duration {
+        Duration::from_micros(self.read_latency_us.load(Ordering::Relaxed))
+    }
+
+    /// Draws an injected error for this request, if any.
+    pub fn injected_error(&self) -> Option<ApiError> {
+        let p429 = self.error429_ppm.load(Ordering::Relaxed);
+        let p500 = self.error500_ppm.load(Ordering::Relaxed);
+        if p429 == 0 && p500 == 0 {
+            return None;
+        }
+        let draw = rand::rng().random_range(0..1_000_000u64);
+        if draw < p429 {
+            Some(ApiError::too_many_requests())
+        } else if draw < p429 + p500 {
+            Some(ApiError::internal("injected failure"))
+        } else {
+            None
+        }
+    }
+
+    fn set(&self, v: &Value) -> Result<(), ApiError> {
+        let share = |k: &str| -> Result<Option<u64>, ApiError> {
+            match v.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => match x.as_f64() {
+                    Some(f) if (0.0..=1.0).contains(&f) => Ok(Some((f * 1_000_000.0) as u64)),
+                    _ => {
+                        Err(ApiError::bad_request(format!("{k} must be a number between 0 and 1")))
+                    }
+                },
+            }
+        };
+        let ms = |k: &str| -> Result<Option<u64>, ApiError> {
+            match v.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_u64()
+                    .map(Some)
+                    .ok_or_else(|| ApiError::bad_request(format!("{k} must be milliseconds"))),
+            }
+        };
+        let (e429, e500, w, r) =
+            (share("error429")?, share("error500")?, ms("writeLatencyMs")?, ms("readLatencyMs")?);
+        if let Some(x) = e429 {
+            self.error429_ppm.store(x, Ordering::Relaxed);
+        }
+        if let Some(x) = e500 {
+            self.error500_ppm.store(x, Ordering::Relaxed);
+        }
+        if let Some(x) = w {
+            self.write_latency_us.store(x * 1000, Ordering::Relaxed);
+        }
+        if let Some(x) = r {
+            self.read_latency_us.store(x * 1000, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn show(&self) -> Value {
+        json!({
+            "error429": self.error429_ppm.load(Ordering::Relaxed) as f64 / 1e6,
+            "error500": self.error500_ppm.load(Ordering::Relaxed) as f64 / 1e6,
+            "writeLatencyMs": self.write_latency_us.load(Ordering::Relaxed) / 1000,
+            "readLatencyMs": self.read_latency_us.load(Ordering::Relaxed) / 1000,
+        })
+    }
+}
+
+/// Labels of the request counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// API verb (get, list, watch, create, update, patch, delete, deletecollection).
+    pub verb: String,
+    /// Qualified resource (`pods`, `jobs.batch`).
+    pub resource: String,
+    /// HTTP status code.
+    pub code: String,
+}
+
+/// Request counters per verb, resource and code.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    requests: Family<RequestLabels, Counter>,
+}
+
+impl Metrics {
+    /// A fresh registry with the request counter.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kjob_sim");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "apiserver_requests",
+            "API requests by verb, resource and HTTP code",
+            requests.clone(),
+        );
+        Self { registry: Mutex::new(registry), requests }
+    }
+
+    /// Counts one request.
+    pub fn count(&self, verb: &str, resource: &str, code: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// The number of requests counted for a verb and resource (all codes).
+    pub fn total(&self, verb: &str, resource: &str) -> u64 {
+        // Families cannot be iterated; render and sum the matching lines instead.
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()).is_err() {
+            return 0;
+        }
+        let needle_verb = format!("verb=\"{verb}\"");
+        let needle_res = format!("resource=\"{resource}\"");
+        out.lines()
+            .filter(|l| {
+                l.starts_with("kjob_sim_apiserver_requests_total")
+                    && l.contains(&needle_verb)
+                    && l.contains(&needle_res)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Renders `/metrics`.
+    pub fn render(&self) -> Response {
+        let mut out = String::new();
+        match prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
+            Ok(()) => {
+                let mut resp = (StatusCode::OK, out).into_response();
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                resp
+            }
+            Err(e) => ApiError::internal(e.to_string()).into_response(),
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn ok(v: Value) -> Response {
+    let mut resp = (StatusCode::OK, serde_json::to_vec(&v).unwrap_or_default()).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// Serves `/sim/...`.
+pub fn handle(app: &App, method: &Method, segs: &[&str], body: &[u8]) -> Response {
+    let result: Result<Value, ApiError> = match (method.as_str(), segs) {
+        ("POST", ["compact"]) => {
+            app.store.compact();
+            Ok(json!({"compactedRevision": app.store.compacted_rv().to_string()}))
+        }
+        ("POST", ["close-watches"]) => {
+            app.close_watches();
+            Ok(json!({"closed": true}))
+        }
+        ("GET", ["faults"]) => Ok(app.faults.show()),
+        ("POST", ["faults"]) => {
+            serde_json::from_slice::<Value>(if body.is_empty() { b"{}" } else { body })
+                .map_err(|e| ApiError::bad_request(e.to_string()))
+                .and_then(|v| app.faults.set(&v))
+                .map(|()| app.faults.show())
+        }
+        ("POST", ["kubelet", action @ ("pause" | "resume")]) => match app.kubelet.lock().as_ref() {
+            Some(k) => {
+                if *action == "pause" {
+                    k.pause();
+                } else {
+                    k.resume();
+                }
+                Ok(json!({"kubelet": action}))
+            }
+            None => Err(ApiError::bad_request("the kubelet is off (--kubelet off)")),
+        },
+        ("GET", ["state"]) => {
+            let counts: serde_json::Map<String, Value> = StoreKind::ALL
+                .iter()
+                .map(|k| (k.resource().plural.to_owned(), json!(app.store.count(*k, None))))
+                .collect();
+            Ok(json!({
+                "resourceVersion": app.store.current_rv().to_string(),
+                "compactedRevision": app.store.compacted_rv().to_string(),
+                "objects": counts,
+            }))
+        }
+        (_, ["compact" | "close-watches" | "faults" | "state"]) => {
+            Err(ApiError::method_not_allowed())
+        }
+        _ => Err(ApiError::path_not_found()),
+    };
+    match result {
+        Ok(v) => ok(v),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,304 @@
+//! kube-rs conformance: the watcher, finalizer helper, events Recorder and error handling of
+//! kube-rs 5 must work against the simulator exactly as against a real API server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kjob_sim::SimConfig;
+use kjob_sim::testing::TestSim;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::json;
+
+/// Upper bound for any single wait in these tests (generous for a loaded 2-core machine).
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &ns).await.expect("create namespace");
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], "restartPolicy": "Never"},
+    }))
+    .expect("pod")
+}
+
+/// Short name of a watcher event, for sequence assertions.
+fn label(e: &Event<Pod>) -> String {
+    let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+    match e {
+        Event::Init => "Init".into(),
+        Event::InitApply(p) => format!("InitApply:{}", name(p)),
+        Event::InitDone => "InitDone".into(),
+        Event::Apply(p) => format!("Apply:{}", name(p)),
+        Event::Delete(p) => format!("Delete:{}", name(p)),
+    }
+}
+
+async fn next_label<S>(stream: &mut S) -> String
+where
+    S: Stream<Item = Result<Event<Pod>, watcher::Error>> + Unpin,
+{
+    let e = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("watcher event in time")
+        .expect("stream open");
+    match e {
+        Ok(e) => label(&e),
+        Err(watcher::Error::WatchError(s)) => format!("Err:{}", s.code),
+        Err(other) => panic!("unexpected watcher error {other:?}"),
+    }
+}
+
+async fn expect_labels<S>(stream: &mut S, want: &[&str])
+where
+    S: Stream<Item = Result<Event<Pod>, watcher::Error>> + Unpin,
+{
+    for w in want {
+        assert_eq!(next_label(stream).await, *w);
+    }
+}
+
+#[tokio::test]
+async fn watcher_sees_init_then_apply_and_delete() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w1").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w1");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let mut stream = watcher(pods.clone(), watcher::Config::default()).boxed();
+    expect_labels(&mut stream, &["Init", "InitApply:a", "InitDone"]).await;
+    pods.create(&PostParams::default(), &pod("b")).await.unwrap();
+    expect_labels(&mut stream, &["Apply:b"]).await;
+    pods.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await
+    .unwrap();
+    expect_labels(&mut stream, &["Apply:b"]).await;
+    // Unscheduled pods skip the grace period: MODIFIED (deletionTimestamp) then DELETED.
+    pods.delete("b", &DeleteParams::default()).await.unwrap();
+    expect_labels(&mut stream, &["Apply:b", "Delete:b"]).await;
+}
+
+#[tokio::test]
+async fn compaction_mid_watch_gives_one_410_and_one_relist() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w2").await;
+    namespace(&client, "other").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w2");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let mut stream = watcher(pods.clone(), watcher::Config::default()).boxed();
+    expect_labels(&mut stream, &["Init", "InitApply:a", "InitDone"]).await;
+    // A write elsewhere moves the revision past the watcher's; compaction then expires it.
+    Api::<Pod>::namespaced(client.clone(), "other")
+        .create(&PostParams::default(), &pod("z"))
+        .await
+        .unwrap();
+    sim.compact();
+    sim.close_watches();
+    // kube-rs surfaces the 410 ERROR event, then relists.
+    expect_labels(&mut stream, &["Err:410", "Init", "InitApply:a", "InitDone"]).await;
+    pods.create(&PostParams::default(), &pod("b")).await.unwrap();
+    expect_labels(&mut stream, &["Apply:b"]).await;
+    let metrics = &sim.app().metrics;
+    assert_eq!(metrics.total("list", "pods"), 2, "exactly one relist after the 410");
+    // Reconnect after the 410 ERROR, and the two other watches: no retry storm on a stale RV.
+    assert!(metrics.total("watch", "pods") <= 3, "watches: {}", metrics.total("watch", "pods"));
+}
+
+#[tokio::test]
+async fn streaming_lists_end_on_the_initial_events_bookmark() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w3").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w3");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    pods.create(&PostParams::default(), &pod("b")).await.unwrap();
+    let mut stream = watcher(pods.clone(), watcher::Config::default().streaming_lists()).boxed();
+    expect_labels(&mut stream, &["Init", "InitApply:a", "InitApply:b", "InitDone"]).await;
+    pods.create(&PostParams::default(), &pod("c")).await.unwrap();
+    expect_labels(&mut stream, &["Apply:c"]).await;
+    assert_eq!(sim.app().metrics.total("list", "pods"), 0, "streaming lists never LIST");
+}
+
+#[tokio::test]
+async fn selector_transitions_are_added_and_deleted() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w4").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w4");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let mut stream = watcher(pods.clone(), watcher::Config::default().labels("app=x")).boxed();
+    expect_labels(&mut stream, &["Init", "InitDone"]).await;
+    let set = |v: serde_json::Value| Patch::Merge(json!({"metadata": {"labels": {"app": v}}}));
+    pods.patch("a", &PatchParams::default(), &set(json!("x"))).await.unwrap();
+    expect_labels(&mut stream, &["Apply:a"]).await;
+    pods.patch("a", &PatchParams::default(), &set(json!("y"))).await.unwrap();
+    expect_labels(&mut stream, &["Delete:a"]).await;
+    // Field selectors transition the same way: unscheduled pods have an empty nodeName.
+    let mut by_field =
+        watcher(pods.clone(), watcher::Config::default().fields("spec.nodeName=")).boxed();
+    expect_labels(&mut by_field, &["Init", "InitApply:a", "InitDone"]).await;
+}
+
+#[tokio::test]
+async fn finalizer_helper_adds_and_removes_its_finalizer() {
+    use kube::runtime::controller::Action;
+    use kube::runtime::finalizer::{Event as FEvent, finalizer};
+
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w5").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w5");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    const NAME: &str = "kjob.io/test-finalizer";
+    let run = |obj: Pod| {
+        let pods = pods.clone();
+        async move {
+            finalizer(&pods, NAME, Arc::new(obj), |ev| async move {
+                Ok::<_, std::convert::Infallible>(match ev {
+                    FEvent::Apply(_) => Action::await_change(),
+                    FEvent::Cleanup(_) => Action::await_change(),
+                })
+            })
+            .await
+        }
+    };
+    // First pass: the object has no finalizers; kube-rs tests `/metadata/finalizers` == null.
+    run(pods.get("a").await.unwrap()).await.expect("finalizer added");
+    let p = pods.get("a").await.unwrap();
+    assert_eq!(p.metadata.finalizers.as_deref(), Some(&[NAME.to_owned()][..]));
+    run(p).await.expect("apply pass");
+    pods.delete("a", &DeleteParams::default()).await.unwrap();
+    let p = pods.get("a").await.expect("kept by the finalizer");
+    assert!(p.metadata.deletion_timestamp.is_some());
+    run(p).await.expect("cleanup removes the finalizer");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pods.get_opt("a").await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "pod not removed after its finalizer went");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn recorder_creates_then_series_patches_an_event() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use kube::runtime::events::{Event as REvent, EventType, Recorder, Reporter};
+
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w6").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w6");
+    let p = pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let reporter = Reporter { controller: "kjob.io/test".into(), instance: Some("t-1".into()) };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let ev = REvent {
+        type_: EventType::Normal,
+        reason: "Tested".into(),
+        note: Some("hello".into()),
+        action: "Test".into(),
+        secondary: None,
+    };
+    let reference = kube::Resource::object_ref(&p, &());
+    recorder.publish(&ev, &reference).await.expect("first publish creates");
+    recorder.publish(&ev, &reference).await.expect("second publish patches the series");
+    let new_events: Api<NewEvent> = Api::namespaced(client.clone(), "w6");
+    let list = new_events.list(&Default::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let series = list.items[0].series.as_ref().expect("series after the repeat");
+    assert_eq!(series.count, 2);
+    // The same event through core/v1, with the old field names.
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "w6");
+    let fs = "involvedObject.name=a,involvedObject.kind=Pod";
+    let list = core.list(&kube::api::ListParams::default().fields(fs)).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].message.as_deref(), Some("hello"));
+    assert_eq!(list.items[0].involved_object.name.as_deref(), Some("a"));
+}
+
+#[tokio::test]
+async fn write_errors_have_the_real_status_shapes() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w7").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w7");
+    let created = pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let err = pods.create(&PostParams::default(), &pod("a")).await.unwrap_err();
+    let kube::Error::Api(s) = err else { panic!("api error expected") };
+    assert!(s.is_already_exists(), "{s:?}");
+    let mut stale = created.clone();
+    pods.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"v": "1"}}})),
+    )
+    .await
+    .unwrap();
+    stale.metadata.labels = Some([("v".to_owned(), "2".to_owned())].into());
+    let kube::Error::Api(s) = pods.replace("a", &PostParams::default(), &stale).await.unwrap_err()
+    else {
+        panic!("api error expected")
+    };
+    assert!(s.is_conflict(), "{s:?}");
+    let kube::Error::Api(s) = pods.get("missing").await.unwrap_err() else {
+        panic!("api error expected")
+    };
+    assert!(s.is_not_found());
+    assert_eq!(s.message, "pods \"missing\" not found");
+    let bad: Pod =
+        serde_json::from_value(json!({"metadata": {"name": "bad"}, "spec": {"containers": []}}))
+            .unwrap();
+    let kube::Error::Api(s) = pods.create(&PostParams::default(), &bad).await.unwrap_err() else {
+        panic!("api error expected")
+    };
+    assert!(s.is_invalid(), "{s:?}");
+    let causes = s.details.as_ref().map(|d| d.causes.clone()).unwrap_or_default();
+    assert!(causes.iter().any(|c| c.field == "spec.containers"), "{causes:?}");
+}
+
+#[tokio::test]
+async fn lists_page_with_the_first_pages_revision() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "w8").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "w8");
+    for i in 0..5 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}"))).await.unwrap();
+    }
+    let first = pods.list(&kube::api::ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    let token = first.metadata.continue_.clone().expect("continue token");
+    // Concurrent writes between pages must not change the reported revision.
+    pods.create(&PostParams::default(), &pod("p9")).await.unwrap();
+    let second = pods
+        .list(&kube::api::ListParams::default().limit(10).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(second.metadata.resource_version, first.metadata.resource_version);
+    let names: Vec<_> = second.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(names, ["p2", "p3", "p4", "p9"]);
+    assert!(second.metadata.continue_.as_deref().is_none_or(str::is_empty));
+    let all: Vec<Pod> = pods.list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), 6);
+    // A full relist through the paginating watcher helper sees every object too.
+    let listed: Vec<_> = watcher(pods, watcher::Config::default().page_size(2))
+        .take_while(|e| futures::future::ready(!matches!(e, Ok(Event::InitDone))))
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 7, "Init + 6 InitApply");
+}
