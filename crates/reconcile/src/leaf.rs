@@ -1,0 +1,133 @@
+//! The narrow interface the sync engine needs from the leaf modules (`pod_util`, `indexes`,
+//! `pod_failure_policy`, `success_policy`, `backoff`, `template`), so the engine reads as the
+//! upstream `syncJob` does. Each function names the upstream function it matches.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::backoff::{self, BackoffRecord};
+use crate::pod_failure_policy::match_pod_failure_policy;
+use crate::{indexes, pod_util, success_policy};
+
+/// Ordered set of completion indexes (upstream `orderedIntervals`).
+pub type IndexSet = indexes::OrderedIntervals;
+
+/// Number of valid indexes in an interval string (upstream `indexesCount`).
+pub fn count_indexes(s: &str, completions: i32) -> usize {
+    IndexSet::parse(s, completions).total()
+}
+
+pub use pod_util::{
+    active_pods_for_removal, has_tracking_finalizer, is_active, is_pod_failed, is_ready,
+    is_terminating,
+};
+
+pub use indexes::completion_index;
+
+fn policy(job: &Job) -> Option<&k8s_openapi::api::batch::v1::PodFailurePolicy> {
+    job.spec.as_ref().and_then(|s| s.pod_failure_policy.as_ref())
+}
+
+/// Whether a failed pod counts toward `status.failed` under the pod failure policy (upstream
+/// `nonIgnoredFailedPodsCount`'s test).
+pub fn policy_counts_failure(job: &Job, pod: &Pod) -> bool {
+    match_pod_failure_policy(policy(job), pod).count_failed
+}
+
+/// `(counts as failure, matched action label)` for a pod being counted as failed; the action is
+/// only reported when the Job has a policy (upstream `trackJobStatusAndRemoveFinalizers`).
+pub fn failure_policy_outcome(job: &Job, pod: &Pod) -> (bool, Option<String>) {
+    let m = match_pod_failure_policy(policy(job), pod);
+    (m.count_failed, m.action.map(|a| a.as_str().to_string()))
+}
+
+/// The FailJob message of the first failed pod matching a FailJob rule (upstream
+/// `getFailJobMessage`).
+pub fn fail_job_message(job: &Job, pods: &[Pod]) -> Option<String> {
+    crate::pod_failure_policy::fail_job_message(job, pods)
+}
+
+/// Previously completed indexes, and those plus Succeeded tracked pods with valid indexes
+/// (upstream `calculateSucceededIndexes`).
+pub fn succeeded_indexes(job: &Job, pods: &[Pod]) -> (IndexSet, IndexSet) {
+    indexes::calculate_succeeded_indexes(job, pods)
+}
+
+/// Previously failed indexes plus newly failed ones (upstream `calculateFailedIndexes`).
+pub fn failed_indexes(job: &Job, pods: &[Pod]) -> IndexSet {
+    indexes::calculate_failed_indexes(job, pods)
+}
+
+/// Last failed pod per pending index whose finalizer removal waits for its replacement (upstream
+/// `getPodsWithDelayedDeletionPerIndex`).
+pub fn pods_with_delayed_deletion_per_index<'p>(
+    job: &Job,
+    pods: &'p [Pod],
+    active: &[&'p Pod],
+    failed: &IndexSet,
+    succeeded: &IndexSet,
+    in_flight: &BTreeSet<String>,
+) -> BTreeMap<i32, &'p Pod> {
+    indexes::pods_with_delayed_deletion_per_index(
+        job,
+        pods,
+        active.iter().copied(),
+        succeeded,
+        failed,
+        in_flight,
+    )
+}
+
+/// The success-policy message when a rule matches (upstream `matchSuccessPolicy`).
+pub fn success_policy_message(job: &Job, succeeded: &IndexSet) -> Option<String> {
+    let spec = job.spec.as_ref()?;
+    success_policy::match_success_policy(
+        spec.success_policy.as_ref(),
+        spec.completions.unwrap_or(0),
+        succeeded,
+    )
+}
+
+/// The `count` smallest indexes to create next (upstream `firstPendingIndexes`).
+pub fn first_pending_indexes(
+    job: &Job,
+    active: &[&Pod],
+    pods: &[Pod],
+    succeeded: &IndexSet,
+    failed: Option<&IndexSet>,
+    count: usize,
+) -> Vec<i32> {
+    indexes::first_pending_indexes(job, active.iter().copied(), pods, succeeded, failed, count)
+}
+
+/// Indexes whose per-index backoff is over, and otherwise the shortest wait (upstream
+/// `getPodCreationInfoForIndependentIndexes`).
+pub fn indexes_ready_to_create(
+    ixs: &[i32],
+    delayed: &BTreeMap<i32, &Pod>,
+    now: Timestamp,
+) -> (Vec<i32>, Duration) {
+    backoff::indexes_ready_to_create(ixs, delayed, now)
+}
+
+/// The backoff record after this sync's newly finished pods (upstream `newBackoffRecord`).
+pub fn new_backoff_record(
+    prev: Option<&BackoffRecord>,
+    new_succeeded: &[&Pod],
+    new_failed: &[&Pod],
+) -> BackoffRecord {
+    prev.cloned().unwrap_or_default().updated(new_succeeded, new_failed)
+}
+
+/// Time left before pods may be created again (upstream `backoffRecord.getRemainingTime`).
+pub fn backoff_remaining(record: &BackoffRecord, now: Timestamp) -> Duration {
+    record.remaining_time(
+        now,
+        backoff::DEFAULT_POD_FAILURE_BACKOFF,
+        backoff::MAX_POD_FAILURE_BACKOFF,
+    )
+}
