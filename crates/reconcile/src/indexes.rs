@@ -475,6 +475,54 @@ mod tests {
         assert_eq!(OrderedIntervals::new().with_indexes([5, 1, 3, 2, 5]).to_string(), "1-3,5");
     }
 
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn small_set() -> impl Strategy<Value = BTreeSet<i32>> {
+            proptest::collection::btree_set(0i32..200, 0..60)
+        }
+
+        proptest! {
+            /// The compressed format round-trips and matches the plain set it was built from.
+            #[test]
+            fn format_parse_round_trip(set in small_set()) {
+                let iv = OrderedIntervals::from_indexes(set.iter().copied());
+                prop_assert_eq!(iv.iter().collect::<BTreeSet<_>>(), set.clone());
+                prop_assert_eq!(iv.total(), set.len());
+                prop_assert_eq!(OrderedIntervals::parse(&iv.to_string(), 200), iv.clone());
+                for ix in -1..201 {
+                    prop_assert_eq!(iv.contains(ix), set.contains(&ix));
+                }
+                // Intervals stay sorted, disjoint and non-adjacent.
+                for w in iv.intervals().windows(2) {
+                    prop_assert!(w[0].last + 1 < w[1].first);
+                }
+            }
+
+            /// Merge is set union; parsing with a smaller bound is intersection with [0, bound).
+            #[test]
+            fn merge_is_union(a in small_set(), b in small_set(), bound in 0i32..220) {
+                let (ia, ib) = (OrderedIntervals::from_indexes(a.iter().copied()), OrderedIntervals::from_indexes(b.iter().copied()));
+                let union: BTreeSet<i32> = a.union(&b).copied().collect();
+                prop_assert_eq!(ia.merge(&ib).iter().collect::<BTreeSet<_>>(), union);
+                let clipped: BTreeSet<i32> = a.iter().copied().filter(|i| *i < bound).collect();
+                prop_assert_eq!(OrderedIntervals::parse(&ia.to_string(), bound).iter().collect::<BTreeSet<_>>(), clipped);
+            }
+
+            /// firstPendingIndexes returns the smallest free indexes below completions, ascending.
+            #[test]
+            fn first_pending_is_smallest_free(succ in small_set(), active in small_set(), count in 0usize..80, completions in 0i32..200) {
+                let job = mk_job("j").indexed().completions(Some(completions)).build();
+                let pods: Vec<Pod> = active.iter().map(|ix| mk_pod(&job, &format!("p{ix}")).index(*ix).build()).collect();
+                let succeeded = OrderedIntervals::from_indexes(succ.iter().copied());
+                let got = first_pending_indexes(&job, &pods, &pods, &succeeded, None, count);
+                let want: Vec<i32> = (0..completions).filter(|i| !succ.contains(i) && !active.contains(i)).take(count).collect();
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+
     /// Re-derived from upstream's TestCalculateSucceededIndexes.
     #[test]
     fn succeeded_indexes_table() {
