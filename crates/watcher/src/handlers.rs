@@ -114,15 +114,14 @@ fn pod_jobs<'a>(
         .filter(move |j| has_labels && cfg.manages(j) && j.selector.matches(&pod.labels))
 }
 
-/// Orphan-queue entries for the Job's pods that still carry the tracking finalizer.
+/// Orphan-queue entries for the Job's pods that still carry the tracking finalizer. Upstream
+/// lists by the Job's selector and keeps the pods it controls; the controller index finds the
+/// same pods (a controlled pod whose labels stopped matching is released by the next sync,
+/// and the orphan worker re-checks every pod anyway).
 fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, out: &mut Vec<Enqueue>) {
     let mut pods: Vec<&PodInfo> = store
         .pods_controlled_by(&job.uid)
-        .filter(|p| {
-            p.namespace == job.namespace
-                && p.has_tracking_finalizer
-                && job.selector.matches(&p.labels)
-        })
+        .filter(|p| p.namespace == job.namespace && p.has_tracking_finalizer)
         .collect();
     // Deterministic order keeps batches and tests stable.
     pods.sort_by(|a, b| a.name.cmp(&b.name));

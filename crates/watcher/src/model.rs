@@ -97,7 +97,8 @@ pub struct PodInfo {
     pub uid: String,
     /// resourceVersion, to ignore resync-style updates.
     pub resource_version: String,
-    /// Labels, for selector matching of orphans.
+    /// Labels, for selector matching of orphans. Empty for pods with a controller: no handler
+    /// reads them there, and they are most of a pod's cached size.
     pub labels: BTreeMap<String, String>,
     /// The controller owner reference, if any.
     pub controller: Option<ControllerRef>,
@@ -130,7 +131,11 @@ impl PodInfo {
             name: name(meta),
             uid: meta.uid.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
-            labels: meta.labels.clone().unwrap_or_default(),
+            labels: if controller.is_some() {
+                BTreeMap::new()
+            } else {
+                meta.labels.clone().unwrap_or_default()
+            },
             controller,
             has_tracking_finalizer: meta
                 .finalizers
@@ -321,6 +326,7 @@ mod tests {
                 namespace: Some("ns".into()),
                 name: Some("p".into()),
                 uid: Some("pu".into()),
+                labels: Some(BTreeMap::from([("a".to_string(), "b".to_string())])),
                 finalizers: Some(vec![JOB_TRACKING_FINALIZER.into()]),
                 owner_references: Some(vec![
                     OwnerReference {
@@ -347,6 +353,10 @@ mod tests {
         assert!(info.has_tracking_finalizer);
         assert!(!info.deleting);
         assert_eq!(info.controller.as_ref().unwrap().uid, "u1");
+        assert!(info.labels.is_empty(), "controlled pods keep no labels");
+        let mut orphan = pod.clone();
+        orphan.metadata.owner_references = None;
+        assert_eq!(PodInfo::from_pod(&orphan).labels.len(), 1, "orphans keep labels");
 
         let mut store = Store::new();
         assert!(store.upsert_pod(info).is_none());

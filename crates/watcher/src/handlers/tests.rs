@@ -35,10 +35,8 @@ fn mk_job(name: &str) -> JobInfo {
 }
 
 fn mk_pod(name: &str, owner: Option<&JobInfo>) -> PodInfo {
-    let mut labels = BTreeMap::new();
-    if let Some(j) = owner {
-        labels.insert("job".to_string(), j.name.clone());
-    }
+    // Controlled pods carry no labels in the cache (see PodInfo::labels).
+    let labels = BTreeMap::new();
     PodInfo {
         namespace: "ns".into(),
         name: name.into(),
@@ -113,7 +111,7 @@ fn job_add_and_delete() {
     let mut p2 = mk_pod("p2", Some(&a));
     p2.has_tracking_finalizer = false;
     let mut p3 = mk_pod("p3", Some(&a));
-    p3.labels.clear(); // released: selector no longer matches
+    p3.namespace = "elsewhere".into(); // same owner UID in another namespace: not this Job's
     let store = store_with(&[&a, &other, &unset], &[&p1, &p2, &p3]);
     let all = HandlerConfig { manage_all: true, ..cfg() };
 
