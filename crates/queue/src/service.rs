@@ -1,0 +1,439 @@
+//! The gRPC edge: validation, mapping onto the store, error codes and metrics.
+
+use std::time::Duration;
+
+use kjob_proto::v1;
+use kjob_proto::v1::expectations_server::Expectations;
+use kjob_proto::v1::queue_server::Queue;
+use kjob_svc::Shutdown;
+use kjob_workqueue::{DoneOutcome, Enqueue, Observation, Store, Waker, WqError};
+use tonic::{Request, Response, Status};
+
+use crate::metrics::Metrics;
+use crate::validate;
+
+/// Shared state of both services.
+#[derive(Clone)]
+pub struct QueueService {
+    store: Store,
+    waker: Waker,
+    metrics: Metrics,
+    shutdown: Shutdown,
+}
+
+impl QueueService {
+    /// Wraps a connected store.
+    pub fn new(store: Store, waker: Waker, metrics: Metrics, shutdown: Shutdown) -> Self {
+        Self { store, waker, metrics, shutdown }
+    }
+
+    fn fail(&self, method: &str, status: Status) -> Status {
+        self.metrics.error(method, status.code());
+        status
+    }
+
+    fn invalid(&self, method: &str, msg: String) -> Status {
+        self.fail(method, Status::invalid_argument(msg))
+    }
+
+    fn store_err(&self, method: &str, e: WqError) -> Status {
+        let status = if e.is_unavailable() {
+            Status::unavailable(e.to_string())
+        } else {
+            tracing::error!(method, error = %e, "store call failed");
+            Status::internal(e.to_string())
+        };
+        self.fail(method, status)
+    }
+}
+
+macro_rules! check {
+    ($svc:expr, $method:expr, $res:expr) => {
+        if let Err(msg) = $res {
+            return Err($svc.invalid($method, msg));
+        }
+    };
+}
+
+fn observation(o: &v1::Observation) -> Result<Observation, String> {
+    validate::id("observation job_uid", &o.job_uid, false)?;
+    validate::id("observation pod_uid", &o.pod_uid, false)?;
+    let (job_uid, pod_uid) = (o.job_uid.clone(), o.pod_uid.clone());
+    match v1::ObservationKind::try_from(o.kind) {
+        Ok(v1::ObservationKind::Creation) => Ok(Observation::Creation { job_uid, pod_uid }),
+        Ok(v1::ObservationKind::Deletion) => Ok(Observation::Deletion { job_uid, pod_uid }),
+        Ok(v1::ObservationKind::FinalizerRemoval) => {
+            validate::id("observation pod_uid", &o.pod_uid, true)?;
+            Ok(Observation::FinalizerRemoval { job_uid, pod_uid })
+        }
+        _ => Err(format!(
+            "observation kind {} is not one of CREATION, DELETION, FINALIZER_REMOVAL",
+            o.kind
+        )),
+    }
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+#[tonic::async_trait]
+impl Queue for QueueService {
+    async fn add(&self, req: Request<v1::AddRequest>) -> Result<Response<v1::AddResponse>, Status> {
+        const M: &str = "Add";
+        let items = req.into_inner().items;
+        if items.len() > validate::MAX_ADD_ITEMS {
+            return Err(self.invalid(
+                M,
+                format!(
+                    "{} items in one Add; the limit is {}",
+                    items.len(),
+                    validate::MAX_ADD_ITEMS
+                ),
+            ));
+        }
+        // Validate everything first: a batch is applied whole or refused whole.
+        let mut observed = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let at = |e: String| format!("item {i} ({:?}): {e}", it.key);
+            check!(self, M, validate::key(&it.key).map_err(at));
+            check!(self, M, validate::queue(&it.queue).map_err(at));
+            check!(self, M, validate::delay("delay_ms", it.delay_ms).map_err(at));
+            let obs: Result<Vec<_>, _> = it.observations.iter().map(observation).collect();
+            match obs {
+                Ok(o) if !o.is_empty() => observed.push((it.key.as_str(), o)),
+                Ok(_) => {}
+                Err(e) => return Err(self.invalid(M, at(e))),
+            }
+        }
+        // Observations first, so a worker that leases the key sees the lowered expectations.
+        for (key, obs) in observed {
+            self.store.observe(key, &obs).await.map_err(|e| self.store_err(M, e))?;
+        }
+        let mut per_queue: Vec<(&str, Vec<Enqueue>)> = Vec::new();
+        for it in items.iter().filter(|it| !it.observe_only) {
+            let e = Enqueue { key: it.key.clone(), delay: ms(it.delay_ms) };
+            match per_queue.iter_mut().find(|(q, _)| *q == it.queue) {
+                Some((_, v)) => v.push(e),
+                None => per_queue.push((it.queue.as_str(), vec![e])),
+            }
+        }
+        let mut added = 0;
+        for (queue, batch) in per_queue {
+            let r = self.store.add(queue, &batch).await.map_err(|e| self.store_err(M, e))?;
+            added += r.added;
+            let l = Metrics::q(queue);
+            self.metrics.adds.get_or_create(&l).inc_by(u64::from(r.accepted_now));
+            self.metrics.retries.get_or_create(&l).inc_by(u64::from(r.delayed));
+            if r.accepted_now > 0 {
+                self.waker.poke(queue);
+            }
+        }
+        Ok(Response::new(v1::AddResponse { added }))
+    }
+
+    async fn lease(
+        &self,
+        req: Request<v1::LeaseRequest>,
+    ) -> Result<Response<v1::LeaseResponse>, Status> {
+        const M: &str = "Lease";
+        let r = req.into_inner();
+        check!(self, M, validate::queue(&r.queue));
+        check!(self, M, validate::lease(r.max_items, r.lease_ms, r.wait_ms));
+        check!(self, M, validate::id("worker_id", &r.worker_id, false));
+        let leased = tokio::select! {
+            res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
+                res.map_err(|e| self.store_err(M, e))?
+            }
+            // Draining: a long poll answers "nothing" rather than holding up the shutdown.
+            _ = self.shutdown.cancelled() => Vec::new(),
+        };
+        let l = Metrics::q(&r.queue);
+        self.metrics.leases.get_or_create(&l).inc_by(leased.len() as u64);
+        let hist = self.metrics.queue_duration.get_or_create(&l);
+        let lease_ms = i64::try_from(r.lease_ms).unwrap_or(i64::MAX);
+        let items = leased
+            .into_iter()
+            .map(|it| {
+                let now = it.deadline_ms - lease_ms;
+                hist.observe((now - it.enqueued_ms).max(0) as f64 / 1000.0);
+                v1::LeasedItem {
+                    key: it.key,
+                    lease_id: it.lease_id,
+                    requeues: it.requeues,
+                    deadline_unix_ms: it.deadline_ms,
+                    enqueued_unix_ms: it.enqueued_ms,
+                }
+            })
+            .collect();
+        Ok(Response::new(v1::LeaseResponse { items }))
+    }
+
+    async fn renew(
+        &self,
+        req: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        const M: &str = "Renew";
+        let r = req.into_inner();
+        check!(self, M, validate::queue(&r.queue));
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("lease_id", &r.lease_id, true));
+        check!(self, M, validate::lease_ms_ok(r.lease_ms));
+        match self.store.renew(&r.queue, &r.key, &r.lease_id, ms(r.lease_ms)).await {
+            Ok(Some(deadline)) => {
+                Ok(Response::new(v1::RenewResponse { deadline_unix_ms: deadline }))
+            }
+            Ok(None) => {
+                self.metrics.stale.get_or_create(&Metrics::q(&r.queue)).inc();
+                Err(self.fail(
+                    M,
+                    Status::failed_precondition(format!(
+                        "lease {} of {} is not held any more (expired or superseded)",
+                        r.lease_id, r.key
+                    )),
+                ))
+            }
+            Err(e) => Err(self.store_err(M, e)),
+        }
+    }
+
+    async fn done(
+        &self,
+        req: Request<v1::DoneRequest>,
+    ) -> Result<Response<v1::DoneResponse>, Status> {
+        const M: &str = "Done";
+        let r = req.into_inner();
+        check!(self, M, validate::queue(&r.queue));
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("lease_id", &r.lease_id, true));
+        check!(self, M, validate::delay("requeue_after_ms", r.requeue_after_ms));
+        let outcome = match v1::DoneOutcome::try_from(r.outcome) {
+            Ok(v1::DoneOutcome::Forget) => DoneOutcome::Forget,
+            Ok(v1::DoneOutcome::RateLimited) => DoneOutcome::RateLimited,
+            Ok(v1::DoneOutcome::RequeueAfter) => DoneOutcome::RequeueAfter(ms(r.requeue_after_ms)),
+            _ => {
+                return Err(self.invalid(
+                    M,
+                    format!(
+                        "outcome {} is not one of FORGET, RATE_LIMITED, REQUEUE_AFTER",
+                        r.outcome
+                    ),
+                ));
+            }
+        };
+        let l = Metrics::q(&r.queue);
+        match self.store.done(&r.queue, &r.key, &r.lease_id, outcome).await {
+            Ok(Some(d)) => {
+                self.metrics.work_duration.get_or_create(&l).observe(d.work_ms as f64 / 1000.0);
+                if d.retry_delay_ms.is_some() {
+                    self.metrics.retries.get_or_create(&l).inc();
+                }
+                if d.ready_at_ms.is_some_and(|t| t <= d.now_ms) {
+                    self.waker.poke(&r.queue);
+                }
+                Ok(Response::new(v1::DoneResponse {
+                    requeued: d.ready_at_ms.is_some(),
+                    ready_unix_ms: d.ready_at_ms.unwrap_or(0),
+                }))
+            }
+            Ok(None) => {
+                self.metrics.stale.get_or_create(&l).inc();
+                Err(self.fail(
+                    M,
+                    Status::failed_precondition(format!(
+                        "lease {} of {} is not held any more (expired or superseded); nothing changed",
+                        r.lease_id, r.key
+                    )),
+                ))
+            }
+            Err(e) => Err(self.store_err(M, e)),
+        }
+    }
+
+    async fn stats(
+        &self,
+        req: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::StatsResponse>, Status> {
+        const M: &str = "Stats";
+        let r = req.into_inner();
+        check!(self, M, validate::queue(&r.queue));
+        let s = self.store.stats(&r.queue).await.map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::StatsResponse {
+            ready: s.ready,
+            delayed: s.delayed,
+            leased: s.leased,
+            dirty: s.dirty,
+            oldest_ready_age_ms: s
+                .oldest_ready_ms
+                .map(|t| u64::try_from(s.now_ms - t).unwrap_or(0))
+                .unwrap_or(0),
+            failing: s.failing,
+        }))
+    }
+
+    async fn inspect(
+        &self,
+        req: Request<v1::InspectRequest>,
+    ) -> Result<Response<v1::InspectResponse>, Status> {
+        const M: &str = "Inspect";
+        let r = req.into_inner();
+        check!(self, M, validate::queue(&r.queue));
+        if r.keys.len() > validate::MAX_LIST {
+            return Err(self.invalid(M, format!("at most {} keys per Inspect", validate::MAX_LIST)));
+        }
+        for k in &r.keys {
+            check!(self, M, validate::key(k).map_err(|e| format!("{k:?}: {e}")));
+        }
+        let views =
+            self.store.inspect(&r.queue, &r.keys).await.map_err(|e| self.store_err(M, e))?;
+        let keys = views
+            .into_iter()
+            .map(|v| v1::KeyState {
+                key: v.key,
+                state: v.state.as_str().to_string(),
+                ready_unix_ms: v.ready_ms.or(v.delayed_ms).unwrap_or(0),
+                requeues: v.requeues,
+                dirty: v.dirty,
+                lease_holder: v.holder,
+                lease_deadline_unix_ms: v.lease_deadline_ms.unwrap_or(0),
+            })
+            .collect();
+        Ok(Response::new(v1::InspectResponse { keys }))
+    }
+}
+
+#[tonic::async_trait]
+impl Expectations for QueueService {
+    async fn set_expectations(
+        &self,
+        req: Request<v1::SetExpectationsRequest>,
+    ) -> Result<Response<v1::SetExpectationsResponse>, Status> {
+        const M: &str = "SetExpectations";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("job_uid", &r.job_uid, false));
+        check!(self, M, validate::count("add", r.add));
+        check!(self, M, validate::count("del", r.del));
+        self.store
+            .set_expectations(&r.key, &r.job_uid, r.add, r.del)
+            .await
+            .map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::SetExpectationsResponse {}))
+    }
+
+    async fn lower_expectations(
+        &self,
+        req: Request<v1::LowerExpectationsRequest>,
+    ) -> Result<Response<v1::LowerExpectationsResponse>, Status> {
+        const M: &str = "LowerExpectations";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("job_uid", &r.job_uid, false));
+        check!(self, M, validate::count("add", r.add));
+        check!(self, M, validate::count("del", r.del));
+        self.store
+            .lower_expectations(&r.key, &r.job_uid, r.add, r.del)
+            .await
+            .map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::LowerExpectationsResponse {}))
+    }
+
+    async fn get_expectations(
+        &self,
+        req: Request<v1::GetExpectationsRequest>,
+    ) -> Result<Response<v1::GetExpectationsResponse>, Status> {
+        const M: &str = "GetExpectations";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("job_uid", &r.job_uid, false));
+        let e = self
+            .store
+            .get_expectations(&r.key, &r.job_uid)
+            .await
+            .map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::GetExpectationsResponse {
+            satisfied: e.satisfied,
+            exists: e.record.is_some(),
+            add: e.record.as_ref().map(|r| r.add).unwrap_or(0),
+            del: e.record.as_ref().map(|r| r.del).unwrap_or(0),
+            age_ms: e.age_ms,
+            finalizer_removals: e.finalizer_removals,
+        }))
+    }
+
+    async fn delete_expectations(
+        &self,
+        req: Request<v1::DeleteExpectationsRequest>,
+    ) -> Result<Response<v1::DeleteExpectationsResponse>, Status> {
+        const M: &str = "DeleteExpectations";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        self.store.delete_expectations(&r.key).await.map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::DeleteExpectationsResponse {}))
+    }
+
+    async fn expect_finalizer_removals(
+        &self,
+        req: Request<v1::ExpectFinalizerRemovalsRequest>,
+    ) -> Result<Response<v1::ExpectFinalizerRemovalsResponse>, Status> {
+        const M: &str = "ExpectFinalizerRemovals";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("job_uid", &r.job_uid, false));
+        if r.pod_uids.len() > validate::MAX_LIST {
+            return Err(
+                self.invalid(M, format!("at most {} pod UIDs per call", validate::MAX_LIST))
+            );
+        }
+        for p in &r.pod_uids {
+            check!(self, M, validate::id("pod_uid", p, true));
+        }
+        self.store
+            .expect_finalizer_removals(&r.key, &r.job_uid, &r.pod_uids)
+            .await
+            .map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::ExpectFinalizerRemovalsResponse {}))
+    }
+
+    async fn get_record(
+        &self,
+        req: Request<v1::GetRecordRequest>,
+    ) -> Result<Response<v1::GetRecordResponse>, Status> {
+        const M: &str = "GetRecord";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("name", &r.name, true));
+        let v = self.store.get_record(&r.key, &r.name).await.map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::GetRecordResponse {
+            found: v.is_some(),
+            value: v.unwrap_or_default(),
+        }))
+    }
+
+    async fn put_record(
+        &self,
+        req: Request<v1::PutRecordRequest>,
+    ) -> Result<Response<v1::PutRecordResponse>, Status> {
+        const M: &str = "PutRecord";
+        let r = req.into_inner();
+        check!(self, M, validate::key(&r.key));
+        check!(self, M, validate::id("name", &r.name, true));
+        check!(self, M, validate::delay("ttl_ms", r.ttl_ms));
+        if r.value.len() > validate::MAX_RECORD_BYTES {
+            return Err(self.invalid(
+                M,
+                format!(
+                    "record is {} bytes; the limit is {}",
+                    r.value.len(),
+                    validate::MAX_RECORD_BYTES
+                ),
+            ));
+        }
+        let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
+        self.store
+            .put_record(&r.key, &r.name, &r.value, ttl)
+            .await
+            .map_err(|e| self.store_err(M, e))?;
+        Ok(Response::new(v1::PutRecordResponse {}))
+    }
+}

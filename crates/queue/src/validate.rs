@@ -1,0 +1,110 @@
+//! Request validation: pure functions returning a clear message for INVALID_ARGUMENT.
+
+use kjob_core::{ObjectKey, QUEUES};
+
+/// Longest delay accepted in Add or Done (30 days): longer ones are almost certainly unit
+/// mistakes, and the watcher's resync re-enqueues every Job long before that anyway.
+pub const MAX_DELAY_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Most items in one Add (bounds the script's run time: a script blocks Redis while it runs).
+pub const MAX_ADD_ITEMS: usize = 10_000;
+/// Most keys leased by one call.
+pub const MAX_LEASE_ITEMS: u32 = 1000;
+/// Longest long-poll wait of Lease.
+pub const MAX_WAIT_MS: u64 = 60_000;
+/// Longest lease (renew for longer syncs).
+pub const MAX_LEASE_MS: u64 = 3600 * 1000;
+/// Most keys in one Inspect or UIDs in one ExpectFinalizerRemovals.
+pub const MAX_LIST: usize = 10_000;
+/// Longest free-form identifier (worker ids, UIDs, lease ids, record names).
+pub const MAX_ID_LEN: usize = 253;
+/// Largest record value.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
+/// Checks a queue name.
+pub fn queue(name: &str) -> Result<(), String> {
+    if QUEUES.contains(&name) {
+        Ok(())
+    } else {
+        Err(format!("unknown queue {name:?}; known queues are {QUEUES:?}"))
+    }
+}
+
+/// Checks an item key (`namespace/name`).
+pub fn key(k: &str) -> Result<(), String> {
+    ObjectKey::parse(k).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Checks a delay in ms.
+pub fn delay(field: &str, ms: u64) -> Result<(), String> {
+    if ms > MAX_DELAY_MS {
+        return Err(format!(
+            "{field} {ms} ms is longer than the limit of {MAX_DELAY_MS} ms (30 days)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an identifier's length (and presence when `required`).
+pub fn id(field: &str, v: &str, required: bool) -> Result<(), String> {
+    if required && v.is_empty() {
+        return Err(format!("{field} is required"));
+    }
+    if v.len() > MAX_ID_LEN {
+        return Err(format!("{field} is {} bytes long; the limit is {MAX_ID_LEN}", v.len()));
+    }
+    Ok(())
+}
+
+/// Checks a Lease request's numbers.
+pub fn lease(max_items: u32, lease_ms: u64, wait_ms: u64) -> Result<(), String> {
+    if max_items == 0 || max_items > MAX_LEASE_ITEMS {
+        return Err(format!("max_items must be 1..={MAX_LEASE_ITEMS}, got {max_items}"));
+    }
+    lease_ms_ok(lease_ms)?;
+    if wait_ms > MAX_WAIT_MS {
+        return Err(format!("wait_ms must be at most {MAX_WAIT_MS}, got {wait_ms}"));
+    }
+    Ok(())
+}
+
+/// Checks a lease duration.
+pub fn lease_ms_ok(lease_ms: u64) -> Result<(), String> {
+    if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
+        return Err(format!("lease_ms must be 1..={MAX_LEASE_MS}, got {lease_ms}"));
+    }
+    Ok(())
+}
+
+/// Checks an expectations count (never negative: lowering takes a positive amount).
+pub fn count(field: &str, v: i64) -> Result<(), String> {
+    if !(0..=1_000_000).contains(&v) {
+        return Err(format!("{field} must be 0..=1000000, got {v}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        assert!(queue("job").is_ok() && queue("orphan-pod").is_ok());
+        assert!(queue("jobs").unwrap_err().contains("unknown queue"));
+        assert!(key("ns/a").is_ok());
+        assert!(key("").unwrap_err().contains("empty"));
+        assert!(key(&format!("ns/{}", "x".repeat(400))).is_err());
+        assert!(key("nslash").is_err());
+        assert!(delay("delay_ms", MAX_DELAY_MS).is_ok());
+        assert!(delay("delay_ms", MAX_DELAY_MS + 1).unwrap_err().contains("30 days"));
+        assert!(lease(1, 1000, 0).is_ok());
+        assert!(lease(0, 1000, 0).unwrap_err().contains("max_items"));
+        assert!(lease(1001, 1000, 0).is_err());
+        assert!(lease(1, 0, 0).unwrap_err().contains("lease_ms"));
+        assert!(lease(1, 1000, 60_001).unwrap_err().contains("wait_ms"));
+        assert!(id("worker_id", "", true).is_err());
+        assert!(id("job_uid", "", false).is_ok());
+        assert!(id("x", &"a".repeat(254), false).is_err());
+        assert!(count("add", -1).is_err() && count("add", 3).is_ok());
+    }
+}

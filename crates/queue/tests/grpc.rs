@@ -1,0 +1,225 @@
+//! kjob-queue in process over a real redis-server, driven through the typed client.
+
+use std::time::Duration;
+
+use kjob_queue::Config;
+use kjob_queue_client::{ClientError, Outcome, QueueClient, RetryPolicy, v1};
+use kjob_svc::Shutdown;
+use kjob_testkit::RedisServer;
+use tokio::net::TcpListener;
+
+struct Running {
+    client: QueueClient,
+    url: String,
+    admin: String,
+    shutdown: Shutdown,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(redis: &RedisServer) -> Running {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let admin_url = format!("http://{}", admin.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config =
+        Config { redis_url: redis.url(), admin_listener: Some(admin), store: Default::default() };
+    let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+    let client = QueueClient::connect_lazy(&url).unwrap();
+    Running { client, url, admin: admin_url, shutdown, task }
+}
+
+fn item(key: &str, delay_ms: u64) -> v1::AddItem {
+    v1::AddItem { queue: "job".into(), key: key.into(), delay_ms, ..Default::default() }
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_metrics_health_and_shutdown() {
+    let redis = RedisServer::start().unwrap();
+    let r = start(&redis).await;
+    let c = &r.client;
+    let add = c.add(vec![item("ns/a", 0), item("ns/a", 0), item("ns/b", 0)]).await.unwrap();
+    assert_eq!(add.added, 2);
+    let got = c.lease("job", 10, LEASE, Duration::from_secs(1), "w1").await.unwrap();
+    assert_eq!(got.len(), 2);
+    let a = got.iter().find(|i| i.key == "ns/a").unwrap();
+    c.renew("job", "ns/a", &a.lease_id, LEASE).await.unwrap();
+    let d = c.done("job", "ns/a", &a.lease_id, Outcome::RateLimited).await.unwrap();
+    assert!(d.requeued);
+    // Stale: the lease is finished.
+    assert!(matches!(
+        c.done("job", "ns/a", &a.lease_id, Outcome::Forget).await,
+        Err(ClientError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        c.renew("job", "ns/a", &a.lease_id, LEASE).await,
+        Err(ClientError::LeaseLost(_))
+    ));
+    let st = c.stats("job").await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.leased, st.failing), (0, 1, 1, 1));
+    let v = c.inspect("job", vec!["ns/a".into(), "ns/b".into()]).await.unwrap().keys;
+    assert_eq!((v[0].state.as_str(), v[0].requeues), ("delayed", 1));
+    assert_eq!((v[1].state.as_str(), v[1].lease_holder.as_str()), ("leased", "w1"));
+
+    // Expectations and records through the client.
+    c.set_expectations("ns/a", "u1", 1, 0).await.unwrap();
+    assert!(!c.get_expectations("ns/a", "u1").await.unwrap().satisfied);
+    let obs = v1::AddItem {
+        observations: vec![v1::Observation {
+            kind: v1::ObservationKind::Creation as i32,
+            job_uid: "u1".into(),
+            pod_uid: "p1".into(),
+        }],
+        observe_only: true,
+        ..item("ns/a", 0)
+    };
+    assert_eq!(c.add(vec![obs]).await.unwrap().added, 0);
+    assert!(c.get_expectations("ns/a", "u1").await.unwrap().satisfied);
+    c.expect_finalizer_removals("ns/a", "u1", vec!["p1".into()]).await.unwrap();
+    assert_eq!(c.get_expectations("ns/a", "u1").await.unwrap().finalizer_removals, vec!["p1"]);
+    c.put_record("ns/a", "backoff", b"rec".to_vec(), None).await.unwrap();
+    assert_eq!(c.get_record("ns/a", "backoff").await.unwrap(), Some(b"rec".to_vec()));
+    c.lower_expectations("ns/a", "u1", 1, 0).await.unwrap();
+    c.delete_expectations("ns/a").await.unwrap();
+    assert_eq!(c.get_record("ns/a", "backoff").await.unwrap(), None);
+
+    // Health and reflection.
+    let channel =
+        tonic::transport::Endpoint::from_shared(r.url.clone()).unwrap().connect().await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let mut serving = false;
+    for _ in 0..50 {
+        let resp = health
+            .check(tonic_health::pb::HealthCheckRequest { service: "kjob.queue.v1.Queue".into() })
+            .await;
+        if resp.is_ok_and(|r| r.into_inner().status == 1) {
+            serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(serving, "health never reported SERVING");
+
+    // Admin port: ready, and the client-go metric names with label name.
+    let http = reqwest::Client::new();
+    let admin = r.admin.clone();
+    wait_for("readyz", async || {
+        http.get(format!("{admin}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    let body = http.get(format!("{admin}/metrics")).send().await.unwrap().text().await.unwrap();
+    for want in [
+        "workqueue_adds_total{name=\"job\"} 2",
+        "workqueue_retries_total{name=\"job\"} 1",
+        "workqueue_depth{name=\"job\"}",
+        "workqueue_queue_duration_seconds_bucket{",
+        "workqueue_work_duration_seconds_count{name=\"job\"} 1",
+        "workqueue_unfinished_work_seconds{name=\"job\"}",
+        "workqueue_longest_running_processor_seconds{name=\"job\"}",
+        "kjob_queue_stale_lease_total{name=\"job\"} 2",
+    ] {
+        assert!(body.contains(want), "missing {want} in\n{body}");
+    }
+
+    // Graceful shutdown ends a waiting long poll promptly.
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(
+            async move { c.lease("orphan-pod", 1, LEASE, Duration::from_secs(30), "w").await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = tokio::time::Instant::now();
+    r.shutdown.cancel();
+    let got = waiter.await.unwrap();
+    assert!(got.is_ok_and(|v| v.is_empty()));
+    r.task.await.unwrap().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_arguments_are_refused_with_clear_messages() {
+    let redis = RedisServer::start().unwrap();
+    let r = start(&redis).await;
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    // Wait until the server is up (the first call may race the bind).
+    wait_for("server", async || r.client.stats("job").await.is_ok()).await;
+    let bad = |e: Result<_, ClientError>| match e {
+        Err(ClientError::InvalidArgument(m)) => m,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    assert!(bad(c.add(vec![item("", 0)]).await.map(|_| ())).contains("empty"));
+    let long = format!("ns/{}", "x".repeat(400));
+    assert!(bad(c.add(vec![item(&long, 0)]).await.map(|_| ())).contains("limit"));
+    let mut unknown = item("ns/a", 0);
+    unknown.queue = "jobs".into();
+    assert!(bad(c.add(vec![unknown]).await.map(|_| ())).contains("unknown queue"));
+    assert!(bad(c.add(vec![item("ns/a", u64::MAX)]).await.map(|_| ())).contains("30 days"));
+    let m = bad(c.lease("job", 0, LEASE, Duration::ZERO, "w").await.map(|_| ()));
+    assert!(m.contains("max_items"), "{m}");
+    assert!(
+        bad(c.lease("job", 5000, LEASE, Duration::ZERO, "w").await.map(|_| ()))
+            .contains("max_items")
+    );
+    assert!(
+        bad(c.lease("job", 1, LEASE, Duration::from_secs(61), "w").await.map(|_| ()))
+            .contains("wait_ms")
+    );
+    assert!(
+        bad(c.lease("job", 1, Duration::ZERO, Duration::ZERO, "w").await.map(|_| ()))
+            .contains("lease_ms")
+    );
+    assert!(bad(c.set_expectations("ns/a", "u", -1, 0).await).contains("add"));
+    // A batch with one bad item applies nothing.
+    assert!(c.add(vec![item("ns/ok", 0), item("bad", 0)]).await.is_err());
+    assert_eq!(c.stats("job").await.unwrap().ready, 0);
+    r.shutdown.cancel();
+    r.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_is_unavailable_then_recovers_without_restart() {
+    let mut redis = RedisServer::start().unwrap();
+    let r = start(&redis).await;
+    wait_for("server", async || r.client.stats("job").await.is_ok()).await;
+    r.client.add(vec![item("ns/a", 0)]).await.unwrap();
+    let http = reqwest::Client::new();
+    let admin = r.admin.clone();
+    wait_for("ready", async || {
+        http.get(format!("{admin}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    redis.kill();
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    match c.add(vec![item("ns/b", 0)]).await {
+        Err(ClientError::Unavailable(m)) => assert!(m.contains("redis"), "{m}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    wait_for("not ready", async || {
+        http.get(format!("{admin}/readyz")).send().await.is_ok_and(|r| r.status() == 503)
+    })
+    .await;
+    redis.restart().unwrap();
+    // The default client retries UNAVAILABLE, so this returns once Redis is back.
+    let add = tokio::time::timeout(Duration::from_secs(15), r.client.add(vec![item("ns/c", 0)]))
+        .await
+        .expect("no recovery")
+        .unwrap();
+    assert_eq!(add.added, 1);
+    wait_for("ready again", async || {
+        http.get(format!("{admin}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    r.shutdown.cancel();
+    r.task.await.unwrap().unwrap();
+}
