@@ -336,6 +336,10 @@ pub struct JobSync<'a> {
     succeeded_indexes: IndexSet,
     failed_indexes: Option<IndexSet>,
     delayed_deletion: BTreeMap<i32, &'a Pod>,
+    /// Completion index of each input pod (Indexed Jobs only), parsed once.
+    pod_index: Vec<Option<i32>>,
+    /// Some active pod has an invalid or duplicated index (Indexed Jobs only).
+    active_needs_dedup: bool,
     manage_called: bool,
     suspend_changed: bool,
     manage_error: Option<SyncError>,
@@ -393,6 +397,8 @@ impl<'a> JobSync<'a> {
             succeeded_indexes: IndexSet::default(),
             failed_indexes: None,
             delayed_deletion: BTreeMap::new(),
+            pod_index: Vec::new(),
+            active_needs_dedup: false,
             manage_called: false,
             suspend_changed: false,
             manage_error: None,
@@ -458,9 +464,14 @@ impl<'a> JobSync<'a> {
             && !self.input.finalizer_removals_in_flight.contains(ju::pod_uid(pod))
     }
 
-    /// Whether an Indexed pod's index is valid for counting (always true for NonIndexed).
-    fn countable_index(&self, pod: &Pod) -> bool {
-        !self.indexed || leaf::completion_index(pod).is_some_and(|ix| ix < self.completions())
+    /// The completion index of the `i`-th input pod.
+    fn index_of(&self, i: usize) -> Option<i32> {
+        self.pod_index.get(i).copied().flatten()
+    }
+
+    /// Whether the `i`-th input pod's index is valid for counting (always true for NonIndexed).
+    fn countable_index(&self, i: usize) -> bool {
+        !self.indexed || self.index_of(i).is_some_and(|ix| ix < self.completions())
     }
 
     /// Steps 7–15 of upstream `syncJob`: counts, start time, backoff record, finish criteria.
@@ -475,16 +486,33 @@ impl<'a> JobSync<'a> {
         self.uncounted_succeeded = uid_set(uncounted.succeeded.as_ref());
         self.uncounted_failed = uid_set(uncounted.failed.as_ref());
 
-        self.active_pods = pods.iter().filter(|p| leaf::is_active(p)).collect();
-        self.ready = self.active_pods.iter().filter(|p| leaf::is_ready(p)).count() as i32;
-        self.terminating = pods.iter().filter(|p| leaf::is_terminating(p)).count() as i32;
-        self.active = self.active_pods.len() as i32;
-
-        // getNewFinishedPods: tracked pods not yet in the uncounted lists.
+        // One pass over the pods: at 10k pods every extra pass is another round of cache misses.
         let mut new_succeeded: Vec<&Pod> = Vec::new();
         let mut new_failed: Vec<&Pod> = Vec::new();
-        for pod in pods {
-            if !self.tracked(pod) || !self.countable_index(pod) {
+        let mut active_pods = Vec::with_capacity(pods.len());
+        let (mut ready, mut terminating) = (0, 0);
+        if self.indexed {
+            self.pod_index = pods.iter().map(leaf::completion_index).collect();
+        }
+        let completions = self.completions().max(0) as usize;
+        let mut seen = vec![false; if self.indexed { completions } else { 0 }];
+        for (i, pod) in pods.iter().enumerate() {
+            if leaf::is_active(pod) {
+                active_pods.push(pod);
+                ready += i32::from(leaf::is_ready(pod));
+                if self.indexed {
+                    // Invalid or repeated indexes make manageJob delete pods even when the
+                    // count is right; knowing there are none lets it skip that scan.
+                    match self.index_of(i).map(|ix| ix as usize) {
+                        Some(ix) if ix < completions && !seen[ix] => seen[ix] = true,
+                        _ => self.active_needs_dedup = true,
+                    }
+                }
+            } else if leaf::is_terminating(pod) {
+                terminating += 1;
+            }
+            // getNewFinishedPods: tracked pods not yet in the uncounted lists.
+            if !self.tracked(pod) || !self.countable_index(i) {
                 continue;
             }
             let uid = ju::pod_uid(pod);
@@ -495,6 +523,10 @@ impl<'a> JobSync<'a> {
                 new_failed.push(pod);
             }
         }
+        self.active = active_pods.len() as i32;
+        self.active_pods = active_pods;
+        self.ready = ready;
+        self.terminating = terminating;
         let non_ignored = new_failed.iter().filter(|p| leaf::policy_counts_failure(job, p)).count();
         self.succeeded = self.status.succeeded.unwrap_or(0)
             + new_succeeded.len() as i32
@@ -779,7 +811,11 @@ impl<'a> JobSync<'a> {
             Some(c) => (c - self.succeeded).min(parallelism).max(0),
         };
         let rm_at_least = (self.active - want).max(0) as usize;
-        let mut to_delete = leaf::active_pods_for_removal(job, &self.active_pods, rm_at_least);
+        let mut to_delete = if rm_at_least == 0 && !self.active_needs_dedup {
+            Vec::new()
+        } else {
+            leaf::active_pods_for_removal(job, &self.active_pods, rm_at_least)
+        };
         to_delete.truncate(MAX_POD_CREATE_DELETE_PER_SYNC);
         if !to_delete.is_empty() {
             self.metrics.action = m::ACTION_PODS_DELETED;
@@ -1043,10 +1079,11 @@ impl<'a> JobSync<'a> {
     /// Upstream `trackJobStatusAndRemoveFinalizers` up to write #1.
     fn track(&mut self) {
         let job = self.job();
-        let mut pods: Vec<&'a Pod> = self.input.pods.iter().collect();
+        let all = self.input.pods;
+        let mut order: Vec<usize> = (0..all.len()).collect();
         if self.indexed {
-            // Completed indexes are introduced in order.
-            pods.sort_by_cached_key(|p| leaf::completion_index(p).unwrap_or(-1));
+            // Completed indexes are introduced in order (stable, so ties keep list order).
+            order.sort_by_key(|&i| self.index_of(i).unwrap_or(-1));
         }
         // Only uncounted UIDs are ever looked up here, so only those are collected: the set stays
         // small however many pods the Job has.
@@ -1054,7 +1091,7 @@ impl<'a> JobSync<'a> {
             self.uncounted_succeeded.len() + self.uncounted_failed.len() + MAX_UNCOUNTED_PODS,
         );
         if !self.uncounted_succeeded.is_empty() || !self.uncounted_failed.is_empty() {
-            for p in &pods {
+            for p in all {
                 let uid = ju::pod_uid(p);
                 if (self.uncounted_succeeded.contains(uid) || self.uncounted_failed.contains(uid))
                     && self.tracked(p)
@@ -1075,12 +1112,13 @@ impl<'a> JobSync<'a> {
         let uncounted = self.status.uncounted_terminated_pods.clone().unwrap_or_default();
         let base_succeeded = uncounted.succeeded.as_ref().map_or(0, Vec::len);
         let base_failed = uncounted.failed.as_ref().map_or(0, Vec::len);
-        for pod in pods {
+        for i in order {
+            let pod = &all[i];
             if !self.tracked(pod) {
                 continue;
             }
             let consider_failed = leaf::is_pod_failed(pod, job);
-            if !self.can_remove_finalizer(pod, consider_failed) {
+            if !self.can_remove_finalizer(pod, self.index_of(i), consider_failed) {
                 continue;
             }
             self.pods_to_remove_finalizer.push(pod);
@@ -1088,7 +1126,7 @@ impl<'a> JobSync<'a> {
             if ju::pod_phase(pod) == "Succeeded" && !self.uncounted_failed.contains(uid) {
                 if self.indexed {
                     // The index alone prevents double counting; no UID bookkeeping.
-                    if let Some(ix) = leaf::completion_index(pod)
+                    if let Some(ix) = self.index_of(i)
                         && ix < self.completions()
                         && !self.prev_succeeded_indexes.contains(ix)
                     {
@@ -1102,7 +1140,7 @@ impl<'a> JobSync<'a> {
                 }
             } else if (consider_failed || finishing_with_failure)
                 && !self.uncounted_failed.contains(uid)
-                && self.countable_index(pod)
+                && self.countable_index(i)
             {
                 // When the Job is failing, every unfinished tracked pod counts as failed.
                 let (counts, action) = leaf::failure_policy_outcome(job, pod);
@@ -1174,7 +1212,7 @@ impl<'a> JobSync<'a> {
     }
 
     /// Upstream `canRemoveFinalizer`.
-    fn can_remove_finalizer(&self, pod: &Pod, consider_failed: bool) -> bool {
+    fn can_remove_finalizer(&self, pod: &Pod, index: Option<i32>, consider_failed: bool) -> bool {
         if ju::is_deleting(self.job())
             || self.finished_condition.is_some()
             || ju::pod_phase(pod) == "Succeeded"
@@ -1185,7 +1223,7 @@ impl<'a> JobSync<'a> {
             return false;
         }
         if ju::has_backoff_limit_per_index(self.job())
-            && let Some(ix) = leaf::completion_index(pod)
+            && let Some(ix) = index
             && let Some(held) = self.delayed_deletion.get(&ix)
             && ju::pod_uid(held) == ju::pod_uid(pod)
         {
