@@ -341,6 +341,8 @@ pub struct JobSync<'a> {
     /// Some active pod has an invalid or duplicated index (Indexed Jobs only).
     active_needs_dedup: bool,
     manage_called: bool,
+    /// The finishing branch ran (delete all active pods) instead of manageJob.
+    finishing: bool,
     suspend_changed: bool,
     manage_error: Option<SyncError>,
     creation: Creation,
@@ -400,6 +402,7 @@ impl<'a> JobSync<'a> {
             pod_index: Vec::new(),
             active_needs_dedup: false,
             manage_called: false,
+            finishing: false,
             suspend_changed: false,
             manage_error: None,
             creation: Creation::default(),
@@ -746,6 +749,7 @@ impl<'a> JobSync<'a> {
     fn start(&mut self) {
         if self.finished_condition.is_some() {
             self.phase = Phase::AfterManage;
+            self.finishing = true;
             if self.active_pods.is_empty() {
                 self.on_finishing_deletes(&[], Vec::new());
             } else {
@@ -1018,7 +1022,9 @@ impl<'a> JobSync<'a> {
     fn after_manage(&mut self) {
         let job = self.job();
         let now = self.input.now;
-        if self.finished_condition.is_none() {
+        // Upstream evaluates completion and suspension only on the manageJob branch, even when
+        // the finishing branch had to drop its verdict.
+        if self.finished_condition.is_none() && !self.finishing {
             let complete = match ju::completions(job) {
                 None => self.succeeded > 0 && self.active == 0,
                 Some(c) => self.succeeded >= c && self.active == 0,

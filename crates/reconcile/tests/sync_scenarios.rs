@@ -519,3 +519,39 @@ fn too_many_succeeded_pods_warning() {
         ]
     );
 }
+
+#[test]
+fn dropped_verdict_is_not_replaced_by_a_completion() {
+    // Backoff limit exceeded while expectations are unsatisfied: the active pod is deleted but the
+    // verdict is dropped for this sync. A work-queue Job with a success and no active pod left
+    // must not be declared complete in its place (upstream only tests completion on the
+    // manageJob branch).
+    let job =
+        mk_job("fd").parallelism(1).completions(None).backoff_limit(0).start_time(at(0)).build();
+    let pods = vec![
+        mk_pod(&job, "s").succeeded(at(1)).build(),
+        mk_pod(&job, "f").failed(1, at(2)).build(),
+        mk_pod(&job, "a").build(),
+    ];
+    let mut env = Env::at(at(10));
+    env.satisfied = false;
+    let t = run(&job, &pods, &env, &Api::default());
+    assert_eq!(t.deleted, vec![("a".to_string(), false)]);
+    let st = t.last_status().unwrap();
+    assert!(conds(st).is_empty(), "{:?}", conds(st));
+    assert_eq!((st.active, st.terminating), (Some(0), Some(1)));
+    assert!(t.outcome.error.is_none());
+}
+
+#[test]
+fn finishing_with_a_failed_delete_errors_and_keeps_the_pod_active() {
+    let job = mk_job("fd").parallelism(1).backoff_limit(0).start_time(at(0)).build();
+    let pods = vec![mk_pod(&job, "f").failed(1, at(2)).build(), mk_pod(&job, "a").build()];
+    let api = Api { fail_deletes: ["a".to_string()].into(), ..Default::default() };
+    let t = run(&job, &pods, &Env::at(at(10)), &api);
+    let st = t.last_status().unwrap();
+    assert!(conds(st).is_empty(), "{:?}", conds(st));
+    assert_eq!(st.active, Some(1));
+    assert!(matches!(t.outcome.error, Some(SyncError::DeletePods(_))));
+    assert_eq!(t.events(), vec!["FailedDelete: Error deleting: delete refused"]);
+}
