@@ -609,6 +609,133 @@ fn controller_sync_job_table() {
         Want { no_write: true, ..Default::default() },
     ));
 
+    let j = started("wqre").parallelism(1).completions(None).build();
+    let p = pods(&j, "f", 1, failed);
+    cases.push(case(
+        "work-queue: failed pod is replaced",
+        j,
+        p,
+        Want {
+            creates: 1,
+            active: 1,
+            failed: 1,
+            events: &["SuccessfulCreate"],
+            ..Default::default()
+        },
+    ));
+
+    let j =
+        started("sdel").parallelism(2).completions(Some(4)).suspend(true).deleting(at(500)).build();
+    let p = pods(&j, "a", 2, running);
+    cases.push(case(
+        "suspending a job being deleted: no manage, finalizers dropped",
+        j,
+        p,
+        Want { active: 2, ..Default::default() },
+    ));
+
+    let j = started("rep").indexed().parallelism(2).completions(Some(3)).build();
+    let mut p = indexed(&j, "s", &[0, 0], succeeded);
+    p.extend(indexed(&j, "a", &[1], running));
+    cases.push(case(
+        "indexed: repeated completed index counts once",
+        j,
+        p,
+        Want {
+            creates: 1,
+            active: 2,
+            succeeded: 1,
+            completed_indexes: Some("0"),
+            created_indexes: Some(&[2]),
+            events: &["SuccessfulCreate"],
+            ..Default::default()
+        },
+    ));
+
+    let j = started("itf")
+        .indexed()
+        .parallelism(3)
+        .completions(Some(3))
+        .pod_replacement_policy("Failed")
+        .build();
+    let mut p = indexed(&j, "t", &[0], terminating);
+    p.extend(indexed(&j, "a", &[1], running));
+    cases.push(case(
+        "indexed, replace only failed: terminating index not recreated",
+        j,
+        p,
+        Want {
+            creates: 1,
+            active: 2,
+            terminating: 1,
+            created_indexes: Some(&[2]),
+            events: &["SuccessfulCreate"],
+            ..Default::default()
+        },
+    ));
+
+    let j = started("itof").indexed().parallelism(3).completions(Some(3)).build();
+    let mut p = indexed(&j, "t", &[0], terminating);
+    p.extend(indexed(&j, "a", &[1], running));
+    cases.push(case(
+        "indexed, terminating or failed: terminating index recreated now",
+        j,
+        p,
+        Want {
+            creates: 2,
+            active: 3,
+            terminating: 1,
+            failed: 1,
+            created_indexes: Some(&[0, 2]),
+            events: &["SuccessfulCreate"],
+            ..Default::default()
+        },
+    ));
+
+    let j = started("fewr")
+        .parallelism(2)
+        .completions(Some(5))
+        .restart_policy("OnFailure")
+        .backoff_limit(3)
+        .build();
+    let p = pods(&j, "a", 2, |b| b.restarts(1));
+    cases.push(case(
+        "OnFailure restarts below the backoff limit",
+        j,
+        p,
+        Want { active: 2, ..Default::default() },
+    ));
+
+    let j = started("zero")
+        .parallelism(1)
+        .completions(Some(5))
+        .restart_policy("OnFailure")
+        .backoff_limit(0)
+        .build();
+    let p = pods(&j, "a", 1, |b| b.pending().restarts(1));
+    cases.push(case(
+        "OnFailure with backoffLimit 0: one restart fails the job",
+        j,
+        p,
+        Want {
+            deletes: 1,
+            terminating: 1,
+            failed: 1,
+            conditions: &["FailureTarget=BackoffLimitExceeded"],
+            events: &["SuccessfulDelete"],
+            ..Default::default()
+        },
+    ));
+
+    let j = started("par0").parallelism(0).completions(Some(5)).build();
+    let p = pods(&j, "a", 2, running);
+    cases.push(case(
+        "parallelism scaled to zero deletes every active pod",
+        j,
+        p,
+        Want { deletes: 2, terminating: 2, events: &["SuccessfulDelete"], ..Default::default() },
+    ));
+
     for c in cases {
         check(c);
     }
