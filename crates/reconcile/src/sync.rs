@@ -46,7 +46,8 @@ pub const SYNC_JOB_BATCH_PERIOD: Duration = Duration::from_secs(1);
 pub struct SyncInput<'a> {
     /// The Job as read from the API server (GET), with its resourceVersion.
     pub job: &'a Job,
-    /// The Job's pods (LIST by selector, claimed by controllerRef).
+    /// The Job's pods (LIST by selector, claimed by controllerRef). Pods adopted in this sync
+    /// must appear with the tracking finalizer added, as upstream assumes after `ClaimPods`.
     pub pods: &'a [Pod],
     /// The time of this sync; every timestamp the sync writes is this one.
     pub now: Timestamp,
@@ -497,8 +498,9 @@ impl<'a> JobSync<'a> {
         if self.indexed {
             self.pod_index = pods.iter().map(leaf::completion_index).collect();
         }
-        let completions = self.completions().max(0) as usize;
-        let mut seen = vec![false; if self.indexed { completions } else { 0 }];
+        let completions = self.completions();
+        // A set, not a bitmap over `completions`: that bound comes from the object and may be huge.
+        let mut seen: HashSet<i32> = HashSet::new();
         for (i, pod) in pods.iter().enumerate() {
             if leaf::is_active(pod) {
                 active_pods.push(pod);
@@ -506,8 +508,8 @@ impl<'a> JobSync<'a> {
                 if self.indexed {
                     // Invalid or repeated indexes make manageJob delete pods even when the
                     // count is right; knowing there are none lets it skip that scan.
-                    match self.index_of(i).map(|ix| ix as usize) {
-                        Some(ix) if ix < completions && !seen[ix] => seen[ix] = true,
+                    match self.index_of(i) {
+                        Some(ix) if ix < completions && seen.insert(ix) => {}
                         _ => self.active_needs_dedup = true,
                     }
                 }
