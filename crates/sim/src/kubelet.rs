@@ -644,3 +644,257 @@ async fn perform(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::Api;
+    use kube::api::{DeleteParams, ListParams, PostParams};
+    use serde_json::{Value, json};
+    use tokio_util::sync::CancellationToken;
+
+    use super::{KubeletConfig, KubeletHandle, spawn};
+    use crate::testing::TestSim;
+
+    /// Longest any condition in these tests may take on a loaded 2-core machine.
+    const DEADLINE: Duration = Duration::from_secs(15);
+
+    struct Fixture {
+        // Keeps the simulator running for the test.
+        _sim: TestSim,
+        kubelet: KubeletHandle,
+        pods: Api<Pod>,
+        stop: CancellationToken,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    async fn fixture() -> Fixture {
+        let sim = TestSim::start(crate::SimConfig::default()).await;
+        let stop = CancellationToken::new();
+        let cfg = KubeletConfig {
+            run_time: Duration::from_millis(300),
+            start_delay: Duration::from_millis(50),
+            crash_loop_backoff: Duration::from_millis(100),
+            ..KubeletConfig::default()
+        };
+        let kubelet = spawn(sim.url().to_string(), cfg, stop.clone());
+        let pods = Api::namespaced(sim.client(), "default");
+        Fixture { _sim: sim, kubelet, pods, stop }
+    }
+
+    fn pod(name: &str, annotations: Value, restart: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"restartPolicy": restart, "containers": [
+                {"name": "main", "image": "busybox"},
+                {"name": "side", "image": "nginx:1.27"}
+            ]}
+        }))
+        .expect("valid pod")
+    }
+
+    async fn wait_for(
+        pods: &Api<Pod>,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let start = tokio::time::Instant::now();
+        loop {
+            // Typed read: proves every field the kubelet wrote deserialises as a real Pod.
+            let last = match pods.get_opt(name).await.expect("get pod") {
+                Some(p) => serde_json::to_value(p).expect("pod to json"),
+                None => Value::Null,
+            };
+            if pred(&last) {
+                return last;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "pod {name}: timed out waiting for {what}; last: {last:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn phase(p: &Value) -> &str {
+        p.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default()
+    }
+
+    fn condition<'a>(p: &'a Value, ty: &str) -> Option<&'a Value> {
+        p.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == ty)
+    }
+
+    #[tokio::test]
+    async fn pods_run_to_completion_with_real_shapes() {
+        let f = fixture().await;
+        let pp = PostParams::default();
+        f.pods.create(&pp, &pod("ok", json!({}), "Never")).await.unwrap();
+        f.pods
+            .create(&pp, &pod("bad", json!({"kjob.io/sim-exit-code.side": "42"}), "Never"))
+            .await
+            .unwrap();
+
+        let ok = wait_for(&f.pods, "ok", "Succeeded", |p| phase(p) == "Succeeded").await;
+        assert!(ok["spec"]["nodeName"].as_str().unwrap().starts_with("sim-node-"));
+        assert!(ok["status"]["podIP"].as_str().unwrap().starts_with("10.244."));
+        for cs in ok["status"]["containerStatuses"].as_array().unwrap() {
+            assert!(cs["imageID"].as_str().unwrap().contains("@sha256:"), "{cs}");
+            assert_eq!(cs["state"]["terminated"]["exitCode"], 0);
+            assert_eq!(cs["state"]["terminated"]["reason"], "Completed");
+            assert_eq!(cs["ready"], false);
+        }
+        assert_eq!(condition(&ok, "Ready").unwrap()["reason"], "PodCompleted");
+        assert_eq!(condition(&ok, "PodScheduled").unwrap()["status"], "True");
+        assert_eq!(condition(&ok, "Initialized").unwrap()["status"], "True");
+
+        let bad = wait_for(&f.pods, "bad", "Failed", |p| phase(p) == "Failed").await;
+        let side = bad["status"]["containerStatuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "side")
+            .unwrap();
+        assert_eq!(side["state"]["terminated"]["exitCode"], 42);
+        assert_eq!(side["state"]["terminated"]["reason"], "Error");
+        assert_eq!(condition(&bad, "Ready").unwrap()["reason"], "PodFailed");
+    }
+
+    #[tokio::test]
+    async fn on_failure_restarts_and_never_runs_until_deleted() {
+        let f = fixture().await;
+        let pp = PostParams::default();
+        f.pods
+            .create(&pp, &pod("crash", json!({"kjob.io/sim-exit-code": "2"}), "OnFailure"))
+            .await
+            .unwrap();
+        let crashed = wait_for(&f.pods, "crash", "a restart", |p| {
+            p.pointer("/status/containerStatuses/0/restartCount")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+                >= 2
+        })
+        .await;
+        assert_eq!(phase(&crashed), "Running");
+        assert_eq!(
+            crashed["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"],
+            2
+        );
+
+        f.pods
+            .create(&pp, &pod("forever", json!({"kjob.io/sim-run-time": "never"}), "Never"))
+            .await
+            .unwrap();
+        let running = wait_for(&f.pods, "forever", "Running", |p| phase(p) == "Running").await;
+        assert_eq!(condition(&running, "Ready").unwrap()["status"], "True");
+        assert_eq!(running["status"]["containerStatuses"][0]["started"], true);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let still = wait_for(&f.pods, "forever", "Running", |p| phase(p) == "Running").await;
+        assert!(still["status"]["containerStatuses"][0]["state"]["running"].is_object());
+    }
+
+    #[tokio::test]
+    async fn graceful_deletion_terminates_then_deletes() {
+        let f = fixture().await;
+        let pp = PostParams::default();
+        let annotations = json!({"kjob.io/sim-run-time": "never"});
+        f.pods.create(&pp, &pod("plain", annotations.clone(), "Never")).await.unwrap();
+        let mut held = pod("held", annotations, "Never");
+        held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        f.pods.create(&pp, &held).await.unwrap();
+        for name in ["plain", "held"] {
+            wait_for(&f.pods, name, "Running", |p| phase(p) == "Running").await;
+            f.pods.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        wait_for(&f.pods, "plain", "removal", Value::is_null).await;
+        let held = wait_for(&f.pods, "held", "terminated and zero grace", |p| {
+            phase(p) == "Failed"
+                && p.pointer("/metadata/deletionGracePeriodSeconds") == Some(&json!(0))
+        })
+        .await;
+        let term = &held["status"]["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!(term["exitCode"], 143, "SIGTERM honoured within the grace period");
+        assert_eq!(term["reason"], "Error");
+        // Removing the finalizer lets the server delete it.
+        f.pods
+            .patch(
+                "held",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .unwrap();
+        wait_for(&f.pods, "held", "removal", Value::is_null).await;
+    }
+
+    #[tokio::test]
+    async fn eviction_adds_disruption_target() {
+        let f = fixture().await;
+        let mut p = pod("victim", json!({"kjob.io/sim-run-time": "never"}), "Never");
+        p.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        f.pods.create(&PostParams::default(), &p).await.unwrap();
+        wait_for(&f.pods, "victim", "Running", |p| phase(p) == "Running").await;
+        f.kubelet.evict("default", "victim").await.unwrap();
+        let gone = wait_for(&f.pods, "victim", "Failed", |p| phase(p) == "Failed").await;
+        let dt = condition(&gone, "DisruptionTarget").expect("DisruptionTarget condition");
+        assert_eq!(dt["status"], "True");
+        assert_eq!(dt["reason"], "EvictionByEvictionAPI");
+    }
+
+    #[tokio::test]
+    async fn pause_holds_pods_and_resume_releases_them() {
+        let f = fixture().await;
+        f.kubelet.pause();
+        assert!(f.kubelet.is_paused());
+        f.pods.create(&PostParams::default(), &pod("waiting", json!({}), "Never")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let p = f.pods.get("waiting").await.unwrap();
+        assert!(p.spec.unwrap().node_name.is_none(), "a paused kubelet binds nothing");
+        f.kubelet.resume();
+        wait_for(&f.pods, "waiting", "Succeeded", |p| phase(p) == "Succeeded").await;
+    }
+
+    #[tokio::test]
+    async fn keeps_up_with_many_pods() {
+        let f = fixture().await;
+        const N: usize = 150;
+        let pp = PostParams::default();
+        let start = tokio::time::Instant::now();
+        for i in 0..N {
+            f.pods
+                .create(
+                    &pp,
+                    &pod(&format!("bulk-{i}"), json!({"kjob.io/sim-run-time": "0s"}), "Never"),
+                )
+                .await
+                .unwrap();
+        }
+        let created = start.elapsed();
+        loop {
+            let list = f.pods.list(&ListParams::default()).await.unwrap();
+            let done = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+                .count();
+            if done == N {
+                // The kubelet must not lag far behind the creations.
+                let lag = start.elapsed() - created;
+                assert!(
+                    lag < Duration::from_secs(10),
+                    "kubelet lagged {lag:?} behind {N} creations"
+                );
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "only {done}/{N} pods finished");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
