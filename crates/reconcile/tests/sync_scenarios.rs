@@ -555,3 +555,66 @@ fn finishing_with_a_failed_delete_errors_and_keeps_the_pod_active() {
     assert!(matches!(t.outcome.error, Some(SyncError::DeletePods(_))));
     assert_eq!(t.events(), vec!["FailedDelete: Error deleting: delete refused"]);
 }
+
+#[test]
+fn crash_between_the_writes_never_loses_or_double_counts() {
+    let job = mk_job("crash").parallelism(0).completions(Some(3)).start_time(at(0)).build();
+    let pods: Vec<_> =
+        (0..3).map(|i| mk_pod(&job, &format!("s{i}")).succeeded(at(1)).build()).collect();
+    // Crash 1: after write #1 (UIDs recorded), before any finalizer went.
+    let t = run(&job, &pods, &Env::at(at(10)), &Api::default());
+    let mut w = World::new(job.clone(), pods.clone());
+    w.job.status = Some(t.writes[0].clone());
+    assert_eq!(
+        t.writes[0].uncounted_terminated_pods.as_ref().unwrap().succeeded.as_ref().unwrap().len(),
+        3
+    );
+    let t = sync_valid(&mut w, at(20));
+    let st = t.last_status().unwrap();
+    assert_eq!(st.succeeded, Some(3), "each pod counted exactly once");
+    assert_eq!(
+        conds(st),
+        vec!["SuccessCriteriaMet=CompletionsReached", "Complete=CompletionsReached"]
+    );
+
+    // Crash 2: finalizers removed, but the write moving UIDs into the counter never happened.
+    let t = run(&job, &pods, &Env::at(at(10)), &Api::default());
+    let mut w = World::new(job, pods);
+    w.job.status = Some(t.writes[0].clone());
+    for p in &mut w.pods {
+        p.metadata.finalizers = Some(vec![]);
+    }
+    let t = sync_valid(&mut w, at(20));
+    assert!(t.finalizers_removed.is_empty());
+    let st = t.last_status().unwrap();
+    assert_eq!(st.succeeded, Some(3));
+    assert_eq!(st.uncounted_terminated_pods.as_ref().unwrap().succeeded, None);
+    assert!(t.outcome.finished);
+}
+
+#[test]
+fn indexed_tracking_publishes_every_index_but_releases_500_pods_a_sync() {
+    let job =
+        mk_job("ibig").indexed().parallelism(0).completions(Some(1000)).start_time(at(0)).build();
+    // Listed in reverse: the engine walks them by index itself.
+    let pods: Vec<_> = (0..600)
+        .rev()
+        .map(|i| mk_pod(&job, &format!("p{i}")).index(i).succeeded(at(1)).build())
+        .collect();
+    let mut w = World::new(job, pods);
+    let t = sync_valid(&mut w, at(10));
+    // completedIndexes is idempotent, so every succeeded index is published at once (as
+    // upstream); only the finalizer removals are capped, lowest indexes first.
+    let st = t.last_status().unwrap();
+    assert_eq!(st.completed_indexes.as_deref(), Some("0-599"));
+    assert_eq!(st.succeeded, Some(600));
+    assert_eq!(t.finalizers_removed.len(), 500);
+    assert!(
+        t.finalizers_removed.contains(&"p0".to_string())
+            && !t.finalizers_removed.contains(&"p599".to_string())
+    );
+    assert_eq!(t.outcome.metrics.as_ref().unwrap().finished_indexes_succeeded, 600);
+    let t = sync_valid(&mut w, at(11));
+    assert_eq!(t.finalizers_removed.len(), 100);
+    assert_eq!(t.last_status().map(|s| s.succeeded), None, "nothing new to write");
+}
