@@ -171,7 +171,7 @@ async fn create_examples(client: &Client, ns: &str, examples: &[Example]) -> any
             jobs.create(&PostParams::default(), &job),
         )
         .await?;
-        println!("created job {ns}/{:<16} expect {}", ex.name(), ex.expect);
+        println!("created job {ns}/{:<20} expect {}", ex.name(), ex.expect);
     }
     Ok(())
 }
@@ -324,7 +324,7 @@ fn summary(examples: &[Example], rows: &[JobRow], timed_out: bool) -> ExitCode {
         let good = row.outcome.as_ref().is_some_and(|o| ex.expect.matches(o));
         ok &= good;
         let mark = if good { "ok " } else { "BAD" };
-        println!("  {mark} {:<16} expected {:<28} got {got}", ex.name(), ex.expect.to_string());
+        println!("  {mark} {:<20} expected {:<28} got {got}", ex.name(), ex.expect.to_string());
     }
     if ok {
         println!("every Job ended as expected");

@@ -19,6 +19,9 @@ const SIM_URL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long each process gets to drain after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// How many processes, started first, are servers (redis-server, kjob-sim, kjob-queue).
+const SERVERS: usize = 3;
+
 /// The binaries the demo runs, all built by `cargo build --bins`.
 pub const BINARIES: [&str; 4] = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
 
@@ -68,13 +71,15 @@ impl Proc {
         self.child.try_wait().ok().flatten()
     }
 
-    /// SIGTERM, then SIGKILL after [`STOP_GRACE`].
-    fn stop(&mut self) {
-        if self.exited().is_some() {
-            return;
+    /// Sends SIGTERM (a no-op once exited).
+    fn terminate(&mut self) {
+        if self.exited().is_none() {
+            let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         }
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let deadline = Instant::now() + STOP_GRACE;
+    }
+
+    /// Kills the process if it has not exited by `deadline`.
+    fn reap_by(&mut self, deadline: Instant) {
         while Instant::now() < deadline {
             if self.exited().is_some() {
                 return;
@@ -257,10 +262,16 @@ impl Stack {
         Ok(())
     }
 
-    /// Stops every process, the last started first (workers before the queue they use).
+    /// Stops every process in two tiers: first the watcher and workers (so they hand back
+    /// their leases while the queue still answers), then the servers. Each tier drains in
+    /// parallel for at most [`STOP_GRACE`].
     pub fn stop(&mut self) {
-        while let Some(mut p) = self.procs.pop() {
-            p.stop();
+        let servers = self.procs.len().min(SERVERS);
+        let clients = self.procs.split_off(servers);
+        for mut tier in [clients, std::mem::take(&mut self.procs)] {
+            tier.iter_mut().for_each(Proc::terminate);
+            let deadline = Instant::now() + STOP_GRACE;
+            tier.iter_mut().for_each(|p| p.reap_by(deadline));
         }
     }
 }

@@ -175,7 +175,7 @@ pub fn render_line(row: &JobRow) -> String {
         v => format!("  [{v}]"),
     };
     format!(
-        "{:<16} {:<12} active={} succeeded={} failed={}  {}{verdict}",
+        "{:<20} {:<12} active={} succeeded={} failed={}  {}{verdict}",
         row.name, row.completions, row.active, row.succeeded, row.failed, row.condition
     )
 }
