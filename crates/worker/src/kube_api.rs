@@ -238,15 +238,12 @@ impl KubeApi {
         self.call("create", "pods", &what, false, || api.create(&pp, pod)).await
     }
 
-    /// Deletes a pod; NotFound counts as done.
+    /// Deletes a pod (NotFound is returned: the caller's expectations depend on it).
     pub async fn delete_pod(&self, ns: &str, name: &str) -> Result<(), ApiError> {
         let api = self.pods(ns);
         let what = format!("delete pod {ns}/{name}");
         let dp = DeleteParams::default();
-        match self.call("delete", "pods", &what, true, || api.delete(name, &dp)).await {
-            Ok(_) | Err(ApiError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.call("delete", "pods", &what, true, || api.delete(name, &dp)).await.map(|_| ())
     }
 
     /// Strategic-merge-patches a pod.

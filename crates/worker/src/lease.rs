@@ -14,8 +14,8 @@ use tracing::Instrument;
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::worker::{SyncOutcome, Worker};
 
-/// Long-poll wait of one Lease call. Shutdown waits for an in-flight Lease (its keys are then
-/// handed back at once), so this also bounds how long a drain takes to start.
+/// Long-poll wait of one Lease call: long enough to keep idle workers quiet, short enough that
+/// a lost connection is noticed soon.
 const LEASE_WAIT: Duration = Duration::from_secs(5);
 /// Pause after a failed Lease call, doubled up to [`LEASE_ERROR_BACKOFF_MAX`].
 const LEASE_ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -65,11 +65,16 @@ pub async fn lease_loop(
             slots.push(p);
         }
         let asked = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-        // The Lease call is not cancelled by shutdown: keys it returns are handed back properly.
-        let items = match queue
-            .lease(settings.queue, asked, settings.lease, LEASE_WAIT, &settings.worker_id)
-            .await
-        {
+        // Shutdown abandons a waiting Lease call so the drain starts at once. Should the server
+        // have leased keys in that instant, they come back when their lease expires: late,
+        // never lost.
+        let lease =
+            queue.lease(settings.queue, asked, settings.lease, LEASE_WAIT, &settings.worker_id);
+        let res = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = lease => r,
+        };
+        let items = match res {
             Ok(items) => {
                 backoff = LEASE_ERROR_BACKOFF;
                 items

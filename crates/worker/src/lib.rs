@@ -3,7 +3,7 @@
 //! * [`lease`]: the lease loop (batches, concurrency, renewals, one Done per lease, drain).
 //! * [`kube_api`]: every API server call, rate limited, timed out, retried and counted.
 //! * [`orphan`]: the `orphan-pod` queue (tracking-finalizer cleanup of orphan pods).
-//! * `sync`: syncJob — consistent reads, adoption, shared expectations, then the
+//! * [`sync`]: syncJob — consistent reads, adoption, shared expectations, then the
 //!   `kjob-reconcile` plan executed step by step.
 //! * [`metrics`]: upstream `job_controller_*` metrics plus worker metrics.
 
@@ -14,6 +14,7 @@ pub mod lease;
 pub mod metrics;
 pub mod orphan;
 pub mod ratelimit;
+pub mod sync;
 pub mod worker;
 
 use std::sync::Arc;
@@ -34,7 +35,7 @@ const EVENT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The queues a worker serves, with the share of `--concurrency` each gets (upstream runs one
 /// orphan worker per Job worker).
-const SERVED_QUEUES: [&str; 1] = [kjob_core::ORPHAN_POD_QUEUE];
+const SERVED_QUEUES: [&str; 2] = [kjob_core::JOB_QUEUE, kjob_core::ORPHAN_POD_QUEUE];
 
 /// Runs the worker until `shutdown`, then drains: stops leasing, lets in-flight syncs finish
 /// within the shutdown grace and hands the rest back.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kjob_core::{ORPHAN_POD_QUEUE, ObjectKey};
+use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE, ObjectKey};
 use kjob_queue_client::{ClientError, QueueClient};
 
 use crate::events::EventSink;
@@ -28,24 +28,13 @@ pub enum SyncError {
     /// A queue service call (expectations, records) failed.
     #[error("queue service: {0}")]
     Queue(#[from] ClientError),
-    /// Some pod creations failed; the rest of the sync was saved.
-    #[error("{failed} of {attempted} pod creations failed: {first}")]
-    CreatesFailed {
-        /// How many creates failed or were skipped.
-        failed: usize,
-        /// How many creates the sync wanted.
-        attempted: usize,
-        /// The first error.
-        first: String,
-    },
-    /// Some pod deletions or finalizer removals failed.
-    #[error("{failed} pod updates failed: {first}")]
-    PodUpdatesFailed {
-        /// How many failed.
-        failed: usize,
-        /// The first error.
-        first: String,
-    },
+    /// The reconcile plan ended with an error (a write failed or conflicted); what could be
+    /// saved was saved.
+    #[error(transparent)]
+    Plan(#[from] kjob_reconcile::SyncError),
+    /// The Job cannot be synced as it is (e.g. an empty selector).
+    #[error("invalid job: {0}")]
+    InvalidJob(String),
 }
 
 /// Everything a sync needs; one per process, shared by all syncs.
@@ -98,6 +87,7 @@ impl Worker {
             }
         };
         match queue {
+            JOB_QUEUE => self.sync_job(&key).await,
             ORPHAN_POD_QUEUE => self.sync_orphan_pod(&key).await,
             other => {
                 tracing::error!(queue = other, "no sync for this queue; dropping key");

@@ -1,0 +1,452 @@
+//! syncJob: consistent reads, adoption, shared expectations, then the `kjob-reconcile` plan
+//! executed step by step against the API server.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
+use kjob_reconcile::events::EventType as PlanEventType;
+use kjob_reconcile::metrics::MetricDeltas;
+use kjob_reconcile::{
+    BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
+    SyncInput,
+};
+use kube::core::{Selector, SelectorExt};
+
+use crate::events::EventType;
+use crate::kube_api::ApiError;
+use crate::metrics::{
+    ActionLabels, CreationLabels, FinishedLabels, IndexesLabels, PodsFinishedLabels, SyncLabels,
+};
+use crate::orphan::is_job_finished;
+use crate::worker::{SyncError, SyncOutcome, Worker};
+
+/// Name of the per-Job record holding the pod-failure backoff state in the queue service.
+pub const BACKOFF_RECORD: &str = "backoff";
+/// Lifetime given to a record being removed (the queue has no delete for single records).
+const RECORD_REMOVAL_TTL: Duration = Duration::from_millis(1);
+
+impl Worker {
+    /// Syncs one Job key (upstream `syncJob`).
+    pub(crate) async fn sync_job(&self, key: &ObjectKey) -> Result<SyncOutcome, SyncError> {
+        let started = Instant::now();
+        let key_str = key.to_string();
+        let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
+            // The Job is gone: its expectations, finalizer-removal set and records go too.
+            self.queue.delete_expectations(&key_str).await?;
+            return Ok(SyncOutcome::Done);
+        };
+        let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
+        if !kjob_core::manages(managed_by, &self.controller_name, self.manage_all) {
+            return Ok(SyncOutcome::Done);
+        }
+        if is_job_finished(&job) {
+            return Ok(SyncOutcome::Done);
+        }
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        // Expectations are read before the pods, as upstream: an observation that lands in
+        // between can only make the pod list newer than the expectations, never older.
+        let exp = self.queue.get_expectations(&key_str, &uid).await?;
+        let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
+        let pods = self.pods_for_job(&job).await?;
+        let backoff = self.read_backoff(&key_str).await?;
+        let input = SyncInput {
+            job: &job,
+            pods: &pods,
+            now: jiff::Timestamp::now(),
+            expectations_satisfied: exp.satisfied,
+            finalizer_removals_in_flight: &in_flight,
+            backoff: backoff.as_ref(),
+            controller_name: &self.controller_name,
+            manage_all: self.manage_all,
+        };
+        let plan = JobSync::new(input);
+        let outcome = self.drive(&job, &uid, &key_str, plan).await;
+        self.finish_sync(&job, &key_str, outcome, started).await
+    }
+
+    /// Executes the plan's steps until it is done (or a queue call fails, which aborts it).
+    async fn drive(&self, job: &Job, uid: &str, key: &str, mut plan: JobSync<'_>) -> Outcome {
+        let ns = job.metadata.namespace.clone().unwrap_or_default();
+        // Status writes carry the latest resourceVersion this sync holds (its own last write).
+        let mut current = job.clone();
+        loop {
+            let step = plan.next_step();
+            for ev in plan.take_events() {
+                self.emit(job, &ev);
+            }
+            let report = match step {
+                Step::Done(outcome) => return *outcome,
+                Step::Expectations(op) => {
+                    if let Err(e) = self.apply_expectations(key, uid, op).await {
+                        return plan.abort(format!("expectations: {e}"));
+                    }
+                    continue;
+                }
+                Step::CreatePods { pods } => {
+                    let calls = pods.iter().map(|p| self.api.create_pod(&ns, p));
+                    let results = join_all(calls).await;
+                    Report::PodsCreated(
+                        results
+                            .into_iter()
+                            .map(|r| {
+                                r.map(|p| p.metadata.name.unwrap_or_default()).map_err(call_error)
+                            })
+                            .collect(),
+                    )
+                }
+                Step::DeletePods { pods, remove_finalizer } => {
+                    let calls = pods.iter().map(|p| async {
+                        if remove_finalizer {
+                            self.api
+                                .patch_pod(
+                                    &ns,
+                                    &p.name,
+                                    &crate::kube_api::remove_tracking_finalizer_patch(),
+                                )
+                                .await
+                                .map_err(|e| match e {
+                                    ApiError::NotFound(_) => CallError::NotFound,
+                                    e => CallError::FinalizerPatch(e.to_string()),
+                                })?;
+                        }
+                        self.api.delete_pod(&ns, &p.name).await.map_err(call_error)
+                    });
+                    Report::PodsDeleted(join_all(calls).await)
+                }
+                Step::RemoveFinalizers { pods } => {
+                    let calls = pods.iter().map(|p| async {
+                        self.api
+                            .patch_pod(
+                                &ns,
+                                &p.name,
+                                &crate::kube_api::remove_tracking_finalizer_patch(),
+                            )
+                            .await
+                            .map(|_| ())
+                            .map_err(call_error)
+                    });
+                    Report::FinalizersRemoved(join_all(calls).await)
+                }
+                Step::UpdateStatus { status } => {
+                    current.status = Some(*status);
+                    match self.api.replace_job_status(&current).await {
+                        Ok(written) => {
+                            current.metadata.resource_version = written.metadata.resource_version;
+                            Report::StatusUpdated(Ok(()))
+                        }
+                        Err(e) => Report::StatusUpdated(Err(e.to_string())),
+                    }
+                }
+            };
+            if let Err(e) = plan.report(report) {
+                // Only a bug in this driver gets here; the plan's Done carries the error too.
+                tracing::error!(error = %e, "reconcile plan refused a report");
+            }
+        }
+    }
+
+    /// Applies an expectations change to the shared store.
+    async fn apply_expectations(
+        &self,
+        key: &str,
+        uid: &str,
+        op: Expectations,
+    ) -> Result<(), kjob_queue_client::ClientError> {
+        match op {
+            Expectations::Set { add, del } => {
+                self.queue.set_expectations(key, uid, i64::from(add), i64::from(del)).await
+            }
+            Expectations::Lower { add, del } => {
+                self.queue.lower_expectations(key, uid, i64::from(add), i64::from(del)).await
+            }
+            Expectations::ExpectFinalizerRemovals { pod_uids } => {
+                self.queue.expect_finalizer_removals(key, uid, pod_uids).await
+            }
+            Expectations::FinalizerRemovalsFailed { pod_uids } => {
+                // The store has no "forget one UID" call; an observe-only Add of a
+                // finalizer-removal observation drops the UID from the in-flight set.
+                let observations = pod_uids
+                    .into_iter()
+                    .map(|pod_uid| kjob_queue_client::v1::Observation {
+                        kind: kjob_queue_client::v1::ObservationKind::FinalizerRemoval as i32,
+                        job_uid: uid.to_string(),
+                        pod_uid,
+                    })
+                    .collect();
+                let item = kjob_queue_client::v1::AddItem {
+                    queue: kjob_core::JOB_QUEUE.to_string(),
+                    key: key.to_string(),
+                    observations,
+                    observe_only: true,
+                    ..Default::default()
+                };
+                self.queue.add(vec![item]).await.map(|_| ())
+            }
+        }
+    }
+
+    /// Emits, persists and counts what the sync produced, and maps it to a lease outcome.
+    async fn finish_sync(
+        &self,
+        job: &Job,
+        key: &str,
+        outcome: Outcome,
+        started: Instant,
+    ) -> Result<SyncOutcome, SyncError> {
+        for ev in &outcome.events {
+            self.emit(job, ev);
+        }
+        if let Some(deltas) = &outcome.metrics {
+            self.add_metrics(deltas, outcome.error.is_none(), started.elapsed());
+        }
+        match &outcome.backoff {
+            BackoffUpdate::Keep => {}
+            BackoffUpdate::Put(record) => {
+                let bytes = serde_json::to_vec(record).unwrap_or_default();
+                self.queue.put_record(key, BACKOFF_RECORD, bytes, None).await?;
+            }
+            BackoffUpdate::Remove => {
+                self.queue
+                    .put_record(key, BACKOFF_RECORD, Vec::new(), Some(RECORD_REMOVAL_TTL))
+                    .await?;
+            }
+        }
+        if let Some(e) = outcome.error {
+            return Err(SyncError::Plan(e));
+        }
+        Ok(match outcome.requeue_after {
+            Some(d) => SyncOutcome::RequeueAfter(d),
+            None => SyncOutcome::Done,
+        })
+    }
+
+    /// Reads the persisted pod-failure backoff record; an unreadable one counts as none.
+    async fn read_backoff(&self, key: &str) -> Result<Option<BackoffRecord>, SyncError> {
+        let Some(bytes) = self.queue.get_record(key, BACKOFF_RECORD).await? else {
+            return Ok(None);
+        };
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        match serde_json::from_slice(&bytes) {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring unreadable backoff record");
+                Ok(None)
+            }
+        }
+    }
+
+    fn emit(&self, job: &Job, ev: &kjob_reconcile::events::Event) {
+        let kind = match ev.type_ {
+            PlanEventType::Normal => EventType::Normal,
+            PlanEventType::Warning => EventType::Warning,
+        };
+        self.events.job_event(job, kind, &ev.reason, &ev.message);
+    }
+
+    fn add_metrics(&self, d: &MetricDeltas, success: bool, elapsed: Duration) {
+        let m = &self.metrics;
+        let mode = d.completion_mode.to_string();
+        let labels = SyncLabels {
+            completion_mode: mode.clone(),
+            result: if success { "success" } else { "error" }.into(),
+            action: d.action.to_string(),
+        };
+        m.job_syncs.get_or_create(&labels).inc();
+        m.job_sync_duration.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        if let Some(f) = &d.job_finished {
+            m.jobs_finished
+                .get_or_create(&FinishedLabels {
+                    completion_mode: mode.clone(),
+                    result: f.result.to_string(),
+                    reason: f.reason.clone(),
+                })
+                .inc();
+        }
+        for (result, n) in
+            [("succeeded", d.pods_finished_succeeded), ("failed", d.pods_finished_failed)]
+        {
+            if n > 0 {
+                m.job_pods_finished
+                    .get_or_create(&PodsFinishedLabels {
+                        completion_mode: mode.clone(),
+                        result: result.into(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        for (action, n) in &d.pod_failures_by_policy_action {
+            m.pod_failures_handled_by_failure_policy
+                .get_or_create(&ActionLabels { action: action.clone() })
+                .inc_by(*n);
+        }
+        for (status, n) in
+            [("succeeded", d.finished_indexes_succeeded), ("failed", d.finished_indexes_failed)]
+        {
+            if n > 0 {
+                m.job_finished_indexes
+                    .get_or_create(&IndexesLabels {
+                        status: status.into(),
+                        backoffLimit: d.backoff_limit_label.to_string(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        if let Some(c) = &d.pods_creation {
+            for (status, n) in [("succeeded", c.succeeded), ("failed", c.failed)] {
+                if n > 0 {
+                    m.job_pods_creation
+                        .get_or_create(&CreationLabels {
+                            reason: c.reason.to_string(),
+                            status: status.into(),
+                        })
+                        .inc_by(n);
+                }
+            }
+        }
+    }
+
+    /// LISTs the Job's pods by its selector and claims them as upstream `ClaimPods`: owned pods
+    /// are kept, matching orphans adopted (ownerReference + tracking finalizer, after a fresh GET
+    /// confirms the Job), pods controlled by others ignored.
+    async fn pods_for_job(&self, job: &Job) -> Result<Vec<Pod>, SyncError> {
+        let ns = job.metadata.namespace.clone().unwrap_or_default();
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let selector = job_selector(job)?;
+        let listed = self.api.list_pods(&ns, &selector.to_string()).await?;
+        let mut claimed = Vec::with_capacity(listed.len());
+        let mut can_adopt: Option<bool> = None;
+        for pod in listed {
+            let controller =
+                pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+            match controller {
+                Some(o) if o.uid == uid => claimed.push(pod),
+                Some(_) => {}
+                None => {
+                    if pod.metadata.deletion_timestamp.is_some()
+                        || !selector
+                            .matches(pod.metadata.labels.as_ref().unwrap_or(&Default::default()))
+                    {
+                        continue;
+                    }
+                    let adopt = match can_adopt {
+                        Some(v) => v,
+                        None => {
+                            let v = self.job_still_adopts(job).await?;
+                            can_adopt = Some(v);
+                            v
+                        }
+                    };
+                    if !adopt {
+                        continue;
+                    }
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    match self.api.patch_pod(&ns, &name, &adoption_patch(job, &pod)).await {
+                        Ok(p) => claimed.push(p),
+                        Err(ApiError::NotFound(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Fresh GET before adopting (upstream `RecheckDeletionTimestamp`): the Job must still
+    /// exist with the same UID and not be deleting.
+    async fn job_still_adopts(&self, job: &Job) -> Result<bool, SyncError> {
+        let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let fresh = self.api.get_job(ns, name).await?;
+        Ok(fresh.is_some_and(|f| {
+            f.metadata.uid == job.metadata.uid && f.metadata.deletion_timestamp.is_none()
+        }))
+    }
+}
+
+/// The Job's selector; an empty or invalid one is an error (it would claim every pod).
+fn job_selector(job: &Job) -> Result<Selector, SyncError> {
+    let ls = job.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
+    let sel = Selector::try_from(ls)
+        .map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))?;
+    if sel.selects_all() {
+        return Err(SyncError::InvalidJob("empty selector".into()));
+    }
+    Ok(sel)
+}
+
+/// Strategic merge patch adopting a pod (upstream `ownerRefControllerPatch` with the tracking
+/// finalizer); the pod UID guards against patching a recreated pod of the same name.
+pub fn adoption_patch(job: &Job, pod: &Pod) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "ownerReferences": [{
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job.metadata.name,
+                "uid": job.metadata.uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+            "uid": pod.metadata.uid,
+            "finalizers": [JOB_TRACKING_FINALIZER],
+        }
+    })
+}
+
+fn call_error(e: ApiError) -> CallError {
+    match e {
+        ApiError::NotFound(_) => CallError::NotFound,
+        e if e.is_namespace_terminating() => CallError::NamespaceTerminating(e.to_string()),
+        ApiError::Refused { message, .. } => CallError::Other(message),
+        e => CallError::Other(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::batch::v1::JobSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+    use super::*;
+
+    #[test]
+    fn adoption_patch_shape() {
+        let job = Job {
+            metadata: ObjectMeta {
+                name: Some("pi".into()),
+                uid: Some("j1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let pod = Pod {
+            metadata: ObjectMeta { uid: Some("p1".into()), ..Default::default() },
+            ..Default::default()
+        };
+        let p = adoption_patch(&job, &pod);
+        assert_eq!(p["metadata"]["uid"], "p1");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["uid"], "j1");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(p["metadata"]["finalizers"][0], JOB_TRACKING_FINALIZER);
+    }
+
+    #[test]
+    fn selector_must_select_something() {
+        let mut job = Job::default();
+        assert!(job_selector(&job).is_err());
+        job.spec = Some(JobSpec {
+            selector: Some(LabelSelector {
+                match_labels: Some([("a".to_string(), "b".to_string())].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(job_selector(&job).unwrap().to_string(), "a=b");
+    }
+}

@@ -1,0 +1,340 @@
+//! Job scenarios end to end: kjob-sim (kubelet off, the test plays kubelet), redis-server, the
+//! kjob-queue binary and an in-process worker. Each checks the exact status and conditions
+//! upstream gives and the pod set the worker created.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{Driver, Fate, QueueService, WorkerHandle, condition, create_job, finished, template};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_sim::testing::TestSim;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Env {
+    sim: TestSim,
+    _queue: QueueService,
+    worker: Option<WorkerHandle>,
+    driver: Driver,
+}
+
+async fn env(ns: &str, job: &str) -> Env {
+    let sim = TestSim::start(Default::default()).await;
+    let client = sim.client();
+    common::create_namespace(&client, ns).await;
+    let queue = QueueService::start();
+    let worker = WorkerHandle::start(&sim, &queue.url, "w1", Duration::from_secs(5));
+    let driver = Driver::new(client, queue.client(), ns, job);
+    Env { sim, _queue: queue, worker: Some(worker), driver }
+}
+
+impl Env {
+    async fn stop(mut self) {
+        if let Some(w) = self.worker.take() {
+            w.stop().await;
+        }
+    }
+}
+
+fn status(job: &Job) -> &k8s_openapi::api::batch::v1::JobStatus {
+    job.status.as_ref().expect("status")
+}
+
+/// (succeeded, failed, active) with the API's omitted zeros read as 0 (Go `omitempty`).
+fn counts(job: &Job) -> (i32, i32, i32) {
+    let s = status(job);
+    (s.succeeded.unwrap_or(0), s.failed.unwrap_or(0), s.active.unwrap_or(0))
+}
+
+fn index_of(p: &Pod) -> Option<String> {
+    p.metadata.annotations.as_ref()?.get(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION).cloned()
+}
+
+fn has_finalizer(p: &Pod) -> bool {
+    p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
+}
+
+/// Checks what every pod of a finished Job must look like.
+async fn check_pods(d: &Driver, job: &Job, want_total: usize) -> Vec<Pod> {
+    let pods = d.pods().await;
+    assert_eq!(d.all_pods.len(), want_total, "pods ever created: {:?}", d.all_pods);
+    let uid = job.metadata.uid.clone().unwrap();
+    for p in &pods {
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get(kjob_core::CONTROLLER_UID_LABEL), Some(&uid));
+        assert_eq!(labels.get(kjob_core::JOB_NAME_LABEL), job.metadata.name.as_ref());
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("Job", uid.as_str(), Some(true))
+        );
+        assert!(!has_finalizer(p), "{:?} kept its tracking finalizer", p.metadata.name);
+    }
+    pods
+}
+
+#[tokio::test]
+async fn non_indexed_completes() {
+    let mut e = env("nonindexed", "pi").await;
+    create_job(
+        &e.sim.client(),
+        "nonindexed",
+        serde_json::json!({
+            "metadata": {"name": "pi"},
+            "spec": {"completions": 3, "parallelism": 2, "template": template("Never")}
+        }),
+    )
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    let s = status(&job);
+    assert_eq!(counts(&job), (3, 0, 0));
+    assert_eq!(s.ready.unwrap_or(0), 0);
+    assert_eq!(s.terminating.unwrap_or(0), 0);
+    let c = condition(&job, "Complete").expect("Complete");
+    assert_eq!(c.reason.as_deref(), Some("CompletionsReached"));
+    assert_eq!(c.message.as_deref(), Some("Reached expected number of succeeded pods"));
+    assert!(condition(&job, "SuccessCriteriaMet").is_some());
+    assert_eq!(
+        s.completion_time.as_ref().map(|t| t.0),
+        Some(c.last_transition_time.as_ref().unwrap().0)
+    );
+    let u = s.uncounted_terminated_pods.as_ref().unwrap();
+    assert!(
+        u.succeeded.as_ref().is_none_or(|v| v.is_empty())
+            && u.failed.as_ref().is_none_or(|v| v.is_empty())
+    );
+    let pods = check_pods(&e.driver, &job, 3).await;
+    assert!(pods.iter().all(|p| p.metadata.name.as_ref().unwrap().starts_with("pi-")));
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn indexed_completes_with_every_index() {
+    let mut e = env("indexed", "ix").await;
+    create_job(&e.sim.client(), "indexed", serde_json::json!({
+        "metadata": {"name": "ix"},
+        "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed", "template": template("Never")}
+    }))
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    let s = status(&job);
+    assert_eq!(s.completed_indexes.as_deref(), Some("0-2"));
+    assert_eq!((counts(&job).0, counts(&job).1), (3, 0));
+    assert!(condition(&job, "Complete").is_some());
+    let pods = check_pods(&e.driver, &job, 3).await;
+    let indexes: BTreeSet<String> = pods.iter().filter_map(index_of).collect();
+    assert_eq!(indexes, ["0", "1", "2"].map(String::from).into());
+    for p in &pods {
+        let i = index_of(p).unwrap();
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION), Some(&i));
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some(format!("ix-{i}").as_str()));
+        let env = spec.containers[0].env.as_ref().unwrap();
+        assert!(env.iter().any(|v| v.name == kjob_core::JOB_COMPLETION_INDEX_ENV), "{env:?}");
+        assert!(p.metadata.name.as_ref().unwrap().starts_with(&format!("ix-{i}-")));
+    }
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn work_queue_completes_when_all_pods_are_done() {
+    let mut e = env("workqueue", "wq").await;
+    create_job(
+        &e.sim.client(),
+        "workqueue",
+        serde_json::json!({
+            "metadata": {"name": "wq"},
+            "spec": {"parallelism": 2, "template": template("Never")}
+        }),
+    )
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(counts(&job), (2, 0, 0));
+    assert!(condition(&job, "Complete").is_some());
+    check_pods(&e.driver, &job, 2).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn pod_failure_policy_fail_job() {
+    let mut e = env("pfp-failjob", "fj").await;
+    create_job(&e.sim.client(), "pfp-failjob", serde_json::json!({
+        "metadata": {"name": "fj"},
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 6, "template": template("Never"),
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [42]}}
+            ]}}
+    }))
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(42), &mut finished).await;
+    assert_eq!(counts(&job), (0, 1, 0));
+    let failed = condition(&job, "Failed").expect("Failed");
+    let target = condition(&job, "FailureTarget").expect("FailureTarget");
+    assert_eq!(failed.reason.as_deref(), Some("PodFailurePolicy"));
+    let pod_name = e.driver.all_pods.values().next().unwrap().clone();
+    let msg = format!(
+        "Container main for pod pfp-failjob/{pod_name} failed with exit code 42 matching FailJob rule at index 0"
+    );
+    assert_eq!(failed.message.as_deref(), Some(msg.as_str()));
+    assert_eq!(target.message, failed.message);
+    check_pods(&e.driver, &job, 1).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn pod_failure_policy_ignore() {
+    let mut e = env("pfp-ignore", "ig").await;
+    create_job(&e.sim.client(), "pfp-ignore", serde_json::json!({
+        "metadata": {"name": "ig"},
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0, "template": template("Never"),
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+            ]}}
+    }))
+    .await;
+    let mut first = None::<String>;
+    let mut fate = |p: &Pod| {
+        let uid = p.metadata.uid.clone().unwrap();
+        if first.get_or_insert(uid.clone()) == &uid { Fate::Disrupt } else { Fate::Succeed }
+    };
+    // The ignored failure still starts the 10 s pod-failure backoff before the replacement.
+    let job = e.driver.run_until(TIMEOUT, &mut fate, &mut finished).await;
+    assert_eq!((counts(&job).0, counts(&job).1), (1, 0), "the disruption is not counted");
+    assert!(condition(&job, "Complete").is_some());
+    check_pods(&e.driver, &job, 2).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn backoff_limit_exceeded() {
+    let mut e = env("backoff", "bo").await;
+    create_job(&e.sim.client(), "backoff", serde_json::json!({
+        "metadata": {"name": "bo"},
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 1, "template": template("Never")}
+    }))
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(1), &mut finished).await;
+    assert_eq!(counts(&job), (0, 2, 0));
+    let c = condition(&job, "Failed").expect("Failed");
+    assert_eq!(c.reason.as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(c.message.as_deref(), Some("Job has reached the specified backoff limit"));
+    check_pods(&e.driver, &job, 2).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn backoff_limit_per_index_with_max_failed_indexes() {
+    let mut e = env("perindex", "pi").await;
+    create_job(
+        &e.sim.client(),
+        "perindex",
+        serde_json::json!({
+            "metadata": {"name": "pi"},
+            "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                "backoffLimitPerIndex": 0, "maxFailedIndexes": 1, "template": template("Never")}
+        }),
+    )
+    .await;
+    let mut fate =
+        |p: &Pod| if index_of(p).as_deref() == Some("1") { Fate::Fail(1) } else { Fate::Succeed };
+    let job = e.driver.run_until(TIMEOUT, &mut fate, &mut finished).await;
+    let s = status(&job);
+    assert_eq!(s.failed_indexes.as_deref(), Some("1"));
+    assert_eq!(s.completed_indexes.as_deref(), Some("0,2"));
+    assert_eq!((counts(&job).0, counts(&job).1), (2, 1));
+    let c = condition(&job, "Failed").expect("Failed");
+    assert_eq!(c.reason.as_deref(), Some("FailedIndexes"));
+    assert_eq!(c.message.as_deref(), Some("Job has failed indexes"));
+    check_pods(&e.driver, &job, 3).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn success_policy_completes_early() {
+    let mut e = env("successpolicy", "sp").await;
+    create_job(&e.sim.client(), "successpolicy", serde_json::json!({
+        "metadata": {"name": "sp"},
+        "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed", "template": template("Never"),
+            "successPolicy": {"rules": [{"succeededIndexes": "0"}]}}
+    }))
+    .await;
+    let mut fate =
+        |p: &Pod| if index_of(p).as_deref() == Some("0") { Fate::Succeed } else { Fate::Run };
+    let job = e.driver.run_until(TIMEOUT, &mut fate, &mut finished).await;
+    let s = status(&job);
+    let c = condition(&job, "Complete").expect("Complete");
+    assert_eq!(c.reason.as_deref(), Some("SuccessPolicy"));
+    assert_eq!(c.message.as_deref(), Some("Matched rules at index 0"));
+    assert_eq!(s.completed_indexes.as_deref(), Some("0"));
+    assert_eq!(counts(&job), (1, 0, 0));
+    check_pods(&e.driver, &job, 3).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn active_deadline_fails_the_job() {
+    let mut e = env("deadline", "dl").await;
+    create_job(&e.sim.client(), "deadline", serde_json::json!({
+        "metadata": {"name": "dl"},
+        "spec": {"completions": 2, "parallelism": 2, "activeDeadlineSeconds": 2, "template": template("Never")}
+    }))
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, &mut finished).await;
+    let c = condition(&job, "Failed").expect("Failed");
+    assert_eq!(c.reason.as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(c.message.as_deref(), Some("Job was active longer than specified deadline"));
+    assert_eq!(counts(&job), (0, 2, 0));
+    check_pods(&e.driver, &job, 2).await;
+    e.stop().await;
+}
+
+#[tokio::test]
+async fn suspend_then_resume() {
+    let mut e = env("suspend", "su").await;
+    let client = e.sim.client();
+    create_job(&client, "suspend", serde_json::json!({
+        "metadata": {"name": "su"},
+        "spec": {"completions": 1, "parallelism": 1, "suspend": true, "template": template("Never")}
+    }))
+    .await;
+    // A Job created suspended gets no pods, no startTime and no Suspended condition... until
+    // manageJob runs once: then Suspended=True (JobSuspended).
+    let job = e
+        .driver
+        .run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut |j| condition(j, "Suspended").is_some())
+        .await;
+    let c = condition(&job, "Suspended").unwrap();
+    assert_eq!(
+        (c.reason.as_deref(), c.message.as_deref()),
+        (Some("JobSuspended"), Some("Job suspended"))
+    );
+    assert!(status(&job).start_time.is_none());
+    assert!(e.driver.pods().await.is_empty());
+    let jobs: kube::Api<Job> = kube::Api::namespaced(client, "suspend");
+    let patch = serde_json::json!({"spec": {"suspend": false}});
+    jobs.patch("su", &Default::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    let resumed = job
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Suspended")
+        .expect("Suspended condition kept");
+    assert_eq!(resumed.status, "False");
+    assert_eq!(
+        (resumed.reason.as_deref(), resumed.message.as_deref()),
+        (Some("JobResumed"), Some("Job resumed"))
+    );
+    assert!(status(&job).start_time.is_some());
+    assert_eq!(counts(&job).0, 1);
+    check_pods(&e.driver, &job, 1).await;
+    e.stop().await;
+}
