@@ -2,10 +2,9 @@
 //! fields, validation) and the patch dispatch, delegating the rule tables to `admission` and
 //! `patch`.
 
-use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::admission::{FieldCause, pod};
+use crate::admission::{FieldCause, job, pod};
 use crate::error::{ApiError, Cause};
 use crate::patch::{self, PatchError};
 use crate::registry::{Part, PatchType};
@@ -38,8 +37,7 @@ fn causes(list: Vec<FieldCause>) -> Result<(), Vec<Cause>> {
 }
 
 /// Create-time admission: server defaults, generated fields and validation.
-pub fn on_create(res: &Resource, obj: &mut Value, now: Timestamp) -> Result<(), Vec<Cause>> {
-    let _ = now;
+pub fn on_create(res: &Resource, obj: &mut Value) -> Result<(), Vec<Cause>> {
     match res.store {
         StoreKind::Namespace => {
             let name = obj["metadata"]["name"].clone();
@@ -59,9 +57,8 @@ pub fn on_create(res: &Resource, obj: &mut Value, now: Timestamp) -> Result<(), 
             obj["status"] = json!({"phase": "Pending", "qosClass": qos});
         }
         StoreKind::Job => {
-            if let Some(m) = obj.as_object_mut() {
-                m.remove("status");
-            }
+            job::prepare_job_create(obj);
+            causes(job::validate_job_create(obj))?;
             obj["metadata"]["generation"] = json!(1);
         }
         StoreKind::Event | StoreKind::Lease => {}
@@ -81,6 +78,11 @@ pub fn on_update(
             let name = cur["metadata"]["name"].clone();
             new["metadata"]["labels"]["kubernetes.io/metadata.name"] = name;
         }
+        (StoreKind::Job, Part::Main) => {
+            job::default_job(new);
+            causes(job::validate_job_update(new, cur))?;
+        }
+        (StoreKind::Job, Part::Status) => causes(job::validate_job_status_update(new, cur))?,
         (StoreKind::Pod, Part::Main) => {
             pod::default_pod(new);
             causes(pod::validate_pod_update(new, cur))?;

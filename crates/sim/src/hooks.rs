@@ -7,6 +7,7 @@
 //! * `/sim/faults` — body `{"error429": 0.1, "error500": 0.05, "writeLatencyMs": 10, "readLatencyMs": 0}`
 //!   (every field optional); `GET` shows the current settings.
 //! * `/sim/kubelet/pause`, `/sim/kubelet/resume` — stop and restart the simulated kubelet.
+//! * `/sim/evict/{namespace}/{name}` — evict a pod (`DisruptionTarget`, then graceful delete).
 //! * `GET /sim/state` — current and compacted revision, object counts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,6 +243,10 @@ pub fn handle(app: &App, method: &Method, segs: &[&str], body: &[u8]) -> Respons
             }
             None => Err(ApiError::bad_request("the kubelet is off (--kubelet off)")),
         },
+        ("POST", ["evict", ns, name]) => {
+            crate::subresources::evict(&app.store, ns, name, &json!({}), jiff::Timestamp::now())
+                .map(|()| json!({"evicted": name}))
+        }
         ("GET", ["state"]) => {
             let counts: serde_json::Map<String, Value> = StoreKind::ALL
                 .iter()

@@ -2,10 +2,10 @@
 //!
 //! [`run`] serves the API on a listener until shutdown; [`testing::TestSim`] runs one
 //! in-process for tests. Behaviour follows `apiserver-semantics.md` of the shared reference.
-pub mod selector;
-pub mod patch;
 pub mod admission;
 pub mod kubelet;
+pub mod patch;
+pub mod selector;
 
 pub mod admit;
 pub mod discovery;
@@ -58,6 +58,8 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Watch events kept for watches resuming from an older revision.
     pub history_window: usize,
+    /// Settings of the simulated kubelet (used with [`KubeletMode::Auto`]).
+    pub kubelet_settings: kubelet::KubeletConfig,
 }
 
 impl Default for SimConfig {
@@ -68,6 +70,7 @@ impl Default for SimConfig {
             read_latency: Duration::ZERO,
             bookmark_interval: Duration::from_secs(60),
             history_window: 10_000,
+            kubelet_settings: kubelet::KubeletConfig::default(),
         }
     }
 }
@@ -80,7 +83,10 @@ pub struct KubeletControl {
 
 impl KubeletControl {
     /// Wraps the pause and resume actions of a kubelet.
-    pub fn new(pause: impl Fn() + Send + Sync + 'static, resume: impl Fn() + Send + Sync + 'static) -> Self {
+    pub fn new(
+        pause: impl Fn() + Send + Sync + 'static,
+        resume: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
         Self { pause: Box::new(pause), resume: Box::new(resume) }
     }
 
@@ -96,7 +102,8 @@ impl KubeletControl {
 }
 
 /// Namespaces every cluster starts with.
-pub const BOOTSTRAP_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const BOOTSTRAP_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// The HTTP router of an instance (the whole API, hooks and metrics on one port).
 pub fn router(app: Arc<App>) -> Router {
@@ -111,24 +118,65 @@ pub fn start_app(config: SimConfig, shutdown: CancellationToken) -> anyhow::Resu
     let app = Arc::new(App::new(config, shutdown.clone()));
     let ns_res = resources::StoreKind::Namespace.resource();
     for ns in BOOTSTRAP_NAMESPACES {
-        registry::create(&app.store, ns_res, None, json!({"metadata": {"name": ns}}), &Default::default(), Timestamp::now())
-            .map_err(|e| anyhow::anyhow!("bootstrapping namespace {ns}: {e}"))?;
+        registry::create(
+            &app.store,
+            ns_res,
+            None,
+            json!({"metadata": {"name": ns}}),
+            &Default::default(),
+            Timestamp::now(),
+        )
+        .map_err(|e| anyhow::anyhow!("bootstrapping namespace {ns}: {e}"))?;
     }
     tokio::spawn(gc::run(app.store.clone(), shutdown.child_token()));
     Ok(app)
 }
 
+/// Starts the simulated kubelet against the server at `url` when the config asks for it.
+pub fn start_kubelet(app: &App, url: &str) {
+    if app.config.kubelet != KubeletMode::Auto {
+        return;
+    }
+    let handle = Arc::new(kubelet::spawn(
+        url.to_owned(),
+        app.config.kubelet_settings.clone(),
+        app.shutdown.child_token(),
+    ));
+    let (p, r) = (handle.clone(), handle);
+    *app.kubelet.lock() = Some(KubeletControl::new(move || p.pause(), move || r.resume()));
+}
+
+/// The URL clients use for a listener (a wildcard address is reached through loopback).
+pub fn url_for(addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("http://127.0.0.1:{}", addr.port())
+    } else {
+        format!("http://{addr}")
+    }
+}
+
 /// Serves the simulator on `listener` until `shutdown` is cancelled.
-pub async fn run(listener: TcpListener, config: SimConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    listener: TcpListener,
+    config: SimConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let app = start_app(config, shutdown.clone())?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "kjob-sim serving");
+    start_kubelet(&app, &url_for(addr));
     serve(listener, app, shutdown).await
 }
 
 /// Serves an already built instance on `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let done = shutdown.clone();
-    axum::serve(listener, router(app)).with_graceful_shutdown(async move { done.cancelled().await }).await?;
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(async move { done.cancelled().await })
+        .await?;
     Ok(())
 }

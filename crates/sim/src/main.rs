@@ -50,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
     } = Args::parse();
     kjob_svc::init_logging(&log)?;
     let listener = tokio::net::TcpListener::bind(&listen).await?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let url = kjob_sim::url_for(listener.local_addr()?);
     if let Some(path) = &kubeconfig_out {
         kjob_sim::kubeconfig::write(path, &url)?;
     }
@@ -59,7 +59,13 @@ async fn main() -> anyhow::Result<()> {
     writeln!(out, "{url}")?;
     out.flush()?;
     drop(out);
-    let config =
-        SimConfig { kubelet, write_latency, read_latency, bookmark_interval, history_window };
+    let config = SimConfig {
+        kubelet,
+        write_latency,
+        read_latency,
+        bookmark_interval,
+        history_window,
+        kubelet_settings: Default::default(),
+    };
     kjob_sim::run(listener, config, kjob_svc::shutdown_on_signals()).await
 }

@@ -296,7 +296,7 @@ fn create_prepared(
         if !causes.is_empty() {
             return Err(ApiError::invalid(res, &name, causes));
         }
-        admit::on_create(res, &mut candidate, now).map_err(|c| ApiError::invalid(res, &name, c))?;
+        admit::on_create(res, &mut candidate).map_err(|c| ApiError::invalid(res, &name, c))?;
         let key: Key = (ns.unwrap_or_default().to_owned(), name.clone());
         if opts.dry_run {
             return check_create(store, res, ns, &key, candidate);

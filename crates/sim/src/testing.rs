@@ -42,6 +42,7 @@ impl TestSim {
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
         crate::kubeconfig::write(&kubeconfig, &url)?;
+        crate::start_kubelet(&app, &url);
         let serve_app = app.clone();
         let token = shutdown.clone();
         tokio::spawn(async move {
@@ -82,6 +83,20 @@ impl TestSim {
     /// Ends every open watch stream.
     pub fn close_watches(&self) {
         self.app.close_watches();
+    }
+
+    /// Pauses the simulated kubelet (no-op when it is off).
+    pub fn pause_kubelet(&self) {
+        if let Some(k) = self.app.kubelet.lock().as_ref() {
+            k.pause();
+        }
+    }
+
+    /// Resumes the simulated kubelet (no-op when it is off).
+    pub fn resume_kubelet(&self) {
+        if let Some(k) = self.app.kubelet.lock().as_ref() {
+            k.resume();
+        }
     }
 }
 

@@ -302,3 +302,200 @@ async fn lists_page_with_the_first_pages_revision() {
         .unwrap();
     assert_eq!(listed.len(), 7, "Init + 6 InitApply");
 }
+
+fn job(name: &str, restart_policy: &str) -> k8s_openapi::api::batch::v1::Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {"restartPolicy": restart_policy,
+            "containers": [{"name": "c", "image": "busybox"}]}}},
+    }))
+    .expect("job")
+}
+
+#[tokio::test]
+async fn jobs_are_defaulted_and_invalid_jobs_get_causes() {
+    use k8s_openapi::api::batch::v1::Job;
+
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "j1").await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "j1");
+    let j = jobs.create(&PostParams::default(), &job("pi", "Never")).await.unwrap();
+    let uid = j.metadata.uid.clone().unwrap();
+    let spec = j.spec.as_ref().unwrap();
+    assert_eq!(
+        (spec.parallelism, spec.completions, spec.backoff_limit),
+        (Some(1), Some(1), Some(6))
+    );
+    let sel = spec.selector.as_ref().and_then(|s| s.match_labels.clone()).unwrap();
+    assert_eq!(sel.get("batch.kubernetes.io/controller-uid"), Some(&uid));
+    let tl = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap();
+    assert_eq!(tl.get("job-name").map(String::as_str), Some("pi"));
+    assert_eq!(j.metadata.generation, Some(1));
+    assert!(j.status.is_none());
+
+    let kube::Error::Api(s) =
+        jobs.create(&PostParams::default(), &job("bad", "Always")).await.unwrap_err()
+    else {
+        panic!("api error expected")
+    };
+    assert!(s.is_invalid(), "{s:?}");
+    assert!(s.message.starts_with("Job.batch \"bad\" is invalid: "), "{}", s.message);
+    let d = s.details.expect("details");
+    assert_eq!(d.kind, "Job");
+    assert!(
+        d.causes.iter().any(|c| c.field == "spec.template.spec.restartPolicy"),
+        "{:?}",
+        d.causes
+    );
+
+    // A spec change bumps generation; a status write through the main resource is ignored.
+    let patched = jobs
+        .patch(
+            "pi",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"parallelism": 2}, "status": {"active": 5}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.generation, Some(2));
+    assert!(patched.status.is_none());
+    let st = jobs
+        .patch_status(
+            "pi",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"active": 1, "startTime": "2025-01-01T00:00:00Z"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.status.and_then(|s| s.active), Some(1));
+    assert_eq!(st.metadata.generation, Some(2));
+}
+
+async fn wait_until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn owned_pod(name: &str, owner: &k8s_openapi::api::batch::v1::Job) -> Pod {
+    let mut p = pod(name);
+    p.metadata.owner_references =
+        Some(vec![kube::Resource::controller_owner_ref(owner, &()).unwrap()]);
+    p
+}
+
+#[tokio::test]
+async fn job_deletion_orphans_by_default_and_collects_in_background() {
+    use k8s_openapi::api::batch::v1::Job;
+
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "g1").await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "g1");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "g1");
+
+    // Default propagation for batch/v1 Jobs: Orphan — the pod stays, without the owner ref.
+    let a = jobs.create(&PostParams::default(), &job("a", "Never")).await.unwrap();
+    pods.create(&PostParams::default(), &owned_pod("a-1", &a)).await.unwrap();
+    jobs.delete("a", &DeleteParams::default()).await.unwrap();
+    wait_until("orphaned job gone", || async { jobs.get_opt("a").await.unwrap().is_none() }).await;
+    let p = pods.get("a-1").await.unwrap();
+    assert!(p.metadata.owner_references.is_none_or(|r| r.is_empty()));
+
+    // Background: the job goes at once, the GC then deletes its pods.
+    let b = jobs.create(&PostParams::default(), &job("b", "Never")).await.unwrap();
+    pods.create(&PostParams::default(), &owned_pod("b-1", &b)).await.unwrap();
+    jobs.delete("b", &DeleteParams::background()).await.unwrap();
+    assert!(jobs.get_opt("b").await.unwrap().is_none());
+    wait_until("dependent collected", || async { pods.get_opt("b-1").await.unwrap().is_none() })
+        .await;
+
+    // Foreground: the job waits (foregroundDeletion) until its blocking dependents are gone.
+    let c = jobs.create(&PostParams::default(), &job("c", "Never")).await.unwrap();
+    let mut held = owned_pod("c-1", &c);
+    if let Some(r) = held.metadata.owner_references.as_mut() {
+        r[0].block_owner_deletion = Some(true);
+    }
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    pods.create(&PostParams::default(), &held).await.unwrap();
+    jobs.delete("c", &DeleteParams::foreground()).await.unwrap();
+    wait_until("dependent marked deleting", || async {
+        pods.get("c-1").await.unwrap().metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    let j = jobs.get("c").await.expect("owner waits for its dependent");
+    assert_eq!(j.metadata.finalizers.as_deref(), Some(&["foregroundDeletion".to_owned()][..]));
+    pods.patch(
+        "c-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    wait_until("owner released", || async { jobs.get_opt("c").await.unwrap().is_none() }).await;
+}
+
+#[tokio::test]
+async fn namespace_deletion_empties_then_removes_the_namespace() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let client = sim.client();
+    namespace(&client, "doomed").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "doomed");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns = nss.get("doomed").await.unwrap();
+    assert_eq!(
+        ns.metadata.labels.unwrap().get("kubernetes.io/metadata.name").map(String::as_str),
+        Some("doomed")
+    );
+    nss.delete("doomed", &DeleteParams::default()).await.unwrap();
+    let kube::Error::Api(s) = pods.create(&PostParams::default(), &pod("b")).await.unwrap_err()
+    else {
+        panic!("api error expected")
+    };
+    // Either terminating (403) or already gone (404), depending on how fast the sweep ran.
+    assert!(s.code == 403 || s.code == 404, "{s:?}");
+    wait_until("namespace removed", || async { nss.get_opt("doomed").await.unwrap().is_none() })
+        .await;
+    assert!(pods.get_opt("a").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn kubelet_auto_runs_pods_to_completion() {
+    let config = SimConfig {
+        kubelet: kjob_sim::KubeletMode::Auto,
+        kubelet_settings: kjob_sim::kubelet::KubeletConfig {
+            run_time: Duration::from_millis(200),
+            start_delay: Duration::from_millis(20),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let sim = TestSim::start(config).await;
+    let client = sim.client();
+    namespace(&client, "k1").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "k1");
+    pods.create(&PostParams::default(), &pod("a")).await.unwrap();
+    let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    wait_until("pod succeeded", || async { phase(&pods.get("a").await.unwrap()) == "Succeeded" })
+        .await;
+    let p = pods.get("a").await.unwrap();
+    assert!(p.spec.as_ref().and_then(|s| s.node_name.clone()).is_some_and(|n| !n.is_empty()));
+    let cs = &p.status.unwrap().container_statuses.unwrap()[0];
+    assert_eq!(cs.state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| t.exit_code), Some(0));
+    // Paused: a new pod is not advanced.
+    sim.pause_kubelet();
+    pods.create(&PostParams::default(), &pod("b")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(phase(&pods.get("b").await.unwrap()), "Pending");
+    sim.resume_kubelet();
+    wait_until("pod b succeeded", || async { phase(&pods.get("b").await.unwrap()) == "Succeeded" })
+        .await;
+}
