@@ -149,6 +149,24 @@ fn add_index_failure_count_annotations(
     }
 }
 
+/// Why a built pod must not be sent to the API server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The pod has no labels, so no selector could ever own it (upstream refuses the create
+    /// before calling the API, and records no event).
+    #[error("unable to create pods, no labels")]
+    NoLabels,
+}
+
+/// The client-side check upstream `RealPodControl.createPods` makes before POSTing a pod; a
+/// failure counts as a failed create (expectations lowered) but emits no FailedCreate event.
+pub fn check_creatable(pod: &Pod) -> Result<(), TemplateError> {
+    if pod.metadata.labels.as_ref().is_none_or(BTreeMap::is_empty) {
+        return Err(TemplateError::NoLabels);
+    }
+    Ok(())
+}
+
 /// `<job>-<index>-`, with the job name cut so the prefix fits [`MAX_GENERATED_NAME_LENGTH`]
 /// (upstream `podGenerateNameWithIndex`).
 pub fn generate_name_with_index(job_name: &str, index: i32) -> String {
@@ -325,6 +343,25 @@ mod tests {
         let next = new_pod(&ignoring, Some(0), Some(&prev));
         assert_eq!(ann(&next, JOB_INDEX_FAILURE_COUNT_ANNOTATION), Some("1"));
         assert_eq!(ann(&next, JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION), Some("1"));
+    }
+
+    #[test]
+    fn pods_without_labels_are_refused() {
+        let job = mk_job("pi").build();
+        assert_eq!(check_creatable(&new_pod(&job, None, None)), Ok(()));
+        let unlabelled = mk_job("pi")
+            .with(|j| j.spec.as_mut().unwrap().template.metadata.as_mut().unwrap().labels = None)
+            .build();
+        let pod = new_pod(&unlabelled, None, None);
+        assert_eq!(check_creatable(&pod), Err(TemplateError::NoLabels));
+        assert_eq!(TemplateError::NoLabels.to_string(), "unable to create pods, no labels");
+        // Indexed pods always carry the index label, so they are never refused.
+        let indexed = mk_job("pi")
+            .indexed()
+            .completions(Some(2))
+            .with(|j| j.spec.as_mut().unwrap().template.metadata.as_mut().unwrap().labels = None)
+            .build();
+        assert_eq!(check_creatable(&new_pod(&indexed, Some(1), None)), Ok(()));
     }
 
     #[test]
