@@ -1,6 +1,13 @@
 //! Pure Job reconcile logic: (Job, Pods, now, expectations) → plan, with upstream parity.
 //!
-//! No I/O, no async, no kube client: the worker drives this crate step by step.
+//! No I/O, no async, no kube client: the worker drives this crate step by step. Start at
+//! [`JobSync`] (module [`sync`]): one upstream `syncJob` pass as a sequence of [`Step`]s (set or
+//! lower expectations, create a slow-start batch, delete pods, remove finalizers, write the
+//! status) whose results the worker feeds back with [`JobSync::report`], ending in an
+//! [`Outcome`] (events, metric deltas, requeue delay, backoff record to persist).
+//! [`validation`] holds the API server's status-update rules, [`conditions`] and [`events`] the
+//! exact upstream reasons and messages; the other modules are the pod/index/policy helpers the
+//! engine is built from.
 
 pub mod backoff;
 pub mod conditions;
