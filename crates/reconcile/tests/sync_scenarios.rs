@@ -618,3 +618,126 @@ fn indexed_tracking_publishes_every_index_but_releases_500_pods_a_sync() {
     assert_eq!(t.finalizers_removed.len(), 100);
     assert_eq!(t.last_status().map(|s| s.succeeded), None, "nothing new to write");
 }
+
+#[test]
+fn per_index_backoff_delays_the_replacement() {
+    let job = mk_job("pib")
+        .indexed()
+        .completions(Some(2))
+        .parallelism(2)
+        .backoff_limit_per_index(5)
+        .start_time(at(0))
+        .build();
+    // Index 0 failed at 95 after 2 earlier failures: 3 failures ⇒ 40 s backoff ⇒ 35 s left.
+    let pods = vec![
+        mk_pod(&job, "pib-0").index(0).failure_counts(2, None).failed(1, at(95)).build(),
+        mk_pod(&job, "pib-1").index(1).build(),
+    ];
+    let t = run(&job, &pods, &Env::at(at(100)), &Api::default());
+    assert!(t.created.is_empty());
+    assert_eq!(t.outcome.requeue_after, Some(Duration::from_secs(35)));
+    assert!(t.finalizers_removed.is_empty(), "held until the replacement exists");
+    let t = run(&job, &pods, &Env::at(at(136)), &Api::default());
+    assert_eq!(t.created.len(), 1);
+    let ann = t.created[0].1.metadata.annotations.clone().unwrap();
+    assert_eq!(ann[JOB_INDEX_FAILURE_COUNT_ANNOTATION], "3");
+    assert_eq!(ann[kjob_core::JOB_COMPLETION_INDEX_ANNOTATION], "0");
+}
+
+#[test]
+fn ignored_failure_bumps_the_ignored_count_of_the_replacement() {
+    let job = mk_job("pii")
+        .indexed()
+        .completions(Some(1))
+        .parallelism(1)
+        .backoff_limit_per_index(1)
+        .restart_policy("Never")
+        .pod_failure_policy(vec![condition_rule("Ignore", &[("DisruptionTarget", "True")])])
+        .pod_replacement_policy("Failed")
+        .start_time(at(0))
+        .build();
+    let pods = vec![
+        mk_pod(&job, "pii-0")
+            .index(0)
+            .failure_counts(0, None)
+            .failed(137, at(10))
+            .condition("DisruptionTarget", "True", at(9))
+            .build(),
+    ];
+    let t = run(&job, &pods, &Env::at(at(100)), &Api::default());
+    assert_eq!(t.created.len(), 1);
+    let ann = t.created[0].1.metadata.annotations.clone().unwrap();
+    assert_eq!(ann[JOB_INDEX_FAILURE_COUNT_ANNOTATION], "0");
+    assert_eq!(ann[kjob_core::JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION], "1");
+    assert_eq!(t.last_status().unwrap().failed_indexes.as_deref(), Some(""));
+}
+
+#[test]
+fn fail_job_on_pod_condition_message() {
+    let job = mk_job("pc")
+        .restart_policy("Never")
+        .pod_failure_policy(vec![condition_rule("FailJob", &[("ConfigIssue", "True")])])
+        .pod_replacement_policy("Failed")
+        .start_time(at(0))
+        .build();
+    let pods =
+        vec![mk_pod(&job, "pc-a").failed(1, at(5)).condition("ConfigIssue", "True", at(4)).build()];
+    let t = run(&job, &pods, &Env::at(at(10)), &Api::default());
+    let st = t.last_status().unwrap();
+    assert_eq!(conds(st), vec!["FailureTarget=PodFailurePolicy", "Failed=PodFailurePolicy"]);
+    assert_eq!(
+        message_of(st, "Failed"),
+        "Pod default/pc-a has condition ConfigIssue matching FailJob rule at index 0"
+    );
+}
+
+#[test]
+fn success_policy_by_count() {
+    let job = mk_job("spc")
+        .indexed()
+        .completions(Some(5))
+        .parallelism(5)
+        .success_policy(&[(None, Some(2))])
+        .start_time(at(0))
+        .build();
+    let mut pods: Vec<_> = (0..2)
+        .map(|i| mk_pod(&job, &format!("spc-{i}")).index(i).succeeded(at(5)).build())
+        .collect();
+    pods.extend((2..5).map(|i| mk_pod(&job, &format!("spc-{i}")).index(i).build()));
+    let t = run(&job, &pods, &Env::at(at(10)), &Api::default());
+    let st = t.last_status().unwrap();
+    assert_eq!(conds(st), vec!["SuccessCriteriaMet=SuccessPolicy"]);
+    assert_eq!(t.deleted.len(), 3);
+    assert_eq!(st.failed.unwrap_or(0), 0);
+}
+
+#[test]
+fn protocol_misuse_is_refused_and_abort_keeps_what_was_earned() {
+    use kjob_reconcile::{JobSync, Report, Step, SyncInput};
+    let job = mk_job("pm").parallelism(2).completions(Some(2)).build();
+    let in_flight = Default::default();
+    let input = SyncInput {
+        job: &job,
+        pods: &[],
+        now: at(0),
+        expectations_satisfied: true,
+        finalizer_removals_in_flight: &in_flight,
+        backoff: None,
+        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
+        manage_all: true,
+    };
+    let mut sync = JobSync::new(input);
+    assert!(sync.report(Report::StatusUpdated(Ok(()))).is_err(), "nothing asked yet");
+    assert!(matches!(sync.next_step(), Step::Expectations(_)));
+    let Step::CreatePods { pods } = sync.next_step() else { panic!("expected a create batch") };
+    assert_eq!(pods.len(), 1);
+    // Wrong report kind, then wrong length: both refused, the step stays pending.
+    assert!(sync.report(Report::PodsDeleted(vec![Ok(())])).is_err());
+    assert!(sync.report(Report::PodsCreated(vec![])).is_err());
+    sync.report(Report::PodsCreated(vec![Ok("pm-x".into())])).unwrap();
+    assert!(matches!(sync.next_step(), Step::CreatePods { .. }));
+    let outcome = sync.abort("lease lost");
+    assert!(matches!(outcome.error, Some(SyncError::Aborted(_))));
+    assert_eq!(outcome.events.len(), 1, "the SuccessfulCreate already earned is kept");
+    assert!(outcome.metrics.is_some());
+}
