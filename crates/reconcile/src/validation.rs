@@ -57,13 +57,20 @@ fn overlaps(a: &[(i32, i32)], b: &[(i32, i32)]) -> bool {
 }
 
 /// Every reason the API server would reject replacing `old.status` with `new` (empty when the
-/// update is accepted). `old` carries the spec the update is validated against.
+/// update is accepted). `old` carries the spec the update is validated against. As in
+/// `getStatusValidationOptions`, most rules only apply when a field they look at changed, so a
+/// status that was already stored is never rejected for what it already said.
 pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
     let mut errs = Vec::new();
     let old_status = old.status.clone().unwrap_or_default();
     let old_conds = old_status.conditions.as_deref().unwrap_or(&[]);
     let new_conds = new.conditions.as_deref().unwrap_or(&[]);
     let n = |v: Option<i32>| v.unwrap_or(0);
+    let uncounted_len = |s: &JobStatus| {
+        s.uncounted_terminated_pods.as_ref().map_or(0, |u| {
+            u.succeeded.as_ref().map_or(0, Vec::len) + u.failed.as_ref().map_or(0, Vec::len)
+        })
+    };
 
     for (name, v) in [
         ("active", new.active),
@@ -87,6 +94,26 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
         }
     }
 
+    // What changed decides which rules apply (upstream `getStatusValidationOptions`).
+    let old_complete = true_cond(old_conds, cond::COMPLETE);
+    let old_failed = true_cond(old_conds, cond::FAILED);
+    let complete = true_cond(new_conds, cond::COMPLETE);
+    let failed = true_cond(new_conds, cond::FAILED);
+    let failure_target = true_cond(new_conds, cond::FAILURE_TARGET);
+    let success_met = true_cond(new_conds, cond::SUCCESS_CRITERIA_MET);
+    let finished = complete || failed;
+    let finished_changed = finished != (old_complete || old_failed);
+    let complete_changed = complete != old_complete;
+    let failed_changed = failed != old_failed;
+    let failure_target_changed = failure_target != true_cond(old_conds, cond::FAILURE_TARGET);
+    let active_changed = n(new.active) != n(old_status.active);
+    let start_changed = new.start_time != old_status.start_time;
+    let completion_changed = new.completion_time != old_status.completion_time;
+    let uncounted_changed = new.uncounted_terminated_pods != old_status.uncounted_terminated_pods;
+    let completed_changed = new.completed_indexes.as_deref().unwrap_or("")
+        != old_status.completed_indexes.as_deref().unwrap_or("");
+    let failed_indexes_changed = new.failed_indexes != old_status.failed_indexes;
+
     for t in [cond::COMPLETE, cond::FAILED, cond::FAILURE_TARGET, cond::SUCCESS_CRITERIA_MET] {
         if true_cond(old_conds, t) && !true_cond(new_conds, t) {
             errs.push(format!("status.conditions: cannot disable the {t}=True condition"));
@@ -100,23 +127,16 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
         errs.push("status.succeeded: cannot decrease".into());
     }
 
-    let complete = true_cond(new_conds, cond::COMPLETE);
-    let failed = true_cond(new_conds, cond::FAILED);
-    let failure_target = true_cond(new_conds, cond::FAILURE_TARGET);
-    let success_met = true_cond(new_conds, cond::SUCCESS_CRITERIA_MET);
-    if complete && failed {
+    if complete && failed && (complete_changed || failed_changed) {
         errs.push("status.conditions: Complete and Failed are mutually exclusive".into());
     }
-    if complete && failure_target {
+    if complete && failure_target && (complete_changed || failure_target_changed) {
         errs.push("status.conditions: Complete and FailureTarget are mutually exclusive".into());
     }
     if success_met && (failed || failure_target) {
         errs.push("status.conditions: SuccessCriteriaMet with Failed or FailureTarget".into());
     }
-    if success_met
-        && !true_cond(old_conds, cond::SUCCESS_CRITERIA_MET)
-        && true_cond(old_conds, cond::COMPLETE)
-    {
+    if success_met && !true_cond(old_conds, cond::SUCCESS_CRITERIA_MET) && old_complete {
         errs.push("status.conditions: cannot add SuccessCriteriaMet after Complete".into());
     }
     if complete && !success_met {
@@ -126,63 +146,75 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
         errs.push("status.conditions: Failed=True requires FailureTarget=True".into());
     }
 
-    let finished = complete || failed;
-    if finished {
-        if n(new.active) != 0 {
-            errs.push("status.active: must be 0 for a finished job".into());
-        }
-        if n(new.terminating) != 0 {
-            errs.push("status.terminating: must be 0 for a finished job".into());
-        }
-        if new.start_time.is_none() {
-            errs.push("status.startTime: required for a finished job".into());
-        }
-        if !seen.is_empty() {
-            errs.push("status.uncountedTerminatedPods: must be empty for a finished job".into());
-        }
+    if finished && (finished_changed || active_changed) && n(new.active) != 0 {
+        errs.push("status.active: must be 0 for a finished job".into());
+    }
+    if finished && finished_changed && n(new.terminating) != 0 {
+        errs.push("status.terminating: must be 0 for a finished job".into());
+    }
+    if finished && (finished_changed || start_changed) && new.start_time.is_none() {
+        errs.push("status.startTime: required for a finished job".into());
+    }
+    if finished && (finished_changed || uncounted_changed) && uncounted_len(new) > 0 {
+        errs.push("status.uncountedTerminatedPods: must be empty for a finished job".into());
     }
     if n(new.ready) > n(new.active) {
         errs.push("status.ready: cannot set more ready pods than active".into());
     }
-    match (&new.completion_time, complete) {
-        (Some(_), false) => {
-            errs.push("status.completionTime: only allowed with Complete=True".into())
+    if complete_changed || completion_changed {
+        match (&new.completion_time, complete) {
+            (Some(_), false) => {
+                errs.push("status.completionTime: only allowed with Complete=True".into())
+            }
+            (None, true) => errs.push("status.completionTime: required with Complete=True".into()),
+            _ => {}
         }
-        (None, true) => errs.push("status.completionTime: required with Complete=True".into()),
-        _ => {}
     }
     if let (Some(old_ct), Some(new_ct)) = (&old_status.completion_time, &new.completion_time)
         && old_ct != new_ct
     {
         errs.push("status.completionTime: field is immutable".into());
     }
-    if let (Some(ct), Some(st)) = (&new.completion_time, &new.start_time)
+    if (start_changed || completion_changed)
+        && let (Some(ct), Some(st)) = (&new.completion_time, &new.start_time)
         && ct.0 < st.0
     {
         errs.push("status.completionTime: must be greater than or equal to startTime".into());
     }
+    // Resuming a Job suspended by an older controller (start time kept) must be able to reset
+    // it, as newer API servers allow; a Job that never was suspended may not move it.
     let was_suspended = true_cond(old_conds, cond::SUSPENDED);
-    if !ju::is_suspended(old)
-        && !was_suspended
-        && old_status.start_time.is_some()
-        && old_status.start_time != new.start_time
+    if start_changed && !ju::is_suspended(old) && !was_suspended && old_status.start_time.is_some()
     {
-        errs.push("status.startTime: field is immutable for an unsuspended job".into());
+        errs.push("status.startTime: cannot be changed for an unsuspended job".into());
     }
 
     let completions = ju::completions(old).unwrap_or(0);
-    let mut completed = Vec::new();
-    if let Some(s) = new.completed_indexes.as_deref().filter(|s| !s.is_empty()) {
-        if !ju::is_indexed(old) {
-            errs.push("status.completedIndexes: only for Indexed jobs".into());
+    let completed = if completed_changed || failed_indexes_changed {
+        match new.completed_indexes.as_deref().filter(|s| !s.is_empty()) {
+            Some(s) => {
+                if completed_changed && !ju::is_indexed(old) {
+                    errs.push("status.completedIndexes: only for Indexed jobs".into());
+                }
+                match parse_strict(s, completions) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        if completed_changed {
+                            errs.push(format!("status.completedIndexes: {e}"));
+                        }
+                        Vec::new()
+                    }
+                }
+            }
+            None => Vec::new(),
         }
-        match parse_strict(s, completions) {
-            Ok(v) => completed = v,
-            Err(e) => errs.push(format!("status.completedIndexes: {e}")),
-        }
-    }
-    if let Some(s) = new.failed_indexes.as_deref() {
-        if !ju::has_backoff_limit_per_index(old) {
+    } else {
+        Vec::new()
+    };
+    if let Some(s) = new.failed_indexes.as_deref()
+        && (failed_indexes_changed || completed_changed)
+    {
+        if failed_indexes_changed && !ju::has_backoff_limit_per_index(old) {
             errs.push("status.failedIndexes: only with backoffLimitPerIndex".into());
         }
         match parse_strict(s, completions) {
@@ -190,7 +222,8 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
                 errs.push("status.failedIndexes: overlaps completedIndexes".into());
             }
             Ok(_) => {}
-            Err(e) => errs.push(format!("status.failedIndexes: {e}")),
+            Err(e) if failed_indexes_changed => errs.push(format!("status.failedIndexes: {e}")),
+            Err(_) => {}
         }
     }
     errs
@@ -240,6 +273,23 @@ mod tests {
         ] {
             assert!(errs.contains(want), "missing {want:?} in {errs}");
         }
+    }
+
+    #[test]
+    fn unchanged_fields_are_not_judged_again() {
+        // A finished Job already stored with a (now) invalid value: an update that does not
+        // touch that field is accepted, as the API server only checks what changes.
+        let job = mk_job("j")
+            .start_time(at(0))
+            .active(1, 0, 0)
+            .condition(cond::FAILURE_TARGET, cond::TRUE, "r", "m", at(1))
+            .condition(cond::FAILED, cond::TRUE, "r", "m", at(1))
+            .build();
+        let mut st = job.status.clone().unwrap();
+        st.ready = Some(0);
+        assert!(status_update_errors(&job, &st).is_empty());
+        st.active = Some(2);
+        assert!(status_update_errors(&job, &st).join(" ").contains("active: must be 0"));
     }
 
     #[test]
