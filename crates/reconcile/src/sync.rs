@@ -20,16 +20,20 @@
 //! up mid-way (lease lost, expectations store unreachable), [`JobSync::abort`] returns the outcome
 //! so far (events already earned, metrics) with the error.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::{Job, JobStatus};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::backoff::BackoffRecord;
-use crate::events::Event;
-use crate::metrics::MetricDeltas;
+use crate::conditions as cond;
+use crate::events::{self, Event};
+use crate::job_util as ju;
+use crate::leaf::{self, IndexSet};
+use crate::metrics::{self as m, MetricDeltas};
 
 /// Most pods recorded in `uncountedTerminatedPods` (plus new completed indexes) per sync.
 pub const MAX_UNCOUNTED_PODS: usize = 500;
@@ -241,17 +245,6 @@ pub struct Outcome {
 // ------------------------------------------------------------------------------------------------
 // The engine.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
-
-use k8s_openapi::api::batch::v1::{JobCondition, UncountedTerminatedPods};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-use crate::conditions as cond;
-use crate::events;
-use crate::job_util as ju;
-use crate::leaf::{self, IndexSet};
-use crate::metrics as m;
-
 /// What the engine waits for after handing out an I/O step.
 #[derive(Debug)]
 enum Awaiting<'a> {
@@ -321,7 +314,7 @@ pub struct JobSync<'a> {
     /// Working copy of the status, written by `UpdateStatus` steps.
     status: JobStatus,
     indexed: bool,
-    /// Pods in input order.
+    /// Active pods, in input order.
     active_pods: Vec<&'a Pod>,
     active: i32,
     ready: i32,
