@@ -55,4 +55,9 @@ fn succeeded_pod_goes_through_uncounted_then_counter_then_complete() {
     assert_eq!(last.completion_time.as_ref().map(|t| t.0), Some(at(5)));
     assert_eq!(t.events(), vec!["Completed: Job completed"]);
     assert!(t.outcome.finished);
+    let m = t.outcome.metrics.expect("sync metrics");
+    assert_eq!((m.completion_mode, m.action), ("NonIndexed", "tracking"));
+    assert_eq!((m.pods_finished_succeeded, m.pods_finished_failed), (1, 0));
+    let finished = m.job_finished.expect("jobs_finished_total increment");
+    assert_eq!((finished.result, finished.reason.as_str()), ("succeeded", "CompletionsReached"));
 }
