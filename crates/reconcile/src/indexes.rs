@@ -49,20 +49,24 @@ impl OrderedIntervals {
         let mut parts = Vec::new();
         for part in s.split(',') {
             let mut limits = part.split('-');
-            let Some(Ok(first)) = limits.next().map(str::parse::<i32>) else { continue };
-            if first >= completions {
+            // i64 like Go's `strconv.Atoi`, so a huge first index stops parsing as upstream does
+            // instead of being skipped as unparsable.
+            let Some(Ok(first)) = limits.next().map(str::parse::<i64>) else { continue };
+            if first >= i64::from(completions) {
                 break;
             }
             let last = match limits.next() {
                 None => first,
-                Some(l) => match l.parse::<i32>() {
-                    Ok(l) => l.min(completions - 1),
+                Some(l) => match l.parse::<i64>() {
+                    Ok(l) => l.min(i64::from(completions) - 1),
                     Err(_) => continue,
                 },
             };
             if last < first {
                 continue;
             }
+            // Both are in [0, completions) here, so they fit in i32.
+            let (first, last) = (first as i32, last as i32);
             parts.push(Interval { first, last });
         }
         Self::normalise(parts)
@@ -429,6 +433,8 @@ mod tests {
             ("5-3,7", 10, &[(7, 7)]),
             ("7,1-2,2-3", 10, &[(1, 3), (7, 7)]),
             ("2147483647", i32::MAX, &[]),
+            ("0,99999999999,3", 5, &[(0, 0)]),
+            ("+2,4-99999999999", 6, &[(2, 2), (4, 5)]),
         ];
         for (s, completions, want) in cases {
             assert_eq!(OrderedIntervals::parse(s, *completions), iv(want), "{s:?} / {completions}");
