@@ -199,12 +199,14 @@ pub struct World {
     pub next_id: usize,
     /// Scripted API failures for the next syncs.
     pub api: Api,
+    /// Whether the next syncs see their expectations satisfied.
+    pub satisfied: bool,
 }
 
 impl World {
     /// A world holding `job` and `pods`.
     pub fn new(job: Job, pods: Vec<Pod>) -> Self {
-        World { job, pods, backoff: None, next_id: 0, api: Api::default() }
+        World { job, pods, backoff: None, next_id: 0, api: Api::default(), satisfied: true }
     }
 
     /// Runs one sync at `now` and applies its effects. Returns the trace.
@@ -212,6 +214,7 @@ impl World {
         let mut env = Env::at(now);
         env.backoff = self.backoff.clone();
         env.name_offset = self.next_id;
+        env.satisfied = self.satisfied;
         let trace = run(&self.job, &self.pods, &env, &self.api);
         self.apply(&trace, now);
         trace
