@@ -1,0 +1,457 @@
+//! The watcher end to end: kjob-sim (in process) → kjob-watcher → kjob-queue (process) → Redis.
+//!
+//! Needs `redis-server` and a built `kjob-queue` (`cargo build -p kjob-queue`).
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_queue_client::{Outcome, QueueClient, v1};
+use kjob_sim::testing::TestSim;
+use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+use kjob_watcher::WatcherConfig;
+use kjob_watcher::leader::LeaseConfig;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "default";
+const LEASE_NS: &str = "kube-node-lease";
+const CONTROLLER: &str = kjob_core::DEFAULT_CONTROLLER_NAME;
+
+// ------------------------------------------------------------------ harness
+
+fn start_queue(redis: &RedisServer, port: u16) -> ChildGuard {
+    let bin = bin_path("kjob-queue").expect("build kjob-queue first: cargo build -p kjob-queue");
+    let mut cmd = Command::new(bin);
+    cmd.arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--redis-url")
+        .arg(redis.url())
+        .arg("--admin-listen")
+        .arg("127.0.0.1:0")
+        .stdout(std::process::Stdio::null());
+    let child = ChildGuard::spawn("kjob-queue", &mut cmd).unwrap();
+    wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10)).unwrap();
+    child
+}
+
+struct Stack {
+    sim: TestSim,
+    redis: RedisServer,
+    queue_port: u16,
+    queue_proc: ChildGuard,
+    queue: QueueClient,
+}
+
+impl Stack {
+    async fn start() -> Self {
+        let sim = TestSim::start(Default::default()).await;
+        let redis = RedisServer::start().unwrap();
+        let queue_port = free_port();
+        let queue_proc = start_queue(&redis, queue_port);
+        let queue = QueueClient::connect_lazy(&queue_url(queue_port)).unwrap();
+        Self { sim, redis, queue_port, queue_proc, queue }
+    }
+}
+
+fn queue_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+fn lease_cfg(identity: &str) -> LeaseConfig {
+    LeaseConfig {
+        name: "kjob-watcher".into(),
+        namespace: LEASE_NS.into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(300),
+    }
+}
+
+struct InProcWatcher {
+    admin: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), kjob_watcher::WatcherError>>,
+}
+
+impl InProcWatcher {
+    async fn start(stack: &Stack) -> Self {
+        let config = WatcherConfig {
+            queue_url: queue_url(stack.queue_port),
+            controller_name: CONTROLLER.into(),
+            manage_all: false,
+            namespace: None,
+            lease: lease_cfg("inproc"),
+            resync_period: Duration::from_secs(600),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task =
+            tokio::spawn(kjob_watcher::run(config, stack.sim.client(), listener, shutdown.clone()));
+        let w = Self { admin, shutdown, task };
+        w.wait_ready().await;
+        w
+    }
+
+    async fn wait_ready(&self) {
+        let url = format!("http://{}/readyz", self.admin);
+        let http = reqwest::Client::new();
+        poll("watcher ready", Duration::from_secs(15), || {
+            let req = http.get(&url).timeout(Duration::from_secs(1)).send();
+            async move { req.await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await;
+    }
+
+    async fn metric(&self, line_prefix: &str) -> f64 {
+        let body = reqwest::get(format!("http://{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        body.lines()
+            .find(|l| l.starts_with(line_prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+async fn poll<F, Fut>(what: &str, limit: Duration, mut cond: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if cond().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn create_job(client: &kube::Client, name: &str) -> Job {
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "managedBy": CONTROLLER,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "busybox"}]
+            }}
+        }
+    }))
+    .unwrap();
+    Api::<Job>::namespaced(client.clone(), NS).create(&PostParams::default(), &job).await.unwrap()
+}
+
+async fn create_pod(client: &kube::Client, name: &str, job: &Job, finalizer: bool) -> Pod {
+    let labels = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.as_ref())
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    let finalizers: Vec<&str> =
+        if finalizer { vec![kjob_core::JOB_TRACKING_FINALIZER] } else { vec![] };
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": labels,
+            "finalizers": finalizers,
+            "ownerReferences": [{
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job.metadata.name,
+                "uid": job.metadata.uid,
+                "controller": true,
+                "blockOwnerDeletion": true
+            }]
+        },
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), NS).create(&PostParams::default(), &pod).await.unwrap()
+}
+
+fn key(name: &str) -> String {
+    format!("{NS}/{name}")
+}
+
+fn uid(job: &Job) -> String {
+    job.metadata.uid.clone().unwrap()
+}
+
+/// Leases and forgets everything ready on the job queue, so later checks start from empty.
+async fn drain(q: &QueueClient) -> Vec<String> {
+    let items =
+        q.lease("job", 1000, Duration::from_secs(30), Duration::ZERO, "test").await.unwrap();
+    let mut keys = vec![];
+    for it in items {
+        q.done("job", &it.key, &it.lease_id, Outcome::Forget).await.unwrap();
+        keys.push(it.key);
+    }
+    keys
+}
+
+async fn key_state(q: &QueueClient, k: &str) -> v1::KeyState {
+    q.inspect("job", vec![k.to_string()]).await.unwrap().keys.remove(0)
+}
+
+async fn expectations(q: &QueueClient, k: &str, job_uid: &str) -> v1::GetExpectationsResponse {
+    q.get_expectations(k, job_uid).await.unwrap()
+}
+
+/// Waits until the Job's key has been enqueued (by the takeover resync or the add event) and
+/// takes it out again.
+async fn settle(stack: &Stack, name: &str) {
+    let k = key(name);
+    poll("job key enqueued", Duration::from_secs(10), || async {
+        key_state(&stack.queue, &k).await.state != "absent"
+    })
+    .await;
+    // Ready immediately (delay 0): lease it out and forget it.
+    poll("job key drained", Duration::from_secs(5), || async {
+        drain(&stack.queue).await;
+        key_state(&stack.queue, &k).await.state == "absent"
+    })
+    .await;
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_creation_is_observed_once_and_enqueued_within_the_batch_window() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let w = InProcWatcher::start(&stack).await;
+    let job = create_job(&client, "j1").await;
+    settle(&stack, "j1").await;
+
+    stack.queue.set_expectations(&key("j1"), &uid(&job), 1, 0).await.unwrap();
+    let created_at = Instant::now();
+    create_pod(&client, "j1-a", &job, true).await;
+    poll("creation observed", Duration::from_secs(5), || async {
+        expectations(&stack.queue, &key("j1"), &uid(&job)).await.satisfied
+    })
+    .await;
+    let st = key_state(&stack.queue, &key("j1")).await;
+    assert!(st.state == "delayed" || st.state == "ready", "{st:?}");
+    // Ready one batch period after the event, not before.
+    let took = poll("key ready", Duration::from_secs(5), || async {
+        key_state(&stack.queue, &key("j1")).await.state == "ready"
+    })
+    .await;
+    assert!(created_at.elapsed() >= Duration::from_millis(900), "ready too early: {took:?}");
+    let e = expectations(&stack.queue, &key("j1"), &uid(&job)).await;
+    assert_eq!((e.add, e.del), (0, 0), "exactly one creation observation: {e:?}");
+    assert_eq!(drain(&stack.queue).await, vec![key("j1")]);
+    assert!(w.metric("kjob_watcher_batches_total").await >= 1.0);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_pod_updates_makes_one_queue_entry() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let w = InProcWatcher::start(&stack).await;
+    let job = create_job(&client, "burst").await;
+    create_pod(&client, "burst-a", &job, true).await;
+    settle(&stack, "burst").await;
+    poll("pod creation sync drained", Duration::from_secs(5), || async {
+        drain(&stack.queue).await;
+        key_state(&stack.queue, &key("burst")).await.state == "absent"
+    })
+    .await;
+
+    let pods = Api::<Pod>::namespaced(client.clone(), NS);
+    for i in 0..100 {
+        let patch = json!({"metadata": {"annotations": {"n": i.to_string()}}});
+        pods.patch("burst-a", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    }
+    poll("updates handled", Duration::from_secs(10), || async {
+        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"update\"}").await >= 100.0
+    })
+    .await;
+    poll("key ready", Duration::from_secs(5), || async {
+        key_state(&stack.queue, &key("burst")).await.state == "ready"
+    })
+    .await;
+    let stats = stack.queue.stats("job").await.unwrap();
+    assert_eq!((stats.ready, stats.delayed), (1, 0), "{stats:?}");
+    assert_eq!(drain(&stack.queue).await, vec![key("burst")]);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_watch_relists_and_synthesizes_deletes() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let w = InProcWatcher::start(&stack).await;
+    let job = create_job(&client, "cut").await;
+    create_pod(&client, "cut-a", &job, false).await;
+    poll("pod cached", Duration::from_secs(5), || async {
+        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"add\"}").await >= 1.0
+    })
+    .await;
+    settle(&stack, "cut").await;
+    stack.queue.set_expectations(&key("cut"), &uid(&job), 0, 1).await.unwrap();
+
+    // Slow reads keep the watcher from re-watching before the history is gone.
+    let http = reqwest::Client::new();
+    let faults = |ms: u64| {
+        http.post(format!("{}/sim/faults", stack.sim.url()))
+            .json(&json!({"readLatencyMs": ms}))
+            .send()
+    };
+    assert!(faults(1500).await.unwrap().status().is_success());
+    stack.sim.close_watches();
+    let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    Api::<Pod>::namespaced(client.clone(), NS).delete("cut-a", &dp).await.unwrap();
+    stack.sim.compact();
+    assert!(faults(0).await.unwrap().status().is_success());
+
+    poll("tombstone", Duration::from_secs(15), || async {
+        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"tombstone\"}").await >= 1.0
+    })
+    .await;
+    poll("deletion observed", Duration::from_secs(5), || async {
+        expectations(&stack.queue, &key("cut"), &uid(&job)).await.satisfied
+    })
+    .await;
+    let e = expectations(&stack.queue, &key("cut"), &uid(&job)).await;
+    assert_eq!((e.add, e.del), (0, 0), "{e:?}");
+    assert!(w.metric("kjob_watcher_watch_restarts_total{kind=\"pod\"}").await >= 1.0);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_while_the_queue_is_down() {
+    let mut stack = Stack::start().await;
+    let client = stack.sim.client();
+    let w = InProcWatcher::start(&stack).await;
+    let job = create_job(&client, "down").await;
+    settle(&stack, "down").await;
+    stack.queue.set_expectations(&key("down"), &uid(&job), 3, 0).await.unwrap();
+
+    stack.queue_proc.kill();
+    for p in ["down-a", "down-b", "down-c"] {
+        create_pod(&client, p, &job, true).await;
+    }
+    poll("send errors", Duration::from_secs(5), || async {
+        w.metric("kjob_watcher_send_errors_total").await >= 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stack.queue_proc = start_queue(&stack.redis, stack.queue_port);
+
+    poll("creations observed after the queue came back", Duration::from_secs(10), || async {
+        stack.queue.get_expectations(&key("down"), &uid(&job)).await.is_ok_and(|e| e.satisfied)
+    })
+    .await;
+    let e = expectations(&stack.queue, &key("down"), &uid(&job)).await;
+    assert_eq!((e.add, e.del), (0, 0), "{e:?}");
+    poll("key ready", Duration::from_secs(5), || async {
+        key_state(&stack.queue, &key("down")).await.state == "ready"
+    })
+    .await;
+    w.stop().await;
+}
+
+fn spawn_watcher_process(stack: &Stack, identity: &str, admin_port: u16) -> ChildGuard {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kjob-watcher"));
+    cmd.arg("--queue-url")
+        .arg(queue_url(stack.queue_port))
+        .arg("--admin-listen")
+        .arg(format!("127.0.0.1:{admin_port}"))
+        .arg("--kubeconfig")
+        .arg(stack.sim.kubeconfig_path())
+        .arg("--lease-namespace")
+        .arg(LEASE_NS)
+        .arg("--identity")
+        .arg(identity)
+        .args(["--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "300ms"])
+        .stdout(std::process::Stdio::null());
+    ChildGuard::spawn(identity, &mut cmd).unwrap()
+}
+
+async fn lease_holder(client: &kube::Client) -> Option<String> {
+    let api =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), LEASE_NS);
+    api.get_opt("kjob-watcher")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_takes_over_within_the_lease_duration_without_double_observations() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let mut procs = [
+        spawn_watcher_process(&stack, "w1", free_port()),
+        spawn_watcher_process(&stack, "w2", free_port()),
+    ];
+    poll("a leader", Duration::from_secs(15), || async { lease_holder(&client).await.is_some() })
+        .await;
+    let leader = lease_holder(&client).await.unwrap();
+    let job = create_job(&client, "fo").await;
+    settle(&stack, "fo").await;
+
+    stack.queue.set_expectations(&key("fo"), &uid(&job), 1, 0).await.unwrap();
+    create_pod(&client, "fo-a", &job, true).await;
+    poll("creation observed by the first leader", Duration::from_secs(5), || async {
+        expectations(&stack.queue, &key("fo"), &uid(&job)).await.satisfied
+    })
+    .await;
+
+    let idx = if leader == "w1" { 0 } else { 1 };
+    let survivor = if leader == "w1" { "w2" } else { "w1" };
+    procs[idx].kill();
+    let took = poll("the standby takes over", Duration::from_secs(10), || async {
+        lease_holder(&client).await.as_deref() == Some(survivor)
+    })
+    .await;
+    assert!(took <= Duration::from_secs(3) + Duration::from_millis(1500), "takeover took {took:?}");
+    // The new leader enqueues every Job once it leads.
+    poll("takeover resync", Duration::from_secs(10), || async {
+        key_state(&stack.queue, &key("fo")).await.state != "absent"
+    })
+    .await;
+    let e = expectations(&stack.queue, &key("fo"), &uid(&job)).await;
+    assert_eq!(e.add, 0, "the new leader observed an old creation again: {e:?}");
+
+    stack.queue.set_expectations(&key("fo"), &uid(&job), 1, 0).await.unwrap();
+    create_pod(&client, "fo-b", &job, true).await;
+    poll("creation observed by the new leader", Duration::from_secs(5), || async {
+        expectations(&stack.queue, &key("fo"), &uid(&job)).await.satisfied
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let e = expectations(&stack.queue, &key("fo"), &uid(&job)).await;
+    assert_eq!((e.add, e.del), (0, 0), "{e:?}");
+    assert!(!procs[1 - idx].has_exited(), "the survivor died");
+}
