@@ -1,0 +1,276 @@
+//! The real kubectl 1.32 against the simulator: apply (client- and server-side), get with
+//! columns, get -w, patch with each type, wait, delete with cascade modes, describe.
+//!
+//! Skipped (with a visible message) when kubectl 1.32 is not installed.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_sim::SimConfig;
+use kjob_sim::testing::TestSim;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
+/// Upper bound of any single kubectl invocation or wait.
+const WAIT: Duration = Duration::from_secs(15);
+
+const JOB_YAML: &str = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: pi
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: pi
+        image: perl:5.34
+        command: [\"perl\", \"-e\", \"print 1\"]
+";
+
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    cache: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn find(sim: &TestSim) -> Option<Kubectl> {
+        let bin = PathBuf::from(KUBECTL);
+        if !bin.exists() {
+            eprintln!("SKIPPED: {KUBECTL} not installed");
+            return None;
+        }
+        Some(Kubectl {
+            bin,
+            kubeconfig: sim.kubeconfig_path().to_owned(),
+            cache: tempfile::tempdir().unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args);
+        cmd.kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs kubectl; panics unless it exits 0; returns stdout.
+    async fn ok(&self, args: &[&str]) -> String {
+        let out = tokio::time::timeout(WAIT, self.command(args).output())
+            .await
+            .expect("kubectl in time")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "kubectl {args:?} failed: {stdout}{stderr}");
+        stdout
+    }
+
+    fn file(&self, name: &str, text: &str) -> String {
+        let p: PathBuf = self.dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+}
+
+async fn set_complete(client: &kube::Client, ns: &str, name: &str) {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let status = json!({"status": {"startTime": "2025-01-01T00:00:00Z", "completionTime": "2025-01-01T00:01:00Z",
+        "succeeded": 1, "conditions": [
+            {"type": "SuccessCriteriaMet", "status": "True"},
+            {"type": "Complete", "status": "True"}]}});
+    jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+}
+
+#[tokio::test]
+async fn apply_get_describe() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let Some(k) = Kubectl::find(&sim) else { return };
+    let f = k.file("job.yaml", JOB_YAML);
+    assert_eq!(k.ok(&["apply", "-f", &f]).await.trim(), "job.batch/pi created");
+    assert_eq!(k.ok(&["apply", "-f", &f]).await.trim(), "job.batch/pi unchanged");
+    let changed = k.file(
+        "job2.yaml",
+        &JOB_YAML.replace("  name: pi\n", "  name: pi\n  labels:\n    tier: x\n"),
+    );
+    assert_eq!(k.ok(&["apply", "-f", &changed]).await.trim(), "job.batch/pi configured");
+    assert_eq!(
+        k.ok(&["apply", "--server-side", "-f", &f]).await.trim(),
+        "job.batch/pi serverside-applied"
+    );
+    let ssa = k.file("job3.yaml", &JOB_YAML.replace("name: pi", "name: pi-ssa"));
+    assert_eq!(
+        k.ok(&["apply", "--server-side", "-f", &ssa]).await.trim(),
+        "job.batch/pi-ssa serverside-applied"
+    );
+    let created = k.file("job4.yaml", &JOB_YAML.replace("name: pi", "name: pi-create"));
+    assert_eq!(k.ok(&["create", "-f", &created]).await.trim(), "job.batch/pi-create created");
+
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "pi-abcde"}, "spec": {"containers": [{"name": "pi", "image": "perl"}]}}),
+    )
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let out = k.ok(&["get", "jobs,pods"]).await;
+    assert!(
+        out.contains("STATUS") && out.contains("COMPLETIONS") && out.contains("DURATION"),
+        "{out}"
+    );
+    assert!(out.contains("job.batch/pi ") && out.contains("Running"), "{out}");
+    assert!(out.contains("READY") && out.contains("pod/pi-abcde") && out.contains("0/1"), "{out}");
+    let wide = k.ok(&["get", "jobs", "-o", "wide", "-A"]).await;
+    assert!(
+        wide.contains("NAMESPACE") && wide.contains("SELECTOR") && wide.contains("perl:5.34"),
+        "{wide}"
+    );
+    let desc = k.ok(&["describe", "job", "pi"]).await;
+    assert!(
+        desc.contains("Name:") && desc.contains("Completions:") && desc.contains("Backoff Limit:"),
+        "{desc}"
+    );
+    let yaml = k.ok(&["get", "job", "pi", "-o", "yaml"]).await;
+    assert!(
+        yaml.contains("tier: x") && yaml.contains("batch.kubernetes.io/controller-uid"),
+        "{yaml}"
+    );
+}
+
+#[tokio::test]
+async fn patch_with_each_type() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let Some(k) = Kubectl::find(&sim) else { return };
+    let f = k.file("job.yaml", JOB_YAML);
+    k.ok(&["apply", "-f", &f]).await;
+    assert_eq!(
+        k.ok(&["patch", "job", "pi", "-p", r#"{"metadata":{"labels":{"a":"1"}}}"#]).await.trim(),
+        "job.batch/pi patched"
+    );
+    assert_eq!(
+        k.ok(&["patch", "job", "pi", "-p", r#"{"metadata":{"labels":{"a":"1"}}}"#]).await.trim(),
+        "job.batch/pi patched (no change)"
+    );
+    k.ok(&["patch", "job", "pi", "--type=merge", "-p", r#"{"metadata":{"labels":{"b":"2"}}}"#])
+        .await;
+    k.ok(&[
+        "patch",
+        "job",
+        "pi",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/metadata/labels/c","value":"3"}]"#,
+    ])
+    .await;
+    k.ok(&["label", "job", "pi", "d=4"]).await;
+    k.ok(&["annotate", "job", "pi", "e=5"]).await;
+    let jobs: Api<Job> = Api::namespaced(sim.client(), "default");
+    let j = jobs.get("pi").await.unwrap();
+    let labels = j.metadata.labels.unwrap();
+    for (key, v) in [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")] {
+        assert_eq!(labels.get(key).map(String::as_str), Some(v), "{key}");
+    }
+    assert_eq!(j.metadata.annotations.unwrap().get("e").map(String::as_str), Some("5"));
+}
+
+#[tokio::test]
+async fn wait_and_delete_with_cascades() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let Some(k) = Kubectl::find(&sim) else { return };
+    let client = sim.client();
+    let f = k.file("job.yaml", JOB_YAML);
+    k.ok(&["apply", "-f", &f]).await;
+    let waiter =
+        k.command(&["wait", "--for=condition=complete", "job/pi", "--timeout=15s"]).output();
+    let waiter = tokio::spawn(waiter);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set_complete(&client, "default", "pi").await;
+    let out = tokio::time::timeout(WAIT, waiter).await.expect("wait in time").unwrap().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job.batch/pi condition met");
+    assert!(k.ok(&["get", "jobs"]).await.contains("Complete"));
+
+    // Orphan: the job's pod stays, without its owner reference.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let owned = |name: &str, j: &Job| -> Pod {
+        let mut p: Pod = serde_json::from_value(
+            json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+        )
+        .unwrap();
+        p.metadata.owner_references =
+            Some(vec![kube::Resource::controller_owner_ref(j, &()).unwrap()]);
+        p
+    };
+    let j = jobs.get("pi").await.unwrap();
+    pods.create(&PostParams::default(), &owned("pi-1", &j)).await.unwrap();
+    assert_eq!(
+        k.ok(&["delete", "job", "pi", "--cascade=orphan"]).await.trim(),
+        "job.batch \"pi\" deleted"
+    );
+    assert!(jobs.get_opt("pi").await.unwrap().is_none());
+    assert!(pods.get("pi-1").await.unwrap().metadata.owner_references.is_none());
+
+    // Background: the GC removes the pod after the job.
+    k.ok(&["apply", "-f", &f]).await;
+    let j = jobs.get("pi").await.unwrap();
+    pods.create(&PostParams::default(), &owned("pi-2", &j)).await.unwrap();
+    assert_eq!(
+        k.ok(&["delete", "job", "pi", "--cascade=background"]).await.trim(),
+        "job.batch \"pi\" deleted"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pods.get_opt("pi-2").await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "pod not collected");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(pods.get_opt("pi-1").await.unwrap().is_some(), "the orphan is untouched");
+}
+
+#[tokio::test]
+async fn get_watch_sees_changes() {
+    let sim = TestSim::start(SimConfig::default()).await;
+    let Some(k) = Kubectl::find(&sim) else { return };
+    let mut child = k
+        .command(&["get", "pods", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    // Created once kubectl is watching (it prints nothing for an empty namespace): retry until seen.
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "w"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let first =
+        tokio::time::timeout(WAIT, lines.next_line()).await.expect("header").unwrap().unwrap();
+    let mut seen = vec![first];
+    let status = json!({"status": {"phase": "Running"}});
+    pods.patch_status("w", &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+    while !seen.iter().any(|l| l.starts_with("w ") && l.contains("Running")) {
+        let l = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("watch line in time")
+            .unwrap()
+            .unwrap();
+        seen.push(l);
+    }
+    assert!(seen.iter().any(|l| l.contains("Pending")), "{seen:?}");
+    let _ = child.kill().await;
+}
