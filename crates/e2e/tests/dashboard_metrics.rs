@@ -1,0 +1,208 @@
+//! Every metric the Grafana dashboard (deploy/grafana/kjob.json) queries is exported by a real
+//! kjob-queue, kjob-watcher or kjob-worker process (read from their `/metrics` after a Job ran
+//! through them). prometheus-client prints a labelled family only once it has a sample, so
+//! the few metrics that only move on faults are checked against the registering source.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+
+/// How long a freshly started debug binary may take to serve its admin port.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a two-pod Job of 500 ms pods may take through the whole stack.
+const JOB_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// `GET /metrics` over plain HTTP/1.0, body only.
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect_timeout(&addr(port), Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// Metric family names from `# TYPE` lines.
+fn families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+/// The metric names the dashboard's PromQL expressions use.
+fn dashboard_metrics() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(kjob_e2e::root().join("deploy/grafana/kjob.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = BTreeSet::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if ["workqueue_", "job_controller_", "kjob_"].iter().any(|p| word.starts_with(p)) {
+                    out.insert(word.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The family a sample name belongs to (`x_total` → `x`, `x_bucket` → `x`).
+fn family_of(sample: &str) -> &str {
+    ["_total", "_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| sample.strip_suffix(s))
+        .unwrap_or(sample)
+}
+
+/// Families that get samples only on faults (refused renewals, expired leases, gRPC errors,
+/// podFailurePolicy matches), with the name their crate registers them under (after any
+/// sub-registry prefix).
+const FAULT_ONLY: [(&str, &str); 7] = [
+    ("kjob_queue_grpc_errors", "kjob_queue_grpc_errors"),
+    ("kjob_queue_lease_expired", "kjob_queue_lease_expired"),
+    ("kjob_queue_stale_lease", "kjob_queue_stale_lease"),
+    ("kjob_worker_renew_failures", "renew_failures"),
+    (
+        "job_controller_pod_failures_handled_by_failure_policy",
+        "pod_failures_handled_by_failure_policy",
+    ),
+    ("job_controller_terminated_pods_tracking_finalizer", "terminated_pods_tracking_finalizer"),
+    ("workqueue_retries", "workqueue_retries"),
+];
+
+/// Creates a two-pod Job managed by kjob in the simulator and waits until it is Complete.
+fn run_one_job(kubeconfig: &Path) {
+    use k8s_openapi::api::batch::v1::Job;
+    use kube::api::{Api, PostParams};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        let jobs: Api<Job> = Api::namespaced(client, "default");
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "metrics"},
+            "spec": {
+                "managedBy": kjob_core::DEFAULT_CONTROLLER_NAME,
+                "completions": 2, "parallelism": 2,
+                "template": {
+                    "metadata": {"annotations": {"kjob.io/sim-run-time": "500ms"}},
+                    "spec": {"restartPolicy": "Never",
+                             "containers": [{"name": "main", "image": "busybox"}]}
+                }
+            }
+        }))
+        .unwrap();
+        let call = Duration::from_secs(10);
+        tokio::time::timeout(call, jobs.create(&PostParams::default(), &job))
+            .await
+            .unwrap()
+            .unwrap();
+        let deadline = Instant::now() + JOB_TIMEOUT;
+        loop {
+            let j = tokio::time::timeout(call, jobs.get("metrics")).await.unwrap().unwrap();
+            let conds = j.status.and_then(|s| s.conditions).unwrap_or_default();
+            if conds.iter().any(|c| c.type_ == "Complete" && c.status == "True") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "Job not Complete after {JOB_TIMEOUT:?}: {conds:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+fn wait_for_file(path: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !path.is_file() {
+        assert!(Instant::now() < deadline, "{} not written within {timeout:?}", path.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
+    let bins = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
+    let missing: Vec<&str> = bins.into_iter().filter(|b| bin_path(b).is_err()).collect();
+    assert!(
+        missing.is_empty(),
+        "binaries not built: {} (run `cargo build --bins`)",
+        missing.join(", ")
+    );
+    let redis = RedisServer::start().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    let quiet = |c: &mut Command| {
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+    };
+
+    let mut sim = Command::new(bin_path("kjob-sim").unwrap());
+    sim.args(["--listen", "127.0.0.1:0", "--kubelet", "auto", "--kubeconfig-out"]).arg(&kubeconfig);
+    quiet(&mut sim);
+    let _sim = ChildGuard::spawn("kjob-sim", &mut sim).unwrap();
+    wait_for_file(&kubeconfig, START_TIMEOUT);
+
+    let (grpc, queue_admin) = (free_port(), free_port());
+    let mut q = Command::new(bin_path("kjob-queue").unwrap());
+    q.arg(format!("--listen=127.0.0.1:{grpc}"))
+        .arg(format!("--redis-url={}", redis.url()))
+        .arg(format!("--admin-listen=127.0.0.1:{queue_admin}"));
+    quiet(&mut q);
+    let _queue = ChildGuard::spawn("kjob-queue", &mut q).unwrap();
+    wait_for_tcp(addr(grpc), START_TIMEOUT).unwrap();
+
+    let queue_url = format!("--queue-url=http://127.0.0.1:{grpc}");
+    let kc = format!("--kubeconfig={}", kubeconfig.display());
+    let (watcher_admin, worker_admin) = (free_port(), free_port());
+    let mut w = Command::new(bin_path("kjob-watcher").unwrap());
+    w.args([&queue_url, &kc, "--lease-namespace=default", "--identity=metrics-test"])
+        .arg(format!("--admin-listen=127.0.0.1:{watcher_admin}"));
+    quiet(&mut w);
+    let _watcher = ChildGuard::spawn("kjob-watcher", &mut w).unwrap();
+    let mut k = Command::new(bin_path("kjob-worker").unwrap());
+    k.args([&queue_url, &kc, "--worker-id=metrics-test"])
+        .arg(format!("--admin-listen=127.0.0.1:{worker_admin}"));
+    quiet(&mut k);
+    let _worker = ChildGuard::spawn("kjob-worker", &mut k).unwrap();
+
+    run_one_job(&kubeconfig);
+    let mut exported = BTreeSet::new();
+    for port in [queue_admin, watcher_admin, worker_admin] {
+        wait_for_tcp(addr(port), START_TIMEOUT).unwrap();
+        exported.extend(families(&scrape(port)));
+    }
+    let wanted = dashboard_metrics();
+    assert!(wanted.len() > 20, "dashboard queries only {wanted:?}");
+    let sources: String = ["queue", "watcher", "worker"]
+        .iter()
+        .map(|c| {
+            let p = kjob_e2e::root().join(format!("crates/{c}/src/metrics.rs"));
+            std::fs::read_to_string(p).unwrap_or_default()
+        })
+        .collect();
+    let absent: Vec<&String> = wanted
+        .iter()
+        .filter(|m| !exported.contains(family_of(m)) && !exported.contains(*m))
+        .filter(|m| {
+            let fam = family_of(m);
+            !FAULT_ONLY.iter().any(|(f, registered_as)| {
+                *f == fam && sources.contains(&format!("\"{registered_as}\""))
+            })
+        })
+        .collect();
+    assert!(
+        absent.is_empty(),
+        "dashboard queries metrics no binary exports: {absent:?}\nexported: {exported:?}"
+    );
+}
