@@ -223,3 +223,42 @@ async fn redis_down_is_unavailable_then_recovers_without_restart() {
     r.shutdown.cancel();
     r.task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_over_a_redis_cluster() {
+    let cluster =
+        tokio::task::spawn_blocking(kjob_testkit::RedisCluster::start).await.unwrap().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config =
+        Config { redis_url: cluster.url(), admin_listener: None, store: Default::default() };
+    let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+    let c = QueueClient::connect_lazy(&url).unwrap();
+    // A waiting lessee is woken by an Add (the marker lives in the queue's slot).
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.lease("job", 5, LEASE, Duration::from_secs(20), "w").await })
+    };
+    wait_for("server", async || c.stats("job").await.is_ok()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.add(vec![item("ns/a", 0), item("ns/b", 0)]).await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    assert!(!got.is_empty());
+    let mut keys: Vec<String> = got.iter().map(|i| i.key.clone()).collect();
+    for it in &got {
+        c.done("job", &it.key, &it.lease_id, Outcome::Forget).await.unwrap();
+    }
+    if keys.len() < 2 {
+        let more = c.lease("job", 5, LEASE, Duration::from_secs(5), "w").await.unwrap();
+        keys.extend(more.iter().map(|i| i.key.clone()));
+    }
+    keys.sort();
+    assert_eq!(keys, vec!["ns/a", "ns/b"]);
+    c.set_expectations("ns/a", "u", 1, 0).await.unwrap();
+    c.set_expectations("other/x", "u", 0, 0).await.unwrap();
+    assert!(!c.get_expectations("ns/a", "u").await.unwrap().satisfied);
+    assert!(c.get_expectations("other/x", "u").await.unwrap().satisfied);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
