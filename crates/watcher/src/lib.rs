@@ -219,8 +219,8 @@ async fn event_loop(
         tracing::warn!(kind, error = %e, "watch failed; retrying with backoff");
     };
     loop {
+        // Unbiased: a busy Job stream must not starve the Pod stream (or the reverse).
         let mut out = tokio::select! {
-            biased;
             _ = shutdown.cancelled() => return Ok(()),
             changed = leading.changed() => {
                 if changed.is_err() {
