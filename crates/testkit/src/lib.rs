@@ -6,7 +6,9 @@
 pub mod process;
 pub mod redis;
 pub mod redis_cluster;
+pub mod stack;
 
 pub use process::{ChildGuard, bin_path, free_port, wait_for_tcp, workspace_root};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
+pub use stack::{Stack, StackConfig};

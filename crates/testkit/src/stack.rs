@@ -1,0 +1,545 @@
+//! The whole kjob stack as real processes — redis-server (AOF on), kjob-sim, kjob-queue, one or
+//! more kjob-watchers (Lease-elected) and kjob-workers — with per-process control for fault
+//! and load tests: SIGKILL, SIGTERM, restart on the same port and data directory, workers added
+//! and removed, the leading watcher found through the Lease it holds in kjob-sim.
+//!
+//! Every process writes stdout and stderr to `<run dir>/logs/<name>.log` (appended across
+//! restarts) and dies with the [`Stack`]. All methods block; call them from a plain thread or
+//! through `tokio::task::block_in_place`.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::process::{free_port, wait_for_tcp};
+
+/// How long a process may take to listen on its port: cold debug binaries on a loaded 2-core
+/// machine take a few seconds.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long each process gets to drain after SIGTERM in [`Stack::stop`] before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Connect/read/write timeout of the small HTTP client talking to kjob-sim.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest HTTP answer read from kjob-sim (a Lease or a hook answer; `/metrics` is bigger).
+const HTTP_MAX_BODY: u64 = 64 << 20;
+
+/// Name of the redis-server process.
+pub const REDIS: &str = "redis-server";
+/// Name of the kjob-sim process.
+pub const SIM: &str = "kjob-sim";
+/// Name of the kjob-queue process.
+pub const QUEUE: &str = "kjob-queue";
+/// Prefix of watcher process names (`kjob-watcher-1`, ...); each uses its name as Lease identity.
+pub const WATCHER_PREFIX: &str = "kjob-watcher-";
+/// Prefix of worker process names (`kjob-worker-1`, ...); each uses its name as worker id.
+pub const WORKER_PREFIX: &str = "kjob-worker-";
+/// Namespace of the watchers' Lease.
+pub const LEASE_NAMESPACE: &str = "default";
+/// Name of the watchers' Lease.
+pub const LEASE_NAME: &str = "kjob-watcher";
+
+/// The kjob binaries a stack runs, all built by `cargo build --bins`.
+pub const BINARIES: [&str; 4] = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
+
+/// Where things are, how many of each process to run, and extra flags per binary.
+#[derive(Debug, Clone)]
+pub struct StackConfig {
+    /// Folder holding the kjob binaries.
+    pub bin_dir: PathBuf,
+    /// The redis-server executable.
+    pub redis_server: PathBuf,
+    /// Working folder: `logs/`, `redis/` and the kubeconfig go here.
+    pub run_dir: PathBuf,
+    /// Number of kjob-worker processes at start.
+    pub workers: usize,
+    /// Number of kjob-watcher processes (one leads, the others wait on the Lease).
+    pub watchers: usize,
+    /// `spec.managedBy` value kjob answers to.
+    pub controller_name: String,
+    /// Extra kjob-sim flags (e.g. `--write-latency=10ms`).
+    pub sim_args: Vec<String>,
+    /// Extra kjob-queue flags.
+    pub queue_args: Vec<String>,
+    /// Extra kjob-watcher flags (e.g. `--lease-duration=4s`, `--resync-period=30s`).
+    pub watcher_args: Vec<String>,
+    /// Extra kjob-worker flags (e.g. `--lease-duration=5s`).
+    pub worker_args: Vec<String>,
+}
+
+impl StackConfig {
+    /// One watcher, `workers` workers, default flags, the default controller name.
+    pub fn new(bin_dir: PathBuf, redis_server: PathBuf, run_dir: PathBuf, workers: usize) -> Self {
+        Self {
+            bin_dir,
+            redis_server,
+            run_dir,
+            workers,
+            watchers: 1,
+            controller_name: kjob_core::DEFAULT_CONTROLLER_NAME.into(),
+            sim_args: Vec::new(),
+            queue_args: Vec::new(),
+            watcher_args: Vec::new(),
+            worker_args: Vec::new(),
+        }
+    }
+}
+
+/// How to (re)start one process and how to tell it is up.
+#[derive(Debug, Clone)]
+struct Spec {
+    program: PathBuf,
+    args: Vec<String>,
+    /// A TCP port the process listens on once ready.
+    ready_port: u16,
+}
+
+/// One process slot: its spec, log and (while running) child.
+#[derive(Debug)]
+struct Proc {
+    spec: Spec,
+    log: PathBuf,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Proc {
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let mut cmd = Command::new(&self.spec.program);
+        cmd.args(&self.spec.args).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        self.child = Some(child);
+        self.starts += 1;
+        Ok(())
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn send_term(&mut self) {
+        if let Some(c) = self.child.as_mut()
+            && matches!(c.try_wait(), Ok(None))
+        {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        }
+    }
+
+    /// Waits for exit until `deadline`, then SIGKILL. Returns the status if it exited itself.
+    fn reap_by(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The running stack. Dropping it kills every process.
+#[derive(Debug)]
+pub struct Stack {
+    cfg: StackConfig,
+    procs: BTreeMap<String, Proc>,
+    next_worker: usize,
+    sim_addr: SocketAddr,
+    /// kjob-sim's base URL (`http://127.0.0.1:PORT`).
+    pub sim_url: String,
+    /// Kubeconfig pointing at kjob-sim.
+    pub kubeconfig: PathBuf,
+    /// kjob-queue's gRPC URL.
+    pub queue_url: String,
+    /// redis-server's URL.
+    pub redis_url: String,
+    /// Folder of the log files.
+    pub log_dir: PathBuf,
+}
+
+/// The binaries of [`BINARIES`] missing from `bin_dir`.
+pub fn missing_binaries(bin_dir: &Path) -> Vec<&'static str> {
+    BINARIES.into_iter().filter(|b| !bin_dir.join(b).is_file()).collect()
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+impl Stack {
+    /// Starts every process in dependency order, waiting for each to listen.
+    pub fn start(cfg: StackConfig) -> anyhow::Result<Self> {
+        let missing = missing_binaries(&cfg.bin_dir);
+        if !missing.is_empty() {
+            bail!(
+                "missing binaries in {}: {} (run `cargo build --bins`)",
+                cfg.bin_dir.display(),
+                missing.join(", ")
+            );
+        }
+        let log_dir = cfg.run_dir.join("logs");
+        let redis_dir = cfg.run_dir.join("redis");
+        // A fresh run every time: stale AOF data would replay keys of Jobs the new sim lacks.
+        let _ = std::fs::remove_dir_all(&redis_dir);
+        for d in [&log_dir, &redis_dir] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let kubeconfig = cfg.run_dir.join("kubeconfig");
+        let _ = std::fs::remove_file(&kubeconfig);
+        let (redis_port, sim_port, grpc_port) = (free_port(), free_port(), free_port());
+        let mut stack = Stack {
+            procs: BTreeMap::new(),
+            next_worker: 0,
+            sim_addr: loopback(sim_port),
+            sim_url: format!("http://127.0.0.1:{sim_port}"),
+            kubeconfig: kubeconfig.clone(),
+            queue_url: format!("http://127.0.0.1:{grpc_port}"),
+            redis_url: format!("redis://127.0.0.1:{redis_port}"),
+            log_dir,
+            cfg: cfg.clone(),
+        };
+
+        let mut args: Vec<String> =
+            ["--port", &redis_port.to_string(), "--bind", "127.0.0.1", "--dir"]
+                .map(String::from)
+                .into();
+        args.push(redis_dir.display().to_string());
+        args.extend(
+            ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+                .into_iter()
+                .chain(["--maxmemory-policy", "noeviction", "--daemonize", "no"])
+                .map(String::from),
+        );
+        stack.launch(
+            REDIS,
+            Spec { program: cfg.redis_server.clone(), args, ready_port: redis_port },
+        )?;
+
+        // A fixed port (not :0) so a restarted sim keeps its URL and the kubeconfig stays valid.
+        let mut args = vec![
+            format!("--listen=127.0.0.1:{sim_port}"),
+            "--kubelet=auto".into(),
+            format!("--kubeconfig-out={}", kubeconfig.display()),
+        ];
+        args.extend(cfg.sim_args.iter().cloned());
+        stack.launch(SIM, Spec { program: cfg.bin_dir.join(SIM), args, ready_port: sim_port })?;
+        stack.wait_file(&kubeconfig)?;
+
+        let mut args = vec![
+            format!("--listen=127.0.0.1:{grpc_port}"),
+            format!("--redis-url={}", stack.redis_url),
+            format!("--admin-listen=127.0.0.1:{}", free_port()),
+        ];
+        args.extend(cfg.queue_args.iter().cloned());
+        stack.launch(
+            QUEUE,
+            Spec { program: cfg.bin_dir.join(QUEUE), args, ready_port: grpc_port },
+        )?;
+
+        for i in 1..=cfg.watchers {
+            let name = format!("{WATCHER_PREFIX}{i}");
+            let admin = free_port();
+            let mut args = vec![
+                format!("--queue-url={}", stack.queue_url),
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--admin-listen=127.0.0.1:{admin}"),
+                format!("--controller-name={}", cfg.controller_name),
+                format!("--lease-namespace={LEASE_NAMESPACE}"),
+                format!("--lease-name={LEASE_NAME}"),
+                format!("--identity={name}"),
+            ];
+            args.extend(cfg.watcher_args.iter().cloned());
+            let program = cfg.bin_dir.join("kjob-watcher");
+            stack.launch(&name, Spec { program, args, ready_port: admin })?;
+        }
+        for _ in 0..cfg.workers {
+            stack.add_worker()?;
+        }
+        Ok(stack)
+    }
+
+    fn launch(&mut self, name: &str, spec: Spec) -> anyhow::Result<()> {
+        let log = self.log_dir.join(format!("{name}.log"));
+        let mut p = Proc { spec, log, child: None, starts: 0 };
+        p.spawn()?;
+        self.procs.insert(name.to_string(), p);
+        self.wait_ready(name)
+    }
+
+    /// Waits for the process's port, failing early (with the log path) if it dies meanwhile.
+    fn wait_ready(&mut self, name: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + LISTEN_TIMEOUT;
+        let p = self.procs.get_mut(name).with_context(|| format!("no process {name}"))?;
+        let port = p.spec.ready_port;
+        loop {
+            if let Some(st) = p.exited() {
+                bail!("{name} exited ({st}) while starting; see {}", p.log.display());
+            }
+            if wait_for_tcp(loopback(port), Duration::from_millis(250)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{name} does not listen on 127.0.0.1:{port} after {LISTEN_TIMEOUT:?}");
+            }
+        }
+    }
+
+    fn wait_file(&self, path: &Path) -> anyhow::Result<()> {
+        let deadline = Instant::now() + LISTEN_TIMEOUT;
+        while !path.is_file() {
+            if Instant::now() > deadline {
+                bail!("{} not written after {LISTEN_TIMEOUT:?}", path.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn proc(&mut self, name: &str) -> anyhow::Result<&mut Proc> {
+        self.procs.get_mut(name).with_context(|| format!("no process named {name}"))
+    }
+
+    /// Names of every process slot (running or killed), sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.procs.keys().cloned().collect()
+    }
+
+    /// Names of the worker processes currently running.
+    pub fn workers(&self) -> Vec<String> {
+        self.running_with_prefix(WORKER_PREFIX)
+    }
+
+    /// Names of the watcher processes currently running.
+    pub fn watchers(&self) -> Vec<String> {
+        self.running_with_prefix(WATCHER_PREFIX)
+    }
+
+    fn running_with_prefix(&self, prefix: &str) -> Vec<String> {
+        self.procs
+            .iter()
+            .filter(|(n, p)| n.starts_with(prefix) && p.child.is_some())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The OS process id of `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.procs.get(name)?.child.as_ref().map(Child::id)
+    }
+
+    /// How many times `name` has been started (1 after [`Stack::start`]).
+    pub fn starts(&self, name: &str) -> u32 {
+        self.procs.get(name).map_or(0, |p| p.starts)
+    }
+
+    /// The log file of `name`.
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.log_dir.join(format!("{name}.log"))
+    }
+
+    /// Kills `name` with SIGKILL (a crash) and reaps it; the slot stays for [`Stack::restart`].
+    pub fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        self.proc(name)?.kill();
+        Ok(())
+    }
+
+    /// Sends SIGTERM to `name` and waits up to `grace` (then SIGKILL). Returns the exit status
+    /// if it exited by itself.
+    pub fn terminate(&mut self, name: &str, grace: Duration) -> anyhow::Result<Option<ExitStatus>> {
+        let p = self.proc(name)?;
+        p.send_term();
+        Ok(p.reap_by(Instant::now() + grace))
+    }
+
+    /// Starts `name` again with the same flags, port and data directory (SIGKILL first if it
+    /// still runs), and waits until it listens. Restarting kjob-sim loses its objects.
+    pub fn restart(&mut self, name: &str) -> anyhow::Result<()> {
+        let p = self.proc(name)?;
+        p.kill();
+        p.spawn()?;
+        self.wait_ready(name)
+    }
+
+    /// Starts one more worker (`kjob-worker-N`, N never reused) and returns its name.
+    pub fn add_worker(&mut self) -> anyhow::Result<String> {
+        self.next_worker += 1;
+        let name = format!("{WORKER_PREFIX}{}", self.next_worker);
+        let admin = free_port();
+        let mut args = vec![
+            format!("--queue-url={}", self.queue_url),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--admin-listen=127.0.0.1:{admin}"),
+            format!("--controller-name={}", self.cfg.controller_name),
+            format!("--worker-id={name}"),
+        ];
+        args.extend(self.cfg.worker_args.iter().cloned());
+        let program = self.cfg.bin_dir.join("kjob-worker");
+        self.launch(&name, Spec { program, args, ready_port: admin })?;
+        Ok(name)
+    }
+
+    /// Stops worker `name` (SIGKILL when `crash`, else SIGTERM with `grace`) and forgets it.
+    pub fn remove_worker(
+        &mut self,
+        name: &str,
+        crash: bool,
+        grace: Duration,
+    ) -> anyhow::Result<()> {
+        if !name.starts_with(WORKER_PREFIX) {
+            bail!("{name} is not a worker");
+        }
+        if crash {
+            self.kill(name)?;
+        } else {
+            self.terminate(name, grace)?;
+        }
+        self.procs.remove(name);
+        Ok(())
+    }
+
+    /// The holder identity of the watchers' Lease in kjob-sim (`None` when unheld or absent).
+    pub fn lease_holder(&self) -> anyhow::Result<Option<String>> {
+        let path = format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{LEASE_NAME}"
+        );
+        let (status, body) = http_request(self.sim_addr, "GET", &path, None)?;
+        if status == 404 {
+            return Ok(None);
+        }
+        if status != 200 {
+            bail!("GET {path}: HTTP {status}");
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body).context("decoding the Lease")?;
+        Ok(v.pointer("/spec/holderIdentity")
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string))
+    }
+
+    /// The running watcher that holds the Lease, if any (identities are process names).
+    pub fn leader_watcher(&self) -> anyhow::Result<Option<String>> {
+        let holder = self.lease_holder()?;
+        Ok(holder.filter(|h| self.watchers().contains(h)))
+    }
+
+    /// Waits until a running watcher holds the Lease and returns its name.
+    pub fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // A transient error (the sim answering an injected 500) is worth a retry.
+            if let Ok(Some(l)) = self.leader_watcher() {
+                return Ok(l);
+            }
+            if Instant::now() > deadline {
+                bail!("no running watcher holds the Lease after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `GET` on kjob-sim (e.g. `/metrics`, `/sim/state`): HTTP status and body.
+    pub fn sim_get(&self, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
+        http_request(self.sim_addr, "GET", path, None)
+    }
+
+    /// `POST` a JSON body to kjob-sim (e.g. `/sim/faults`, `/sim/close-watches`): status and body.
+    pub fn sim_post(&self, path: &str, json: &str) -> anyhow::Result<(u16, Vec<u8>)> {
+        http_request(self.sim_addr, "POST", path, Some(json))
+    }
+
+    /// An error naming the first process that exited by itself, with its log file.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for (name, p) in &mut self.procs {
+            if let Some(status) = p.exited() {
+                bail!("{name} exited ({status}); see {}", p.log.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every process in two tiers: first watchers and workers (so they hand back their
+    /// leases while the queue still answers), then the servers; each tier drains in parallel
+    /// for at most [`STOP_GRACE`].
+    pub fn stop(&mut self) {
+        let is_server = |n: &str| [REDIS, SIM, QUEUE].contains(&n);
+        for servers in [false, true] {
+            let deadline = Instant::now() + STOP_GRACE;
+            let tier: Vec<&mut Proc> = self
+                .procs
+                .iter_mut()
+                .filter(|(n, _)| is_server(n) == servers)
+                .map(|(_, p)| p)
+                .collect();
+            let mut tier = tier;
+            tier.iter_mut().for_each(|p| p.send_term());
+            tier.iter_mut().for_each(|p| {
+                p.reap_by(deadline);
+            });
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A minimal HTTP/1.0 client for kjob-sim: HTTP/1.0 makes the server close the connection and
+/// send no chunked encoding, so the body is simply everything after the headers.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(HTTP_TIMEOUT))?;
+    s.set_write_timeout(Some(HTTP_TIMEOUT))?;
+    let body = json.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n");
+    if json.is_some() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes())?;
+    let mut buf = Vec::new();
+    s.take(HTTP_MAX_BODY).read_to_end(&mut buf).with_context(|| format!("{method} {path}"))?;
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .with_context(|| format!("{method} {path}: no HTTP header end"))?;
+    let head = String::from_utf8_lossy(&buf[..split]);
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .with_context(|| format!("{method} {path}: bad status line {head:?}"))?;
+    Ok((status, buf[split + 4..].to_vec()))
+}
