@@ -458,6 +458,7 @@ impl Engine {
                 let keys: HashSet<Key> = items.iter().map(key_of).collect();
                 self.pods.retain(|k, _| keys.contains(k));
                 self.planned.retain(|k, _| keys.contains(k));
+                self.done.retain(|k, _| keys.contains(k));
                 for pod in items {
                     self.pods.insert(key_of(&pod), pod);
                 }
