@@ -14,13 +14,22 @@
 use std::collections::HashSet;
 
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 
 use crate::handlers::{self, Enqueue, HandlerConfig};
 use crate::metrics::{EventLabels, KindLabels, Metrics};
 use crate::model::{JobInfo, PodInfo, Store};
+
+/// Converts the objects of a watcher event (e.g. to the slim views the informer keeps).
+pub fn map_event<A, B>(ev: Event<A>, f: impl FnOnce(A) -> B) -> Event<B> {
+    match ev {
+        Event::Apply(o) => Event::Apply(f(o)),
+        Event::Delete(o) => Event::Delete(f(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(f(o)),
+        Event::InitDone => Event::InitDone,
+    }
+}
 
 #[derive(Debug, Default)]
 struct ListState {
@@ -84,15 +93,14 @@ impl Informer {
     }
 
     /// Applies a Job event; returns what to enqueue when `leading` and synced.
-    pub fn job_event(&mut self, ev: Event<Job>, leading: bool, now: Timestamp) -> Vec<Enqueue> {
+    pub fn job_event(&mut self, ev: Event<JobInfo>, leading: bool, now: Timestamp) -> Vec<Enqueue> {
         let emit = leading && self.synced();
         let out = match ev {
             Event::Init => {
                 self.jobs.relist = Some(HashSet::new());
                 vec![]
             }
-            Event::InitApply(job) | Event::Apply(job) => {
-                let info = JobInfo::from_job(&job);
+            Event::InitApply(info) | Event::Apply(info) => {
                 if let Some(seen) = self.jobs.relist.as_mut() {
                     seen.insert(info.key());
                 }
@@ -113,8 +121,7 @@ impl Informer {
                     }
                 }
             }
-            Event::Delete(job) => {
-                let info = JobInfo::from_job(&job);
+            Event::Delete(info) => {
                 self.store.remove_job(&info.key());
                 self.count("job", "delete");
                 if emit { handlers::on_job_delete(&self.cfg, &self.store, &info) } else { vec![] }
@@ -142,15 +149,14 @@ impl Informer {
     }
 
     /// Applies a Pod event; returns what to enqueue when `leading` and synced.
-    pub fn pod_event(&mut self, ev: Event<Pod>, leading: bool) -> Vec<Enqueue> {
+    pub fn pod_event(&mut self, ev: Event<PodInfo>, leading: bool) -> Vec<Enqueue> {
         let emit = leading && self.synced();
         let out = match ev {
             Event::Init => {
                 self.pods.relist = Some(HashSet::new());
                 vec![]
             }
-            Event::InitApply(pod) | Event::Apply(pod) => {
-                let info = PodInfo::from_pod(&pod);
+            Event::InitApply(info) | Event::Apply(info) => {
                 if let Some(seen) = self.pods.relist.as_mut() {
                     seen.insert(info.key());
                 }
@@ -175,8 +181,7 @@ impl Informer {
                     }
                 }
             }
-            Event::Delete(pod) => {
-                let info = PodInfo::from_pod(&pod);
+            Event::Delete(info) => {
                 let old = self.store.remove_pod(&info.key());
                 // A delete whose object UID differs from the cached one is for a pod we never
                 // saw; the cached namesake's state must not decide whether deletion was seen.
@@ -219,9 +224,10 @@ impl Informer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::batch::v1::JobSpec;
+    use k8s_openapi::api::batch::v1::{Job, JobSpec};
+    use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-        LabelSelector, ObjectMeta, OwnerReference, Time,
+        LabelSelector, ObjectMeta, OwnerReference,
     };
     use kjob_core::{DEFAULT_CONTROLLER_NAME, JOB_QUEUE, JOB_TRACKING_FINALIZER, ORPHAN_POD_QUEUE};
     use std::collections::BTreeMap;
@@ -229,8 +235,8 @@ mod tests {
 
     use crate::handlers::{ObservationKind, SYNC_JOB_BATCH_PERIOD};
 
-    fn job(name: &str, rv: &str) -> Job {
-        Job {
+    fn job(name: &str, rv: &str) -> JobInfo {
+        JobInfo::from_job(&Job {
             metadata: ObjectMeta {
                 namespace: Some("ns".into()),
                 name: Some(name.into()),
@@ -248,11 +254,11 @@ mod tests {
                 ..Default::default()
             }),
             status: None,
-        }
+        })
     }
 
-    fn pod(name: &str, job: &str, rv: &str) -> Pod {
-        Pod {
+    fn pod(name: &str, job: &str, rv: &str) -> PodInfo {
+        PodInfo::from_pod(&Pod {
             metadata: ObjectMeta {
                 namespace: Some("ns".into()),
                 name: Some(name.into()),
@@ -271,7 +277,7 @@ mod tests {
                 ..Default::default()
             },
             ..Default::default()
-        }
+        })
     }
 
     fn informer() -> Informer {
@@ -299,6 +305,13 @@ mod tests {
     }
 
     #[test]
+    fn map_event_keeps_the_variant() {
+        let ev = map_event(Event::Delete(3), |x: i32| x * 2);
+        assert!(matches!(ev, Event::Delete(6)));
+        assert!(matches!(map_event(Event::<i32>::InitDone, |x| x), Event::InitDone));
+    }
+
+    #[test]
     fn nothing_is_handled_during_the_initial_lists() {
         let inf = synced();
         assert_eq!(inf.store().job_count(), 1);
@@ -317,7 +330,7 @@ mod tests {
         assert!(inf.pod_event(Event::Apply(pod("p1", "a", "3")), true).is_empty());
         // A real update.
         let mut p = pod("p1", "a", "4");
-        p.metadata.deletion_timestamp = Some(Time(now()));
+        p.deleting = true;
         let out = inf.pod_event(Event::Apply(p.clone()), true);
         assert_eq!(out[0].observations[0].kind, ObservationKind::Deletion);
         // Final delete: deletion already observed, only the finalizer removal remains.

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kjob_core::JOB_TRACKING_FINALIZER;
 
 use crate::selector::Selector;
@@ -116,7 +117,12 @@ impl PodInfo {
 
     /// Extracts the slim view from a full Pod.
     pub fn from_pod(pod: &Pod) -> Self {
-        let meta = &pod.metadata;
+        Self::from_meta(&pod.metadata)
+    }
+
+    /// Extracts the slim view from a pod's metadata (all the handlers read), so the informer
+    /// can watch pods as `PartialObjectMetadata`.
+    pub fn from_meta(meta: &ObjectMeta) -> Self {
         let controller =
             meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| {
                 ControllerRef {
@@ -147,11 +153,11 @@ impl PodInfo {
     }
 }
 
-fn ns(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+fn ns(meta: &ObjectMeta) -> String {
     meta.namespace.clone().unwrap_or_default()
 }
 
-fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+fn name(meta: &ObjectMeta) -> String {
     meta.name.clone().unwrap_or_default()
 }
 
@@ -281,7 +287,7 @@ impl Store {
 mod tests {
     use super::*;
     use k8s_openapi::api::batch::v1::{JobCondition, JobSpec, JobStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 
     #[test]
     fn job_info_extracts_fields() {
