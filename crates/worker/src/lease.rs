@@ -21,9 +21,13 @@ const LEASE_WAIT: Duration = Duration::from_secs(5);
 const LEASE_ERROR_BACKOFF: Duration = Duration::from_millis(200);
 /// Longest pause between failed Lease calls.
 const LEASE_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// A lease is treated as lost locally this long before its deadline when renewals keep failing,
-/// so a worker cut off from the queue stops writing before another worker can take the key.
+/// A lease is treated as lost locally this long before its deadline (at most a tenth of the
+/// lease) when renewals keep failing, so a worker cut off from the queue stops writing before
+/// another worker can take the key.
 const RENEW_SAFETY_MARGIN: Duration = Duration::from_millis(500);
+/// After the shutdown grace, a sync gets this long to wind down (no new pod calls, one status
+/// write) before it is dropped outright.
+const WIND_DOWN_LIMIT: Duration = Duration::from_secs(10);
 
 /// Settings of one lease loop.
 #[derive(Debug, Clone)]
@@ -174,8 +178,12 @@ async fn process(
 ) {
     let qname = settings.queue;
     let ending = {
-        let sync = worker.sync(qname, &item.key);
+        let sync = worker.sync(qname, &item.key, &hand_back);
         let renew = renew_until_lost(&worker, &queue, qname, &item, settings.lease);
+        let hard_stop = async {
+            hand_back.cancelled().await;
+            tokio::time::sleep(WIND_DOWN_LIMIT).await;
+        };
         tokio::select! {
             r = sync => Ending::Finished(match r {
                 Ok(SyncOutcome::Done) => Outcome::Forget,
@@ -187,7 +195,8 @@ async fn process(
             }),
             // Dropping the sync future stops every write it had in flight or planned.
             () = renew => Ending::LeaseLost,
-            () = hand_back.cancelled() => Ending::HandedBack,
+            // A sync that cannot wind down in time is dropped; its key is handed back as is.
+            () = hard_stop => Ending::HandedBack,
         }
     };
     let outcome_label = match &ending {
@@ -245,10 +254,11 @@ async fn renew_until_lost(
     lease: Duration,
 ) {
     let period = (lease / 3).max(Duration::from_millis(50));
+    let margin = RENEW_SAFETY_MARGIN.min(lease / 10);
     // The server's deadline is on the Redis clock; keep a local monotonic one instead.
     let mut deadline = Instant::now() + lease;
     loop {
-        let local_expiry = deadline.checked_sub(RENEW_SAFETY_MARGIN).unwrap_or(deadline);
+        let local_expiry = deadline.checked_sub(margin).unwrap_or(deadline);
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = tokio::time::sleep_until(local_expiry) => {

@@ -15,6 +15,7 @@ use kjob_reconcile::{
     SyncInput,
 };
 use kube::core::{Selector, SelectorExt};
+use tokio_util::sync::CancellationToken;
 
 use crate::events::EventType;
 use crate::kube_api::ApiError;
@@ -31,7 +32,11 @@ const RECORD_REMOVAL_TTL: Duration = Duration::from_millis(1);
 
 impl Worker {
     /// Syncs one Job key (upstream `syncJob`).
-    pub(crate) async fn sync_job(&self, key: &ObjectKey) -> Result<SyncOutcome, SyncError> {
+    pub(crate) async fn sync_job(
+        &self,
+        key: &ObjectKey,
+        wind_down: &CancellationToken,
+    ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let key_str = key.to_string();
         let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
@@ -64,12 +69,19 @@ impl Worker {
             manage_all: self.manage_all,
         };
         let plan = JobSync::new(input);
-        let outcome = self.drive(&job, &uid, &key_str, plan).await;
+        let outcome = self.drive(&job, &uid, &key_str, plan, wind_down).await;
         self.finish_sync(&job, &key_str, outcome, started).await
     }
 
     /// Executes the plan's steps until it is done (or a queue call fails, which aborts it).
-    async fn drive(&self, job: &Job, uid: &str, key: &str, mut plan: JobSync<'_>) -> Outcome {
+    async fn drive(
+        &self,
+        job: &Job,
+        uid: &str,
+        key: &str,
+        mut plan: JobSync<'_>,
+        wind_down: &CancellationToken,
+    ) -> Outcome {
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         // Status writes carry the latest resourceVersion this sync holds (its own last write).
         let mut current = job.clone();
@@ -85,6 +97,15 @@ impl Worker {
                         return plan.abort(format!("expectations: {e}"));
                     }
                     continue;
+                }
+                Step::CreatePods { pods } if wind_down.is_cancelled() => {
+                    Report::PodsCreated(pods.iter().map(|_| Err(winding_down())).collect())
+                }
+                Step::DeletePods { pods, .. } if wind_down.is_cancelled() => {
+                    Report::PodsDeleted(pods.iter().map(|_| Err(winding_down())).collect())
+                }
+                Step::RemoveFinalizers { pods } if wind_down.is_cancelled() => {
+                    Report::FinalizersRemoved(pods.iter().map(|_| Err(winding_down())).collect())
                 }
                 Step::CreatePods { pods } => {
                     let calls = pods.iter().map(|p| self.api.create_pod(&ns, p));
@@ -397,6 +418,11 @@ pub fn adoption_patch(job: &Job, pod: &Pod) -> serde_json::Value {
             "finalizers": [JOB_TRACKING_FINALIZER],
         }
     })
+}
+
+/// What a pod call skipped because the worker is handing its keys back reports.
+fn winding_down() -> CallError {
+    CallError::Other("the worker is shutting down; not sent".into())
 }
 
 fn call_error(e: ApiError) -> CallError {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE, ObjectKey};
 use kjob_queue_client::{ClientError, QueueClient};
+use tokio_util::sync::CancellationToken;
 
 use crate::events::EventSink;
 use crate::kube_api::{ApiError, KubeApi};
@@ -77,8 +78,15 @@ impl Worker {
     }
 
     /// Runs the sync of `key` leased from `queue`. Keys that cannot be parsed are dropped
-    /// (retrying cannot fix them).
-    pub async fn sync(&self, queue: &str, key: &str) -> Result<SyncOutcome, SyncError> {
+    /// (retrying cannot fix them). Once `wind_down` is cancelled the sync issues no more pod
+    /// calls: it reports them as failed to the plan (which lowers the expectations it had
+    /// raised for them), saves its status and ends quickly.
+    pub async fn sync(
+        &self,
+        queue: &str,
+        key: &str,
+        wind_down: &CancellationToken,
+    ) -> Result<SyncOutcome, SyncError> {
         let key = match ObjectKey::parse(key) {
             Ok(k) => k,
             Err(e) => {
@@ -87,7 +95,7 @@ impl Worker {
             }
         };
         match queue {
-            JOB_QUEUE => self.sync_job(&key).await,
+            JOB_QUEUE => self.sync_job(&key, wind_down).await,
             ORPHAN_POD_QUEUE => self.sync_orphan_pod(&key).await,
             other => {
                 tracing::error!(queue = other, "no sync for this queue; dropping key");

@@ -338,3 +338,47 @@ async fn suspend_then_resume() {
     check_pods(&e.driver, &job, 1).await;
     e.stop().await;
 }
+
+#[tokio::test]
+async fn pod_replacement_policy_failed_waits_for_terminating_pods() {
+    let mut e = env("replacement", "rp").await;
+    let client = e.sim.client();
+    create_job(
+        &client,
+        "replacement",
+        serde_json::json!({
+            "metadata": {"name": "rp"},
+            "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 2,
+                "podReplacementPolicy": "Failed", "template": template("Never")}
+        }),
+    )
+    .await;
+    let first =
+        e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, &mut |j| status(j).ready == Some(1)).await;
+    assert_eq!(counts(&first), (0, 0, 1));
+    // Delete the running pod; it keeps terminating (the test kubelet holds it).
+    e.driver.hold_terminating = true;
+    let name = e.driver.pods().await[0].metadata.name.clone().unwrap();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "replacement");
+    pods.delete(&name, &Default::default()).await.unwrap();
+    let job = e
+        .driver
+        .run_until(TIMEOUT, &mut |_| Fate::Run, &mut |j| status(j).terminating == Some(1))
+        .await;
+    assert_eq!(counts(&job), (0, 0, 0));
+    // A few more syncs: with policy Failed no replacement is made while the pod terminates.
+    for _ in 0..5 {
+        e.driver.step(&mut |_| Fate::Run).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(e.driver.all_pods.len(), 1, "replaced before the old pod terminated");
+    // Let it terminate (Failed): it is counted, and after the 10 s pod-failure backoff a
+    // replacement runs and succeeds.
+    e.driver.hold_terminating = false;
+    let job =
+        e.driver.run_until(Duration::from_secs(30), &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(counts(&job), (1, 1, 0));
+    assert!(condition(&job, "Complete").is_some());
+    check_pods(&e.driver, &job, 2).await;
+    e.stop().await;
+}

@@ -102,15 +102,20 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
         ("stale-uid", Some(owner("Job", "batch/v1", "running", "old-uid")), true),
     ];
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let never = tokio_util::sync::CancellationToken::new();
     for (name, o, _) in &cases {
         pods.create(&PostParams::default(), &pod(name, o.clone())).await.unwrap();
     }
     for (name, _, _) in &cases {
-        let out = worker.sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{NS}/{name}")).await.unwrap();
+        let out = worker
+            .sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{NS}/{name}"), &never)
+            .await
+            .unwrap();
         assert_eq!(out, kjob_worker::SyncOutcome::Done, "{name}");
     }
     // A pod that does not exist is simply done.
-    let out = worker.sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{NS}/missing")).await.unwrap();
+    let out =
+        worker.sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{NS}/missing"), &never).await.unwrap();
     assert_eq!(out, kjob_worker::SyncOutcome::Done);
     let listed = pods.list(&ListParams::default()).await.unwrap().items;
     for (name, _, removed) in &cases {

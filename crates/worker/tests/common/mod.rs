@@ -96,6 +96,17 @@ pub struct WorkerHandle {
 impl WorkerHandle {
     /// Starts `kjob_worker::run` against the simulator and the queue.
     pub fn start(sim: &TestSim, queue_url: &str, id: &str, lease: Duration) -> WorkerHandle {
+        Self::start_with(sim, queue_url, id, lease, Duration::from_secs(5))
+    }
+
+    /// Like [`WorkerHandle::start`] with a shutdown grace.
+    pub fn start_with(
+        sim: &TestSim,
+        queue_url: &str,
+        id: &str,
+        lease: Duration,
+        shutdown_grace: Duration,
+    ) -> WorkerHandle {
         let admin_port = free_port();
         let args = kjob_worker::Args {
             queue_url: queue_url.to_string(),
@@ -105,7 +116,7 @@ impl WorkerHandle {
             kube_burst: 1000,
             controller_name: kjob_core::DEFAULT_CONTROLLER_NAME.to_string(),
             manage_all_jobs: false,
-            shutdown_grace: Duration::from_secs(5),
+            shutdown_grace,
             worker_id: Some(id.to_string()),
             log: kjob_svc::LogArgs {
                 log_format: kjob_svc::LogFormat::Plain,
@@ -127,6 +138,18 @@ impl WorkerHandle {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.expect("worker task").expect("worker run");
+    }
+
+    /// GETs a path of its admin port.
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        let url = format!("http://127.0.0.1:{}{path}", self.admin_port);
+        match reqwest::get(&url).await {
+            Ok(r) => {
+                let code = r.status().as_u16();
+                (code, r.text().await.unwrap_or_default())
+            }
+            Err(e) => (0, e.to_string()),
+        }
     }
 
     /// Kills it without a drain (a crash: no Done, no more writes).
@@ -161,6 +184,8 @@ pub struct Driver {
     finished: BTreeSet<String>,
     /// Every pod UID ever seen, with its name.
     pub all_pods: BTreeMap<String, String>,
+    /// Leave pods being deleted running (a slow graceful termination) while set.
+    pub hold_terminating: bool,
 }
 
 impl Driver {
@@ -176,6 +201,7 @@ impl Driver {
             with_finalizer: BTreeSet::new(),
             finished: BTreeSet::new(),
             all_pods: BTreeMap::new(),
+            hold_terminating: false,
         }
     }
 
@@ -232,6 +258,9 @@ impl Driver {
             if pod.metadata.deletion_timestamp.is_some() {
                 if self.deleting.insert(uid.clone()) {
                     observations.push(obs(v1::ObservationKind::Deletion, &job_uid, &uid));
+                }
+                if self.hold_terminating {
+                    continue;
                 }
                 if !terminal {
                     set_phase(&api, pod, &Fate::Fail(137)).await;

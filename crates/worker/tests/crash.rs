@@ -1,0 +1,242 @@
+//! Faults: a worker killed mid-sync, workers restarted during pod-failure backoff, syncs longer
+//! than their lease, and the drain on shutdown.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Driver, Fate, QueueService, WorkerHandle, create_job, finished, template};
+use k8s_openapi::api::batch::v1::Job;
+use kjob_sim::SimConfig;
+use kjob_sim::testing::TestSim;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn counts(job: &Job) -> (i32, i32, i32) {
+    let s = job.status.clone().unwrap_or_default();
+    (s.succeeded.unwrap_or(0), s.failed.unwrap_or(0), s.active.unwrap_or(0))
+}
+
+fn slow_sim() -> SimConfig {
+    // Every write takes a while, so a sync spans several hundred milliseconds and a test can
+    // act between its pod creations and its status write.
+    SimConfig { write_latency: Duration::from_millis(300), ..Default::default() }
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_creating_pods_leaves_no_duplicates() {
+    let sim = TestSim::start(slow_sim()).await;
+    let client = sim.client();
+    common::create_namespace(&client, "crash").await;
+    let queue = QueueService::start();
+    let a = WorkerHandle::start(&sim, &queue.url, "a", Duration::from_secs(2));
+    let mut d = Driver::new(client.clone(), queue.client(), "crash", "cj");
+    create_job(
+        &client,
+        "crash",
+        serde_json::json!({
+            "metadata": {"name": "cj"},
+            "spec": {"completions": 3, "parallelism": 3, "template": template("Never")}
+        }),
+    )
+    .await;
+    d.queue
+        .add(vec![kjob_queue_client::v1::AddItem {
+            queue: kjob_core::JOB_QUEUE.into(),
+            key: "crash/cj".into(),
+            ..Default::default()
+        }])
+        .await
+        .unwrap();
+    // Kill A as soon as all three pods exist, before its status write (300 ms away) lands.
+    common::eventually("three pods", TIMEOUT, || {
+        let d = &d;
+        async move {
+            let pods = d.pods().await;
+            (pods.len() == 3).then_some(())
+        }
+    })
+    .await;
+    a.crash();
+    let job = d.get_job().await.unwrap();
+    let active_when_killed = counts(&job).2;
+    // B takes over once A's lease expires; the test kubelet lets every pod succeed.
+    let b = WorkerHandle::start(&sim, &queue.url, "b", Duration::from_secs(2));
+    let job = d.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert!(common::condition(&job, "Complete").is_some(), "{:?}", job.status);
+    assert_eq!(counts(&job), (3, 0, 0));
+    assert_eq!(
+        d.all_pods.len(),
+        3,
+        "no pod was created twice: {:?} (active at kill: {active_when_killed})",
+        d.all_pods
+    );
+    for p in d.pods().await {
+        assert!(
+            !p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
+        );
+    }
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn pod_failure_backoff_survives_worker_restarts() {
+    let sim = TestSim::start(Default::default()).await;
+    let client = sim.client();
+    common::create_namespace(&client, "restart").await;
+    let queue = QueueService::start();
+    let mut w = Some(WorkerHandle::start(&sim, &queue.url, "w1", Duration::from_secs(5)));
+    let mut d = Driver::new(client.clone(), queue.client(), "restart", "rb");
+    create_job(&client, "restart", serde_json::json!({
+        "metadata": {"name": "rb"},
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 3, "template": template("Never")}
+    }))
+    .await;
+    let mut first_uid = None::<String>;
+    let mut failed_at = None::<Instant>;
+    let mut restarted = 0;
+    let start = Instant::now();
+    let replacement = loop {
+        let mut fate = |p: &k8s_openapi::api::core::v1::Pod| {
+            let uid = p.metadata.uid.clone().unwrap();
+            if first_uid.get_or_insert(uid.clone()) == &uid {
+                failed_at.get_or_insert_with(Instant::now);
+                Fate::Fail(1)
+            } else {
+                Fate::Run
+            }
+        };
+        d.step(&mut fate).await;
+        if d.all_pods.len() > 1 {
+            break failed_at.expect("first pod failed").elapsed();
+        }
+        // Restart every worker twice during the 10 s backoff: a fresh process must keep it.
+        if let Some(t) = failed_at
+            && restarted < 2
+            && t.elapsed() > Duration::from_secs(2 + 3 * restarted)
+        {
+            w.take().unwrap().stop().await;
+            w = Some(WorkerHandle::start(
+                &sim,
+                &queue.url,
+                &format!("w{}", restarted + 2),
+                Duration::from_secs(5),
+            ));
+            restarted += 1;
+        }
+        assert!(start.elapsed() < TIMEOUT, "no replacement pod after {TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(restarted, 2);
+    // Upstream: the first failure delays the replacement by 10 s (DefaultJobPodFailureBackOff).
+    assert!(replacement >= Duration::from_millis(9500), "replacement after only {replacement:?}");
+    let job = d.get_job().await.unwrap();
+    assert_eq!(counts(&job).1, 1);
+    w.take().unwrap().stop().await;
+}
+
+#[tokio::test]
+async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs() {
+    let sim = TestSim::start(slow_sim()).await;
+    let client = sim.client();
+    common::create_namespace(&client, "renew").await;
+    let queue = QueueService::start();
+    // A 1 s lease against syncs of several 300 ms writes: only renewals keep them.
+    let a = WorkerHandle::start(&sim, &queue.url, "a", Duration::from_secs(1));
+    let b = WorkerHandle::start(&sim, &queue.url, "b", Duration::from_secs(1));
+    let names = ["r0", "r1", "r2"];
+    for n in names {
+        create_job(
+            &client,
+            "renew",
+            serde_json::json!({
+                "metadata": {"name": n},
+                "spec": {"completions": 4, "parallelism": 4, "template": template("Never")}
+            }),
+        )
+        .await;
+    }
+    let mut drivers: Vec<Driver> =
+        names.iter().map(|n| Driver::new(client.clone(), queue.client(), "renew", n)).collect();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let mut done = 0;
+        for d in &mut drivers {
+            d.step(&mut |_| Fate::Succeed).await;
+            if d.get_job().await.is_some_and(|j| finished(&j)) {
+                done += 1;
+            }
+        }
+        if done == drivers.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "jobs did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for d in &drivers {
+        let job = d.get_job().await.unwrap();
+        assert_eq!(counts(&job), (4, 0, 0), "{}", d.job);
+        assert_eq!(d.all_pods.len(), 4, "{}: {:?}", d.job, d.all_pods);
+    }
+    for w in [&a, &b] {
+        let (code, body) = w.admin_get("/metrics").await;
+        assert_eq!(code, 200);
+        assert!(!body.contains("outcome=\"lease_lost\""), "{body}");
+        assert!(body.contains("job_controller_job_syncs_total{"), "{body}");
+        assert_eq!(w.admin_get("/readyz").await.0, 200);
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_hands_back_syncs_that_outlive_the_grace() {
+    let sim = TestSim::start(SimConfig {
+        write_latency: Duration::from_millis(800),
+        ..Default::default()
+    })
+    .await;
+    let client = sim.client();
+    common::create_namespace(&client, "drain").await;
+    let queue = QueueService::start();
+    let a = WorkerHandle::start_with(
+        &sim,
+        &queue.url,
+        "a",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+    );
+    let mut d = Driver::new(client.clone(), queue.client(), "drain", "dr");
+    create_job(
+        &client,
+        "drain",
+        serde_json::json!({
+            "metadata": {"name": "dr"},
+            "spec": {"completions": 4, "parallelism": 4, "template": template("Never")}
+        }),
+    )
+    .await;
+    d.step(&mut |_| Fate::Run).await;
+    // Wait until A is mid-sync (its first pod exists; three more creates in two slow-start
+    // batches and a status write, 400 ms each, are still to come), then drain with a 200 ms
+    // grace.
+    common::eventually("first pod", TIMEOUT, || {
+        let d = &d;
+        async move { (!d.pods().await.is_empty()).then_some(()) }
+    })
+    .await;
+    let stopped = Instant::now();
+    a.stop().await;
+    // Grace (0.2 s) + wind-down (the batch in flight and one status write, 0.4 s each) + at most
+    // 5 s flushing queued events through the slow API.
+    assert!(stopped.elapsed() < Duration::from_secs(9), "drain took {:?}", stopped.elapsed());
+    // The key was handed back (not left to its 10 s lease): B picks it up at once.
+    let inspect = d.queue.inspect(kjob_core::JOB_QUEUE, vec!["drain/dr".into()]).await.unwrap();
+    let state = &inspect.keys[0];
+    assert_ne!(state.state, "leased", "{state:?}");
+    let b = WorkerHandle::start(&sim, &queue.url, "b", Duration::from_secs(10));
+    let job = d.run_until(Duration::from_secs(30), &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(counts(&job), (4, 0, 0));
+    assert_eq!(d.all_pods.len(), 4, "{:?}", d.all_pods);
+    b.stop().await;
+}
