@@ -20,6 +20,7 @@ use kjob_demo::expect;
 use kjob_demo::view::{self, JobRow};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::stack::{Stack, StackConfig};
 
@@ -96,6 +97,11 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let redis_server = kjob_testkit::redis::redis_server_binary()?;
     let tty = std::io::stdout().is_terminal() && !plain;
 
+    // Installed before any child starts: the children run in their own process group (a
+    // terminal's Ctrl-C reaches only us), so we must be the one to stop them; a signal that
+    // arrives while they start is buffered and handled right after.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
     println!("kjob demo: {} example Jobs from {}", examples.len(), examples_dir.display());
     let cfg = StackConfig { bin_dir, redis_server, run_dir, workers, controller_name };
     let mut stack =
@@ -110,11 +116,13 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!();
 
     let client = client(&stack).await?;
-    create_examples(&client, &namespace, &examples).await?;
-
     let end = tokio::select! {
-        r = watch(&client, &namespace, &examples, &mut stack, timeout, tty) => r?,
-        _ = tokio::signal::ctrl_c() => End::Interrupted,
+        r = async {
+            create_examples(&client, &namespace, &examples).await?;
+            watch(&client, &namespace, &examples, &mut stack, timeout, tty).await
+        } => r?,
+        _ = interrupt.recv() => End::Interrupted,
+        _ = terminate.recv() => End::Interrupted,
     };
     let rows = match end {
         End::Interrupted => Vec::new(),

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -63,6 +64,9 @@ impl Proc {
         } else {
             cmd.stdout(out);
         }
+        // Own process group: a terminal's Ctrl-C goes to kjob-demo alone, which then stops
+        // the stack in order (workers first) instead of every process aborting at once.
+        cmd.process_group(0);
         let child = cmd.spawn().with_context(|| format!("starting {name} ({cmd:?})"))?;
         Ok(Self { name: name.to_string(), log, child })
     }
