@@ -82,13 +82,17 @@ struct InProcWatcher {
 
 impl InProcWatcher {
     async fn start(stack: &Stack) -> Self {
+        Self::start_with_resync(stack, Duration::from_secs(600)).await
+    }
+
+    async fn start_with_resync(stack: &Stack, resync_period: Duration) -> Self {
         let config = WatcherConfig {
             queue_url: queue_url(stack.queue_port),
             controller_name: CONTROLLER.into(),
             manage_all: false,
             namespace: None,
             lease: lease_cfg("inproc"),
-            resync_period: Duration::from_secs(600),
+            resync_period,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = listener.local_addr().unwrap();
@@ -146,12 +150,16 @@ where
 }
 
 async fn create_job(client: &kube::Client, name: &str) -> Job {
+    create_job_managed_by(client, name, CONTROLLER).await
+}
+
+async fn create_job_managed_by(client: &kube::Client, name: &str, managed_by: &str) -> Job {
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "managedBy": CONTROLLER,
+            "managedBy": managed_by,
             "template": {"spec": {
                 "restartPolicy": "Never",
                 "containers": [{"name": "c", "image": "busybox"}]
@@ -375,6 +383,31 @@ async fn nothing_is_lost_while_the_queue_is_down() {
         key_state(&stack.queue, &key("down")).await.state == "ready"
     })
     .await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_jobs_are_never_enqueued_and_managed_ones_are_resynced() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let resync = Duration::from_secs(1);
+    let w = InProcWatcher::start_with_resync(&stack, resync).await;
+    let foreign = create_job_managed_by(&client, "theirs", "example.com/other").await;
+    create_pod(&client, "theirs-a", &foreign, true).await;
+    create_job(&client, "ours").await;
+    settle(&stack, "ours").await;
+    // The periodic resync puts the managed Job back; the foreign one never shows up.
+    poll("resync re-enqueues the managed job", Duration::from_secs(5), || async {
+        key_state(&stack.queue, &key("ours")).await.state != "absent"
+    })
+    .await;
+    assert!(
+        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"add\"}").await >= 1.0,
+        "the foreign pod was seen"
+    );
+    assert_eq!(key_state(&stack.queue, &key("theirs")).await.state, "absent");
+    let orphans = stack.queue.stats("orphan-pod").await.unwrap();
+    assert_eq!(orphans.ready + orphans.delayed, 0, "{orphans:?}");
     w.stop().await;
 }
 
