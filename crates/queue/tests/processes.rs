@@ -326,3 +326,26 @@ async fn redis_restart_with_aof_keeps_acknowledged_state() {
     let it = &leased[0];
     c.done("job", &it.key, &it.lease_id, Outcome::Forget).await.unwrap();
 }
+
+/// The benchmark runs end to end (tiny counts; the numbers themselves are for `--release`).
+#[test]
+fn bench_smoke() {
+    let out = Command::new(BENCH_BIN)
+        .args(["run", "--items", "300", "--lessees", "4", "--latency-items", "20"])
+        .args(["--latency-rate", "100"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for want in [
+        "items/s",
+        "redis commands/item",
+        "redis CPU µs/item",
+        "1 waiting lessee",
+        "8 waiting lessee",
+        "p99",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+}
