@@ -1,0 +1,307 @@
+//! kjob-bench: starts the whole kjob stack as processes (release binaries) and measures
+//! throughput, latency, cost, scale-out and kjob-sim's raw limit in one run; writes a Markdown
+//! report and PNG plots.
+
+mod stack;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use kjob_bench::report::{BenchReport, PhaseResult, Plot, render_markdown};
+use kjob_bench::{plot, stats};
+use tokio::task::JoinSet;
+
+use crate::stack::{Stack, StackOpts};
+use crate::workload::{Phase, Recorder, job, measure_limit, run_phase};
+
+/// Timeouts of the harness's own kube client (watches keep the client's long read timeout).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most points drawn per CDF line.
+const CDF_POINTS: usize = 400;
+
+/// Whole-stack benchmark of kjob (issue 8).
+#[derive(Debug, Parser)]
+#[command(name = "kjob-bench", version)]
+struct Args {
+    /// Folder holding release builds of kjob-sim, kjob-queue, kjob-watcher and kjob-worker.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// The redis-server executable.
+    #[arg(long, env = "KJOB_REDIS_SERVER", default_value = "redis-server")]
+    redis_server: PathBuf,
+    /// Where the report, plots and process logs go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// A small run for smoke tests (overrides every size flag).
+    #[arg(long)]
+    quick: bool,
+    /// Workers of the main (throughput and latency) stack.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Single-pod Jobs of the throughput phase.
+    #[arg(long, default_value_t = 5000)]
+    jobs: usize,
+    /// Completions of the Indexed Job (0 skips it).
+    #[arg(long, default_value_t = 20_000)]
+    indexed_completions: i32,
+    /// Parallelism of the Indexed Job.
+    #[arg(long, default_value_t = 500)]
+    indexed_parallelism: i32,
+    /// How long each simulated pod runs.
+    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "100ms")]
+    pod_run_time: Duration,
+    /// Worker counts of the scale-out runs (empty skips them).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    scale_workers: Vec<usize>,
+    /// Single-pod Jobs per scale-out run.
+    #[arg(long, default_value_t = 600)]
+    scale_jobs: usize,
+    /// Latency kjob-sim adds before every write in the scale-out runs.
+    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "10ms")]
+    write_latency: Duration,
+    /// Pods created by the raw sim-limit loop (0 skips it).
+    #[arg(long, default_value_t = 4000)]
+    limit_pods: u64,
+    /// Concurrent clients of the sim-limit loop and of the harness's Job creation.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Deadline of each phase.
+    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "240s")]
+    phase_timeout: Duration,
+    /// `spec.managedBy` of the benchmark Jobs (and the controller name given to kjob).
+    #[arg(long, default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
+    controller_name: String,
+    #[command(flatten)]
+    log: kjob_svc::LogArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    kjob_svc::init_logging(&args.log)?;
+    if args.quick {
+        args.jobs = 100;
+        args.indexed_completions = 400;
+        args.indexed_parallelism = 50;
+        args.scale_jobs = 60;
+        args.scale_workers = vec![1, 2];
+        args.limit_pods = 400;
+        args.phase_timeout = Duration::from_secs(60);
+    }
+    let report = run(args).await?;
+    // The binary's product: where the report is and the verdicts, on stdout.
+    for t in kjob_bench::report::targets(&report) {
+        println!("{:<70} {:>12}  goal {}", t.what, t.actual, t.goal);
+    }
+    Ok(())
+}
+
+/// `CLK_TCK` from getconf; 100 (the Linux default) if it cannot be asked.
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+async fn kube_client(sim_url: &str) -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::new(sim_url.parse().context("sim URL")?);
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.write_timeout = Some(CONNECT_TIMEOUT);
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn run(args: Args) -> anyhow::Result<BenchReport> {
+    let Args {
+        bin_dir,
+        redis_server,
+        out,
+        quick: _,
+        workers,
+        jobs,
+        indexed_completions,
+        indexed_parallelism,
+        pod_run_time,
+        scale_workers,
+        scale_jobs,
+        write_latency,
+        limit_pods,
+        clients,
+        phase_timeout,
+        controller_name,
+        log: _,
+    } = args;
+    let started = Instant::now();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let ticks = clock_ticks();
+    let http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?;
+    let mut report = BenchReport {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: jiff::Timestamp::now().to_string(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ..Default::default()
+    };
+    let opts = |workers: usize, latency: Duration, dir: &str| StackOpts {
+        bin_dir: bin_dir.clone(),
+        redis_server: redis_server.clone(),
+        run_dir: out.join("run").join(dir),
+        workers,
+        write_latency: latency,
+        controller_name: controller_name.clone(),
+    };
+
+    if limit_pods > 0 {
+        tracing::info!(pods = limit_pods, clients, "measuring kjob-sim's raw write throughput");
+        let stack = Stack::start(&opts(0, Duration::ZERO, "limit"))?;
+        report.limit = Some(measure_limit(&stack.sim_url, &http, limit_pods, clients).await?);
+    }
+
+    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = Vec::new();
+    {
+        tracing::info!(workers, "main stack: throughput and latency");
+        let mut stack = Stack::start(&opts(workers, Duration::ZERO, "main"))?;
+        let client = kube_client(&stack.sim_url).await?;
+        let rec = Recorder::default();
+        let mut watches = JoinSet::new();
+        rec.start(client.clone(), &mut watches).await?;
+        if jobs > 0 {
+            let list = (0..jobs)
+                .map(|i| {
+                    job(&format!("single-{i:05}"), &controller_name, 1, 1, false, pod_run_time)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let phase = Phase {
+                name: format!("{jobs} single-pod Jobs"),
+                jobs: list,
+                creators: clients,
+                timeout: phase_timeout,
+            };
+            let (mut r, first, counted) =
+                run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+            r.workers = workers;
+            samples.push((first, counted));
+            report.single = Some(r);
+        }
+        if indexed_completions > 0 {
+            let j = job(
+                "indexed",
+                &controller_name,
+                indexed_completions,
+                indexed_parallelism,
+                true,
+                pod_run_time,
+            )?;
+            let phase = Phase {
+                name: format!(
+                    "Indexed Job, {indexed_completions} completions, parallelism {indexed_parallelism}"
+                ),
+                jobs: vec![j],
+                creators: 1,
+                timeout: phase_timeout,
+            };
+            let (mut r, first, counted) =
+                run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+            r.workers = workers;
+            samples.push((first, counted));
+            report.indexed = Some(r);
+        }
+        watches.abort_all();
+    }
+
+    for &w in &scale_workers {
+        tracing::info!(workers = w, ?write_latency, "scale-out run");
+        let mut stack = Stack::start(&opts(w, write_latency, &format!("scale-{w}")))?;
+        let client = kube_client(&stack.sim_url).await?;
+        let rec = Recorder::default();
+        let mut watches = JoinSet::new();
+        rec.start(client.clone(), &mut watches).await?;
+        let list = (0..scale_jobs)
+            .map(|i| job(&format!("scale-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let phase = Phase {
+            name: format!("scale-out: {scale_jobs} Jobs, {w} worker(s)"),
+            jobs: list,
+            creators: clients,
+            timeout: phase_timeout,
+        };
+        let (mut r, _, _) = run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+        r.workers = w;
+        r.write_latency_ms = write_latency.as_millis() as u64;
+        report.scale.push(r);
+        watches.abort_all();
+    }
+
+    report.plots = draw_plots(&out, &report, &samples)?;
+    report.total_secs = started.elapsed().as_secs_f64();
+    let md = out.join("report.md");
+    std::fs::write(&md, render_markdown(&report))
+        .with_context(|| format!("writing {}", md.display()))?;
+    tracing::info!(report = %md.display(), secs = report.total_secs, "benchmark done");
+    Ok(report)
+}
+
+fn draw_plots(
+    out: &std::path::Path,
+    r: &BenchReport,
+    samples: &[(Vec<f64>, Vec<f64>)],
+) -> anyhow::Result<Vec<Plot>> {
+    let mut plots = Vec::new();
+    if !r.scale.is_empty() {
+        let measured: Vec<(f64, f64)> =
+            r.scale.iter().map(|p| (p.workers as f64, p.jobs_per_sec())).collect();
+        let base = r.scale.iter().find(|p| p.workers == 1).map(PhaseResult::jobs_per_sec);
+        let ideal: Vec<(f64, f64)> =
+            base.map(|b| measured.iter().map(|&(w, _)| (w, w * b)).collect()).unwrap_or_default();
+        let x_max = measured.iter().map(|p| p.0).fold(0.0, f64::max) + 1.0;
+        let y_max = measured.iter().chain(ideal.iter()).map(|p| p.1).fold(0.0, f64::max) * 1.1;
+        plot::line_plot(
+            &out.join("throughput-vs-workers.png"),
+            x_max,
+            y_max,
+            &[measured.clone(), ideal],
+        )?;
+        plots.push(Plot {
+            file: "throughput-vs-workers.png".into(),
+            caption: format!(
+                "x: workers (0 to {x_max:.0}, grid every {:.1}); y: single-pod Jobs finished/s (0 to {y_max:.1}, grid every {:.1}). \
+                 Blue: measured; red: linear scaling from 1 worker. Points: {}.",
+                x_max / 10.0,
+                y_max / 10.0,
+                measured.iter().map(|(w, j)| format!("{w:.0} -> {j:.1}")).collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    let mut series = Vec::new();
+    let mut names = Vec::new();
+    let colours = ["blue", "red", "green", "grey"];
+    for (i, (first, counted)) in samples.iter().enumerate() {
+        let phase = if i == 0 && r.single.is_some() { "single-pod Jobs" } else { "Indexed Job" };
+        if first.len() > 1 {
+            names
+                .push(format!("{}: Job created -> first pod ({phase})", colours[series.len() % 4]));
+            series.push(stats::cdf_points(first, CDF_POINTS));
+        }
+        if !counted.is_empty() {
+            names.push(format!("{}: pod finished -> counted ({phase})", colours[series.len() % 4]));
+            series.push(stats::cdf_points(counted, CDF_POINTS));
+        }
+    }
+    if !series.is_empty() {
+        let x_max = series.iter().flatten().map(|p| p.0).fold(0.0, f64::max) * 1.05;
+        plot::line_plot(&out.join("latency-cdf.png"), x_max, 1.0, &series)?;
+        plots.push(Plot {
+            file: "latency-cdf.png".into(),
+            caption: format!(
+                "Latency CDF. x: seconds (0 to {x_max:.2}, grid every {:.3} s); y: fraction of samples (grid every 0.1). {}.",
+                x_max / 10.0,
+                names.join("; ")
+            ),
+        });
+    }
+    Ok(plots)
+}

@@ -1,0 +1,70 @@
+//! CPU time and peak memory of a process from `/proc/<pid>/stat` and `/proc/<pid>/status`.
+
+/// CPU ticks (user + system) from the text of `/proc/<pid>/stat`.
+pub fn cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) may hold spaces and parentheses: fields restart after the
+    // last ')'. Field 3 (state) is then index 0, so utime (14) and stime (15) are 11 and 12.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// A `kB` field (`VmHWM`, `VmRSS`) of `/proc/<pid>/status`, in bytes.
+pub fn status_bytes(status: &str, field: &str) -> Option<u64> {
+    status.lines().find_map(|l| {
+        let v = l.strip_prefix(field)?.strip_prefix(':')?;
+        let kb: u64 = v.trim().strip_suffix("kB")?.trim().parse().ok()?;
+        Some(kb * 1024)
+    })
+}
+
+/// One sample of a process's resource use.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// CPU seconds (user + system) so far.
+    pub cpu_secs: f64,
+    /// Peak resident set size so far, in bytes.
+    pub peak_rss: u64,
+}
+
+/// Reads the usage of `pid`; `ticks_per_sec` is the kernel's `CLK_TCK`.
+pub fn read_usage(pid: u32, ticks_per_sec: f64) -> std::io::Result<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unparsable /proc entry");
+    Ok(Usage {
+        cpu_secs: cpu_ticks(&stat).ok_or_else(bad)? as f64 / ticks_per_sec,
+        peak_rss: status_bytes(&status, "VmHWM").ok_or_else(bad)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_command_names() {
+        let stat = "4242 (kjob (worker) 1) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 75 0 0 20 0 9 0 100 0 0";
+        assert_eq!(cpu_ticks(stat), Some(325));
+        assert_eq!(cpu_ticks("garbage"), None);
+        assert_eq!(cpu_ticks("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn parses_status_fields() {
+        let status =
+            "Name:\tkjob-sim\nVmPeak:\t  900 kB\nVmHWM:\t   51234 kB\nVmRSS:\t   40000 kB\n";
+        assert_eq!(status_bytes(status, "VmHWM"), Some(51_234 * 1024));
+        assert_eq!(status_bytes(status, "VmRSS"), Some(40_000 * 1024));
+        assert_eq!(status_bytes(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn reads_own_usage() {
+        let u = read_usage(std::process::id(), 100.0).unwrap();
+        assert!(u.peak_rss > 0);
+        assert!(u.cpu_secs >= 0.0);
+    }
+}
