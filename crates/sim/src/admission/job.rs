@@ -200,36 +200,47 @@ pub fn parse_indexes(s: &str, completions: i64) -> Result<i64, String> {
     if s.is_empty() {
         return Ok(0);
     }
-    let mut count = 0i64;
-    let mut prev: Option<i64> = None;
-    for part in s.split(',') {
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a, b),
-            None => (part, part),
-        };
-        let parse = |x: &str| {
-            x.parse::<i64>()
-                .map_err(|_| format!("cannot convert string to integer for index: {x:?}"))
-        };
-        let (lo, hi) = (parse(a)?, parse(b)?);
-        if lo < 0 {
-            return Err(format!("cannot convert string to integer for index: {a:?}"));
-        }
-        if hi >= completions {
-            return Err(format!("too large index: {hi}"));
-        }
-        if lo > hi {
-            return Err(format!("the fist index {lo} is greater than last {hi}"));
-        }
-        if let Some(p) = prev
-            && lo <= p
+    let mut total = 0i64;
+    let mut last: Option<i64> = None;
+    for interval in s.split(',') {
+        let (x, y) = parse_index_interval(interval, completions)?;
+        if let Some(l) = last
+            && l >= x
         {
-            return Err(format!("non-increasing order, previous: {p}, current: {lo}"));
+            return Err(format!("non-increasing order, previous: {l}, current: {x}"));
         }
-        prev = Some(hi);
-        count += hi - lo + 1;
+        total += y - x + 1;
+        last = Some(y);
     }
-    Ok(count)
+    Ok(total)
+}
+
+fn parse_index_interval(interval: &str, completions: i64) -> Result<(i64, i64), String> {
+    let limits: Vec<&str> = interval.split('-').collect();
+    if limits.len() > 2 {
+        return Err(format!(
+            "the fragment {interval:?} violates the requirement that an index interval can have at most two parts separated by '-'"
+        ));
+    }
+    let parse = |x: &str| {
+        let n: i64 =
+            x.parse().map_err(|_| format!("cannot convert string to integer for index: {x:?}"))?;
+        if n >= completions {
+            return Err(format!("too large index: {x:?}"));
+        }
+        Ok(n)
+    };
+    let x = parse(limits[0])?;
+    match limits.get(1) {
+        None => Ok((x, x)),
+        Some(b) => {
+            let y = parse(b)?;
+            if x >= y {
+                return Err(format!("non-increasing order, previous: {x}, current: {y}"));
+            }
+            Ok((x, y))
+        }
+    }
 }
 
 fn index_set(s: &str) -> BTreeSet<i64> {
@@ -246,14 +257,6 @@ fn index_set(s: &str) -> BTreeSet<i64> {
 
 fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
     let Some(pfp) = spec.get("podFailurePolicy").filter(|p| !p.is_null()) else { return };
-    let restart = text(spec, "/template/spec/restartPolicy").unwrap_or_default();
-    if restart != "Never" {
-        out.push(FieldCause::invalid(
-            "spec.template.spec.restartPolicy",
-            &json!(restart),
-            "only \"Never\" is supported when podFailurePolicy is specified",
-        ));
-    }
     let rules = pfp.get("rules").and_then(Value::as_array).cloned().unwrap_or_default();
     if rules.len() > MAX_POD_FAILURE_POLICY_RULES {
         out.push(FieldCause::too_many(
@@ -274,7 +277,10 @@ fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
         let rp = format!("spec.podFailurePolicy.rules[{i}]");
         let action = rule.get("action").and_then(Value::as_str).unwrap_or_default();
         if action.is_empty() {
-            out.push(FieldCause::required(&format!("{rp}.action"), ""));
+            out.push(FieldCause::required(
+                &format!("{rp}.action"),
+                "valid values: [\"Count\" \"FailIndex\" \"FailJob\" \"Ignore\"]",
+            ));
         } else if !POD_FAILURE_ACTIONS.contains(&action) {
             out.push(FieldCause::not_supported(
                 &format!("{rp}.action"),
@@ -313,7 +319,12 @@ fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
                 ));
             }
             let op = codes.get("operator").and_then(Value::as_str).unwrap_or_default();
-            if !EXIT_CODE_OPERATORS.contains(&op) {
+            if op.is_empty() {
+                out.push(FieldCause::required(
+                    &format!("{cp}.operator"),
+                    "valid values: [\"In\" \"NotIn\"]",
+                ));
+            } else if !EXIT_CODE_OPERATORS.contains(&op) {
                 out.push(FieldCause::not_supported(
                     &format!("{cp}.operator"),
                     &json!(op),
@@ -340,6 +351,7 @@ fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
                     MAX_POD_FAILURE_POLICY_ON_EXIT_CODES_VALUES,
                 ));
             }
+            let mut ordered = true;
             let mut prev: Option<i64> = None;
             let mut seen = BTreeSet::new();
             for (j, v) in values.iter().enumerate() {
@@ -353,10 +365,12 @@ fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
                 }
                 if !seen.insert(*v) {
                     out.push(FieldCause::duplicate(&f, &json!(v)));
-                } else if prev.is_some_and(|p| p > *v) {
-                    out.push(FieldCause::invalid(&f, &json!(v), "must be ordered"));
                 }
+                ordered &= prev.is_none_or(|p| p <= *v);
                 prev = Some(*v);
+            }
+            if !ordered {
+                out.push(FieldCause::invalid(&vp, &json!(values), "must be ordered"));
             }
         }
         if let Some(conds) = conds {
@@ -390,11 +404,8 @@ fn validate_success_policy(spec: &Value, out: &mut Vec<FieldCause>) {
     let Some(sp) = spec.get("successPolicy").filter(|p| !p.is_null()) else { return };
     let mode = spec.get("completionMode").and_then(Value::as_str).unwrap_or("NonIndexed");
     if mode != "Indexed" {
-        out.push(FieldCause::invalid(
-            "spec.completionMode",
-            &json!(mode),
-            "requires Indexed when successPolicy is specified",
-        ));
+        out.push(FieldCause::invalid("spec.successPolicy", sp, "requires indexed completion mode"));
+        return;
     }
     let rules = sp.get("rules").and_then(Value::as_array).cloned().unwrap_or_default();
     if rules.is_empty() {
@@ -529,11 +540,21 @@ fn validate_job_spec(job: &Value, out: &mut Vec<FieldCause>) {
             ));
         }
     }
-    if per_index.is_some() && !indexed {
-        out.push(FieldCause::forbidden(
-            "spec.backoffLimitPerIndex",
-            "requires indexed completion mode",
-        ));
+    if !indexed {
+        if let Some(b) = per_index {
+            out.push(FieldCause::invalid(
+                "spec.backoffLimitPerIndex",
+                &json!(b),
+                "requires indexed completion mode",
+            ));
+        }
+        if let Some(m) = max_failed {
+            out.push(FieldCause::invalid(
+                "spec.maxFailedIndexes",
+                &json!(m),
+                "requires indexed completion mode",
+            ));
+        }
     }
     if let Some(mf) = max_failed {
         if per_index.is_none() {
@@ -629,10 +650,23 @@ fn validate_job_spec(job: &Value, out: &mut Vec<FieldCause>) {
                 None => out.push(FieldCause::required("spec.template.spec.containers", "")),
             }
             let restart = text(t, "/spec/restartPolicy").unwrap_or_default();
-            if restart != "OnFailure" && restart != "Never" {
+            let has_pfp = spec.get("podFailurePolicy").is_some_and(|p| !p.is_null());
+            if restart.is_empty() || restart == "Always" {
                 out.push(FieldCause::required(
                     "spec.template.spec.restartPolicy",
                     "valid values: \"OnFailure\", \"Never\"",
+                ));
+            } else if restart != "OnFailure" && restart != "Never" {
+                out.push(FieldCause::not_supported(
+                    "spec.template.spec.restartPolicy",
+                    &json!(restart),
+                    &["OnFailure", "Never"],
+                ));
+            } else if has_pfp && restart != "Never" {
+                out.push(FieldCause::invalid(
+                    "spec.template.spec.restartPolicy",
+                    &json!(restart),
+                    "only \"Never\" is supported when podFailurePolicy is specified",
                 ));
             }
         }
@@ -868,7 +902,7 @@ pub fn validate_job_status_update(new: &Value, old: &Value) -> Vec<FieldCause> {
     if condition_true(old, "Complete") && !condition_true(old, "SuccessCriteriaMet") && scm {
         out.push(FieldCause::invalid_omit(
             "status.conditions",
-            "cannot set SuccessCriteriaMet to NOT finished job",
+            "cannot set SuccessCriteriaMet=True for Job already has Complete=true conditions",
         ));
     }
     if (cond_changed("Complete") || cond_changed("Failed")) && complete && failed {
@@ -1003,6 +1037,20 @@ pub fn validate_job_status_update(new: &Value, old: &Value) -> Vec<FieldCause> {
                 &format!("failedIndexes and completedIndexes overlap at index: {first}"),
             ));
         }
+    }
+    if (changed("ready") || changed("active")) && count(new, "ready") > count(new, "active") {
+        out.push(FieldCause::invalid(
+            "status.ready",
+            &json!(count(new, "ready")),
+            "cannot set more ready pods than active",
+        ));
+    }
+    let has_success_policy = new.pointer("/spec/successPolicy").is_some_and(|v| !v.is_null());
+    if has_success_policy && !scm && complete {
+        out.push(FieldCause::invalid_omit(
+            "status.conditions",
+            "cannot set Complete=True for Job with SuccessPolicy unless SuccessCriteriaMet=True",
+        ));
     }
     if scm && failed {
         out.push(FieldCause::invalid_omit(
@@ -1191,9 +1239,14 @@ mod tests {
                 "Invalid value: 100001: must be less than or equal to 100000 when completion mode is Indexed",
             ),
             (
+                Box::new(|j| j["spec"]["template"]["spec"]["restartPolicy"] = json!("Sometimes")),
+                "spec.template.spec.restartPolicy",
+                "Unsupported value: \"Sometimes\": supported values: \"OnFailure\", \"Never\"",
+            ),
+            (
                 Box::new(|j| j["spec"]["backoffLimitPerIndex"] = json!(1)),
                 "spec.backoffLimitPerIndex",
-                "Forbidden: requires indexed completion mode",
+                "Invalid value: 1: requires indexed completion mode",
             ),
             (
                 Box::new(|j| {
@@ -1314,7 +1367,7 @@ mod tests {
             ),
             (
                 json!([{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 1]}}]),
-                "spec.podFailurePolicy.rules[0].onExitCodes.values[1]",
+                "spec.podFailurePolicy.rules[0].onExitCodes.values",
                 "must be ordered",
             ),
             (
@@ -1390,8 +1443,8 @@ mod tests {
             (
                 json!({"rules": [{"succeededCount": 1}]}),
                 false,
-                "spec.completionMode",
-                "requires Indexed when successPolicy is specified",
+                "spec.successPolicy",
+                "requires indexed completion mode",
             ),
             (
                 json!({"rules": []}),
@@ -1415,7 +1468,7 @@ mod tests {
                 json!({"rules": [{"succeededIndexes": "0-5"}]}),
                 true,
                 "spec.successPolicy.rules[0].succeededIndexes",
-                "too large index: 5",
+                "too large index: \"5\"",
             ),
             (
                 json!({"rules": [{"succeededCount": 6}]}),
@@ -1446,7 +1499,9 @@ mod tests {
         assert!(parse_indexes("2,1", 8).unwrap_err().contains("non-increasing"));
         assert!(parse_indexes("1-3,3", 8).is_err());
         assert!(parse_indexes("a", 8).unwrap_err().contains("cannot convert"));
-        assert!(parse_indexes("8", 8).unwrap_err().contains("too large"));
+        assert_eq!(parse_indexes("8", 8).unwrap_err(), "too large index: \"8\"");
+        assert!(parse_indexes("3-3", 8).unwrap_err().contains("non-increasing order"));
+        assert!(parse_indexes("1-2-3", 8).unwrap_err().contains("at most two parts"));
         assert_eq!(parse_indexes("", 8), Ok(0));
     }
 
@@ -1718,6 +1773,13 @@ mod tests {
                 "cannot set non-null failedIndexes when backoffLimitPerIndex is null",
             ),
         ];
+        let mut table = table;
+        table.push((
+            running.clone(),
+            json!({"startTime": t0, "active": 1, "ready": 2, "succeeded": 2, "failed": 1}),
+            "status.ready",
+            "cannot set more ready pods than active",
+        ));
         for (old, new, field, msg) in table {
             let c =
                 validate_job_status_update(&with_status(new.clone()), &with_status(old.clone()));
@@ -1764,7 +1826,7 @@ mod tests {
         let c = validate_job_status_update(&bad, &old);
         assert!(
             c.iter().any(|c| c.field == "status.completedIndexes"
-                && c.message.contains("error parsing completedIndexes: too large index: 4")),
+                && c.message.contains("error parsing completedIndexes: too large index: \"4\"")),
             "{c:?}"
         );
         // Elastic indexed jobs may lower succeeded.
