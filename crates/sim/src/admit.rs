@@ -61,9 +61,84 @@ pub fn on_create(res: &Resource, obj: &mut Value) -> Result<(), Vec<Cause>> {
             causes(job::validate_job_create(obj))?;
             obj["metadata"]["generation"] = json!(1);
         }
-        StoreKind::Event | StoreKind::Lease => {}
+        StoreKind::Event => {
+            // events.k8s.io/v1 events (and core events carrying eventTime) are validated
+            // strictly; legacy core events loosely.
+            if res.events_v1 || obj.get("eventTime").is_some_and(|v| !v.is_null()) {
+                causes(validate_new_event(obj))?;
+            }
+        }
+        StoreKind::Lease => causes(validate_lease(obj))?,
     }
     Ok(())
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn validate_new_event(ev: &Value) -> Vec<FieldCause> {
+    let mut out = Vec::new();
+    let mut req = |field: &str, ok: bool| {
+        if !ok {
+            out.push(FieldCause {
+                reason: "FieldValueRequired".into(),
+                message: "Required value".into(),
+                field: field.into(),
+            });
+        }
+    };
+    req("eventTime", ev.get("eventTime").is_some_and(|v| !v.is_null()));
+    req("reportingController", !text(ev, "reportingComponent").is_empty());
+    req("reportingInstance", !text(ev, "reportingInstance").is_empty());
+    req("action", !text(ev, "action").is_empty());
+    req("reason", !text(ev, "reason").is_empty());
+    for (field, stored, max) in [
+        ("reportingInstance", "reportingInstance", 128),
+        ("action", "action", 128),
+        ("reason", "reason", 128),
+        ("note", "message", 1024),
+    ] {
+        if text(ev, stored).len() > max {
+            out.push(FieldCause {
+                reason: "FieldValueTooLong".into(),
+                message: format!("Too long: may not be more than {max} bytes"),
+                field: field.into(),
+            });
+        }
+    }
+    let typ = text(ev, "type");
+    if typ != "Normal" && typ != "Warning" {
+        out.push(FieldCause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: \"{typ}\": has invalid value: {typ}"),
+            field: "type".into(),
+        });
+    }
+    out
+}
+
+fn validate_lease(lease: &Value) -> Vec<FieldCause> {
+    let mut out = Vec::new();
+    if let Some(d) = lease.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64)
+        && d <= 0
+    {
+        out.push(FieldCause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {d}: must be greater than 0"),
+            field: "spec.leaseDurationSeconds".into(),
+        });
+    }
+    if let Some(t) = lease.pointer("/spec/leaseTransitions").and_then(Value::as_i64)
+        && t < 0
+    {
+        out.push(FieldCause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {t}: must be greater than or equal to 0"),
+            field: "spec.leaseTransitions".into(),
+        });
+    }
+    out
 }
 
 /// Update-time admission (main resource or `/status`), after the generic rules ran.
@@ -82,6 +157,7 @@ pub fn on_update(
             job::default_job(new);
             causes(job::validate_job_update(new, cur))?;
         }
+        (StoreKind::Lease, _) => causes(validate_lease(new))?,
         (StoreKind::Job, Part::Status) => causes(job::validate_job_status_update(new, cur))?,
         (StoreKind::Pod, Part::Main) => {
             pod::default_pod(new);
@@ -127,4 +203,32 @@ pub fn apply_patch(
     force: bool,
 ) -> Result<Value, PatchFailure> {
     patch::apply(live, applied, field_manager, force, res.kind).map_err(PatchFailure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn new_style_events_need_their_fields() {
+        let ok = json!({"eventTime": "2025-01-01T00:00:00.000000Z", "reportingComponent": "a.io/b",
+            "reportingInstance": "i", "action": "A", "reason": "R", "type": "Normal"});
+        assert!(validate_new_event(&ok).is_empty());
+        let bad = json!({"type": "Odd"});
+        let fields: Vec<String> = validate_new_event(&bad).into_iter().map(|c| c.field).collect();
+        assert_eq!(
+            fields,
+            ["eventTime", "reportingController", "reportingInstance", "action", "reason", "type"]
+        );
+    }
+
+    #[test]
+    fn lease_durations_must_be_positive() {
+        assert!(validate_lease(&json!({"spec": {"leaseDurationSeconds": 15}})).is_empty());
+        assert_eq!(
+            validate_lease(&json!({"spec": {"leaseDurationSeconds": 0}}))[0].field,
+            "spec.leaseDurationSeconds"
+        );
+    }
 }

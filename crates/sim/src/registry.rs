@@ -446,15 +446,22 @@ fn copy_field(from: &Value, to: &mut Value, field: &str) {
     };
 }
 
+// Equality of two objects except `metadata.resourceVersion`, without copying either.
 fn same_ignoring_rv(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("resourceVersion");
+    let (Some(am), Some(bm)) = (a.as_object(), b.as_object()) else { return a == b };
+    if am.len() != bm.len() {
+        return false;
+    }
+    am.iter().all(|(k, av)| {
+        let Some(bv) = bm.get(k) else { return false };
+        if k != "metadata" {
+            return av == bv;
         }
-        v
-    };
-    strip(a) == strip(b)
+        let (Some(x), Some(y)) = (av.as_object(), bv.as_object()) else { return av == bv };
+        let count = |m: &Map<String, Value>| m.keys().filter(|k| *k != "resourceVersion").count();
+        count(x) == count(y)
+            && x.iter().filter(|(k, _)| *k != "resourceVersion").all(|(k, v)| y.get(k) == Some(v))
+    })
 }
 
 /// Decides an update of `cur` to `new` (already normalised): precondition, rules, no-op check.

@@ -195,8 +195,8 @@ pub enum NormalizeError {
 fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(
     v: &Value,
 ) -> Result<Value, NormalizeError> {
-    let typed: T =
-        serde_json::from_value(v.clone()).map_err(|e| NormalizeError::Decode(e.to_string()))?;
+    // Deserialising from a borrowed Value avoids copying the whole object first.
+    let typed = T::deserialize(v).map_err(|e| NormalizeError::Decode(e.to_string()))?;
     serde_json::to_value(&typed).map_err(|e| NormalizeError::Decode(e.to_string()))
 }
 

@@ -19,6 +19,9 @@ pub type Filter = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
 /// Turns a stored object into what goes on the wire (events view, Table rows).
 pub type Render = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
 
+/// How long before the watch timeout the last bookmark is sent.
+const FINAL_BOOKMARK_LEAD: Duration = Duration::from_secs(2);
+
 /// Annotation marking the bookmark that ends a streaming list's initial events.
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
@@ -124,6 +127,10 @@ pub fn stream(
             }
         }
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + spec.bookmark_interval, spec.bookmark_interval);
+        // Real servers also send one bookmark shortly before the watch's own timeout, so the
+        // client resumes from a recent revision.
+        let final_bookmark_at = deadline.checked_sub(FINAL_BOOKMARK_LEAD).filter(|t| *t > tokio::time::Instant::now());
+        let mut final_bookmark_sent = final_bookmark_at.is_none();
         loop {
             tokio::select! {
                 r = rx.recv() => match r {
@@ -144,6 +151,10 @@ pub fn stream(
                     Err(RecvError::Closed) => break,
                 },
                 _ = ticker.tick(), if spec.bookmarks => {
+                    yield Ok(bookmark(&spec, seen, false));
+                }
+                _ = tokio::time::sleep_until(final_bookmark_at.unwrap_or(deadline)), if spec.bookmarks && !final_bookmark_sent => {
+                    final_bookmark_sent = true;
                     yield Ok(bookmark(&spec, seen, false));
                 }
                 _ = tokio::time::sleep_until(deadline) => break,

@@ -293,3 +293,14 @@ async fn hooks_inject_faults_and_count_requests() {
     let (code, _) = h.post("/sim/kubelet/pause", json!({})).await;
     assert_eq!(code, 400, "no kubelet with --kubelet off");
 }
+
+#[tokio::test]
+async fn a_bookmark_precedes_the_watch_timeout() {
+    let h = H::start(SimConfig::default()).await;
+    let start = std::time::Instant::now();
+    let path = "/api/v1/namespaces/default/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=3&resourceVersion=1";
+    let (_, lines) = h.watch_lines(path, 5).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["type"], "BOOKMARK");
+    assert!(start.elapsed() >= Duration::from_secs(3), "the stream ends at the timeout");
+}
