@@ -332,7 +332,7 @@ async fn redis_restart_with_aof_keeps_acknowledged_state() {
 fn bench_smoke() {
     let out = Command::new(BENCH_BIN)
         .args(["run", "--items", "300", "--lessees", "4", "--latency-items", "20"])
-        .args(["--latency-rate", "100"])
+        .args(["--latency-rate", "100", "--zadd-requests", "2000"])
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();

@@ -124,6 +124,9 @@ mod bench {
         /// Offered rate of the latency rounds, items/s.
         #[arg(long, default_value_t = 500)]
         latency_rate: u64,
+        /// Requests of the redis-benchmark ZADD round.
+        #[arg(long, default_value_t = 100_000)]
+        zadd_requests: u64,
     }
 
     /// Add batch size of the throughput round.
@@ -280,7 +283,7 @@ mod bench {
         Ok(v)
     }
 
-    fn redis_benchmark_zadd(bin: &str, port: u16) -> String {
+    fn redis_benchmark_zadd(bin: &str, port: u16, requests: u64) -> String {
         let out = Command::new(bin)
             .args([
                 "-h",
@@ -288,7 +291,7 @@ mod bench {
                 "-p",
                 &port.to_string(),
                 "-n",
-                "100000",
+                &requests.to_string(),
                 "-c",
                 "50",
                 "-t",
@@ -322,6 +325,7 @@ mod bench {
             lessees,
             latency_items,
             latency_rate,
+            zadd_requests,
         } = args;
         anyhow::ensure!(items > 0 && lessees > 0 && latency_items > 0, "counts must be positive");
         let redis = start_redis(&redis_server)?;
@@ -364,7 +368,7 @@ mod bench {
         anyhow::ensure!(s.ready + s.delayed + s.leased == 0, "queue not empty at the end: {s:?}");
         println!(
             "redis-benchmark ZADD (ceiling): {}",
-            redis_benchmark_zadd(&redis_benchmark, redis.port)
+            redis_benchmark_zadd(&redis_benchmark, redis.port, zadd_requests)
         );
         shutdown.cancel();
         server.await??;
