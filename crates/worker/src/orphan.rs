@@ -121,6 +121,10 @@ impl Worker {
             }
             OrphanDecision::RemoveFinalizer => {
                 self.api.remove_tracking_finalizer(&key.namespace, &key.name).await?;
+                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                if matches!(phase, Some("Succeeded" | "Failed")) {
+                    self.count_finalizer_removals(1);
+                }
                 tracing::debug!(pod = %key, "removed tracking finalizer from orphan pod");
             }
         }

@@ -150,7 +150,12 @@ impl Worker {
                             .map(|_| ())
                             .map_err(call_error)
                     });
-                    Report::FinalizersRemoved(join_all(calls).await)
+                    let results = join_all(calls).await;
+                    // Upstream counts finished pods losing the finalizer from pod events; here the
+                    // remover counts them (the watcher owns the `add` side).
+                    let removed = results.iter().filter(|r| r.is_ok()).count() as u64;
+                    self.count_finalizer_removals(removed);
+                    Report::FinalizersRemoved(results)
                 }
                 Step::UpdateStatus { status } => {
                     current.status = Some(*status);
@@ -243,6 +248,16 @@ impl Worker {
             Some(d) => SyncOutcome::RequeueAfter(d),
             None => SyncOutcome::Done,
         })
+    }
+
+    /// Counts tracking finalizers removed from finished pods.
+    pub(crate) fn count_finalizer_removals(&self, n: u64) {
+        if n > 0 {
+            self.metrics
+                .terminated_pods_tracking_finalizer
+                .get_or_create(&crate::metrics::EventLabels { event: "delete".into() })
+                .inc_by(n);
+        }
     }
 
     /// Reads the persisted pod-failure backoff record; an unreadable one counts as none.

@@ -108,6 +108,38 @@ async fn non_indexed_completes() {
     );
     let pods = check_pods(&e.driver, &job, 3).await;
     assert!(pods.iter().all(|p| p.metadata.name.as_ref().unwrap().starts_with("pi-")));
+    // Events go through events.k8s.io/v1 with the upstream reasons, best effort and async.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(e.sim.client(), "nonindexed");
+    let reasons = common::eventually("events", TIMEOUT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            let reasons: Vec<String> =
+                list.items.iter().filter_map(|ev| ev.reason.clone()).collect();
+            (reasons.iter().filter(|r| *r == "SuccessfulCreate").count() == 3
+                && reasons.iter().any(|r| r == "Completed"))
+            .then_some(list.items)
+        }
+    })
+    .await;
+    for ev in &reasons {
+        assert_eq!(ev.reporting_controller.as_deref(), Some(kjob_core::DEFAULT_CONTROLLER_NAME));
+        assert_eq!(ev.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("pi"));
+        if ev.reason.as_deref() == Some("SuccessfulCreate") {
+            assert!(ev.note.as_deref().unwrap().starts_with("Created pod: pi-"), "{ev:?}");
+        }
+    }
+    let (code, metrics) = e.worker.as_ref().unwrap().admin_get("/metrics").await;
+    assert_eq!(code, 200);
+    for line in [
+        r#"job_controller_jobs_finished_total{completion_mode="NonIndexed",result="succeeded",reason="CompletionsReached"} 1"#,
+        r#"job_controller_job_pods_finished_total{completion_mode="NonIndexed",result="succeeded"} 3"#,
+        r#"job_controller_terminated_pods_tracking_finalizer_total{event="delete"} 3"#,
+        r#"job_controller_job_pods_creation_total{reason="new",status="succeeded"} 3"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
     e.stop().await;
 }
 
