@@ -488,3 +488,20 @@ async fn failover_takes_over_within_the_lease_duration_without_double_observatio
     assert_eq!((e.add, e.del), (0, 0), "{e:?}");
     assert!(!procs[1 - idx].has_exited(), "the survivor died");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_the_lease_and_exits_cleanly() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let mut w = spawn_watcher_process(&stack, "solo", free_port());
+    poll("solo leads", Duration::from_secs(15), || async {
+        lease_holder(&client).await.as_deref() == Some("solo")
+    })
+    .await;
+    let status = tokio::task::spawn_blocking(move || w.terminate(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("kjob-watcher did not exit after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert_eq!(lease_holder(&client).await, None, "the lease was not released");
+}
