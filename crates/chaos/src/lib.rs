@@ -1,0 +1,545 @@
+//! kjob under faults: runs a seeded mix of Jobs through the real kjob processes (via
+//! [`kjob_testkit::Stack`]) while killing workers, restarting kjob-queue and redis-server,
+//! killing the leading watcher, injecting API 429/500 answers and cutting watch streams; then
+//! checks that every Job ended exactly as upstream would, no pod was created twice, no pod
+//! keeps its tracking finalizer and no queue key is left leased.
+
+pub mod plan;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kjob_queue_client::QueueClient;
+use kjob_testkit::Stack;
+use kjob_testkit::stack::{QUEUE, REDIS, StackConfig};
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::plan::{Expected, Shape};
+
+/// Timeout of each API call the harness makes.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Interval between polls of Job status.
+const POLL: Duration = Duration::from_millis(500);
+/// How long the queue may take to drain its last syncs after every Job finished.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a watcher failover may take (short Lease timings are passed to the watchers).
+const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an API-error window stays open.
+const API_ERROR_WINDOW: Duration = Duration::from_secs(2);
+/// Namespace of the workload.
+const NAMESPACE: &str = "chaos";
+/// Lease timings short enough for several failovers per run (client-go's are 15/10/2 s).
+const WATCHER_ARGS: [&str; 4] =
+    ["--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "--resync-period=20s"];
+/// A killed worker's leases come back after this long.
+const WORKER_ARGS: [&str; 1] = ["--lease-duration=5s"];
+
+/// One run's settings.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    /// Seed of the workload and of the fault schedule.
+    pub seed: u64,
+    /// Number of Jobs.
+    pub jobs: usize,
+    /// How long faults are injected.
+    pub duration: Duration,
+    /// Pause between two faults.
+    pub fault_interval: Duration,
+    /// Worker processes kept running.
+    pub workers: usize,
+    /// Folder of the kjob binaries.
+    pub bin_dir: PathBuf,
+    /// The redis-server executable.
+    pub redis_server: PathBuf,
+    /// Folder for logs, redis data and the kubeconfig.
+    pub run_dir: PathBuf,
+    /// How long Jobs may take to finish after the last fault.
+    pub converge_timeout: Duration,
+    /// How long each pod runs in the sim's kubelet (jittered up to 2x).
+    pub pod_run_time: Duration,
+}
+
+/// The kinds of injected faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// SIGKILL a random worker and start a replacement.
+    KillWorker,
+    /// SIGKILL kjob-queue and start it again on its port.
+    RestartQueue,
+    /// SIGKILL redis-server (AOF on) and start it again on its port and data.
+    RestartRedis,
+    /// SIGKILL the watcher holding the Lease (and start it again as a standby).
+    KillLeader,
+    /// Make kjob-sim answer a share of requests with 429 and 500 for a while.
+    ApiErrors,
+    /// End every open watch stream.
+    CloseWatches,
+}
+
+impl Fault {
+    /// Every kind, in schedule order before shuffling.
+    pub const ALL: [Fault; 6] = [
+        Fault::KillWorker,
+        Fault::RestartQueue,
+        Fault::RestartRedis,
+        Fault::KillLeader,
+        Fault::ApiErrors,
+        Fault::CloseWatches,
+    ];
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::KillWorker => "kill-worker",
+            Fault::RestartQueue => "restart-queue",
+            Fault::RestartRedis => "restart-redis",
+            Fault::KillLeader => "kill-leader-watcher",
+            Fault::ApiErrors => "api-429-500",
+            Fault::CloseWatches => "close-watches",
+        })
+    }
+}
+
+/// A seeded fault schedule of `n` faults: every kind once per round, each round shuffled.
+pub fn schedule(rng: &mut StdRng, n: usize) -> Vec<Fault> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let mut round = Fault::ALL;
+        round.shuffle(rng);
+        out.extend(round.into_iter().take(n - out.len()));
+    }
+    out
+}
+
+/// The figures of a run and every violation found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<Fault, u32>,
+    /// Jobs created.
+    pub jobs: usize,
+    /// Jobs by shape kind.
+    pub jobs_by_kind: BTreeMap<&'static str, usize>,
+    /// Pods ever created (seen by a pod watch kept from the start).
+    pub pods_created: u64,
+    /// Pods present at the end.
+    pub pods_listed: usize,
+    /// Pods beyond what upstream would create, plus pods created and deleted again.
+    pub duplicates: u64,
+    /// Jobs not in their expected terminal state at the end.
+    pub wrong_or_unfinished: usize,
+    /// From the last fault to every Job finished.
+    pub converge_after_last_fault: Option<Duration>,
+    /// Whole run.
+    pub elapsed: Duration,
+    /// Every invariant broken, one line each.
+    pub violations: Vec<String>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total: u32 = self.faults.values().sum();
+        writeln!(f, "faults injected: {total}")?;
+        for (k, n) in &self.faults {
+            writeln!(f, "  {k:<20} {n}")?;
+        }
+        writeln!(f, "jobs: {}", self.jobs)?;
+        for (k, n) in &self.jobs_by_kind {
+            writeln!(f, "  {k:<20} {n}")?;
+        }
+        writeln!(f, "pods created: {} (present at end: {})", self.pods_created, self.pods_listed)?;
+        writeln!(f, "duplicates: {}", self.duplicates)?;
+        writeln!(f, "jobs wrong or unfinished: {}", self.wrong_or_unfinished)?;
+        match self.converge_after_last_fault {
+            Some(d) => writeln!(f, "converged {:.1}s after the last fault", d.as_secs_f64())?,
+            None => writeln!(f, "did not converge")?,
+        }
+        writeln!(f, "elapsed: {:.1}s", self.elapsed.as_secs_f64())?;
+        writeln!(f, "violations: {}", self.violations.len())?;
+        for v in &self.violations {
+            writeln!(f, "  {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the stack, the workload and the faults, and checks the end state.
+pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut scfg =
+        StackConfig::new(cfg.bin_dir.clone(), cfg.redis_server.clone(), cfg.run_dir.clone(), 0);
+    scfg.workers = cfg.workers;
+    scfg.watchers = 2;
+    scfg.watcher_args = WATCHER_ARGS.map(String::from).into();
+    scfg.worker_args = WORKER_ARGS.map(String::from).into();
+    let controller = scfg.controller_name.clone();
+    let mut stack = tokio::task::block_in_place(|| Stack::start(scfg))?;
+    tracing::info!(logs = %stack.log_dir.display(), "stack started");
+    let client = kube_client(&stack).await?;
+    let queue = QueueClient::connect_lazy(&stack.queue_url)?;
+    tokio::task::block_in_place(|| stack.wait_for_leader(LEADER_TIMEOUT))?;
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
+    let pp = PostParams::default();
+    retry_create("namespace", || namespaces.create(&pp, &ns)).await?;
+
+    // The workload: a third up front, the rest spread over the fault period.
+    let shapes: Vec<Shape> = (0..cfg.jobs).map(|_| Shape::random(&mut rng)).collect();
+    let run_ms: Vec<u64> = (0..cfg.jobs)
+        .map(|_| {
+            let base = cfg.pod_run_time.as_millis() as u64;
+            rng.random_range(base..=base * 2)
+        })
+        .collect();
+    let mut report = Report { jobs: cfg.jobs, ..Report::default() };
+    for s in &shapes {
+        *report.jobs_by_kind.entry(s.kind()).or_default() += 1;
+    }
+    // Every pod ever created, by uid: a watch kept from before the first Job, so a pod created
+    // and deleted again is still counted.
+    let seen_pods = spawn_pod_tracker(Api::namespaced(client.clone(), NAMESPACE));
+    let up_front = cfg.jobs.div_ceil(3);
+    let jobs_api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let creator = {
+        let jobs_api = jobs_api.clone();
+        let shapes = shapes.clone();
+        let controller = controller.clone();
+        let spread = cfg.duration;
+        tokio::spawn(async move {
+            let later = shapes.len() - up_front.min(shapes.len());
+            let gap = if later > 0 { spread / (later as u32 + 1) } else { Duration::ZERO };
+            for (i, s) in shapes.iter().enumerate() {
+                if i >= up_front {
+                    tokio::time::sleep(gap).await;
+                }
+                let job = s.job(&job_name(i), &controller, run_ms[i]);
+                let pp = PostParams::default();
+                retry_create("job", || jobs_api.create(&pp, &job)).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    // Faults.
+    let n_faults = (cfg.duration.as_millis() / cfg.fault_interval.as_millis().max(1)) as usize;
+    let plan = schedule(&mut rng, n_faults.max(1));
+    let mut last_fault = Instant::now();
+    for fault in plan {
+        tokio::time::sleep(cfg.fault_interval).await;
+        inject(&mut stack, &mut rng, fault).await.with_context(|| format!("injecting {fault}"))?;
+        *report.faults.entry(fault).or_default() += 1;
+        last_fault = Instant::now();
+        tracing::info!(%fault, "fault injected");
+    }
+    creator.await.context("job creator panicked")??;
+    tokio::task::block_in_place(|| stack.check_alive())?;
+
+    // Convergence.
+    let deadline = Instant::now() + cfg.converge_timeout;
+    let mut finished;
+    loop {
+        let jobs = list_all(&jobs_api).await?;
+        finished = jobs.iter().filter(|j| terminal(j).is_some()).count();
+        if finished == cfg.jobs {
+            report.converge_after_last_fault = Some(last_fault.elapsed());
+            break;
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    tracing::info!(finished, of = cfg.jobs, "convergence wait over");
+
+    check_jobs(&jobs_api, &client, &shapes, &mut report).await?;
+    // The tracker may lag the list by a moment; give it time to see every listed pod.
+    let pod_deadline = Instant::now() + Duration::from_secs(10);
+    while seen_pods.lock().map(|m| m.len()).unwrap_or(0) < report.pods_listed
+        && Instant::now() < pod_deadline
+    {
+        tokio::time::sleep(POLL).await;
+    }
+    let seen = seen_pods.lock().map(|m| m.clone()).unwrap_or_default();
+    check_pods_created(&seen, &mut report);
+    check_queue(&queue, cfg.jobs, &mut report).await?;
+    tokio::task::block_in_place(|| stack.check_alive())?;
+    report.elapsed = started.elapsed();
+    tokio::task::block_in_place(|| stack.stop());
+    Ok(report)
+}
+
+fn job_name(i: usize) -> String {
+    format!("chaos-{i:04}")
+}
+
+async fn kube_client(stack: &Stack) -> anyhow::Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig)
+        .with_context(|| format!("reading {}", stack.kubeconfig.display()))?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    config.connect_timeout = Some(API_TIMEOUT);
+    config.read_timeout = Some(API_TIMEOUT);
+    config.write_timeout = Some(API_TIMEOUT);
+    Ok(Client::try_from(config)?)
+}
+
+/// Creates an object, retrying injected errors; "already exists" (an earlier try that timed
+/// out after the server stored it) counts as success.
+async fn retry_create<T, F, Fut>(what: &str, mut call: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match tokio::time::timeout(API_TIMEOUT, call()).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => return Ok(()),
+            Ok(Err(e)) if Instant::now() > deadline => {
+                return Err(e).with_context(|| format!("creating {what}"));
+            }
+            Err(_) if Instant::now() > deadline => anyhow::bail!("creating {what}: timed out"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn list_all<K>(api: &Api<K>) -> anyhow::Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + fmt::Debug,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match tokio::time::timeout(API_TIMEOUT, api.list(&ListParams::default())).await {
+            Ok(Ok(l)) => return Ok(l.items),
+            Ok(Err(e)) if Instant::now() > deadline => return Err(e).context("listing"),
+            Err(_) if Instant::now() > deadline => anyhow::bail!("listing: timed out"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The Job's terminal condition type and reason, once it has one.
+fn terminal(job: &Job) -> Option<(String, String)> {
+    job.status.as_ref()?.conditions.as_ref()?.iter().find_map(|c| {
+        ((c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            .then(|| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
+    })
+}
+
+async fn inject(stack: &mut Stack, rng: &mut StdRng, fault: Fault) -> anyhow::Result<()> {
+    match fault {
+        Fault::KillWorker => {
+            let workers = stack.workers();
+            let victim = workers[rng.random_range(0..workers.len())].clone();
+            tokio::task::block_in_place(|| {
+                stack.remove_worker(&victim, true, Duration::ZERO)?;
+                stack.add_worker().map(drop)
+            })
+        }
+        Fault::RestartQueue => tokio::task::block_in_place(|| {
+            stack.kill(QUEUE)?;
+            stack.restart(QUEUE)
+        }),
+        Fault::RestartRedis => tokio::task::block_in_place(|| {
+            stack.kill(REDIS)?;
+            stack.restart(REDIS)
+        }),
+        Fault::KillLeader => tokio::task::block_in_place(|| {
+            let leader = stack.wait_for_leader(LEADER_TIMEOUT)?;
+            stack.kill(&leader)?;
+            stack.restart(&leader)
+        }),
+        Fault::ApiErrors => {
+            let (code, body) = tokio::task::block_in_place(|| {
+                stack.sim_post("/sim/faults", r#"{"error429": 0.1, "error500": 0.1}"#)
+            })?;
+            anyhow::ensure!(
+                code == 200,
+                "POST /sim/faults: {code} {}",
+                String::from_utf8_lossy(&body)
+            );
+            tokio::time::sleep(API_ERROR_WINDOW).await;
+            let (code, _) = tokio::task::block_in_place(|| {
+                stack.sim_post("/sim/faults", r#"{"error429": 0, "error500": 0}"#)
+            })?;
+            anyhow::ensure!(code == 200, "resetting /sim/faults: {code}");
+            Ok(())
+        }
+        Fault::CloseWatches => {
+            let (code, _) =
+                tokio::task::block_in_place(|| stack.sim_post("/sim/close-watches", "{}"))?;
+            anyhow::ensure!(code == 200, "POST /sim/close-watches: {code}");
+            Ok(())
+        }
+    }
+}
+
+async fn check_jobs(
+    jobs_api: &Api<Job>,
+    client: &Client,
+    shapes: &[Shape],
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let jobs: BTreeMap<String, Job> = list_all(jobs_api)
+        .await?
+        .into_iter()
+        .map(|j| (j.metadata.name.clone().unwrap_or_default(), j))
+        .collect();
+    let pods: Vec<Pod> = list_all(&Api::<Pod>::namespaced(client.clone(), NAMESPACE)).await?;
+    report.pods_listed = pods.len();
+    let mut pods_per_job: BTreeMap<String, i32> = BTreeMap::new();
+    for p in &pods {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let job = p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(kjob_core::JOB_NAME_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        *pods_per_job.entry(job).or_default() += 1;
+        let fins = p.metadata.finalizers.as_deref().unwrap_or_default();
+        if fins.iter().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER) {
+            report.violations.push(format!("pod {name} keeps the tracking finalizer"));
+        }
+    }
+    for (i, shape) in shapes.iter().enumerate() {
+        let name = job_name(i);
+        let Some(job) = jobs.get(&name) else {
+            report.violations.push(format!("job {name} is missing"));
+            report.wrong_or_unfinished += 1;
+            continue;
+        };
+        let exp: Expected = shape.expected();
+        let npods = pods_per_job.get(&name).copied().unwrap_or(0);
+        let status = job.status.clone().unwrap_or_default();
+        let (succeeded, failed) = (status.succeeded.unwrap_or(0), status.failed.unwrap_or(0));
+        let want_succeeded = exp.succeeded.unwrap_or(npods);
+        let mut wrong = Vec::new();
+        match terminal(job) {
+            None => wrong.push("not finished".to_string()),
+            Some((cond, reason)) => {
+                if cond != exp.condition || exp.reason.is_some_and(|r| r != reason) {
+                    wrong.push(format!(
+                        "ended {cond}/{reason}, expected {}/{}",
+                        exp.condition,
+                        exp.reason.unwrap_or("-")
+                    ));
+                }
+            }
+        }
+        if succeeded != want_succeeded || failed != exp.failed {
+            wrong.push(format!(
+                "succeeded/failed {succeeded}/{failed}, expected {want_succeeded}/{}",
+                exp.failed
+            ));
+        }
+        if let Some(u) = &status.uncounted_terminated_pods {
+            let n =
+                u.succeeded.as_ref().map_or(0, Vec::len) + u.failed.as_ref().map_or(0, Vec::len);
+            if n > 0 {
+                wrong.push(format!("{n} uncounted terminated pods left"));
+            }
+        }
+        if npods > exp.max_pods {
+            report.duplicates += (npods - exp.max_pods) as u64;
+            wrong.push(format!("{npods} pods, upstream creates at most {}", exp.max_pods));
+        } else if npods < exp.min_pods {
+            wrong.push(format!("{npods} pods, upstream creates at least {}", exp.min_pods));
+        }
+        if !wrong.is_empty() {
+            report.wrong_or_unfinished += 1;
+            report.violations.push(format!("job {name} ({}): {}", shape.kind(), wrong.join("; ")));
+        }
+    }
+    Ok(())
+}
+
+/// Pods seen by the tracker: uid → owning Job name.
+type SeenPods = Arc<Mutex<HashMap<String, String>>>;
+
+fn spawn_pod_tracker(pods: Api<Pod>) -> SeenPods {
+    let seen: SeenPods = Arc::default();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default()).boxed();
+        // Errors (injected 500s, cut streams) are retried by the watcher itself on the next
+        // poll; this loop only records pods.
+        while let Some(ev) = stream.next().await {
+            let pod = match ev {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                Ok(watcher::Event::Delete(p)) => p,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "pod watch error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let (Some(uid), labels) = (pod.metadata.uid.clone(), pod.metadata.labels.as_ref())
+            else {
+                continue;
+            };
+            let job =
+                labels.and_then(|l| l.get(kjob_core::JOB_NAME_LABEL)).cloned().unwrap_or_default();
+            if let Ok(mut m) = out.lock() {
+                m.insert(uid, job);
+            }
+        }
+    });
+    seen
+}
+
+/// Compares the pods ever seen with the pods present: the workload deletes no pod, so a pod
+/// seen but gone is one created and then removed (an excess the controller undid).
+fn check_pods_created(seen: &HashMap<String, String>, report: &mut Report) {
+    report.pods_created = seen.len() as u64;
+    let listed = report.pods_listed as u64;
+    if report.pods_created != listed {
+        let gone = report.pods_created.saturating_sub(listed);
+        report.duplicates += gone;
+        report.violations.push(format!(
+            "{} pods created but {listed} present: {gone} created and deleted again",
+            report.pods_created
+        ));
+    }
+}
+
+/// No key may stay leased, and once everything finished nothing is left ready.
+async fn check_queue(queue: &QueueClient, jobs: usize, report: &mut Report) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    let keys: Vec<String> = (0..jobs).map(|i| format!("{NAMESPACE}/{}", job_name(i))).collect();
+    loop {
+        let stats = queue.stats(kjob_core::JOB_QUEUE).await?;
+        let inspect = queue.inspect(kjob_core::JOB_QUEUE, keys.clone()).await?;
+        let leased: Vec<&str> =
+            inspect.keys.iter().filter(|k| k.state == "leased").map(|k| k.key.as_str()).collect();
+        if stats.leased == 0 && stats.ready == 0 && leased.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            report.violations.push(format!(
+                "queue not drained: ready {} leased {} (leased keys: {:?})",
+                stats.ready, stats.leased, leased
+            ));
+            return Ok(());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -1,0 +1,88 @@
+//! `kjob-chaos`: the fault suite (see the library docs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use kjob_chaos::{ChaosConfig, run};
+use kjob_svc::{LogArgs, parse_duration};
+
+/// Runs mixed Jobs through the real kjob processes under seeded faults; exits 1 on any violation.
+#[derive(Debug, Parser)]
+#[command(name = "kjob-chaos", version)]
+struct Args {
+    /// Seed of the workload and the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Number of Jobs.
+    #[arg(long, default_value_t = 300)]
+    jobs: usize,
+    /// How long faults are injected.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Pause between two faults.
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    fault_interval: Duration,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// Folder of the kjob binaries (default: this binary's folder).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Folder for logs and redis data (default: a fresh temporary folder, kept on failure).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// How long Jobs may take to finish after the last fault.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    converge_timeout: Duration,
+    /// Base run time of each pod.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pod_run_time: Duration,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> anyhow::Result<()> {
+    let Args {
+        seed,
+        jobs,
+        duration,
+        fault_interval,
+        workers,
+        bin_dir,
+        run_dir,
+        converge_timeout,
+        pod_run_time,
+        log,
+    } = Args::parse();
+    kjob_svc::init_logging(&log)?;
+    let bin_dir = match bin_dir {
+        Some(d) => d,
+        None => std::env::current_exe()?.parent().context("binary folder")?.to_path_buf(),
+    };
+    let run_dir = match run_dir {
+        Some(d) => d,
+        None => tempfile::Builder::new().prefix("kjob-chaos-").tempdir()?.keep(),
+    };
+    let cfg = ChaosConfig {
+        seed,
+        jobs,
+        duration,
+        fault_interval,
+        workers,
+        bin_dir,
+        redis_server: kjob_testkit::redis::redis_server_binary()?,
+        run_dir: run_dir.clone(),
+        converge_timeout,
+        pod_run_time,
+    };
+    let report = run(cfg).await?;
+    print!("{report}");
+    println!("logs: {}", run_dir.join("logs").display());
+    if !report.violations.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! The bounded chaos run `make test` includes: 40 Jobs, every fault kind a few times, a fixed
+//! seed, real processes. Fails with the full report and the tails of every log.
+
+use std::time::Duration;
+
+use kjob_chaos::{ChaosConfig, Fault, run};
+use kjob_testkit::bin_path;
+use kjob_testkit::redis::redis_server_binary;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_jobs_survive_every_fault_kind() {
+    let bin_dir = bin_path("kjob-sim").expect("run `cargo build --bins` first");
+    let bin_dir = bin_dir.parent().unwrap().to_path_buf();
+    let run_dir = tempfile::Builder::new().prefix("kjob-chaos-small-").tempdir().unwrap();
+    let cfg = ChaosConfig {
+        seed: 8,
+        jobs: 40,
+        // 12 faults: every kind twice.
+        duration: Duration::from_secs(36),
+        fault_interval: Duration::from_secs(3),
+        workers: 2,
+        bin_dir,
+        redis_server: redis_server_binary().unwrap(),
+        run_dir: run_dir.path().to_path_buf(),
+        converge_timeout: Duration::from_secs(60),
+        pod_run_time: Duration::from_millis(500),
+    };
+    let report = run(cfg).await.unwrap();
+    let logs = tails(run_dir.path());
+    if !report.violations.is_empty() {
+        // Keep the full logs of a failed run for diagnosis.
+        let kept = run_dir.keep();
+        eprintln!("logs kept in {}", kept.join("logs").display());
+    }
+    assert!(report.violations.is_empty(), "{report}{logs}");
+    assert_eq!(report.duplicates, 0, "{report}");
+    for kind in Fault::ALL {
+        assert!(
+            report.faults.get(&kind).copied().unwrap_or(0) >= 2,
+            "{kind} not injected twice:\n{report}"
+        );
+    }
+    assert!(report.pods_created >= 40, "{report}");
+    assert!(report.converge_after_last_fault.is_some(), "{report}");
+}
+
+fn tails(run_dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    if let Ok(dir) = std::fs::read_dir(run_dir.join("logs")) {
+        for f in dir.flatten() {
+            let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(10)..];
+            out.push_str(&format!("\n--- {} (tail)\n{}", f.path().display(), tail.join("\n")));
+        }
+    }
+    out
+}
