@@ -85,9 +85,11 @@ enum End {
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Args { examples, run_dir, bin_dir, workers, timeout, namespace, controller_name, plain } =
         args;
-    let root = kjob_testkit::workspace_root();
-    let examples_dir = examples.unwrap_or_else(|| root.join("examples"));
-    let run_dir = run_dir.unwrap_or_else(|| root.join("target/demo"));
+    // The repository this binary was built from; only consulted for defaults, so a copied
+    // binary works when both folders are given.
+    let root = kjob_testkit::workspace_root;
+    let examples_dir = examples.unwrap_or_else(|| root().join("examples"));
+    let run_dir = run_dir.unwrap_or_else(|| root().join("target/demo"));
     let bin_dir = match bin_dir {
         Some(d) => d,
         None => std::env::current_exe()?.parent().context("binary has no folder")?.to_path_buf(),
@@ -221,6 +223,7 @@ async fn watch(
     let mut printed: BTreeMap<String, String> = BTreeMap::new();
     let mut last_done = usize::MAX;
     let mut tick = tokio::time::interval(REFRESH);
+    let width = terminal_width();
     loop {
         tick.tick().await;
         stack.check_alive()?;
@@ -261,10 +264,13 @@ async fn watch(
         let rows = current_rows(client, ns, examples).await?;
         let done = rows.iter().filter(|r| r.finished()).count();
         if tty {
-            let frame = format!(
-                "{}\n\n{}",
-                view::progress_bar(done, rows.len(), BAR_WIDTH),
-                view::render_table(&rows)
+            let frame = view::fit(
+                &format!(
+                    "{}\n\n{}",
+                    view::progress_bar(done, rows.len(), BAR_WIDTH),
+                    view::render_table(&rows)
+                ),
+                width,
             );
             let mut out = std::io::stdout().lock();
             if last_lines > 0 {
@@ -317,6 +323,18 @@ async fn inject_exit_code(pods: &Api<Pod>, job: &str, code: i32) -> anyhow::Resu
     )
     .await?;
     Ok(Some(name))
+}
+
+/// Columns of the terminal on stdout (`stty size` on /dev/tty, then `COLUMNS`, then 80).
+fn terminal_width() -> usize {
+    let from_stty = std::fs::File::open("/dev/tty").ok().and_then(|tty| {
+        let out = std::process::Command::new("stty").arg("size").stdin(tty).output().ok()?;
+        String::from_utf8(out.stdout).ok()?.split_whitespace().nth(1)?.parse().ok()
+    });
+    from_stty
+        .or_else(|| std::env::var("COLUMNS").ok()?.parse().ok())
+        .filter(|w: &usize| *w > 0)
+        .unwrap_or(80)
 }
 
 fn summary(examples: &[Example], rows: &[JobRow], timed_out: bool) -> ExitCode {

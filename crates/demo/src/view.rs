@@ -148,7 +148,7 @@ pub fn render_table(rows: &[JobRow]) -> String {
         let mut l = String::new();
         for (i, (f, w)) in fields.iter().zip(widths).enumerate() {
             if i > 0 {
-                l.push_str("   ");
+                l.push_str("  ");
             }
             l.push_str(&format!("{f:<w$}"));
         }
@@ -166,6 +166,12 @@ pub fn render_table(rows: &[JobRow]) -> String {
 pub fn progress_bar(done: usize, total: usize, width: usize) -> String {
     let filled = (done * width).checked_div(total).unwrap_or(width).min(width);
     format!("[{}{}] {done}/{total} Jobs finished", "#".repeat(filled), "-".repeat(width - filled))
+}
+
+/// Cuts every line of `text` to `width` characters, so a refreshing frame never wraps (a
+/// wrapped line would break the cursor arithmetic of the redraw).
+pub fn fit(text: &str, width: usize) -> String {
+    text.lines().map(|l| format!("{}\n", l.chars().take(width).collect::<String>())).collect()
 }
 
 /// A one-line description of a row, for output that is not a terminal.
@@ -273,6 +279,12 @@ mod tests {
         assert_eq!(progress_bar(2, 4, 8), "[####----] 2/4 Jobs finished");
         assert_eq!(progress_bar(4, 4, 8), "[########] 4/4 Jobs finished");
         assert_eq!(progress_bar(0, 0, 4), "[####] 0/0 Jobs finished");
+    }
+
+    #[test]
+    fn fit_truncates_lines_and_keeps_their_count() {
+        assert_eq!(fit("abcdef\nab\n\nxyz", 3), "abc\nab\n\nxyz\n");
+        assert_eq!(fit("héllo", 2), "hé\n");
     }
 
     #[test]
