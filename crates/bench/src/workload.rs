@@ -446,3 +446,54 @@ pub async fn measure_limit(
     }
     Ok(LimitResult { clients, pods: created, errors, secs: t0.elapsed().as_secs_f64() })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, job: &str, phase: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "uid": uid, "labels": {kjob_core::JOB_NAME_LABEL: job}},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    fn job_status(name: &str, succeeded: i32, complete: bool) -> Job {
+        let conditions =
+            if complete { json!([{"type": "Complete", "status": "True"}]) } else { json!([]) };
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"succeeded": succeeded, "conditions": conditions}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn recorder_measures_first_pod_and_counting_latency() {
+        let rec = Recorder::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        rec.submitted("a", at(0));
+        rec.on_pod(&pod("p1", "a", "Pending"), at(300));
+        rec.on_pod(&pod("p2", "a", "Pending"), at(400));
+        // Repeated events of a known pod change nothing.
+        rec.on_pod(&pod("p1", "a", "Running"), at(500));
+        rec.on_pod(&pod("p1", "a", "Succeeded"), at(1000));
+        rec.on_pod(&pod("p1", "a", "Succeeded"), at(1100));
+        rec.on_pod(&pod("p2", "a", "Succeeded"), at(1200));
+        rec.on_job(&job_status("a", 1, false), at(1500));
+        assert_eq!(rec.finished(&["a".into()]), 0);
+        rec.on_job(&job_status("a", 2, true), at(2000));
+        assert_eq!(rec.finished(&["a".into()]), 1);
+
+        let mut out = PhaseResult::default();
+        let (first, counted) = rec.fill(&["a".into(), "missing".into()], t0, at(5000), &mut out);
+        assert_eq!(first, vec![0.3]);
+        assert_eq!(counted, vec![0.5, 0.8]);
+        assert_eq!((out.pods_created, out.jobs_finished), (2, 1));
+        assert!((out.elapsed_secs - 2.0).abs() < 1e-9);
+        assert!((out.pods_window_secs - 0.4).abs() < 1e-9);
+        assert_eq!(out.counted_latency.map(|s| s.p99), Some(0.8));
+    }
+}
