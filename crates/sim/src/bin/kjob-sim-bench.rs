@@ -152,18 +152,15 @@ async fn main() -> anyhow::Result<()> {
         let rate = phase(clients, seconds, move |w, seq| {
             let (http, url, created) = (http.clone(), url.clone(), created.clone());
             async move {
-                let code = call(
-                    &http,
-                    "POST",
-                    &url,
-                    "application/json",
-                    pod_body(&format!("c{clients}-{w}-{seq}")),
-                )
-                .await?;
+                // Pods are named p-0, p-1, ... so later phases can address any stored pod.
+                let n = created.fetch_add(1, Ordering::Relaxed);
+                let _ = (w, seq);
+                let code =
+                    call(&http, "POST", &url, "application/json", pod_body(&format!("p-{n}")))
+                        .await?;
                 if code != 201 {
                     bail!("create answered {code}");
                 }
-                created.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
         })
@@ -175,25 +172,19 @@ async fn main() -> anyhow::Result<()> {
     let have = created.load(Ordering::Relaxed);
     let fill_start = Instant::now();
     if have < pods {
-        let todo = pods - have;
-        let next = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(AtomicU64::new(have));
         let mut tasks = Vec::new();
         for _ in 0..16 {
             let (http, url, next) = (http.clone(), pods_url.clone(), next.clone());
             tasks.push(tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= todo {
+                    if i >= pods {
                         return anyhow::Ok(());
                     }
-                    let code = call(
-                        &http,
-                        "POST",
-                        &url,
-                        "application/json",
-                        pod_body(&format!("fill-{i}")),
-                    )
-                    .await?;
+                    let code =
+                        call(&http, "POST", &url, "application/json", pod_body(&format!("p-{i}")))
+                            .await?;
                     if code != 201 {
                         bail!("create answered {code}");
                     }
@@ -213,20 +204,20 @@ async fn main() -> anyhow::Result<()> {
 
     // Status updates/s (merge patch of /status on stored pods; every patch changes something,
     // since a no-op write is cheaper and emits no event).
-    let fill_count = pods.saturating_sub(have).max(1);
+    let stored = pods.max(have);
     for clients in [1u64, 4, 16] {
         let (http, url) = (http.clone(), pods_url.clone());
         let rate = phase(clients, seconds, move |w, seq| {
             let (http, url) = (http.clone(), url.clone());
             async move {
-                let i = (w * 7919 + seq * 104_729) % fill_count;
+                let i = (w * 7919 + seq * 104_729) % stored;
                 let body = serde_json::to_vec(
                     &json!({"status": {"phase": "Running", "message": format!("u{clients}-{w}-{seq}")}}),
                 )?;
                 let code = call(
                     &http,
                     "PATCH",
-                    &format!("{url}/fill-{i}/status"),
+                    &format!("{url}/p-{i}/status"),
                     "application/merge-patch+json",
                     body,
                 )
@@ -280,14 +271,14 @@ async fn main() -> anyhow::Result<()> {
         let writes = phase(16, seconds, move |w, seq| {
             let (http, url) = (http2.clone(), url.clone());
             async move {
-                let i = (w * 7919 + seq * 104_729) % fill_count;
+                let i = (w * 7919 + seq * 104_729) % stored;
                 let body = serde_json::to_vec(
                     &json!({"status": {"message": format!("w{watchers}-{w}-{seq}")}}),
                 )?;
                 call(
                     &http,
                     "PATCH",
-                    &format!("{url}/fill-{i}/status"),
+                    &format!("{url}/p-{i}/status"),
                     "application/merge-patch+json",
                     body,
                 )
