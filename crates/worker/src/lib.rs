@@ -72,14 +72,10 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
     let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
     let (events, writer) =
         events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
-    let worker = Arc::new(Worker::new(
-        api,
-        queue.clone(),
-        events,
-        metrics,
-        controller_name,
-        manage_all_jobs,
-    ));
+    let worker = Arc::new(
+        Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
+            .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN),
+    );
 
     // The admin port outlives the drain so probes and metrics answer until the very end.
     let admin_stop = Shutdown::new();

@@ -29,6 +29,22 @@ use crate::worker::{SyncError, SyncOutcome, Worker};
 pub const BACKOFF_RECORD: &str = "backoff";
 /// Lifetime given to a record being removed (the queue has no delete for single records).
 const RECORD_REMOVAL_TTL: Duration = Duration::from_millis(1);
+/// Default age after which unsatisfied expectations count as satisfied: upstream's 5-minute
+/// expectations timeout. `kjob-worker` lowers it to one lease plus [`STALE_EXPECTATIONS_MARGIN`].
+pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = Duration::from_secs(300);
+/// Time for a request a previous lease holder had already sent to reach the API server.
+pub const STALE_EXPECTATIONS_MARGIN: Duration = Duration::from_secs(15);
+
+/// Whether a sync may act: the shared record is satisfied, or it is old enough that whoever
+/// raised it can no longer be writing (its lease is over), so a consistent LIST shows all it did.
+pub fn expectations_usable(
+    satisfied: bool,
+    exists: bool,
+    age: Duration,
+    stale_after: Duration,
+) -> bool {
+    satisfied || (exists && age >= stale_after)
+}
 
 impl Worker {
     /// Syncs one Job key (upstream `syncJob`).
@@ -55,6 +71,13 @@ impl Worker {
         // Expectations are read before the pods, as upstream: an observation that lands in
         // between can only make the pod list newer than the expectations, never older.
         let exp = self.queue.get_expectations(&key_str, &uid).await?;
+        if !exp.satisfied
+            && exp.exists
+            && exp.age_ms >= self.stale_expectations_after.as_millis() as u64
+        {
+            tracing::info!(job = %key_str, add = exp.add, del = exp.del, age_ms = exp.age_ms,
+                "expectations outlived every lease that could lower them; syncing from a fresh LIST");
+        }
         let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
         let pods = self.pods_for_job(&job).await?;
         let backoff = self.read_backoff(&key_str).await?;
@@ -62,7 +85,12 @@ impl Worker {
             job: &job,
             pods: &pods,
             now: jiff::Timestamp::now(),
-            expectations_satisfied: exp.satisfied,
+            expectations_satisfied: expectations_usable(
+                exp.satisfied,
+                exp.exists,
+                Duration::from_millis(exp.age_ms),
+                self.stale_expectations_after,
+            ),
             finalizer_removals_in_flight: &in_flight,
             backoff: backoff.as_ref(),
             controller_name: &self.controller_name,
@@ -489,5 +517,31 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(job_selector(&job).unwrap().to_string(), "a=b");
+    }
+}
+
+#[cfg(test)]
+mod stale_expectations_tests {
+    use super::*;
+
+    #[test]
+    fn stale_records_count_as_satisfied_only_after_the_limit() {
+        let limit = Duration::from_secs(45);
+        // (satisfied, exists, age, want)
+        let cases = [
+            (true, false, 0, true),
+            (true, true, 0, true),
+            (false, true, 0, false),
+            (false, true, 44, false),
+            (false, true, 45, true),
+            (false, true, 600, true),
+        ];
+        for (satisfied, exists, age, want) in cases {
+            assert_eq!(
+                expectations_usable(satisfied, exists, Duration::from_secs(age), limit),
+                want,
+                "satisfied={satisfied} exists={exists} age={age}s"
+            );
+        }
     }
 }

@@ -52,6 +52,8 @@ pub struct Worker {
     pub(crate) controller_name: String,
     /// Also take Jobs without managedBy (or naming the built-in controller).
     pub(crate) manage_all: bool,
+    /// Age after which unsatisfied expectations count as satisfied (see [`Worker::with_stale_expectations_after`]).
+    pub(crate) stale_expectations_after: Duration,
 }
 
 impl Worker {
@@ -64,7 +66,26 @@ impl Worker {
         controller_name: String,
         manage_all: bool,
     ) -> Self {
-        Self { api, queue, events, metrics, controller_name, manage_all }
+        Self {
+            api,
+            queue,
+            events,
+            metrics,
+            controller_name,
+            manage_all,
+            stale_expectations_after: crate::sync::DEFAULT_STALE_EXPECTATIONS_AFTER,
+        }
+    }
+
+    /// Sets the age after which unsatisfied expectations count as satisfied. Workers read the
+    /// Job and its pods consistently and leases are fenced, so once a record is older than one
+    /// lease (plus the time for a request already sent to land) whoever raised it has stopped
+    /// writing and a fresh LIST shows everything it did; waiting for upstream's 5-minute
+    /// timeout would only stall the Job (a crashed worker, or observations lost in a watcher
+    /// failover).
+    pub fn with_stale_expectations_after(mut self, after: Duration) -> Self {
+        self.stale_expectations_after = after;
+        self
     }
 
     /// The queue service client (expectations and records).
