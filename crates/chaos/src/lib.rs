@@ -69,6 +69,8 @@ pub struct ChaosConfig {
     pub converge_timeout: Duration,
     /// How long each pod runs in the sim's kubelet (jittered up to 2x).
     pub pod_run_time: Duration,
+    /// The fault kinds to inject (each round of the schedule covers every one of them).
+    pub faults: Vec<Fault>,
 }
 
 /// The kinds of injected faults.
@@ -114,10 +116,10 @@ impl fmt::Display for Fault {
 }
 
 /// A seeded fault schedule of `n` faults: every kind once per round, each round shuffled.
-pub fn schedule(rng: &mut StdRng, n: usize) -> Vec<Fault> {
+pub fn schedule(rng: &mut StdRng, kinds: &[Fault], n: usize) -> Vec<Fault> {
     let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        let mut round = Fault::ALL;
+    while out.len() < n && !kinds.is_empty() {
+        let mut round = kinds.to_vec();
         round.shuffle(rng);
         out.extend(round.into_iter().take(n - out.len()));
     }
@@ -238,7 +240,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
 
     // Faults.
     let n_faults = (cfg.duration.as_millis() / cfg.fault_interval.as_millis().max(1)) as usize;
-    let plan = schedule(&mut rng, n_faults.max(1));
+    let plan = schedule(&mut rng, &cfg.faults, n_faults.max(1));
     let mut last_fault = Instant::now();
     for fault in plan {
         tokio::time::sleep(cfg.fault_interval).await;

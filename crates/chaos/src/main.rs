@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use kjob_chaos::{ChaosConfig, run};
+
 use kjob_svc::{LogArgs, parse_duration};
 
 /// Runs mixed Jobs through the real kjob processes under seeded faults; exits 1 on any violation.
@@ -77,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         run_dir: run_dir.clone(),
         converge_timeout,
         pod_run_time,
+        faults: kjob_chaos::Fault::ALL.into(),
     };
     let report = run(cfg).await?;
     print!("{report}");

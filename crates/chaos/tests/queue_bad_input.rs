@@ -1,0 +1,177 @@
+//! Bad input against a real kjob-queue process: random and malformed queues, keys, delays,
+//! lease ids and counts. Every answer must be a success or an error status (never a dropped
+//! connection from a crash), the process must stay up, and afterwards every touched key is in
+//! exactly one known state with Stats agreeing.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use kjob_proto::v1;
+use kjob_proto::v1::queue_client::QueueClient;
+use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+use proptest::prelude::*;
+use tonic::transport::Channel;
+
+/// Per-call deadline: a hung call is a failure too.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+enum Req {
+    Add { queue: String, key: String, delay_ms: u64, observe_only: bool },
+    Lease { queue: String, max_items: u32, lease_ms: u64, wait_ms: u64, worker: String },
+    Renew { queue: String, key: String, lease_id: String, lease_ms: u64 },
+    Done { queue: String, key: String, lease_id: String, outcome: i32, after_ms: u64 },
+    Inspect { queue: String, keys: Vec<String> },
+    Stats { queue: String },
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("job".to_string()),
+        Just("orphan-pod".to_string()),
+        Just("default/a".to_string()),
+        Just("ns/b".to_string()),
+        "[a-z/{}\\x00-\\x1f\"'\\\\ ]{0,12}",
+        ".{0,40}",
+        "[a-z]{300,400}",
+    ]
+}
+
+fn count() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0u64), 0u64..5_000, Just(u64::MAX), Just(i64::MAX as u64 + 1)]
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    prop_oneof![
+        (text(), text(), count(), any::<bool>()).prop_map(
+            |(queue, key, delay_ms, observe_only)| Req::Add { queue, key, delay_ms, observe_only }
+        ),
+        (text(), any::<u32>(), count(), 0u64..50, text()).prop_map(
+            |(queue, max_items, lease_ms, wait_ms, worker)| Req::Lease {
+                queue,
+                max_items,
+                lease_ms,
+                wait_ms,
+                worker
+            }
+        ),
+        (text(), text(), text(), count()).prop_map(|(queue, key, lease_id, lease_ms)| Req::Renew {
+            queue,
+            key,
+            lease_id,
+            lease_ms
+        }),
+        (text(), text(), text(), -2i32..6, count()).prop_map(
+            |(queue, key, lease_id, outcome, after_ms)| {
+                Req::Done { queue, key, lease_id, outcome, after_ms }
+            }
+        ),
+        (text(), proptest::collection::vec(text(), 0..5))
+            .prop_map(|(queue, keys)| Req::Inspect { queue, keys }),
+        text().prop_map(|queue| Req::Stats { queue }),
+    ]
+}
+
+async fn send(c: &mut QueueClient<Channel>, r: Req) -> Result<(), tonic::Status> {
+    let call = async {
+        match r {
+            Req::Add { queue, key, delay_ms, observe_only } => c
+                .add(v1::AddRequest {
+                    items: vec![v1::AddItem {
+                        queue,
+                        key,
+                        delay_ms,
+                        observations: vec![],
+                        observe_only,
+                    }],
+                })
+                .await
+                .map(drop),
+            Req::Lease { queue, max_items, lease_ms, wait_ms, worker } => c
+                .lease(v1::LeaseRequest { queue, max_items, lease_ms, wait_ms, worker_id: worker })
+                .await
+                .map(drop),
+            Req::Renew { queue, key, lease_id, lease_ms } => {
+                c.renew(v1::RenewRequest { queue, key, lease_id, lease_ms }).await.map(drop)
+            }
+            Req::Done { queue, key, lease_id, outcome, after_ms } => c
+                .done(v1::DoneRequest { queue, key, lease_id, outcome, requeue_after_ms: after_ms })
+                .await
+                .map(drop),
+            Req::Inspect { queue, keys } => {
+                c.inspect(v1::InspectRequest { queue, keys }).await.map(drop)
+            }
+            Req::Stats { queue } => c.stats(v1::StatsRequest { queue }).await.map(drop),
+        }
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(r) => r,
+        Err(_) => Err(tonic::Status::deadline_exceeded("harness timeout")),
+    }
+}
+
+#[test]
+fn malformed_queue_requests_get_answers_and_keep_invariants() {
+    let redis = RedisServer::start().unwrap();
+    let port = free_port();
+    let mut cmd = Command::new(bin_path("kjob-queue").expect("run `cargo build --bins` first"));
+    cmd.arg(format!("--listen=127.0.0.1:{port}"))
+        .arg(format!("--redis-url={}", redis.url()))
+        .arg(format!("--admin-listen=127.0.0.1:{}", free_port()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let queue = std::cell::RefCell::new(ChildGuard::spawn("kjob-queue", &mut cmd).unwrap());
+    wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(30)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut client = rt.block_on(async { QueueClient::connect(url).await }).unwrap();
+
+    let cfg = ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(cfg);
+    runner
+        .run(&proptest::collection::vec(req(), 1..12), |reqs| {
+            // Clients are cheap handles on one channel; the runner wants an `Fn` closure.
+            let mut c = client.clone();
+            for r in reqs {
+                let what = format!("{r:?}");
+                if let Err(st) = rt.block_on(send(&mut c, r)) {
+                    // A crashed server shows up as a transport error (Unknown/Unavailable
+                    // without a server message) or a harness timeout.
+                    prop_assert!(
+                        !matches!(st.code(), tonic::Code::DeadlineExceeded | tonic::Code::Unknown),
+                        "{what}: {st:?}"
+                    );
+                    prop_assert!(!st.message().contains("transport error"), "{what}: {st:?}");
+                }
+                prop_assert!(!queue.borrow_mut().has_exited(), "kjob-queue exited after {what}");
+            }
+            Ok(())
+        })
+        .unwrap();
+
+    // Invariants afterwards: every well-formed queue answers Stats, and what Inspect reports
+    // for the keys the strategies reuse agrees with it (a key is in one state only).
+    rt.block_on(async {
+        for q in ["job", "orphan-pod"] {
+            let stats =
+                client.stats(v1::StatsRequest { queue: q.into() }).await.unwrap().into_inner();
+            let keys: Vec<String> = ["default/a", "ns/b"].map(String::from).into();
+            let ins = client
+                .inspect(v1::InspectRequest { queue: q.into(), keys })
+                .await
+                .unwrap()
+                .into_inner();
+            let n = |st: &str| ins.keys.iter().filter(|k| k.state == st).count() as u64;
+            assert!(n("ready") <= stats.ready, "{q}: inspect {ins:?} vs stats {stats:?}");
+            assert!(n("delayed") <= stats.delayed, "{q}: inspect {ins:?} vs stats {stats:?}");
+            assert!(n("leased") <= stats.leased, "{q}: inspect {ins:?} vs stats {stats:?}");
+            for k in &ins.keys {
+                let known = ["absent", "ready", "delayed", "leased"];
+                assert!(known.contains(&k.state.as_str()), "{q}: unknown state {k:?}");
+            }
+        }
+    });
+    assert!(!queue.borrow_mut().has_exited(), "kjob-queue still runs");
+}
