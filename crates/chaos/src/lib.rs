@@ -102,6 +102,18 @@ impl Fault {
     ];
 }
 
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    /// Parses the names [`Fault`]'s `Display` prints (`kill-worker`, `restart-redis`, ...).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Fault::ALL.into_iter().find(|f| f.to_string() == s).ok_or_else(|| {
+            let names: Vec<String> = Fault::ALL.iter().map(ToString::to_string).collect();
+            format!("unknown fault {s:?}; expected one of {}", names.join(", "))
+        })
+    }
+}
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -543,5 +555,24 @@ async fn check_queue(queue: &QueueClient, jobs: usize, report: &mut Report) -> a
             return Ok(());
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_names_round_trip_and_schedule_covers_every_kind() {
+        for f in Fault::ALL {
+            assert_eq!(f.to_string().parse::<Fault>(), Ok(f));
+        }
+        assert!("kill-everything".parse::<Fault>().is_err());
+        let mut rng = StdRng::seed_from_u64(3);
+        let plan = schedule(&mut rng, &Fault::ALL, 12);
+        for f in Fault::ALL {
+            assert_eq!(plan.iter().filter(|&&p| p == f).count(), 2, "{plan:?}");
+        }
+        assert!(schedule(&mut rng, &[], 5).is_empty());
     }
 }

@@ -25,6 +25,10 @@ struct Args {
     /// Pause between two faults.
     #[arg(long, default_value = "4s", value_parser = parse_duration)]
     fault_interval: Duration,
+    /// Fault kinds to inject, comma-separated (default: all): kill-worker, restart-queue,
+    /// restart-redis, kill-leader-watcher, api-429-500, close-watches.
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<kjob_chaos::Fault>,
     /// Worker processes.
     #[arg(long, default_value_t = 3)]
     workers: usize,
@@ -51,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
         jobs,
         duration,
         fault_interval,
+        faults,
         workers,
         bin_dir,
         run_dir,
@@ -78,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
         run_dir: run_dir.clone(),
         converge_timeout,
         pod_run_time,
-        faults: kjob_chaos::Fault::ALL.into(),
+        faults: if faults.is_empty() { kjob_chaos::Fault::ALL.into() } else { faults },
     };
     let report = run(cfg).await?;
     print!("{report}");
