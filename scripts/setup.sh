@@ -17,7 +17,7 @@ fi
 if [ "${KJOB_SKIP_PYTHON:-0}" != "1" ]; then
   if ! python3 -c 'import kubernetes, pytest; assert kubernetes.__version__.startswith("32.")' 2>/dev/null; then
     echo "setup: installing kubernetes==32.* and pytest from PyPI"
-    python3 -m pip install -q --disable-pip-version-check 'kubernetes==32.*' 'pytest>=7' >/dev/null
+    python3 -m pip install -q --disable-pip-version-check 'kubernetes==32.*' 'pytest>=8' >/dev/null
   fi
 fi
 

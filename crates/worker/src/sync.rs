@@ -35,6 +35,15 @@ pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = Duration::from_secs(300);
 /// Time for a request a previous lease holder had already sent to reach the API server.
 pub const STALE_EXPECTATIONS_MARGIN: Duration = Duration::from_secs(15);
 
+/// The earlier of two optional requeue delays.
+fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
 /// Whether a sync may act: the shared record is satisfied, or it is old enough that whoever
 /// raised it can no longer be writing (its lease is over), so a consistent LIST shows all it did.
 pub fn expectations_usable(
@@ -81,23 +90,26 @@ impl Worker {
         let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
         let pods = self.pods_for_job(&job).await?;
         let backoff = self.read_backoff(&key_str).await?;
+        let age = Duration::from_millis(exp.age_ms);
+        let satisfied =
+            expectations_usable(exp.satisfied, exp.exists, age, self.stale_expectations_after);
+        // Upstream waits for the observation that satisfies the record to enqueue the Job again.
+        // If that observation is lost (a watcher failover, a crashed worker) nothing would, so
+        // come back when the record turns stale.
+        let recheck = (!satisfied).then(|| self.stale_expectations_after.saturating_sub(age));
         let input = SyncInput {
             job: &job,
             pods: &pods,
             now: jiff::Timestamp::now(),
-            expectations_satisfied: expectations_usable(
-                exp.satisfied,
-                exp.exists,
-                Duration::from_millis(exp.age_ms),
-                self.stale_expectations_after,
-            ),
+            expectations_satisfied: satisfied,
             finalizer_removals_in_flight: &in_flight,
             backoff: backoff.as_ref(),
             controller_name: &self.controller_name,
             manage_all: self.manage_all,
         };
         let plan = JobSync::new(input);
-        let outcome = self.drive(&job, &uid, &key_str, plan, wind_down).await;
+        let mut outcome = self.drive(&job, &uid, &key_str, plan, wind_down).await;
+        outcome.requeue_after = earliest(outcome.requeue_after, recheck);
         self.finish_sync(&job, &key_str, outcome, started).await
     }
 
@@ -523,6 +535,16 @@ mod tests {
 #[cfg(test)]
 mod stale_expectations_tests {
     use super::*;
+
+    #[test]
+    fn earliest_requeue_wins() {
+        let s = Duration::from_secs;
+        assert_eq!(earliest(None, None), None);
+        assert_eq!(earliest(Some(s(5)), None), Some(s(5)));
+        assert_eq!(earliest(None, Some(s(7))), Some(s(7)));
+        assert_eq!(earliest(Some(s(5)), Some(s(7))), Some(s(5)));
+        assert_eq!(earliest(Some(s(9)), Some(s(7))), Some(s(7)));
+    }
 
     #[test]
     fn stale_records_count_as_satisfied_only_after_the_limit() {
