@@ -167,53 +167,55 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         report.limit = Some(measure_limit(&stack.sim_url, &http, limit_pods, clients).await?);
     }
 
+    // Each throughput phase gets a fresh stack, so a phase that timed out leaves no backlog
+    // (and no stored objects) behind to slow the next one down.
     let mut samples: Vec<(Vec<f64>, Vec<f64>)> = Vec::new();
-    {
-        tracing::info!(workers, "main stack: throughput and latency");
-        let mut stack = Stack::start(&opts(workers, Duration::ZERO, "main"))?;
+    let mut main_phases: Vec<(&str, Phase)> = Vec::new();
+    if jobs > 0 {
+        let list = (0..jobs)
+            .map(|i| job(&format!("single-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let phase = Phase {
+            name: format!("{jobs} single-pod Jobs"),
+            jobs: list,
+            creators: clients,
+            timeout: phase_timeout,
+        };
+        main_phases.push(("main-single", phase));
+    }
+    if indexed_completions > 0 {
+        let j = job(
+            "indexed",
+            &controller_name,
+            indexed_completions,
+            indexed_parallelism,
+            true,
+            pod_run_time,
+        )?;
+        let phase = Phase {
+            name: format!(
+                "Indexed Job, {indexed_completions} completions, parallelism {indexed_parallelism}"
+            ),
+            jobs: vec![j],
+            creators: 1,
+            timeout: phase_timeout,
+        };
+        main_phases.push(("main-indexed", phase));
+    }
+    for (dir, phase) in main_phases {
+        tracing::info!(workers, phase = %phase.name, "main stack: throughput and latency");
+        let mut stack = Stack::start(&opts(workers, Duration::ZERO, dir))?;
         let client = kube_client(&stack.sim_url).await?;
         let rec = Recorder::default();
         let mut watches = JoinSet::new();
         rec.start(client.clone(), &mut watches).await?;
-        if jobs > 0 {
-            let list = (0..jobs)
-                .map(|i| {
-                    job(&format!("single-{i:05}"), &controller_name, 1, 1, false, pod_run_time)
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let phase = Phase {
-                name: format!("{jobs} single-pod Jobs"),
-                jobs: list,
-                creators: clients,
-                timeout: phase_timeout,
-            };
-            let (mut r, first, counted) =
-                run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
-            r.workers = workers;
-            samples.push((first, counted));
+        let (mut r, first, counted) =
+            run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+        r.workers = workers;
+        samples.push((first, counted));
+        if dir == "main-single" {
             report.single = Some(r);
-        }
-        if indexed_completions > 0 {
-            let j = job(
-                "indexed",
-                &controller_name,
-                indexed_completions,
-                indexed_parallelism,
-                true,
-                pod_run_time,
-            )?;
-            let phase = Phase {
-                name: format!(
-                    "Indexed Job, {indexed_completions} completions, parallelism {indexed_parallelism}"
-                ),
-                jobs: vec![j],
-                creators: 1,
-                timeout: phase_timeout,
-            };
-            let (mut r, first, counted) =
-                run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
-            r.workers = workers;
-            samples.push((first, counted));
+        } else {
             report.indexed = Some(r);
         }
         watches.abort_all();

@@ -51,6 +51,9 @@ pub struct PhaseResult {
     pub redis_commands: Vec<(String, u64)>,
     /// CPU and memory of each process.
     pub processes: Vec<ProcessUsage>,
+    /// Errors of the harness's own Job and Pod watches during the run (each followed by a
+    /// re-list); non-zero means its timestamps may be late.
+    pub watch_errors: u64,
 }
 
 impl PhaseResult {
@@ -296,6 +299,13 @@ pub fn render_markdown(r: &BenchReport) -> String {
                 p.jobs_per_sec(),
                 latency_cell(p.first_pod_latency),
                 latency_cell(p.counted_latency),
+            );
+        }
+        for p in phases.iter().filter(|p| p.watch_errors > 0) {
+            let _ = writeln!(
+                md,
+                "\n{}: the harness's watches failed {} time(s) and re-listed; timestamps of events missed in between are late.",
+                p.name, p.watch_errors
             );
         }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_bench::procfs::{Usage, read_usage};
@@ -48,6 +48,7 @@ struct JobTrack {
 pub struct Recorder {
     jobs: Arc<Mutex<HashMap<String, JobTrack>>>,
     pods: Arc<Mutex<(HashSet<String>, HashSet<String>)>>,
+    watch_errors: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Recorder {
@@ -125,14 +126,17 @@ impl Recorder {
         let (r, t) = (self.clone(), tx.clone());
         tasks.spawn(async move {
             let mut s = watcher(jobs, watcher::Config::default()).default_backoff().boxed();
-            while let Some(ev) = s.try_next().await? {
+            while let Some(ev) = s.next().await {
                 let now = Instant::now();
                 match ev {
-                    watcher::Event::Apply(j) | watcher::Event::InitApply(j) => r.on_job(&j, now),
-                    watcher::Event::InitDone => {
+                    Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
+                        r.on_job(&j, now)
+                    }
+                    Ok(watcher::Event::InitDone) => {
                         let _ = t.try_send(());
                     }
-                    _ => {}
+                    Ok(_) => {}
+                    Err(e) => r.watch_failed("jobs", &e),
                 }
             }
             Ok(())
@@ -140,14 +144,17 @@ impl Recorder {
         let r = self.clone();
         tasks.spawn(async move {
             let mut s = watcher(pods, watcher::Config::default()).default_backoff().boxed();
-            while let Some(ev) = s.try_next().await? {
+            while let Some(ev) = s.next().await {
                 let now = Instant::now();
                 match ev {
-                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => r.on_pod(&p, now),
-                    watcher::Event::InitDone => {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                        r.on_pod(&p, now)
+                    }
+                    Ok(watcher::Event::InitDone) => {
                         let _ = tx.try_send(());
                     }
-                    _ => {}
+                    Ok(_) => {}
+                    Err(e) => r.watch_failed("pods", &e),
                 }
             }
             Ok(())
@@ -156,6 +163,19 @@ impl Recorder {
             tokio::time::timeout(CALL_TIMEOUT, rx.recv()).await.context("watches did not sync")?;
         }
         Ok(())
+    }
+
+    // A watch error (a 410 after a cut stream, a refused request) is not fatal: kube's watcher
+    // re-lists after a backoff and the uid sets make replayed objects harmless. Counted so the
+    // report shows that the harness's own view was interrupted.
+    fn watch_failed(&self, what: &str, e: &watcher::Error) {
+        self.watch_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(watch = what, error = %e, "harness watch failed; it re-lists");
+    }
+
+    /// Watch errors the harness has seen (each followed by a re-list).
+    pub fn watch_errors(&self) -> u64 {
+        self.watch_errors.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many of `names` have finished.
@@ -351,6 +371,7 @@ pub async fn run_phase(
 ) -> anyhow::Result<(PhaseResult, Vec<f64>, Vec<f64>)> {
     let names: Vec<String> = phase.jobs.iter().filter_map(|j| j.metadata.name.clone()).collect();
     let before = snapshot(stack, http, ticks).await?;
+    let watch_errors = rec.watch_errors();
     let t0 = Instant::now();
     let deadline = t0 + phase.timeout;
     create_jobs(client, rec, phase.jobs, phase.creators).await?;
@@ -373,8 +394,13 @@ pub async fn run_phase(
     // Let the last status writes' syncs settle into the counters before reading them.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = snapshot(stack, http, ticks).await?;
-    let mut out =
-        PhaseResult { name: phase.name, jobs: names.len() as u64, timed_out, ..Default::default() };
+    let mut out = PhaseResult {
+        name: phase.name,
+        jobs: names.len() as u64,
+        timed_out,
+        watch_errors: rec.watch_errors() - watch_errors,
+        ..Default::default()
+    };
     let (first, counted) = rec.fill(&names, t0, end, &mut out);
     out.api_all = diff(&before.sim, &after.sim);
     out.api_workers = diff(&before.workers, &after.workers);
