@@ -14,7 +14,7 @@ use kjob_bench::report::{BenchReport, PhaseResult, Plot, render_markdown};
 use kjob_bench::{plot, stats};
 use tokio::task::JoinSet;
 
-use crate::stack::{Stack, StackOpts};
+use crate::stack::StackOpts;
 use crate::workload::{Phase, Recorder, job, measure_limit, run_phase};
 
 /// Timeouts of the harness's own kube client (watches keep the client's long read timeout).
@@ -163,7 +163,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
 
     if limit_pods > 0 {
         tracing::info!(pods = limit_pods, clients, "measuring kjob-sim's raw write throughput");
-        let stack = Stack::start(&opts(0, Duration::ZERO, "limit"))?;
+        let stack = stack::start(&opts(0, Duration::ZERO, "limit"))?;
         report.limit = Some(measure_limit(&stack.sim_url, &http, limit_pods, clients).await?);
     }
 
@@ -204,7 +204,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     }
     for (dir, phase) in main_phases {
         tracing::info!(workers, phase = %phase.name, "main stack: throughput and latency");
-        let mut stack = Stack::start(&opts(workers, Duration::ZERO, dir))?;
+        let mut stack = stack::start(&opts(workers, Duration::ZERO, dir))?;
         let client = kube_client(&stack.sim_url).await?;
         let rec = Recorder::default();
         let mut watches = JoinSet::new();
@@ -223,7 +223,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
 
     for &w in &scale_workers {
         tracing::info!(workers = w, ?write_latency, "scale-out run");
-        let mut stack = Stack::start(&opts(w, write_latency, &format!("scale-{w}")))?;
+        let mut stack = stack::start(&opts(w, write_latency, &format!("scale-{w}")))?;
         let client = kube_client(&stack.sim_url).await?;
         let rec = Recorder::default();
         let mut watches = JoinSet::new();

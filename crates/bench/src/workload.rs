@@ -19,7 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::task::JoinSet;
 
-use crate::stack::Stack;
+use crate::stack::{Stack, redis_url, worker_admin_urls};
 
 /// Timeout of every single API, metrics or Redis call the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -307,7 +307,7 @@ pub async fn snapshot(
         promtext::sum_by(&sim_text, "kjob_sim_apiserver_requests_total", &["verb", "resource"]);
     let mut workers = BTreeMap::new();
     let mut syncs = 0.0;
-    for admin in &stack.worker_admin {
+    for admin in &worker_admin_urls(stack) {
         let text = get_text(http, &format!("{admin}/metrics")).await?;
         for (k, v) in promtext::sum_by(&text, "kjob_worker_api_calls_total", &["verb", "resource"])
         {
@@ -315,10 +315,8 @@ pub async fn snapshot(
         }
         syncs += promtext::total(&text, "job_controller_job_syncs_total");
     }
-    let redis = if stack.redis_url.is_empty() {
-        BTreeMap::new()
-    } else {
-        let client = redis::Client::open(stack.redis_url.as_str())?;
+    let redis = if let Some(url) = redis_url(stack) {
+        let client = redis::Client::open(url)?;
         let info: String = tokio::time::timeout(CALL_TIMEOUT, async {
             let mut con = client.get_multiplexed_async_connection().await?;
             redis::cmd("INFO").arg("commandstats").query_async::<String>(&mut con).await
@@ -326,6 +324,8 @@ pub async fn snapshot(
         .await
         .context("redis INFO timed out")??;
         redisinfo::command_calls(&info)
+    } else {
+        BTreeMap::new()
     };
     let usage = stack
         .pids()

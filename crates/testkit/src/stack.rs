@@ -70,6 +70,14 @@ pub struct StackConfig {
     pub watcher_args: Vec<String>,
     /// Extra kjob-worker flags (e.g. `--lease-duration=5s`).
     pub worker_args: Vec<String>,
+    /// Environment variables for the kjob processes (e.g. `RUST_LOG=warn` for a benchmark).
+    pub env: Vec<(String, String)>,
+    /// Start kjob-sim alone (no redis, queue, watchers or workers): a bare API server.
+    pub sim_only: bool,
+    /// Put every process in its own process group, so a terminal's Ctrl-C reaches only the
+    /// program driving the stack, which then stops it in order. Off for tests: a test
+    /// runner that kills its test's process group should take the children along.
+    pub own_process_groups: bool,
 }
 
 impl StackConfig {
@@ -86,6 +94,9 @@ impl StackConfig {
             queue_args: Vec::new(),
             watcher_args: Vec::new(),
             worker_args: Vec::new(),
+            env: Vec::new(),
+            sim_only: false,
+            own_process_groups: false,
         }
     }
 }
@@ -97,6 +108,10 @@ struct Spec {
     args: Vec<String>,
     /// A TCP port the process listens on once ready.
     ready_port: u16,
+    /// Port of the admin server (`/metrics`, `/livez`, `/readyz`), for kjob services.
+    admin_port: Option<u16>,
+    env: Vec<(String, String)>,
+    own_process_group: bool,
 }
 
 /// One process slot: its spec, log and (while running) child.
@@ -117,6 +132,10 @@ impl Proc {
             .with_context(|| format!("opening {}", self.log.display()))?;
         let mut cmd = Command::new(&self.spec.program);
         cmd.args(&self.spec.args).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        cmd.envs(self.spec.env.iter().map(|(k, v)| (k, v)));
+        if self.spec.own_process_group {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        }
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         self.child = Some(child);
         self.starts += 1;
@@ -224,42 +243,48 @@ impl Stack {
             cfg: cfg.clone(),
         };
 
-        let mut args: Vec<String> =
+        let mut args_redis: Vec<String> =
             ["--port", &redis_port.to_string(), "--bind", "127.0.0.1", "--dir"]
                 .map(String::from)
                 .into();
-        args.push(redis_dir.display().to_string());
-        args.extend(
+        args_redis.push(redis_dir.display().to_string());
+        args_redis.extend(
             ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
                 .into_iter()
                 .chain(["--maxmemory-policy", "noeviction", "--daemonize", "no"])
                 .map(String::from),
         );
-        stack.launch(
-            REDIS,
-            Spec { program: cfg.redis_server.clone(), args, ready_port: redis_port },
-        )?;
-
         // A fixed port (not :0) so a restarted sim keeps its URL and the kubeconfig stays valid.
         let mut args = vec![
             format!("--listen=127.0.0.1:{sim_port}"),
-            "--kubelet=auto".into(),
             format!("--kubeconfig-out={}", kubeconfig.display()),
         ];
+        // The autopilot kubelet unless the caller chose (clap refuses a repeated flag).
+        if !cfg.sim_args.iter().any(|a| a.starts_with("--kubelet")) {
+            args.push("--kubelet=auto".into());
+        }
         args.extend(cfg.sim_args.iter().cloned());
-        stack.launch(SIM, Spec { program: cfg.bin_dir.join(SIM), args, ready_port: sim_port })?;
+        let spec = stack.spec(cfg.bin_dir.join(SIM), args, sim_port, None);
+        stack.launch(SIM, spec)?;
         stack.wait_file(&kubeconfig)?;
+        if cfg.sim_only {
+            return Ok(stack);
+        }
 
+        let mut spec = stack.spec(cfg.redis_server.clone(), args_redis, redis_port, None);
+        // redis-server gets no kjob environment.
+        spec.env.clear();
+        stack.launch(REDIS, spec)?;
+
+        let admin = free_port();
         let mut args = vec![
             format!("--listen=127.0.0.1:{grpc_port}"),
             format!("--redis-url={}", stack.redis_url),
-            format!("--admin-listen=127.0.0.1:{}", free_port()),
+            format!("--admin-listen=127.0.0.1:{admin}"),
         ];
         args.extend(cfg.queue_args.iter().cloned());
-        stack.launch(
-            QUEUE,
-            Spec { program: cfg.bin_dir.join(QUEUE), args, ready_port: grpc_port },
-        )?;
+        let spec = stack.spec(cfg.bin_dir.join(QUEUE), args, grpc_port, Some(admin));
+        stack.launch(QUEUE, spec)?;
 
         for i in 1..=cfg.watchers {
             let name = format!("{WATCHER_PREFIX}{i}");
@@ -274,13 +299,30 @@ impl Stack {
                 format!("--identity={name}"),
             ];
             args.extend(cfg.watcher_args.iter().cloned());
-            let program = cfg.bin_dir.join("kjob-watcher");
-            stack.launch(&name, Spec { program, args, ready_port: admin })?;
+            let spec = stack.spec(cfg.bin_dir.join("kjob-watcher"), args, admin, Some(admin));
+            stack.launch(&name, spec)?;
         }
         for _ in 0..cfg.workers {
             stack.add_worker()?;
         }
         Ok(stack)
+    }
+
+    fn spec(
+        &self,
+        program: PathBuf,
+        args: Vec<String>,
+        ready_port: u16,
+        admin_port: Option<u16>,
+    ) -> Spec {
+        Spec {
+            program,
+            args,
+            ready_port,
+            admin_port,
+            env: self.cfg.env.clone(),
+            own_process_group: self.cfg.own_process_groups,
+        }
     }
 
     fn launch(&mut self, name: &str, spec: Spec) -> anyhow::Result<()> {
@@ -352,6 +394,20 @@ impl Stack {
         self.procs.get(name)?.child.as_ref().map(Child::id)
     }
 
+    /// Every running process with its OS process id, by name.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.procs
+            .iter()
+            .filter_map(|(n, p)| p.child.as_ref().map(|c| (n.clone(), c.id())))
+            .collect()
+    }
+
+    /// Base URL of the admin server (`/metrics`, `/livez`, `/readyz`) of kjob service `name`.
+    pub fn admin_url(&self, name: &str) -> Option<String> {
+        let port = self.procs.get(name)?.spec.admin_port?;
+        Some(format!("http://127.0.0.1:{port}"))
+    }
+
     /// How many times `name` has been started (1 after [`Stack::start`]).
     pub fn starts(&self, name: &str) -> u32 {
         self.procs.get(name).map_or(0, |p| p.starts)
@@ -398,8 +454,8 @@ impl Stack {
             format!("--worker-id={name}"),
         ];
         args.extend(self.cfg.worker_args.iter().cloned());
-        let program = self.cfg.bin_dir.join("kjob-worker");
-        self.launch(&name, Spec { program, args, ready_port: admin })?;
+        let spec = self.spec(self.cfg.bin_dir.join("kjob-worker"), args, admin, Some(admin));
+        self.launch(&name, spec)?;
         Ok(name)
     }
 
