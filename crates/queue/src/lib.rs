@@ -133,11 +133,15 @@ async fn reaper(store: &Store, metrics: &Metrics, shutdown: &Shutdown) {
         for q in kjob_core::QUEUES {
             match store.sweep(q).await {
                 Ok(r) => {
-                    let l = Metrics::q(q);
-                    metrics.lease_expired.get_or_create(&l).inc_by(u64::from(r.reaped));
-                    metrics.adds.get_or_create(&l).inc_by(u64::from(r.promoted));
+                    metrics.count_reaped(q, r.reaped, r.poisoned);
+                    metrics.adds.get_or_create(&Metrics::q(q)).inc_by(u64::from(r.promoted));
                     if r.reaped > 0 {
-                        tracing::info!(queue = q, reaped = r.reaped, "expired leases put back");
+                        tracing::info!(
+                            queue = q,
+                            reaped = r.reaped,
+                            poisoned = r.poisoned,
+                            "expired leases put back"
+                        );
                     }
                 }
                 Err(e) => tracing::warn!(queue = q, error = %e, "sweep failed"),

@@ -49,8 +49,11 @@ pub struct Metrics {
     pub retries: Family<QueueLabel, Counter>,
     /// Items leased by this replica.
     pub leases: Family<QueueLabel, Counter>,
-    /// Leases that expired and were put back by this replica's reaper.
+    /// Leases that expired and were put back by this replica (its reaper or a Lease call).
     pub lease_expired: Family<QueueLabel, Counter>,
+    /// Poison items (leases expired several times in a row without a Done) requeued through the
+    /// rate limiter instead of at once.
+    pub poisoned: Family<QueueLabel, Counter>,
     /// Done/Renew calls refused for a stale lease id.
     pub stale: Family<QueueLabel, Counter>,
     /// Ready, delayed and leased counts (kjob extras).
@@ -81,6 +84,7 @@ impl Metrics {
             retries: Family::default(),
             leases: Family::default(),
             lease_expired: Family::default(),
+            poisoned: Family::default(),
             stale: Family::default(),
             ready: Family::default(),
             delayed: Family::default(),
@@ -125,6 +129,11 @@ impl Metrics {
             m.lease_expired.clone(),
         );
         registry.register(
+            "kjob_queue_poison_requeues",
+            "Expired leases of poison items (expired repeatedly without a Done) requeued through the rate limiter",
+            m.poisoned.clone(),
+        );
+        registry.register(
             "kjob_queue_stale_lease",
             "Done or Renew calls refused because the lease id was stale",
             m.stale.clone(),
@@ -154,6 +163,15 @@ impl Metrics {
         self.errors
             .get_or_create(&ErrorLabel { method: method.to_string(), code: format!("{code:?}") })
             .inc();
+    }
+
+    /// Counts expired leases put back (`reaped`), of which `poisoned` went through the rate
+    /// limiter (each of those is an AddRateLimited: a retry).
+    pub fn count_reaped(&self, queue: &str, reaped: u32, poisoned: u32) {
+        let l = Self::q(queue);
+        self.lease_expired.get_or_create(&l).inc_by(u64::from(reaped));
+        self.poisoned.get_or_create(&l).inc_by(u64::from(poisoned));
+        self.retries.get_or_create(&l).inc_by(u64::from(poisoned));
     }
 
     /// Refreshes the gauges from a stats snapshot.

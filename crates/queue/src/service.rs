@@ -93,31 +93,29 @@ impl Queue for QueueService {
             ));
         }
         // Validate everything first: a batch is applied whole or refused whole.
-        let mut observed = Vec::new();
+        let mut per_queue: Vec<(&str, Vec<Enqueue>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let at = |e: String| format!("item {i} ({:?}): {e}", it.key);
             check!(self, M, validate::key(&it.key).map_err(at));
             check!(self, M, validate::queue(&it.queue).map_err(at));
             check!(self, M, validate::delay("delay_ms", it.delay_ms).map_err(at));
-            let obs: Result<Vec<_>, _> = it.observations.iter().map(observation).collect();
-            match obs {
-                Ok(o) if !o.is_empty() => observed.push((it.key.as_str(), o)),
-                Ok(_) => {}
+            let observations = match it.observations.iter().map(observation).collect() {
+                Ok(o) => o,
                 Err(e) => return Err(self.invalid(M, at(e))),
-            }
-        }
-        // Observations first, so a worker that leases the key sees the lowered expectations.
-        for (key, obs) in observed {
-            self.store.observe(key, &obs).await.map_err(|e| self.store_err(M, e))?;
-        }
-        let mut per_queue: Vec<(&str, Vec<Enqueue>)> = Vec::new();
-        for it in items.iter().filter(|it| !it.observe_only) {
-            let e = Enqueue { key: it.key.clone(), delay: ms(it.delay_ms) };
+            };
+            let e = Enqueue {
+                key: it.key.clone(),
+                delay: ms(it.delay_ms),
+                observations,
+                observe_only: it.observe_only,
+            };
             match per_queue.iter_mut().find(|(q, _)| *q == it.queue) {
                 Some((_, v)) => v.push(e),
                 None => per_queue.push((it.queue.as_str(), vec![e])),
             }
         }
+        // One script per queue: on the job queue each item's observations are applied in the
+        // same script as its enqueue, so a worker that leases the key sees them.
         let mut added = 0;
         for (queue, batch) in per_queue {
             let r = self.store.add(queue, &batch).await.map_err(|e| self.store_err(M, e))?;
@@ -141,14 +139,24 @@ impl Queue for QueueService {
         check!(self, M, validate::queue(&r.queue));
         check!(self, M, validate::lease(r.max_items, r.lease_ms, r.wait_ms));
         check!(self, M, validate::id("worker_id", &r.worker_id, false));
-        let leased = tokio::select! {
+        let batch = tokio::select! {
             res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
-                res.map_err(|e| self.store_err(M, e))?
+                Some(res.map_err(|e| self.store_err(M, e))?)
             }
             // Draining: a long poll answers "nothing" rather than holding up the shutdown.
-            _ = self.shutdown.cancelled() => Vec::new(),
+            _ = self.shutdown.cancelled() => None,
         };
         let l = Metrics::q(&r.queue);
+        let leased = match batch {
+            Some(b) => {
+                // Delayed items promoted by the lease script are adds (client-go counts an
+                // AddAfter's add when it fires); reaped leases are the reaper's work done here.
+                self.metrics.adds.get_or_create(&l).inc_by(u64::from(b.promoted));
+                self.metrics.count_reaped(&r.queue, b.reaped, b.poisoned);
+                b.items
+            }
+            None => Vec::new(),
+        };
         self.metrics.leases.get_or_create(&l).inc_by(leased.len() as u64);
         let hist = self.metrics.queue_duration.get_or_create(&l);
         let lease_ms = i64::try_from(r.lease_ms).unwrap_or(i64::MAX);

@@ -17,13 +17,16 @@ struct Running {
 }
 
 async fn start(redis: &RedisServer) -> Running {
+    start_with(redis, Default::default()).await
+}
+
+async fn start_with(redis: &RedisServer, store: kjob_workqueue::StoreConfig) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config =
-        Config { redis_url: redis.url(), admin_listener: Some(admin), store: Default::default() };
+    let config = Config { redis_url: redis.url(), admin_listener: Some(admin), store };
     let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
     let client = QueueClient::connect_lazy(&url).unwrap();
     Running { client, url, admin: admin_url, shutdown, task }
@@ -145,6 +148,43 @@ async fn round_trip_metrics_health_and_shutdown() {
     assert!(got.is_ok_and(|v| v.is_empty()));
     r.task.await.unwrap().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+async fn metric(http: &reqwest::Client, admin: &str, series: &str) -> Option<f64> {
+    let body = http.get(format!("{admin}/metrics")).send().await.ok()?.text().await.ok()?;
+    body.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promoted_items_count_as_adds_and_poison_items_are_counted() {
+    let redis = RedisServer::start().unwrap();
+    let store = kjob_workqueue::StoreConfig { poison_after: 1, ..Default::default() };
+    let r = start_with(&redis, store).await;
+    let (c, http, admin) = (&r.client, reqwest::Client::new(), r.admin.clone());
+    // client-go: an AddAfter counts a retry when called and an add when the item is added.
+    c.add(vec![item("ns/d", 300)]).await.unwrap();
+    let got = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
+    assert_eq!(got.len(), 1);
+    c.done("job", "ns/d", &got[0].lease_id, Outcome::Forget).await.unwrap();
+    let adds = "workqueue_adds_total{name=\"job\"}";
+    assert_eq!(metric(&http, &admin, adds).await, Some(1.0));
+    assert_eq!(metric(&http, &admin, "workqueue_retries_total{name=\"job\"}").await, Some(1.0));
+
+    // A lease that expires without a Done (poison after one expiry here) is requeued through
+    // the rate limiter (1 s) and counted, without any worker calling.
+    c.add(vec![item("ns/p", 0)]).await.unwrap();
+    let got = c.lease("job", 1, Duration::from_millis(100), Duration::ZERO, "w").await.unwrap();
+    assert_eq!(got.len(), 1);
+    let poison = "kjob_queue_poison_requeues_total{name=\"job\"}";
+    wait_for("poison counted", async || metric(&http, &admin, poison).await == Some(1.0)).await;
+    let v = &c.inspect("job", vec!["ns/p".into()]).await.unwrap().keys[0];
+    assert_eq!((v.state.as_str(), v.requeues), ("delayed", 1));
+    assert_eq!(
+        metric(&http, &admin, "kjob_queue_lease_expired_total{name=\"job\"}").await,
+        Some(1.0)
+    );
+    r.shutdown.cancel();
+    r.task.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

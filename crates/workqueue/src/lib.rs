@@ -3,7 +3,8 @@
 //! The semantics are client-go's rate-limiting delaying workqueue, made distributed: every
 //! operation is one Lua script, so it is atomic across any number of kjob-queue replicas, and the
 //! clock is Redis `TIME`. Keys of one queue share the hash tag `{wq:<name>}` and the keys of one
-//! Job's expectations share `{exp:<key>}`, so every script touches one Cluster slot.
+//! Job's expectations carry the `job` queue's tag too (`{wq:job}:exp:<key>`), so every script
+//! touches one Cluster slot and an Add applies its observations in the same script.
 //!
 //! * [`Store`]: the operations (add, lease, renew, done, sweep, stats, inspect, expectations,
 //!   records) over a single server or a Cluster (see [`conn`] for the URL forms).
@@ -21,8 +22,8 @@ pub use conn::{Conn, RedisTarget};
 pub use expectations::{ExpectationRecord, Expectations, Observation, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
 pub use store::{
-    AddOutcome, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch, Leased,
-    QueueStats, Store, StoreConfig, SweepResult,
+    AddOutcome, DEFAULT_POISON_AFTER, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView,
+    LeaseBatch, Leased, QueueStats, Store, StoreConfig, SweepResult,
 };
 pub use wake::Waker;
 

@@ -1,14 +1,20 @@
 //! The Lua scripts: one per operation, each atomic across every kjob-queue replica.
 //!
-//! Every queue script gets the same eleven keys (all under the queue's hash tag, so they live in
+//! Every queue script gets the same seven keys (all under the queue's hash tag, so they live in
 //! one Cluster slot):
-//! 1 ready ZSET (item → ready time), 2 delayed ZSET (item → due time, written with `ZADD LT`),
-//! 3 leases ZSET (item → deadline), 4 dirty SET (leased items added again), 5 addedAt HASH
-//! (item → first add time, for queue latency), 6 owner HASH (item → lease id), 7 holder HASH
-//! (item → worker id), 8 started ZSET (item → lease start), 9 failures HASH (item → count),
-//! 10 stats HASH (sequences and counters), 11 wake LIST (at most one marker).
+//! 1 ready ZSET (item → first add time; FIFO), 2 delayed ZSET (item → due time, written with
+//! `ZADD LT`), 3 leases ZSET (item → deadline), 4 lease HASH (item → `id|start|requeues|expiries|
+//! dirtyAt|worker`, one field per leased item so a lease costs one HSET), 5 failures HASH
+//! (item → rate-limited failures, and `!x|item` → lease expiries without a Done), 6 stats HASH
+//! (sequences and counters), 7 wake LIST (at most one marker).
 //!
-//! Time always comes from Redis `TIME`, so every replica shares one clock.
+//! ADD additionally gets, per item carrying observations, the four expectation keys of its Job
+//! (see [`EXP_KEYS`](crate::store)); they carry the `job` queue's hash tag, which is what lets the
+//! observation and the enqueue run in one script on a Cluster.
+//!
+//! Time always comes from Redis `TIME` (once per script), so every replica shares one clock.
+//! Commands are batched where Redis allows (one `ZADD`/`HSET`/`HMGET` for a whole lease batch),
+//! because the per-command cost dominates the CPU Redis spends per item.
 
 /// Shared prelude: `now` in ms, the key names, and the helpers used by several scripts.
 macro_rules! prelude {
@@ -16,57 +22,36 @@ macro_rules! prelude {
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local READY, DELAYED, LEASES, DIRTY, ADDED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local OWNER, HOLDER, STARTED, FAILURES = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local STATS, WAKE = KEYS[10], KEYS[11]
+local READY, DELAYED, LEASES, LEASE, FAILURES, STATS, WAKE =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
--- A durable wake marker: blocked replicas BLPOP it; at most one element.
+-- A durable wake marker: blocked replicas BLPOP it; at most one element. While nobody waits the
+-- marker stays, so this costs one LLEN.
 local function wake()
   if redis.call('LLEN', WAKE) == 0 then redis.call('RPUSH', WAKE, '1') end
 end
 
--- client-go Add at time `at`: a leased item becomes dirty, any other joins ready unless there.
--- Returns 1 when the add was accepted (not a duplicate).
+-- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
+-- id goes last because it is free-form).
+local function unpack_lease(v)
+  local id, st, rq, ex, dt, wk = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk
+end
+
+local function xfield(item) return '!x|' .. item end
+
+-- client-go Add at time `at`: a leased item becomes dirty (its record keeps the first add time),
+-- any other joins ready unless there. Returns accepted (0/1), readied (0/1).
 local function add_now(item, at)
-  if redis.call('ZSCORE', LEASES, item) then
-    if redis.call('SADD', DIRTY, item) == 1 then
-      redis.call('HSETNX', ADDED, item, at)
-      return 1
-    end
-    return 0
+  local v = redis.call('HGET', LEASE, item)
+  if v then
+    local id, st, rq, ex, dt, wk = unpack_lease(v)
+    if dt >= 0 then return 0, 0 end
+    redis.call('HSET', LEASE, item, id .. '|' .. st .. '|' .. rq .. '|' .. ex .. '|' .. at .. '|' .. wk)
+    return 1, 0
   end
-  if redis.call('ZADD', READY, 'NX', at, item) == 1 then
-    redis.call('HSETNX', ADDED, item, at)
-    return 1
-  end
-  return 0
-end
-
--- Moves due delayed items through the Add path. Bounded: a script blocks the whole server.
-local function promote(limit)
-  local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-  local accepted = 0
-  for i = 1, #due, 2 do
-    redis.call('ZREM', DELAYED, due[i])
-    accepted = accepted + add_now(due[i], tonumber(due[i + 1]))
-  end
-  return accepted
-end
-
--- Puts items whose lease deadline passed back into ready (dirty or not: they need a run).
-local function reap(limit)
-  local expired = redis.call('ZRANGE', LEASES, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  for _, item in ipairs(expired) do
-    redis.call('ZREM', LEASES, item)
-    redis.call('HDEL', OWNER, item)
-    redis.call('HDEL', HOLDER, item)
-    redis.call('ZREM', STARTED, item)
-    redis.call('SREM', DIRTY, item)
-    redis.call('HSETNX', ADDED, item, now)
-    redis.call('ZADD', READY, 'NX', now, item)
-  end
-  if #expired > 0 then redis.call('HINCRBY', STATS, 'lease_expired_total', #expired) end
-  return #expired
+  if redis.call('ZADD', READY, 'NX', at, item) == 1 then return 1, 1 end
+  return 0, 0
 end
 
 local function next_due()
@@ -79,63 +64,174 @@ end
 -- because their sleep was computed from the old head.
 local function add_after(item, delay)
   local due = now + delay
-  local head = next_due()
   local changed = redis.call('ZADD', DELAYED, 'LT', 'CH', due, item)
-  if changed == 1 and (head < 0 or due < head) then wake() end
+  if changed == 1 then
+    local head = redis.call('ZRANGE', DELAYED, 0, 0)
+    if head[1] == item then wake() end
+  end
+  return changed
+end
+
+-- client-go ItemExponentialFailureRateLimiter: base * 2^(failures before this one), capped.
+local function backoff(item, base, max)
+  local n = redis.call('HINCRBY', FAILURES, item, 1)
+  return math.min(base * 2 ^ (n - 1), max)
+end
+
+-- Moves due delayed items through the Add path. Bounded: a script blocks the whole server.
+-- Returns accepted adds (client-go counts an AddAfter's add when it fires) and items readied.
+local function promote(limit)
+  local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  if #due == 0 then return 0, 0 end
+  local accepted, readied, members = 0, 0, {}
+  for i = 1, #due, 2 do
+    members[#members + 1] = due[i]
+    local a, r = add_now(due[i], tonumber(due[i + 1]))
+    accepted, readied = accepted + a, readied + r
+  end
+  redis.call('ZREM', DELAYED, unpack(members))
+  return accepted, readied
+end
+
+-- Puts items whose lease deadline passed back into ready (dirty or not: they need a run). An
+-- item whose leases expired `poison` times in a row without a Done is requeued through the
+-- rate limiter instead, so a key that crashes its workers cannot monopolise them.
+-- Returns reaped, poisoned.
+local function reap(limit, poison, base, max)
+  local expired = redis.call('ZRANGE', LEASES, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  if #expired == 0 then return 0, 0 end
+  local poisoned = 0
+  local recs = redis.call('HMGET', LEASE, unpack(expired))
+  for i, item in ipairs(expired) do
+    local dt = -1
+    if recs[i] then
+      local _, _, _, _, d = unpack_lease(recs[i])
+      dt = d
+    end
+    local x = redis.call('HINCRBY', FAILURES, xfield(item), 1)
+    if x == 1 then redis.call('HINCRBY', STATS, 'expiring', 1) end
+    if poison > 0 and x >= poison then
+      poisoned = poisoned + 1
+      add_after(item, backoff(item, base, max))
+    else
+      if dt < 0 then dt = now end
+      redis.call('ZADD', READY, 'NX', dt, item)
+    end
+  end
+  redis.call('ZREM', LEASES, unpack(expired))
+  redis.call('HDEL', LEASE, unpack(expired))
+  redis.call('HINCRBY', STATS, 'lease_expired_total', #expired)
+  if poisoned > 0 then redis.call('HINCRBY', STATS, 'poisoned_total', poisoned) end
+  return #expired, poisoned
+end
+"#
+    };
+}
+
+/// Applies observations to one Job's expectation keys (shared by ADD and EXP_OBSERVE).
+macro_rules! observe_fn {
+    () => {
+        r#"
+-- kind 1 creation, 2 deletion (lower the counters of a record of that Job UID, once per pod),
+-- 3 finalizer removal (drop the pod from the in-flight set). Returns observations that changed
+-- something.
+local function observe(EXP, SEEN, FIN, gc_ms, obs, first, count)
+  local changed = 0
+  for i = first, first + 3 * (count - 1), 3 do
+    local kind, juid, puid = tonumber(obs[i]), obs[i + 1], obs[i + 2]
+    if kind == 3 then
+      changed = changed + redis.call('HDEL', FIN, puid)
+    elseif redis.call('EXISTS', EXP) == 1 and (juid == '' or redis.call('HGET', EXP, 'uid') == juid) then
+      local fresh = true
+      if puid ~= '' then
+        fresh = redis.call('SADD', SEEN, kind .. ':' .. puid) == 1
+        redis.call('PEXPIRE', SEEN, gc_ms)
+      end
+      if fresh then
+        redis.call('HINCRBY', EXP, kind == 1 and 'add' or 'del', -1)
+        changed = changed + 1
+      end
+    end
+  end
   return changed
 end
 "#
     };
 }
 
-/// ARGV: (item, delay_ms)… → `{added, accepted_now, now}`.
+/// ARGV: gc_ms, then per entry: item, delay_ms, observe_only (0/1), n_obs, then n_obs ×
+/// (kind, job_uid, pod_uid). KEYS 8.. hold four expectation keys per entry with n_obs > 0, in
+/// entry order. → `{added, accepted_now, now, observed}`.
+///
+/// Observations are applied before the enqueue of their item, in the same script: a worker that
+/// leases the key always sees the lowered expectations, and no crash can apply one without the
+/// other.
 pub(crate) const ADD: &str = concat!(
     prelude!(),
+    observe_fn!(),
     r#"
-local added, accepted = 0, 0
-for i = 1, #ARGV, 2 do
-  local item, delay = ARGV[i], tonumber(ARGV[i + 1])
-  if delay <= 0 then
-    local a = add_now(item, now)
-    added = added + a
-    accepted = accepted + a
-  else
-    added = added + add_after(item, delay)
+local gc_ms = ARGV[1]
+local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
+local i = 2
+while i <= #ARGV do
+  local item, delay, only, nobs = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
+  if nobs > 0 then
+    observed = observed + observe(KEYS[k], KEYS[k + 1], KEYS[k + 2], gc_ms, ARGV, i + 4, nobs)
+    k = k + 4
   end
+  if only == '0' then
+    if delay <= 0 then
+      local a, r = add_now(item, now)
+      added, accepted, readied = added + a, accepted + a, readied + r
+    else
+      added = added + add_after(item, delay)
+    end
+  end
+  i = i + 4 + 3 * nobs
 end
-if redis.call('ZCARD', READY) > 0 and accepted > 0 then wake() end
-return {added, accepted, now}
+if readied > 0 then wake() end
+return {added, accepted, now, observed}
 "#
 );
 
-/// ARGV: worker, n, lease_ms, promote_limit, reap_limit →
-/// `{now, next_due, promoted, reaped, {item, lease_id, requeues, deadline, added_at}…}`.
+/// ARGV: worker, n, lease_ms, promote_limit, reap_limit, poison_after, base_ms, max_ms →
+/// `{now, next_due, promoted, reaped, poisoned, {item, lease_id, requeues, deadline, added_at}…}`.
 pub(crate) const LEASE: &str = concat!(
     prelude!(),
     r#"
 local worker, n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local promoted = promote(tonumber(ARGV[4]))
-local reaped = reap(tonumber(ARGV[5]))
+local reaped, poisoned = reap(tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
 local popped = redis.call('ZPOPMIN', READY, n)
-local out = {now, next_due(), promoted, reaped}
-for i = 1, #popped, 2 do
-  local item = popped[i]
-  local seq = redis.call('HINCRBY', STATS, 'lease_seq', 1)
-  -- The time part keeps ids unique even if Redis lost the sequence (restart without AOF).
-  local id = seq .. '-' .. now
+local out = {now, next_due(), promoted, reaped, poisoned}
+local count = #popped / 2
+if count > 0 then
+  -- One sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
+  local last = redis.call('HINCRBY', STATS, 'lease_seq', count)
+  local fields = {}
+  for i = 1, count do
+    local item = popped[2 * i - 1]
+    fields[2 * i - 1] = item
+    fields[2 * i] = xfield(item)
+  end
+  local fail = redis.call('HMGET', FAILURES, unpack(fields))
   local deadline = now + lease_ms
-  redis.call('ZADD', LEASES, deadline, item)
-  redis.call('HSET', OWNER, item, id)
-  redis.call('HSET', HOLDER, item, worker)
-  redis.call('ZADD', STARTED, now, item)
-  redis.call('SREM', DIRTY, item)
-  local added = redis.call('HGET', ADDED, item) or popped[i + 1]
-  redis.call('HDEL', ADDED, item)
-  local req = redis.call('HGET', FAILURES, item) or 0
-  table.insert(out, {item, id, tonumber(req), deadline, tonumber(added)})
+  local zargs, hargs = {}, {}
+  for i = 1, count do
+    local item, added = popped[2 * i - 1], popped[2 * i]
+    -- The time part keeps ids unique even if Redis lost the sequence (restart without AOF).
+    local id = (last - count + i) .. '-' .. now
+    local req, ex = tonumber(fail[2 * i - 1] or 0), tonumber(fail[2 * i] or 0)
+    zargs[2 * i - 1], zargs[2 * i] = deadline, item
+    hargs[2 * i - 1] = item
+    hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
+    out[#out + 1] = {item, id, req, deadline, tonumber(added)}
+  end
+  redis.call('ZADD', LEASES, unpack(zargs))
+  redis.call('HSET', LEASE, unpack(hargs))
 end
 -- Chain the wake-up so another replica's waiters take what is left.
-if redis.call('ZCARD', READY) > 0 then wake() end
+if count > 0 and redis.call('ZCARD', READY) > 0 then wake() end
 return out
 "#
 );
@@ -144,7 +240,8 @@ return out
 pub(crate) const RENEW: &str = concat!(
     prelude!(),
     r#"
-if redis.call('HGET', OWNER, ARGV[1]) ~= ARGV[2] then
+local v = redis.call('HGET', LEASE, ARGV[1])
+if not v or unpack_lease(v) ~= ARGV[2] then
   redis.call('HINCRBY', STATS, 'stale_total', 1)
   return -1
 end
@@ -160,30 +257,33 @@ pub(crate) const DONE: &str = concat!(
     prelude!(),
     r#"
 local item, id, outcome = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if redis.call('HGET', OWNER, item) ~= id then
+local v = redis.call('HGET', LEASE, item)
+local lid, started, req, ex, dt
+if v then lid, started, req, ex, dt = unpack_lease(v) end
+if lid ~= id then
   redis.call('HINCRBY', STATS, 'stale_total', 1)
   return {-1}
 end
-local started = tonumber(redis.call('ZSCORE', STARTED, item) or now)
 redis.call('ZREM', LEASES, item)
-redis.call('HDEL', OWNER, item)
-redis.call('HDEL', HOLDER, item)
-redis.call('ZREM', STARTED, item)
+redis.call('HDEL', LEASE, item)
+-- A Done ends the run of lease expiries (poison detection). The record says whether there is
+-- anything to delete, which saves a command on the common path.
+if ex > 0 and redis.call('HDEL', FAILURES, xfield(item)) == 1 then
+  redis.call('HINCRBY', STATS, 'expiring', -1)
+end
 local delay = -1
-if outcome == 1 then
-  redis.call('HDEL', FAILURES, item)
-elseif outcome == 2 then
-  -- client-go ItemExponentialFailureRateLimiter: base * 2^(failures before this one), capped.
-  local n = redis.call('HINCRBY', FAILURES, item, 1)
-  delay = math.min(tonumber(ARGV[5]) * 2 ^ (n - 1), tonumber(ARGV[6]))
-elseif outcome == 3 then
-  redis.call('HDEL', FAILURES, item)
-  delay = tonumber(ARGV[4])
+if outcome == 2 then
+  delay = backoff(item, tonumber(ARGV[5]), tonumber(ARGV[6]))
+else
+  -- Forget (also for requeue-after, which is a success). Only the holder changes the count
+  -- while the key is leased, so the count read at lease time tells whether there is one.
+  if req > 0 then redis.call('HDEL', FAILURES, item) end
+  if outcome == 3 then delay = tonumber(ARGV[4]) end
 end
 local ready_at = -1
-local dirty = redis.call('SREM', DIRTY, item) == 1
-if dirty or delay == 0 then
-  if redis.call('ZADD', READY, 'NX', now, item) == 1 then redis.call('HSETNX', ADDED, item, now) end
+if dt >= 0 or delay == 0 then
+  if dt < 0 then dt = now end
+  redis.call('ZADD', READY, 'NX', dt, item)
   ready_at = now
   wake()
 end
@@ -194,18 +294,19 @@ return {now - started, ready_at, now, delay}
 "#
 );
 
-/// ARGV: promote_limit, reap_limit → `{promoted, reaped, next_due, now}`.
+/// ARGV: promote_limit, reap_limit, poison_after, base_ms, max_ms →
+/// `{promoted, reaped, next_due, now, poisoned}`.
 pub(crate) const SWEEP: &str = concat!(
     prelude!(),
     r#"
-local promoted = promote(tonumber(ARGV[1]))
-local reaped = reap(tonumber(ARGV[2]))
-if promoted + reaped > 0 then wake() end
-return {promoted, reaped, next_due(), now}
+local promoted, readied = promote(tonumber(ARGV[1]))
+local reaped, poisoned = reap(tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+if readied + reaped - poisoned > 0 then wake() end
+return {promoted, reaped, next_due(), now, poisoned}
 "#
 );
 
-/// ARGV: max_started (how many lease starts to sum) →
+/// ARGV: max_leases (how many lease records to read) →
 /// `{now, ready, delayed, leased, dirty, oldest_ready, failing, unfinished_ms, oldest_started}`.
 pub(crate) const STATS: &str = concat!(
     prelude!(),
@@ -213,31 +314,51 @@ pub(crate) const STATS: &str = concat!(
 local oldest = redis.call('ZRANGE', READY, 0, 0, 'WITHSCORES')
 local oldest_ready = -1
 if #oldest > 0 then oldest_ready = tonumber(oldest[2]) end
-local starts = redis.call('ZRANGE', STARTED, 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
-local unfinished, oldest_started = 0, -1
-for i = 2, #starts, 2 do
-  local s = tonumber(starts[i])
-  unfinished = unfinished + (now - s)
-  if oldest_started < 0 then oldest_started = s end
+local leased = redis.call('ZCARD', LEASES)
+local recs
+if leased <= tonumber(ARGV[1]) then
+  recs = redis.call('HVALS', LEASE)
+else
+  -- A pathological backlog of leases: sample one page rather than block the server.
+  local page = redis.call('HSCAN', LEASE, 0, 'COUNT', ARGV[1])[2]
+  recs = {}
+  for i = 2, #page, 2 do recs[#recs + 1] = page[i] end
 end
-return {now, redis.call('ZCARD', READY), redis.call('ZCARD', DELAYED), redis.call('ZCARD', LEASES),
-  redis.call('SCARD', DIRTY), oldest_ready, redis.call('HLEN', FAILURES), unfinished, oldest_started}
+local unfinished, oldest_started, dirty = 0, -1, 0
+for _, v in ipairs(recs) do
+  local _, s, _, _, dt = unpack_lease(v)
+  unfinished = unfinished + (now - s)
+  if oldest_started < 0 or s < oldest_started then oldest_started = s end
+  if dt >= 0 then dirty = dirty + 1 end
+end
+local expiring = tonumber(redis.call('HGET', STATS, 'expiring') or 0)
+return {now, redis.call('ZCARD', READY), redis.call('ZCARD', DELAYED), leased,
+  dirty, oldest_ready, redis.call('HLEN', FAILURES) - expiring, unfinished, oldest_started}
 "#
 );
 
-/// ARGV: items… → per item `{ready, delayed, deadline, dirty, failures, holder}` (-1 / '' = none).
+/// ARGV: items… → per item `{ready, delayed, deadline, dirty, failures, holder, expiries}`
+/// (-1 / '' = none).
 pub(crate) const INSPECT: &str = concat!(
     prelude!(),
     r#"
 local out = {}
 for _, item in ipairs(ARGV) do
+  local v = redis.call('HGET', LEASE, item)
+  local dirty, holder = 0, ''
+  if v then
+    local _, _, _, _, dt, wk = unpack_lease(v)
+    if dt >= 0 then dirty = 1 end
+    holder = wk
+  end
   table.insert(out, {
     tonumber(redis.call('ZSCORE', READY, item) or -1),
     tonumber(redis.call('ZSCORE', DELAYED, item) or -1),
     tonumber(redis.call('ZSCORE', LEASES, item) or -1),
-    redis.call('SISMEMBER', DIRTY, item),
+    dirty,
     tonumber(redis.call('HGET', FAILURES, item) or 0),
-    redis.call('HGET', HOLDER, item) or '',
+    holder,
+    tonumber(redis.call('HGET', FAILURES, xfield(item)) or 0),
   })
 end
 return out
@@ -254,9 +375,10 @@ return 0
 
 // ---------------------------------------------------------------- expectations
 //
-// Per Job key K (own hash tag `{exp:K}`): `{exp:K}` HASH uid/add/del/ts, `{exp:K}:seen` SET of
-// observed "kind:podUID" (makes a re-sent observation idempotent), `{exp:K}:fin` HASH
-// podUID → jobUID (finalizer removals in flight), `{exp:K}:rec` HASH name → "expiry|bytes".
+// Per Job key K (under the `job` queue's hash tag T): `T:exp:K` HASH uid/add/del/ts,
+// `T:exp:K:seen` SET of observed "kind:podUID" (makes a re-sent observation idempotent),
+// `T:exp:K:fin` HASH podUID → jobUID (finalizer removals in flight), `T:exp:K:rec` HASH
+// name → "expiry|bytes".
 
 macro_rules! exp_prelude {
     () => {
@@ -267,7 +389,6 @@ local EXP, SEEN, FIN, REC = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 "#
     };
 }
-
 /// ARGV: uid, add, del, gc_ms. Replaces the record and stamps the time.
 pub(crate) const EXP_SET: &str = concat!(
     exp_prelude!(),
@@ -306,25 +427,9 @@ return {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] o
 /// removal → number of observations that changed something.
 pub(crate) const EXP_OBSERVE: &str = concat!(
     exp_prelude!(),
+    observe_fn!(),
     r#"
-local changed = 0
-for i = 2, #ARGV, 3 do
-  local kind, juid, puid = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
-  if kind == 3 then
-    changed = changed + redis.call('HDEL', FIN, puid)
-  elseif redis.call('EXISTS', EXP) == 1 and (juid == '' or redis.call('HGET', EXP, 'uid') == juid) then
-    local fresh = true
-    if puid ~= '' then
-      fresh = redis.call('SADD', SEEN, kind .. ':' .. puid) == 1
-      redis.call('PEXPIRE', SEEN, ARGV[1])
-    end
-    if fresh then
-      redis.call('HINCRBY', EXP, kind == 1 and 'add' or 'del', -1)
-      changed = changed + 1
-    end
-  end
-end
-return changed
+return observe(EXP, SEEN, FIN, ARGV[1], ARGV, 2, (#ARGV - 1) / 3)
 "#
 );
 

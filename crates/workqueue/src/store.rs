@@ -10,6 +10,10 @@ use crate::expectations::{EXPECTATIONS_TIMEOUT, ExpectationRecord, Expectations,
 use crate::limiter::{ItemExponentialLimiter, JOB_LIMITER};
 use crate::{WqError, scripts};
 
+/// Default of [`StoreConfig::poison_after`]: one expiry is a crash or a pause, three in a row
+/// (BullMQ's `maxStalledCount` is 1, asynq archives after its retries) is the item itself.
+pub const DEFAULT_POISON_AFTER: u32 = 3;
+
 /// Tunables of a [`Store`].
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -24,6 +28,9 @@ pub struct StoreConfig {
     pub promote_limit: u32,
     /// Most expired leases reaped per script call.
     pub reap_limit: u32,
+    /// Lease expiries in a row (without a Done) after which an item is a poison item: the reaper
+    /// requeues it through the rate limiter instead of at once. 0 = never.
+    pub poison_after: u32,
 }
 
 impl Default for StoreConfig {
@@ -34,6 +41,7 @@ impl Default for StoreConfig {
             idle_gc: Duration::from_secs(7 * 24 * 3600),
             promote_limit: 1000,
             reap_limit: 1000,
+            poison_after: DEFAULT_POISON_AFTER,
         }
     }
 }
@@ -45,6 +53,29 @@ pub struct Enqueue {
     pub key: String,
     /// Delay before it becomes ready; zero = now.
     pub delay: Duration,
+    /// Observations for the expectations of Job `key`, applied in the same script as the
+    /// enqueue when the queue is [`kjob_core::JOB_QUEUE`].
+    pub observations: Vec<Observation>,
+    /// Apply the observations only; do not enqueue.
+    pub observe_only: bool,
+}
+
+impl Enqueue {
+    /// An item ready now.
+    pub fn now(key: impl Into<String>) -> Self {
+        Self::after(key, Duration::ZERO)
+    }
+
+    /// An item ready after `delay`.
+    pub fn after(key: impl Into<String>, delay: Duration) -> Self {
+        Self { key: key.into(), delay, observations: Vec::new(), observe_only: false }
+    }
+
+    /// The same item carrying `observations`.
+    pub fn observing(mut self, observations: Vec<Observation>) -> Self {
+        self.observations = observations;
+        self
+    }
 }
 
 /// Result of [`Store::add`].
@@ -56,6 +87,8 @@ pub struct AddOutcome {
     pub accepted_now: u32,
     /// Adds with a delay (client-go counts every AddAfter in `workqueue_retries_total`).
     pub delayed: u32,
+    /// Observations that changed an expectation record or finalizer set.
+    pub observed: u32,
 }
 
 /// A leased item.
@@ -84,6 +117,8 @@ pub struct LeaseBatch {
     pub promoted: u32,
     /// Expired leases put back by this call.
     pub reaped: u32,
+    /// Of those, poison items requeued through the rate limiter.
+    pub poisoned: u32,
     /// The leased items.
     pub items: Vec<Leased>,
 }
@@ -119,6 +154,8 @@ pub struct SweepResult {
     pub promoted: u32,
     /// Expired leases put back.
     pub reaped: u32,
+    /// Of those, poison items requeued through the rate limiter.
+    pub poisoned: u32,
     /// Due time of the earliest delayed item, if any.
     pub next_due_ms: Option<i64>,
     /// Redis time.
@@ -192,6 +229,8 @@ pub struct KeyView {
     pub requeues: u32,
     /// Worker holding the lease (empty if none).
     pub holder: String,
+    /// Lease expiries in a row without a Done (poison detection).
+    pub expiries: u32,
 }
 
 struct Scripts {
@@ -236,14 +275,10 @@ impl Scripts {
     }
 }
 
-/// The eleven keys of a queue, in the order the scripts expect.
-pub(crate) fn queue_keys(queue: &str) -> [String; 11] {
+/// The seven keys of a queue, in the order the scripts expect.
+pub(crate) fn queue_keys(queue: &str) -> [String; 7] {
     let t = format!("{{wq:{queue}}}");
-    [
-        "ready", "delayed", "leases", "dirty", "addedAt", "owner", "holder", "started", "failures",
-        "stats", "wake",
-    ]
-    .map(|s| format!("{t}:{s}"))
+    ["ready", "delayed", "leases", "lease", "failures", "stats", "wake"].map(|s| format!("{t}:{s}"))
 }
 
 /// The wake marker list of a queue.
@@ -251,9 +286,27 @@ pub(crate) fn wake_key(queue: &str) -> String {
     format!("{{wq:{queue}}}:wake")
 }
 
-fn exp_keys(key: &str) -> [String; 4] {
-    let t = format!("{{exp:{key}}}");
+/// The four expectation keys of Job `key`. They carry the hash tag of the `job` queue, so an Add
+/// to that queue applies an item's observations and its enqueue in one script, also on a
+/// Cluster (where every key of a script must hash to one slot). The price: all expectations live
+/// on the job queue's shard, which the queue's own traffic already bounds.
+pub(crate) fn exp_keys(key: &str) -> [String; 4] {
+    let t = format!("{{wq:{}}}:exp:{key}", kjob_core::JOB_QUEUE);
     [t.clone(), format!("{t}:seen"), format!("{t}:fin"), format!("{t}:rec")]
+}
+
+/// Appends `(kind, job_uid, pod_uid)` of each observation to `args`.
+fn push_observations(args: &mut Vec<Vec<u8>>, observations: &[Observation]) {
+    for o in observations {
+        let (kind, j, p) = match o {
+            Observation::Creation { job_uid, pod_uid } => (1, job_uid, pod_uid),
+            Observation::Deletion { job_uid, pod_uid } => (2, job_uid, pod_uid),
+            Observation::FinalizerRemoval { job_uid, pod_uid } => (3, job_uid, pod_uid),
+        };
+        args.push(kind.to_string().into_bytes());
+        args.push(j.as_bytes().to_vec());
+        args.push(p.as_bytes().to_vec());
+    }
 }
 
 fn ms(d: Duration) -> i64 {
@@ -390,27 +443,54 @@ impl Store {
     }
 
     /// Adds a batch to `queue`: immediate items join the ready set (or mark a leased item
-    /// dirty), delayed items keep their earliest due time.
+    /// dirty), delayed items keep their earliest due time. On the `job` queue each item's
+    /// observations are applied in the same script as its enqueue (atomically, before it); on
+    /// another queue they are applied first by a separate script on the job queue's slot.
     pub async fn add(&self, queue: &str, items: &[Enqueue]) -> Result<AddOutcome, WqError> {
         if items.is_empty() {
             return Ok(AddOutcome::default());
         }
-        let mut args = Vec::with_capacity(items.len() * 2);
+        let mut observed = 0;
+        let same_slot = queue == kjob_core::JOB_QUEUE;
+        if !same_slot {
+            for it in items.iter().filter(|it| !it.observations.is_empty()) {
+                observed += self.observe(&it.key, &it.observations).await?;
+            }
+        }
+        let mut keys: Vec<String> = queue_keys(queue).into();
+        let mut args = Vec::with_capacity(1 + items.len() * 4);
+        args.push(ms(self.config.idle_gc).to_string().into_bytes());
         let mut delayed = 0;
+        let mut entries = 0;
         for it in items {
-            args.push(it.key.clone().into_bytes());
+            let obs: &[Observation] = if same_slot { &it.observations } else { &[] };
+            if it.observe_only && obs.is_empty() {
+                continue;
+            }
+            entries += 1;
             let d = ms(it.delay);
-            if d > 0 {
+            if d > 0 && !it.observe_only {
                 delayed += 1;
             }
+            args.push(it.key.clone().into_bytes());
             args.push(d.to_string().into_bytes());
+            args.push(if it.observe_only { b"1".to_vec() } else { b"0".to_vec() });
+            args.push(obs.len().to_string().into_bytes());
+            if !obs.is_empty() {
+                keys.extend(exp_keys(&it.key));
+                push_observations(&mut args, obs);
+            }
         }
-        let v = self.eval("add", &self.scripts.add, &queue_keys(queue), args).await?;
+        if entries == 0 {
+            return Ok(AddOutcome { observed, ..AddOutcome::default() });
+        }
+        let v = self.eval("add", &self.scripts.add, &keys, args).await?;
         let a = arr(&v, "add")?;
         Ok(AddOutcome {
             added: count(at(a, 0, "add")?),
             accepted_now: count(at(a, 1, "add")?),
             delayed,
+            observed: observed + count(at(a, 3, "add")?),
         })
     }
 
@@ -429,11 +509,14 @@ impl Store {
             ms(lease).to_string().into_bytes(),
             self.config.promote_limit.to_string().into_bytes(),
             self.config.reap_limit.to_string().into_bytes(),
+            self.config.poison_after.to_string().into_bytes(),
+            ms(self.config.limiter.base).to_string().into_bytes(),
+            ms(self.config.limiter.max).to_string().into_bytes(),
         ];
         let v = self.eval("lease", &self.scripts.lease, &queue_keys(queue), args).await?;
         let a = arr(&v, "lease")?;
         let mut items = Vec::new();
-        for it in a.iter().skip(4) {
+        for it in a.iter().skip(5) {
             let f = arr(it, "lease item")?;
             items.push(Leased {
                 key: string(f.first().ok_or_else(|| proto("lease item", it))?, "lease key")?,
@@ -448,6 +531,7 @@ impl Store {
             next_due_ms: opt(at(a, 1, "lease next due")?),
             promoted: count(at(a, 2, "lease promoted")?),
             reaped: count(at(a, 3, "lease reaped")?),
+            poisoned: count(at(a, 4, "lease poisoned")?),
             items,
         })
     }
@@ -509,6 +593,9 @@ impl Store {
         let args = vec![
             self.config.promote_limit.to_string().into_bytes(),
             self.config.reap_limit.to_string().into_bytes(),
+            self.config.poison_after.to_string().into_bytes(),
+            ms(self.config.limiter.base).to_string().into_bytes(),
+            ms(self.config.limiter.max).to_string().into_bytes(),
         ];
         let v = self.eval("sweep", &self.scripts.sweep, &queue_keys(queue), args).await?;
         let a = arr(&v, "sweep")?;
@@ -517,15 +604,16 @@ impl Store {
             reaped: count(at(a, 1, "sweep")?),
             next_due_ms: opt(at(a, 2, "sweep")?),
             now_ms: at(a, 3, "sweep")?,
+            poisoned: count(at(a, 4, "sweep")?),
         })
     }
 
     /// Depths of `queue`.
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, WqError> {
-        // Lease starts summed for the unfinished-work gauge; in-flight items are bounded by the
-        // total worker concurrency, this only caps a pathological backlog.
-        const MAX_STARTED: u32 = 10_000;
-        let args = vec![MAX_STARTED.to_string().into_bytes()];
+        // Lease records read for the unfinished-work gauge and the dirty count; in-flight items
+        // are bounded by the total worker concurrency, this only caps a pathological backlog.
+        const MAX_LEASES: u32 = 10_000;
+        let args = vec![MAX_LEASES.to_string().into_bytes()];
         let v = self.eval("stats", &self.scripts.stats, &queue_keys(queue), args).await?;
         let a = arr(&v, "stats")?;
         let u = |i| at(a, i, "stats").map(|x| u64::try_from(x.max(0)).unwrap_or(0));
@@ -574,6 +662,7 @@ impl Store {
                 dirty: at(f, 3, "inspect")? == 1,
                 requeues: count(at(f, 4, "inspect")?),
                 holder: string(f.get(5).ok_or_else(|| proto("inspect", row))?, "inspect")?,
+                expiries: count(at(f, 6, "inspect")?),
             });
         }
         Ok(out)
@@ -582,7 +671,7 @@ impl Store {
     /// Re-pushes the wake marker of `queue` if items are ready.
     pub async fn rewake(&self, queue: &str) -> Result<(), WqError> {
         let keys = queue_keys(queue);
-        let keys = [keys[0].clone(), keys[10].clone()];
+        let keys = [keys[0].clone(), keys[6].clone()];
         self.eval("rewake", &self.scripts.rewake, &keys, Vec::new()).await?;
         Ok(())
     }
@@ -596,16 +685,7 @@ impl Store {
             return Ok(0);
         }
         let mut args = vec![ms(self.config.idle_gc).to_string().into_bytes()];
-        for o in observations {
-            let (kind, j, p) = match o {
-                Observation::Creation { job_uid, pod_uid } => (1, job_uid, pod_uid),
-                Observation::Deletion { job_uid, pod_uid } => (2, job_uid, pod_uid),
-                Observation::FinalizerRemoval { job_uid, pod_uid } => (3, job_uid, pod_uid),
-            };
-            args.push(kind.to_string().into_bytes());
-            args.push(j.as_bytes().to_vec());
-            args.push(p.as_bytes().to_vec());
-        }
+        push_observations(&mut args, observations);
         let v = self.eval("observe", &self.scripts.exp_observe, &exp_keys(key), args).await?;
         Ok(count(int(&v, "observe")?))
     }

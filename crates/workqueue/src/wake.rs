@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::conn::{self, Conn, RedisTarget};
-use crate::store::{LeaseBatch, Leased, wake_key};
+use crate::store::{LeaseBatch, wake_key};
 use crate::{Store, WqError};
 
 /// Longest a waiter sleeps without re-running LEASE, whatever the markers say.
@@ -76,7 +76,8 @@ impl Waker {
         }
     }
 
-    /// Leases up to `n` items of `queue`, waiting up to `wait` for the first one.
+    /// Leases up to `n` items of `queue`, waiting up to `wait` for the first one. The batch's
+    /// `promoted`, `reaped` and `poisoned` add up every attempt made while waiting (for metrics).
     pub async fn lease(
         &self,
         store: &Store,
@@ -85,7 +86,7 @@ impl Waker {
         n: u32,
         lease: Duration,
         wait: Duration,
-    ) -> Result<Vec<Leased>, WqError> {
+    ) -> Result<LeaseBatch, WqError> {
         let deadline = Instant::now() + wait;
         let q = self.queues.get(queue).cloned();
         let _guard = match (&q, wait.is_zero()) {
@@ -96,6 +97,7 @@ impl Waker {
             }
             _ => None,
         };
+        let (mut promoted, mut reaped, mut poisoned) = (0, 0, 0);
         loop {
             // Register interest before looking, so a wake-up between LEASE and the wait counts.
             let notified = q.as_ref().map(|q| q.notify.notified());
@@ -103,12 +105,15 @@ impl Waker {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
-            let LeaseBatch { items, next_due_ms, now_ms, .. } =
-                store.lease(queue, worker, n, lease).await?;
+            let batch = store.lease(queue, worker, n, lease).await?;
+            promoted += batch.promoted;
+            reaped += batch.reaped;
+            poisoned += batch.poisoned;
             let now = Instant::now();
-            if !items.is_empty() || now >= deadline {
-                return Ok(items);
+            if !batch.items.is_empty() || now >= deadline {
+                return Ok(LeaseBatch { promoted, reaped, poisoned, ..batch });
             }
+            let LeaseBatch { next_due_ms, now_ms, .. } = batch;
             let mut until = deadline.min(now + SAFETY_POLL);
             if let Some(due) = next_due_ms {
                 let in_ms = u64::try_from(due.saturating_sub(now_ms).max(0)).unwrap_or(0);

@@ -31,11 +31,11 @@ async fn cluster(config: StoreConfig) -> (Backend, Store) {
 }
 
 fn now(key: &str) -> Enqueue {
-    Enqueue { key: key.to_string(), delay: Duration::ZERO }
+    Enqueue::now(key)
 }
 
 fn after(key: &str, ms: u64) -> Enqueue {
-    Enqueue { key: key.to_string(), delay: Duration::from_millis(ms) }
+    Enqueue::after(key, Duration::from_millis(ms))
 }
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -338,16 +338,125 @@ async fn waiting_lease_wakes_on_add(s: Store) {
     // Added through another Store (another replica's connection).
     let other = Store::connect(&target_url(&s), StoreConfig::default()).await.unwrap();
     other.add(Q, &[now("ns/a")]).await.unwrap();
-    let got = waiter.await.unwrap().unwrap();
+    let got = waiter.await.unwrap().unwrap().items;
     let latency = added_at.elapsed();
     assert_eq!(got.len(), 1);
     assert!(t0.elapsed() >= Duration::from_millis(1500));
     assert!(latency < Duration::from_millis(800), "woke after {latency:?}");
     // A zero wait returns at once with nothing.
     let r: Result<_, WqError> = waker.lease(&s, Q, "w", 1, LEASE, Duration::ZERO).await;
-    assert!(r.unwrap().is_empty());
+    assert!(r.unwrap().items.is_empty());
     let _ = shutdown.0.send(());
     runner.await.unwrap();
+}
+
+/// Scripts run so far (EVAL + EVALSHA calls) summed over every node of the store's target.
+async fn scripts_run(s: &Store) -> u64 {
+    let mut total = 0;
+    for node in s.target().nodes() {
+        let client = redis::Client::open(node.as_str()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let info: String =
+            redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+        total += info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
+}
+
+async fn observations_applied_in_the_enqueue_script(s: Store) {
+    let k = "ns/job";
+    s.set_expectations(k, "u1", 2, 1).await.unwrap();
+    let c = |p: &str| Observation::Creation { job_uid: "u1".into(), pod_uid: p.into() };
+    let d = Observation::Deletion { job_uid: "u1".into(), pod_uid: "p9".into() };
+    let other = Observation::Creation { job_uid: "u1".into(), pod_uid: "p3".into() };
+    // Load the script first (the first EVALSHA of a script runs as NOSCRIPT + EVAL).
+    let warm = Enqueue { observe_only: true, ..now("ns/warm").observing(vec![c("px")]) };
+    s.add(Q, &[warm]).await.unwrap();
+    let before = scripts_run(&s).await;
+    let r = s
+        .add(
+            Q,
+            &[
+                now(k).observing(vec![c("p1"), c("p2"), c("p1")]),
+                now("ns/plain"),
+                Enqueue { observe_only: true, ..now("ns/job2").observing(vec![d.clone()]) },
+            ],
+        )
+        .await
+        .unwrap();
+    // One script for the whole batch: on a Cluster that is only possible because the Job's
+    // expectation keys share the queue's slot (a cross-slot script fails with CROSSSLOT), and a
+    // script is atomic, so no crash can apply the observations without the enqueue or the
+    // reverse. The enqueued key is therefore never leased before its observations count.
+    assert_eq!(scripts_run(&s).await - before, 1, "Add with observations ran more than one script");
+    assert_eq!((r.added, r.accepted_now, r.observed), (2, 2, 2));
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert_eq!(e.record.as_ref().map(|r| (r.add, r.del)), Some((0, 1)));
+    assert!(!e.satisfied);
+    let leased: Vec<String> =
+        s.lease(Q, "w", 10, LEASE).await.unwrap().items.into_iter().map(|l| l.key).collect();
+    assert_eq!(leased, vec![k.to_string(), "ns/plain".to_string()], "observe-only enqueued");
+    // Observations of a delayed item count at once; the item waits.
+    let r = s.add(Q, &[after(k, 60_000).observing(vec![d])]).await.unwrap();
+    assert_eq!((r.observed, r.delayed), (1, 1));
+    assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+    // Another queue: still applied (by a separate script on the job queue's slot) and enqueued.
+    s.set_expectations(k, "u1", 1, 0).await.unwrap();
+    let r = s.add("orphan-pod", &[now(k).observing(vec![other])]).await.unwrap();
+    assert_eq!((r.added, r.observed), (1, 1));
+    assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+    assert_eq!(s.stats("orphan-pod").await.unwrap().ready, 1);
+}
+
+async fn poison_item_goes_through_the_rate_limiter(s: Store) {
+    // Poison after 2 expiries; limiter base 300 ms (config below).
+    let short = Duration::from_millis(100);
+    s.add(Q, &[now("ns/p")]).await.unwrap();
+    s.lease(Q, "w1", 1, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // First expiry: a crash or a pause, requeued at once.
+    let r = s.sweep(Q).await.unwrap();
+    assert_eq!((r.reaped, r.poisoned), (1, 0));
+    let v = &s.inspect(Q, &["ns/p".into()]).await.unwrap()[0];
+    assert_eq!((v.state, v.expiries, v.requeues), (KeyState::Ready, 1, 0));
+    assert_eq!(s.stats(Q).await.unwrap().failing, 0, "expiries are not failures");
+    s.lease(Q, "w2", 1, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Second expiry in a row: poison, so it waits out the rate limiter and counts a failure.
+    let r = s.sweep(Q).await.unwrap();
+    assert_eq!((r.reaped, r.poisoned), (1, 1));
+    let v = &s.inspect(Q, &["ns/p".into()]).await.unwrap()[0];
+    assert_eq!((v.state, v.expiries, v.requeues), (KeyState::Delayed, 2, 1));
+    assert!(s.lease(Q, "w3", 1, LEASE).await.unwrap().items.is_empty());
+    let l = lease_within(&s, "w3", Duration::from_secs(5)).await.remove(0);
+    assert_eq!(l.requeues, 1);
+    // A Done ends the run of expiries and (Forget) the failures.
+    s.done(Q, "ns/p", &l.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    let v = &s.inspect(Q, &["ns/p".into()]).await.unwrap()[0];
+    assert_eq!((v.state, v.expiries, v.requeues), (KeyState::Absent, 0, 0));
+    assert_eq!(s.stats(Q).await.unwrap().failing, 0);
+    // After the Done the count starts again: one expiry is not poison.
+    s.add(Q, &[now("ns/p")]).await.unwrap();
+    s.lease(Q, "w4", 1, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let b = s.lease(Q, "w5", 1, LEASE).await.unwrap();
+    assert_eq!((b.reaped, b.poisoned, b.items.len()), (1, 0, 1));
+}
+
+async fn lease_promotes_due_items_and_counts_them(s: Store) {
+    s.add(Q, &[now("ns/d"), after("ns/d", 150), after("ns/e", 150)]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    assert_eq!(l.key, "ns/d");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // ns/d is promoted while leased (an accepted add: it becomes dirty), so is ns/e.
+    let b = s.lease(Q, "w", 10, LEASE).await.unwrap();
+    assert_eq!(b.promoted, 2);
+    assert_eq!(b.items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), vec!["ns/e"]);
+    assert!(s.inspect(Q, &["ns/d".into()]).await.unwrap()[0].dirty);
 }
 
 fn target_url(s: &Store) -> String {
@@ -357,6 +466,17 @@ fn target_url(s: &Store) -> String {
             "redis+cluster://{}",
             n.iter().map(|u| u.trim_start_matches("redis://")).collect::<Vec<_>>().join(",")
         ),
+    }
+}
+
+fn poison_config() -> StoreConfig {
+    StoreConfig {
+        poison_after: 2,
+        limiter: kjob_workqueue::ItemExponentialLimiter {
+            base: Duration::from_millis(300),
+            max: Duration::from_secs(5),
+        },
+        ..StoreConfig::default()
     }
 }
 
@@ -403,6 +523,9 @@ both!(
     finalizer_uid_sets_and_records,
     stats_and_inspect,
     waiting_lease_wakes_on_add,
+    observations_applied_in_the_enqueue_script,
+    poison_item_goes_through_the_rate_limiter(super::poison_config()),
+    lease_promotes_due_items_and_counts_them,
 );
 
 #[tokio::test]
