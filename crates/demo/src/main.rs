@@ -3,8 +3,6 @@
 //! ended as its `kjob.io/demo-expect` annotation says (1 otherwise, 2 on a set-up error,
 //! 130 on Ctrl-C).
 
-mod stack;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -22,7 +20,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::stack::{Stack, StackConfig};
+use kjob_testkit::stack::{Stack, StackConfig};
 
 /// Timeout of each API call the demo makes to kjob-sim.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,10 +103,14 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     println!("kjob demo: {} example Jobs from {}", examples.len(), examples_dir.display());
-    let cfg = StackConfig { bin_dir, redis_server, run_dir, workers, controller_name };
-    let mut stack =
-        tokio::task::spawn_blocking(move || Stack::start(&cfg, |step| println!("  {step}")))
-            .await??;
+    let mut cfg = StackConfig::new(bin_dir, redis_server, run_dir, workers);
+    cfg.controller_name = controller_name;
+    cfg.own_process_groups = true;
+    println!(
+        "  starting redis-server, kjob-sim (simulated API server and kubelet), kjob-queue, \
+         kjob-watcher and {workers} kjob-worker(s)"
+    );
+    let mut stack = tokio::task::spawn_blocking(move || Stack::start(cfg)).await??;
     println!("logs:      {}", stack.log_dir.display());
     println!("kjob-sim:  {}", stack.sim_url);
     println!("queue:     {}", stack.queue_url);
