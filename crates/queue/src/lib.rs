@@ -5,6 +5,7 @@
 //! may run against one Redis (every operation is one atomic script). [`inspect`] is the
 //! `kjob-queue inspect` subcommand.
 
+pub mod batch;
 pub mod metrics;
 pub mod service;
 pub mod validate;
@@ -70,8 +71,12 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> a
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
+    let (dones, batch_loops) = batch::DoneBatcher::new(kjob_core::QUEUES);
     let service =
-        QueueService::new(store.clone(), waker.clone(), metrics.clone(), shutdown.clone());
+        QueueService::new(store.clone(), waker.clone(), dones, metrics.clone(), shutdown.clone());
+    // The loops end when the server has dropped every service clone, i.e. after the drain.
+    let batch_loops =
+        futures::future::join_all(batch_loops.into_iter().map(|l| batch::run(store.clone(), l)));
 
     tracing::info!(addr = %listener.local_addr()?, redis = %redis_url, "kjob-queue serving");
     let server = tonic::transport::Server::builder()
@@ -86,8 +91,9 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> a
             shutdown.clone().cancelled_owned(),
         );
 
-    let (served, (), (), ()) = tokio::join!(
+    let (served, _, (), (), ()) = tokio::join!(
         server,
+        batch_loops,
         waker.run(store.clone(), shutdown.clone().cancelled_owned()),
         reaper(&store, &metrics, &shutdown),
         probe(&store, &metrics, &admin, &health, &shutdown),

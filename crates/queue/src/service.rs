@@ -6,9 +6,10 @@ use kjob_proto::v1;
 use kjob_proto::v1::expectations_server::Expectations;
 use kjob_proto::v1::queue_server::Queue;
 use kjob_svc::Shutdown;
-use kjob_workqueue::{DoneOutcome, Enqueue, Observation, Store, Waker, WqError};
+use kjob_workqueue::{Done, DoneOutcome, Enqueue, Observation, Store, Waker, WqError};
 use tonic::{Request, Response, Status};
 
+use crate::batch::DoneBatcher;
 use crate::metrics::Metrics;
 use crate::validate;
 
@@ -17,14 +18,21 @@ use crate::validate;
 pub struct QueueService {
     store: Store,
     waker: Waker,
+    dones: DoneBatcher,
     metrics: Metrics,
     shutdown: Shutdown,
 }
 
 impl QueueService {
-    /// Wraps a connected store.
-    pub fn new(store: Store, waker: Waker, metrics: Metrics, shutdown: Shutdown) -> Self {
-        Self { store, waker, metrics, shutdown }
+    /// Wraps a connected store; Dones go through `dones` (whose loops must be running).
+    pub fn new(
+        store: Store,
+        waker: Waker,
+        dones: DoneBatcher,
+        metrics: Metrics,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self { store, waker, dones, metrics, shutdown }
     }
 
     fn fail(&self, method: &str, status: Status) -> Status {
@@ -124,7 +132,7 @@ impl Queue for QueueService {
             self.metrics.adds.get_or_create(&l).inc_by(u64::from(r.accepted_now));
             self.metrics.retries.get_or_create(&l).inc_by(u64::from(r.delayed));
             if r.accepted_now > 0 {
-                self.waker.poke(queue);
+                self.waker.poke(queue, r.accepted_now);
             }
         }
         Ok(Response::new(v1::AddResponse { added }))
@@ -230,14 +238,15 @@ impl Queue for QueueService {
             }
         };
         let l = Metrics::q(&r.queue);
-        match self.store.done(&r.queue, &r.key, &r.lease_id, outcome).await {
+        let done = Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome };
+        match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
                 self.metrics.work_duration.get_or_create(&l).observe(d.work_ms as f64 / 1000.0);
                 if d.retry_delay_ms.is_some() {
                     self.metrics.retries.get_or_create(&l).inc();
                 }
                 if d.ready_at_ms.is_some_and(|t| t <= d.now_ms) {
-                    self.waker.poke(&r.queue);
+                    self.waker.poke(&r.queue, 1);
                 }
                 Ok(Response::new(v1::DoneResponse {
                     requeued: d.ready_at_ms.is_some(),

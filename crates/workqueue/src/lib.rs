@@ -22,8 +22,8 @@ pub use conn::{Conn, RedisTarget};
 pub use expectations::{ExpectationRecord, Expectations, Observation, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
 pub use store::{
-    AddOutcome, DEFAULT_POISON_AFTER, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView,
-    LeaseBatch, Leased, QueueStats, Store, StoreConfig, SweepResult,
+    AddOutcome, DEFAULT_POISON_AFTER, Done, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView,
+    LeaseBatch, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,
 };
 pub use wake::Waker;
 

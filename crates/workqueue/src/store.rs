@@ -134,6 +134,20 @@ pub enum DoneOutcome {
     RequeueAfter(Duration),
 }
 
+/// Most Dones finished by one script call (a script blocks the whole server while it runs).
+pub const MAX_DONE_BATCH: usize = 200;
+
+/// One lease to finish (see [`Store::done_many`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    /// The item.
+    pub key: String,
+    /// The fencing id its lease was issued with.
+    pub lease_id: String,
+    /// How the lease ends.
+    pub outcome: DoneOutcome,
+}
+
 /// Result of an accepted [`Store::done`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DoneResult {
@@ -561,31 +575,63 @@ impl Store {
         lease_id: &str,
         outcome: DoneOutcome,
     ) -> Result<Option<DoneResult>, WqError> {
-        let (code, after) = match outcome {
-            DoneOutcome::Forget => (1, 0),
-            DoneOutcome::RateLimited => (2, 0),
-            DoneOutcome::RequeueAfter(d) => (3, ms(d)),
-        };
-        let args = vec![
-            key.as_bytes().to_vec(),
-            lease_id.as_bytes().to_vec(),
-            code.to_string().into_bytes(),
-            after.to_string().into_bytes(),
-            ms(self.config.limiter.base).to_string().into_bytes(),
-            ms(self.config.limiter.max).to_string().into_bytes(),
-        ];
+        let done = Done { key: key.to_string(), lease_id: lease_id.to_string(), outcome };
+        let mut r = self.done_many(queue, std::slice::from_ref(&done)).await?;
+        Ok(r.pop().flatten())
+    }
+
+    /// Finishes several leases of `queue` in one script call, in order; one result per Done
+    /// (`None` = stale id, nothing changed). At most [`MAX_DONE_BATCH`] at a time.
+    pub async fn done_many(
+        &self,
+        queue: &str,
+        dones: &[Done],
+    ) -> Result<Vec<Option<DoneResult>>, WqError> {
+        if dones.is_empty() {
+            return Ok(Vec::new());
+        }
+        if dones.len() > MAX_DONE_BATCH {
+            return Err(WqError::Config(format!(
+                "{} Dones in one call; the limit is {MAX_DONE_BATCH}",
+                dones.len()
+            )));
+        }
+        let mut args = Vec::with_capacity(2 + dones.len() * 4);
+        args.push(ms(self.config.limiter.base).to_string().into_bytes());
+        args.push(ms(self.config.limiter.max).to_string().into_bytes());
+        for d in dones {
+            let (code, after) = match d.outcome {
+                DoneOutcome::Forget => (1, 0),
+                DoneOutcome::RateLimited => (2, 0),
+                DoneOutcome::RequeueAfter(t) => (3, ms(t)),
+            };
+            args.push(d.key.as_bytes().to_vec());
+            args.push(d.lease_id.as_bytes().to_vec());
+            args.push(code.to_string().into_bytes());
+            args.push(after.to_string().into_bytes());
+        }
         let v = self.eval("done", &self.scripts.done, &queue_keys(queue), args).await?;
         let a = arr(&v, "done")?;
-        let work = at(a, 0, "done")?;
-        if work < 0 {
-            return Ok(None);
+        let now_ms = at(a, 0, "done now")?;
+        if a.len() != dones.len() + 1 {
+            return Err(proto("done: one result per item", &v));
         }
-        Ok(Some(DoneResult {
-            work_ms: work,
-            ready_at_ms: opt(at(a, 1, "done ready")?),
-            now_ms: at(a, 2, "done now")?,
-            retry_delay_ms: opt(at(a, 3, "done delay")?),
-        }))
+        a[1..]
+            .iter()
+            .map(|r| {
+                let f = arr(r, "done item")?;
+                let work = at(f, 0, "done work")?;
+                if work < 0 {
+                    return Ok(None);
+                }
+                Ok(Some(DoneResult {
+                    work_ms: work,
+                    ready_at_ms: opt(at(f, 1, "done ready")?),
+                    now_ms,
+                    retry_delay_ms: opt(at(f, 2, "done delay")?),
+                }))
+            })
+            .collect()
     }
 
     /// Promotes due delayed items and reaps expired leases (atomic; safe from any replica).

@@ -69,10 +69,16 @@ impl Waker {
         Self { target: store.target().clone(), queues: Arc::new(queues) }
     }
 
-    /// Wakes the local waiters of `queue` (after a local Add or Done made items ready).
-    pub fn poke(&self, queue: &str) {
+    /// Wakes up to `ready` local waiters of `queue` (after a local Add or Done made `ready`
+    /// items ready). Waking more would only make the extra waiters run a LEASE that finds
+    /// nothing: each waiter takes a batch, and a LEASE that leaves items ready re-pushes the
+    /// marker, which wakes the next one.
+    pub fn poke(&self, queue: &str, ready: u32) {
         if let Some(q) = self.queues.get(queue) {
-            q.notify.notify_waiters();
+            let waiting = q.waiters.load(Ordering::SeqCst);
+            for _ in 0..waiting.min(ready as usize) {
+                q.notify.notify_one();
+            }
         }
     }
 
@@ -169,7 +175,8 @@ async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<Que
         let pop = cmd.query_async::<Option<(String, String)>>(c);
         match tokio::time::timeout(BLOCK_TIMEOUT + BLOCK_SLACK, pop).await {
             Ok(Ok(Some(_))) => {
-                q.notify.notify_waiters();
+                // One marker, one waiter: its LEASE re-pushes the marker if items remain.
+                q.notify.notify_one();
                 if q.waiters.load(Ordering::SeqCst) == 0 {
                     // Our waiters left meanwhile: hand the marker on to other replicas.
                     if let Err(e) = store.rewake(&queue).await {

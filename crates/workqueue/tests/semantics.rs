@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::{
-    DoneOutcome, Enqueue, KeyState, Observation, Store, StoreConfig, Waker, WqError,
+    Done, DoneOutcome, Enqueue, KeyState, Observation, Store, StoreConfig, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -350,6 +350,34 @@ async fn waiting_lease_wakes_on_add(s: Store) {
     runner.await.unwrap();
 }
 
+async fn done_many_in_one_call(s: Store) {
+    s.add(Q, &[now("ns/a"), now("ns/b"), now("ns/c")]).await.unwrap();
+    let l = s.lease(Q, "w", 3, LEASE).await.unwrap().items;
+    let id = |k: &str| l.iter().find(|i| i.key == k).unwrap().lease_id.clone();
+    s.add(Q, &[now("ns/b")]).await.unwrap(); // dirty while leased
+    let d = |k: &str, outcome| Done { key: k.into(), lease_id: id(k), outcome };
+    let r = s
+        .done_many(
+            Q,
+            &[
+                d("ns/a", DoneOutcome::Forget),
+                d("ns/a", DoneOutcome::Forget), // the same lease again: stale
+                d("ns/b", DoneOutcome::Forget),
+                d("ns/c", DoneOutcome::RateLimited),
+                Done { key: "ns/zz".into(), lease_id: "1-1".into(), outcome: DoneOutcome::Forget },
+            ],
+        )
+        .await
+        .unwrap();
+    let ready: Vec<Option<Option<i64>>> = r.iter().map(|r| r.map(|d| d.ready_at_ms)).collect();
+    let now_ms = r[0].unwrap().now_ms;
+    assert_eq!(ready, vec![Some(None), None, Some(Some(now_ms)), Some(Some(now_ms + 1000)), None]);
+    let st = s.stats(Q).await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.leased, st.dirty, st.failing), (1, 1, 0, 0, 1));
+    let too_many = vec![d("ns/a", DoneOutcome::Forget); kjob_workqueue::MAX_DONE_BATCH + 1];
+    assert!(s.done_many(Q, &too_many).await.is_err());
+}
+
 /// Scripts run so far (EVAL + EVALSHA calls) summed over every node of the store's target.
 async fn scripts_run(s: &Store) -> u64 {
     let mut total = 0;
@@ -526,6 +554,7 @@ both!(
     observations_applied_in_the_enqueue_script,
     poison_item_goes_through_the_rate_limiter(super::poison_config()),
     lease_promotes_due_items_and_counts_them,
+    done_many_in_one_call,
 );
 
 #[tokio::test]
