@@ -14,8 +14,8 @@ use kjob_core::{
 
 use crate::pod_failure_policy::{PodFailurePolicyAction, match_pod_failure_policy};
 use crate::pod_util::{
-    active_pods_order, completions, finished_time, has_tracking_finalizer, is_pod_failed,
-    is_valid_tracked_pod, only_replace_failed_pods, terminating_pods,
+    RemovalKey, completions, finished_time, has_tracking_finalizer, is_pod_failed,
+    is_valid_tracked_pod, only_replace_failed_pods, removal_key, terminating_pods,
 };
 
 /// A closed range of indexes `first..=last`.
@@ -85,7 +85,8 @@ impl OrderedIntervals {
         Self::from_sorted(&v)
     }
 
-    fn from_sorted(sorted: &[i32]) -> Self {
+    /// Builds the set from ascending indexes (duplicates allowed), without sorting again.
+    pub(crate) fn from_sorted(sorted: &[i32]) -> Self {
         Self::normalise(sorted.iter().map(|&i| Interval { first: i, last: i }).collect())
     }
 
@@ -283,6 +284,16 @@ pub fn first_pending_indexes<'a>(
     if let Some(failed) = failed {
         non_pending = non_pending.merge(failed);
     }
+    first_pending_outside(&non_pending, completions, count)
+}
+
+/// Up to `count` smallest indexes in `[0, completions)` that are not in `non_pending`, ascending.
+/// Linear in intervals plus `count`.
+pub(crate) fn first_pending_outside(
+    non_pending: &OrderedIntervals,
+    completions: i32,
+    count: usize,
+) -> Vec<i32> {
     let mut result = Vec::with_capacity(count.min(completions.max(0) as usize));
     let mut candidate = 0i32;
     for iv in non_pending.intervals() {
@@ -304,27 +315,48 @@ pub fn first_pending_indexes<'a>(
 
 /// Splits active pods of an Indexed Job into (to remove, to keep): pods without a valid index or
 /// with index ≥ `completions` are removed, and of each duplicated index all but the pod that sorts
-/// last in [`active_pods_order`] (the most advanced one) (upstream
+/// last in [`crate::pod_util::active_pods_order`] (the most advanced one) (upstream
 /// `appendDuplicatedIndexPodsForRemoval`).
 pub fn duplicated_index_pods_for_removal<'a>(
     pods: &[&'a Pod],
     completions: i32,
 ) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
+    let indexes: Vec<Option<i32>> = pods.iter().map(|p| completion_index(p)).collect();
+    split_duplicated_indexes(pods, &indexes, completions)
+}
+
+/// [`duplicated_index_pods_for_removal`] with each pod's completion index already parsed
+/// (`indexes[i]` belongs to `pods[i]`). Groups pods by sorting `(index, position)` pairs
+/// instead of building a map of per-index vectors: one allocation whatever the pod count, and
+/// the deletion order is computed only for the (rare) pods that share an index.
+pub(crate) fn split_duplicated_indexes<'a>(
+    pods: &[&'a Pod],
+    indexes: &[Option<i32>],
+    completions: i32,
+) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
+    debug_assert_eq!(pods.len(), indexes.len());
     let mut rm = Vec::new();
-    let mut by_index: BTreeMap<i32, Vec<&'a Pod>> = BTreeMap::new();
-    for &p in pods {
-        match completion_index(p) {
-            Some(ix) if ix < completions => by_index.entry(ix).or_default().push(p),
+    let mut valid: Vec<(i32, usize)> = Vec::with_capacity(pods.len());
+    for (pos, (&p, &ix)) in pods.iter().zip(indexes).enumerate() {
+        match ix {
+            Some(ix) if ix < completions => valid.push((ix, pos)),
             _ => rm.push(p),
         }
     }
-    let mut left = Vec::with_capacity(by_index.len());
-    for (_, mut group) in by_index {
-        if group.len() > 1 {
-            group.sort_by(|a, b| active_pods_order(a, b));
+    // Position breaks ties, so each index's pods keep their input order, as the map did.
+    valid.sort_unstable();
+    let mut left = Vec::with_capacity(valid.len());
+    for group in valid.chunk_by(|a, b| a.0 == b.0) {
+        if let [(_, pos)] = group {
+            left.push(pods[*pos]);
+            continue;
         }
-        let keep = group.pop().expect("groups are never empty");
-        rm.extend(group);
+        let mut dups: Vec<(RemovalKey, &'a Pod)> =
+            group.iter().map(|&(_, pos)| (removal_key(pods[pos]), pods[pos])).collect();
+        // Stable, like the upstream sort of the group: equal pods keep their input order.
+        dups.sort_by_key(|d| d.0);
+        let (_, keep) = dups.pop().expect("groups are never empty");
+        rm.extend(dups.into_iter().map(|(_, p)| p));
         left.push(keep);
     }
     (rm, left)
@@ -342,14 +374,30 @@ pub fn pods_with_delayed_deletion_per_index<'a>(
     failed: &OrderedIntervals,
     finalizer_removals_in_flight: &BTreeSet<String>,
 ) -> BTreeMap<i32, &'a Pod> {
-    let active_indexes = indexes_of(active);
-    let mut out: BTreeMap<i32, &'a Pod> = BTreeMap::new();
-    for p in pods {
+    let mut active_indexes: Vec<i32> = active.into_iter().filter_map(completion_index).collect();
+    active_indexes.sort_unstable();
+    let candidates = pods.into_iter().filter_map(|p| {
         if !is_valid_tracked_pod(job, p, finalizer_removals_in_flight) || !is_pod_failed(p, job) {
-            continue;
+            return None;
         }
-        let Some(ix) = completion_index(p) else { continue };
-        if succeeded.contains(ix) || failed.contains(ix) || active_indexes.contains(&ix) {
+        Some((completion_index(p)?, p))
+    });
+    delayed_deletion_among(candidates, succeeded, failed, &active_indexes)
+}
+
+/// The core of [`pods_with_delayed_deletion_per_index`] over already filtered candidates:
+/// `(index, pod)` of tracked failed pods with a valid index, in input order, and the ascending
+/// indexes of active pods.
+pub(crate) fn delayed_deletion_among<'a>(
+    candidates: impl IntoIterator<Item = (i32, &'a Pod)>,
+    succeeded: &OrderedIntervals,
+    failed: &OrderedIntervals,
+    active_sorted: &[i32],
+) -> BTreeMap<i32, &'a Pod> {
+    let mut out: BTreeMap<i32, &'a Pod> = BTreeMap::new();
+    for (ix, p) in candidates {
+        if succeeded.contains(ix) || failed.contains(ix) || active_sorted.binary_search(&ix).is_ok()
+        {
             continue;
         }
         match out.get(&ix) {

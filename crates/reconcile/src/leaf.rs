@@ -2,7 +2,7 @@
 //! `pod_failure_policy`, `success_policy`, `backoff`, `template`), so the engine reads as the
 //! upstream `syncJob` does. Each function names the upstream function it matches.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -21,12 +21,11 @@ pub fn count_indexes(s: &str, completions: i32) -> usize {
     IndexSet::parse(s, completions).total()
 }
 
-pub use pod_util::{
-    active_pods_for_removal, has_tracking_finalizer, is_active, is_pod_failed, is_ready,
-    is_terminating,
-};
+pub use pod_util::{has_tracking_finalizer, is_active, is_pod_failed, is_ready, is_terminating};
 
-pub use indexes::completion_index;
+pub use indexes::{completion_index, is_index_failed};
+pub(crate) use indexes::{delayed_deletion_among, first_pending_outside};
+pub(crate) use pod_util::active_pods_for_removal_with;
 
 fn policy(job: &Job) -> Option<&k8s_openapi::api::batch::v1::PodFailurePolicy> {
     job.spec.as_ref().and_then(|s| s.pod_failure_policy.as_ref())
@@ -51,37 +50,6 @@ pub fn fail_job_message(job: &Job, pods: &[Pod]) -> Option<String> {
     crate::pod_failure_policy::fail_job_message(job, pods)
 }
 
-/// Previously completed indexes, and those plus Succeeded tracked pods with valid indexes
-/// (upstream `calculateSucceededIndexes`).
-pub fn succeeded_indexes(job: &Job, pods: &[Pod]) -> (IndexSet, IndexSet) {
-    indexes::calculate_succeeded_indexes(job, pods)
-}
-
-/// Previously failed indexes plus newly failed ones (upstream `calculateFailedIndexes`).
-pub fn failed_indexes(job: &Job, pods: &[Pod]) -> IndexSet {
-    indexes::calculate_failed_indexes(job, pods)
-}
-
-/// Last failed pod per pending index whose finalizer removal waits for its replacement (upstream
-/// `getPodsWithDelayedDeletionPerIndex`).
-pub fn pods_with_delayed_deletion_per_index<'p>(
-    job: &Job,
-    pods: &'p [Pod],
-    active: &[&'p Pod],
-    failed: &IndexSet,
-    succeeded: &IndexSet,
-    in_flight: &BTreeSet<String>,
-) -> BTreeMap<i32, &'p Pod> {
-    indexes::pods_with_delayed_deletion_per_index(
-        job,
-        pods,
-        active.iter().copied(),
-        succeeded,
-        failed,
-        in_flight,
-    )
-}
-
 /// The success-policy message when a rule matches (upstream `matchSuccessPolicy`).
 pub fn success_policy_message(job: &Job, succeeded: &IndexSet) -> Option<String> {
     let spec = job.spec.as_ref()?;
@@ -90,18 +58,6 @@ pub fn success_policy_message(job: &Job, succeeded: &IndexSet) -> Option<String>
         spec.completions.unwrap_or(0),
         succeeded,
     )
-}
-
-/// The `count` smallest indexes to create next (upstream `firstPendingIndexes`).
-pub fn first_pending_indexes(
-    job: &Job,
-    active: &[&Pod],
-    pods: &[Pod],
-    succeeded: &IndexSet,
-    failed: Option<&IndexSet>,
-    count: usize,
-) -> Vec<i32> {
-    indexes::first_pending_indexes(job, active.iter().copied(), pods, succeeded, failed, count)
 }
 
 /// Indexes whose per-index backoff is over, and otherwise the shortest wait (upstream

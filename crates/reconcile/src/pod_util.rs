@@ -5,7 +5,7 @@
 //! `getNewFinishedPods`, `activePodsForRemoval`, `pastBackoffLimitOnFailure`, `getFinishedTime`
 //! and `ClaimPods` decisions from `pkg/controller/job`.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::{SignedDuration, Timestamp};
@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kjob_core::JOB_TRACKING_FINALIZER;
 
-use crate::indexes::{completion_index, duplicated_index_pods_for_removal};
+use crate::indexes::{completion_index, split_duplicated_indexes};
 
 /// Pod phase `Pending`.
 pub const PHASE_PENDING: &str = "Pending";
@@ -298,9 +298,46 @@ pub fn active_pods_order(a: &Pod, b: &Pod) -> Ordering {
     after_or_zero(created(a), created(b))
 }
 
+/// The [`active_pods_order`] of one pod as a plain value: comparing two keys gives exactly what
+/// comparing the two pods gives (`Equal` included), so sorts and selections over keys pick the
+/// same pods in the same order, without re-reading conditions and container statuses of the
+/// Pod objects at every comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RemovalKey {
+    /// Scheduled: unassigned pods go first; two different nodes are not ordered.
+    assigned: bool,
+    phase: u8,
+    ready: bool,
+    /// When Ready, for Ready pods only: no time first, then the most recent first.
+    ready_since: Option<Reverse<Timestamp>>,
+    /// More restarts first.
+    restarts: Reverse<i32>,
+    /// No creationTimestamp first, then the newest first.
+    created: Option<Reverse<Timestamp>>,
+}
+
+/// The pod's [`RemovalKey`].
+pub fn removal_key(pod: &Pod) -> RemovalKey {
+    let ready = ready_condition(pod);
+    let is_ready = matches!(ready, Some(("True", _)));
+    RemovalKey {
+        assigned: !node_name(pod).is_empty(),
+        phase: phase_rank(pod),
+        ready: is_ready,
+        ready_since: if is_ready { ready.and_then(|(_, t)| t).map(Reverse) } else { None },
+        restarts: Reverse(max_container_restarts(pod)),
+        created: pod.metadata.creation_timestamp.as_ref().map(|t| Reverse(t.0)),
+    }
+}
+
 /// Sorts pods so the ones to delete first come first (upstream `sort.Sort(controller.ActivePods)`).
+/// Stable: pods that compare equal keep their order.
 pub fn sort_for_removal(pods: &mut [&Pod]) {
-    pods.sort_by(|a, b| active_pods_order(a, b));
+    let mut keyed: Vec<(RemovalKey, &Pod)> = pods.iter().map(|p| (removal_key(p), *p)).collect();
+    keyed.sort_by_key(|k| k.0);
+    for (slot, (_, p)) in pods.iter_mut().zip(keyed) {
+        *slot = p;
+    }
 }
 
 /// Active pods to delete, first to last: for Indexed Jobs every pod with a missing or
@@ -311,20 +348,36 @@ pub fn active_pods_for_removal<'a>(
     active: &[&'a Pod],
     rm_at_least: usize,
 ) -> Vec<&'a Pod> {
-    let (mut rm, mut left) = if is_indexed_job(job) {
-        duplicated_index_pods_for_removal(active, completions(job))
-    } else {
-        (Vec::new(), active.to_vec())
+    let indexes: Option<Vec<Option<i32>>> =
+        is_indexed_job(job).then(|| active.iter().map(|p| completion_index(p)).collect());
+    active_pods_for_removal_with(job, active, indexes.as_deref(), rm_at_least)
+}
+
+/// [`active_pods_for_removal`] with the completion indexes of `active` already parsed
+/// (`Some` exactly for Indexed Jobs; `indexes[i]` belongs to `active[i]`).
+pub(crate) fn active_pods_for_removal_with<'a>(
+    job: &Job,
+    active: &[&'a Pod],
+    indexes: Option<&[Option<i32>]>,
+    rm_at_least: usize,
+) -> Vec<&'a Pod> {
+    let (mut rm, left) = match indexes {
+        Some(indexes) => split_duplicated_indexes(active, indexes, completions(job)),
+        None => (Vec::new(), active.to_vec()),
     };
     if rm.len() < rm_at_least {
         let need = (rm_at_least - rm.len()).min(left.len());
-        if need < left.len() {
+        // Keys computed once per pod: a comparison then reads two small values instead of
+        // walking both Pods' conditions and container statuses.
+        let mut keyed: Vec<(RemovalKey, &'a Pod)> =
+            left.into_iter().map(|p| (removal_key(p), p)).collect();
+        if need < keyed.len() {
             // Only the first `need` are taken, so a partial selection keeps this O(n) on average.
-            left.select_nth_unstable_by(need, |a, b| active_pods_order(a, b));
-            left.truncate(need);
+            keyed.select_nth_unstable_by(need, |a, b| a.0.cmp(&b.0));
+            keyed.truncate(need);
         }
-        sort_for_removal(&mut left);
-        rm.extend(left);
+        keyed.sort_by_key(|k| k.0);
+        rm.extend(keyed.into_iter().map(|(_, p)| p));
     }
     rm
 }
@@ -580,6 +633,107 @@ mod tests {
         let got = names(active_pods_for_removal(&idx, &active, 5));
         assert_eq!(got.len(), 5);
         assert_eq!(got[4], "p1", "the extra removal comes from the remaining pods");
+    }
+
+    /// Random active pods: every field the deletion order or the index grouping reads, with
+    /// few values each so ties, duplicates and bad indexes are common.
+    mod removal_props {
+        use super::*;
+        use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
+        use proptest::prelude::*;
+
+        type Shape = (u8, u8, u8, u8, u8, u8);
+
+        fn pod(job: &Job, n: usize, (node, phase, ready, restarts, created, ix): Shape) -> Pod {
+            let mut b = mk_pod(job, &format!("p{n}"))
+                .node([None, Some("a"), Some("b")][node as usize % 3])
+                .phase(["Pending", "Running", "Unknown", ""][phase as usize % 4])
+                .restarts(i32::from(restarts % 3));
+            b = match ready % 4 {
+                0 => b,
+                1 => b.condition("Ready", "False", at(1)),
+                2 => b.ready(at(i64::from(restarts % 2))),
+                _ => b.ready(at(0)).with(|p| {
+                    let conds = p.status.as_mut().unwrap().conditions.as_mut().unwrap();
+                    conds[0].last_transition_time = None;
+                }),
+            };
+            b = match created % 3 {
+                0 => b.with(|p| p.metadata.creation_timestamp = None),
+                c => b.created(at(i64::from(c))),
+            };
+            match ix % 9 {
+                0 => b.build(),
+                1 => b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, "x").build(),
+                2 => b.label(JOB_COMPLETION_INDEX_ANNOTATION, "1").build(),
+                k => b.index(i32::from(k) - 3).build(),
+            }
+        }
+
+        /// The selection as it was before deletion keys and sorted grouping: a map of per-index
+        /// vectors and the Pod comparator at every comparison.
+        fn reference<'a>(job: &Job, active: &[&'a Pod], rm_at_least: usize) -> Vec<&'a Pod> {
+            let (mut rm, mut left) = if is_indexed_job(job) {
+                let mut rm = Vec::new();
+                let mut by_index: BTreeMap<i32, Vec<&'a Pod>> = BTreeMap::new();
+                for &p in active {
+                    match completion_index(p) {
+                        Some(ix) if ix < completions(job) => {
+                            by_index.entry(ix).or_default().push(p)
+                        }
+                        _ => rm.push(p),
+                    }
+                }
+                let mut left = Vec::new();
+                for (_, mut group) in by_index {
+                    group.sort_by(|a, b| active_pods_order(a, b));
+                    left.push(group.pop().unwrap());
+                    rm.extend(group);
+                }
+                (rm, left)
+            } else {
+                (Vec::new(), active.to_vec())
+            };
+            if rm.len() < rm_at_least {
+                let need = (rm_at_least - rm.len()).min(left.len());
+                if need < left.len() {
+                    left.select_nth_unstable_by(need, |a, b| active_pods_order(a, b));
+                    left.truncate(need);
+                }
+                left.sort_by(|a, b| active_pods_order(a, b));
+                rm.extend(left);
+            }
+            rm
+        }
+
+        proptest! {
+            /// Comparing keys is comparing pods, ties included.
+            #[test]
+            fn removal_key_orders_like_the_comparator(a in any::<Shape>(), b in any::<Shape>()) {
+                let job = mk_job("j").build();
+                let (pa, pb) = (pod(&job, 0, a), pod(&job, 1, b));
+                prop_assert_eq!(removal_key(&pa).cmp(&removal_key(&pb)), active_pods_order(&pa, &pb));
+            }
+
+            /// Which pods are deleted, and in which order, is exactly what the plain
+            /// implementation picks, for Indexed and NonIndexed Jobs.
+            #[test]
+            fn removal_choice_matches_reference(
+                shapes in proptest::collection::vec(any::<Shape>(), 0..40),
+                rm_at_least in 0usize..45,
+                indexed in any::<bool>(),
+            ) {
+                let b = mk_job("j").completions(Some(5));
+                let job = if indexed { b.indexed().build() } else { b.build() };
+                let pods: Vec<Pod> = shapes.iter().enumerate().map(|(n, s)| pod(&job, n, *s)).collect();
+                let refs: Vec<&Pod> = pods.iter().collect();
+                let names = |v: Vec<&Pod>| v.into_iter().map(|p| name(p).to_string()).collect::<Vec<_>>();
+                prop_assert_eq!(
+                    names(active_pods_for_removal(&job, &refs, rm_at_least)),
+                    names(reference(&job, &refs, rm_at_least))
+                );
+            }
+        }
     }
 
     #[test]

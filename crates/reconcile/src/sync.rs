@@ -330,8 +330,14 @@ pub struct JobSync<'a> {
     succeeded_indexes: IndexSet,
     failed_indexes: Option<IndexSet>,
     delayed_deletion: BTreeMap<i32, &'a Pod>,
-    /// Completion index of each input pod (Indexed Jobs only), parsed once.
-    pod_index: Vec<Option<i32>>,
+    /// What the engine reads of each input pod (same order as the input), read once.
+    facts: Vec<PodFacts>,
+    /// Completion index of each active pod, in `active_pods` order (Indexed Jobs only).
+    active_index: Vec<Option<i32>>,
+    /// Valid (below completions) indexes of active pods, ascending, duplicates kept.
+    active_valid_indexes: Vec<i32>,
+    /// Valid indexes of terminating pods, ascending.
+    terminating_indexes: Vec<i32>,
     /// Some active pod has an invalid or duplicated index (Indexed Jobs only).
     active_needs_dedup: bool,
     manage_called: bool,
@@ -357,6 +363,23 @@ pub struct JobSync<'a> {
     awaiting: Option<Awaiting<'a>>,
     outcome: Outcome,
     metrics: MetricDeltas,
+}
+
+/// What the engine reads of one input pod. Gathered in the one pass over the Pod objects: at
+/// 10k pods each further pass over them would be another round of cache misses, while a
+/// `PodFacts` is 12 bytes.
+#[derive(Debug, Clone, Copy)]
+struct PodFacts {
+    /// Completion index (Indexed Jobs only): the annotation, else the label.
+    index: Option<i32>,
+    /// Carries the tracking finalizer.
+    finalizer: bool,
+    /// Carries the tracking finalizer and its removal is not in flight.
+    tracked: bool,
+    /// Phase Succeeded.
+    succeeded: bool,
+    /// Counts as failed (upstream `isPodFailed`).
+    failed: bool,
 }
 
 fn uid_set(list: Option<&Vec<String>>) -> HashSet<String> {
@@ -393,7 +416,10 @@ impl<'a> JobSync<'a> {
             succeeded_indexes: IndexSet::default(),
             failed_indexes: None,
             delayed_deletion: BTreeMap::new(),
-            pod_index: Vec::new(),
+            facts: Vec::new(),
+            active_index: Vec::new(),
+            active_valid_indexes: Vec::new(),
+            terminating_indexes: Vec::new(),
             active_needs_dedup: false,
             manage_called: false,
             finishing: false,
@@ -455,20 +481,54 @@ impl<'a> JobSync<'a> {
         ju::completions(self.job()).unwrap_or(0)
     }
 
-    /// Whether the pod carries the finalizer and its removal is not in flight.
-    fn tracked(&self, pod: &Pod) -> bool {
-        leaf::has_tracking_finalizer(pod)
-            && !self.input.finalizer_removals_in_flight.contains(ju::pod_uid(pod))
-    }
-
     /// The completion index of the `i`-th input pod.
     fn index_of(&self, i: usize) -> Option<i32> {
-        self.pod_index.get(i).copied().flatten()
+        self.facts.get(i).and_then(|f| f.index)
     }
 
     /// Whether the `i`-th input pod's index is valid for counting (always true for NonIndexed).
     fn countable_index(&self, i: usize) -> bool {
         !self.indexed || self.index_of(i).is_some_and(|ix| ix < self.completions())
+    }
+
+    /// `status.failedIndexes` plus the indexes newly failed by tracked pods (upstream
+    /// `calculateFailedIndexes`), reading the Pod objects of failed pods only.
+    fn failed_indexes_now(&self) -> IndexSet {
+        let job = self.job();
+        let completions = self.completions();
+        let prev = IndexSet::parse_opt(
+            job.status.as_ref().and_then(|s| s.failed_indexes.as_deref()),
+            completions,
+        );
+        let mut new: Vec<i32> = self
+            .input
+            .pods
+            .iter()
+            .zip(&self.facts)
+            .filter_map(|(pod, f)| {
+                let ix = f.index.filter(|ix| *ix < completions)?;
+                (f.failed && f.finalizer && leaf::is_index_failed(job, pod)).then_some(ix)
+            })
+            .collect();
+        new.sort_unstable();
+        prev.merge(&IndexSet::from_sorted(&new))
+    }
+
+    /// The last failed pod per pending index whose finalizer removal waits for its replacement
+    /// (upstream `getPodsWithDelayedDeletionPerIndex`), reading the Pod objects of failed pods
+    /// only.
+    fn delayed_deletion_now(&self, failed_indexes: &IndexSet) -> BTreeMap<i32, &'a Pod> {
+        let completions = self.completions();
+        let candidates = self.input.pods.iter().zip(&self.facts).filter_map(|(pod, f)| {
+            let ix = f.index.filter(|ix| *ix < completions)?;
+            (f.tracked && f.failed).then_some((ix, pod))
+        });
+        leaf::delayed_deletion_among(
+            candidates,
+            &self.succeeded_indexes,
+            failed_indexes,
+            &self.active_valid_indexes,
+        )
     }
 
     /// Steps 7–15 of upstream `syncJob`: counts, start time, backoff record, finish criteria.
@@ -483,44 +543,77 @@ impl<'a> JobSync<'a> {
         self.uncounted_succeeded = uid_set(uncounted.succeeded.as_ref());
         self.uncounted_failed = uid_set(uncounted.failed.as_ref());
 
-        // One pass over the pods: at 10k pods every extra pass is another round of cache misses.
+        // The only pass over the Pod objects: at 10k pods they no longer fit in the CPU cache,
+        // so every other step works on the facts gathered here.
         let mut new_succeeded: Vec<&Pod> = Vec::new();
         let mut new_failed: Vec<&Pod> = Vec::new();
         let mut active_pods = Vec::with_capacity(pods.len());
         let (mut ready, mut terminating) = (0, 0);
-        if self.indexed {
-            self.pod_index = pods.iter().map(leaf::completion_index).collect();
-        }
         let completions = self.completions();
-        // A set, not a bitmap over `completions`: that bound comes from the object and may be huge.
-        let mut seen: HashSet<i32> = HashSet::new();
-        for (i, pod) in pods.iter().enumerate() {
+        let in_flight = self.input.finalizer_removals_in_flight;
+        let mut facts = Vec::with_capacity(pods.len());
+        let mut active_index = Vec::new();
+        let mut active_valid = Vec::new();
+        let mut terminating_valid = Vec::new();
+        let mut new_completed = Vec::new();
+        for pod in pods {
+            let index = if self.indexed { leaf::completion_index(pod) } else { None };
+            let valid = index.filter(|ix| *ix < completions);
+            let finalizer = leaf::has_tracking_finalizer(pod);
+            let f = PodFacts {
+                index,
+                finalizer,
+                tracked: finalizer && !in_flight.contains(ju::pod_uid(pod)),
+                succeeded: ju::pod_phase(pod) == "Succeeded",
+                failed: leaf::is_pod_failed(pod, job),
+            };
+            facts.push(f);
             if leaf::is_active(pod) {
                 active_pods.push(pod);
                 ready += i32::from(leaf::is_ready(pod));
                 if self.indexed {
-                    // Invalid or repeated indexes make manageJob delete pods even when the
-                    // count is right; knowing there are none lets it skip that scan.
-                    match self.index_of(i) {
-                        Some(ix) if ix < completions && seen.insert(ix) => {}
-                        _ => self.active_needs_dedup = true,
+                    active_index.push(index);
+                    match valid {
+                        Some(ix) => active_valid.push(ix),
+                        // Invalid indexes make manageJob delete pods even when the count is
+                        // right; duplicates are found once the valid ones are sorted.
+                        None => self.active_needs_dedup = true,
                     }
                 }
             } else if leaf::is_terminating(pod) {
                 terminating += 1;
+                terminating_valid.extend(valid);
+            }
+            // calculateSucceededIndexes: Succeeded pods still carrying the finalizer.
+            if let Some(ix) = valid
+                && f.succeeded
+                && f.finalizer
+            {
+                new_completed.push(ix);
             }
             // getNewFinishedPods: tracked pods not yet in the uncounted lists.
-            if !self.tracked(pod) || !self.countable_index(i) {
+            if !f.tracked || (self.indexed && valid.is_none()) {
                 continue;
             }
             let uid = ju::pod_uid(pod);
-            if ju::pod_phase(pod) == "Succeeded" && !self.uncounted_succeeded.contains(uid) {
+            if f.succeeded && !self.uncounted_succeeded.contains(uid) {
                 new_succeeded.push(pod);
             }
-            if leaf::is_pod_failed(pod, job) && !self.uncounted_failed.contains(uid) {
+            if f.failed && !self.uncounted_failed.contains(uid) {
                 new_failed.push(pod);
             }
         }
+        // Pods come in index order most of the time, which these sorts handle in linear time.
+        active_valid.sort_unstable();
+        if active_valid.windows(2).any(|w| w[0] == w[1]) {
+            self.active_needs_dedup = true;
+        }
+        terminating_valid.sort_unstable();
+        new_completed.sort_unstable();
+        self.facts = facts;
+        self.active_index = active_index;
+        self.active_valid_indexes = active_valid;
+        self.terminating_indexes = terminating_valid;
         self.active = active_pods.len() as i32;
         self.active_pods = active_pods;
         self.ready = ready;
@@ -585,12 +678,15 @@ impl<'a> JobSync<'a> {
         }
 
         if self.indexed {
-            let (prev, current) = leaf::succeeded_indexes(job, pods);
+            let prev = IndexSet::parse_opt(
+                job.status.as_ref().and_then(|s| s.completed_indexes.as_deref()),
+                completions,
+            );
+            self.succeeded_indexes = prev.merge(&IndexSet::from_sorted(&new_completed));
             self.prev_succeeded_indexes = prev;
-            self.succeeded_indexes = current;
             self.succeeded = self.succeeded_indexes.total() as i32;
             if ju::has_backoff_limit_per_index(job) {
-                let failed_indexes = leaf::failed_indexes(job, pods);
+                let failed_indexes = self.failed_indexes_now();
                 if self.finished_condition.is_none() {
                     let max_failed = job.spec.as_ref().and_then(|s| s.max_failed_indexes);
                     let nfailed = failed_indexes.total();
@@ -611,14 +707,7 @@ impl<'a> JobSync<'a> {
                         ));
                     }
                 }
-                self.delayed_deletion = leaf::pods_with_delayed_deletion_per_index(
-                    job,
-                    pods,
-                    &self.active_pods,
-                    &failed_indexes,
-                    &self.succeeded_indexes,
-                    self.input.finalizer_removals_in_flight,
-                );
+                self.delayed_deletion = self.delayed_deletion_now(&failed_indexes);
                 self.failed_indexes = Some(failed_indexes);
             }
             if self.finished_condition.is_none()
@@ -797,8 +886,12 @@ impl<'a> JobSync<'a> {
     fn manage_job(&mut self) {
         let job = self.job();
         if ju::is_suspended(job) {
-            let pods =
-                leaf::active_pods_for_removal(job, &self.active_pods, self.active_pods.len());
+            let pods = leaf::active_pods_for_removal_with(
+                job,
+                &self.active_pods,
+                self.indexed.then_some(self.active_index.as_slice()),
+                self.active_pods.len(),
+            );
             self.metrics.action = m::ACTION_PODS_DELETED;
             self.queue_manage_deletes(pods);
             return;
@@ -813,7 +906,12 @@ impl<'a> JobSync<'a> {
         let mut to_delete = if rm_at_least == 0 && !self.active_needs_dedup {
             Vec::new()
         } else {
-            leaf::active_pods_for_removal(job, &self.active_pods, rm_at_least)
+            leaf::active_pods_for_removal_with(
+                job,
+                &self.active_pods,
+                self.indexed.then_some(self.active_index.as_slice()),
+                rm_at_least,
+            )
         };
         to_delete.truncate(MAX_POD_CREATE_DELETE_PER_SYNC);
         if !to_delete.is_empty() {
@@ -843,14 +941,16 @@ impl<'a> JobSync<'a> {
         let diff = (diff as usize).min(MAX_POD_CREATE_DELETE_PER_SYNC);
         let mut templates = Vec::new();
         if self.indexed {
-            let mut indexes = leaf::first_pending_indexes(
-                job,
-                &self.active_pods,
-                self.input.pods,
-                &self.succeeded_indexes,
-                self.failed_indexes.as_ref(),
-                diff,
-            );
+            // firstPendingIndexes over the indexes gathered in `prepare`.
+            let mut non_pending =
+                self.succeeded_indexes.merge(&IndexSet::from_sorted(&self.active_valid_indexes));
+            if ju::only_replace_failed_pods(job) {
+                non_pending = non_pending.merge(&IndexSet::from_sorted(&self.terminating_indexes));
+            }
+            if let Some(failed) = self.failed_indexes.as_ref() {
+                non_pending = non_pending.merge(failed);
+            }
+            let mut indexes = leaf::first_pending_outside(&non_pending, self.completions(), diff);
             if ju::has_backoff_limit_per_index(job) {
                 let (now_ready, left) =
                     leaf::indexes_ready_to_create(&indexes, &self.delayed_deletion, now);
@@ -1092,11 +1192,12 @@ impl<'a> JobSync<'a> {
             self.uncounted_succeeded.len() + self.uncounted_failed.len() + MAX_UNCOUNTED_PODS,
         );
         if !self.uncounted_succeeded.is_empty() || !self.uncounted_failed.is_empty() {
-            for p in all {
+            for (p, f) in all.iter().zip(&self.facts) {
+                if !f.tracked {
+                    continue;
+                }
                 let uid = ju::pod_uid(p);
-                if (self.uncounted_succeeded.contains(uid) || self.uncounted_failed.contains(uid))
-                    && self.tracked(p)
-                {
+                if self.uncounted_succeeded.contains(uid) || self.uncounted_failed.contains(uid) {
                     with_finalizer.insert(uid);
                 }
             }
@@ -1115,16 +1216,17 @@ impl<'a> JobSync<'a> {
         let base_failed = uncounted.failed.as_ref().map_or(0, Vec::len);
         for i in order {
             let pod = &all[i];
-            if !self.tracked(pod) {
+            let f = self.facts[i];
+            if !f.tracked {
                 continue;
             }
-            let consider_failed = leaf::is_pod_failed(pod, job);
-            if !self.can_remove_finalizer(pod, self.index_of(i), consider_failed) {
+            let consider_failed = f.failed;
+            if !self.can_remove_finalizer(pod, &f) {
                 continue;
             }
             self.pods_to_remove_finalizer.push(pod);
             let uid = ju::pod_uid(pod);
-            if ju::pod_phase(pod) == "Succeeded" && !self.uncounted_failed.contains(uid) {
+            if f.succeeded && !self.uncounted_failed.contains(uid) {
                 if self.indexed {
                     // The index alone prevents double counting; no UID bookkeeping.
                     if let Some(ix) = self.index_of(i)
@@ -1213,18 +1315,15 @@ impl<'a> JobSync<'a> {
     }
 
     /// Upstream `canRemoveFinalizer`.
-    fn can_remove_finalizer(&self, pod: &Pod, index: Option<i32>, consider_failed: bool) -> bool {
-        if ju::is_deleting(self.job())
-            || self.finished_condition.is_some()
-            || ju::pod_phase(pod) == "Succeeded"
-        {
+    fn can_remove_finalizer(&self, pod: &Pod, f: &PodFacts) -> bool {
+        if ju::is_deleting(self.job()) || self.finished_condition.is_some() || f.succeeded {
             return true;
         }
-        if !consider_failed {
+        if !f.failed {
             return false;
         }
         if ju::has_backoff_limit_per_index(self.job())
-            && let Some(ix) = index
+            && let Some(ix) = f.index
             && let Some(held) = self.delayed_deletion.get(&ix)
             && ju::pod_uid(held) == ju::pod_uid(pod)
         {
