@@ -57,7 +57,11 @@ pub struct Requirement {
 impl Requirement {
     /// Whether this requirement holds for a label set.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
+        self.matches_value(labels.get(&self.key).map(String::as_str))
+    }
+
+    /// Whether this requirement holds given the value of its key (`None`: no such label).
+    pub fn matches_value(&self, value: Option<&str>) -> bool {
         match self.op {
             Operator::In => value.is_some_and(|v| self.values.contains(v)),
             Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
@@ -551,9 +555,23 @@ impl LabelSelector {
         }
     }
 
-    /// Whether the selector matches the labels of an object (`metadata.labels`).
+    /// Whether the selector matches the labels of an object (`metadata.labels`). Reads the
+    /// labels in place: list and watch filters call this for every candidate object, so it
+    /// must not copy them.
     pub fn matches_object(&self, obj: &Value) -> bool {
-        self.matches(&labels_of(obj))
+        let Some(reqs) = &self.requirements else { return false };
+        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+        reqs.iter()
+            .all(|r| r.matches_value(labels.and_then(|m| m.get(&r.key)).and_then(Value::as_str)))
+    }
+
+    /// A label `(key, value)` every matching object carries (the first single-value equality
+    /// requirement), which a store can answer from an index instead of a scan.
+    pub fn required_label(&self) -> Option<(&str, &str)> {
+        self.requirements.as_ref()?.iter().find_map(|r| match (r.op, r.values.len()) {
+            (Operator::In, 1) => r.values.first().map(|v| (r.key.as_str(), v.as_str())),
+            _ => None,
+        })
     }
 
     /// Whether the selector has no requirements (matches every label set).

@@ -16,13 +16,18 @@ use crate::error::ApiError;
 use crate::hooks::{Faults, Metrics};
 use crate::registry::{self, DeleteOpts, Deleted, Part, PatchType, WriteOpts};
 use crate::resources::{self, RESOURCES, Resource, StoreKind};
-use crate::selector::{FieldSelector, LabelSelector, labels_of};
+use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{Key, ListAt, Store};
 use crate::watch::{self, Filter, Render, WatchSpec};
 use crate::{SimConfig, discovery, table};
 
 /// Largest request body accepted (the real server's limit is 3 MiB for objects).
 const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// How much of an oversized body is read and discarded before answering 413: answering while
+/// the client still sends makes it see a reset connection instead of the Status.
+const DRAIN_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Bound on reading a request body (a client that stops sending mid-body).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a read asking for a future resourceVersion waits before answering 504.
 const TOO_NEW_WAIT: Duration = Duration::from_secs(3);
 /// Server-side watch timeout when the client gives none (real servers pick 30–60 min).
@@ -219,9 +224,12 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+    let body = match read_body(body).await {
         Ok(b) => b,
-        Err(_) => return ApiError::too_large("request body too large").into_response(),
+        Err(e) => {
+            app.metrics.count(verb, &resource_label, e.code);
+            return e.into_response();
+        }
     };
     let resp =
         match dispatch(&app, &parts.method, &parts.headers, &query, &target, verb, body).await {
@@ -230,6 +238,37 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
         };
     app.metrics.count(verb, &resource_label, resp.status().as_u16());
     resp
+}
+
+// The request body up to MAX_BODY_BYTES; a larger one is drained (up to DRAIN_BODY_BYTES) and
+// refused with 413.
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map(|f| f.into_data()) else {
+                return Err(ApiError::bad_request("error reading the request body"));
+            };
+            let Ok(data) = data else { continue };
+            seen += data.len();
+            if seen > DRAIN_BODY_BYTES {
+                break;
+            }
+            if seen <= MAX_BODY_BYTES {
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(())) if seen <= MAX_BODY_BYTES => Ok(buf.freeze()),
+        Ok(Ok(())) => Err(ApiError::too_large("request body too large")),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ApiError::bad_request("timed out reading the request body")),
+    }
 }
 
 fn verb_of(method: &Method, t: &Target, q: &Query) -> &'static str {
@@ -531,7 +570,7 @@ fn make_filter(res: &'static Resource, q: &Query, ns: Option<String>) -> Result<
             return false;
         }
         if let Some(l) = &label
-            && !l.matches(&labels_of(o))
+            && !l.matches_object(o)
         {
             return false;
         }
@@ -624,6 +663,9 @@ async fn list(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<R
     let mut limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0);
     let filter = make_filter(res, q, t.ns.clone())?;
     let ns = t.ns.as_deref();
+    // An equality requirement lets the store read its label index instead of scanning.
+    let selector = q.get("labelSelector").and_then(|s| LabelSelector::parse(s).ok());
+    let required = selector.as_ref().and_then(LabelSelector::required_label);
     let (page, list_rv) = if !cont.is_empty() {
         let (crv, key) = decode_continue(cont)
             .ok_or_else(|| ApiError::bad_request("continue key is not valid: malformed token"))?;
@@ -632,7 +674,18 @@ async fn list(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<R
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
             ));
         }
-        (store.list(res.store, ns, Some(&key), limit, ListAt::Latest, &*filter)?, crv)
+        (
+            store.list_labeled(
+                res.store,
+                ns,
+                Some(&key),
+                limit,
+                ListAt::Latest,
+                required,
+                &*filter,
+            )?,
+            crv,
+        )
     } else {
         let at = if rv.is_empty() || rv == "0" {
             if rv == "0" {
@@ -651,7 +704,7 @@ async fn list(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<R
                 ListAt::Latest
             }
         };
-        let page = store.list(res.store, ns, None, limit, at, &*filter)?;
+        let page = store.list_labeled(res.store, ns, None, limit, at, required, &*filter)?;
         let rv = page.rv;
         (page, rv)
     };

@@ -4,7 +4,7 @@
 //! Every write runs a caller's closure under the store lock, so read-check-write sequences
 //! (preconditions, admission on the current object) are atomic without retries.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -146,10 +146,16 @@ impl View<'_> {
     }
 }
 
+/// Per kind: label key → label value → keys of the objects carrying that label.
+type LabelIndex = HashMap<String, HashMap<String, BTreeSet<Key>>>;
+
 #[derive(Debug)]
 struct Inner {
     rv: u64,
     tables: [BTreeMap<Key, Arc<Value>>; 5],
+    // Equality label selectors (the worker lists a Job's pods by controller-uid on every sync)
+    // are answered from here in O(matches) instead of a scan of the namespace.
+    labels: [LabelIndex; 5],
     uids: HashMap<String, (StoreKind, Key)>,
     dependents: HashMap<String, HashSet<(StoreKind, Key)>>,
     history: VecDeque<Arc<StoreEvent>>,
@@ -175,6 +181,54 @@ pub fn rv_of(obj: &Value) -> u64 {
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+// The string-valued labels of an object, in place (admission rejects other values).
+fn label_pairs(obj: &Value) -> impl Iterator<Item = (&String, &str)> {
+    obj.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| v.as_str().map(|v| (k, v)))
+}
+
+fn label_of<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    obj.pointer("/metadata/labels").and_then(|l| l.get(key)).and_then(Value::as_str)
+}
+
+// Moves `key` in the label index from the labels of `old` to those of `new`.
+fn reindex_labels(index: &mut LabelIndex, key: &Key, old: Option<&Value>, new: Option<&Value>) {
+    if let Some(old) = old {
+        for (k, v) in label_pairs(old) {
+            if new.and_then(|n| label_of(n, k)) == Some(v) {
+                continue;
+            }
+            if let Some(values) = index.get_mut(k.as_str()) {
+                if let Some(keys) = values.get_mut(v) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        values.remove(v);
+                    }
+                }
+                if values.is_empty() {
+                    index.remove(k.as_str());
+                }
+            }
+        }
+    }
+    if let Some(new) = new {
+        for (k, v) in label_pairs(new) {
+            if old.and_then(|o| label_of(o, k)) == Some(v) {
+                continue;
+            }
+            index
+                .entry(k.clone())
+                .or_default()
+                .entry(v.to_owned())
+                .or_default()
+                .insert(key.clone());
+        }
+    }
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {
@@ -213,6 +267,7 @@ impl Store {
             inner: Mutex::new(Inner {
                 rv: 0,
                 tables: Default::default(),
+                labels: Default::default(),
                 uids: HashMap::new(),
                 dependents: HashMap::new(),
                 history: VecDeque::new(),
@@ -276,7 +331,7 @@ impl Store {
         let inner = self.inner.lock();
         match ns {
             None => inner.tables[kind.index()].len(),
-            Some(ns) => range(&inner.tables[kind.index()], ns, None).count(),
+            Some(ns) => in_namespace(&inner.tables[kind.index()], ns).count(),
         }
     }
 
@@ -291,15 +346,27 @@ impl Store {
         at: ListAt,
         keep: &dyn Fn(&Value) -> bool,
     ) -> Result<ListPage, ApiError> {
+        self.list_labeled(kind, ns, after, limit, at, None, keep)
+    }
+
+    /// Like [`Store::list`], but every object `keep` accepts carries the label `required`
+    /// (`(key, value)`), so only objects with that label are considered (from the index).
+    #[allow(clippy::too_many_arguments)]
+    pub fn list_labeled(
+        &self,
+        kind: StoreKind,
+        ns: Option<&str>,
+        after: Option<&Key>,
+        limit: Option<usize>,
+        at: ListAt,
+        required: Option<(&str, &str)>,
+        keep: &dyn Fn(&Value) -> bool,
+    ) -> Result<ListPage, ApiError> {
         let inner = self.inner.lock();
-        let table = &inner.tables[kind.index()];
-        match at {
-            ListAt::Latest => Ok(page(
-                range(table, ns.unwrap_or(""), after).filter(|(k, _)| ns.is_none_or(|n| k.0 == n)),
-                limit,
-                keep,
-                inner.rv,
-            )),
+        // Only keys changed after an exact revision differ from the latest state: their state
+        // at that revision is overlaid on the latest candidates instead of copying the table.
+        let changed = match at {
+            ListAt::Latest => None,
             ListAt::Exact(rv) => {
                 if rv < inner.compacted {
                     return Err(ApiError::expired(
@@ -309,15 +376,34 @@ impl Store {
                 if rv > inner.rv {
                     return Err(ApiError::too_large_rv(rv, inner.rv));
                 }
-                let snapshot = snapshot_at(&inner, kind, rv);
-                drop(inner);
-                Ok(page(
-                    range(&snapshot, ns.unwrap_or(""), after)
-                        .filter(|(k, _)| ns.is_none_or(|n| k.0 == n)),
-                    limit,
-                    keep,
-                    rv,
-                ))
+                Some((rv, changed_since(&inner, kind, rv)))
+            }
+        };
+        let table = &inner.tables[kind.index()];
+        let start = start_bound(ns, after);
+        let in_ns = |k: &Key| ns.is_none_or(|n| k.0 == n);
+        // Candidates at the latest revision, in key order.
+        let latest: Box<dyn Iterator<Item = (&Key, &Arc<Value>)> + '_> = match required {
+            None => Box::new(table.range((start.clone(), Bound::Unbounded))),
+            Some((lk, lv)) => {
+                let keys = inner.labels[kind.index()].get(lk).and_then(|values| values.get(lv));
+                Box::new(
+                    keys.into_iter()
+                        .flat_map(|keys| keys.range((start.clone(), Bound::Unbounded)))
+                        .filter_map(|k| table.get_key_value(k)),
+                )
+            }
+        };
+        let latest = latest.take_while(|(k, _)| in_ns(k));
+        match &changed {
+            None => Ok(page(latest, limit, keep, inner.rv)),
+            Some((rv, changed)) => {
+                let then = changed
+                    .range((start.clone(), Bound::Unbounded))
+                    .take_while(|(k, _)| in_ns(k))
+                    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)));
+                let unchanged = latest.filter(|(k, _)| !changed.contains_key(*k));
+                Ok(page(merge_by_key(unchanged, then), limit, keep, *rv))
             }
         }
     }
@@ -336,10 +422,10 @@ impl Store {
         match after {
             None => {
                 let table = &inner.tables[kind.index()];
-                let initial = range(table, ns.unwrap_or(""), None)
-                    .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
-                    .map(|(_, v)| v.clone())
-                    .collect();
+                let initial = match ns {
+                    Some(ns) => in_namespace(table, ns).map(|(_, v)| v.clone()).collect(),
+                    None => table.values().cloned().collect(),
+                };
                 Ok(WatchStart { initial, replay: Vec::new(), rx, rv: inner.rv })
             }
             Some(rv) => {
@@ -411,6 +497,7 @@ impl Store {
         for o in new_owners.iter().filter(|o| !old_owners.contains(o)) {
             inner.dependents.entry(o.clone()).or_default().insert((kind, key.clone()));
         }
+        reindex_labels(&mut inner.labels[kind.index()], key, prev.as_deref(), Some(&obj));
         inner.tables[kind.index()].insert(key.clone(), obj.clone());
         let typ = if prev.is_some() { EventType::Modified } else { EventType::Added };
         if prev.is_none() && !uid.is_empty() {
@@ -433,6 +520,7 @@ impl Store {
         inner.rv += 1;
         let rv = inner.rv;
         let prev = inner.tables[kind.index()].remove(key);
+        reindex_labels(&mut inner.labels[kind.index()], key, prev.as_deref(), None);
         if let Some(uid) = uid_of(&last) {
             inner.uids.remove(uid);
         }
@@ -474,16 +562,40 @@ impl Store {
     }
 }
 
-fn range<'a>(
+// The objects of one namespace (keys sort by namespace first, so this is one range).
+fn in_namespace<'a>(
     table: &'a BTreeMap<Key, Arc<Value>>,
-    ns: &str,
-    after: Option<&Key>,
+    ns: &'a str,
 ) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
-    let start = match after {
-        Some(k) => Bound::Excluded(k.clone()),
-        None => Bound::Included((ns.to_owned(), String::new())),
-    };
-    table.range((start, Bound::Unbounded))
+    table
+        .range((Bound::Included((ns.to_owned(), String::new())), Bound::Unbounded))
+        .take_while(move |(k, _)| k.0 == ns)
+}
+
+// Where a list starts: after the continue key, but never before its namespace's first key (a
+// token from another namespace must not make the scan stop early).
+fn start_bound(ns: Option<&str>, after: Option<&Key>) -> Bound<Key> {
+    let first = ns.map(|n| (n.to_owned(), String::new()));
+    match (after, first) {
+        (Some(a), Some(f)) if *a < f => Bound::Included(f),
+        (Some(a), _) => Bound::Excluded(a.clone()),
+        (None, Some(f)) => Bound::Included(f),
+        (None, None) => Bound::Unbounded,
+    }
+}
+
+// Two key-ordered streams with distinct keys merged into one key-ordered stream.
+fn merge_by_key<'a>(
+    a: impl Iterator<Item = (&'a Key, &'a Arc<Value>)>,
+    b: impl Iterator<Item = (&'a Key, &'a Arc<Value>)>,
+) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x.0 <= y.0 => a.next(),
+        (Some(_), Some(_)) => b.next(),
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
 }
 
 fn page<'a>(
@@ -511,24 +623,21 @@ fn page<'a>(
     ListPage { items, rv, next: None, remaining: 0 }
 }
 
-// The table of `kind` as it was at revision `rv`, rebuilt by undoing retained events after it.
-fn snapshot_at(inner: &Inner, kind: StoreKind, rv: u64) -> BTreeMap<Key, Arc<Value>> {
-    let mut table = inner.tables[kind.index()].clone();
+// The state at revision `rv` of every key of `kind` changed after it (`None`: absent then),
+// from the retained events: walking back, the oldest change after `rv` decides.
+fn changed_since(inner: &Inner, kind: StoreKind, rv: u64) -> BTreeMap<Key, Option<Arc<Value>>> {
+    let mut changed = BTreeMap::new();
     for e in inner.history.iter().rev().take_while(|e| e.rv > rv) {
         if e.kind != kind {
             continue;
         }
-        match (&e.typ, &e.prev) {
-            (EventType::Added, _) => {
-                table.remove(&e.key);
-            }
-            (_, Some(prev)) => {
-                table.insert(e.key.clone(), prev.clone());
-            }
-            (_, None) => {}
-        }
+        let then = match e.typ {
+            EventType::Added => None,
+            EventType::Modified | EventType::Deleted => e.prev.clone(),
+        };
+        changed.insert(e.key.clone(), then);
     }
-    table
+    changed
 }
 
 #[cfg(test)]
@@ -604,6 +713,118 @@ mod tests {
         assert_eq!(store.watch(StoreKind::Pod, None, Some(0)).unwrap_err(), 1);
         let w = store.watch(StoreKind::Pod, None, Some(1)).unwrap();
         assert_eq!(w.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    fn put_labeled(store: &Store, ns: &str, name: &str, labels: Value) {
+        store
+            .mutate(StoreKind::Pod, &key(ns, name), |_, _| {
+                let obj = json!({"metadata": {"name": name, "namespace": ns, "uid": format!("{ns}-{name}"), "labels": labels}});
+                Ok((Mutation::Put(obj), ()))
+            })
+            .unwrap();
+    }
+
+    fn names(p: &ListPage) -> Vec<String> {
+        p.items.iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_owned()).collect()
+    }
+
+    #[test]
+    fn label_index_follows_changes_and_matches_a_scan() {
+        let store = Store::new(1000);
+        for (i, ns) in ["a", "b", "c"].iter().enumerate() {
+            for j in 0..6 {
+                put_labeled(
+                    &store,
+                    ns,
+                    &format!("p{j}"),
+                    json!({"u": format!("{}", j % 3), "i": i.to_string()}),
+                );
+            }
+        }
+        let before = store.current_rv();
+        // Relabel, unlabel and delete some objects after `before`.
+        put_labeled(&store, "b", "p0", json!({"u": "2"}));
+        put_labeled(&store, "b", "p1", json!({}));
+        put_labeled(&store, "b", "p9", json!({"u": "0"}));
+        store.mutate(StoreKind::Pod, &key("b", "p3"), |_, _| Ok((Mutation::Remove, ()))).unwrap();
+        let has = |v: &'static str| move |o: &Value| o["metadata"]["labels"]["u"] == v;
+        for at in [ListAt::Latest, ListAt::Exact(before)] {
+            for ns in [None, Some("a"), Some("b"), Some("c"), Some("bb")] {
+                for v in ["0", "1", "2", "9"] {
+                    let keep = has(v);
+                    let scan = store.list(StoreKind::Pod, ns, None, None, at, &keep).unwrap();
+                    let idx = store
+                        .list_labeled(StoreKind::Pod, ns, None, None, at, Some(("u", v)), &keep)
+                        .unwrap();
+                    assert_eq!(names(&idx), names(&scan), "{at:?} {ns:?} u={v}");
+                    assert_eq!(idx.rv, scan.rv);
+                }
+            }
+        }
+        let now = store
+            .list_labeled(
+                StoreKind::Pod,
+                Some("b"),
+                None,
+                None,
+                ListAt::Latest,
+                Some(("u", "0")),
+                &has("0"),
+            )
+            .unwrap();
+        assert_eq!(names(&now), vec!["p9"]);
+        let then = store
+            .list_labeled(
+                StoreKind::Pod,
+                Some("b"),
+                None,
+                None,
+                ListAt::Exact(before),
+                Some(("u", "0")),
+                &has("0"),
+            )
+            .unwrap();
+        assert_eq!(names(&then), vec!["p0", "p3"]);
+        // Paging through the index: two at a time, continuing after the last key.
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let p = store
+                .list_labeled(
+                    StoreKind::Pod,
+                    None,
+                    after.as_ref(),
+                    Some(2),
+                    ListAt::Latest,
+                    Some(("u", "1")),
+                    &has("1"),
+                )
+                .unwrap();
+            seen.extend(names(&p));
+            match p.next {
+                Some(k) => after = Some(k),
+                None => break,
+            }
+        }
+        assert_eq!(seen, vec!["p1", "p4", "p4", "p1", "p4"]);
+    }
+
+    #[test]
+    fn namespace_scans_stop_at_the_namespace_end() {
+        let store = Store::new(100);
+        put(&store, "a", "x", 1);
+        put(&store, "b", "y", 1);
+        put(&store, "b", "z", 1);
+        assert_eq!(store.count(StoreKind::Pod, Some("a")), 1);
+        assert_eq!(store.count(StoreKind::Pod, Some("b")), 2);
+        assert_eq!(store.count(StoreKind::Pod, Some("c")), 0);
+        // A continue key from an earlier namespace still lists the whole namespace.
+        let p = store
+            .list(StoreKind::Pod, Some("b"), Some(&key("a", "x")), None, ListAt::Latest, &|_| true)
+            .unwrap();
+        assert_eq!(names(&p), vec!["y", "z"]);
+        let w = store.watch(StoreKind::Pod, Some("a"), None).unwrap();
+        assert_eq!(w.initial.len(), 1);
     }
 
     #[test]

@@ -1,8 +1,13 @@
-//! kjob-sim-bench: throughput of the simulator over HTTP — creates/s, status updates/s and watch
-//! events/s with 1, 4 and 16 concurrent clients, with 100,000 pods stored, and the server's RSS.
+//! kjob-sim-bench: throughput of the simulator over HTTP.
 //!
-//! Run with `cargo run --release -p kjob-sim --bin kjob-sim-bench [-- --pods 100000 --seconds 3]`.
-//! It starts the `kjob-sim` binary found next to itself (`--kubelet off`).
+//! * `classic`: creates/s, status updates/s and watch events/s with 1, 4 and 16 concurrent
+//!   clients, with 100,000 pods stored, and the server's RSS.
+//! * `loaded`: the requests kjob makes (GET, per-Job labelSelector LIST, pod create, pod status
+//!   update) with pod and Job watches open, on an empty store and on one pre-filled with Jobs
+//!   and their labelled pods, side by side: the sim must not slow down as objects pile up.
+//!
+//! Run with `cargo run --release -p kjob-sim --bin kjob-sim-bench [-- --scenario loaded]`.
+//! It starts the `kjob-sim` binary found next to itself (`--kubelet off`), a fresh one per store.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -25,11 +30,37 @@ use serde_json::json;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const NS: &str = "bench";
 
+/// Which measurements to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// Creates, status updates and watch fan-out with 1/4/16 clients.
+    Classic,
+    /// kjob's request mix on an empty and on a pre-filled store.
+    Loaded,
+    /// Both.
+    All,
+}
+
 #[derive(Debug, Parser)]
 struct Args {
-    /// Pods stored before the update and watch phases.
+    /// Which measurements to run.
+    #[arg(long, value_enum, default_value = "all")]
+    scenario: Scenario,
+    /// Pods stored before the update and watch phases (classic).
     #[arg(long, default_value_t = 100_000)]
     pods: u64,
+    /// Jobs pre-filled for the loaded store.
+    #[arg(long, default_value_t = 5_000)]
+    loaded_jobs: u64,
+    /// Pods per pre-filled Job (labelled and owned like kjob's).
+    #[arg(long, default_value_t = 4)]
+    pods_per_job: u64,
+    /// Namespaces the pre-filled Jobs spread over.
+    #[arg(long, default_value_t = 4)]
+    namespaces: u64,
+    /// Concurrent clients of the loaded scenario's phases.
+    #[arg(long, default_value_t = 4)]
+    clients: u64,
     /// Length of each measured phase.
     #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "3s")]
     seconds: Duration,
@@ -39,6 +70,27 @@ struct Args {
 }
 
 type Http = Client<HttpConnector, Full<Bytes>>;
+
+/// A kjob-sim child process and its base URL.
+struct Running {
+    _guard: Sim,
+    pid: u32,
+    base: String,
+}
+
+fn start_sim(sim_bin: &PathBuf) -> anyhow::Result<Running> {
+    let mut child = Command::new(sim_bin)
+        .args(["--listen", "127.0.0.1:0", "--kubelet", "off", "--log-level", "warn"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", sim_bin.display()))?;
+    let stdout = child.stdout.take().context("sim stdout")?;
+    let pid = child.id();
+    let guard = Sim(child);
+    let mut url = String::new();
+    BufReader::new(stdout).read_line(&mut url)?;
+    Ok(Running { _guard: guard, pid, base: url.trim().to_owned() })
+}
 
 struct Sim(Child);
 
@@ -56,18 +108,32 @@ async fn call(
     ct: &str,
     body: Vec<u8>,
 ) -> anyhow::Result<u16> {
+    Ok(call_body(http, method, url, ct, body).await?.0)
+}
+
+/// Sends one request and returns its code and whole body.
+async fn call_body(
+    http: &Http,
+    method: &str,
+    url: &str,
+    ct: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<(u16, Bytes)> {
     let req = http::Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", ct)
         .body(Full::new(Bytes::from(body)))?;
-    let resp = tokio::time::timeout(REQUEST_TIMEOUT, http.request(req))
-        .await
-        .context("request timed out")??;
-    let code = resp.status().as_u16();
-    // Drain the body so the connection is reused.
-    let _ = resp.into_body().collect().await;
-    Ok(code)
+    let resp = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let resp = http.request(req).await?;
+        let code = resp.status().as_u16();
+        // Reading the body also lets the connection be reused.
+        let body = resp.into_body().collect().await?.to_bytes();
+        anyhow::Ok((code, body))
+    })
+    .await
+    .context("request timed out")??;
+    Ok(resp)
 }
 
 fn pod_body(name: &str) -> Vec<u8> {
@@ -114,22 +180,22 @@ where
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let Args { pods, seconds, sim } = Args::parse();
-    let sim_bin = match sim {
-        Some(p) => p,
+    let args = Args::parse();
+    let sim_bin = match &args.sim {
+        Some(p) => p.clone(),
         None => std::env::current_exe()?.with_file_name("kjob-sim"),
     };
-    let mut child = Command::new(&sim_bin)
-        .args(["--listen", "127.0.0.1:0", "--kubelet", "off", "--log-level", "warn"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", sim_bin.display()))?;
-    let stdout = child.stdout.take().context("sim stdout")?;
-    let pid = child.id();
-    let _guard = Sim(child);
-    let mut url = String::new();
-    BufReader::new(stdout).read_line(&mut url)?;
-    let base = url.trim().to_owned();
+    if matches!(args.scenario, Scenario::Loaded | Scenario::All) {
+        loaded(&args, &sim_bin).await?;
+    }
+    if matches!(args.scenario, Scenario::Classic | Scenario::All) {
+        classic(args.pods, args.seconds, &sim_bin).await?;
+    }
+    Ok(())
+}
+
+async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Result<()> {
+    let Running { _guard, pid, base } = start_sim(sim_bin)?;
     let http: Http = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let code = call(
         &http,
@@ -301,5 +367,288 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("server RSS at end: {} MiB", rss_kib(pid) / 1024);
+    Ok(())
+}
+
+/// The labels, owner and spec kjob puts on a Job's pod.
+fn job_pod_body(name: &str, job: &str, uid: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"metadata": {"name": name,
+            "labels": {"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+                "batch.kubernetes.io/job-name": job, "job-name": job},
+            "finalizers": ["batch.kubernetes.io/job-tracking"],
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid,
+                "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox:1.36"}]}}))
+    .unwrap_or_default()
+}
+
+fn job_body(name: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"metadata": {"name": name},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox:1.36"}]}}}}))
+    .unwrap_or_default()
+}
+
+/// A Job stored for the loaded scenario: where it lives and the uid its pods are selected by.
+#[derive(Debug, Clone)]
+struct StoredJob {
+    ns: String,
+    name: String,
+    uid: String,
+}
+
+/// Creates `jobs` Jobs (spread over `namespaces`) with `per_job` labelled pods each, 16 clients.
+async fn fill(
+    http: &Http,
+    base: &str,
+    prefix: &str,
+    jobs: u64,
+    per_job: u64,
+    namespaces: u64,
+) -> anyhow::Result<Vec<StoredJob>> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (http, base, next, prefix) =
+            (http.clone(), base.to_owned(), next.clone(), prefix.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut made = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= jobs {
+                    return anyhow::Ok(made);
+                }
+                let ns = format!("{NS}-{}", i % namespaces.max(1));
+                let name = format!("{prefix}job-{i}");
+                let (code, body) = call_body(
+                    &http,
+                    "POST",
+                    &format!("{base}/apis/batch/v1/namespaces/{ns}/jobs"),
+                    "application/json",
+                    job_body(&name),
+                )
+                .await?;
+                if code != 201 {
+                    bail!("job create answered {code}: {}", String::from_utf8_lossy(&body));
+                }
+                let job: serde_json::Value = serde_json::from_slice(&body)?;
+                let uid = job["metadata"]["uid"].as_str().context("job uid")?.to_owned();
+                for p in 0..per_job {
+                    let code = call(
+                        &http,
+                        "POST",
+                        &format!("{base}/api/v1/namespaces/{ns}/pods"),
+                        "application/json",
+                        job_pod_body(&format!("{name}-{p}"), &name, &uid),
+                    )
+                    .await?;
+                    if code != 201 {
+                        bail!("pod create answered {code}");
+                    }
+                }
+                made.push(StoredJob { ns, name, uid });
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(all)
+}
+
+/// Opens a watch and counts the lines it delivers until `stop`.
+async fn open_watch(
+    http: &Http,
+    url: &str,
+    received: Arc<AtomicU64>,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let req = http::Request::builder()
+        .uri(format!("{url}?watch=true&allowWatchBookmarks=true"))
+        .body(Full::new(Bytes::new()))?;
+    let resp = tokio::time::timeout(REQUEST_TIMEOUT, http.request(req)).await??;
+    if resp.status() != 200 {
+        bail!("watch {url} answered {}", resp.status());
+    }
+    Ok(tokio::spawn(async move {
+        let mut body = resp.into_body().into_data_stream();
+        loop {
+            tokio::select! {
+                chunk = body.next() => match chunk {
+                    Some(Ok(b)) => { received.fetch_add(b.iter().filter(|c| **c == b'\n').count() as u64, Ordering::Relaxed); }
+                    _ => return,
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+    }))
+}
+
+/// Rates of kjob's request mix on one store.
+#[derive(Debug, Default, Clone, Copy)]
+struct Mix {
+    get: f64,
+    list: f64,
+    status: f64,
+    create: f64,
+}
+
+/// Measures the mix against the Jobs in `jobs` (their pods exist), `clients` at a time.
+async fn measure_mix(
+    http: &Http,
+    base: &str,
+    jobs: Arc<Vec<StoredJob>>,
+    per_job: u64,
+    clients: u64,
+    seconds: Duration,
+) -> anyhow::Result<Mix> {
+    let pick = |w: u64, seq: u64, n: usize| ((w * 7919 + seq * 104_729) % n as u64) as usize;
+    let n = jobs.len();
+    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
+    let get = phase(clients, seconds, move |w, seq| {
+        let (http, base, jobs) = (h.clone(), b.clone(), j.clone());
+        async move {
+            let job = &jobs[pick(w, seq, n)];
+            let url = format!("{base}/api/v1/namespaces/{}/pods/{}-0", job.ns, job.name);
+            let code = call(&http, "GET", &url, "application/json", Vec::new()).await?;
+            if code != 200 {
+                bail!("get answered {code}");
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
+    let list = phase(clients, seconds, move |w, seq| {
+        let (http, base, jobs) = (h.clone(), b.clone(), j.clone());
+        async move {
+            let job = &jobs[pick(w, seq, n)];
+            let url = format!(
+                "{base}/api/v1/namespaces/{}/pods?labelSelector=batch.kubernetes.io%2Fcontroller-uid%3D{}",
+                job.ns, job.uid
+            );
+            let (code, body) = call_body(&http, "GET", &url, "application/json", Vec::new()).await?;
+            if code != 200 {
+                bail!("list answered {code}");
+            }
+            let v: serde_json::Value = serde_json::from_slice(&body)?;
+            let got = v["items"].as_array().map_or(0, Vec::len) as u64;
+            if got < per_job {
+                bail!("list of {} returned {got} pods, want at least {per_job}", job.name);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
+    let status = phase(clients, seconds, move |w, seq| {
+        let (http, base, jobs) = (h.clone(), b.clone(), j.clone());
+        async move {
+            let job = &jobs[pick(w, seq, n)];
+            let url = format!("{base}/api/v1/namespaces/{}/pods/{}-0/status", job.ns, job.name);
+            let body = serde_json::to_vec(
+                &json!({"status": {"phase": "Running", "message": format!("s-{w}-{seq}")}}),
+            )?;
+            let code = call(&http, "PATCH", &url, "application/merge-patch+json", body).await?;
+            if code != 200 {
+                bail!("status patch answered {code}");
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    // Creates last: they add pods, and the other phases should see the store as filled.
+    let made = Arc::new(AtomicU64::new(0));
+    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
+    let create = phase(clients, seconds, move |w, seq| {
+        let (http, base, jobs, made) = (h.clone(), b.clone(), j.clone(), made.clone());
+        async move {
+            let job = &jobs[pick(w, seq, n)];
+            let i = made.fetch_add(1, Ordering::Relaxed);
+            let url = format!("{base}/api/v1/namespaces/{}/pods", job.ns);
+            let body = job_pod_body(&format!("{}-x{i}", job.name), &job.name, &job.uid);
+            let code = call(&http, "POST", &url, "application/json", body).await?;
+            if code != 201 {
+                bail!("create answered {code}");
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(Mix { get, list, status, create })
+}
+
+/// One store for the loaded scenario: namespaces, `jobs` Jobs with their pods, two pod watches
+/// and one Job watch draining events; returns the mix's rates.
+async fn run_store(args: &Args, sim_bin: &PathBuf, jobs: u64) -> anyhow::Result<(Mix, u64)> {
+    let Running { _guard, pid, base } = start_sim(sim_bin)?;
+    let http: Http = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    for i in 0..args.namespaces.max(1) {
+        let body = serde_json::to_vec(&json!({"metadata": {"name": format!("{NS}-{i}")}}))?;
+        let code =
+            call(&http, "POST", &format!("{base}/api/v1/namespaces"), "application/json", body)
+                .await?;
+        if code != 201 {
+            bail!("creating a namespace answered {code}");
+        }
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let received = Arc::new(AtomicU64::new(0));
+    let mut watches = Vec::new();
+    for url in [
+        format!("{base}/api/v1/pods"),
+        format!("{base}/api/v1/pods"),
+        format!("{base}/apis/batch/v1/jobs"),
+    ] {
+        watches.push(open_watch(&http, &url, received.clone(), stop.clone()).await?);
+    }
+    let fill_start = Instant::now();
+    // The empty store still needs a few Jobs to address; they are the only objects.
+    let stored = fill(&http, &base, "", jobs.max(16), args.pods_per_job, args.namespaces).await?;
+    if jobs > 0 {
+        println!(
+            "  filled {} Jobs + {} pods in {:.1}s, server RSS {} MiB",
+            stored.len(),
+            stored.len() as u64 * args.pods_per_job,
+            fill_start.elapsed().as_secs_f64(),
+            rss_kib(pid) / 1024
+        );
+    }
+    let mix =
+        measure_mix(&http, &base, Arc::new(stored), args.pods_per_job, args.clients, args.seconds)
+            .await?;
+    stop.cancel();
+    for w in watches {
+        let _ = w.await;
+    }
+    Ok((mix, received.load(Ordering::Relaxed)))
+}
+
+async fn loaded(args: &Args, sim_bin: &PathBuf) -> anyhow::Result<()> {
+    println!(
+        "kjob-sim-bench loaded: {} clients, phases of {:?}, 2 pod watches + 1 Job watch open",
+        args.clients, args.seconds
+    );
+    println!("empty store (16 Jobs x {} pods):", args.pods_per_job);
+    let (empty, _) = run_store(args, sim_bin, 0).await?;
+    println!("loaded store:");
+    let (loaded, events) = run_store(args, sim_bin, args.loaded_jobs).await?;
+    println!("  watch events delivered during the loaded run: {events}");
+    println!("{:<44} {:>10} {:>10} {:>7}", "request", "empty/s", "loaded/s", "ratio");
+    let rows = [
+        ("GET pod", empty.get, loaded.get),
+        ("LIST pods by controller-uid (per-Job selector)", empty.list, loaded.list),
+        ("PATCH pod status", empty.status, loaded.status),
+        ("POST pod", empty.create, loaded.create),
+    ];
+    for (name, e, l) in rows {
+        let ratio = if e > 0.0 { l / e } else { 0.0 };
+        println!("{name:<44} {e:>10.0} {l:>10.0} {ratio:>7.2}");
+    }
+    println!(
+        "LIST (loaded) / GET (empty) time ratio: {:.2}",
+        if loaded.list > 0.0 { empty.get / loaded.list } else { f64::INFINITY }
+    );
     Ok(())
 }
