@@ -170,8 +170,24 @@ pub(crate) const ADD: &str = concat!(
     prelude!(),
     observe_fn!(),
     r#"
+-- Runs a multi-member command in chunks (a Lua call takes at most a few thousand arguments).
+-- Returns the concatenated array replies and the sum of integer replies.
+local function chunked(cmd, key, args, per)
+  local out, total = {}, 0
+  for s = 1, #args, per do
+    local r = redis.call(cmd, key, unpack(args, s, math.min(s + per - 1, #args)))
+    if type(r) == 'table' then
+      for i = 1, #r do out[#out + 1] = r[i] end
+    else
+      total = total + r
+    end
+  end
+  return out, total
+end
+
 local gc_ms = ARGV[1]
 local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
+local now_items, seen = {}, {}
 local i = 2
 while i <= #ARGV do
   local item, delay, only, nobs = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
@@ -180,14 +196,36 @@ while i <= #ARGV do
     k = k + 4
   end
   if only == '0' then
-    if delay <= 0 then
-      local a, r = add_now(item, now)
-      added, accepted, readied = added + a, accepted + a, readied + r
-    else
+    if delay > 0 then
       added = added + add_after(item, delay)
+    elseif not seen[item] then
+      seen[item] = true
+      now_items[#now_items + 1] = item
     end
   end
   i = i + 4 + 3 * nobs
+end
+-- Immediate adds of the whole batch: one HMGET finds the leased ones (they become dirty), one
+-- ZADD NX enqueues the rest; per-item commands would cost Redis more than the script itself.
+if #now_items > 0 then
+  local recs = chunked('HMGET', LEASE, now_items, 1000)
+  local zargs = {}
+  for j, item in ipairs(now_items) do
+    if recs[j] then
+      local a = add_now(item, now)
+      added, accepted = added + a, accepted + a
+    else
+      zargs[#zargs + 1] = now
+      zargs[#zargs + 1] = item
+    end
+  end
+  if #zargs > 0 then
+    local n = 0
+    for s = 1, #zargs, 2000 do
+      n = n + redis.call('ZADD', READY, 'NX', unpack(zargs, s, math.min(s + 1999, #zargs)))
+    end
+    added, accepted, readied = added + n, accepted + n, readied + n
+  end
 end
 if readied > 0 then wake() end
 return {added, accepted, now, observed}

@@ -378,6 +378,18 @@ async fn done_many_in_one_call(s: Store) {
     assert!(s.done_many(Q, &too_many).await.is_err());
 }
 
+async fn large_add_batch(s: Store) {
+    s.add(Q, &[now("ns/k0"), now("ns/k1")]).await.unwrap();
+    assert_eq!(s.lease(Q, "w", 2, LEASE).await.unwrap().items.len(), 2);
+    // Larger than one multi-member command takes; repeats and leased keys inside.
+    let mut items: Vec<Enqueue> = (0..2500).map(|i| now(&format!("ns/k{i}"))).collect();
+    items.extend((0..10).map(|i| now(&format!("ns/k{i}"))));
+    let r = s.add(Q, &items).await.unwrap();
+    assert_eq!((r.added, r.accepted_now), (2500, 2500));
+    let st = s.stats(Q).await.unwrap();
+    assert_eq!((st.ready, st.leased, st.dirty), (2498, 2, 2));
+}
+
 /// Scripts run so far (EVAL + EVALSHA calls) summed over every node of the store's target.
 async fn scripts_run(s: &Store) -> u64 {
     let mut total = 0;
@@ -555,6 +567,7 @@ both!(
     poison_item_goes_through_the_rate_limiter(super::poison_config()),
     lease_promotes_due_items_and_counts_them,
     done_many_in_one_call,
+    large_add_batch,
 );
 
 #[tokio::test]

@@ -1,9 +1,14 @@
 //! `kjob-queue-bench`: load tools for kjob-queue.
 //!
-//! `kjob-queue-bench run` (build with `--release`) starts its own redis-server on a free
-//! loopback port and kjob-queue in process, then reports Add→Lease→Done items/s, Redis commands
-//! and Redis CPU µs per item (INFO commandstats / INFO cpu deltas), enqueue-to-lease latency
-//! p50/p99 with 1 and 8 waiting lessees, and `redis-benchmark` ZADD ops/s as the ceiling.
+//! `kjob-queue-bench run` (build with `--release`) is the whole queue benchmark in one report, on
+//! one private redis-server (pinned to core 0; this process, the BullMQ driver and
+//! redis-benchmark pinned to core 1): redis-benchmark ZADD/LPUSH as the raw ceiling, then
+//! interleaved rounds (forward, reverse, …) of kjob-queue in gRPC service mode with 1 and N
+//! lessees and of BullMQ 6.7.0 (`bench/bullmq`, Worker concurrency 100, no-op processor), each
+//! after a warm-up, reporting items/s, Redis commands and CPU µs per item (INFO commandstats /
+//! INFO cpu deltas) and the per-round ratios with their min–max spread; then enqueue→lease
+//! latency p50/p99 with waiting lessees. Correctness gates (every key processed, none held by
+//! two lessees at once, queues empty) fail the run.
 //!
 //! `kjob-queue-bench lessee` is a lessee process for crash and load tests: it leases keys and
 //! either finishes them (Done/Forget) as fast as it can, or, with `--hold`, keeps the leases
@@ -93,7 +98,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 mod bench {
+    use std::collections::HashMap;
     use std::net::{SocketAddr, TcpStream};
+    use std::path::PathBuf;
     use std::process::{Child, Command, Stdio};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,6 +109,7 @@ mod bench {
     use anyhow::Context;
     use kjob_queue_client::{Outcome, QueueClient, v1};
     use parking_lot::Mutex;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     /// Flags of `kjob-queue-bench run`.
     #[derive(Debug, clap::Args)]
@@ -109,13 +117,19 @@ mod bench {
         /// redis-server binary.
         #[arg(long, default_value = "redis-server")]
         redis_server: String,
-        /// redis-benchmark binary (for the ZADD ceiling).
+        /// redis-benchmark binary (for the raw ceiling).
         #[arg(long, default_value = "redis-benchmark")]
         redis_benchmark: String,
-        /// Items in the throughput round.
-        #[arg(long, default_value_t = 50_000)]
+        /// Items per measured throughput round (each system, each round).
+        #[arg(long, default_value_t = 20_000)]
         items: usize,
-        /// Lessees in the throughput round.
+        /// Items of the discarded warm-up before each measured round.
+        #[arg(long, default_value_t = 1_000)]
+        warmup: usize,
+        /// Throughput rounds; odd rounds run the systems in reverse order (ABBA).
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
+        /// Lessees of the many-lessee kjob configuration (the other one has a single lessee).
         #[arg(long, default_value_t = 8)]
         lessees: usize,
         /// Items per latency round.
@@ -124,17 +138,32 @@ mod bench {
         /// Offered rate of the latency rounds, items/s.
         #[arg(long, default_value_t = 500)]
         latency_rate: u64,
-        /// Requests of the redis-benchmark ZADD round.
+        /// Requests of each redis-benchmark round.
         #[arg(long, default_value_t = 100_000)]
         zadd_requests: u64,
+        /// node binary for the BullMQ peer.
+        #[arg(long, default_value = "node")]
+        node: String,
+        /// Directory of the BullMQ driver (package.json, package-lock.json, bench.js); `npm ci`
+        /// runs there first if its node_modules are missing.
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/bullmq"))]
+        bullmq_dir: PathBuf,
+        /// Leave BullMQ out (kjob rounds only).
+        #[arg(long)]
+        skip_bullmq: bool,
+        /// Do not pin Redis to core 0 and the clients to core 1.
+        #[arg(long)]
+        no_pin: bool,
     }
 
-    /// Add batch size of the throughput round.
+    /// Add batch size (BullMQ's addBulk gets the same).
     const ADD_BATCH: usize = 100;
-    /// Keys per Lease call in the throughput round.
+    /// Keys per Lease call in the throughput rounds.
     const LEASE_BATCH: u32 = 50;
     const LEASE: Duration = Duration::from_secs(30);
-    /// How long the whole benchmark may take before it is declared stuck.
+    /// BullMQ Worker concurrency (the issue's reference configuration).
+    const BULL_CONCURRENCY: u32 = 100;
+    /// How long one round may take before it is declared stuck.
     const ROUND_TIMEOUT: Duration = Duration::from_secs(300);
 
     struct Redis {
@@ -149,11 +178,23 @@ mod bench {
         }
     }
 
-    fn start_redis(bin: &str) -> anyhow::Result<Redis> {
+    /// `bin` on `core` when pinning, else plain.
+    fn pinned(pin: bool, core: u32, bin: &str) -> Command {
+        if pin {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &core.to_string(), bin]);
+            c
+        } else {
+            Command::new(bin)
+        }
+    }
+
+    fn start_redis(bin: &str, pin: bool) -> anyhow::Result<Redis> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new(bin)
+        let child = pinned(pin, 0, bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "no", "--maxmemory-policy", "noeviction"])
+            .args(["--io-threads", "1"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -168,23 +209,78 @@ mod bench {
         Ok(redis)
     }
 
-    /// Total commands run (scripts' inner commands included) and CPU seconds used by Redis.
-    async fn redis_counters(
-        conn: &mut redis::aio::MultiplexedConnection,
-    ) -> anyhow::Result<(u64, f64)> {
+    type Conn = redis::aio::MultiplexedConnection;
+
+    /// Total commands run (scripts' inner commands included), CPU seconds used by Redis, and
+    /// (calls, µs) per command name.
+    #[derive(Debug, Clone, Default)]
+    struct Counters {
+        calls: u64,
+        cpu_s: f64,
+        by_command: HashMap<String, (u64, u64)>,
+    }
+
+    async fn counters(conn: &mut Conn) -> anyhow::Result<Counters> {
         let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-        let calls = stats
-            .lines()
-            .filter_map(|l| l.split("calls=").nth(1))
-            .filter_map(|r| r.split(',').next()?.parse::<u64>().ok())
-            .sum();
+        let mut c = Counters::default();
+        for l in stats.lines() {
+            let Some((name, rest)) = l.strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let field = |f: &str| {
+                rest.split(f)
+                    .nth(1)
+                    .and_then(|r| r.split(',').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let calls = field("calls=");
+            c.calls += calls;
+            c.by_command.insert(name.to_string(), (calls, field("usec=")));
+        }
         let cpu: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
-        let secs = cpu
+        c.cpu_s = cpu
             .lines()
             .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
             .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
             .sum();
-        Ok((calls, secs))
+        Ok(c)
+    }
+
+    async fn reset(conn: &mut Conn) -> anyhow::Result<()> {
+        redis::cmd("FLUSHALL").query_async::<()>(conn).await?;
+        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+        Ok(())
+    }
+
+    /// One measured throughput round.
+    #[derive(Debug, Clone)]
+    struct Round {
+        items_per_s: f64,
+        cmds_per_item: f64,
+        cpu_us_per_item: f64,
+        /// The commands that took most time: (name, calls per item, µs per item).
+        top: Vec<(String, f64, f64)>,
+    }
+
+    fn round(items: usize, took: Duration, before: &Counters, after: &Counters) -> Round {
+        let n = items as f64;
+        let mut top: Vec<(String, f64, f64)> = after
+            .by_command
+            .iter()
+            .map(|(k, (calls, us))| {
+                let (c0, u0) = before.by_command.get(k).copied().unwrap_or((0, 0));
+                (k.clone(), calls.saturating_sub(c0) as f64 / n, us.saturating_sub(u0) as f64 / n)
+            })
+            .collect();
+        top.sort_by(|a, b| b.2.total_cmp(&a.2));
+        top.truncate(4);
+        Round {
+            items_per_s: n / took.as_secs_f64(),
+            cmds_per_item: (after.calls.saturating_sub(before.calls)) as f64 / n,
+            cpu_us_per_item: (after.cpu_s - before.cpu_s) * 1e6 / n,
+            top,
+        }
     }
 
     fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -195,35 +291,90 @@ mod bench {
         sorted[i.min(sorted.len() - 1)]
     }
 
-    async fn throughput(c: &QueueClient, items: usize, lessees: usize) -> anyhow::Result<Duration> {
-        let done = Arc::new(AtomicU64::new(0));
+    /// Who holds what: a key held twice at once or never processed fails the run.
+    #[derive(Default)]
+    struct Ledger {
+        held: HashMap<String, bool>,
+        processed: HashMap<String, u32>,
+        overlaps: u64,
+    }
+
+    /// A kjob-queue served in this process for one round.
+    struct Service {
+        client: QueueClient,
+        shutdown: kjob_svc::Shutdown,
+        task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    }
+
+    impl Service {
+        async fn start(redis_url: &str) -> anyhow::Result<Self> {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("http://{}", listener.local_addr()?);
+            let shutdown = kjob_svc::Shutdown::new();
+            let config = kjob_queue::Config {
+                redis_url: redis_url.to_string(),
+                admin_listener: None,
+                store: Default::default(),
+            };
+            let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+            let client = QueueClient::connect_lazy(&url)?;
+            client.stats("job").await?; // waits (with retries) until the server is up
+            Ok(Self { client, shutdown, task })
+        }
+
+        async fn stop(self) -> anyhow::Result<()> {
+            self.shutdown.cancel();
+            self.task.await??;
+            Ok(())
+        }
+    }
+
+    /// Adds `items` keys in batches while `lessees` lease (batches of 50) and finish them;
+    /// returns the time until every key was processed.
+    async fn throughput(
+        c: &QueueClient,
+        items: usize,
+        lessees: usize,
+        prefix: &str,
+    ) -> anyhow::Result<Duration> {
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let unique = Arc::new(AtomicU64::new(0));
         let start = Instant::now();
         let mut tasks = Vec::new();
         for w in 0..lessees {
-            let (c, done) = (c.clone(), done.clone());
+            let (c, ledger, unique) = (c.clone(), ledger.clone(), unique.clone());
             tasks.push(tokio::spawn(async move {
-                while done.load(Ordering::SeqCst) < items as u64 {
+                let worker = format!("bench-{w}");
+                while unique.load(Ordering::SeqCst) < items as u64 {
                     let got = c
-                        .lease(
-                            "job",
-                            LEASE_BATCH,
-                            LEASE,
-                            Duration::from_millis(100),
-                            &format!("bench-{w}"),
-                        )
+                        .lease("job", LEASE_BATCH, LEASE, Duration::from_millis(100), &worker)
                         .await?;
-                    let dones =
-                        got.iter().map(|it| c.done("job", &it.key, &it.lease_id, Outcome::Forget));
+                    {
+                        let mut l = ledger.lock();
+                        for it in &got {
+                            if l.held.insert(it.key.clone(), true) == Some(true) {
+                                l.overlaps += 1;
+                            }
+                            let n = l.processed.entry(it.key.clone()).or_insert(0);
+                            *n += 1;
+                            if *n == 1 {
+                                unique.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                    let dones = got.iter().map(|it| {
+                        ledger.lock().held.insert(it.key.clone(), false);
+                        c.done("job", &it.key, &it.lease_id, Outcome::Forget)
+                    });
                     for r in futures::future::join_all(dones).await {
                         r?;
-                        done.fetch_add(1, Ordering::SeqCst);
                     }
                 }
                 anyhow::Ok(())
             }));
         }
         let keys: Vec<String> =
-            (0..items).map(|i| format!("bench-{:02}/job-{i:07}", i % 50)).collect();
+            (0..items).map(|i| format!("{prefix}-{:02}/job-{i:07}", i % 50)).collect();
         for chunk in keys.chunks(ADD_BATCH) {
             let batch = chunk
                 .iter()
@@ -234,7 +385,36 @@ mod bench {
         for t in tasks {
             tokio::time::timeout(ROUND_TIMEOUT, t).await.context("throughput round stuck")???;
         }
-        Ok(start.elapsed())
+        let took = start.elapsed();
+        let (overlaps, missing) = {
+            let l = ledger.lock();
+            (l.overlaps, keys.iter().filter(|k| !l.processed.contains_key(*k)).count())
+        };
+        anyhow::ensure!(overlaps == 0, "GATE: {overlaps} keys were held by two lessees at once");
+        anyhow::ensure!(missing == 0, "GATE: {missing} keys were never processed");
+        let s = c.stats("job").await?;
+        anyhow::ensure!(
+            s.ready + s.delayed + s.leased == 0,
+            "GATE: queue not empty after the round: {s:?}"
+        );
+        Ok(took)
+    }
+
+    async fn kjob_round(
+        conn: &mut Conn,
+        redis_url: &str,
+        items: usize,
+        warmup: usize,
+        lessees: usize,
+    ) -> anyhow::Result<Round> {
+        reset(conn).await?;
+        let svc = Service::start(redis_url).await?;
+        throughput(&svc.client, warmup, lessees, "warm").await?;
+        let before = counters(conn).await?;
+        let took = throughput(&svc.client, items, lessees, "bench").await?;
+        let after = counters(conn).await?;
+        svc.stop().await?;
+        Ok(round(items, took, &before, &after))
     }
 
     async fn latency(
@@ -268,110 +448,374 @@ mod bench {
         }
         // Let every lessee reach its long poll before the first item.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+        // Open loop: each send waits for its slot in the schedule, and its latency is measured
+        // from that slot, so a slow reply does not hide queueing (coordinated omission).
+        let start = tokio::time::Instant::now();
+        let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+        let mut sends = Vec::with_capacity(items);
         for i in 0..items {
-            tick.tick().await;
-            sent.lock()[i] = Some(Instant::now());
+            let slot = start + interval * i as u32;
+            tokio::time::sleep_until(slot).await;
+            sent.lock()[i] = Some(slot.into_std());
             let key = format!("lat-{lessees}/item-{i}");
-            c.add(vec![v1::AddItem { queue: "job".into(), key, ..Default::default() }]).await?;
+            let c = c.clone();
+            sends.push(tokio::spawn(async move {
+                c.add(vec![v1::AddItem { queue: "job".into(), key, ..Default::default() }]).await
+            }));
+        }
+        for s in sends {
+            s.await??;
         }
         for t in tasks {
             tokio::time::timeout(ROUND_TIMEOUT, t).await.context("latency round stuck")???;
         }
         let mut v = got.lock().clone();
+        anyhow::ensure!(v.len() == items, "GATE: {} of {items} latency items leased", v.len());
         v.sort();
         Ok(v)
     }
 
-    fn redis_benchmark_zadd(bin: &str, port: u16, requests: u64) -> String {
-        let out = Command::new(bin)
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-n",
-                &requests.to_string(),
-                "-c",
-                "50",
-                "-t",
-                "zadd",
-                "-q",
-            ])
-            .output();
-        match out {
-            Ok(o) if o.status.success() => {
-                let text = String::from_utf8_lossy(&o.stdout);
-                // -q prints "ZADD: 123456.79 requests per second, p50=…" (after \r progress).
-                text.rsplit('\r')
-                    .flat_map(|s| s.lines())
-                    .find(|l| l.starts_with("ZADD"))
-                    .map(|l| l.trim().to_string())
-                    .unwrap_or_else(|| format!("unparsed output: {}", text.trim()))
-            }
-            Ok(o) => {
-                format!("redis-benchmark failed: {}", String::from_utf8_lossy(&o.stderr).trim())
-            }
-            Err(e) => format!("redis-benchmark not run ({bin}: {e})"),
+    /// The BullMQ driver process of one round.
+    struct Node {
+        child: tokio::process::Child,
+        stdin: tokio::process::ChildStdin,
+        lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    }
+
+    impl Node {
+        fn spawn(args: &BenchArgs, pin: bool, mode_args: &[String]) -> anyhow::Result<Self> {
+            let mut cmd = tokio::process::Command::from(pinned(pin, 1, &args.node));
+            let mut child = cmd
+                .arg("bench.js")
+                .args(mode_args)
+                .current_dir(&args.bullmq_dir)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting {} bench.js", args.node))?;
+            let stdin = child.stdin.take().context("node stdin")?;
+            let stdout = child.stdout.take().context("node stdout")?;
+            Ok(Self { child, stdin, lines: BufReader::new(stdout).lines() })
         }
+
+        async fn line(&mut self) -> anyhow::Result<String> {
+            let l = tokio::time::timeout(ROUND_TIMEOUT, self.lines.next_line())
+                .await
+                .context("BullMQ driver stuck")??;
+            l.context("BullMQ driver exited early")
+        }
+
+        /// Waits for `ready`, runs `before`, says `go`, returns the result line.
+        async fn run(&mut self, conn: &mut Conn) -> anyhow::Result<(Counters, String)> {
+            let ready = self.line().await?;
+            anyhow::ensure!(ready == "ready", "BullMQ driver said {ready:?}");
+            let before = counters(conn).await?;
+            self.stdin.write_all(b"go\n").await?;
+            self.stdin.flush().await?;
+            let result = self.line().await?;
+            Ok((before, result))
+        }
+
+        async fn finish(self) -> anyhow::Result<()> {
+            let Self { mut child, stdin, .. } = self;
+            drop(stdin);
+            let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+                .await
+                .context("BullMQ driver did not exit")??;
+            anyhow::ensure!(status.success(), "BullMQ driver failed: {status}");
+            Ok(())
+        }
+    }
+
+    /// A number field of the driver's one-line, flat JSON result (`{"a":1,"b":2.5}`).
+    pub(crate) fn num(v: &str, field: &str) -> anyhow::Result<f64> {
+        let key = format!("\"{field}\":");
+        v.split(&key)
+            .nth(1)
+            .and_then(|r| r.split([',', '}']).next()?.trim().parse().ok())
+            .with_context(|| format!("no number {field} in the BullMQ result {v}"))
+    }
+
+    fn bull_gates(v: &str, items: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(num(v, "unique")? as usize == items, "GATE: BullMQ processed {v}");
+        anyhow::ensure!(num(v, "overlaps")? == 0.0, "GATE: BullMQ ran a job twice at once: {v}");
+        anyhow::ensure!(num(v, "left")? == 0.0, "GATE: BullMQ queue not empty: {v}");
+        Ok(())
+    }
+
+    async fn bull_round(
+        args: &BenchArgs,
+        pin: bool,
+        conn: &mut Conn,
+        port: u16,
+    ) -> anyhow::Result<Round> {
+        reset(conn).await?;
+        let mode = ["throughput", "--port", &port.to_string(), "--items", &args.items.to_string()]
+            .into_iter()
+            .chain(["--warmup", &args.warmup.to_string(), "--batch", &ADD_BATCH.to_string()])
+            .chain(["--concurrency", &BULL_CONCURRENCY.to_string()])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let mut node = Node::spawn(args, pin, &mode)?;
+        let (before, v) = node.run(conn).await?;
+        let after = counters(conn).await?;
+        node.finish().await?;
+        bull_gates(&v, args.items)?;
+        let took = Duration::from_secs_f64(num(&v, "elapsed_ms")? / 1000.0);
+        Ok(round(args.items, took, &before, &after))
+    }
+
+    async fn bull_latency(
+        args: &BenchArgs,
+        pin: bool,
+        conn: &mut Conn,
+        port: u16,
+    ) -> anyhow::Result<[f64; 3]> {
+        reset(conn).await?;
+        let mode = ["latency", "--port", &port.to_string()]
+            .into_iter()
+            .chain(["--items", &args.latency_items.to_string()])
+            .chain(["--rate", &args.latency_rate.to_string()])
+            .chain(["--concurrency", &BULL_CONCURRENCY.to_string()])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let mut node = Node::spawn(args, pin, &mode)?;
+        let (_, v) = node.run(conn).await?;
+        node.finish().await?;
+        bull_gates(&v, args.latency_items)?;
+        Ok([num(&v, "p50_ms")?, num(&v, "p99_ms")?, num(&v, "max_ms")?])
+    }
+
+    /// `redis-benchmark -t <test>` ops/s on the bench's Redis, pinned beside the clients.
+    fn redis_benchmark(bin: &str, pin: bool, port: u16, test: &str, requests: u64) -> Option<f64> {
+        let out = pinned(pin, 1, bin)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-n", &requests.to_string()])
+            .args(["-c", "50", "-t", test, "--csv"])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        // --csv: a header line, then "ZADD","123456.79",...
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.lines()
+            .find(|l| l.to_ascii_lowercase().contains(&format!("\"{test}")))?
+            .split(',')
+            .nth(1)?
+            .trim_matches('"')
+            .parse()
+            .ok()
+    }
+
+    fn npm_ci(dir: &std::path::Path) -> anyhow::Result<()> {
+        if dir.join("node_modules/bullmq/package.json").exists() {
+            return Ok(());
+        }
+        eprintln!("installing the BullMQ driver's pinned packages (npm ci) in {}", dir.display());
+        let status = Command::new("npm")
+            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+            .current_dir(dir)
+            .status()
+            .context("running npm ci")?;
+        anyhow::ensure!(status.success(), "npm ci failed in {}", dir.display());
+        Ok(())
+    }
+
+    /// Median, min and max.
+    pub(crate) fn spread(v: &[f64]) -> (f64, f64, f64) {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        if s.is_empty() {
+            return (f64::NAN, f64::NAN, f64::NAN);
+        }
+        let mid = if s.len() % 2 == 1 {
+            s[s.len() / 2]
+        } else {
+            (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+        };
+        (mid, s[0], s[s.len() - 1])
+    }
+
+    fn fmt_spread(v: &[f64], prec: usize) -> String {
+        let (m, lo, hi) = spread(v);
+        format!("{m:.prec$} [{lo:.prec$}–{hi:.prec$}]")
     }
 
     /// Runs every round and prints the report on stdout.
     pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-        let BenchArgs {
-            redis_server,
-            redis_benchmark,
-            items,
-            lessees,
-            latency_items,
-            latency_rate,
-            zadd_requests,
-        } = args;
-        anyhow::ensure!(items > 0 && lessees > 0 && latency_items > 0, "counts must be positive");
-        let redis = start_redis(&redis_server)?;
+        anyhow::ensure!(
+            args.items > 0 && args.lessees > 0 && args.latency_items > 0 && args.rounds > 0,
+            "counts must be positive"
+        );
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let pin = !args.no_pin && cores >= 2 && Command::new("taskset").arg("-V").output().is_ok();
+        if pin {
+            // This process (load generator and in-process kjob-queue) on core 1, every thread.
+            let me = std::process::id().to_string();
+            let st = Command::new("taskset").args(["-a", "-p", "-c", "1", &me]).output()?;
+            anyhow::ensure!(st.status.success(), "taskset on self failed");
+        }
+        if !args.skip_bullmq {
+            npm_ci(&args.bullmq_dir)?;
+        }
+        let redis = start_redis(&args.redis_server, pin)?;
         let redis_url = format!("redis://127.0.0.1:{}", redis.port);
         let mut conn =
             redis::Client::open(redis_url.as_str())?.get_multiplexed_async_connection().await?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let queue_url = format!("http://{}", listener.local_addr()?);
-        let shutdown = kjob_svc::Shutdown::new();
-        let config =
-            kjob_queue::Config { redis_url, admin_listener: None, store: Default::default() };
-        let server = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
-        let c = QueueClient::connect_lazy(&queue_url)?;
-        c.stats("job").await?; // waits (with retries) until the server is up
+        let version: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+        let version = version
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .to_string();
 
+        println!("# kjob-queue-bench");
         println!(
-            "kjob-queue-bench: {items} items, {lessees} lessees, lease batch {LEASE_BATCH}, add batch {ADD_BATCH}"
+            "Redis {version} {}; {} items per throughput round after a {}-item warm-up; {} rounds in ABBA order; Add batches of {ADD_BATCH}, Lease batches of {LEASE_BATCH}",
+            if pin { "pinned to core 0, every client pinned to core 1" } else { "unpinned" },
+            args.items,
+            args.warmup,
+            args.rounds
         );
-        let (calls0, cpu0) = redis_counters(&mut conn).await?;
-        let took = throughput(&c, items, lessees).await?;
-        let (calls1, cpu1) = redis_counters(&mut conn).await?;
-        let n = items as f64;
+        let zadd =
+            redis_benchmark(&args.redis_benchmark, pin, redis.port, "zadd", args.zadd_requests);
+        let lpush =
+            redis_benchmark(&args.redis_benchmark, pin, redis.port, "lpush", args.zadd_requests);
+        let show = |v: Option<f64>| v.map(|v| format!("{v:.0} ops/s")).unwrap_or("not run".into());
+        println!("redis-benchmark ZADD (raw ceiling): {}; LPUSH: {}", show(zadd), show(lpush));
+
+        let many = args.lessees;
+        let mut systems: Vec<(String, Option<usize>)> = vec![
+            ("kjob, 1 lessee (gRPC service)".into(), Some(1)),
+            (format!("kjob, {many} lessees (gRPC service)"), Some(many)),
+        ];
+        if !args.skip_bullmq {
+            systems.push((format!("BullMQ 6.7.0, Worker concurrency {BULL_CONCURRENCY}"), None));
+        }
+        let mut results: Vec<Vec<Round>> = vec![Vec::new(); systems.len()];
+        for r in 0..args.rounds {
+            let mut order: Vec<usize> = (0..systems.len()).collect();
+            if r % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let res = match systems[i].1 {
+                    Some(l) => {
+                        kjob_round(&mut conn, &redis_url, args.items, args.warmup, l).await?
+                    }
+                    None => bull_round(&args, pin, &mut conn, redis.port).await?,
+                };
+                eprintln!("round {r}: {}: {:.0} items/s", systems[i].0, res.items_per_s);
+                results[i].push(res);
+            }
+        }
+
+        println!();
         println!(
-            "add→lease→done       {:>10.0} items/s   ({items} items in {took:.2?})",
-            n / took.as_secs_f64()
+            "{:<44} {:>24} {:>14} {:>20} {:>12}",
+            "system",
+            "items/s med [min–max]",
+            "Redis cmds/item",
+            "Redis CPU µs/item",
+            "÷ ZADD ops/s"
         );
-        println!("redis commands/item  {:>10.2}", (calls1 - calls0) as f64 / n);
-        println!("redis CPU µs/item    {:>10.2}", (cpu1 - cpu0) * 1e6 / n);
-        for l in [1usize, 8] {
-            let v = latency(&c, latency_items, l, latency_rate).await?;
+        for (i, (name, _)) in systems.iter().enumerate() {
+            let ips: Vec<f64> = results[i].iter().map(|r| r.items_per_s).collect();
+            let cmds: Vec<f64> = results[i].iter().map(|r| r.cmds_per_item).collect();
+            let cpu: Vec<f64> = results[i].iter().map(|r| r.cpu_us_per_item).collect();
+            let frac = zadd.map(|z| format!("{:.3}", spread(&ips).0 / z)).unwrap_or("-".into());
             println!(
-                "enqueue→lease, {l} waiting lessee(s) at {latency_rate}/s: p50 {:.2?} p99 {:.2?} max {:.2?} ({} items)",
+                "{name:<44} {:>24} {:>14.2} {:>20} {frac:>12}",
+                fmt_spread(&ips, 0),
+                spread(&cmds).0,
+                fmt_spread(&cpu, 1)
+            );
+        }
+        println!();
+        println!(
+            "costliest Redis commands, calls and µs per item (last round; INFO commandstats, a script's time includes its inner commands):"
+        );
+        for (i, (name, _)) in systems.iter().enumerate() {
+            if let Some(r) = results[i].last() {
+                let top: Vec<String> =
+                    r.top.iter().map(|(k, c, u)| format!("{k} {c:.2}× {u:.1}µs")).collect();
+                println!("  {name}: {}", top.join(", "));
+            }
+        }
+        if !args.skip_bullmq {
+            let bull = systems.len() - 1;
+            println!();
+            println!("ratios per round (pairs run back to back), median [min–max]:");
+            for k in 0..bull {
+                let thr: Vec<f64> = results[k]
+                    .iter()
+                    .zip(&results[bull])
+                    .map(|(a, b)| a.items_per_s / b.items_per_s)
+                    .collect();
+                let cpu: Vec<f64> = results[k]
+                    .iter()
+                    .zip(&results[bull])
+                    .map(|(a, b)| b.cpu_us_per_item / a.cpu_us_per_item)
+                    .collect();
+                println!(
+                    "  {}: items/s ×{} of BullMQ (target ≥ 3); Redis CPU per item BullMQ ÷ kjob = {} (target ≥ 3)",
+                    systems[k].0,
+                    fmt_spread(&thr, 2),
+                    fmt_spread(&cpu, 2)
+                );
+            }
+        }
+
+        println!();
+        println!(
+            "enqueue→lease latency, {} items at {}/s, lessees waiting (target p99 ≤ 5 ms):",
+            args.latency_items, args.latency_rate
+        );
+        for l in [1usize, many] {
+            reset(&mut conn).await?;
+            let svc = Service::start(&redis_url).await?;
+            let v = latency(&svc.client, args.latency_items, l, args.latency_rate).await?;
+            svc.stop().await?;
+            println!(
+                "  kjob, {l} waiting lessee(s): p50 {:.2?} p99 {:.2?} max {:.2?}",
                 percentile(&v, 0.5),
                 percentile(&v, 0.99),
                 v.last().copied().unwrap_or_default(),
-                v.len()
             );
         }
-        let s = c.stats("job").await?;
-        anyhow::ensure!(s.ready + s.delayed + s.leased == 0, "queue not empty at the end: {s:?}");
+        if !args.skip_bullmq {
+            let [p50, p99, max] = bull_latency(&args, pin, &mut conn, redis.port).await?;
+            println!(
+                "  BullMQ, Worker concurrency {BULL_CONCURRENCY} waiting: p50 {p50:.2}ms p99 {p99:.2}ms max {max:.2}ms"
+            );
+        }
+        println!();
         println!(
-            "redis-benchmark ZADD (ceiling): {}",
-            redis_benchmark_zadd(&redis_benchmark, redis.port, zadd_requests)
+            "correctness gates passed: every key processed, none held twice at once, queues empty"
         );
-        shutdown.cancel();
-        server.await??;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bench::{num, spread};
+
+    #[test]
+    fn parses_driver_results() {
+        let v = r#"{"items":500,"p50_ms":56.9,"p99_ms":289.7,"unique":500,"left":0}"#;
+        assert_eq!(num(v, "p50_ms").unwrap(), 56.9);
+        assert_eq!(num(v, "left").unwrap(), 0.0);
+        assert_eq!(num(v, "items").unwrap(), 500.0);
+        assert!(num(v, "max_ms").is_err());
+    }
+
+    #[test]
+    fn median_and_range() {
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(spread(&[4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+        assert!(spread(&[]).0.is_nan());
     }
 }
