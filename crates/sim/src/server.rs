@@ -520,6 +520,10 @@ fn delete_response(res: &'static Resource, out: Deleted) -> Response {
 const TABLE_CT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 
 fn render_one(res: &'static Resource, obj: &Value, format: Format, code: StatusCode) -> Response {
+    if format == Format::Full && !res.events_v1 {
+        // Stored objects are their own view: encode without a copy.
+        return json_response(code, obj, "application/json");
+    }
     let view = resources::to_view(res, obj);
     match format {
         Format::Full => json_response(code, &view, "application/json"),
@@ -795,6 +799,7 @@ fn watch(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<Respon
         object_kind: res.kind.to_owned(),
         filter,
         render: render_fn(res, format),
+        as_stored: format == Format::Full && !res.events_v1,
         after,
         bookmarks,
         send_initial_events: send_initial,

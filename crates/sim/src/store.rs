@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
 
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -59,6 +61,9 @@ pub struct StoreEvent {
     pub object: Arc<Value>,
     /// Previous state (MODIFIED and DELETED).
     pub prev: Option<Arc<Value>>,
+    /// `object` as JSON, encoded by the first watch that sends it as stored and shared by the
+    /// others: every watch of a kind would otherwise encode every event again.
+    pub encoded: OnceLock<Bytes>,
 }
 
 /// What a write closure decided.
@@ -505,7 +510,15 @@ impl Store {
         }
         self.record(
             inner,
-            StoreEvent { rv, kind, typ, key: key.clone(), object: obj.clone(), prev },
+            StoreEvent {
+                rv,
+                kind,
+                typ,
+                key: key.clone(),
+                object: obj.clone(),
+                prev,
+                encoded: OnceLock::new(),
+            },
         );
         if typ == EventType::Added { Written::Created(obj) } else { Written::Updated(obj) }
     }
@@ -544,6 +557,7 @@ impl Store {
                 key: key.clone(),
                 object: obj.clone(),
                 prev,
+                encoded: OnceLock::new(),
             },
         );
         obj

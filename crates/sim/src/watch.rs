@@ -37,6 +37,8 @@ pub struct WatchSpec {
     pub filter: Filter,
     /// Wire rendering.
     pub render: Render,
+    /// `render` sends stored objects as they are, so events can share one encoding.
+    pub as_stored: bool,
     /// Only events after this revision are sent (`None`: start with the current objects).
     pub after: Option<u64>,
     /// Send BOOKMARK events periodically.
@@ -49,6 +51,27 @@ pub struct WatchSpec {
     pub timeout: Duration,
     /// Cancelled to close every open watch (test hook) or on shutdown.
     pub close: CancellationToken,
+}
+
+// An event line around an already encoded object.
+fn line_encoded(typ: &str, object: &[u8]) -> Bytes {
+    let mut buf = Vec::with_capacity(object.len() + 32);
+    buf.extend_from_slice(b"{\"type\":\"");
+    buf.extend_from_slice(typ.as_bytes());
+    buf.extend_from_slice(b"\",\"object\":");
+    buf.extend_from_slice(object);
+    buf.extend_from_slice(b"}\n");
+    Bytes::from(buf)
+}
+
+// The event line of a stored change's new state, encoding it once for all watches.
+fn line_of(spec: &WatchSpec, typ: &str, e: &StoreEvent) -> Bytes {
+    if !spec.as_stored {
+        return line(typ, (spec.render)(&e.object));
+    }
+    let object =
+        e.encoded.get_or_init(|| Bytes::from(serde_json::to_vec(&*e.object).unwrap_or_default()));
+    line_encoded(typ, object)
 }
 
 fn line(typ: &str, object: Value) -> Bytes {
@@ -82,13 +105,13 @@ fn convert(spec: &WatchSpec, e: &StoreEvent) -> Option<Bytes> {
     }
     let now = (spec.filter)(&e.object);
     match e.typ {
-        EventType::Added => now.then(|| line("ADDED", (spec.render)(&e.object))),
-        EventType::Deleted => now.then(|| line("DELETED", (spec.render)(&e.object))),
+        EventType::Added => now.then(|| line_of(spec, "ADDED", e)),
+        EventType::Deleted => now.then(|| line_of(spec, "DELETED", e)),
         EventType::Modified => {
             let before = e.prev.as_deref().is_some_and(|p| (spec.filter)(p));
             match (before, now) {
-                (true, true) => Some(line("MODIFIED", (spec.render)(&e.object))),
-                (false, true) => Some(line("ADDED", (spec.render)(&e.object))),
+                (true, true) => Some(line_of(spec, "MODIFIED", e)),
+                (false, true) => Some(line_of(spec, "ADDED", e)),
                 (true, false) => {
                     let mut old = e.prev.as_deref().cloned().unwrap_or(Value::Null);
                     if let Some(m) = old.get_mut("metadata").and_then(Value::as_object_mut) {
