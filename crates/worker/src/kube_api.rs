@@ -83,8 +83,23 @@ impl ApiError {
 enum Attempt {
     /// Definite answer; return it.
     Final(ApiError),
-    /// Worth another try.
-    Retry(String),
+    /// Worth another try, after at least the server's suggested delay (if it gave one).
+    Retry(String, Option<Duration>),
+}
+
+/// Delay before retry number `attempt` (1 for the first retry): exponential from
+/// [`RETRY_BASE`], never shorter than the server's `retryAfterSeconds` (client-go honours it the
+/// same way), and capped at [`RETRY_MAX`] so one throttled call cannot stall a sync for long.
+pub fn retry_delay(attempt: u32, server_hint: Option<Duration>) -> Duration {
+    let shift = attempt.saturating_sub(1).min(16);
+    let backoff = RETRY_BASE.saturating_mul(1 << shift);
+    backoff.max(server_hint.unwrap_or(Duration::ZERO)).min(RETRY_MAX)
+}
+
+/// The server's suggested wait (`details.retryAfterSeconds` of a Status), if any.
+fn retry_after(status: &kube::core::Status) -> Option<Duration> {
+    let secs = status.details.as_ref()?.retry_after_seconds;
+    (secs > 0).then(|| Duration::from_secs(u64::from(secs)))
 }
 
 /// Typed API calls, shared by every sync of the process (clone is cheap).
@@ -136,15 +151,17 @@ impl KubeApi {
                 Ok(Err(kube::Error::Api(status))) => {
                     let code = status.code;
                     let label = code.to_string();
+                    let hint = retry_after(&status);
                     let outcome = match code {
                         404 => Attempt::Final(ApiError::NotFound(what.to_string())),
                         409 => Attempt::Final(ApiError::Conflict {
                             what: what.to_string(),
                             message: status.message.clone(),
                         }),
-                        429 => Attempt::Retry(format!("429 {}", status.message)),
+                        // A 429 is answered before anything is done, so even a create is resent.
+                        429 => Attempt::Retry(format!("429 {}", status.message), hint),
                         500..=599 if idempotent => {
-                            Attempt::Retry(format!("{code} {}", status.message))
+                            Attempt::Retry(format!("{code} {}", status.message), hint)
                         }
                         _ => Attempt::Final(ApiError::Refused {
                             what: what.to_string(),
@@ -158,7 +175,7 @@ impl KubeApi {
                 Ok(Err(e)) => {
                     let msg = e.to_string();
                     let outcome = if idempotent {
-                        Attempt::Retry(msg)
+                        Attempt::Retry(msg, None)
                     } else {
                         Attempt::Final(ApiError::Unavailable {
                             what: what.to_string(),
@@ -170,7 +187,7 @@ impl KubeApi {
                 Err(_) => {
                     let msg = format!("timed out after {API_CALL_TIMEOUT:?}");
                     let outcome = if idempotent {
-                        Attempt::Retry(msg)
+                        Attempt::Retry(msg, None)
                     } else {
                         Attempt::Final(ApiError::Unavailable {
                             what: what.to_string(),
@@ -183,12 +200,12 @@ impl KubeApi {
             self.metrics.api_call(verb, resource, &result_label);
             match outcome {
                 Attempt::Final(e) => return Err(e),
-                Attempt::Retry(message) => {
+                Attempt::Retry(message, hint) => {
                     attempt += 1;
                     if attempt >= MAX_ATTEMPTS {
                         return Err(ApiError::Unavailable { what: what.to_string(), message });
                     }
-                    let delay = RETRY_BASE.saturating_mul(1 << (attempt - 1)).min(RETRY_MAX);
+                    let delay = retry_delay(attempt, hint);
                     tracing::debug!(verb, resource, what, attempt, ?delay, error = %message, "API call failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
@@ -308,6 +325,35 @@ mod tests {
             p.to_string(),
             r#"{"metadata":{"$deleteFromPrimitiveList/finalizers":["batch.kubernetes.io/job-tracking"]}}"#
         );
+    }
+
+    #[test]
+    fn retries_back_off_and_honour_the_server_hint() {
+        let ms = Duration::from_millis;
+        // (attempt, server hint, expected delay)
+        let cases = [
+            (1, None, ms(200)),
+            (2, None, ms(400)),
+            (3, None, ms(800)),
+            (10, None, RETRY_MAX),
+            (1, Some(Duration::from_secs(1)), Duration::from_secs(1)),
+            (3, Some(Duration::from_secs(1)), Duration::from_secs(1)),
+            (4, Some(ms(100)), ms(1600)),
+            (1, Some(Duration::from_secs(60)), RETRY_MAX),
+            (u32::MAX, None, RETRY_MAX),
+        ];
+        for (attempt, hint, want) in cases {
+            assert_eq!(retry_delay(attempt, hint), want, "attempt {attempt} hint {hint:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_comes_from_status_details() {
+        let mut st = kube::core::Status::failure("slow down", "TooManyRequests").with_code(429);
+        assert_eq!(retry_after(&st), None);
+        st.details =
+            Some(serde_json::from_value(serde_json::json!({"retryAfterSeconds": 2})).unwrap());
+        assert_eq!(retry_after(&st), Some(Duration::from_secs(2)));
     }
 
     #[test]

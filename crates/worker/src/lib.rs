@@ -61,7 +61,7 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
         .with_context(|| format!("binding the admin port {}", admin.admin_listen))?;
     tracing::info!(addr = %admin_listener.local_addr()?, "admin port listening");
 
-    let client = kube.client().await.context("building the kube client")?;
+    let client = kube_client(&kube).await.context("building the kube client")?;
     // Bounded retries: a sync must fail (and be requeued) rather than hang on a dead queue, and
     // a renewal that waits too long is as good as lost.
     let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy {
@@ -121,6 +121,26 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
     admin_task.await.context("admin task")?.context("admin server")?;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// A client as [`kjob_svc::KubeClientArgs::client`] builds it, but without kube's own retry
+/// layer: [`kube_api::KubeApi`] retries throttled and failed calls itself, so it can count
+/// every refused attempt by result, honour the server's `retryAfterSeconds` (kube's layer
+/// reads only a `Retry-After` header) and bound a call's retries by the sync's needs (kube's
+/// default allows 15 retries with delays growing to 1000 s).
+async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Client> {
+    let mut config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    let timeout = Duration::from_secs(args.kube_timeout_seconds);
+    config.write_timeout = Some(timeout);
+    config.connect_timeout = Some(timeout);
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// Keeps `/readyz` in step with whether the queue service answers.

@@ -1,0 +1,122 @@
+//! API server faults: kjob-sim answers a share of every request with 429 (with
+//! `retryAfterSeconds`) or 500 while real kjob processes run mixed Jobs. Workers back off and
+//! retry, every Job still ends exactly as upstream would with no pod created twice, and
+//! `kjob_worker_api_calls_total` shows the refused calls by result.
+
+mod stack_common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_queue_client::QueueClient;
+use kube::Api;
+use stack_common::*;
+
+const NAMESPACE: &str = "faults";
+/// Time for every Job to finish under faults (the backoffLimit Jobs wait 10 s of pod-failure
+/// backoff, and every 429 costs at least the server's one-second hint).
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_ride_out_429_and_500_without_duplicates() {
+    let run_dir = tempfile::Builder::new().prefix("kjob-api-faults-").tempdir().unwrap();
+    let mut stack = tokio::task::block_in_place(|| {
+        start_stack(run_dir.path().to_path_buf(), 2, &["--lease-duration=10s"])
+    });
+    let client = client(&stack).await;
+    create_namespace(&client, NAMESPACE).await;
+    let tracker = PodTracker::start(&client, NAMESPACE).await;
+    let faults = r#"{"error429": 0.15, "error500": 0.1}"#;
+    let (code, _) = tokio::task::block_in_place(|| stack.sim_post("/sim/faults", faults)).unwrap();
+    assert_eq!(code, 200);
+
+    // Every kind except the eviction one (its harness calls would fight the faults too).
+    let shapes: BTreeMap<String, Shape> = (0..30)
+        .map(Shape::nth)
+        .filter(|s| !matches!(s, Shape::Ignore { .. }))
+        .enumerate()
+        .map(|(i, s)| (format!("f-{i:02}"), s))
+        .collect();
+    let jobs_api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    for (name, shape) in &shapes {
+        create_job_retrying(&jobs_api, &shape.job(name, kjob_core::DEFAULT_CONTROLLER_NAME, 300))
+            .await;
+    }
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let mut jobs;
+    loop {
+        jobs = list_all(&jobs_api).await;
+        let done = jobs.iter().filter(|j| terminal(j).is_some()).count();
+        if done == shapes.len() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (code, _) = tokio::task::block_in_place(|| {
+        stack.sim_post("/sim/faults", r#"{"error429": 0, "error500": 0}"#)
+    })
+    .unwrap();
+    assert_eq!(code, 200);
+
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let fin_deadline = Instant::now() + Duration::from_secs(10);
+    let mut pods;
+    loop {
+        pods = list_all(&pods_api).await;
+        if pods_with_finalizer(&pods).is_empty() || Instant::now() > fin_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seen_deadline = Instant::now() + Duration::from_secs(5);
+    while tracker.total() < pods.len() && Instant::now() < seen_deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
+    let drained = wait_queues_drained(&queue, Duration::from_secs(15)).await;
+
+    let mut violations = check_jobs(&jobs, &shapes, &tracker.per_job());
+    let kept = pods_with_finalizer(&pods);
+    if !kept.is_empty() {
+        violations.push(format!("{} pods keep the tracking finalizer: {kept:?}", kept.len()));
+    }
+    if tracker.total() != pods.len() {
+        violations.push(format!(
+            "{} pods ever created but {} present: some were created and deleted",
+            tracker.total(),
+            pods.len()
+        ));
+    }
+    if let Err(busy) = drained {
+        violations.push(format!("queues not drained: {busy}"));
+    }
+
+    // The refused calls show up in the workers' API call counters, by result.
+    let mut by_result: BTreeMap<&str, f64> = BTreeMap::new();
+    for w in stack.workers() {
+        let port = admin_port_from_log(&stack.log_path(&w)).expect("worker logged its admin port");
+        let text = tokio::task::block_in_place(|| http_get(port, "/metrics")).expect("metrics");
+        for result in ["429", "500", "ok"] {
+            let needle = format!("result=\"{result}\"");
+            *by_result.entry(result).or_default() +=
+                metric_sum(&text, "kjob_worker_api_calls_total", &[&needle]);
+        }
+    }
+    if by_result["429"] < 1.0 || by_result["500"] < 1.0 {
+        violations.push(format!("refused calls not counted: {by_result:?}"));
+    }
+    let alive = tokio::task::block_in_place(|| stack.check_alive());
+    eprintln!("api calls by result: {by_result:?}; {} pods created", tracker.total());
+    if !violations.is_empty() || alive.is_err() {
+        let tails = log_tails(&stack, 15);
+        let kept = run_dir.keep();
+        panic!(
+            "{} violations (logs in {}): {alive:?}\n{}\n{tails}",
+            violations.len(),
+            kept.display(),
+            violations.join("\n")
+        );
+    }
+}

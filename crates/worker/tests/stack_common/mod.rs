@@ -1,0 +1,516 @@
+//! Shared harness of the whole-stack tests: every kjob process real (through
+//! [`kjob_testkit::Stack`]), the sim's autopilot kubelet, a seeded-free deterministic Job mix
+//! with the exact outcome upstream reaches for each, and end checks (terminal conditions and
+//! counts, pods ever created, tracking finalizers, queue drained).
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kjob_queue_client::QueueClient;
+use kjob_testkit::Stack;
+use kjob_testkit::stack::StackConfig;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+
+/// Timeout of each API call the harness makes.
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Label carrying the shape kind on each Job (and, through the template, its pods).
+pub const KIND_LABEL: &str = "kjob.io/test-kind";
+/// Exit code matched by the FailJob rule.
+pub const FAIL_JOB_EXIT_CODE: i32 = 42;
+
+/// One Job of the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// NonIndexed, every pod succeeds.
+    NonIndexed {
+        /// spec.completions.
+        completions: i32,
+        /// spec.parallelism.
+        parallelism: i32,
+    },
+    /// Indexed, every pod succeeds.
+    Indexed {
+        /// spec.completions.
+        completions: i32,
+        /// spec.parallelism.
+        parallelism: i32,
+    },
+    /// Work queue (completions unset), every pod succeeds.
+    WorkQueue {
+        /// spec.parallelism.
+        parallelism: i32,
+    },
+    /// One pod exiting [`FAIL_JOB_EXIT_CODE`]; a FailJob rule matches it.
+    FailJob,
+    /// The first running pod is evicted (DisruptionTarget), which an Ignore rule matches: it
+    /// is replaced and not counted; the rest succeed.
+    Ignore {
+        /// spec.completions (parallelism 1).
+        completions: i32,
+    },
+    /// Every pod exits 1; backoffLimit 1.
+    BackoffLimit,
+}
+
+/// What upstream ends with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// `Complete` or `Failed`.
+    pub condition: &'static str,
+    /// Reason of the terminal condition.
+    pub reason: &'static str,
+    /// Exact status.succeeded (None: equals the pods created, for a work queue).
+    pub succeeded: Option<i32>,
+    /// Exact status.failed.
+    pub failed: i32,
+    /// Fewest pods upstream creates.
+    pub min_pods: usize,
+    /// Most pods upstream creates.
+    pub max_pods: usize,
+}
+
+impl Shape {
+    /// A deterministic mix: every kind in turn, sizes cycling.
+    pub fn nth(i: usize) -> Shape {
+        let a = (i / 6 % 4) as i32 + 1;
+        let b = (i / 6 % 3) as i32 + 1;
+        match i % 6 {
+            0 => Shape::NonIndexed { completions: a, parallelism: b },
+            1 => Shape::Indexed { completions: a, parallelism: b },
+            2 => Shape::WorkQueue { parallelism: b },
+            3 => Shape::FailJob,
+            4 => Shape::Ignore { completions: (i / 6 % 2) as i32 + 1 },
+            _ => Shape::BackoffLimit,
+        }
+    }
+
+    /// Short name (also the value of [`KIND_LABEL`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Shape::NonIndexed { .. } => "non-indexed",
+            Shape::Indexed { .. } => "indexed",
+            Shape::WorkQueue { .. } => "work-queue",
+            Shape::FailJob => "fail-job",
+            Shape::Ignore { .. } => "ignore",
+            Shape::BackoffLimit => "backoff-limit",
+        }
+    }
+
+    /// Upstream's end state.
+    pub fn expected(&self) -> Expected {
+        let complete = |n: i32, pods: usize| Expected {
+            condition: "Complete",
+            reason: "CompletionsReached",
+            succeeded: Some(n),
+            failed: 0,
+            min_pods: pods,
+            max_pods: pods,
+        };
+        match *self {
+            Shape::NonIndexed { completions, .. } | Shape::Indexed { completions, .. } => {
+                complete(completions, completions as usize)
+            }
+            // Every pod started succeeds; once one has, no new pod is created.
+            Shape::WorkQueue { parallelism } => Expected {
+                succeeded: None,
+                min_pods: 1,
+                max_pods: parallelism as usize,
+                ..complete(1, 1)
+            },
+            Shape::FailJob => Expected {
+                condition: "Failed",
+                reason: "PodFailurePolicy",
+                succeeded: Some(0),
+                failed: 1,
+                min_pods: 1,
+                max_pods: 1,
+            },
+            // The evicted pod is ignored (not counted) and replaced once.
+            Shape::Ignore { completions } => complete(completions, completions as usize + 1),
+            Shape::BackoffLimit => Expected {
+                condition: "Failed",
+                reason: "BackoffLimitExceeded",
+                succeeded: Some(0),
+                failed: 2,
+                min_pods: 2,
+                max_pods: 2,
+            },
+        }
+    }
+
+    /// The Job, managed by `controller`, pods running `run_ms` in the sim's kubelet.
+    pub fn job(&self, name: &str, controller: &str, run_ms: u64) -> Job {
+        let mut exit_code = 0;
+        let mut run_ms = run_ms;
+        let mut spec = json!({"managedBy": controller, "backoffLimit": 6});
+        match *self {
+            Shape::NonIndexed { completions, parallelism } => {
+                spec["completions"] = json!(completions);
+                spec["parallelism"] = json!(parallelism);
+            }
+            Shape::Indexed { completions, parallelism } => {
+                spec["completions"] = json!(completions);
+                spec["parallelism"] = json!(parallelism);
+                spec["completionMode"] = json!("Indexed");
+            }
+            Shape::WorkQueue { parallelism } => spec["parallelism"] = json!(parallelism),
+            Shape::FailJob => {
+                exit_code = FAIL_JOB_EXIT_CODE;
+                spec["podFailurePolicy"] = json!({"rules": [{
+                    "action": "FailJob",
+                    "onExitCodes": {"operator": "In", "values": [FAIL_JOB_EXIT_CODE]}
+                }]});
+            }
+            Shape::Ignore { completions } => {
+                spec["completions"] = json!(completions);
+                spec["parallelism"] = json!(1);
+                spec["podFailurePolicy"] = json!({"rules": [{
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget"}]
+                }]});
+                // Long enough for the harness to see the first pod running and evict it.
+                run_ms = run_ms.max(2500);
+            }
+            Shape::BackoffLimit => {
+                exit_code = 1;
+                spec["backoffLimit"] = json!(1);
+            }
+        }
+        spec["template"] = json!({
+            "metadata": {
+                "labels": {KIND_LABEL: self.kind()},
+                "annotations": {
+                    "kjob.io/sim-run-time": format!("{run_ms}ms"),
+                    "kjob.io/sim-exit-code": exit_code.to_string(),
+                }
+            },
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "busybox:1.36"}]
+            }
+        });
+        let v = json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": {KIND_LABEL: self.kind()}},
+            "spec": spec,
+        });
+        serde_json::from_value(v).expect("the Job literal matches the schema")
+    }
+}
+
+/// Starts the stack with `workers` workers given `worker_args`.
+pub fn start_stack(run_dir: PathBuf, workers: usize, worker_args: &[&str]) -> Stack {
+    let bin_dir = kjob_testkit::bin_path("kjob-sim").expect("run `cargo build --bins` first");
+    let bin_dir = bin_dir.parent().unwrap().to_path_buf();
+    let redis = kjob_testkit::redis::redis_server_binary().expect("redis-server");
+    let mut cfg = StackConfig::new(bin_dir, redis, run_dir, workers);
+    cfg.worker_args = worker_args.iter().map(|s| s.to_string()).collect();
+    Stack::start(cfg).expect("stack starts")
+}
+
+/// A kube client of the stack's sim with timeouts.
+pub async fn client(stack: &Stack) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    config.connect_timeout = Some(API_TIMEOUT);
+    config.read_timeout = Some(API_TIMEOUT);
+    config.write_timeout = Some(API_TIMEOUT);
+    kube::Client::try_from(config).unwrap()
+}
+
+/// Creates a namespace.
+pub async fn create_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    api.create(&PostParams::default(), &ns).await.expect("create namespace");
+}
+
+/// The socket address of a `http://host:port` URL.
+pub fn addr_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://").parse().expect("host:port")
+}
+
+/// Every pod UID ever seen by a watch started before the first Job, with its Job's name.
+#[derive(Clone, Default)]
+pub struct PodTracker {
+    seen: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl PodTracker {
+    /// Starts watching `ns`. The watch runs until the test's runtime ends.
+    pub async fn start(client: &kube::Client, ns: &str) -> PodTracker {
+        let tracker = PodTracker::default();
+        let out = tracker.seen.clone();
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                let pod = match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                    Ok(watcher::Event::Delete(p)) => p,
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Init) => continue,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let Some(uid) = pod.metadata.uid.clone() else { continue };
+                let job = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(kjob_core::JOB_NAME_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
+                out.lock().unwrap().insert(uid, job);
+            }
+        });
+        // The watch must be established before the first Job, or early pods could be missed.
+        tokio::time::timeout(API_TIMEOUT, ready_rx).await.expect("pod watch ready").unwrap();
+        tracker
+    }
+
+    /// Pods ever seen, per Job name.
+    pub fn per_job(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for job in self.seen.lock().unwrap().values() {
+            *out.entry(job.clone()).or_default() += 1;
+        }
+        out
+    }
+
+    /// Number of distinct pods ever seen.
+    pub fn total(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+/// The Job's terminal condition (type, reason), once it has one.
+pub fn terminal(job: &Job) -> Option<(String, String)> {
+    job.status.as_ref()?.conditions.as_ref()?.iter().find_map(|c| {
+        ((c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            .then(|| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
+    })
+}
+
+/// Lists every object, retrying transient failures until `API_TIMEOUT` runs out.
+pub async fn list_all<K>(api: &Api<K>) -> Vec<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = Instant::now() + API_TIMEOUT;
+    loop {
+        match tokio::time::timeout(API_TIMEOUT, api.list(&ListParams::default())).await {
+            Ok(Ok(l)) => return l.items,
+            _ if Instant::now() > deadline => panic!("listing kept failing"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Evicts the first running pod of every `ignore` Job once, until `stop` is set. Returns the
+/// Jobs whose pod was evicted.
+pub fn spawn_evictor(
+    client: kube::Client,
+    ns: &str,
+    sim: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeSet<String>> {
+    let api: Api<Pod> = Api::namespaced(client, ns);
+    let ns = ns.to_string();
+    tokio::spawn(async move {
+        let mut done: BTreeSet<String> = BTreeSet::new();
+        let lp = ListParams::default().labels(&format!("{KIND_LABEL}=ignore"));
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let pods = match tokio::time::timeout(API_TIMEOUT, api.list(&lp)).await {
+                Ok(Ok(l)) => l.items,
+                _ => vec![],
+            };
+            for p in pods {
+                let job = p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(kjob_core::JOB_NAME_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
+                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                if !running || p.metadata.deletion_timestamp.is_some() || done.contains(&job) {
+                    continue;
+                }
+                let path =
+                    format!("/sim/evict/{ns}/{}", p.metadata.name.clone().unwrap_or_default());
+                let res = tokio::task::spawn_blocking(move || {
+                    kjob_testkit::stack::http_request(sim, "POST", &path, Some("{}"))
+                })
+                .await
+                .unwrap();
+                if matches!(res, Ok((200, _))) {
+                    done.insert(job);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        done
+    })
+}
+
+/// Checks every Job against its shape and the pods ever created; returns one line per
+/// violation.
+pub fn check_jobs(
+    jobs: &[Job],
+    shapes: &BTreeMap<String, Shape>,
+    pods_ever: &BTreeMap<String, usize>,
+) -> Vec<String> {
+    let by_name: BTreeMap<String, &Job> =
+        jobs.iter().map(|j| (j.metadata.name.clone().unwrap_or_default(), j)).collect();
+    let mut violations = Vec::new();
+    for (name, shape) in shapes {
+        let Some(job) = by_name.get(name) else {
+            violations.push(format!("{name}: missing"));
+            continue;
+        };
+        let exp = shape.expected();
+        let npods = pods_ever.get(name).copied().unwrap_or(0);
+        let s = job.status.clone().unwrap_or_default();
+        let (succeeded, failed) = (s.succeeded.unwrap_or(0), s.failed.unwrap_or(0));
+        let want_succeeded = exp.succeeded.unwrap_or(npods as i32);
+        let mut wrong = Vec::new();
+        match terminal(job) {
+            None => wrong.push("not finished".to_string()),
+            Some((c, r)) if c != exp.condition || r != exp.reason => {
+                wrong.push(format!("ended {c}/{r}, expected {}/{}", exp.condition, exp.reason))
+            }
+            Some(_) => {}
+        }
+        if (succeeded, failed) != (want_succeeded, exp.failed) {
+            wrong.push(format!(
+                "succeeded/failed {succeeded}/{failed}, expected {want_succeeded}/{}",
+                exp.failed
+            ));
+        }
+        if s.active.unwrap_or(0) != 0 || s.ready.unwrap_or(0) != 0 {
+            wrong.push(format!("active {:?} ready {:?} after finishing", s.active, s.ready));
+        }
+        if let Some(u) = &s.uncounted_terminated_pods {
+            let n =
+                u.succeeded.as_ref().map_or(0, Vec::len) + u.failed.as_ref().map_or(0, Vec::len);
+            if n > 0 {
+                wrong.push(format!("{n} uncounted terminated pods left"));
+            }
+        }
+        if npods < exp.min_pods || npods > exp.max_pods {
+            wrong.push(format!(
+                "{npods} pods ever created, upstream creates {}..={}",
+                exp.min_pods, exp.max_pods
+            ));
+        }
+        if !wrong.is_empty() {
+            violations.push(format!("{name} ({}): {}", shape.kind(), wrong.join("; ")));
+        }
+    }
+    violations
+}
+
+/// Pods that still carry the tracking finalizer.
+pub fn pods_with_finalizer(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| {
+            p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
+        })
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect()
+}
+
+/// Waits until neither queue has a ready or leased key; returns the last stats on timeout.
+pub async fn wait_queues_drained(queue: &QueueClient, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut busy = Vec::new();
+        for q in [kjob_core::JOB_QUEUE, kjob_core::ORPHAN_POD_QUEUE] {
+            match queue.stats(q).await {
+                Ok(s) if s.ready == 0 && s.leased == 0 => {}
+                Ok(s) => busy.push(format!("{q}: ready {} leased {}", s.ready, s.leased)),
+                Err(e) => busy.push(format!("{q}: {e}")),
+            }
+        }
+        if busy.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(busy.join(", "));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sum of a Prometheus counter family's samples whose line contains every `needle`.
+pub fn metric_sum(text: &str, name: &str, needles: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && needles.iter().all(|n| l.contains(n)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The last lines of every log of the stack, for failure messages.
+pub fn log_tails(stack: &Stack, lines: usize) -> String {
+    let mut out = String::new();
+    for name in stack.names() {
+        let text = std::fs::read_to_string(stack.log_path(&name)).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let tail = &all[all.len().saturating_sub(lines)..];
+        out.push_str(&format!("\n--- {name} (tail)\n{}", tail.join("\n")));
+    }
+    out
+}
+
+/// The admin port a worker logged ("admin port listening addr=127.0.0.1:PORT").
+pub fn admin_port_from_log(log: &std::path::Path) -> Option<u16> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().find(|l| l.contains("admin port listening"))?;
+    let at = line.find("127.0.0.1:")? + "127.0.0.1:".len();
+    let digits: String = line[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// `GET http://127.0.0.1:{port}{path}`: the body of a 200 answer.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    match kjob_testkit::stack::http_request(addr, "GET", path, None) {
+        Ok((200, body)) => Some(String::from_utf8_lossy(&body).into_owned()),
+        _ => None,
+    }
+}
+
+/// Creates a Job, retrying injected failures (an earlier try that was stored counts: 409).
+pub async fn create_job_retrying(api: &Api<Job>, job: &Job) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), job)).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => return,
+            r if Instant::now() > deadline => panic!("creating a Job kept failing: {r:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
