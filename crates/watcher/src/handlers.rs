@@ -128,6 +128,17 @@ fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, out: &mut Vec<Enqueue>) 
     out.extend(pods.into_iter().map(Enqueue::orphan));
 }
 
+/// Orphan-queue entry releasing `pod` when its labels no longer match the selector of `job`,
+/// its controller (upstream `ClaimPods` releases such pods at the Job's next sync; kjob's
+/// workers list pods by selector and would never see it, so the watcher points it out and the
+/// orphan worker re-checks and releases it). Pods being deleted and pods of finished Jobs are
+/// left alone, as upstream.
+fn release_if_unmatched(job: &JobInfo, pod: &PodInfo, out: &mut Vec<Enqueue>) {
+    if !pod.deleting && !job.finished && !job.selector.matches(&pod.labels) {
+        out.push(Enqueue::orphan(pod));
+    }
+}
+
 /// A Job appeared: sync it now.
 pub fn on_job_add(cfg: &HandlerConfig, job: &JobInfo) -> Vec<Enqueue> {
     if !cfg.manages(job) {
@@ -185,11 +196,15 @@ pub fn on_pod_add(cfg: &HandlerConfig, store: &Store, pod: &PodInfo) -> Vec<Enqu
     }
     if let Some(cref) = &pod.controller {
         return match resolve_controller_ref(store, &pod.namespace, cref) {
-            Some(job) if cfg.manages(job) => vec![Enqueue::job(
-                job,
-                SYNC_JOB_BATCH_PERIOD,
-                vec![observation(ObservationKind::Creation, job, pod)],
-            )],
+            Some(job) if cfg.manages(job) => {
+                let mut out = vec![Enqueue::job(
+                    job,
+                    SYNC_JOB_BATCH_PERIOD,
+                    vec![observation(ObservationKind::Creation, job, pod)],
+                )];
+                release_if_unmatched(job, pod, &mut out);
+                out
+            }
             _ => vec![],
         };
     }
@@ -239,6 +254,7 @@ pub fn on_pod_update(
             && cfg.manages(job)
         {
             out.push(Enqueue::job(job, SYNC_JOB_BATCH_PERIOD, obs(job)));
+            release_if_unmatched(job, new, &mut out);
         }
         return out;
     }

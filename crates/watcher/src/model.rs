@@ -98,8 +98,10 @@ pub struct PodInfo {
     pub uid: String,
     /// resourceVersion, to ignore resync-style updates.
     pub resource_version: String,
-    /// Labels, for selector matching of orphans. Empty for pods with a controller: no handler
-    /// reads them there, and they are most of a pod's cached size.
+    /// Labels, for selector matching. The handlers see every pod's labels (an owned pod whose
+    /// labels stop matching its Job's selector is released); the [`Store`] keeps them only for
+    /// orphans, because no handler reads a cached owned pod's labels and they are most of its
+    /// size.
     pub labels: BTreeMap<String, String>,
     /// The controller owner reference, if any.
     pub controller: Option<ControllerRef>,
@@ -137,11 +139,7 @@ impl PodInfo {
             name: name(meta),
             uid: meta.uid.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
-            labels: if controller.is_some() {
-                BTreeMap::new()
-            } else {
-                meta.labels.clone().unwrap_or_default()
-            },
+            labels: meta.labels.clone().unwrap_or_default(),
             controller,
             has_tracking_finalizer: meta
                 .finalizers
@@ -248,8 +246,12 @@ impl Store {
         self.pods_by_controller_uid.get(uid).into_iter().flatten().filter_map(|k| self.pods.get(k))
     }
 
-    /// Inserts or replaces a Pod; returns the previous version.
-    pub fn upsert_pod(&mut self, pod: PodInfo) -> Option<PodInfo> {
+    /// Inserts or replaces a Pod (an owned pod's labels are not kept); returns the previous
+    /// version.
+    pub fn upsert_pod(&mut self, mut pod: PodInfo) -> Option<PodInfo> {
+        if pod.controller.is_some() {
+            pod.labels = BTreeMap::new();
+        }
         let key = pod.key();
         if let Some(c) = &pod.controller {
             self.pods_by_controller_uid.entry(c.uid.clone()).or_default().insert(key.clone());
@@ -359,13 +361,17 @@ mod tests {
         assert!(info.has_tracking_finalizer);
         assert!(!info.deleting);
         assert_eq!(info.controller.as_ref().unwrap().uid, "u1");
-        assert!(info.labels.is_empty(), "controlled pods keep no labels");
+        assert_eq!(info.labels.len(), 1, "handlers see an owned pod's labels");
         let mut orphan = pod.clone();
         orphan.metadata.owner_references = None;
         assert_eq!(PodInfo::from_pod(&orphan).labels.len(), 1, "orphans keep labels");
 
         let mut store = Store::new();
         assert!(store.upsert_pod(info).is_none());
+        assert!(store.pod("ns/p").unwrap().labels.is_empty(), "the cache drops owned pods' labels");
+        store.upsert_pod(PodInfo::from_pod(&orphan));
+        assert_eq!(store.pod("ns/p").unwrap().labels.len(), 1, "the cache keeps orphans' labels");
+        store.upsert_pod(PodInfo::from_pod(&pod));
         assert_eq!(store.pods_controlled_by("u1").count(), 1);
         // Re-parented: the old index entry goes away.
         pod.metadata.owner_references.as_mut().unwrap()[1].uid = "u2".into();

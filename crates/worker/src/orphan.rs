@@ -5,6 +5,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
 
+use crate::kube_api::ApiError;
 use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// What to do with a pod that reached the orphan queue.
@@ -14,6 +15,13 @@ pub enum OrphanDecision {
     Keep(&'static str),
     /// Remove the tracking finalizer.
     RemoveFinalizer,
+    /// The pod's controller is a running Job of ours whose selector no longer matches the
+    /// pod's labels: remove that owner reference (upstream `ReleasePod`), then treat the pod
+    /// as any orphan.
+    Release {
+        /// UID of the Job whose owner reference goes.
+        job_uid: String,
+    },
 }
 
 /// How the pod's controller resolves.
@@ -65,13 +73,42 @@ pub fn is_job_finished(job: &Job) -> bool {
     })
 }
 
-/// Pure decision of upstream `syncOrphanPod`.
+/// Whether upstream `ClaimPods` would release `pod` from `job` (its controller): the Job is
+/// running and not being deleted, the pod is not being deleted, and the Job's selector no
+/// longer matches the pod's labels. A Job whose selector cannot be compiled or selects
+/// everything never releases (its syncs refuse to run at all).
+pub fn should_release(pod: &Pod, job: &Job) -> bool {
+    if pod.metadata.deletion_timestamp.is_some()
+        || job.metadata.deletion_timestamp.is_some()
+        || is_job_finished(job)
+    {
+        return false;
+    }
+    use kube::core::SelectorExt as _;
+    let Ok(selector) = crate::sync::job_selector(job) else { return false };
+    let empty = Default::default();
+    !selector.matches(pod.metadata.labels.as_ref().unwrap_or(&empty))
+}
+
+/// Pure decision of upstream `syncOrphanPod`, plus the release of owned pods whose labels
+/// stopped matching (upstream does that in the Job's own sync; kjob's syncs list pods by
+/// selector and never see such a pod, so the watcher sends it here).
 pub fn decide(
     pod: &Pod,
     controller: &ControllerLookup<'_>,
     controller_name: &str,
     manage_all: bool,
 ) -> OrphanDecision {
+    if let ControllerLookup::Job(Some(job)) = controller
+        && kjob_core::manages(
+            job.spec.as_ref().and_then(|s| s.managed_by.as_deref()),
+            controller_name,
+            manage_all,
+        )
+        && should_release(pod, job)
+    {
+        return OrphanDecision::Release { job_uid: job.metadata.uid.clone().unwrap_or_default() };
+    }
     if !has_tracking_finalizer(pod) {
         return OrphanDecision::Keep("no tracking finalizer");
     }
@@ -100,22 +137,35 @@ pub fn has_tracking_finalizer(pod: &Pod) -> bool {
 impl Worker {
     /// Syncs one `orphan-pod` key (`namespace/podname`).
     pub(crate) async fn sync_orphan_pod(&self, key: &ObjectKey) -> Result<SyncOutcome, SyncError> {
-        let Some(pod) = self.api.get_pod(&key.namespace, &key.name).await? else {
+        let Some(mut pod) = self.api.get_pod(&key.namespace, &key.name).await? else {
             return Ok(SyncOutcome::Done);
         };
-        let job;
-        let lookup = match controller_of(&pod) {
-            Controller::NotAJob => ControllerLookup::NotAJob,
-            Controller::None => ControllerLookup::None,
-            Controller::Job { name, uid } => {
-                job = self.api.get_job(&key.namespace, &name).await?;
+        let job = match controller_of(&pod) {
+            Controller::Job { name, uid } => self
+                .api
+                .get_job(&key.namespace, &name)
+                .await?
                 // A Job of the same name but another UID is a successor, not the pod's owner.
-                ControllerLookup::Job(
-                    job.as_ref().filter(|j| j.metadata.uid.as_deref() == Some(uid.as_str())),
-                )
-            }
+                .filter(|j| j.metadata.uid.as_deref() == Some(uid.as_str())),
+            _ => None,
         };
-        match decide(&pod, &lookup, &self.controller_name, self.manage_all) {
+        let mut decision =
+            decide(&pod, &lookup(&pod, job.as_ref()), &self.controller_name, self.manage_all);
+        if let OrphanDecision::Release { job_uid } = &decision {
+            match self.release_pod(&pod, job_uid).await? {
+                Some(released) => pod = released,
+                None => return Ok(SyncOutcome::Done),
+            }
+            // Released, the pod is an orphan like any other (unless another controller
+            // reference remains, which the decision reads from the patched pod).
+            let rest = decide(&pod, &lookup(&pod, None), &self.controller_name, self.manage_all);
+            decision = match rest {
+                OrphanDecision::Release { .. } => OrphanDecision::Keep("still controlled"),
+                d => d,
+            };
+        }
+        match decision {
+            OrphanDecision::Release { .. } => {}
             OrphanDecision::Keep(why) => {
                 tracing::debug!(pod = %key, why, "leaving orphan pod alone");
             }
@@ -130,6 +180,48 @@ impl Worker {
         }
         Ok(SyncOutcome::Done)
     }
+
+    /// Removes the Job's owner reference from `pod` (upstream `ReleasePod`: a strategic merge
+    /// `$patch: delete` by UID, with the pod's UID as precondition). Returns the patched pod,
+    /// or `None` when the pod is gone or was replaced by a namesake.
+    async fn release_pod(&self, pod: &Pod, job_uid: &str) -> Result<Option<Pod>, SyncError> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        match self.api.patch_pod(ns, name, &release_patch(pod, job_uid)).await {
+            Ok(p) => {
+                tracing::info!(pod = %format!("{ns}/{name}"), job_uid,
+                    "released pod whose labels no longer match its Job");
+                Ok(Some(p))
+            }
+            Err(ApiError::NotFound(_) | ApiError::Conflict { .. }) => Ok(None),
+            // The UID precondition failed: the name now belongs to another pod.
+            Err(ApiError::Refused { code: 422, .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// How `pod`'s controller resolves, given the Job a GET returned for it (`None`: gone, another
+/// UID, or not looked up because the controller is no Job).
+fn lookup<'a>(pod: &Pod, job: Option<&'a Job>) -> ControllerLookup<'a> {
+    match controller_of(pod) {
+        Controller::None => ControllerLookup::None,
+        Controller::NotAJob => ControllerLookup::NotAJob,
+        Controller::Job { uid, .. } => {
+            ControllerLookup::Job(job.filter(|j| j.metadata.uid.as_deref() == Some(uid.as_str())))
+        }
+    }
+}
+
+/// The strategic merge patch removing the owner reference with `owner_uid` (upstream
+/// `deleteOwnerRefStrategicMergePatch`); the pod UID makes it fail on a recreated namesake.
+pub fn release_patch(pod: &Pod, owner_uid: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "ownerReferences": [{"$patch": "delete", "uid": owner_uid}],
+            "uid": pod.metadata.uid,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -218,6 +310,81 @@ mod tests {
             let got = decide(&p, &lookup, ME, all);
             assert_eq!(got == RemoveFinalizer, want_remove, "{name}: {got:?}");
         }
+    }
+
+    #[test]
+    fn owned_pods_whose_labels_stopped_matching_are_released() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+        let with_selector = |mut j: Job| {
+            j.spec.as_mut().unwrap().selector = Some(LabelSelector {
+                match_labels: Some([("app".to_string(), "x".to_string())].into()),
+                ..Default::default()
+            });
+            j
+        };
+        let labelled = |mut p: Pod, v: Option<&str>| {
+            p.metadata.labels = v.map(|v| [("app".to_string(), v.to_string())].into());
+            p
+        };
+        let running = with_selector(job(None, Some(ME)));
+        let complete = with_selector(job(Some("Complete"), Some(ME)));
+        let external = with_selector(job(None, Some("example.com/other")));
+        let mut deleting_job = running.clone();
+        deleting_job.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        let owned = pod(true, Some(("batch/v1", "Job")));
+        let mut deleting_pod = labelled(owned.clone(), Some("y"));
+        deleting_pod.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        let release = OrphanDecision::Release { job_uid: "u1".into() };
+        use ControllerLookup as C;
+        // (case, pod, job, expected)
+        let cases: Vec<(&str, Pod, &Job, OrphanDecision)> = vec![
+            ("labels edited", labelled(owned.clone(), Some("y")), &running, release.clone()),
+            ("labels removed", labelled(owned.clone(), None), &running, release.clone()),
+            (
+                "no finalizer is released too",
+                labelled(pod(false, Some(("batch/v1", "Job"))), Some("y")),
+                &running,
+                release.clone(),
+            ),
+            (
+                "still matching",
+                labelled(owned.clone(), Some("x")),
+                &running,
+                OrphanDecision::Keep("Job is running; it owns the pod"),
+            ),
+            (
+                "pod being deleted",
+                deleting_pod,
+                &running,
+                OrphanDecision::Keep("Job is running; it owns the pod"),
+            ),
+            (
+                "job being deleted",
+                labelled(owned.clone(), Some("y")),
+                &deleting_job,
+                OrphanDecision::Keep("Job is running; it owns the pod"),
+            ),
+            (
+                "finished job: plain orphan cleanup",
+                labelled(owned.clone(), Some("y")),
+                &complete,
+                OrphanDecision::RemoveFinalizer,
+            ),
+            (
+                "another controller's job",
+                labelled(owned.clone(), Some("y")),
+                &external,
+                OrphanDecision::Keep("Job is managed by another controller"),
+            ),
+        ];
+        for (name, p, j, want) in cases {
+            assert_eq!(decide(&p, &C::Job(Some(j)), ME, false), want, "{name}");
+        }
+        let p = release_patch(&labelled(owned, Some("y")), "u1");
+        assert_eq!(
+            p,
+            serde_json::json!({"metadata": {"ownerReferences": [{"$patch": "delete", "uid": "u1"}], "uid": null}})
+        );
     }
 
     #[test]

@@ -446,7 +446,7 @@ impl Worker {
 }
 
 /// The Job's selector; an empty or invalid one is an error (it would claim every pod).
-fn job_selector(job: &Job) -> Result<Selector, SyncError> {
+pub(crate) fn job_selector(job: &Job) -> Result<Selector, SyncError> {
     let ls = job.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
     let sel = Selector::try_from(ls)
         .map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))?;

@@ -95,6 +95,9 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
         ("cronjob-owned", Some(owner("CronJob", "batch/v1", "cj", "c1")), false),
         ("crd-job-owned", Some(owner("Job", "example.com/v1", "x", "x1")), false),
         ("running-job", Some(owner("Job", "batch/v1", "running", &uid(&running))), false),
+        // Owned by the running Job but its labels (app=x) do not match the Job's selector:
+        // released (owner reference removed), then cleaned up like any orphan.
+        ("running-job-unmatched", Some(owner("Job", "batch/v1", "running", &uid(&running))), true),
         ("finished-job", Some(owner("Job", "batch/v1", "finished", &uid(&finished))), true),
         ("external-job", Some(owner("Job", "batch/v1", "external", &uid(&external))), false),
         ("gone-job", Some(owner("Job", "batch/v1", "gone", "nope")), true),
@@ -103,8 +106,14 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
     ];
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let never = tokio_util::sync::CancellationToken::new();
+    let selected = running.spec.as_ref().unwrap().selector.clone().unwrap().match_labels;
     for (name, o, _) in &cases {
-        pods.create(&PostParams::default(), &pod(name, o.clone())).await.unwrap();
+        let mut p = pod(name, o.clone());
+        if *name == "running-job" {
+            // The running Job's pods carry the labels its selector matches.
+            p.metadata.labels = selected.clone();
+        }
+        pods.create(&PostParams::default(), &p).await.unwrap();
     }
     for (name, _, _) in &cases {
         let out = worker
@@ -128,10 +137,24 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
             None => assert!(*removed, "{name} vanished but should have kept its finalizer"),
         }
     }
+    let released =
+        listed.iter().find(|p| p.metadata.name.as_deref() == Some("running-job-unmatched"));
+    assert!(
+        released.is_none_or(|p| p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .all(|o| o.uid != uid(&running))),
+        "released pods lose the owner reference: {released:?}"
+    );
+    let kept = listed.iter().find(|p| p.metadata.name.as_deref() == Some("running-job")).unwrap();
+    assert_eq!(kept.metadata.owner_references.as_ref().map(Vec::len), Some(1));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    // Four finalizer removals, plus the release and the finalizer removal of the unmatched pod.
     assert!(
-        out.contains(r#"kjob_worker_api_calls_total{verb="patch",resource="pods",result="ok"} 4"#),
+        out.contains(r#"kjob_worker_api_calls_total{verb="patch",resource="pods",result="ok"} 6"#),
         "{out}"
     );
     drop(worker);

@@ -35,8 +35,9 @@ fn mk_job(name: &str) -> JobInfo {
 }
 
 fn mk_pod(name: &str, owner: Option<&JobInfo>) -> PodInfo {
-    // Controlled pods carry no labels in the cache (see PodInfo::labels).
-    let labels = BTreeMap::new();
+    // A Job's pods carry the label its selector matches; orphans start without labels.
+    let labels = owner.map(|j| BTreeMap::from([("job".to_string(), j.name.clone())]));
+    let labels = labels.unwrap_or_default();
     PodInfo {
         namespace: "ns".into(),
         name: name.into(),
@@ -313,6 +314,57 @@ fn orphans_only_wake_managed_matching_jobs() {
     );
 }
 
+#[test]
+fn owned_pods_whose_labels_stop_matching_are_released() {
+    let a = mk_job("a");
+    let mut finished = mk_job("f");
+    finished.finished = true;
+    let mut foreign = mk_job("x");
+    foreign.managed_by = Some("x/y".into());
+    let store = store_with(&[&a, &finished, &foreign], &[]);
+    let unmatch = |p: &PodInfo| {
+        let mut n = bump(p);
+        n.labels.insert("job".into(), "edited".into());
+        n
+    };
+    let owned = mk_pod("p", Some(&a));
+    let edited = unmatch(&owned);
+    // Update: the Job syncs (it loses a pod) and the orphan worker releases the pod.
+    assert_eq!(
+        on_pod_update(&cfg(), &store, &owned, &edited),
+        vec![job_q("ns/a", BATCH, vec![]), orphan_q("ns/p")]
+    );
+    // Labels removed altogether: no longer selected either.
+    let mut bare = bump(&owned);
+    bare.labels.clear();
+    assert_eq!(
+        on_pod_update(&cfg(), &store, &owned, &bare),
+        vec![job_q("ns/a", BATCH, vec![]), orphan_q("ns/p")]
+    );
+    // Seen for the first time already unmatched (e.g. after a relist).
+    assert_eq!(
+        on_pod_add(&cfg(), &store, &edited),
+        vec![job_q("ns/a", BATCH, vec![obs(Creation, "a", "p")]), orphan_q("ns/p")]
+    );
+    // A pod being deleted is not released (upstream ClaimPods skips it).
+    let mut deleting = unmatch(&owned);
+    deleting.deleting = true;
+    assert!(on_pod_update(&cfg(), &store, &owned, &deleting).iter().all(|e| e.queue == JOB_QUEUE));
+    // Finished Jobs do not claim or release; foreign Jobs are not ours.
+    let of_finished = mk_pod("q", Some(&finished));
+    assert_eq!(
+        on_pod_update(&cfg(), &store, &of_finished, &unmatch(&of_finished)),
+        vec![job_q("ns/f", BATCH, vec![])]
+    );
+    let of_foreign = mk_pod("r", Some(&foreign));
+    assert!(on_pod_update(&cfg(), &store, &of_foreign, &unmatch(&of_foreign)).is_empty());
+    // Still matching: nothing but the usual Job sync.
+    assert_eq!(
+        on_pod_update(&cfg(), &store, &owned, &bump(&owned)),
+        vec![job_q("ns/a", BATCH, vec![])]
+    );
+}
+
 // ------------------------------------------------------------------ Pod update
 
 #[test]
@@ -344,6 +396,7 @@ fn pod_update_table() {
     let moved = {
         let mut n = bump(&p);
         n.controller = Some(cref(&b));
+        n.labels.insert("job".into(), "b".into());
         n.has_tracking_finalizer = false;
         n
     };
