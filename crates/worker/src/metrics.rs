@@ -131,6 +131,8 @@ pub struct Metrics {
     pub api_calls: Family<ApiLabels, Counter>,
     /// `kjob_worker_events_dropped_total`: events dropped because the event sink was full.
     pub events_dropped: Counter,
+    /// `kjob_worker_events_spam_filtered_total`: events dropped by the per-object spam filter.
+    pub events_spam_filtered: Counter,
 }
 
 impl Metrics {
@@ -153,6 +155,7 @@ impl Metrics {
             leases_finished: Family::default(),
             api_calls: Family::default(),
             events_dropped: Counter::default(),
+            events_spam_filtered: Counter::default(),
         };
         let jc = registry.sub_registry_with_prefix("job_controller");
         jc.register(
@@ -208,6 +211,11 @@ impl Metrics {
             "events_dropped",
             "Kubernetes events dropped because the event sink was full",
             m.events_dropped.clone(),
+        );
+        w.register(
+            "events_spam_filtered",
+            "Kubernetes events dropped by the per-object spam filter (burst 25, then 1 per 5 min)",
+            m.events_spam_filtered.clone(),
         );
         m
     }
