@@ -532,6 +532,11 @@ async fn measure_mix(
             if code != 200 {
                 bail!("list answered {code}");
             }
+            // The client shares the machine's cores with the server: decode one answer in
+            // eight to check it, not all of them.
+            if seq % 8 != 0 {
+                return Ok(());
+            }
             let v: serde_json::Value = serde_json::from_slice(&body)?;
             let got = v["items"].as_array().map_or(0, Vec::len) as u64;
             if got < per_job {
