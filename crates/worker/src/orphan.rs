@@ -173,6 +173,8 @@ impl Worker {
                 self.api.remove_tracking_finalizer(&key.namespace, &key.name).await?;
                 let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
                 if matches!(phase, Some("Succeeded" | "Failed")) {
+                    // Seen finished with the finalizer, then without it.
+                    self.count_finished_with_finalizer(1);
                     self.count_finalizer_removals(1);
                 }
                 tracing::debug!(pod = %key, "removed tracking finalizer from orphan pod");

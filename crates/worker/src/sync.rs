@@ -198,9 +198,15 @@ impl Worker {
                     Report::FinalizersRemoved(results)
                 }
                 Step::UpdateStatus { status } => {
+                    let before = uncounted_uids(current.status.as_ref());
                     current.status = Some(*status);
                     match self.api.replace_job_status(&current).await {
                         Ok(written) => {
+                            // Upstream counts `add` when its informer first sees a finished pod
+                            // with the finalizer; kjob's watcher reads pod metadata only, so the
+                            // worker counts each pod as it records it, once per fenced write.
+                            let after = uncounted_uids(current.status.as_ref());
+                            self.count_finished_with_finalizer(after.difference(&before).count());
                             current.metadata.resource_version = written.metadata.resource_version;
                             Report::StatusUpdated(Ok(()))
                         }
@@ -288,6 +294,16 @@ impl Worker {
             Some(d) => SyncOutcome::RequeueAfter(d),
             None => SyncOutcome::Done,
         })
+    }
+
+    /// Counts finished pods seen still holding the tracking finalizer (`event="add"`).
+    pub(crate) fn count_finished_with_finalizer(&self, n: usize) {
+        if n > 0 {
+            self.metrics
+                .terminated_pods_tracking_finalizer
+                .get_or_create(&crate::metrics::EventLabels { event: "add".into() })
+                .inc_by(n as u64);
+        }
     }
 
     /// Counts tracking finalizers removed from finished pods.
@@ -475,6 +491,14 @@ pub fn adoption_patch(job: &Job, pod: &Pod) -> serde_json::Value {
     })
 }
 
+/// UIDs in `status.uncountedTerminatedPods` (succeeded and failed).
+fn uncounted_uids(status: Option<&k8s_openapi::api::batch::v1::JobStatus>) -> BTreeSet<String> {
+    let Some(u) = status.and_then(|s| s.uncounted_terminated_pods.as_ref()) else {
+        return BTreeSet::new();
+    };
+    u.succeeded.iter().chain(u.failed.iter()).flatten().cloned().collect()
+}
+
 /// What a pod call skipped because the worker is handing its keys back reports.
 fn winding_down() -> CallError {
     CallError::Other("the worker is shutting down; not sent".into())
@@ -535,6 +559,21 @@ mod tests {
 #[cfg(test)]
 mod stale_expectations_tests {
     use super::*;
+
+    #[test]
+    fn uncounted_uids_gathers_both_lists() {
+        use k8s_openapi::api::batch::v1::{JobStatus, UncountedTerminatedPods};
+        assert!(uncounted_uids(None).is_empty());
+        let st = JobStatus {
+            uncounted_terminated_pods: Some(UncountedTerminatedPods {
+                succeeded: Some(vec!["a".into(), "b".into()]),
+                failed: Some(vec!["c".into()]),
+            }),
+            ..Default::default()
+        };
+        let got: Vec<String> = uncounted_uids(Some(&st)).into_iter().collect();
+        assert_eq!(got, ["a", "b", "c"]);
+    }
 
     #[test]
     fn earliest_requeue_wins() {

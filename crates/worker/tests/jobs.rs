@@ -136,6 +136,7 @@ async fn non_indexed_completes() {
         r#"job_controller_jobs_finished_total{completion_mode="NonIndexed",result="succeeded",reason="CompletionsReached"} 1"#,
         r#"job_controller_job_pods_finished_total{completion_mode="NonIndexed",result="succeeded"} 3"#,
         r#"job_controller_terminated_pods_tracking_finalizer_total{event="delete"} 3"#,
+        r#"job_controller_terminated_pods_tracking_finalizer_total{event="add"} 3"#,
         r#"job_controller_job_pods_creation_total{reason="new",status="succeeded"} 3"#,
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
