@@ -17,7 +17,7 @@ use jiff::Timestamp;
 use kube::runtime::watcher::Event;
 
 use crate::handlers::{self, Enqueue, HandlerConfig};
-use crate::metrics::{EventLabels, KindLabels, Metrics};
+use crate::metrics::{ControllerNameLabels, EventLabels, KindLabels, Metrics};
 use crate::model::{JobInfo, PodInfo, Store};
 
 /// Converts the objects of a watcher event (e.g. to the slim views the informer keeps).
@@ -81,6 +81,25 @@ impl Informer {
         handlers::enqueue_all_jobs(&self.cfg, &self.store)
     }
 
+    /// Counts a Job in `job_controller_jobs_by_external_controller_total` when its managedBy
+    /// names a controller other than the built-in one (upstream `addJob`).
+    fn count_if_external(&self, job: &JobInfo) {
+        if let Some(name) = job.managed_by.as_deref()
+            && name != kjob_core::BUILTIN_JOB_CONTROLLER
+        {
+            let labels = ControllerNameLabels { controller_name: name.to_string() };
+            self.metrics.jobs_by_external_controller.get_or_create(&labels).inc();
+        }
+    }
+
+    /// On gaining leadership with a synced cache: counts every cached Job as upstream's
+    /// informer does when a new leader lists them (each list item is an `addJob`).
+    pub fn count_external_jobs(&self) {
+        for job in self.store.jobs() {
+            self.count_if_external(job);
+        }
+    }
+
     fn count(&self, kind: &'static str, r#type: &'static str) {
         self.metrics.events.get_or_create(&EventLabels { kind, r#type }).inc();
     }
@@ -108,7 +127,12 @@ impl Informer {
                 match old {
                     None => {
                         self.count("job", "add");
-                        if emit { handlers::on_job_add(&self.cfg, &info) } else { vec![] }
+                        if emit {
+                            self.count_if_external(&info);
+                            handlers::on_job_add(&self.cfg, &info)
+                        } else {
+                            vec![]
+                        }
                     }
                     Some(old) if old.resource_version == info.resource_version => vec![],
                     Some(old) => {
@@ -384,6 +408,39 @@ mod tests {
             [(JOB_QUEUE, "ns/a", Duration::ZERO), (ORPHAN_POD_QUEUE, "ns/p0", Duration::ZERO)]
         );
         assert_eq!(inf.store().job_count(), 0);
+    }
+
+    #[test]
+    fn jobs_of_external_controllers_are_counted_on_add_by_the_leader() {
+        let external = |name: &str, managed_by: Option<&str>| {
+            let mut j = job(name, "3");
+            j.managed_by = managed_by.map(str::to_string);
+            j
+        };
+        let count = |inf: &Informer, name: &str| {
+            let labels = ControllerNameLabels { controller_name: name.into() };
+            inf.metrics.jobs_by_external_controller.get_or_create(&labels).get()
+        };
+        let mut inf = synced();
+        inf.job_event(Event::Apply(external("k1", Some(DEFAULT_CONTROLLER_NAME))), true, now());
+        inf.job_event(Event::Apply(external("o1", Some("example.com/other"))), true, now());
+        inf.job_event(
+            Event::Apply(external("b1", Some("kubernetes.io/job-controller"))),
+            true,
+            now(),
+        );
+        inf.job_event(Event::Apply(external("n1", None)), true, now());
+        // An update of a known Job is not an add; a standby counts nothing.
+        inf.job_event(Event::Apply(external("o1", Some("example.com/other"))), true, now());
+        inf.job_event(Event::Apply(external("o2", Some("example.com/other"))), false, now());
+        assert_eq!(count(&inf, DEFAULT_CONTROLLER_NAME), 1);
+        assert_eq!(count(&inf, "example.com/other"), 1);
+        assert_eq!(count(&inf, "kubernetes.io/job-controller"), 0);
+        // Taking over counts every cached Job, as a new leader's list does upstream ("a" from
+        // the initial list is managed by kjob too).
+        inf.count_external_jobs();
+        assert_eq!(count(&inf, "example.com/other"), 3);
+        assert_eq!(count(&inf, DEFAULT_CONTROLLER_NAME), 3);
     }
 
     #[test]

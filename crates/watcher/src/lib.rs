@@ -268,6 +268,7 @@ async fn event_loop(
         if takeover_pending && is_leader && informer.synced() {
             takeover_pending = false;
             tracing::info!(jobs = informer.store().job_count(), "leading: enqueueing every Job");
+            informer.count_external_jobs();
             out.extend(informer.enqueue_all());
         }
         synced_flag.store(informer.synced(), Ordering::Relaxed);

@@ -37,6 +37,13 @@ pub struct ObservationLabels {
     pub kind: &'static str,
 }
 
+/// Labels of `job_controller_jobs_by_external_controller_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerNameLabels {
+    /// The Job's `spec.managedBy`.
+    pub controller_name: String,
+}
+
 /// Every watcher metric; cheap to clone (all handles are shared).
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -58,6 +65,9 @@ pub struct Metrics {
     pub watch_restarts: Family<KindLabels, Counter>,
     /// Objects in the informer cache, by kind.
     pub cached: Family<KindLabels, Gauge>,
+    /// `job_controller_jobs_by_external_controller_total`: Jobs seen added whose managedBy
+    /// names a controller other than the built-in one (upstream `addJob`).
+    pub jobs_by_external_controller: Family<ControllerNameLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -73,6 +83,7 @@ impl Default for Metrics {
             leader: Gauge::default(),
             watch_restarts: Family::default(),
             cached: Family::default(),
+            jobs_by_external_controller: Family::default(),
         }
     }
 }
@@ -91,6 +102,12 @@ impl Metrics {
         r.register("leader", "1 while this process holds the Lease", m.leader.clone());
         r.register("watch_restarts", "Watch stream errors", m.watch_restarts.clone());
         r.register("cached_objects", "Objects in the informer cache", m.cached.clone());
+        // Upstream's name, so dashboards built for kube-controller-manager keep working.
+        registry.sub_registry_with_prefix("job_controller").register(
+            "jobs_by_external_controller",
+            "The number of Jobs managed by an external controller",
+            m.jobs_by_external_controller.clone(),
+        );
         m
     }
 }
