@@ -116,8 +116,9 @@ fn pod_jobs<'a>(
 
 /// Orphan-queue entries for the Job's pods that still carry the tracking finalizer. Upstream
 /// lists by the Job's selector and keeps the pods it controls; the controller index finds the
-/// same pods (a controlled pod whose labels stopped matching is released by the next sync,
-/// and the orphan worker re-checks every pod anyway).
+/// same pods plus any controlled pod whose labels stopped matching (which upstream would have
+/// released already; the orphan worker re-checks every pod and treats it as an orphan of a
+/// finished Job either way).
 fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, out: &mut Vec<Enqueue>) {
     let mut pods: Vec<&PodInfo> = store
         .pods_controlled_by(&job.uid)
