@@ -322,25 +322,25 @@ pub fn duplicated_index_pods_for_removal<'a>(
     completions: i32,
 ) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
     let indexes: Vec<Option<i32>> = pods.iter().map(|p| completion_index(p)).collect();
-    split_duplicated_indexes(pods, &indexes, completions)
+    let (rm, left) = split_duplicated_indexes(&indexes, completions, |i| removal_key(pods[i]));
+    (rm.into_iter().map(|i| pods[i]).collect(), left.into_iter().map(|i| pods[i]).collect())
 }
 
-/// [`duplicated_index_pods_for_removal`] with each pod's completion index already parsed
-/// (`indexes[i]` belongs to `pods[i]`). Groups pods by sorting `(index, position)` pairs
-/// instead of building a map of per-index vectors: one allocation whatever the pod count, and
-/// the deletion order is computed only for the (rare) pods that share an index.
-pub(crate) fn split_duplicated_indexes<'a>(
-    pods: &[&'a Pod],
+/// [`duplicated_index_pods_for_removal`] over positions: `indexes[i]` is the parsed completion
+/// index of pod `i` and `key(i)` its deletion-order key. Groups pods by sorting `(index,
+/// position)` pairs instead of building a map of per-index vectors: one allocation whatever the
+/// pod count, and the deletion order is looked at only for the (rare) pods sharing an index.
+pub(crate) fn split_duplicated_indexes(
     indexes: &[Option<i32>],
     completions: i32,
-) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
-    debug_assert_eq!(pods.len(), indexes.len());
+    key: impl Fn(usize) -> RemovalKey,
+) -> (Vec<usize>, Vec<usize>) {
     let mut rm = Vec::new();
-    let mut valid: Vec<(i32, usize)> = Vec::with_capacity(pods.len());
-    for (pos, (&p, &ix)) in pods.iter().zip(indexes).enumerate() {
+    let mut valid: Vec<(i32, usize)> = Vec::with_capacity(indexes.len());
+    for (pos, &ix) in indexes.iter().enumerate() {
         match ix {
             Some(ix) if ix < completions => valid.push((ix, pos)),
-            _ => rm.push(p),
+            _ => rm.push(pos),
         }
     }
     // Position breaks ties, so each index's pods keep their input order, as the map did.
@@ -348,15 +348,15 @@ pub(crate) fn split_duplicated_indexes<'a>(
     let mut left = Vec::with_capacity(valid.len());
     for group in valid.chunk_by(|a, b| a.0 == b.0) {
         if let [(_, pos)] = group {
-            left.push(pods[*pos]);
+            left.push(*pos);
             continue;
         }
-        let mut dups: Vec<(RemovalKey, &'a Pod)> =
-            group.iter().map(|&(_, pos)| (removal_key(pods[pos]), pods[pos])).collect();
+        let mut dups: Vec<(RemovalKey, usize)> =
+            group.iter().map(|&(_, pos)| (key(pos), pos)).collect();
         // Stable, like the upstream sort of the group: equal pods keep their input order.
         dups.sort_by_key(|d| d.0);
         let (_, keep) = dups.pop().expect("groups are never empty");
-        rm.extend(dups.into_iter().map(|(_, p)| p));
+        rm.extend(dups.into_iter().map(|(_, pos)| pos));
         left.push(keep);
     }
     (rm, left)

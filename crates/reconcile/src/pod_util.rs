@@ -316,6 +316,13 @@ pub struct RemovalKey {
     created: Option<Reverse<Timestamp>>,
 }
 
+impl RemovalKey {
+    /// Condition Ready=True (the same answer as [`is_ready`]).
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+}
+
 /// The pod's [`RemovalKey`].
 pub fn removal_key(pod: &Pod) -> RemovalKey {
     let ready = ready_condition(pod);
@@ -350,34 +357,37 @@ pub fn active_pods_for_removal<'a>(
 ) -> Vec<&'a Pod> {
     let indexes: Option<Vec<Option<i32>>> =
         is_indexed_job(job).then(|| active.iter().map(|p| completion_index(p)).collect());
-    active_pods_for_removal_with(job, active, indexes.as_deref(), rm_at_least)
+    let keys: Vec<RemovalKey> = active.iter().map(|p| removal_key(p)).collect();
+    active_pods_for_removal_with(job, &keys, indexes.as_deref(), rm_at_least)
+        .into_iter()
+        .map(|i| active[i])
+        .collect()
 }
 
-/// [`active_pods_for_removal`] with the completion indexes of `active` already parsed
-/// (`Some` exactly for Indexed Jobs; `indexes[i]` belongs to `active[i]`).
-pub(crate) fn active_pods_for_removal_with<'a>(
+/// [`active_pods_for_removal`] over positions in the active pod list, with each pod's
+/// [`RemovalKey`] and (exactly for Indexed Jobs) completion index already computed.
+pub(crate) fn active_pods_for_removal_with(
     job: &Job,
-    active: &[&'a Pod],
+    keys: &[RemovalKey],
     indexes: Option<&[Option<i32>]>,
     rm_at_least: usize,
-) -> Vec<&'a Pod> {
+) -> Vec<usize> {
     let (mut rm, left) = match indexes {
-        Some(indexes) => split_duplicated_indexes(active, indexes, completions(job)),
-        None => (Vec::new(), active.to_vec()),
+        Some(indexes) => split_duplicated_indexes(indexes, completions(job), |i| keys[i]),
+        None => (Vec::new(), (0..keys.len()).collect()),
     };
     if rm.len() < rm_at_least {
         let need = (rm_at_least - rm.len()).min(left.len());
-        // Keys computed once per pod: a comparison then reads two small values instead of
-        // walking both Pods' conditions and container statuses.
-        let mut keyed: Vec<(RemovalKey, &'a Pod)> =
-            left.into_iter().map(|p| (removal_key(p), p)).collect();
+        // A comparison reads two small keys instead of walking both Pods' conditions and
+        // container statuses.
+        let mut keyed: Vec<(RemovalKey, usize)> = left.into_iter().map(|i| (keys[i], i)).collect();
         if need < keyed.len() {
             // Only the first `need` are taken, so a partial selection keeps this O(n) on average.
             keyed.select_nth_unstable_by(need, |a, b| a.0.cmp(&b.0));
             keyed.truncate(need);
         }
         keyed.sort_by_key(|k| k.0);
-        rm.extend(keyed.into_iter().map(|(_, p)| p));
+        rm.extend(keyed.into_iter().map(|(_, i)| i));
     }
     rm
 }

@@ -34,6 +34,7 @@ use crate::events::{self, Event};
 use crate::job_util as ju;
 use crate::leaf::{self, IndexSet};
 use crate::metrics::{self as m, MetricDeltas};
+use crate::pod_util::{RemovalKey, removal_key};
 
 /// Most pods recorded in `uncountedTerminatedPods` (plus new completed indexes) per sync.
 pub const MAX_UNCOUNTED_PODS: usize = 500;
@@ -334,6 +335,9 @@ pub struct JobSync<'a> {
     facts: Vec<PodFacts>,
     /// Completion index of each active pod, in `active_pods` order (Indexed Jobs only).
     active_index: Vec<Option<i32>>,
+    /// Deletion-order key of each active pod, in `active_pods` order, taken while the pod was
+    /// in cache: a later pass over thousands of Pods to pick deletions costs more than this.
+    active_keys: Vec<RemovalKey>,
     /// Valid (below completions) indexes of active pods, ascending, duplicates kept.
     active_valid_indexes: Vec<i32>,
     /// Valid indexes of terminating pods, ascending.
@@ -418,6 +422,7 @@ impl<'a> JobSync<'a> {
             delayed_deletion: BTreeMap::new(),
             facts: Vec::new(),
             active_index: Vec::new(),
+            active_keys: Vec::new(),
             active_valid_indexes: Vec::new(),
             terminating_indexes: Vec::new(),
             active_needs_dedup: false,
@@ -553,6 +558,7 @@ impl<'a> JobSync<'a> {
         let in_flight = self.input.finalizer_removals_in_flight;
         let mut facts = Vec::with_capacity(pods.len());
         let mut active_index = Vec::new();
+        let mut active_keys = Vec::new();
         let mut active_valid = Vec::new();
         let mut terminating_valid = Vec::new();
         let mut new_completed = Vec::new();
@@ -570,7 +576,9 @@ impl<'a> JobSync<'a> {
             facts.push(f);
             if leaf::is_active(pod) {
                 active_pods.push(pod);
-                ready += i32::from(leaf::is_ready(pod));
+                let key = removal_key(pod);
+                ready += i32::from(key.is_ready());
+                active_keys.push(key);
                 if self.indexed {
                     active_index.push(index);
                     match valid {
@@ -612,6 +620,7 @@ impl<'a> JobSync<'a> {
         new_completed.sort_unstable();
         self.facts = facts;
         self.active_index = active_index;
+        self.active_keys = active_keys;
         self.active_valid_indexes = active_valid;
         self.terminating_indexes = terminating_valid;
         self.active = active_pods.len() as i32;
@@ -886,12 +895,7 @@ impl<'a> JobSync<'a> {
     fn manage_job(&mut self) {
         let job = self.job();
         if ju::is_suspended(job) {
-            let pods = leaf::active_pods_for_removal_with(
-                job,
-                &self.active_pods,
-                self.indexed.then_some(self.active_index.as_slice()),
-                self.active_pods.len(),
-            );
+            let pods = self.active_pods_for_removal(self.active_pods.len());
             self.metrics.action = m::ACTION_PODS_DELETED;
             self.queue_manage_deletes(pods);
             return;
@@ -906,12 +910,7 @@ impl<'a> JobSync<'a> {
         let mut to_delete = if rm_at_least == 0 && !self.active_needs_dedup {
             Vec::new()
         } else {
-            leaf::active_pods_for_removal_with(
-                job,
-                &self.active_pods,
-                self.indexed.then_some(self.active_index.as_slice()),
-                rm_at_least,
-            )
+            self.active_pods_for_removal(rm_at_least)
         };
         to_delete.truncate(MAX_POD_CREATE_DELETE_PER_SYNC);
         if !to_delete.is_empty() {
@@ -987,6 +986,15 @@ impl<'a> JobSync<'a> {
             reason: self.creation_reason(),
         };
         self.phase = Phase::Creating;
+    }
+
+    /// Upstream `activePodsForRemoval` over the keys and indexes gathered in `prepare`.
+    fn active_pods_for_removal(&self, rm_at_least: usize) -> Vec<&'a Pod> {
+        let indexes = self.indexed.then_some(self.active_index.as_slice());
+        leaf::active_pods_for_removal_with(self.job(), &self.active_keys, indexes, rm_at_least)
+            .into_iter()
+            .map(|i| self.active_pods[i])
+            .collect()
     }
 
     /// `reason` label of `job_pods_creation_total` (upstream `recordJobPodsCreationTotal`).
