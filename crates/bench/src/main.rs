@@ -53,9 +53,9 @@ struct Args {
     /// How long each simulated pod runs.
     #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "100ms")]
     pod_run_time: Duration,
-    /// Worker counts of the scale-out runs (empty skips them).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-    scale_workers: Vec<usize>,
+    /// Worker counts of the scale-out runs, comma-separated (an empty value skips them).
+    #[arg(long, value_parser = parse_counts, default_value = "1,2,4")]
+    scale_workers: Counts,
     /// Single-pod Jobs per scale-out run.
     #[arg(long, default_value_t = 600)]
     scale_jobs: usize,
@@ -78,6 +78,16 @@ struct Args {
     /// `spec.managedBy` of the benchmark Jobs (and the controller name given to kjob).
     #[arg(long, default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
     controller_name: String,
+    /// `--kube-qps` of every kjob-worker: the client-side rate limit, not the sim, would
+    /// otherwise set the figures (the worker's default is 100).
+    #[arg(long, default_value_t = 1000)]
+    worker_kube_qps: u32,
+    /// `--kube-burst` of every kjob-worker.
+    #[arg(long, default_value_t = 2000)]
+    worker_kube_burst: u32,
+    /// `RUST_LOG` of the kjob services (their logs go to `<out>/run/<phase>/logs/`).
+    #[arg(long, default_value = "warn")]
+    service_log: String,
     #[command(flatten)]
     log: kjob_svc::LogArgs,
 }
@@ -91,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
         args.indexed_completions = 400;
         args.indexed_parallelism = 50;
         args.scale_jobs = 60;
-        args.scale_workers = vec![1, 2];
+        args.scale_workers = Counts(vec![1, 2]);
         args.limit_pods = 400;
         args.phase_timeout = Duration::from_secs(60);
         args.scale_timeout = Duration::from_secs(60);
@@ -102,6 +112,19 @@ async fn main() -> anyhow::Result<()> {
         println!("{:<70} {:>12}  goal {}", t.what, t.actual, t.goal);
     }
     Ok(())
+}
+
+/// A comma-separated list of counts; empty means none.
+#[derive(Debug, Clone, PartialEq)]
+struct Counts(Vec<usize>);
+
+fn parse_counts(s: &str) -> Result<Counts, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<usize>().map_err(|e| format!("{p:?}: {e}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Counts)
 }
 
 /// `CLK_TCK` from getconf; 100 (the Linux default) if it cannot be asked.
@@ -140,6 +163,9 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         phase_timeout,
         scale_timeout,
         controller_name,
+        service_log,
+        worker_kube_qps,
+        worker_kube_burst,
         log: _,
     } = args;
     let started = Instant::now();
@@ -159,6 +185,11 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         workers,
         write_latency: latency,
         controller_name: controller_name.clone(),
+        service_log: service_log.clone(),
+        worker_args: vec![
+            format!("--kube-qps={worker_kube_qps}"),
+            format!("--kube-burst={worker_kube_burst}"),
+        ],
     };
 
     if limit_pods > 0 {
@@ -221,7 +252,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         watches.abort_all();
     }
 
-    for &w in &scale_workers {
+    for &w in &scale_workers.0 {
         tracing::info!(workers = w, ?write_latency, "scale-out run");
         let mut stack = stack::start(&opts(w, write_latency, &format!("scale-{w}")))?;
         let client = kube_client(&stack.sim_url).await?;
@@ -312,4 +343,18 @@ fn draw_plots(
         });
     }
     Ok(plots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_workers_list_may_be_empty() {
+        assert_eq!(parse_counts("1,2,4"), Ok(Counts(vec![1, 2, 4])));
+        assert_eq!(parse_counts(""), Ok(Counts(vec![])));
+        assert!(parse_counts("1,x").is_err());
+        let args = Args::try_parse_from(["kjob-bench", "--scale-workers", ""]).unwrap();
+        assert_eq!(args.scale_workers, Counts(vec![]));
+    }
 }

@@ -23,6 +23,10 @@ pub struct StackOpts {
     pub write_latency: Duration,
     /// `spec.managedBy` value kjob answers to.
     pub controller_name: String,
+    /// `RUST_LOG` of the kjob services.
+    pub service_log: String,
+    /// Extra kjob-worker flags.
+    pub worker_args: Vec<String>,
 }
 
 impl StackOpts {
@@ -35,13 +39,14 @@ impl StackOpts {
             self.workers,
         );
         cfg.controller_name = self.controller_name.clone();
+        cfg.worker_args = self.worker_args.clone();
         cfg.sim_args = vec![format!("--write-latency={}ms", self.write_latency.as_millis())];
         if self.workers == 0 {
             cfg.sim_only = true;
             cfg.sim_args.push("--kubelet=off".into());
         }
-        // The report is about throughput: keep the services' logs to warnings.
-        cfg.env = vec![("RUST_LOG".into(), "warn".into())];
+        // The report is about throughput: by default the services log warnings only.
+        cfg.env = vec![("RUST_LOG".into(), self.service_log.clone())];
         cfg
     }
 }
@@ -75,6 +80,8 @@ mod tests {
             workers: 0,
             write_latency: Duration::from_millis(10),
             controller_name: "kjob.io/job-controller".into(),
+            service_log: "warn".into(),
+            worker_args: vec!["--kube-qps=1000".into()],
         };
         let cfg = o.config();
         assert!(cfg.sim_only);
@@ -85,5 +92,6 @@ mod tests {
         assert!(!cfg.sim_only);
         assert_eq!(cfg.workers, 2);
         assert_eq!(cfg.sim_args, ["--write-latency=10ms"]);
+        assert_eq!(cfg.worker_args, ["--kube-qps=1000"]);
     }
 }
