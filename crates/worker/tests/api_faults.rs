@@ -77,7 +77,7 @@ async fn workers_ride_out_429_and_500_without_duplicates() {
     let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
     let drained = wait_queues_drained(&queue, Duration::from_secs(15)).await;
 
-    let mut violations = check_jobs(&jobs, &shapes, &tracker.per_job());
+    let mut violations = check_jobs(&jobs, &shapes, &tracker);
     let kept = pods_with_finalizer(&pods);
     if !kept.is_empty() {
         violations.push(format!("{} pods keep the tracking finalizer: {kept:?}", kept.len()));

@@ -1,0 +1,135 @@
+//! Concurrency: three kjob-worker processes with `--concurrency 8` over 300 Jobs of mixed
+//! kinds, every other process real too (redis-server, kjob-sim with its autopilot kubelet,
+//! kjob-queue, kjob-watcher). Every Job must end exactly as upstream would, no pod may be
+//! created twice, no pod may keep its tracking finalizer, and both queues must drain.
+
+mod stack_common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kjob_queue_client::QueueClient;
+use kube::Api;
+use stack_common::*;
+
+const JOBS: usize = 300;
+const NAMESPACE: &str = "concurrency";
+/// Base run time of each pod in the sim's kubelet.
+const POD_RUN_MS: u64 = 300;
+/// Time for every Job to finish. Generous because the machine running the tests may be busy
+/// with other work (the pod-failure backoff of the backoffLimit Jobs alone is 10 s); the test
+/// prints how long the run took.
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(200);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_run_300_mixed_jobs_exactly_once() {
+    let started = Instant::now();
+    let run_dir = tempfile::Builder::new().prefix("kjob-concurrency-").tempdir().unwrap();
+    let stack = tokio::task::block_in_place(|| {
+        start_stack(run_dir.path().to_path_buf(), 3, &["--concurrency=8", "--lease-duration=10s"])
+    });
+    let client = client(&stack).await;
+    create_namespace(&client, NAMESPACE).await;
+    let tracker = PodTracker::start(&client, NAMESPACE).await;
+    let stop_evictor = Arc::new(AtomicBool::new(false));
+    let evictor =
+        spawn_evictor(client.clone(), NAMESPACE, addr_of(&stack.sim_url), stop_evictor.clone());
+
+    let jobs_api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let shapes: BTreeMap<String, Shape> =
+        (0..JOBS).map(|i| (format!("j-{i:03}"), Shape::nth(i))).collect();
+    // Created several at a time, as a busy cluster's clients would.
+    futures::stream::iter(shapes.iter().enumerate())
+        .for_each_concurrent(8, |(i, (name, shape))| {
+            let jobs_api = jobs_api.clone();
+            let run_ms = POD_RUN_MS + (i as u64 % 5) * 50;
+            async move {
+                let job = shape.job(name, kjob_core::DEFAULT_CONTROLLER_NAME, run_ms);
+                create_job_retrying(&jobs_api, &job).await;
+            }
+        })
+        .await;
+    let created_in = started.elapsed();
+
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let mut jobs;
+    loop {
+        jobs = list_all(&jobs_api).await;
+        let finished = jobs.iter().filter(|j| terminal(j).is_some()).count();
+        if finished == JOBS || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let converged_in = started.elapsed();
+    stop_evictor.store(true, Ordering::Relaxed);
+    let evicted = evictor.await.unwrap();
+
+    // Finalizers of the last pods may be removed a moment after the terminal condition (the
+    // orphan queue's backup path); give them a bounded while.
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let fin_deadline = Instant::now() + Duration::from_secs(10);
+    let mut pods;
+    loop {
+        pods = list_all(&pods_api).await;
+        if pods_with_finalizer(&pods).is_empty() || Instant::now() > fin_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The watch may lag the list by a moment.
+    let seen_deadline = Instant::now() + Duration::from_secs(5);
+    while tracker.total() < pods.len() && Instant::now() < seen_deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
+    let drained = wait_queues_drained(&queue, Duration::from_secs(15)).await;
+
+    let mut violations = check_jobs(&jobs, &shapes, &tracker);
+    let ignore_jobs = shapes.values().filter(|s| matches!(s, Shape::Ignore { .. })).count();
+    if evicted.len() != ignore_jobs {
+        violations
+            .push(format!("evicted pods of {} Ignore Jobs, expected {ignore_jobs}", evicted.len()));
+    }
+    // Most evictions must land while the pod runs, or the Ignore rule went untested.
+    let failed = tracker.failed_per_job();
+    let ignored: usize = shapes
+        .iter()
+        .filter(|(_, s)| matches!(s, Shape::Ignore { .. }))
+        .map(|(n, _)| failed.get(n).copied().unwrap_or(0))
+        .sum();
+    if ignored < ignore_jobs / 2 {
+        violations
+            .push(format!("only {ignored} of {ignore_jobs} evictions made an ignored failure"));
+    }
+    let kept = pods_with_finalizer(&pods);
+    if !kept.is_empty() {
+        violations.push(format!("{} pods keep the tracking finalizer: {:?}", kept.len(), kept));
+    }
+    if let Err(busy) = drained {
+        violations.push(format!("queues not drained: {busy}"));
+    }
+    let mut stack = stack;
+    let alive = tokio::task::block_in_place(|| stack.check_alive());
+    eprintln!(
+        "{JOBS} jobs created in {:.1}s, finished in {:.1}s; {} pods created, {ignored} ignored failures",
+        created_in.as_secs_f64(),
+        converged_in.as_secs_f64(),
+        tracker.total()
+    );
+    if !violations.is_empty() || alive.is_err() {
+        let tails = log_tails(&stack, 15);
+        let kept = run_dir.keep();
+        panic!(
+            "{} violations (logs in {}): {alive:?}\n{}\n{tails}",
+            violations.len(),
+            kept.display(),
+            violations.join("\n")
+        );
+    }
+}
