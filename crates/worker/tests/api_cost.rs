@@ -1,0 +1,65 @@
+//! API cost of the steady path: a large Indexed Job through the real processes, counting the
+//! worker's API calls per pod (every verb and resource, events included).
+
+mod stack_common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::Api;
+use stack_common::*;
+
+const NAMESPACE: &str = "cost";
+const COMPLETIONS: i32 = 400;
+const TIMEOUT: Duration = Duration::from_secs(150);
+/// Most API calls per pod allowed on this path (create, finalizer removal, and the shares of
+/// the per-sync GET, LIST and status write; events are capped per Job by the spam filter).
+const MAX_CALLS_PER_POD: f64 = 2.5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_indexed_job_costs_few_api_calls_per_pod() {
+    let run_dir = tempfile::Builder::new().prefix("kjob-api-cost-").tempdir().unwrap();
+    let stack = tokio::task::block_in_place(|| start_stack(run_dir.path().to_path_buf(), 1, &[]));
+    let client = client(&stack).await;
+    create_namespace(&client, NAMESPACE).await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let shape = Shape::Indexed { completions: COMPLETIONS, parallelism: 100 };
+    create_job_retrying(&jobs, &shape.job("big", kjob_core::DEFAULT_CONTROLLER_NAME, 500)).await;
+    let deadline = Instant::now() + TIMEOUT;
+    let job = loop {
+        let j = jobs.get("big").await.unwrap();
+        if terminal(&j).is_some() {
+            break j;
+        }
+        assert!(Instant::now() < deadline, "not finished: {:?}", j.status);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(terminal(&job).unwrap().0, "Complete");
+    assert_eq!(job.status.as_ref().unwrap().succeeded, Some(COMPLETIONS));
+    // The finished Job's last Done lands a moment after its status.
+    let queue = kjob_queue_client::QueueClient::connect_lazy(&stack.queue_url).unwrap();
+    wait_queues_drained(&queue, Duration::from_secs(15)).await.unwrap();
+
+    let w = &stack.workers()[0];
+    let port = admin_port_from_log(&stack.log_path(w)).expect("admin port in the log");
+    let text = tokio::task::block_in_place(|| http_get(port, "/metrics")).expect("metrics");
+    let mut by_call: BTreeMap<String, f64> = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("kjob_worker_api_calls_total{")) {
+        let (labels, value) = line.rsplit_once(' ').unwrap();
+        *by_call.entry(labels.to_string()).or_default() += value.parse::<f64>().unwrap();
+    }
+    let total: f64 = by_call.values().sum();
+    let per_pod = total / f64::from(COMPLETIONS);
+    let filtered = metric_sum(&text, "kjob_worker_events_spam_filtered_total", &[]);
+    eprintln!(
+        "{total} API calls for {COMPLETIONS} pods: {per_pod:.2} per pod; {filtered} events filtered"
+    );
+    for (k, v) in &by_call {
+        eprintln!("  {k} {v}");
+    }
+    let events = metric_sum(&text, "kjob_worker_api_calls_total", &["resource=\"events\""]);
+    assert!(events <= 30.0, "the spam filter caps events about one Job: {events}");
+    assert!(filtered >= f64::from(COMPLETIONS) - 30.0, "{filtered} events filtered");
+    assert!(per_pod <= MAX_CALLS_PER_POD, "{per_pod:.2} API calls per pod: {by_call:#?}");
+}
