@@ -82,6 +82,27 @@ async fn a_pod_whose_labels_stop_matching_is_released_and_replaced() {
         .collect();
     assert_eq!(owned.len(), 1, "only the replacement belongs to the Job");
     assert!(pods_with_finalizer(&owned).is_empty());
+
+    // The upstream metrics move: the watcher counted the externally managed Job on add, the
+    // worker saw finished pods with the finalizer (add) and removed it (delete).
+    let watcher = &stack.watchers()[0];
+    let port = port_from_log(&stack.log_path(watcher), "kjob-watcher starting").unwrap();
+    let text = tokio::task::block_in_place(|| http_get(port, "/metrics")).unwrap();
+    let external = metric_sum(
+        &text,
+        "job_controller_jobs_by_external_controller_total",
+        &[&format!("controller_name=\"{}\"", kjob_core::DEFAULT_CONTROLLER_NAME)],
+    );
+    assert_eq!(external, 1.0, "{text}");
+    let worker = &stack.workers()[0];
+    let port = admin_port_from_log(&stack.log_path(worker)).unwrap();
+    let text = tokio::task::block_in_place(|| http_get(port, "/metrics")).unwrap();
+    let name = "job_controller_terminated_pods_tracking_finalizer_total";
+    // The replacement was recorded and cleared by the Job's sync; the released pod counts too
+    // only if it had finished before its finalizer came off (a slow machine).
+    let add = metric_sum(&text, name, &["event=\"add\""]);
+    let delete = metric_sum(&text, name, &["event=\"delete\""]);
+    assert!((1.0..=2.0).contains(&add) && add == delete, "add {add} delete {delete}\n{text}");
     drop(stack);
 }
 

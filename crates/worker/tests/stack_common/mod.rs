@@ -512,8 +512,14 @@ pub fn log_tails(stack: &Stack, lines: usize) -> String {
 
 /// The admin port a worker logged ("admin port listening addr=127.0.0.1:PORT").
 pub fn admin_port_from_log(log: &std::path::Path) -> Option<u16> {
+    port_from_log(log, "admin port listening")
+}
+
+/// The first `127.0.0.1:PORT` on the first log line containing `marker` (a watcher logs
+/// "kjob-watcher starting ... admin=127.0.0.1:PORT").
+pub fn port_from_log(log: &std::path::Path, marker: &str) -> Option<u16> {
     let text = std::fs::read_to_string(log).ok()?;
-    let line = text.lines().find(|l| l.contains("admin port listening"))?;
+    let line = text.lines().find(|l| l.contains(marker))?;
     let at = line.find("127.0.0.1:")? + "127.0.0.1:".len();
     let digits: String = line[at..].chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
