@@ -1,29 +1,52 @@
-//! Planning one sync of an Indexed Job with 1,000 and 10,000 pods, side by side: the cost must
-//! grow linearly with the number of pods. Every step is answered as an all-success API would.
-//! 20,000 is there too: 1k pods (~10 MB of Pod objects) fit in a 32 MB L3 cache and 10k do not,
-//! so per-pod cost steps up once between 1k and 10k; 10k → 20k shows the growth is linear
-//! past that step.
+//! Planning one sync of an Indexed Job with 1,000, 10,000 and 20,000 pods, side by side, for
+//! several pod mixes: the cost must grow linearly with the number of pods. Every step is
+//! answered as an all-success API would. After each mix a one-line summary gives the per-pod
+//! cost at each size (median over Criterion's own samples) and the 10k/1k ratio, which should
+//! stay near 1 (the target is below 1.5).
+//!
+//! Run: `cargo bench -p kjob-reconcile --bench plan -- --warm-up-time 1 --measurement-time 3`.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
 use kjob_reconcile::testutil::{at, mk_job, mk_pod};
 use kjob_reconcile::{JobSync, Report, Step, SyncInput};
 
-/// An Indexed Job with `n` indexes: 10% of them succeeded (still tracked), 5% failed, the rest
-/// running (half ready), one pod per index. The sync counts finished pods (500 at most) and
-/// recreates the failed indexes, as a busy Job's steady state does.
-fn world(n: i32) -> (Job, Vec<Pod>) {
-    let job = mk_job("bench")
+/// Pod counts benched side by side.
+const SIZES: [i32; 3] = [1_000, 10_000, 20_000];
+
+/// Builds an Indexed Job with `n` indexes and its pods.
+type Mix = fn(i32) -> (Job, Vec<Pod>);
+
+/// The pod mixes, by name.
+const MIXES: &[(&str, Mix)] = &[
+    ("steady", steady),
+    ("all_active", all_active),
+    ("half_succeeded", half_succeeded),
+    ("many_failed", many_failed),
+    ("duplicated", duplicated),
+];
+
+fn indexed_job(n: i32) -> kjob_reconcile::testutil::JobBuilder {
+    mk_job("bench")
         .indexed()
         .completions(Some(n))
         .parallelism(n)
         .backoff_limit(i32::MAX)
         .start_time(at(0))
-        .build();
+}
+
+/// A busy Job's steady state: 10% succeeded (still tracked), 5% failed, the rest running (half
+/// ready), one pod per index. The sync counts finished pods (500 at most) and recreates the
+/// failed indexes.
+fn steady(n: i32) -> (Job, Vec<Pod>) {
+    let job = indexed_job(n).build();
     let pods = (0..n)
         .map(|i| {
             let b = mk_pod(&job, &format!("bench-{i}")).index(i);
@@ -36,6 +59,77 @@ fn world(n: i32) -> (Job, Vec<Pod>) {
             .build()
         })
         .collect();
+    (job, pods)
+}
+
+/// Every index has a running pod (a third ready), parallelism lowered to 90%: the sync picks
+/// the 10% to delete by deletion order (capped at 500).
+fn all_active(n: i32) -> (Job, Vec<Pod>) {
+    let job = indexed_job(n).parallelism(n - n / 10).build();
+    let pods = (0..n)
+        .map(|i| {
+            let b = mk_pod(&job, &format!("bench-{i}")).index(i).created(at(i64::from(i % 7)));
+            match i % 3 {
+                0 => b.ready(at(i64::from(i % 5))),
+                1 => b.restarts(i % 2),
+                _ => b,
+            }
+            .build()
+        })
+        .collect();
+    (job, pods)
+}
+
+/// Half the indexes succeeded and still carry the tracking finalizer, the other half run: the
+/// sync records 500 completed indexes and releases those pods.
+fn half_succeeded(n: i32) -> (Job, Vec<Pod>) {
+    let job = indexed_job(n).build();
+    let pods = (0..n)
+        .map(|i| {
+            let b = mk_pod(&job, &format!("bench-{i}")).index(i);
+            if i % 2 == 0 { b.succeeded(at(50)) } else { b.ready(at(10)) }.build()
+        })
+        .collect();
+    (job, pods)
+}
+
+/// backoffLimitPerIndex 3: a third of the indexes have failed pods (one to three each, with
+/// failure counts), the rest run: the sync counts failures, computes the failed and delayed
+/// indexes, and recreates indexes whose per-index backoff is over.
+fn many_failed(n: i32) -> (Job, Vec<Pod>) {
+    let job = indexed_job(n).backoff_limit_per_index(3).max_failed_indexes(n).build();
+    let mut pods = Vec::with_capacity(n as usize * 2);
+    for i in 0..n {
+        if i % 3 == 0 {
+            for k in 0..=(i % 3 + i % 2) {
+                let b = mk_pod(&job, &format!("bench-{i}-{k}")).index(i).failure_counts(k, None);
+                pods.push(b.failed(1, at(10 + i64::from(k) * 20)).build());
+            }
+        } else {
+            pods.push(mk_pod(&job, &format!("bench-{i}")).index(i).ready(at(5)).build());
+        }
+    }
+    (job, pods)
+}
+
+/// One index in ten has a second active pod and one pod in a hundred has a bad index: the sync
+/// deletes the duplicates and bad pods (capped at 500), keeping each index's most advanced pod.
+fn duplicated(n: i32) -> (Job, Vec<Pod>) {
+    let job = indexed_job(n).build();
+    let mut pods = Vec::with_capacity(n as usize + n as usize / 10);
+    for i in 0..n {
+        let b = mk_pod(&job, &format!("bench-{i}")).index(i);
+        pods.push(if i % 2 == 0 { b.ready(at(10)) } else { b }.build());
+        if i % 10 == 0 {
+            pods.push(mk_pod(&job, &format!("bench-{i}-dup")).index(i).pending().build());
+        }
+        if i % 100 == 50 {
+            let bad = mk_pod(&job, &format!("bench-{i}-bad"))
+                .annotation(JOB_COMPLETION_INDEX_ANNOTATION, "bogus")
+                .build();
+            pods.push(bad);
+        }
+    }
     (job, pods)
 }
 
@@ -78,19 +172,103 @@ fn plan_one_sync(job: &Job, pods: &[Pod], in_flight: &BTreeSet<String>) -> usize
     }
 }
 
+fn label(n: i32) -> String {
+    format!("{}k", n / 1000)
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
 fn bench_plan(c: &mut Criterion) {
-    let mut group = c.benchmark_group("plan_indexed_job");
-    group.sample_size(20);
     let in_flight = BTreeSet::new();
-    for n in [1_000, 10_000, 20_000] {
-        let (job, pods) = world(n);
-        group.throughput(Throughput::Elements(n as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| plan_one_sync(black_box(&job), black_box(&pods), &in_flight))
+    for &(mix, build) in MIXES {
+        let mut group = c.benchmark_group(format!("plan/{mix}"));
+        group.sample_size(20);
+        // Per-pod nanoseconds of every timed batch, per size, for the summary line.
+        let samples: Vec<RefCell<Vec<f64>>> = SIZES.iter().map(|_| RefCell::default()).collect();
+        for (k, &n) in SIZES.iter().enumerate() {
+            let (job, pods) = build(n);
+            let npods = pods.len() as f64;
+            group.throughput(Throughput::Elements(pods.len() as u64));
+            group.bench_with_input(BenchmarkId::from_parameter(label(n)), &n, |b, _| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        black_box(plan_one_sync(black_box(&job), black_box(&pods), &in_flight));
+                    }
+                    let took = start.elapsed();
+                    let per_pod = took.as_nanos() as f64 / iters.max(1) as f64 / npods;
+                    samples[k].borrow_mut().push(per_pod);
+                    took
+                })
+            });
+        }
+        group.finish();
+        summarize(&format!("plan/{mix}"), samples);
+    }
+}
+
+/// The floor: reading each pod's completion index once (the least any plan must do), on the
+/// steady mix. Its own 10k/1k ratio shows how much of the plan's ratio is the memory hierarchy
+/// (1k pods fit in the CPU cache, 10k do not) rather than the planning work.
+fn bench_floor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("floor/read_index");
+    group.sample_size(20);
+    let samples: Vec<RefCell<Vec<f64>>> = SIZES.iter().map(|_| RefCell::default()).collect();
+    for (k, &n) in SIZES.iter().enumerate() {
+        let (_, pods) = steady(n);
+        let npods = pods.len() as f64;
+        group.throughput(Throughput::Elements(pods.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(label(n)), &n, |b, _| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let sum: i64 = black_box(&pods)
+                        .iter()
+                        .filter_map(kjob_reconcile::indexes::completion_index)
+                        .map(i64::from)
+                        .sum();
+                    black_box(sum);
+                }
+                let took = start.elapsed();
+                samples[k].borrow_mut().push(took.as_nanos() as f64 / iters.max(1) as f64 / npods);
+                took
+            })
         });
     }
     group.finish();
+    summarize("floor/read_index", samples);
 }
 
-criterion_group!(benches, bench_plan);
+/// Prints the one-line per-pod summary of a group from its recorded samples.
+fn summarize(name: &str, samples: Vec<RefCell<Vec<f64>>>) {
+    let per_pod: Vec<Option<f64>> = samples.into_iter().map(|s| median(s.into_inner())).collect();
+    if per_pod.iter().all(Option::is_none) {
+        return; // Filtered out on the command line.
+    }
+    let parts: Vec<String> = SIZES
+        .iter()
+        .zip(&per_pod)
+        .map(|(n, c)| match c {
+            Some(ns) => format!("{}: {:.3} µs", label(*n), ns / 1000.0),
+            None => format!("{}: -", label(*n)),
+        })
+        .collect();
+    let ratio = match (per_pod[0], per_pod[1]) {
+        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}×", b / a),
+        _ => "-".to_string(),
+    };
+    println!("{name}: per-pod cost {}; 10k/1k per-pod ratio {ratio}", parts.join(", "));
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1));
+    targets = bench_floor, bench_plan
+}
 criterion_main!(benches);
