@@ -26,14 +26,17 @@ fn key_of(obj: &Value) -> Key {
     )
 }
 
+// Field reads here avoid `Value::pointer`, which allocates per path token: the periodic sweep
+// calls them for every stored object under the store lock.
 fn has_finalizer(obj: &Value, f: &str) -> bool {
-    obj.pointer("/metadata/finalizers")
+    obj.get("metadata")
+        .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
         .is_some_and(|a| a.iter().any(|x| x == f))
 }
 
 fn deleting(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+    obj.get("metadata").and_then(|m| m.get("deletionTimestamp")).is_some_and(|v| !v.is_null())
 }
 
 fn owner_refs(obj: &Value) -> Vec<Value> {
