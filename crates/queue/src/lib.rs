@@ -20,6 +20,7 @@ use kjob_workqueue::{Store, StoreConfig, Waker};
 use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
@@ -87,7 +88,17 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> a
         .add_service(QueueServer::new(service.clone()))
         .add_service(ExpectationsServer::new(service))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            // Small request/response messages: without TCP_NODELAY, Nagle's algorithm and
+            // delayed ACKs add tens of ms to a lone call (tonic sets it only on listeners it
+            // binds itself).
+            TcpListenerStream::new(listener).map(|conn| {
+                if let Ok(c) = &conn
+                    && let Err(e) = c.set_nodelay(true)
+                {
+                    tracing::debug!(error = %e, "setting TCP_NODELAY failed");
+                }
+                conn
+            }),
             shutdown.clone().cancelled_owned(),
         );
 

@@ -44,9 +44,21 @@ class Ledger {
   }
 }
 
-async function drained(queue) {
+async function left(queue) {
   const c = await queue.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed');
   return Object.values(c).reduce((s, v) => s + v, 0);
+}
+
+// Jobs still in the queue; polls briefly, since a job's completion is written after its
+// processor returns.
+async function drained(queue) {
+  const deadline = performance.now() + 5000;
+  let n = await left(queue);
+  while (n > 0 && performance.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 20));
+    n = await left(queue);
+  }
+  return n;
 }
 
 async function throughput(o, connection) {
@@ -54,6 +66,7 @@ async function throughput(o, connection) {
   const queue = new Queue(name, { connection });
   const ledger = new Ledger();
   let wanted = 0;
+  let completed = 0;
   let target = null;
   const worker = new Worker(
     name,
@@ -63,8 +76,10 @@ async function throughput(o, connection) {
     },
     { connection, concurrency: o.concurrency, autorun: false },
   );
+  // The clock stops when the last job's completion is recorded, not when its processor ran.
   worker.on('completed', () => {
-    if (target && ledger.seen.size >= wanted) target();
+    completed++;
+    if (target && completed >= wanted && ledger.seen.size >= wanted) target();
   });
   worker.run();
   await worker.waitUntilReady();
@@ -80,6 +95,7 @@ async function throughput(o, connection) {
   };
   const run = async (prefix, n) => {
     ledger.seen.clear();
+    completed = 0;
     wanted = n;
     const done = new Promise((resolve) => (target = resolve));
     const t0 = performance.now();

@@ -135,8 +135,9 @@ mod bench {
         /// Items per latency round.
         #[arg(long, default_value_t = 1_000)]
         latency_items: usize,
-        /// Offered rate of the latency rounds, items/s.
-        #[arg(long, default_value_t = 500)]
+        /// Offered rate of the latency rounds, items/s: low enough that a single sequential
+        /// lessee (Lease 1, Done, Lease again) is still waiting when an item arrives.
+        #[arg(long, default_value_t = 200)]
         latency_rate: u64,
         /// Requests of each redis-benchmark round.
         #[arg(long, default_value_t = 100_000)]
