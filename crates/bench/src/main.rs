@@ -53,6 +53,13 @@ struct Args {
     /// How long each simulated pod runs.
     #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "100ms")]
     pod_run_time: Duration,
+    /// Single-pod Jobs of the latency phase, created at a steady rate (0 skips it).
+    #[arg(long, default_value_t = 600)]
+    latency_jobs: usize,
+    /// Jobs/s offered in the latency phase; 0 means half the single-pod phase's measured
+    /// Jobs/s (at least 1).
+    #[arg(long, default_value_t = 0.0)]
+    latency_rate: f64,
     /// Worker counts of the scale-out runs, comma-separated (an empty value skips them).
     #[arg(long, value_parser = parse_counts, default_value = "1,2,4")]
     scale_workers: Counts,
@@ -101,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         args.indexed_completions = 400;
         args.indexed_parallelism = 50;
         args.scale_jobs = 60;
+        args.latency_jobs = 40;
         args.scale_workers = Counts(vec![1, 2]);
         args.limit_pods = 400;
         args.phase_timeout = Duration::from_secs(60);
@@ -154,6 +162,8 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         jobs,
         indexed_completions,
         indexed_parallelism,
+        latency_jobs,
+        latency_rate,
         pod_run_time,
         scale_workers,
         scale_jobs,
@@ -200,7 +210,8 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
 
     // Each throughput phase gets a fresh stack, so a phase that timed out leaves no backlog
     // (and no stored objects) behind to slow the next one down.
-    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = Vec::new();
+    // (phase label, first-pod latencies, counted latencies) for the CDF plot.
+    let mut samples: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     let mut main_phases: Vec<(&str, Phase)> = Vec::new();
     if jobs > 0 {
         let list = (0..jobs)
@@ -211,6 +222,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
             jobs: list,
             creators: clients,
             timeout: phase_timeout,
+            pace: None,
         };
         main_phases.push(("main-single", phase));
     }
@@ -230,6 +242,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
             jobs: vec![j],
             creators: 1,
             timeout: phase_timeout,
+            pace: None,
         };
         main_phases.push(("main-indexed", phase));
     }
@@ -243,12 +256,45 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         let (mut r, first, counted) =
             run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
         r.workers = workers;
-        samples.push((first, counted));
+        let label = if dir == "main-single" { "single-pod Jobs" } else { "Indexed Job" };
+        samples.push((label.to_string(), first, counted));
         if dir == "main-single" {
             report.single = Some(r);
         } else {
             report.indexed = Some(r);
         }
+        watches.abort_all();
+    }
+
+    if latency_jobs > 0 {
+        let rate = if latency_rate > 0.0 {
+            latency_rate
+        } else {
+            report.single.as_ref().map_or(1.0, |s| (s.jobs_per_sec() / 2.0).max(1.0))
+        };
+        report.latency_rate = rate;
+        let list = (0..latency_jobs)
+            .map(|i| job(&format!("paced-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let phase = Phase {
+            name: format!("{latency_jobs} single-pod Jobs at {rate:.1}/s"),
+            jobs: list,
+            creators: clients,
+            // The creation alone takes jobs/rate; the deadline covers it plus the drain.
+            timeout: phase_timeout + Duration::from_secs_f64(latency_jobs as f64 / rate),
+            pace: Some(rate),
+        };
+        tracing::info!(workers, phase = %phase.name, "main stack: latency at a steady rate");
+        let mut stack = stack::start(&opts(workers, Duration::ZERO, "main-latency"))?;
+        let client = kube_client(&stack.sim_url).await?;
+        let rec = Recorder::default();
+        let mut watches = JoinSet::new();
+        rec.start(client.clone(), &mut watches).await?;
+        let (mut r, first, counted) =
+            run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+        r.workers = workers;
+        samples.push((format!("single-pod Jobs at {rate:.1}/s"), first, counted));
+        report.latency = Some(r);
         watches.abort_all();
     }
 
@@ -267,6 +313,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
             jobs: list,
             creators: clients,
             timeout: scale_timeout,
+            pace: None,
         };
         let (mut r, _, _) = run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
         r.workers = w;
@@ -287,7 +334,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
 fn draw_plots(
     out: &std::path::Path,
     r: &BenchReport,
-    samples: &[(Vec<f64>, Vec<f64>)],
+    samples: &[(String, Vec<f64>, Vec<f64>)],
 ) -> anyhow::Result<Vec<Plot>> {
     let mut plots = Vec::new();
     if !r.scale.is_empty() {
@@ -318,8 +365,13 @@ fn draw_plots(
     let mut series = Vec::new();
     let mut names = Vec::new();
     let colours = ["blue", "red", "green", "grey"];
-    for (i, (first, counted)) in samples.iter().enumerate() {
-        let phase = if i == 0 && r.single.is_some() { "single-pod Jobs" } else { "Indexed Job" };
+    // With a paced phase, plot it alone: the burst phases' backlog (tens of seconds) would
+    // squash its sub-second curve against the axis.
+    let paced = r.latency.as_ref().map(|_| samples.len().saturating_sub(1));
+    for (i, (phase, first, counted)) in samples.iter().enumerate() {
+        if paced.is_some_and(|p| p != i) {
+            continue;
+        }
         if first.len() > 1 {
             names
                 .push(format!("{}: Job created -> first pod ({phase})", colours[series.len() % 4]));

@@ -131,6 +131,12 @@ pub struct BenchReport {
     pub single: Option<PhaseResult>,
     /// The Indexed Job on the main stack.
     pub indexed: Option<PhaseResult>,
+    /// Single-pod Jobs created at a fixed rate below the measured throughput, for latency
+    /// without a backlog (the throughput phase creates every Job at once, so its
+    /// latencies are mostly queueing behind the burst).
+    pub latency: Option<PhaseResult>,
+    /// Jobs/s offered in the latency phase.
+    pub latency_rate: f64,
     /// The scale-out runs (1, 2, 4 workers under injected write latency).
     pub scale: Vec<PhaseResult>,
     /// Plots written.
@@ -172,9 +178,15 @@ pub fn targets(r: &BenchReport) -> Vec<Target> {
         actual: r.single.as_ref().map_or("-".into(), |s| format!("{:.1}", s.jobs_per_sec())),
         met: r.single.as_ref().map(|s| s.jobs_per_sec() >= 50.0),
     });
-    let p99 = r.single.as_ref().and_then(|s| s.first_pod_latency).map(|l| l.p99);
+    // The paced phase when it ran: p99 under a burst only measures the burst's backlog.
+    let p99 =
+        r.latency.as_ref().or(r.single.as_ref()).and_then(|s| s.first_pod_latency).map(|l| l.p99);
     out.push(Target {
-        what: "p99 Job created -> first pod created (single-pod Jobs)",
+        what: if r.latency.is_some() {
+            "p99 Job created -> first pod created (single-pod Jobs, paced)"
+        } else {
+            "p99 Job created -> first pod created (single-pod Jobs)"
+        },
         goal: "<= 1.5 s",
         actual: p99.map_or("-".into(), |v| format!("{v:.3} s")),
         met: p99.map(|v| v <= 1.5),
@@ -272,13 +284,26 @@ pub fn render_markdown(r: &BenchReport) -> String {
         }
     }
 
-    let phases: Vec<&PhaseResult> =
-        r.single.iter().chain(r.indexed.iter()).chain(r.scale.iter()).collect();
+    let phases: Vec<&PhaseResult> = r
+        .single
+        .iter()
+        .chain(r.indexed.iter())
+        .chain(r.latency.iter())
+        .chain(r.scale.iter())
+        .collect();
     if !phases.is_empty() {
         let _ = writeln!(
             md,
             "\n## Throughput and latency\n\nLatencies in seconds as p50 / p99 / max, timestamps taken when watch events reach the harness.\n"
         );
+        if let Some(l) = &r.latency {
+            let _ = writeln!(
+                md,
+                "The throughput phases create every Job at once, so their latencies are mostly waiting behind that burst. \
+                 The latency target is judged on \"{}\": single-pod Jobs created at a steady {:.1} Jobs/s (about half the throughput phase's rate).\n",
+                l.name, r.latency_rate
+            );
+        }
         let _ = writeln!(
             md,
             "| run | workers | write latency | Jobs done | pods | time to all finished | pods/s | Jobs/s | Job created -> first pod | pod finished -> counted |\n|---|---|---|---|---|---|---|---|---|---|"
@@ -441,6 +466,15 @@ mod tests {
         assert_eq!((t[3].actual.as_str(), t[3].met), ("2.00", Some(true)));
         assert_eq!((t[4].actual.as_str(), t[4].met), ("2.50x", Some(false)));
         assert_eq!(t[5].met, Some(true));
+        // A paced phase, when present, is what the latency target judges.
+        r.latency = Some(PhaseResult {
+            first_pod_latency: Some(Summary { count: 5, p50: 1.0, p99: 2.0, max: 2.1, mean: 1.2 }),
+            ..phase("paced", 2, 100, 100, 10.0)
+        });
+        let t = targets(&r);
+        assert!(t[2].what.contains("paced"));
+        assert_eq!((t[2].actual.as_str(), t[2].met), ("2.000 s", Some(false)));
+        r.latency = None;
         r.single = None;
         r.scale.clear();
         r.total_secs = 700.0;

@@ -279,6 +279,41 @@ pub async fn create_jobs(
     Ok(())
 }
 
+/// Creates `jobs` at `rate` per second (open loop: each on its schedule, however long earlier
+/// creates take), noting each in `rec`.
+pub async fn create_jobs_paced(
+    client: &kube::Client,
+    rec: &Recorder,
+    jobs: Vec<Job>,
+    rate: f64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(rate > 0.0, "pace must be positive, got {rate}");
+    let api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let t0 = tokio::time::Instant::now();
+    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+    for (i, j) in jobs.into_iter().enumerate() {
+        tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
+        let (api, rec) = (api.clone(), rec.clone());
+        set.spawn(async move {
+            let name = j.metadata.name.clone().unwrap_or_default();
+            tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &j))
+                .await
+                .with_context(|| format!("creating Job {name} timed out"))?
+                .with_context(|| format!("creating Job {name}"))?;
+            rec.submitted(&name, Instant::now());
+            Ok(())
+        });
+        // Reap finished creates as we go so the set stays small.
+        while let Some(r) = set.try_join_next() {
+            r.context("creator task")??;
+        }
+    }
+    while let Some(r) = set.join_next().await {
+        r.context("creator task")??;
+    }
+    Ok(())
+}
+
 /// Counters and resource use at one moment.
 pub struct Snapshot {
     at: Instant,
@@ -357,6 +392,8 @@ pub struct Phase {
     pub creators: usize,
     /// Deadline for every Job to finish.
     pub timeout: Duration,
+    /// Jobs created per second; `None` creates them all as fast as the creators can.
+    pub pace: Option<f64>,
 }
 
 /// Runs `phase` on `stack` and returns its figures and the raw latency samples
@@ -374,7 +411,10 @@ pub async fn run_phase(
     let watch_errors = rec.watch_errors();
     let t0 = Instant::now();
     let deadline = t0 + phase.timeout;
-    create_jobs(client, rec, phase.jobs, phase.creators).await?;
+    match phase.pace {
+        Some(rate) => create_jobs_paced(client, rec, phase.jobs, rate).await?,
+        None => create_jobs(client, rec, phase.jobs, phase.creators).await?,
+    }
     tracing::info!(phase = %phase.name, secs = t0.elapsed().as_secs_f64(), "all Jobs created");
     let mut timed_out = false;
     let mut last_report = Instant::now();
