@@ -66,10 +66,11 @@ fn family_of(sample: &str) -> &str {
 }
 
 /// Families that get samples only on faults (refused renewals, expired leases, gRPC errors,
-/// podFailurePolicy matches), with the name their crate registers them under (after any
+/// watch errors, podFailurePolicy matches), with the name their crate registers them under (after any
 /// sub-registry prefix).
-const FAULT_ONLY: [(&str, &str); 7] = [
+const FAULT_ONLY: [(&str, &str); 8] = [
     ("kjob_queue_grpc_errors", "kjob_queue_grpc_errors"),
+    ("kjob_watcher_watch_restarts", "watch_restarts"),
     ("kjob_queue_lease_expired", "kjob_queue_lease_expired"),
     ("kjob_queue_stale_lease", "kjob_queue_stale_lease"),
     ("kjob_worker_renew_failures", "renew_failures"),
@@ -205,4 +206,48 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
         absent.is_empty(),
         "dashboard queries metrics no binary exports: {absent:?}\nexported: {exported:?}"
     );
+
+    // README's metrics reference names exactly what the services export: every name it
+    // lists is exported (or registered, for fault-only families), and every exported family
+    // is listed.
+    let documented = readme_metrics();
+    assert!(documented.len() > 20, "README lists only {documented:?}");
+    let registered = |fam: &str| {
+        FAULT_ONLY.iter().any(|(f, as_)| *f == fam && sources.contains(&format!("\"{as_}\"")))
+    };
+    let undocumented_ok = |fam: &str| documented.iter().any(|d| family_of(d) == fam);
+    let mut problems: Vec<String> = documented
+        .iter()
+        .filter(|m| !m.starts_with("kjob_sim_"))
+        .filter(|m| !exported.contains(family_of(m)) && !registered(family_of(m)))
+        .map(|m| format!("README names {m}, which no service exports"))
+        .collect();
+    problems.extend(
+        exported
+            .iter()
+            .filter(|f| !undocumented_ok(f))
+            .map(|f| format!("{f} is exported but missing from README's metrics reference")),
+    );
+    problems.extend(
+        FAULT_ONLY
+            .iter()
+            .filter(|(f, _)| !undocumented_ok(f))
+            .map(|(f, _)| format!("{f} (fault-only) is missing from README's metrics reference")),
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Metric names in README's "Metrics reference" table (second column, backticked).
+fn readme_metrics() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(kjob_e2e::root().join("README.md")).unwrap();
+    let section = text.split("## Metrics reference").nth(1).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let mut out = BTreeSet::new();
+    for line in section.lines().filter(|l| l.starts_with("| kjob-")) {
+        let Some(cell) = line.split('|').nth(2) else { continue };
+        for name in cell.split('`').skip(1).step_by(2) {
+            out.insert(name.to_string());
+        }
+    }
+    out
 }
