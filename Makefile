@@ -55,11 +55,11 @@ bench-sim:
 	$(CARGO) build --release -p kjob-sim --bins
 	$(TARGET_DIR)/release/kjob-sim-bench $(BENCH_ARGS)
 
-## bench-queue: kjob-queue items/s, Redis commands and CPU per item, enqueue-to-lease latency
+## bench-queue: kjob-queue vs BullMQ (node + npm): items/s, Redis commands and CPU per item, enqueue-to-lease latency
 bench-queue:
 	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
 	$(CARGO) build --release -p kjob-queue --bins
-	$(TARGET_DIR)/release/kjob-queue-bench run $(BENCH_ARGS)
+	RUST_LOG=warn $(TARGET_DIR)/release/kjob-queue-bench run $(BENCH_ARGS)
 
 ## bench-reconcile: Criterion bench of one sync plan for Indexed Jobs of 1k/10k/20k pods
 bench-reconcile:
