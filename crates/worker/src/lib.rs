@@ -129,16 +129,7 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
 /// reads only a `Retry-After` header) and bound a call's retries by the sync's needs (kube's
 /// default allows 15 retries with delays growing to 1000 s).
 async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Client> {
-    let mut config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    let timeout = Duration::from_secs(args.kube_timeout_seconds);
-    config.write_timeout = Some(timeout);
-    config.connect_timeout = Some(timeout);
+    let mut config = args.config().await?;
     config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }

@@ -386,24 +386,30 @@ async fn pod_replacement_policy_failed_waits_for_terminating_pods() {
         }),
     )
     .await;
-    let first =
-        e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, &mut |j| status(j).ready == Some(1)).await;
+    // The Job has no status until the worker's first write: read the fields through Options
+    // (a bare `status(j)` here panicked whenever the first check beat that write).
+    let ready = &mut |j: &Job| j.status.as_ref().and_then(|s| s.ready) == Some(1);
+    let first = e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, ready).await;
     assert_eq!(counts(&first), (0, 0, 1));
     // Delete the running pod; it keeps terminating (the test kubelet holds it).
     e.driver.hold_terminating = true;
     let name = e.driver.pods().await[0].metadata.name.clone().unwrap();
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "replacement");
     pods.delete(&name, &Default::default()).await.unwrap();
-    let job = e
-        .driver
-        .run_until(TIMEOUT, &mut |_| Fate::Run, &mut |j| status(j).terminating == Some(1))
-        .await;
+    let terminating = &mut |j: &Job| j.status.as_ref().and_then(|s| s.terminating) == Some(1);
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, terminating).await;
     assert_eq!(counts(&job), (0, 0, 0));
-    // A few more syncs: with policy Failed no replacement is made while the pod terminates.
-    for _ in 0..5 {
+    // "No replacement" is only shown by syncs that ran: wait (bounded) until the worker has
+    // finished three more syncs of the Job while the pod terminates, then look at the pods.
+    let worker = e.worker.as_ref().unwrap();
+    let syncs_before = worker.job_syncs().await;
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while worker.job_syncs().await < syncs_before + 3.0 {
+        assert!(std::time::Instant::now() < deadline, "the worker stopped syncing the Job");
         e.driver.step(&mut |_| Fate::Run).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    e.driver.step(&mut |_| Fate::Run).await;
     assert_eq!(e.driver.all_pods.len(), 1, "replaced before the old pod terminated");
     // Let it terminate (Failed): it is counted, and after the 10 s pod-failure backoff a
     // replacement runs and succeeds.

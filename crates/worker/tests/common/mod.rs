@@ -152,6 +152,15 @@ impl WorkerHandle {
         }
     }
 
+    /// `job_controller_job_syncs_total` summed over its labels (0 while unreachable).
+    pub async fn job_syncs(&self) -> f64 {
+        let (_, text) = self.admin_get("/metrics").await;
+        text.lines()
+            .filter(|l| l.starts_with("job_controller_job_syncs_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Kills it without a drain (a crash: no Done, no more writes).
     pub fn crash(self) {
         self.task.abort();
