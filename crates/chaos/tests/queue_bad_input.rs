@@ -18,12 +18,44 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 enum Req {
-    Add { queue: String, key: String, delay_ms: u64, observe_only: bool },
-    Lease { queue: String, max_items: u32, lease_ms: u64, wait_ms: u64, worker: String },
-    Renew { queue: String, key: String, lease_id: String, lease_ms: u64 },
-    Done { queue: String, key: String, lease_id: String, outcome: i32, after_ms: u64 },
-    Inspect { queue: String, keys: Vec<String> },
-    Stats { queue: String },
+    Add {
+        queue: String,
+        key: String,
+        delay_ms: u64,
+        observe_only: bool,
+    },
+    Lease {
+        queue: String,
+        max_items: u32,
+        lease_ms: u64,
+        wait_ms: u64,
+        worker: String,
+    },
+    Renew {
+        queue: String,
+        key: String,
+        lease_id: String,
+        lease_ms: u64,
+    },
+    Done {
+        queue: String,
+        key: String,
+        lease_id: String,
+        outcome: i32,
+        after_ms: u64,
+    },
+    /// DoneBatch of `items` repeated `times` (0 items, or 201 and more, are malformed batches).
+    DoneBatch {
+        items: Vec<(String, String, String, i32, u64)>,
+        times: usize,
+    },
+    Inspect {
+        queue: String,
+        keys: Vec<String>,
+    },
+    Stats {
+        queue: String,
+    },
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -68,6 +100,11 @@ fn req() -> impl Strategy<Value = Req> {
                 Req::Done { queue, key, lease_id, outcome, after_ms }
             }
         ),
+        (
+            proptest::collection::vec((text(), text(), text(), -2i32..6, count()), 0..5),
+            prop_oneof![Just(1usize), Just(67)],
+        )
+            .prop_map(|(items, times)| Req::DoneBatch { items, times }),
         (text(), proptest::collection::vec(text(), 0..5))
             .prop_map(|(queue, keys)| Req::Inspect { queue, keys }),
         text().prop_map(|queue| Req::Stats { queue }),
@@ -100,6 +137,23 @@ async fn send(c: &mut QueueClient<Channel>, r: Req) -> Result<(), tonic::Status>
                 .done(v1::DoneRequest { queue, key, lease_id, outcome, requeue_after_ms: after_ms })
                 .await
                 .map(drop),
+            Req::DoneBatch { items, times } => {
+                let one = items.into_iter().map(|(queue, key, lease_id, outcome, after_ms)| {
+                    v1::DoneRequest { queue, key, lease_id, outcome, requeue_after_ms: after_ms }
+                });
+                let one: Vec<v1::DoneRequest> = one.collect();
+                let items = one.iter().cycle().take(one.len() * times).cloned().collect();
+                let resp = c.done_batch(v1::DoneBatchRequest { items }).await?.into_inner();
+                // Every accepted batch answers each item with OK or FAILED_PRECONDITION.
+                let codes = [tonic::Code::Ok as i32, tonic::Code::FailedPrecondition as i32];
+                match resp.results.iter().find(|r| !codes.contains(&r.code)) {
+                    Some(r) => Err(tonic::Status::internal(format!("bad item result {r:?}"))),
+                    None if resp.results.len() != one.len() * times => {
+                        Err(tonic::Status::internal("DoneBatch result count differs"))
+                    }
+                    None => Ok(()),
+                }
+            }
             Req::Inspect { queue, keys } => {
                 c.inspect(v1::InspectRequest { queue, keys }).await.map(drop)
             }
@@ -144,6 +198,8 @@ fn malformed_queue_requests_get_answers_and_keep_invariants() {
                         "{what}: {st:?}"
                     );
                     prop_assert!(!st.message().contains("transport error"), "{what}: {st:?}");
+                    // Internal is what a wrong DoneBatch answer turns into (see `send`).
+                    prop_assert!(st.code() != tonic::Code::Internal, "{what}: {st:?}");
                 }
                 prop_assert!(!queue.borrow_mut().has_exited(), "kjob-queue exited after {what}");
             }

@@ -148,6 +148,43 @@ impl Outcome {
     }
 }
 
+/// Most items one [`QueueClient::done_many`] call takes (the server's DoneBatch limit).
+pub const MAX_DONE_BATCH: usize = 200;
+
+/// One lease to finish with [`QueueClient::done_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoneItem {
+    /// Queue name.
+    pub queue: String,
+    /// Item key, `namespace/name`.
+    pub key: String,
+    /// The lease's fencing id.
+    pub lease_id: String,
+    /// How the lease ends.
+    pub outcome: Outcome,
+}
+
+impl DoneItem {
+    fn to_proto(&self) -> v1::DoneRequest {
+        let (outcome, requeue_after_ms) = self.outcome.to_proto();
+        v1::DoneRequest {
+            queue: self.queue.clone(),
+            key: self.key.clone(),
+            lease_id: self.lease_id.clone(),
+            outcome: outcome as i32,
+            requeue_after_ms,
+        }
+    }
+}
+
+/// Maps one DoneBatch item result onto what [`QueueClient::done`] would have returned.
+fn done_item_result(r: v1::DoneItemResult) -> Result<v1::DoneResponse, ClientError> {
+    match Code::from(r.code) {
+        Code::Ok => Ok(v1::DoneResponse { requeued: r.requeued, ready_unix_ms: r.ready_unix_ms }),
+        code => Err(from_status(Status::new(code, r.message))),
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -311,6 +348,35 @@ impl QueueClient {
             async move { c.done(r).await }
         })
         .await
+    }
+
+    /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of
+    /// [`Self::done`]. The outer error is the call's (nothing applied, or bad input); otherwise
+    /// one result per item in order, as `done` would return it: a stale lease is
+    /// [`ClientError::LeaseLost`] for that item only. An empty list makes no call.
+    pub async fn done_many(
+        &self,
+        items: &[DoneItem],
+    ) -> Result<Vec<Result<v1::DoneResponse, ClientError>>, ClientError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let msg = v1::DoneBatchRequest { items: items.iter().map(DoneItem::to_proto).collect() };
+        let resp = self
+            .call("done_batch", REQUEST_TIMEOUT, || {
+                let mut c = self.queue.clone();
+                let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
+                async move { c.done_batch(r).await }
+            })
+            .await?;
+        if resp.results.len() != items.len() {
+            return Err(ClientError::Status(Box::new(Status::internal(format!(
+                "DoneBatch answered {} results for {} items",
+                resp.results.len(),
+                items.len()
+            )))));
+        }
+        Ok(resp.results.into_iter().map(done_item_result).collect())
     }
 
     /// Replaces the expectations of Job `key` (UID `job_uid`).

@@ -14,10 +14,11 @@ use tokio::sync::{mpsc, oneshot};
 /// Dones waiting for their batch, per queue; a full channel makes callers wait (backpressure).
 const PENDING_CAPACITY: usize = 4096;
 
-type Reply = oneshot::Sender<Result<Option<DoneResult>, WqError>>;
+type Reply = oneshot::Sender<Result<Vec<Option<DoneResult>>, WqError>>;
 
+/// One caller's Dones (a Done call brings one, a DoneBatch call up to [`MAX_DONE_BATCH`]).
 struct Pending {
-    done: Done,
+    dones: Vec<Done>,
     reply: Reply,
 }
 
@@ -48,15 +49,39 @@ impl DoneBatcher {
 
     /// Finishes one lease through the batch of `queue`; `None` when the lease id is stale.
     pub async fn done(&self, queue: &str, done: Done) -> Result<Option<DoneResult>, WqError> {
+        let mut r = self.done_many(queue, vec![done]).await?;
+        Ok(r.pop().flatten())
+    }
+
+    /// Finishes several leases of `queue` (in order) through its batch; one result per Done,
+    /// `None` when that lease id is stale. An empty list answers at once.
+    pub async fn done_many(
+        &self,
+        queue: &str,
+        dones: Vec<Done>,
+    ) -> Result<Vec<Option<DoneResult>>, WqError> {
+        if dones.is_empty() {
+            return Ok(Vec::new());
+        }
         let tx = self
             .queues
             .get(queue)
             .ok_or_else(|| WqError::Config(format!("no batch loop for queue {queue:?}")))?;
         let (reply, rx) = oneshot::channel();
-        tx.send(Pending { done, reply })
+        tx.send(Pending { dones, reply })
             .await
             .map_err(|_| WqError::Unavailable("the Done batch loop has stopped".into()))?;
         rx.await.map_err(|_| WqError::Unavailable("the Done batch loop has stopped".into()))?
+    }
+}
+
+/// Copies a store error for each of several callers (WqError is not Clone: it may wrap a
+/// connection error), keeping whether it is transient.
+fn share(e: &WqError) -> WqError {
+    if e.is_unavailable() {
+        WqError::Unavailable(e.to_string())
+    } else {
+        WqError::Protocol(e.to_string())
     }
 }
 
@@ -64,35 +89,42 @@ impl DoneBatcher {
 pub async fn run(store: Store, batch_loop: BatchLoop) {
     let BatchLoop { queue, mut rx } = batch_loop;
     let mut batch: Vec<Pending> = Vec::with_capacity(MAX_DONE_BATCH);
+    let mut dones: Vec<Done> = Vec::with_capacity(MAX_DONE_BATCH);
     while let Some(first) = rx.recv().await {
+        let mut total = first.dones.len();
         batch.push(first);
-        while batch.len() < MAX_DONE_BATCH {
+        // Callers are taken whole, so a call may exceed MAX_DONE_BATCH by one caller's Dones;
+        // it is then split into script calls of at most MAX_DONE_BATCH below.
+        while total < MAX_DONE_BATCH {
             match rx.try_recv() {
-                Ok(p) => batch.push(p),
+                Ok(p) => {
+                    total += p.dones.len();
+                    batch.push(p);
+                }
                 Err(_) => break,
             }
         }
-        let dones: Vec<Done> = batch.iter().map(|p| p.done.clone()).collect();
-        match store.done_many(&queue, &dones).await {
-            Ok(results) => {
-                for (p, r) in batch.drain(..).zip(results) {
-                    // The caller may have gone away (its gRPC call was cancelled); the Done is
-                    // applied all the same, as it would have been without batching.
-                    let _ = p.reply.send(Ok(r));
-                }
+        dones.clear();
+        for p in &batch {
+            dones.extend(p.dones.iter().cloned());
+        }
+        // One result slot per Done; a chunk whose script failed leaves its slots as errors.
+        let mut results: Vec<Result<Option<DoneResult>, WqError>> = Vec::with_capacity(total);
+        for chunk in dones.chunks(MAX_DONE_BATCH) {
+            match store.done_many(&queue, chunk).await {
+                Ok(r) => results.extend(r.into_iter().map(Ok)),
+                Err(e) => results.extend(chunk.iter().map(|_| Err(share(&e)))),
             }
-            Err(e) => {
-                let unavailable = e.is_unavailable();
-                let msg = e.to_string();
-                for p in batch.drain(..) {
-                    let e = if unavailable {
-                        WqError::Unavailable(msg.clone())
-                    } else {
-                        WqError::Protocol(msg.clone())
-                    };
-                    let _ = p.reply.send(Err(e));
-                }
-            }
+        }
+        let mut results = results.into_iter();
+        for p in batch.drain(..) {
+            let mine: Vec<_> = results.by_ref().take(p.dones.len()).collect();
+            // A caller whose Dones were split over a failed script call gets that error; the
+            // ones applied in another chunk stay applied, as after a lost reply.
+            let reply = mine.into_iter().collect::<Result<Vec<_>, _>>();
+            // The caller may have gone away (its gRPC call was cancelled); the Dones are
+            // applied all the same, as they would have been without batching.
+            let _ = p.reply.send(reply);
         }
     }
 }

@@ -6,7 +6,7 @@ use kjob_proto::v1;
 use kjob_proto::v1::expectations_server::Expectations;
 use kjob_proto::v1::queue_server::Queue;
 use kjob_svc::Shutdown;
-use kjob_workqueue::{Done, DoneOutcome, Enqueue, Observation, Store, Waker, WqError};
+use kjob_workqueue::{Done, DoneOutcome, DoneResult, Enqueue, Observation, Store, Waker, WqError};
 use tonic::{Request, Response, Status};
 
 use crate::batch::DoneBatcher;
@@ -38,6 +38,18 @@ impl QueueService {
     fn fail(&self, method: &str, status: Status) -> Status {
         self.metrics.error(method, status.code());
         status
+    }
+
+    /// Metrics and wake-ups of an applied Done.
+    fn done_applied(&self, queue: &str, d: &DoneResult) {
+        let l = Metrics::q(queue);
+        self.metrics.work_duration.get_or_create(&l).observe(d.work_ms as f64 / 1000.0);
+        if d.retry_delay_ms.is_some() {
+            self.metrics.retries.get_or_create(&l).inc();
+        }
+        if d.ready_at_ms.is_some_and(|t| t <= d.now_ms) {
+            self.waker.poke(queue, 1);
+        }
     }
 
     fn invalid(&self, method: &str, msg: String) -> Status {
@@ -79,6 +91,33 @@ fn observation(o: &v1::Observation) -> Result<Observation, String> {
             o.kind
         )),
     }
+}
+
+/// Validates a Done request into the store's Done (the same checks for Done and DoneBatch).
+fn done_item(r: &v1::DoneRequest) -> Result<Done, String> {
+    validate::queue(&r.queue)?;
+    validate::key(&r.key)?;
+    validate::id("lease_id", &r.lease_id, true)?;
+    validate::delay("requeue_after_ms", r.requeue_after_ms)?;
+    let outcome = match v1::DoneOutcome::try_from(r.outcome) {
+        Ok(v1::DoneOutcome::Forget) => DoneOutcome::Forget,
+        Ok(v1::DoneOutcome::RateLimited) => DoneOutcome::RateLimited,
+        Ok(v1::DoneOutcome::RequeueAfter) => DoneOutcome::RequeueAfter(ms(r.requeue_after_ms)),
+        _ => {
+            return Err(format!(
+                "outcome {} is not one of FORGET, RATE_LIMITED, REQUEUE_AFTER",
+                r.outcome
+            ));
+        }
+    };
+    Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome })
+}
+
+fn stale_done_message(r: &v1::DoneRequest) -> String {
+    format!(
+        "lease {} of {} is not held any more (expired or superseded); nothing changed",
+        r.lease_id, r.key
+    )
 }
 
 fn ms(v: u64) -> Duration {
@@ -219,52 +258,77 @@ impl Queue for QueueService {
     ) -> Result<Response<v1::DoneResponse>, Status> {
         const M: &str = "Done";
         let r = req.into_inner();
-        check!(self, M, validate::queue(&r.queue));
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("lease_id", &r.lease_id, true));
-        check!(self, M, validate::delay("requeue_after_ms", r.requeue_after_ms));
-        let outcome = match v1::DoneOutcome::try_from(r.outcome) {
-            Ok(v1::DoneOutcome::Forget) => DoneOutcome::Forget,
-            Ok(v1::DoneOutcome::RateLimited) => DoneOutcome::RateLimited,
-            Ok(v1::DoneOutcome::RequeueAfter) => DoneOutcome::RequeueAfter(ms(r.requeue_after_ms)),
-            _ => {
-                return Err(self.invalid(
-                    M,
-                    format!(
-                        "outcome {} is not one of FORGET, RATE_LIMITED, REQUEUE_AFTER",
-                        r.outcome
-                    ),
-                ));
-            }
-        };
-        let l = Metrics::q(&r.queue);
-        let done = Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome };
+        let done = done_item(&r).map_err(|msg| self.invalid(M, msg))?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
-                self.metrics.work_duration.get_or_create(&l).observe(d.work_ms as f64 / 1000.0);
-                if d.retry_delay_ms.is_some() {
-                    self.metrics.retries.get_or_create(&l).inc();
-                }
-                if d.ready_at_ms.is_some_and(|t| t <= d.now_ms) {
-                    self.waker.poke(&r.queue, 1);
-                }
+                self.done_applied(&r.queue, &d);
                 Ok(Response::new(v1::DoneResponse {
                     requeued: d.ready_at_ms.is_some(),
                     ready_unix_ms: d.ready_at_ms.unwrap_or(0),
                 }))
             }
             Ok(None) => {
-                self.metrics.stale.get_or_create(&l).inc();
-                Err(self.fail(
-                    M,
-                    Status::failed_precondition(format!(
-                        "lease {} of {} is not held any more (expired or superseded); nothing changed",
-                        r.lease_id, r.key
-                    )),
-                ))
+                self.metrics.stale.get_or_create(&Metrics::q(&r.queue)).inc();
+                Err(self.fail(M, Status::failed_precondition(stale_done_message(&r))))
             }
             Err(e) => Err(self.store_err(M, e)),
         }
+    }
+
+    async fn done_batch(
+        &self,
+        req: Request<v1::DoneBatchRequest>,
+    ) -> Result<Response<v1::DoneBatchResponse>, Status> {
+        const M: &str = "DoneBatch";
+        let items = req.into_inner().items;
+        check!(self, M, validate::done_batch_len(items.len()));
+        // Validate everything first: a malformed batch is refused whole and changes nothing.
+        let mut per_queue: Vec<(&str, Vec<usize>, Vec<Done>)> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let done = done_item(it)
+                .map_err(|e| self.invalid(M, format!("item {i} ({:?}): {e}", it.key)))?;
+            match per_queue.iter_mut().find(|(q, _, _)| *q == it.queue) {
+                Some((_, idx, v)) => {
+                    idx.push(i);
+                    v.push(done);
+                }
+                None => per_queue.push((it.queue.as_str(), vec![i], vec![done])),
+            }
+        }
+        let mut results = vec![v1::DoneItemResult::default(); items.len()];
+        // The queues' batches run concurrently: each goes through its queue's batch loop and
+        // shares a script call with whatever other Dones of that queue arrived meanwhile.
+        let calls = per_queue.into_iter().map(|(queue, idx, dones)| async move {
+            (queue, idx, self.dones.done_many(queue, dones).await)
+        });
+        for (queue, idx, res) in futures::future::join_all(calls).await {
+            // A failed script call fails the whole RPC: the client retries it, and items that
+            // were applied meanwhile (another queue's) then come back stale, as a retried Done.
+            let outcomes = res.map_err(|e| self.store_err(M, e))?;
+            for (i, outcome) in idx.into_iter().zip(outcomes) {
+                results[i] = match outcome {
+                    Some(d) => {
+                        self.done_applied(queue, &d);
+                        v1::DoneItemResult {
+                            code: tonic::Code::Ok as i32,
+                            message: String::new(),
+                            requeued: d.ready_at_ms.is_some(),
+                            ready_unix_ms: d.ready_at_ms.unwrap_or(0),
+                        }
+                    }
+                    None => {
+                        self.metrics.stale.get_or_create(&Metrics::q(queue)).inc();
+                        v1::DoneItemResult {
+                            code: tonic::Code::FailedPrecondition as i32,
+                            message: stale_done_message(&items[i]),
+                            requeued: false,
+                            ready_unix_ms: 0,
+                        }
+                    }
+                };
+            }
+        }
+        Ok(Response::new(v1::DoneBatchResponse { results }))
     }
 
     async fn stats(

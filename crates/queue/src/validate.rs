@@ -7,6 +7,8 @@ use kjob_core::{ObjectKey, QUEUES};
 pub const MAX_DELAY_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Most items in one Add (bounds the script's run time: a script blocks Redis while it runs).
 pub const MAX_ADD_ITEMS: usize = 10_000;
+/// Most items in one DoneBatch: one queue's items then fit one Done script call.
+pub const MAX_DONE_BATCH: usize = kjob_workqueue::MAX_DONE_BATCH;
 /// Most keys leased by one call.
 pub const MAX_LEASE_ITEMS: u32 = 1000;
 /// Longest long-poll wait of Lease.
@@ -67,6 +69,14 @@ pub fn lease(max_items: u32, lease_ms: u64, wait_ms: u64) -> Result<(), String> 
     Ok(())
 }
 
+/// Checks the item count of a DoneBatch.
+pub fn done_batch_len(n: usize) -> Result<(), String> {
+    if n == 0 || n > MAX_DONE_BATCH {
+        return Err(format!("a DoneBatch takes 1..={MAX_DONE_BATCH} items, got {n}"));
+    }
+    Ok(())
+}
+
 /// Checks a lease duration.
 pub fn lease_ms_ok(lease_ms: u64) -> Result<(), String> {
     if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
@@ -105,6 +115,9 @@ mod tests {
         assert!(id("worker_id", "", true).is_err());
         assert!(id("job_uid", "", false).is_ok());
         assert!(id("x", &"a".repeat(254), false).is_err());
+        assert!(done_batch_len(0).unwrap_err().contains("1..=200"));
+        assert!(done_batch_len(1).is_ok() && done_batch_len(MAX_DONE_BATCH).is_ok());
+        assert!(done_batch_len(MAX_DONE_BATCH + 1).is_err());
         assert!(count("add", -1).is_err() && count("add", 3).is_ok());
     }
 }

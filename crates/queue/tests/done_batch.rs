@@ -1,0 +1,180 @@
+//! DoneBatch through the typed client, on a single redis-server and on a 3-node Redis Cluster:
+//! per-item results (stale ids refused alone), dirty re-queue, rate-limited and requeue-after
+//! outcomes in one batch, items of both queues, and bad input refused whole.
+
+use std::time::Duration;
+
+use kjob_queue::Config;
+use kjob_queue_client::{
+    ClientError, DoneItem, MAX_DONE_BATCH, Outcome, QueueClient, RetryPolicy, v1,
+};
+use kjob_svc::Shutdown;
+use kjob_testkit::{RedisCluster, RedisServer};
+use tokio::net::TcpListener;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+struct Running {
+    client: QueueClient,
+    url: String,
+    shutdown: Shutdown,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    async fn start(redis_url: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = Shutdown::new();
+        let config = Config { redis_url, admin_listener: None, store: Default::default() };
+        let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+        let client = QueueClient::connect_lazy(&url).unwrap();
+        // The default client retries UNAVAILABLE, so this returns once the server answers.
+        tokio::time::timeout(Duration::from_secs(15), client.stats("job"))
+            .await
+            .expect("server never answered")
+            .unwrap();
+        Self { client, url, shutdown, task }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn add(queue: &str, key: &str) -> v1::AddItem {
+    v1::AddItem { queue: queue.into(), key: key.into(), ..Default::default() }
+}
+
+fn done(queue: &str, key: &str, lease_id: &str, outcome: Outcome) -> DoneItem {
+    DoneItem { queue: queue.into(), key: key.into(), lease_id: lease_id.into(), outcome }
+}
+
+/// Leases exactly `keys` (in any order) and returns their lease ids in the order of `keys`.
+async fn lease_all(c: &QueueClient, queue: &str, keys: &[&str]) -> Vec<String> {
+    let got = c.lease(queue, 100, LEASE, Duration::from_secs(5), "w").await.unwrap();
+    let mut leased: Vec<&str> = got.iter().map(|i| i.key.as_str()).collect();
+    leased.sort_unstable();
+    let mut want = keys.to_vec();
+    want.sort_unstable();
+    assert_eq!(leased, want);
+    keys.iter().map(|k| got.iter().find(|i| i.key == *k).unwrap().lease_id.clone()).collect()
+}
+
+async fn semantics(c: &QueueClient) {
+    c.add(vec![add("job", "ns/a"), add("job", "ns/b"), add("job", "ns/c"), add("job", "ns/d")])
+        .await
+        .unwrap();
+    c.add(vec![add("orphan-pod", "ns/p")]).await.unwrap();
+    let ids = lease_all(c, "job", &["ns/a", "ns/b", "ns/c", "ns/d"]).await;
+    let pid = lease_all(c, "orphan-pod", &["ns/p"]).await.remove(0);
+    // ns/b is added again while leased: dirty, so its Done puts it back at once.
+    c.add(vec![add("job", "ns/b")]).await.unwrap();
+    let items = vec![
+        done("job", "ns/a", &ids[0], Outcome::Forget),
+        done("job", "ns/a", &ids[0], Outcome::Forget), // the same lease again: stale
+        done("job", "ns/b", &ids[1], Outcome::Forget),
+        done("job", "ns/c", &ids[2], Outcome::RateLimited),
+        done("job", "ns/d", &ids[3], Outcome::RequeueAfter(Duration::from_secs(60))),
+        done("job", "ns/zz", "1-1", Outcome::Forget), // never leased: stale
+        done("orphan-pod", "ns/p", &pid, Outcome::Forget),
+    ];
+    let r = c.done_many(&items).await.unwrap();
+    assert_eq!(r.len(), items.len());
+    let ok = |i: usize| r[i].as_ref().unwrap_or_else(|e| panic!("item {i}: {e:?}"));
+    assert!(!ok(0).requeued);
+    assert!(matches!(&r[1], Err(ClientError::LeaseLost(m)) if m.contains("ns/a")), "{:?}", r[1]);
+    assert!(ok(2).requeued);
+    let b_ready = ok(2).ready_unix_ms;
+    // Rate limited: the first failure waits the 1 s base delay (Redis clock, same call).
+    assert!(ok(3).requeued);
+    assert_eq!(ok(3).ready_unix_ms, b_ready + 1000);
+    assert_eq!(ok(4).ready_unix_ms, b_ready + 60_000);
+    assert!(matches!(&r[5], Err(ClientError::LeaseLost(m)) if m.contains("ns/zz")), "{:?}", r[5]);
+    assert!(!ok(6).requeued);
+
+    let st = c.stats("job").await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.leased, st.dirty, st.failing), (1, 2, 0, 0, 1));
+    let st = c.stats("orphan-pod").await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.leased), (0, 0, 0));
+    let v = c.inspect("job", vec!["ns/a".into(), "ns/c".into()]).await.unwrap().keys;
+    assert_eq!((v[0].state.as_str(), v[1].state.as_str(), v[1].requeues), ("absent", "delayed", 1));
+
+    // The dirty key is handed out again; a batch of only stale items changes nothing.
+    let b = lease_all(c, "job", &["ns/b"]).await.remove(0);
+    let r = c.done_many(&[done("job", "ns/b", &ids[1], Outcome::Forget)]).await.unwrap();
+    assert!(matches!(&r[0], Err(ClientError::LeaseLost(_))));
+    assert_eq!(c.stats("job").await.unwrap().leased, 1);
+    let r = c.done_many(&[done("job", "ns/b", &b, Outcome::RateLimited)]).await.unwrap();
+    assert!(r[0].as_ref().unwrap().requeued);
+    assert_eq!(c.stats("job").await.unwrap().failing, 2);
+    // An empty list makes no call.
+    assert!(c.done_many(&[]).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_batch_on_single_redis() {
+    let redis = RedisServer::start().unwrap();
+    let r = Running::start(redis.url()).await;
+    semantics(&r.client).await;
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_batch_on_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().unwrap();
+    let r = Running::start(cluster.url()).await;
+    semantics(&r.client).await;
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_done_batches_are_refused_whole() {
+    let redis = RedisServer::start().unwrap();
+    let r = Running::start(redis.url()).await;
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    c.add(vec![add("job", "ns/a")]).await.unwrap();
+    let id = lease_all(&c, "job", &["ns/a"]).await.remove(0);
+    let good = done("job", "ns/a", &id, Outcome::Forget);
+    let bad = |e: Result<_, ClientError>| match e {
+        Err(ClientError::InvalidArgument(m)) => m,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    let too_many = vec![good.clone(); MAX_DONE_BATCH + 1];
+    let m = bad(c.done_many(&too_many).await);
+    assert!(m.contains("1..=200") && m.contains("201"), "{m}");
+    // The typed client skips empty batches, so send one with the raw client.
+    let mut raw = v1::queue_client::QueueClient::connect(r.url.clone()).await.unwrap();
+    let empty = raw.done_batch(v1::DoneBatchRequest { items: vec![] }).await.unwrap_err();
+    assert_eq!(empty.code(), tonic::Code::InvalidArgument);
+    assert!(empty.message().contains("got 0"), "{}", empty.message());
+    let cases: Vec<(DoneItem, &str)> = vec![
+        (done("job", "bad", &id, Outcome::Forget), "item 1 (\"bad\")"),
+        (done("jobs", "ns/a", &id, Outcome::Forget), "unknown queue"),
+        (done("job", "ns/a", "", Outcome::Forget), "lease_id is required"),
+        (done("job", "ns/a", &id, Outcome::RequeueAfter(Duration::MAX)), "30 days"),
+    ];
+    for (item, want) in cases {
+        let m = bad(c.done_many(&[good.clone(), item]).await);
+        assert!(m.contains(want), "{m} should contain {want}");
+    }
+    let mut unspecified = v1::DoneRequest {
+        queue: "job".into(),
+        key: "ns/a".into(),
+        lease_id: id.clone(),
+        outcome: v1::DoneOutcome::Unspecified as i32,
+        requeue_after_ms: 0,
+    };
+    let e = raw.done_batch(v1::DoneBatchRequest { items: vec![unspecified.clone()] }).await;
+    assert!(e.unwrap_err().message().contains("outcome 0"));
+    unspecified.outcome = 42;
+    let e = raw.done_batch(v1::DoneBatchRequest { items: vec![unspecified] }).await;
+    assert_eq!(e.unwrap_err().code(), tonic::Code::InvalidArgument);
+    // Nothing was applied: the good item's lease is still held and finishes now.
+    assert_eq!(c.stats("job").await.unwrap().leased, 1);
+    let r2 = c.done_many(&[good]).await.unwrap();
+    assert!(r2[0].is_ok());
+    assert_eq!(c.stats("job").await.unwrap().leased, 0);
+    r.stop().await;
+}
