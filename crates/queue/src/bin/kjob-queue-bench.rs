@@ -107,7 +107,7 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use anyhow::Context;
-    use kjob_queue_client::{Outcome, QueueClient, v1};
+    use kjob_queue_client::{DoneItem, Outcome, QueueClient, v1};
     use parking_lot::Mutex;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -363,11 +363,23 @@ mod bench {
                             }
                         }
                     }
-                    let dones = got.iter().map(|it| {
-                        ledger.lock().held.insert(it.key.clone(), false);
-                        c.done("job", &it.key, &it.lease_id, Outcome::Forget)
-                    });
-                    for r in futures::future::join_all(dones).await {
+                    // The whole leased batch finishes with one DoneBatch (BullMQ's worker
+                    // also completes jobs in bulk internally, so both sides batch).
+                    let dones: Vec<DoneItem> = {
+                        let mut l = ledger.lock();
+                        got.iter()
+                            .map(|it| {
+                                l.held.insert(it.key.clone(), false);
+                                DoneItem {
+                                    queue: "job".into(),
+                                    key: it.key.clone(),
+                                    lease_id: it.lease_id.clone(),
+                                    outcome: Outcome::Forget,
+                                }
+                            })
+                            .collect()
+                    };
+                    for r in c.done_many(&dones).await? {
                         r?;
                     }
                 }
@@ -674,7 +686,7 @@ mod bench {
 
         println!("# kjob-queue-bench");
         println!(
-            "Redis {version} {}; {} items per throughput round after a {}-item warm-up; {} rounds in ABBA order; Add batches of {ADD_BATCH}, Lease batches of {LEASE_BATCH}",
+            "Redis {version} {}; {} items per throughput round after a {}-item warm-up; {} rounds in ABBA order; Add batches of {ADD_BATCH}, Lease batches of {LEASE_BATCH} each finished with one DoneBatch (BullMQ's worker also completes jobs in bulk)",
             if pin { "pinned to core 0, every client pinned to core 1" } else { "unpinned" },
             args.items,
             args.warmup,
