@@ -64,10 +64,13 @@ struct Args {
     #[arg(long, value_parser = parse_counts, default_value = "1,2,4")]
     scale_workers: Counts,
     /// Single-pod Jobs per scale-out run.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 300)]
     scale_jobs: usize,
-    /// Latency kjob-sim adds before every write in the scale-out runs.
-    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "10ms")]
+    /// Latency kjob-sim adds before every write in the scale-out runs. Large enough that the
+    /// API's latency, not this 2-core machine's CPU, bounds what one worker can do: the
+    /// question the runs answer is whether adding workers adds throughput when the API
+    /// server is slow.
+    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "100ms")]
     write_latency: Duration,
     /// Pods created by the raw sim-limit loop (0 skips it).
     #[arg(long, default_value_t = 4000)]
@@ -80,7 +83,7 @@ struct Args {
     #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "180s")]
     phase_timeout: Duration,
     /// Deadline of each scale-out run.
-    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "75s")]
+    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "120s")]
     scale_timeout: Duration,
     /// `spec.managedBy` of the benchmark Jobs (and the controller name given to kjob).
     #[arg(long, default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
