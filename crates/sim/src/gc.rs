@@ -254,7 +254,7 @@ fn namespace_sweep(store: &Store, ns: &str, now: Timestamp) {
             } else {
                 n["spec"]["finalizers"] = Value::Array(fins);
             }
-            if n == **cur {
+            if n == *cur.value() {
                 return Ok((Mutation::Unchanged, ()));
             }
             Ok((Mutation::Put(n), ()))

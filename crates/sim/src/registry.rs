@@ -13,7 +13,7 @@ use crate::admit;
 use crate::error::{ApiError, Cause};
 use crate::resources::{self, NormalizeError, Resource, StoreKind};
 use crate::selector::{dns1123_label_error, dns1123_subdomain_error};
-use crate::store::{Key, Mutation, Store, View, Written, rv_of, should_delete_during_update};
+use crate::store::{Key, Mutation, Obj, Store, View, Written, rv_of, should_delete_during_update};
 
 /// Finalizer the GC honours to orphan dependents.
 pub const ORPHAN_FINALIZER: &str = "orphan";
@@ -93,9 +93,9 @@ impl DeleteOpts {
 #[derive(Debug, Clone)]
 pub enum Deleted {
     /// Removed; the last state.
-    Gone(Arc<Value>),
+    Gone(Arc<Obj>),
     /// Still there (grace period or finalizers); the current state.
-    Pending(Arc<Value>),
+    Pending(Arc<Obj>),
 }
 
 /// Formats a metav1.Time (second precision).
@@ -237,7 +237,7 @@ pub fn create(
     body: Value,
     opts: &WriteOpts,
     now: Timestamp,
-) -> Result<Arc<Value>, ApiError> {
+) -> Result<Arc<Obj>, ApiError> {
     let obj = prepare_body(res, ns, body, opts.strict)?;
     create_prepared(store, res, ns, obj, opts, now)
 }
@@ -249,7 +249,7 @@ fn create_prepared(
     mut obj: Value,
     opts: &WriteOpts,
     now: Timestamp,
-) -> Result<Arc<Value>, ApiError> {
+) -> Result<Arc<Obj>, ApiError> {
     if !meta(&obj).get("resourceVersion").and_then(Value::as_str).unwrap_or_default().is_empty() {
         return Err(ApiError::bad_request(
             "resourceVersion should not be set on objects to be created",
@@ -326,7 +326,7 @@ fn check_create(
     ns: Option<&str>,
     key: &Key,
     obj: Value,
-) -> Result<Arc<Value>, ApiError> {
+) -> Result<Arc<Obj>, ApiError> {
     let (_, out) = store.mutate(res.store, key, |cur, view| {
         if cur.is_some() {
             return Err(ApiError::already_exists(res, &key.1));
@@ -334,7 +334,7 @@ fn check_create(
         check_namespace(res, ns, &key.1, view)?;
         Ok((Mutation::Unchanged, obj))
     })?;
-    Ok(Arc::new(out))
+    Ok(Arc::new(Obj::new(out)))
 }
 
 fn check_namespace(
@@ -509,7 +509,7 @@ fn decide_update(
     Ok(Mutation::Put(merged))
 }
 
-fn written_object(w: Written) -> Option<Arc<Value>> {
+fn written_object(w: Written) -> Option<Arc<Obj>> {
     match w {
         Written::Unchanged(o) => o,
         Written::Created(o) | Written::Updated(o) | Written::Deleted(o) => Some(o),
@@ -527,7 +527,7 @@ pub fn update(
     part: Part,
     opts: &WriteOpts,
     now: Timestamp,
-) -> Result<(Arc<Value>, bool), ApiError> {
+) -> Result<(Arc<Obj>, bool), ApiError> {
     let obj = prepare_body(res, ns, body, opts.strict)?;
     let body_name = meta(&obj).get("name").and_then(Value::as_str).unwrap_or_default();
     if body_name != name {
@@ -554,7 +554,7 @@ fn write_with(
     opts: &WriteOpts,
     make_new: impl FnOnce(&Value) -> Result<Value, ApiError>,
     require_rv: bool,
-) -> Result<Arc<Value>, ApiError> {
+) -> Result<Arc<Obj>, ApiError> {
     let (written, ()) = store.mutate(res.store, key, |cur, _| {
         let cur = cur.ok_or_else(|| ApiError::not_found(res, &key.1))?;
         let new = make_new(cur)?;
@@ -610,7 +610,7 @@ pub fn patch(
     force: bool,
     opts: &WriteOpts,
     now: Timestamp,
-) -> Result<(Arc<Value>, bool), ApiError> {
+) -> Result<(Arc<Obj>, bool), ApiError> {
     let key: Key = (ns.unwrap_or_default().to_owned(), name.to_owned());
     if ptype == PatchType::Apply {
         if field_manager.is_none_or(str::is_empty) {
@@ -865,7 +865,7 @@ mod tests {
         store
     }
 
-    fn pod(store: &Store, name: &str, node: Option<&str>, finalizers: &[&str]) -> Arc<Value> {
+    fn pod(store: &Store, name: &str, node: Option<&str>, finalizers: &[&str]) -> Arc<Obj> {
         let mut body = json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
         if let Some(n) = node {
             body["spec"]["nodeName"] = json!(n);

@@ -17,7 +17,7 @@ use crate::hooks::{Faults, Metrics};
 use crate::registry::{self, DeleteOpts, Deleted, Part, PatchType, WriteOpts};
 use crate::resources::{self, RESOURCES, Resource, StoreKind};
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{Key, ListAt, Store};
+use crate::store::{Key, ListAt, Obj, Store};
 use crate::watch::{self, Filter, Render, WatchSpec};
 use crate::{SimConfig, discovery, table};
 
@@ -519,10 +519,10 @@ fn delete_response(res: &'static Resource, out: Deleted) -> Response {
 
 const TABLE_CT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 
-fn render_one(res: &'static Resource, obj: &Value, format: Format, code: StatusCode) -> Response {
+fn render_one(res: &'static Resource, obj: &Obj, format: Format, code: StatusCode) -> Response {
     if format == Format::Full && !res.events_v1 {
-        // Stored objects are their own view: encode without a copy.
-        return json_response(code, obj, "application/json");
+        // Stored objects are their own view: send the stored encoding.
+        return bytes_response(code, obj.json().clone(), "application/json");
     }
     let view = resources::to_view(res, obj);
     match format {
@@ -535,14 +535,72 @@ fn render_one(res: &'static Resource, obj: &Value, format: Format, code: StatusC
     }
 }
 
-/// A list as encoded on the wire, borrowing its items from the store.
-#[derive(serde::Serialize)]
-struct EncodedList<'a> {
-    kind: &'a Value,
-    #[serde(rename = "apiVersion")]
-    api_version: &'a Value,
-    metadata: &'a Value,
-    items: Vec<&'a Value>,
+fn bytes_response(code: StatusCode, body: Bytes, content_type: &'static str) -> Response {
+    let mut resp = (code, body).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// Lists whose items take more than this many bytes are streamed in chunks of about this size
+/// instead of being copied into one buffer first.
+const LIST_CHUNK: usize = 256 * 1024;
+
+/// A list body made of the stored encodings of its items, in the field order of an API
+/// server's list (`kind`, `apiVersion`, `metadata`, `items`). Every item carries its own
+/// resourceVersion in its bytes, so nothing is re-encoded per request.
+fn stored_list_body(shell: &Value, items: Vec<Arc<Obj>>) -> Body {
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"{\"kind\":");
+    // Writing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut head, &shell["kind"]);
+    head.extend_from_slice(b",\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut head, &shell["apiVersion"]);
+    head.extend_from_slice(b",\"metadata\":");
+    let _ = serde_json::to_writer(&mut head, &shell["metadata"]);
+    head.extend_from_slice(b",\"items\":[");
+    const TAIL: &[u8] = b"]}";
+    let size: usize = items.iter().map(|o| o.json().len() + 1).sum();
+    if size <= LIST_CHUNK {
+        let mut body = head;
+        body.reserve(size + TAIL.len());
+        for (i, o) in items.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(o.json());
+        }
+        body.extend_from_slice(TAIL);
+        return Body::from(body);
+    }
+    // Large: chunks are filled lazily as the client reads, so a 30 MB list is never held as
+    // one more copy next to the stored encodings.
+    let mut items = items.into_iter().enumerate();
+    let mut head = Some(head);
+    let mut done = false;
+    let chunks = std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let mut buf = head.take().unwrap_or_default();
+        buf.reserve(LIST_CHUNK);
+        while buf.len() < LIST_CHUNK {
+            match items.next() {
+                Some((i, o)) => {
+                    if i > 0 {
+                        buf.push(b',');
+                    }
+                    buf.extend_from_slice(o.json());
+                }
+                None => {
+                    buf.extend_from_slice(TAIL);
+                    done = true;
+                    break;
+                }
+            }
+        }
+        Some(Ok::<_, std::convert::Infallible>(Bytes::from(buf)))
+    });
+    Body::from_stream(futures::stream::iter(chunks))
 }
 
 fn list_object(
@@ -727,17 +785,9 @@ async fn list(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<R
         || q.get("fieldSelector").is_some_and(|s| !s.is_empty());
     let remaining = if has_selectors { None } else { Some(page.remaining) };
     if format == Format::Full && !res.events_v1 {
-        // Stored objects are their own view: encode the items in place instead of copying
-        // every one of them first.
+        // Stored objects are their own view: the body is their stored encodings joined.
         let shell = list_object(res, Vec::new(), list_rv, cont_token, remaining);
-        let list = EncodedList {
-            kind: &shell["kind"],
-            api_version: &shell["apiVersion"],
-            metadata: &shell["metadata"],
-            items: page.items.iter().map(|o| &**o).collect(),
-        };
-        let body = serde_json::to_vec(&list).unwrap_or_default();
-        let mut resp = (StatusCode::OK, body).into_response();
+        let mut resp = stored_list_body(&shell, page.items).into_response();
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return Ok(resp);

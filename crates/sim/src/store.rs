@@ -24,6 +24,40 @@ pub type Key = (String, String);
 /// with a 410 ERROR (it relists), so a slow client never makes the store buffer without bound.
 const BROADCAST_CAPACITY: usize = 1 << 16;
 
+/// One stored state of an object: the JSON tree plus its wire encoding, made at most once
+/// (on the first read that sends it whole) and shared by every GET, LIST page and watch event
+/// that sends this state. The tree carries its own resourceVersion, so the bytes do too.
+#[derive(Debug)]
+pub struct Obj {
+    value: Value,
+    json: OnceLock<Bytes>,
+}
+
+impl Obj {
+    /// Wraps a state whose encoding is not made yet.
+    pub fn new(value: Value) -> Self {
+        Self { value, json: OnceLock::new() }
+    }
+
+    /// The object as JSON, encoded on the first call.
+    pub fn json(&self) -> &Bytes {
+        self.json.get_or_init(|| Bytes::from(serde_json::to_vec(&self.value).unwrap_or_default()))
+    }
+
+    /// The JSON tree.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+}
+
+impl std::ops::Deref for Obj {
+    type Target = Value;
+
+    fn deref(&self) -> &Value {
+        &self.value
+    }
+}
+
 /// Watch event types the store produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -58,12 +92,9 @@ pub struct StoreEvent {
     /// Key of the object.
     pub key: Key,
     /// New state; for DELETED the last state carrying the deletion revision.
-    pub object: Arc<Value>,
+    pub object: Arc<Obj>,
     /// Previous state (MODIFIED and DELETED).
-    pub prev: Option<Arc<Value>>,
-    /// `object` as JSON, encoded by the first watch that sends it as stored and shared by the
-    /// others: every watch of a kind would otherwise encode every event again.
-    pub encoded: OnceLock<Bytes>,
+    pub prev: Option<Arc<Obj>>,
 }
 
 /// What a write closure decided.
@@ -84,13 +115,13 @@ pub enum Mutation {
 #[derive(Debug, Clone)]
 pub enum Written {
     /// Nothing changed; the current object (if any).
-    Unchanged(Option<Arc<Value>>),
+    Unchanged(Option<Arc<Obj>>),
     /// Created.
-    Created(Arc<Value>),
+    Created(Arc<Obj>),
     /// Replaced.
-    Updated(Arc<Value>),
+    Updated(Arc<Obj>),
     /// Removed; the last state with the deletion revision.
-    Deleted(Arc<Value>),
+    Deleted(Arc<Obj>),
 }
 
 /// Where a list reads from.
@@ -106,7 +137,7 @@ pub enum ListAt {
 #[derive(Debug)]
 pub struct ListPage {
     /// Items in key order.
-    pub items: Vec<Arc<Value>>,
+    pub items: Vec<Arc<Obj>>,
     /// The revision the page reflects.
     pub rv: u64,
     /// Key of the last item when more items remain.
@@ -119,7 +150,7 @@ pub struct ListPage {
 #[derive(Debug)]
 pub struct WatchStart {
     /// Current objects to send as ADDED first (watch without a start revision).
-    pub initial: Vec<Arc<Value>>,
+    pub initial: Vec<Arc<Obj>>,
     /// Retained events after the start revision.
     pub replay: Vec<Arc<StoreEvent>>,
     /// Live events after the snapshot.
@@ -136,7 +167,7 @@ pub struct View<'a> {
 
 impl View<'_> {
     /// The stored namespace, if it exists.
-    pub fn namespace(&self, name: &str) -> Option<&Arc<Value>> {
+    pub fn namespace(&self, name: &str) -> Option<&Arc<Obj>> {
         self.inner.tables[StoreKind::Namespace.index()].get(&(String::new(), name.to_owned()))
     }
 
@@ -157,7 +188,7 @@ type LabelIndex = HashMap<String, HashMap<String, BTreeSet<Key>>>;
 #[derive(Debug)]
 struct Inner {
     rv: u64,
-    tables: [BTreeMap<Key, Arc<Value>>; 5],
+    tables: [BTreeMap<Key, Arc<Obj>>; 5],
     // Equality label selectors (the worker lists a Job's pods by controller-uid on every sync)
     // are answered from here in O(matches) instead of a scan of the namespace.
     labels: [LabelIndex; 5],
@@ -306,12 +337,12 @@ impl Store {
     }
 
     /// Reads one object.
-    pub fn get(&self, kind: StoreKind, key: &Key) -> Option<Arc<Value>> {
+    pub fn get(&self, kind: StoreKind, key: &Key) -> Option<Arc<Obj>> {
         self.inner.lock().tables[kind.index()].get(key).cloned()
     }
 
     /// Looks an object up by uid.
-    pub fn get_by_uid(&self, uid: &str) -> Option<(StoreKind, Arc<Value>)> {
+    pub fn get_by_uid(&self, uid: &str) -> Option<(StoreKind, Arc<Obj>)> {
         let inner = self.inner.lock();
         let (kind, key) = inner.uids.get(uid)?;
         inner.tables[kind.index()].get(key).map(|o| (*kind, o.clone()))
@@ -388,7 +419,7 @@ impl Store {
         let start = start_bound(ns, after);
         let in_ns = |k: &Key| ns.is_none_or(|n| k.0 == n);
         // Candidates at the latest revision, in key order.
-        let latest: Box<dyn Iterator<Item = (&Key, &Arc<Value>)> + '_> = match required {
+        let latest: Box<dyn Iterator<Item = (&Key, &Arc<Obj>)> + '_> = match required {
             None => Box::new(table.range((start.clone(), Bound::Unbounded))),
             Some((lk, lv)) => {
                 let keys = inner.labels[kind.index()].get(lk).and_then(|values| values.get(lv));
@@ -449,7 +480,7 @@ impl Store {
         &self,
         kind: StoreKind,
         key: &Key,
-        f: impl FnOnce(Option<&Arc<Value>>, &View<'_>) -> Result<(Mutation, R), ApiError>,
+        f: impl FnOnce(Option<&Arc<Obj>>, &View<'_>) -> Result<(Mutation, R), ApiError>,
     ) -> Result<(Written, R), ApiError> {
         let mut inner = self.inner.lock();
         let current = inner.tables[kind.index()].get(key).cloned();
@@ -457,7 +488,7 @@ impl Store {
         let written = match mutation {
             Mutation::Unchanged => Written::Unchanged(current),
             Mutation::Put(obj) if should_delete_during_update(&obj) && current.is_some() => {
-                Written::Deleted(self.remove(&mut inner, kind, key, Arc::new(obj)))
+                Written::Deleted(self.remove(&mut inner, kind, key, Arc::new(Obj::new(obj))))
             }
             Mutation::Put(obj) => self.put(&mut inner, kind, key, obj, current),
             Mutation::PutThenRemove(obj) => {
@@ -482,15 +513,15 @@ impl Store {
         kind: StoreKind,
         key: &Key,
         mut obj: Value,
-        prev: Option<Arc<Value>>,
+        prev: Option<Arc<Obj>>,
     ) -> Written {
         inner.rv += 1;
         let rv = inner.rv;
         set_rv(&mut obj, rv);
-        let obj = Arc::new(obj);
+        let obj = Arc::new(Obj::new(obj));
         let uid = uid_of(&obj).unwrap_or_default().to_owned();
         let new_owners = owner_uids(&obj);
-        let old_owners = prev.as_deref().map(owner_uids).unwrap_or_default();
+        let old_owners = prev.as_deref().map(|p| owner_uids(p)).unwrap_or_default();
         for o in old_owners.iter().filter(|o| !new_owners.contains(o)) {
             if let Some(set) = inner.dependents.get_mut(o) {
                 set.remove(&(kind, key.clone()));
@@ -502,7 +533,12 @@ impl Store {
         for o in new_owners.iter().filter(|o| !old_owners.contains(o)) {
             inner.dependents.entry(o.clone()).or_default().insert((kind, key.clone()));
         }
-        reindex_labels(&mut inner.labels[kind.index()], key, prev.as_deref(), Some(&obj));
+        reindex_labels(
+            &mut inner.labels[kind.index()],
+            key,
+            prev.as_deref().map(Obj::value),
+            Some(obj.value()),
+        );
         inner.tables[kind.index()].insert(key.clone(), obj.clone());
         let typ = if prev.is_some() { EventType::Modified } else { EventType::Added };
         if prev.is_none() && !uid.is_empty() {
@@ -510,34 +546,20 @@ impl Store {
         }
         self.record(
             inner,
-            StoreEvent {
-                rv,
-                kind,
-                typ,
-                key: key.clone(),
-                object: obj.clone(),
-                prev,
-                encoded: OnceLock::new(),
-            },
+            StoreEvent { rv, kind, typ, key: key.clone(), object: obj.clone(), prev },
         );
         if typ == EventType::Added { Written::Created(obj) } else { Written::Updated(obj) }
     }
 
-    fn remove(
-        &self,
-        inner: &mut Inner,
-        kind: StoreKind,
-        key: &Key,
-        last: Arc<Value>,
-    ) -> Arc<Value> {
+    fn remove(&self, inner: &mut Inner, kind: StoreKind, key: &Key, last: Arc<Obj>) -> Arc<Obj> {
         inner.rv += 1;
         let rv = inner.rv;
         let prev = inner.tables[kind.index()].remove(key);
-        reindex_labels(&mut inner.labels[kind.index()], key, prev.as_deref(), None);
+        reindex_labels(&mut inner.labels[kind.index()], key, prev.as_deref().map(Obj::value), None);
         if let Some(uid) = uid_of(&last) {
             inner.uids.remove(uid);
         }
-        for o in prev.as_deref().map(owner_uids).unwrap_or_default() {
+        for o in prev.as_deref().map(|p| owner_uids(p)).unwrap_or_default() {
             if let Some(set) = inner.dependents.get_mut(&o) {
                 set.remove(&(kind, key.clone()));
                 if set.is_empty() {
@@ -545,9 +567,9 @@ impl Store {
                 }
             }
         }
-        let mut obj = (*last).clone();
+        let mut obj = last.value().clone();
         set_rv(&mut obj, rv);
-        let obj = Arc::new(obj);
+        let obj = Arc::new(Obj::new(obj));
         self.record(
             inner,
             StoreEvent {
@@ -557,7 +579,6 @@ impl Store {
                 key: key.clone(),
                 object: obj.clone(),
                 prev,
-                encoded: OnceLock::new(),
             },
         );
         obj
@@ -578,9 +599,9 @@ impl Store {
 
 // The objects of one namespace (keys sort by namespace first, so this is one range).
 fn in_namespace<'a>(
-    table: &'a BTreeMap<Key, Arc<Value>>,
+    table: &'a BTreeMap<Key, Arc<Obj>>,
     ns: &'a str,
-) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
+) -> impl Iterator<Item = (&'a Key, &'a Arc<Obj>)> + 'a {
     table
         .range((Bound::Included((ns.to_owned(), String::new())), Bound::Unbounded))
         .take_while(move |(k, _)| k.0 == ns)
@@ -600,9 +621,9 @@ fn start_bound(ns: Option<&str>, after: Option<&Key>) -> Bound<Key> {
 
 // Two key-ordered streams with distinct keys merged into one key-ordered stream.
 fn merge_by_key<'a>(
-    a: impl Iterator<Item = (&'a Key, &'a Arc<Value>)>,
-    b: impl Iterator<Item = (&'a Key, &'a Arc<Value>)>,
-) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> {
+    a: impl Iterator<Item = (&'a Key, &'a Arc<Obj>)>,
+    b: impl Iterator<Item = (&'a Key, &'a Arc<Obj>)>,
+) -> impl Iterator<Item = (&'a Key, &'a Arc<Obj>)> {
     let (mut a, mut b) = (a.peekable(), b.peekable());
     std::iter::from_fn(move || match (a.peek(), b.peek()) {
         (Some(x), Some(y)) if x.0 <= y.0 => a.next(),
@@ -613,7 +634,7 @@ fn merge_by_key<'a>(
 }
 
 fn page<'a>(
-    iter: impl Iterator<Item = (&'a Key, &'a Arc<Value>)>,
+    iter: impl Iterator<Item = (&'a Key, &'a Arc<Obj>)>,
     limit: Option<usize>,
     keep: &dyn Fn(&Value) -> bool,
     rv: u64,
@@ -639,7 +660,7 @@ fn page<'a>(
 
 // The state at revision `rv` of every key of `kind` changed after it (`None`: absent then),
 // from the retained events: walking back, the oldest change after `rv` decides.
-fn changed_since(inner: &Inner, kind: StoreKind, rv: u64) -> BTreeMap<Key, Option<Arc<Value>>> {
+fn changed_since(inner: &Inner, kind: StoreKind, rv: u64) -> BTreeMap<Key, Option<Arc<Obj>>> {
     let mut changed = BTreeMap::new();
     for e in inner.history.iter().rev().take_while(|e| e.rv > rv) {
         if e.kind != kind {

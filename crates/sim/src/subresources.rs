@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::registry::{self, DeleteOpts, format_time};
 use crate::resources::StoreKind;
-use crate::store::{Key, Mutation, Store, Written};
+use crate::store::{Key, Mutation, Obj, Store, Written};
 
 fn set_condition(pod: &mut Value, cond: Value) {
     let typ = cond["type"].clone();
@@ -94,7 +94,7 @@ pub fn evict(
 
 /// `PUT namespaces/{name}/finalize`: replaces `spec.finalizers`; a terminating namespace with
 /// none left is removed.
-pub fn finalize_namespace(store: &Store, name: &str, body: &Value) -> Result<Arc<Value>, ApiError> {
+pub fn finalize_namespace(store: &Store, name: &str, body: &Value) -> Result<Arc<Obj>, ApiError> {
     let res = StoreKind::Namespace.resource();
     let key: Key = (String::new(), name.to_owned());
     let fins = body.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
@@ -108,7 +108,7 @@ pub fn finalize_namespace(store: &Store, name: &str, body: &Value) -> Result<Arc
         } else {
             ns["spec"]["finalizers"] = fins.clone();
         }
-        if ns == **cur {
+        if ns == *cur.value() {
             return Ok((Mutation::Unchanged, ()));
         }
         Ok((Mutation::Put(ns), ()))

@@ -69,9 +69,7 @@ fn line_of(spec: &WatchSpec, typ: &str, e: &StoreEvent) -> Bytes {
     if !spec.as_stored {
         return line(typ, (spec.render)(&e.object));
     }
-    let object =
-        e.encoded.get_or_init(|| Bytes::from(serde_json::to_vec(&*e.object).unwrap_or_default()));
-    line_encoded(typ, object)
+    line_encoded(typ, e.object.json())
 }
 
 fn line(typ: &str, object: Value) -> Bytes {
@@ -113,7 +111,7 @@ fn convert(spec: &WatchSpec, e: &StoreEvent) -> Option<Bytes> {
                 (true, true) => Some(line_of(spec, "MODIFIED", e)),
                 (false, true) => Some(line_of(spec, "ADDED", e)),
                 (true, false) => {
-                    let mut old = e.prev.as_deref().cloned().unwrap_or(Value::Null);
+                    let mut old = e.prev.as_deref().map_or(Value::Null, |p| p.value().clone());
                     if let Some(m) = old.get_mut("metadata").and_then(Value::as_object_mut) {
                         m.insert("resourceVersion".into(), json!(e.rv.to_string()));
                     }
@@ -135,7 +133,11 @@ pub fn stream(
         let deadline = tokio::time::Instant::now() + spec.timeout;
         for obj in &initial {
             if (spec.filter)(obj) {
-                yield Ok(line("ADDED", (spec.render)(obj)));
+                if spec.as_stored {
+                    yield Ok(line_encoded("ADDED", obj.json()));
+                } else {
+                    yield Ok(line("ADDED", (spec.render)(obj)));
+                }
             }
         }
         let after = spec.after.unwrap_or(snapshot_rv);
