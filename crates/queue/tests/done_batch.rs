@@ -178,3 +178,44 @@ async fn bad_done_batches_are_refused_whole() {
     assert_eq!(c.stats("job").await.unwrap().leased, 0);
     r.stop().await;
 }
+
+/// Concurrent DoneBatches whose sum exceeds one script call's limit: when they meet in the
+/// per-queue batch loop it splits them into several calls; every caller must still get its own
+/// results in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_over_the_script_limit() {
+    let redis = RedisServer::start().unwrap();
+    let r = Running::start(redis.url()).await;
+    let c = &r.client;
+    let keys: Vec<String> = (0..600).map(|i| format!("ns/k{i:03}")).collect();
+    c.add(keys.iter().map(|k| add("job", k)).collect()).await.unwrap();
+    let got = c.lease("job", 1000, LEASE, Duration::from_secs(5), "w").await.unwrap();
+    assert_eq!(got.len(), 600);
+    let batches: Vec<Vec<DoneItem>> = got
+        .chunks(150)
+        .map(|chunk| {
+            let mut b: Vec<DoneItem> = chunk
+                .iter()
+                .map(|it| done("job", &it.key, &it.lease_id, Outcome::RateLimited))
+                .collect();
+            // One stale item in the middle of each batch.
+            b.insert(75, done("job", "ns/stale", "1-1", Outcome::Forget));
+            b
+        })
+        .collect();
+    let calls = batches.iter().map(|b| c.done_many(b));
+    for (b, res) in batches.iter().zip(futures::future::join_all(calls).await) {
+        let res = res.unwrap();
+        assert_eq!(res.len(), b.len());
+        for (i, item) in res.iter().enumerate() {
+            if i == 75 {
+                assert!(matches!(item, Err(ClientError::LeaseLost(_))), "{item:?}");
+            } else {
+                assert!(item.as_ref().unwrap().requeued, "{}: {item:?}", b[i].key);
+            }
+        }
+    }
+    let st = c.stats("job").await.unwrap();
+    assert_eq!((st.leased, st.delayed, st.failing), (0, 600, 600));
+    r.stop().await;
+}
