@@ -557,6 +557,22 @@ mod tests {
     }
 
     #[test]
+    fn done_item_results_map_like_done() {
+        let ok = v1::DoneItemResult {
+            code: 0,
+            message: String::new(),
+            requeued: true,
+            ready_unix_ms: 7,
+        };
+        let r = done_item_result(ok).unwrap();
+        assert_eq!((r.requeued, r.ready_unix_ms), (true, 7));
+        let stale = v1::DoneItemResult { code: 9, message: "gone".into(), ..Default::default() };
+        assert!(matches!(done_item_result(stale), Err(ClientError::LeaseLost(m)) if m == "gone"));
+        let other = v1::DoneItemResult { code: 13, message: "x".into(), ..Default::default() };
+        assert!(matches!(done_item_result(other), Err(ClientError::Status(_))));
+    }
+
+    #[test]
     fn status_mapping() {
         assert!(matches!(
             from_status(Status::invalid_argument("bad key")),
