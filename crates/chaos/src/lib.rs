@@ -449,11 +449,10 @@ async fn check_jobs(
         match terminal(job) {
             None => wrong.push("not finished".to_string()),
             Some((cond, reason)) => {
-                if cond != exp.condition || exp.reason.is_some_and(|r| r != reason) {
+                if cond != exp.condition || reason != exp.reason {
                     wrong.push(format!(
                         "ended {cond}/{reason}, expected {}/{}",
-                        exp.condition,
-                        exp.reason.unwrap_or("-")
+                        exp.condition, exp.reason
                     ));
                 }
             }

@@ -1,4 +1,5 @@
-//! The mixed workload: seeded Job shapes and the outcome upstream would reach for each.
+//! The mixed workload: Job shapes (seeded or in a fixed rotation) and the outcome upstream
+//! would reach for each. Shared with kjob-worker's whole-stack tests.
 
 use k8s_openapi::api::batch::v1::Job;
 use rand::Rng;
@@ -7,6 +8,11 @@ use serde_json::json;
 
 /// Exit code the pod-failure-policy Jobs' pods exit with; their FailJob rule matches it.
 pub const FAIL_JOB_EXIT_CODE: i32 = 42;
+/// Label carrying [`Shape::kind`] on each Job and, through its template, on its pods.
+pub const KIND_LABEL: &str = "kjob.io/chaos-kind";
+/// Shortest pod run time of an [`Shape::Ignore`] Job: long enough for a harness polling the
+/// pods to see the first one running and evict it.
+pub const IGNORE_MIN_RUN_MS: u64 = 3000;
 
 /// The shape of one Job of the workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +43,13 @@ pub enum Shape {
         /// spec.backoffLimit.
         backoff_limit: i32,
     },
+    /// Parallelism 1, pods succeed; a harness evicts the first running pod (DisruptionTarget),
+    /// which an Ignore podFailurePolicy rule matches: not counted, replaced once. Only for
+    /// harnesses that evict ([`Shape::random`] never draws it).
+    Ignore {
+        /// spec.completions.
+        completions: i32,
+    },
 }
 
 /// The terminal state upstream reaches for a Job.
@@ -44,8 +57,8 @@ pub enum Shape {
 pub struct Expected {
     /// `Complete` or `Failed`.
     pub condition: &'static str,
-    /// Reason of the Failed condition (None for Complete).
-    pub reason: Option<&'static str>,
+    /// Reason of the terminal condition.
+    pub reason: &'static str,
     /// Exact status.succeeded, or None when it equals the number of pods (work queue).
     pub succeeded: Option<i32>,
     /// Exact status.failed.
@@ -74,7 +87,22 @@ impl Shape {
         }
     }
 
-    /// Short name for reports.
+    /// The `i`th Job of a fixed rotation: every kind in turn ([`Shape::Ignore`] included, no
+    /// weighting, unlike [`Shape::random`]), sizes cycling.
+    pub fn nth(i: usize) -> Self {
+        let a = (i / 6 % 4) as i32 + 1;
+        let b = (i / 6 % 3) as i32 + 1;
+        match i % 6 {
+            0 => Shape::NonIndexed { completions: a, parallelism: b },
+            1 => Shape::Indexed { completions: a, parallelism: b },
+            2 => Shape::WorkQueue { parallelism: b },
+            3 => Shape::PodFailurePolicy,
+            4 => Shape::Ignore { completions: (i / 6 % 2) as i32 + 1 },
+            _ => Shape::BackoffLimit { backoff_limit: 1 },
+        }
+    }
+
+    /// Short name for reports (also the value of [`KIND_LABEL`]).
     pub fn kind(&self) -> &'static str {
         match self {
             Shape::NonIndexed { .. } => "non-indexed",
@@ -82,6 +110,7 @@ impl Shape {
             Shape::WorkQueue { .. } => "work-queue",
             Shape::PodFailurePolicy => "pod-failure-policy",
             Shape::BackoffLimit { .. } => "backoff-limit",
+            Shape::Ignore { .. } => "ignore",
         }
     }
 
@@ -89,7 +118,7 @@ impl Shape {
     pub fn expected(&self) -> Expected {
         let complete = |n: i32| Expected {
             condition: "Complete",
-            reason: None,
+            reason: "CompletionsReached",
             succeeded: Some(n),
             failed: 0,
             min_pods: n,
@@ -106,7 +135,7 @@ impl Shape {
             }
             Shape::PodFailurePolicy => Expected {
                 condition: "Failed",
-                reason: Some("PodFailurePolicy"),
+                reason: "PodFailurePolicy",
                 succeeded: Some(0),
                 failed: 1,
                 min_pods: 1,
@@ -114,11 +143,18 @@ impl Shape {
             },
             Shape::BackoffLimit { backoff_limit } => Expected {
                 condition: "Failed",
-                reason: Some("BackoffLimitExceeded"),
+                reason: "BackoffLimitExceeded",
                 succeeded: Some(0),
                 failed: backoff_limit + 1,
                 min_pods: backoff_limit + 1,
                 max_pods: backoff_limit + 1,
+            },
+            // The evicted pod is ignored (not counted) and replaced once, if the eviction
+            // landed while it ran (a harness adjusts for one that raced the pod's exit).
+            Shape::Ignore { completions } => Expected {
+                min_pods: completions + 1,
+                max_pods: completions + 1,
+                ..complete(completions)
             },
         }
     }
@@ -126,6 +162,7 @@ impl Shape {
     /// The Job object, managed by `controller`, pods running `run_ms` in the sim's kubelet.
     pub fn job(&self, name: &str, controller: &str, run_ms: u64) -> Job {
         let mut exit_code = 0;
+        let mut run_ms = run_ms;
         let mut spec = json!({
             "managedBy": controller,
             "backoffLimit": 6,
@@ -154,12 +191,24 @@ impl Shape {
                 exit_code = 1;
                 spec["backoffLimit"] = json!(backoff_limit);
             }
+            Shape::Ignore { completions } => {
+                spec["completions"] = json!(completions);
+                spec["parallelism"] = json!(1);
+                spec["podFailurePolicy"] = json!({"rules": [{
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget"}]
+                }]});
+                run_ms = run_ms.max(IGNORE_MIN_RUN_MS);
+            }
         }
         spec["template"] = json!({
-            "metadata": {"annotations": {
-                "kjob.io/sim-run-time": format!("{run_ms}ms"),
-                "kjob.io/sim-exit-code": exit_code.to_string(),
-            }},
+            "metadata": {
+                "labels": {KIND_LABEL: self.kind()},
+                "annotations": {
+                    "kjob.io/sim-run-time": format!("{run_ms}ms"),
+                    "kjob.io/sim-exit-code": exit_code.to_string(),
+                }
+            },
             "spec": {
                 "restartPolicy": "Never",
                 "containers": [{"name": "main", "image": "busybox:1.36"}]
@@ -168,7 +217,7 @@ impl Shape {
         let v = json!({
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "labels": {"kjob.io/chaos-kind": self.kind()}},
+            "metadata": {"name": name, "labels": {KIND_LABEL: self.kind()}},
             "spec": spec,
         });
         serde_json::from_value(v).expect("the Job literal matches the k8s-openapi schema")
@@ -193,14 +242,27 @@ mod tests {
     #[test]
     fn expectations_follow_upstream_counting() {
         let e = Shape::BackoffLimit { backoff_limit: 2 }.expected();
-        assert_eq!(
-            (e.failed, e.min_pods, e.max_pods, e.reason),
-            (3, 3, 3, Some("BackoffLimitExceeded"))
-        );
+        assert_eq!((e.failed, e.min_pods, e.max_pods, e.reason), (3, 3, 3, "BackoffLimitExceeded"));
         let e = Shape::Indexed { completions: 4, parallelism: 2 }.expected();
         assert_eq!((e.succeeded, e.max_pods, e.condition), (Some(4), 4, "Complete"));
         let e = Shape::WorkQueue { parallelism: 3 }.expected();
         assert_eq!((e.succeeded, e.min_pods, e.max_pods), (None, 1, 3));
+        let e = Shape::Ignore { completions: 2 }.expected();
+        assert_eq!(
+            (e.succeeded, e.failed, e.min_pods, e.reason),
+            (Some(2), 0, 3, "CompletionsReached")
+        );
+    }
+
+    #[test]
+    fn the_rotation_covers_every_kind() {
+        let kinds: std::collections::BTreeSet<&str> =
+            (0..12).map(|i| Shape::nth(i).kind()).collect();
+        assert_eq!(kinds.len(), 6, "{kinds:?}");
+        let ignore = Shape::Ignore { completions: 1 }.job("z", "ctl", 100);
+        let template = ignore.spec.unwrap().template.metadata.unwrap();
+        assert_eq!(template.labels.unwrap()[KIND_LABEL], "ignore");
+        assert_eq!(template.annotations.unwrap()["kjob.io/sim-run-time"], "3000ms");
     }
 
     #[test]

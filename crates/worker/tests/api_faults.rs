@@ -6,10 +6,9 @@
 mod stack_common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::QueueClient;
 use kube::Api;
 use stack_common::*;
@@ -44,36 +43,14 @@ async fn workers_ride_out_429_and_500_without_duplicates() {
         create_job_retrying(&jobs_api, &shape.job(name, kjob_core::DEFAULT_CONTROLLER_NAME, 300))
             .await;
     }
-    let deadline = Instant::now() + CONVERGE_TIMEOUT;
-    let mut jobs;
-    loop {
-        jobs = list_all(&jobs_api).await;
-        let done = jobs.iter().filter(|j| terminal(j).is_some()).count();
-        if done == shapes.len() || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let jobs = wait_terminal(&jobs_api, shapes.len(), CONVERGE_TIMEOUT).await;
     let (code, _) = tokio::task::block_in_place(|| {
         stack.sim_post("/sim/faults", r#"{"error429": 0, "error500": 0}"#)
     })
     .unwrap();
     assert_eq!(code, 200);
 
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let fin_deadline = Instant::now() + Duration::from_secs(10);
-    let mut pods;
-    loop {
-        pods = list_all(&pods_api).await;
-        if pods_with_finalizer(&pods).is_empty() || Instant::now() > fin_deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let seen_deadline = Instant::now() + Duration::from_secs(5);
-    while tracker.total() < pods.len() && Instant::now() < seen_deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let pods = settled_pods(&Api::namespaced(client.clone(), NAMESPACE), &tracker).await;
     let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
     let drained = wait_queues_drained(&queue, Duration::from_secs(15)).await;
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::QueueClient;
 use kube::Api;
 use stack_common::*;
@@ -31,7 +30,12 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
     let started = Instant::now();
     let run_dir = tempfile::Builder::new().prefix("kjob-concurrency-").tempdir().unwrap();
     let stack = tokio::task::block_in_place(|| {
-        start_stack(run_dir.path().to_path_buf(), 3, &["--concurrency=8", "--lease-duration=10s"])
+        // The client rate limit well above what the 24 syncs can use: this test is about
+        // concurrency, and at the default 100 QPS each worker spent its time queued behind
+        // its own limiter instead of syncing.
+        let flags =
+            ["--concurrency=8", "--lease-duration=10s", "--kube-qps=1000", "--kube-burst=2000"];
+        start_stack(run_dir.path().to_path_buf(), 3, &flags)
     });
     let client = client(&stack).await;
     create_namespace(&client, NAMESPACE).await;
@@ -43,9 +47,10 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
     let jobs_api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
     let shapes: BTreeMap<String, Shape> =
         (0..JOBS).map(|i| (format!("j-{i:03}"), Shape::nth(i))).collect();
-    // Created several at a time, as a busy cluster's clients would.
+    // Created many at a time, as a busy cluster's clients would (and so the workers get the
+    // whole backlog early instead of waiting on the test's creates).
     futures::stream::iter(shapes.iter().enumerate())
-        .for_each_concurrent(8, |(i, (name, shape))| {
+        .for_each_concurrent(16, |(i, (name, shape))| {
             let jobs_api = jobs_api.clone();
             let run_ms = POD_RUN_MS + (i as u64 % 5) * 50;
             async move {
@@ -56,37 +61,12 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
         .await;
     let created_in = started.elapsed();
 
-    let deadline = Instant::now() + CONVERGE_TIMEOUT;
-    let mut jobs;
-    loop {
-        jobs = list_all(&jobs_api).await;
-        let finished = jobs.iter().filter(|j| terminal(j).is_some()).count();
-        if finished == JOBS || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let jobs = wait_terminal(&jobs_api, JOBS, CONVERGE_TIMEOUT).await;
     let converged_in = started.elapsed();
     stop_evictor.store(true, Ordering::Relaxed);
     let evicted = evictor.await.unwrap();
 
-    // Finalizers of the last pods may be removed a moment after the terminal condition (the
-    // orphan queue's backup path); give them a bounded while.
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let fin_deadline = Instant::now() + Duration::from_secs(10);
-    let mut pods;
-    loop {
-        pods = list_all(&pods_api).await;
-        if pods_with_finalizer(&pods).is_empty() || Instant::now() > fin_deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // The watch may lag the list by a moment.
-    let seen_deadline = Instant::now() + Duration::from_secs(5);
-    while tracker.total() < pods.len() && Instant::now() < seen_deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let pods = settled_pods(&Api::namespaced(client.clone(), NAMESPACE), &tracker).await;
     let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
     let drained = wait_queues_drained(&queue, Duration::from_secs(15)).await;
 
@@ -122,6 +102,15 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
         converged_in.as_secs_f64(),
         tracker.total()
     );
+    eprintln!("{}", finish_profile(&jobs, &shapes));
+    for w in stack.workers() {
+        let text = admin_port_from_log(&stack.log_path(&w))
+            .and_then(|port| tokio::task::block_in_place(|| http_get(port, "/metrics")))
+            .unwrap_or_default();
+        let calls = metric_sum(&text, "kjob_worker_api_calls_total", &[]);
+        let syncs = metric_sum(&text, "job_controller_job_syncs_total", &[]);
+        eprintln!("{w}: {calls} API calls, {syncs} Job syncs");
+    }
     if !violations.is_empty() || alive.is_err() {
         let tails = log_tails(&stack, 15);
         let kept = run_dir.keep();

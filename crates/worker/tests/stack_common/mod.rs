@@ -1,6 +1,6 @@
 //! Shared harness of the whole-stack tests: every kjob process real (through
-//! [`kjob_testkit::Stack`]), the sim's autopilot kubelet, a seeded-free deterministic Job mix
-//! with the exact outcome upstream reaches for each, and end checks (terminal conditions and
+//! [`kjob_testkit::Stack`]), the sim's autopilot kubelet, kjob-chaos's Job shapes in their
+//! fixed rotation with the exact outcome upstream reaches for each, and end checks (terminal conditions and
 //! counts, pods ever created, tracking finalizers, queue drained).
 
 #![allow(dead_code)]
@@ -22,194 +22,10 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
+pub use kjob_chaos::plan::{KIND_LABEL, Shape};
+
 /// Timeout of each API call the harness makes.
 pub const API_TIMEOUT: Duration = Duration::from_secs(10);
-/// Label carrying the shape kind on each Job (and, through the template, its pods).
-pub const KIND_LABEL: &str = "kjob.io/test-kind";
-/// Exit code matched by the FailJob rule.
-pub const FAIL_JOB_EXIT_CODE: i32 = 42;
-
-/// One Job of the workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// NonIndexed, every pod succeeds.
-    NonIndexed {
-        /// spec.completions.
-        completions: i32,
-        /// spec.parallelism.
-        parallelism: i32,
-    },
-    /// Indexed, every pod succeeds.
-    Indexed {
-        /// spec.completions.
-        completions: i32,
-        /// spec.parallelism.
-        parallelism: i32,
-    },
-    /// Work queue (completions unset), every pod succeeds.
-    WorkQueue {
-        /// spec.parallelism.
-        parallelism: i32,
-    },
-    /// One pod exiting [`FAIL_JOB_EXIT_CODE`]; a FailJob rule matches it.
-    FailJob,
-    /// The first running pod is evicted (DisruptionTarget), which an Ignore rule matches: it
-    /// is replaced and not counted; the rest succeed.
-    Ignore {
-        /// spec.completions (parallelism 1).
-        completions: i32,
-    },
-    /// Every pod exits 1; backoffLimit 1.
-    BackoffLimit,
-}
-
-/// What upstream ends with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expected {
-    /// `Complete` or `Failed`.
-    pub condition: &'static str,
-    /// Reason of the terminal condition.
-    pub reason: &'static str,
-    /// Exact status.succeeded (None: equals the pods created, for a work queue).
-    pub succeeded: Option<i32>,
-    /// Exact status.failed.
-    pub failed: i32,
-    /// Fewest pods upstream creates.
-    pub min_pods: usize,
-    /// Most pods upstream creates.
-    pub max_pods: usize,
-}
-
-impl Shape {
-    /// A deterministic mix: every kind in turn, sizes cycling.
-    pub fn nth(i: usize) -> Shape {
-        let a = (i / 6 % 4) as i32 + 1;
-        let b = (i / 6 % 3) as i32 + 1;
-        match i % 6 {
-            0 => Shape::NonIndexed { completions: a, parallelism: b },
-            1 => Shape::Indexed { completions: a, parallelism: b },
-            2 => Shape::WorkQueue { parallelism: b },
-            3 => Shape::FailJob,
-            4 => Shape::Ignore { completions: (i / 6 % 2) as i32 + 1 },
-            _ => Shape::BackoffLimit,
-        }
-    }
-
-    /// Short name (also the value of [`KIND_LABEL`]).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Shape::NonIndexed { .. } => "non-indexed",
-            Shape::Indexed { .. } => "indexed",
-            Shape::WorkQueue { .. } => "work-queue",
-            Shape::FailJob => "fail-job",
-            Shape::Ignore { .. } => "ignore",
-            Shape::BackoffLimit => "backoff-limit",
-        }
-    }
-
-    /// Upstream's end state.
-    pub fn expected(&self) -> Expected {
-        let complete = |n: i32, pods: usize| Expected {
-            condition: "Complete",
-            reason: "CompletionsReached",
-            succeeded: Some(n),
-            failed: 0,
-            min_pods: pods,
-            max_pods: pods,
-        };
-        match *self {
-            Shape::NonIndexed { completions, .. } | Shape::Indexed { completions, .. } => {
-                complete(completions, completions as usize)
-            }
-            // Every pod started succeeds; once one has, no new pod is created.
-            Shape::WorkQueue { parallelism } => Expected {
-                succeeded: None,
-                min_pods: 1,
-                max_pods: parallelism as usize,
-                ..complete(1, 1)
-            },
-            Shape::FailJob => Expected {
-                condition: "Failed",
-                reason: "PodFailurePolicy",
-                succeeded: Some(0),
-                failed: 1,
-                min_pods: 1,
-                max_pods: 1,
-            },
-            // The evicted pod is ignored (not counted) and replaced once.
-            Shape::Ignore { completions } => complete(completions, completions as usize + 1),
-            Shape::BackoffLimit => Expected {
-                condition: "Failed",
-                reason: "BackoffLimitExceeded",
-                succeeded: Some(0),
-                failed: 2,
-                min_pods: 2,
-                max_pods: 2,
-            },
-        }
-    }
-
-    /// The Job, managed by `controller`, pods running `run_ms` in the sim's kubelet.
-    pub fn job(&self, name: &str, controller: &str, run_ms: u64) -> Job {
-        let mut exit_code = 0;
-        let mut run_ms = run_ms;
-        let mut spec = json!({"managedBy": controller, "backoffLimit": 6});
-        match *self {
-            Shape::NonIndexed { completions, parallelism } => {
-                spec["completions"] = json!(completions);
-                spec["parallelism"] = json!(parallelism);
-            }
-            Shape::Indexed { completions, parallelism } => {
-                spec["completions"] = json!(completions);
-                spec["parallelism"] = json!(parallelism);
-                spec["completionMode"] = json!("Indexed");
-            }
-            Shape::WorkQueue { parallelism } => spec["parallelism"] = json!(parallelism),
-            Shape::FailJob => {
-                exit_code = FAIL_JOB_EXIT_CODE;
-                spec["podFailurePolicy"] = json!({"rules": [{
-                    "action": "FailJob",
-                    "onExitCodes": {"operator": "In", "values": [FAIL_JOB_EXIT_CODE]}
-                }]});
-            }
-            Shape::Ignore { completions } => {
-                spec["completions"] = json!(completions);
-                spec["parallelism"] = json!(1);
-                spec["podFailurePolicy"] = json!({"rules": [{
-                    "action": "Ignore",
-                    "onPodConditions": [{"type": "DisruptionTarget"}]
-                }]});
-                // Long enough for the harness to see the first pod running and evict it.
-                run_ms = run_ms.max(3000);
-            }
-            Shape::BackoffLimit => {
-                exit_code = 1;
-                spec["backoffLimit"] = json!(1);
-            }
-        }
-        spec["template"] = json!({
-            "metadata": {
-                "labels": {KIND_LABEL: self.kind()},
-                "annotations": {
-                    "kjob.io/sim-run-time": format!("{run_ms}ms"),
-                    "kjob.io/sim-exit-code": exit_code.to_string(),
-                }
-            },
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [{"name": "main", "image": "busybox:1.36"}]
-            }
-        });
-        let v = json!({
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "labels": {KIND_LABEL: self.kind()}},
-            "spec": spec,
-        });
-        serde_json::from_value(v).expect("the Job literal matches the schema")
-    }
-}
-
 /// Starts the stack with `workers` workers given `worker_args`.
 pub fn start_stack(run_dir: PathBuf, workers: usize, worker_args: &[&str]) -> Stack {
     let bin_dir = kjob_testkit::bin_path("kjob-sim").expect("run `cargo build --bins` first");
@@ -406,7 +222,7 @@ pub fn check_jobs(
             continue;
         };
         let mut exp = shape.expected();
-        let npods = pods_ever.get(name).copied().unwrap_or(0);
+        let npods = pods_ever.get(name).copied().unwrap_or(0) as i32;
         if let Shape::Ignore { completions } = shape {
             // An eviction racing the pod's own successful exit leaves a Succeeded pod, which
             // upstream counts and does not replace; only a pod that ended Failed (the ignored
@@ -415,12 +231,12 @@ pub fn check_jobs(
             if ignored > 1 {
                 violations.push(format!("{name}: {ignored} failed pods, the harness evicts one"));
             }
-            exp.min_pods = *completions as usize + ignored;
+            exp.min_pods = completions + ignored as i32;
             exp.max_pods = exp.min_pods;
         }
         let s = job.status.clone().unwrap_or_default();
         let (succeeded, failed) = (s.succeeded.unwrap_or(0), s.failed.unwrap_or(0));
-        let want_succeeded = exp.succeeded.unwrap_or(npods as i32);
+        let want_succeeded = exp.succeeded.unwrap_or(npods);
         let mut wrong = Vec::new();
         match terminal(job) {
             None => wrong.push("not finished".to_string()),
@@ -545,4 +361,67 @@ pub async fn create_job_retrying(api: &Api<Job>, job: &Job) {
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// Per Job kind, the median and slowest time from creation to the terminal condition, for the
+/// tests' timing line (where a run spends its time).
+pub fn finish_profile(jobs: &[Job], shapes: &BTreeMap<String, Shape>) -> String {
+    let mut by_kind: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for job in jobs {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        let (Some(shape), Some(created)) = (shapes.get(&name), &job.metadata.creation_timestamp)
+        else {
+            continue;
+        };
+        let ended = job.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+            cs.iter()
+                .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                .and_then(|c| c.last_transition_time.as_ref())
+        });
+        if let Some(ended) = ended {
+            let secs = ended.0.duration_since(created.0).as_secs_f64();
+            by_kind.entry(shape.kind()).or_default().push(secs);
+        }
+    }
+    let mut out = Vec::new();
+    for (kind, mut secs) in by_kind {
+        secs.sort_by(f64::total_cmp);
+        let median = secs[secs.len() / 2];
+        let max = secs[secs.len() - 1];
+        out.push(format!("{kind} {median:.1}s/{max:.1}s"));
+    }
+    format!("creation to end, median/max: {}", out.join(", "))
+}
+
+/// Lists the Jobs until `count` of them have a terminal condition or `timeout` runs out; the
+/// last list either way (the caller's checks report what did not finish).
+pub async fn wait_terminal(api: &Api<Job>, count: usize, timeout: Duration) -> Vec<Job> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let jobs = list_all(api).await;
+        let finished = jobs.iter().filter(|j| terminal(j).is_some()).count();
+        if finished >= count || Instant::now() > deadline {
+            return jobs;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The pods once they settled: no tracking finalizer left (the last ones may come off a moment
+/// after the terminal condition, through the orphan queue's backup path) within 10 s, and the
+/// tracker's watch caught up with the list within 5 s more. The last list either way.
+pub async fn settled_pods(api: &Api<Pod>, tracker: &PodTracker) -> Vec<Pod> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pods = loop {
+        let pods = list_all(api).await;
+        if pods_with_finalizer(&pods).is_empty() || Instant::now() > deadline {
+            break pods;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tracker.total() < pods.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pods
 }
