@@ -109,7 +109,15 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
             .unwrap_or_default();
         let calls = metric_sum(&text, "kjob_worker_api_calls_total", &[]);
         let syncs = metric_sum(&text, "job_controller_job_syncs_total", &[]);
-        eprintln!("{w}: {calls} API calls, {syncs} Job syncs");
+        let mean = |family: &str| {
+            let sum = metric_sum(&text, &format!("{family}_sum"), &[]);
+            sum / metric_sum(&text, &format!("{family}_count"), &[]).max(1.0)
+        };
+        eprintln!(
+            "{w}: {calls} API calls, {syncs} Job syncs, mean sync {:.3}s, mean lease wait {:.3}s",
+            mean("job_controller_job_sync_duration_seconds"),
+            mean("kjob_worker_lease_wait_seconds"),
+        );
     }
     if !violations.is_empty() || alive.is_err() {
         let tails = log_tails(&stack, 15);
