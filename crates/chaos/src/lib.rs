@@ -420,14 +420,7 @@ async fn check_jobs(
     let mut pods_per_job: BTreeMap<String, i32> = BTreeMap::new();
     for p in &pods {
         let name = p.metadata.name.clone().unwrap_or_default();
-        let job = p
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(kjob_core::JOB_NAME_LABEL))
-            .cloned()
-            .unwrap_or_default();
-        *pods_per_job.entry(job).or_default() += 1;
+        *pods_per_job.entry(plan::job_name_of(p)).or_default() += 1;
         let fins = p.metadata.finalizers.as_deref().unwrap_or_default();
         if fins.iter().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER) {
             report.violations.push(format!("pod {name} keeps the tracking finalizer"));

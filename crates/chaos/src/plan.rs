@@ -2,6 +2,7 @@
 //! would reach for each. Shared with kjob-worker's whole-stack tests.
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::json;
@@ -13,6 +14,12 @@ pub const KIND_LABEL: &str = "kjob.io/chaos-kind";
 /// Shortest pod run time of an [`Shape::Ignore`] Job: long enough for a harness polling the
 /// pods to see the first one running and evict it.
 pub const IGNORE_MIN_RUN_MS: u64 = 3000;
+
+/// The Job a pod belongs to by its `batch.kubernetes.io/job-name` label ("" without one).
+pub fn job_name_of(pod: &Pod) -> String {
+    let labels = pod.metadata.labels.as_ref();
+    labels.and_then(|l| l.get(kjob_core::JOB_NAME_LABEL)).cloned().unwrap_or_default()
+}
 
 /// The shape of one Job of the workload.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -86,14 +86,5 @@ async fn workers_ride_out_429_and_500_without_duplicates() {
     }
     let alive = tokio::task::block_in_place(|| stack.check_alive());
     eprintln!("api calls by result: {by_result:?}; {} pods created", tracker.total());
-    if !violations.is_empty() || alive.is_err() {
-        let tails = log_tails(&stack, 15);
-        let kept = run_dir.keep();
-        panic!(
-            "{} violations (logs in {}): {alive:?}\n{}\n{tails}",
-            violations.len(),
-            kept.display(),
-            violations.join("\n")
-        );
-    }
+    fail_on_violations(&stack, run_dir, &violations, alive);
 }

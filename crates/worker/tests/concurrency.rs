@@ -119,14 +119,5 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
             mean("kjob_worker_lease_wait_seconds"),
         );
     }
-    if !violations.is_empty() || alive.is_err() {
-        let tails = log_tails(&stack, 15);
-        let kept = run_dir.keep();
-        panic!(
-            "{} violations (logs in {}): {alive:?}\n{}\n{tails}",
-            violations.len(),
-            kept.display(),
-            violations.join("\n")
-        );
-    }
+    fail_on_violations(&stack, run_dir, &violations, alive);
 }

@@ -22,7 +22,7 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
-pub use kjob_chaos::plan::{KIND_LABEL, Shape};
+pub use kjob_chaos::plan::{KIND_LABEL, Shape, job_name_of};
 
 /// Timeout of each API call the harness makes.
 pub const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,13 +92,7 @@ impl PodTracker {
                     }
                 };
                 let Some(uid) = pod.metadata.uid.clone() else { continue };
-                let job = pod
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(kjob_core::JOB_NAME_LABEL))
-                    .cloned()
-                    .unwrap_or_default();
+                let job = job_name_of(&pod);
                 let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
                 out.lock().unwrap().insert(uid, (job, phase));
             }
@@ -176,13 +170,7 @@ pub fn spawn_evictor(
                 _ => vec![],
             };
             for p in pods {
-                let job = p
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(kjob_core::JOB_NAME_LABEL))
-                    .cloned()
-                    .unwrap_or_default();
+                let job = job_name_of(&p);
                 let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
                 if !running || p.metadata.deletion_timestamp.is_some() || done.contains(&job) {
                     continue;
@@ -312,6 +300,27 @@ pub fn metric_sum(text: &str, name: &str, needles: &[&str]) -> f64 {
         .filter(|l| l.starts_with(name) && needles.iter().all(|n| l.contains(n)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Panics with the violations, the liveness check and every log's tail (keeping the run
+/// folder for a look) when anything went wrong; returns otherwise.
+pub fn fail_on_violations(
+    stack: &Stack,
+    run_dir: tempfile::TempDir,
+    violations: &[String],
+    alive: anyhow::Result<()>,
+) {
+    if violations.is_empty() && alive.is_ok() {
+        return;
+    }
+    let tails = log_tails(stack, 15);
+    let kept = run_dir.keep();
+    panic!(
+        "{} violations (logs in {}): {alive:?}\n{}\n{tails}",
+        violations.len(),
+        kept.display(),
+        violations.join("\n")
+    );
 }
 
 /// The last lines of every log of the stack, for failure messages.
