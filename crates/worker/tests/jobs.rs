@@ -130,17 +130,21 @@ async fn non_indexed_completes() {
             assert!(ev.note.as_deref().unwrap().starts_with("Created pod: pi-"), "{ev:?}");
         }
     }
-    let (code, metrics) = e.worker.as_ref().unwrap().admin_get("/metrics").await;
-    assert_eq!(code, 200);
-    for line in [
+    // The counters move just after the API writes they count: wait (bounded) for all of them.
+    let want = [
         r#"job_controller_jobs_finished_total{completion_mode="NonIndexed",result="succeeded",reason="CompletionsReached"} 1"#,
         r#"job_controller_job_pods_finished_total{completion_mode="NonIndexed",result="succeeded"} 3"#,
         r#"job_controller_terminated_pods_tracking_finalizer_total{event="delete"} 3"#,
         r#"job_controller_terminated_pods_tracking_finalizer_total{event="add"} 3"#,
         r#"job_controller_job_pods_creation_total{reason="new",status="succeeded"} 3"#,
-    ] {
-        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
-    }
+    ];
+    let worker = e.worker.as_ref().unwrap();
+    let found = common::eventually("the finished Job's metrics", TIMEOUT, || async {
+        let (code, metrics) = worker.admin_get("/metrics").await;
+        (code == 200 && want.iter().all(|l| metrics.contains(l))).then_some(metrics)
+    })
+    .await;
+    assert!(found.contains("job_controller_job_syncs_total{"), "{found}");
     e.stop().await;
 }
 
