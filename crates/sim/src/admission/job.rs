@@ -106,12 +106,12 @@ pub fn default_job(job: &mut Value) {
     }
 }
 
-/// Create-time preparation once `metadata.uid` and `metadata.name` are assigned: clears
-/// status, adds the generated selector and template labels unless `manualSelector`, then
+/// Create-time preparation once `metadata.uid` and `metadata.name` are assigned: resets
+/// status to `{}` (upstream sets an empty JobStatus, which reads back as `"status": {}`), adds the generated selector and template labels unless `manualSelector`, then
 /// re-runs defaulting so the Job's labels mirror the template's (as a read-back shows them).
 pub fn prepare_job_create(job: &mut Value) {
     if let Some(m) = job.as_object_mut() {
-        m.remove("status");
+        m.insert("status".into(), Value::Object(Default::default()));
     }
     default_job(job);
     let manual = job.pointer("/spec/manualSelector").and_then(Value::as_bool).unwrap_or(false);
