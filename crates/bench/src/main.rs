@@ -251,13 +251,8 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     }
     for (dir, phase) in main_phases {
         tracing::info!(workers, phase = %phase.name, "main stack: throughput and latency");
-        let mut stack = stack::start(&opts(workers, Duration::ZERO, dir))?;
-        let client = kube_client(&stack.sim_url).await?;
-        let rec = Recorder::default();
-        let mut watches = JoinSet::new();
-        rec.start(client.clone(), &mut watches).await?;
         let (mut r, first, counted) =
-            run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+            run_on_fresh_stack(&opts(workers, Duration::ZERO, dir), &http, ticks, phase).await?;
         r.workers = workers;
         let label = if dir == "main-single" { "single-pod Jobs" } else { "Indexed Job" };
         samples.push((label.to_string(), first, counted));
@@ -266,7 +261,6 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         } else {
             report.indexed = Some(r);
         }
-        watches.abort_all();
     }
 
     if latency_jobs > 0 {
@@ -288,26 +282,15 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
             pace: Some(rate),
         };
         tracing::info!(workers, phase = %phase.name, "main stack: latency at a steady rate");
-        let mut stack = stack::start(&opts(workers, Duration::ZERO, "main-latency"))?;
-        let client = kube_client(&stack.sim_url).await?;
-        let rec = Recorder::default();
-        let mut watches = JoinSet::new();
-        rec.start(client.clone(), &mut watches).await?;
-        let (mut r, first, counted) =
-            run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+        let o = opts(workers, Duration::ZERO, "main-latency");
+        let (mut r, first, counted) = run_on_fresh_stack(&o, &http, ticks, phase).await?;
         r.workers = workers;
         samples.push((format!("single-pod Jobs at {rate:.1}/s"), first, counted));
         report.latency = Some(r);
-        watches.abort_all();
     }
 
     for &w in &scale_workers.0 {
         tracing::info!(workers = w, ?write_latency, "scale-out run");
-        let mut stack = stack::start(&opts(w, write_latency, &format!("scale-{w}")))?;
-        let client = kube_client(&stack.sim_url).await?;
-        let rec = Recorder::default();
-        let mut watches = JoinSet::new();
-        rec.start(client.clone(), &mut watches).await?;
         let list = (0..scale_jobs)
             .map(|i| job(&format!("scale-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -318,11 +301,11 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
             timeout: scale_timeout,
             pace: None,
         };
-        let (mut r, _, _) = run_phase(&mut stack, &client, &rec, &http, ticks, phase).await?;
+        let o = opts(w, write_latency, &format!("scale-{w}"));
+        let (mut r, _, _) = run_on_fresh_stack(&o, &http, ticks, phase).await?;
         r.workers = w;
         r.write_latency_ms = write_latency.as_millis() as u64;
         report.scale.push(r);
-        watches.abort_all();
     }
 
     report.plots = draw_plots(&out, &report, &samples)?;
@@ -332,6 +315,24 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         .with_context(|| format!("writing {}", md.display()))?;
     tracing::info!(report = %md.display(), secs = report.total_secs, "benchmark done");
     Ok(report)
+}
+
+/// Starts a stack for `o`, watches it, runs `phase` on it and stops it: the figures and the raw
+/// latency samples (first-pod, counted).
+async fn run_on_fresh_stack(
+    o: &StackOpts,
+    http: &reqwest::Client,
+    ticks: f64,
+    phase: Phase,
+) -> anyhow::Result<(PhaseResult, Vec<f64>, Vec<f64>)> {
+    let mut stack = stack::start(o)?;
+    let client = kube_client(&stack.sim_url).await?;
+    let rec = Recorder::default();
+    let mut watches = JoinSet::new();
+    rec.start(client.clone(), &mut watches).await?;
+    let out = run_phase(&mut stack, &client, &rec, http, ticks, phase).await;
+    watches.abort_all();
+    out
 }
 
 fn draw_plots(
