@@ -4,6 +4,13 @@
 //! cost at each size (median over Criterion's own samples) and the 10k/1k ratio, which should
 //! stay near 1 (the target is below 1.5).
 //!
+//! `plan/*` plans from the pods' [`PodSummary`]s, taken beforehand as the worker takes them:
+//! while it decodes the pod LIST, each Pod still in cache. `summarize` times taking them from
+//! Pod objects that are not in cache (the worst case, more than the decoder pays), and
+//! `plan_from_pods/steady` plans from the Pod objects alone (`JobSync::new`, which takes the
+//! summaries itself), so the cost of the Pods' memory layout stays in view. `decode/*` decodes
+//! a LIST's pods with and without their summaries: what the summaries cost the worker.
+//!
 //! Run: `cargo bench -p kjob-reconcile --bench plan -- --warm-up-time 1 --measurement-time 3`.
 
 use std::cell::RefCell;
@@ -16,7 +23,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
 use kjob_reconcile::testutil::{at, mk_job, mk_pod};
-use kjob_reconcile::{JobSync, Report, Step, SyncInput};
+use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods, SyncInput};
 
 /// Pod counts benched side by side.
 const SIZES: [i32; 3] = [1_000, 10_000, 20_000];
@@ -134,8 +141,14 @@ fn duplicated(n: i32) -> (Job, Vec<Pod>) {
 }
 
 /// Runs one sync to its end, answering every step with success; returns the number of steps.
-fn plan_one_sync(job: &Job, pods: &[Pod], in_flight: &BTreeSet<String>) -> usize {
-    let mut sync = JobSync::new(SyncInput {
+/// With `summaries` the sync plans from them (the worker's way), else from the Pods alone.
+fn plan_one_sync(
+    job: &Job,
+    pods: &[Pod],
+    summaries: Option<&[PodSummary]>,
+    in_flight: &BTreeSet<String>,
+) -> usize {
+    let input = SyncInput {
         job,
         pods,
         now: at(100),
@@ -144,7 +157,11 @@ fn plan_one_sync(job: &Job, pods: &[Pod], in_flight: &BTreeSet<String>) -> usize
         backoff: None,
         controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
         manage_all: true,
-    });
+    };
+    let mut sync = match summaries {
+        Some(s) => JobSync::with_summaries(input, s),
+        None => JobSync::new(input),
+    };
     let mut steps = 0;
     loop {
         steps += 1;
@@ -185,64 +202,100 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 fn bench_plan(c: &mut Criterion) {
-    let in_flight = BTreeSet::new();
     for &(mix, build) in MIXES {
-        let mut group = c.benchmark_group(format!("plan/{mix}"));
-        group.sample_size(20);
-        // Per-pod nanoseconds of every timed batch, per size, for the summary line.
-        let samples: Vec<RefCell<Vec<f64>>> = SIZES.iter().map(|_| RefCell::default()).collect();
-        for (k, &n) in SIZES.iter().enumerate() {
-            let (job, pods) = build(n);
-            let npods = pods.len() as f64;
-            group.throughput(Throughput::Elements(pods.len() as u64));
-            group.bench_with_input(BenchmarkId::from_parameter(label(n)), &n, |b, _| {
-                b.iter_custom(|iters| {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        black_box(plan_one_sync(black_box(&job), black_box(&pods), &in_flight));
-                    }
-                    let took = start.elapsed();
-                    let per_pod = took.as_nanos() as f64 / iters.max(1) as f64 / npods;
-                    samples[k].borrow_mut().push(per_pod);
-                    took
-                })
-            });
-        }
-        group.finish();
-        summarize(&format!("plan/{mix}"), samples);
+        bench_mix(c, &format!("plan/{mix}"), build, true);
     }
+    bench_mix(c, "plan_from_pods/steady", steady, false);
 }
 
-/// The floor: reading each pod's completion index once (the least any plan must do), on the
-/// steady mix. Its own 10k/1k ratio shows how much of the plan's ratio is the memory hierarchy
-/// (1k pods fit in the CPU cache, 10k do not) rather than the planning work.
-fn bench_floor(c: &mut Criterion) {
-    let mut group = c.benchmark_group("floor/read_index");
-    group.sample_size(20);
+/// Benches `run` over the state `setup` builds for each size (the state and its pod count) as
+/// group `name`, then prints the group's per-pod summary line.
+fn per_pod_group<S>(
+    c: &mut Criterion,
+    name: &str,
+    sample_size: usize,
+    setup: impl Fn(i32) -> (S, usize),
+    run: impl Fn(&S),
+) {
+    let mut group = c.benchmark_group(name);
+    group.sample_size(sample_size);
+    // Per-pod nanoseconds of every timed batch, per size, for the summary line.
     let samples: Vec<RefCell<Vec<f64>>> = SIZES.iter().map(|_| RefCell::default()).collect();
     for (k, &n) in SIZES.iter().enumerate() {
-        let (_, pods) = steady(n);
-        let npods = pods.len() as f64;
-        group.throughput(Throughput::Elements(pods.len() as u64));
+        let (state, npods) = setup(n);
+        group.throughput(Throughput::Elements(npods as u64));
         group.bench_with_input(BenchmarkId::from_parameter(label(n)), &n, |b, _| {
             b.iter_custom(|iters| {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let sum: i64 = black_box(&pods)
-                        .iter()
-                        .filter_map(kjob_reconcile::indexes::completion_index)
-                        .map(i64::from)
-                        .sum();
-                    black_box(sum);
+                    run(black_box(&state));
                 }
                 let took = start.elapsed();
-                samples[k].borrow_mut().push(took.as_nanos() as f64 / iters.max(1) as f64 / npods);
+                let per_pod = took.as_nanos() as f64 / iters.max(1) as f64 / npods as f64;
+                samples[k].borrow_mut().push(per_pod);
                 took
             })
         });
     }
     group.finish();
-    summarize("floor/read_index", samples);
+    summarize(name, samples);
+}
+
+/// One group: a sync of `build`'s world at each size, from summaries taken beforehand or from
+/// the Pods alone.
+fn bench_mix(c: &mut Criterion, name: &str, build: Mix, with_summaries: bool) {
+    let in_flight = BTreeSet::new();
+    let setup = |n| {
+        let (job, pods) = build(n);
+        let summaries = with_summaries.then(|| PodSummary::of_all(&pods));
+        let npods = pods.len();
+        ((job, pods, summaries), npods)
+    };
+    per_pod_group(c, name, 20, setup, |(job, pods, summaries)| {
+        black_box(plan_one_sync(job, pods, summaries.as_deref(), &in_flight));
+    });
+}
+
+/// Decoding the steady mix's pods from a LIST body as the worker does, each summary taken as its
+/// pod is decoded (`SummarizedPods`), next to decoding the Pods alone: the difference is what
+/// the summaries really cost the worker.
+fn bench_decode(c: &mut Criterion) {
+    let body = |n| {
+        let (_, pods) = steady(n);
+        (serde_json::to_string(&pods).expect("pods serialise"), pods.len())
+    };
+    per_pod_group(c, "decode/pods", 10, body, |body| {
+        black_box(serde_json::from_str::<Vec<Pod>>(body).expect("decode"));
+    });
+    per_pod_group(c, "decode/summarized_pods", 10, body, |body| {
+        black_box(serde_json::from_str::<SummarizedPods>(body).expect("decode"));
+    });
+}
+
+/// Taking the summaries of every pod of the steady mix from Pod objects, as `JobSync::new`
+/// does; the worker pays less, taking each as the pod is decoded.
+fn bench_summarize(c: &mut Criterion) {
+    per_pod_group(c, "summarize", 20, steady_pods, |pods| {
+        black_box(PodSummary::of_all(pods));
+    });
+}
+
+/// The floor: reading each pod's completion index once (the least any plan from Pod objects
+/// must do), on the steady mix. Its own 10k/1k ratio shows how much of a ratio is the memory
+/// hierarchy (1k pods fit in the CPU cache, 10k do not) rather than the planning work.
+fn bench_floor(c: &mut Criterion) {
+    per_pod_group(c, "floor/read_index", 20, steady_pods, |pods| {
+        let sum: i64 =
+            pods.iter().filter_map(kjob_reconcile::indexes::completion_index).map(i64::from).sum();
+        black_box(sum);
+    });
+}
+
+/// The steady mix's pods and their count.
+fn steady_pods(n: i32) -> (Vec<Pod>, usize) {
+    let (_, pods) = steady(n);
+    let len = pods.len();
+    (pods, len)
 }
 
 /// Prints the one-line per-pod summary of a group from its recorded samples.
@@ -269,6 +322,6 @@ fn summarize(name: &str, samples: Vec<RefCell<Vec<f64>>>) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1));
-    targets = bench_floor, bench_plan
+    targets = bench_floor, bench_summarize, bench_decode, bench_plan
 }
 criterion_main!(benches);

@@ -36,20 +36,26 @@ impl BackoffRecord {
     /// successes the count restarts from the failures that finished strictly after the latest
     /// success. Pods are taken in any order.
     pub fn updated(&self, new_succeeded: &[&Pod], new_failed: &[&Pod]) -> BackoffRecord {
-        if new_failed.is_empty() && new_succeeded.is_empty() {
+        let times = |pods: &[&Pod]| pods.iter().map(|p| finished_time(p)).collect::<Vec<_>>();
+        self.updated_at(&times(new_succeeded), &times(new_failed))
+    }
+
+    /// [`BackoffRecord::updated`] from the finish times of the newly succeeded and newly failed
+    /// pods (upstream `getFinishedTime` of each).
+    pub fn updated_at(&self, succeeded: &[Timestamp], failed: &[Timestamp]) -> BackoffRecord {
+        if failed.is_empty() && succeeded.is_empty() {
             return self.clone();
         }
-        let latest_failure = new_failed.iter().map(|p| finished_time(p)).max();
-        let Some(last_success) = new_succeeded.iter().map(|p| finished_time(p)).max() else {
+        let latest_failure = failed.iter().copied().max();
+        let Some(last_success) = succeeded.iter().copied().max() else {
             return BackoffRecord {
                 failures_after_last_success: self
                     .failures_after_last_success
-                    .saturating_add(new_failed.len() as i32),
+                    .saturating_add(failed.len() as i32),
                 last_failure_time: latest_failure,
             };
         };
-        let after: Vec<Timestamp> =
-            new_failed.iter().map(|p| finished_time(p)).filter(|t| *t > last_success).collect();
+        let after: Vec<Timestamp> = failed.iter().copied().filter(|t| *t > last_success).collect();
         BackoffRecord {
             failures_after_last_success: after.len() as i32,
             last_failure_time: after.into_iter().max(),

@@ -21,9 +21,9 @@ pub fn count_indexes(s: &str, completions: i32) -> usize {
     IndexSet::parse(s, completions).total()
 }
 
-pub use pod_util::{has_tracking_finalizer, is_active, is_pod_failed, is_ready, is_terminating};
+pub use pod_util::is_ready;
 
-pub use indexes::{completion_index, is_index_failed};
+pub use indexes::is_index_failed;
 pub(crate) use indexes::{delayed_deletion_among, first_pending_outside};
 pub(crate) use pod_util::active_pods_for_removal_with;
 
@@ -46,7 +46,7 @@ pub fn failure_policy_outcome(job: &Job, pod: &Pod) -> (bool, Option<String>) {
 
 /// The FailJob message of the first failed pod matching a FailJob rule (upstream
 /// `getFailJobMessage`).
-pub fn fail_job_message(job: &Job, pods: &[Pod]) -> Option<String> {
+pub fn fail_job_message<'a>(job: &Job, pods: impl IntoIterator<Item = &'a Pod>) -> Option<String> {
     crate::pod_failure_policy::fail_job_message(job, pods)
 }
 
@@ -70,13 +70,15 @@ pub fn indexes_ready_to_create(
     backoff::indexes_ready_to_create(ixs, delayed, now)
 }
 
-/// The backoff record after this sync's newly finished pods (upstream `newBackoffRecord`).
+/// The backoff record after this sync's newly finished pods, given their finish times
+/// (upstream `newBackoffRecord`).
 pub fn new_backoff_record(
     prev: Option<&BackoffRecord>,
-    new_succeeded: &[&Pod],
-    new_failed: &[&Pod],
+    new_succeeded: impl Iterator<Item = Timestamp>,
+    new_failed: impl Iterator<Item = Timestamp>,
 ) -> BackoffRecord {
-    prev.cloned().unwrap_or_default().updated(new_succeeded, new_failed)
+    let (succeeded, failed): (Vec<_>, Vec<_>) = (new_succeeded.collect(), new_failed.collect());
+    prev.cloned().unwrap_or_default().updated_at(&succeeded, &failed)
 }
 
 /// Time left before pods may be created again (upstream `backoffRecord.getRemainingTime`).

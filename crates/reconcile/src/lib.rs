@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod pod_failure_policy;
 pub mod pod_util;
 pub mod success_policy;
+pub mod summary;
 pub mod sync;
 pub mod template;
 #[cfg(any(test, feature = "testutil"))]
@@ -26,6 +27,7 @@ pub mod testutil;
 pub mod validation;
 
 pub use backoff::BackoffRecord;
+pub use summary::{PodSummary, SummarizedPods};
 pub use sync::{
     BackoffUpdate, CallError, Expectations, JobSync, Outcome, PodRef, Report, Skipped, Step,
     SyncError, SyncInput,

@@ -441,19 +441,41 @@ pub fn past_backoff_limit_on_failure<'a>(
     job: &Job,
     pods: impl IntoIterator<Item = &'a Pod>,
 ) -> bool {
-    let Some(spec) = job.spec.as_ref() else { return false };
-    let restart_policy = spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
-    if restart_policy != Some("OnFailure") {
+    if !restarts_on_failure(job) {
         return false;
     }
     let total: i64 = pods
         .into_iter()
         .filter(|p| matches!(phase(p), PHASE_RUNNING | PHASE_PENDING))
-        .flat_map(|p| init_container_statuses(p).iter().chain(container_statuses(p)))
-        .map(|c| i64::from(c.restart_count))
+        .map(total_restarts)
         .sum();
-    let limit = i64::from(spec.backoff_limit.unwrap_or(6));
+    restarts_past_backoff_limit(job, total)
+}
+
+/// Whether `total` restarts of Running/Pending pods reach the Job's backoffLimit (> 0 when the
+/// limit is 0): the test of [`past_backoff_limit_on_failure`].
+pub(crate) fn restarts_past_backoff_limit(job: &Job, total: i64) -> bool {
+    let limit = i64::from(job.spec.as_ref().and_then(|s| s.backoff_limit).unwrap_or(6));
     if limit == 0 { total > 0 } else { total >= limit }
+}
+
+/// Whether the Job's pod template has restartPolicy OnFailure (the only case where container
+/// restarts count toward backoffLimit).
+pub(crate) fn restarts_on_failure(job: &Job) -> bool {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.restart_policy.as_deref())
+        == Some("OnFailure")
+}
+
+/// Restarts of all the pod's init containers and containers.
+pub fn total_restarts(pod: &Pod) -> i64 {
+    init_container_statuses(pod)
+        .iter()
+        .chain(container_statuses(pod))
+        .map(|c| i64::from(c.restart_count))
+        .sum()
 }
 
 /// When the pod finished: latest container `finishedAt` if every container (and every sidecar

@@ -20,6 +20,7 @@
 //! up mid-way (lease lost, expectations store unreachable), [`JobSync::abort`] returns the outcome
 //! so far (events already earned, metrics) with the error.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
@@ -34,7 +35,8 @@ use crate::events::{self, Event};
 use crate::job_util as ju;
 use crate::leaf::{self, IndexSet};
 use crate::metrics::{self as m, MetricDeltas};
-use crate::pod_util::{RemovalKey, removal_key};
+use crate::pod_util::RemovalKey;
+use crate::summary::{PodPhase, PodSummary};
 
 /// Most pods recorded in `uncountedTerminatedPods` (plus new completed indexes) per sync.
 pub const MAX_UNCOUNTED_PODS: usize = 500;
@@ -332,6 +334,8 @@ pub struct JobSync<'a> {
     failed_indexes: Option<IndexSet>,
     delayed_deletion: BTreeMap<i32, &'a Pod>,
     /// What the engine reads of each input pod (same order as the input), read once.
+    summaries: Cow<'a, [PodSummary]>,
+    /// What this sync makes of each summary (same order as the input).
     facts: Vec<PodFacts>,
     /// Completion index of each active pod, in `active_pods` order (Indexed Jobs only).
     active_index: Vec<Option<i32>>,
@@ -369,9 +373,8 @@ pub struct JobSync<'a> {
     metrics: MetricDeltas,
 }
 
-/// What the engine reads of one input pod. Gathered in the one pass over the Pod objects: at
-/// 10k pods each further pass over them would be another round of cache misses, while a
-/// `PodFacts` is 12 bytes.
+/// What this sync makes of one input pod, from its [`PodSummary`] and the Job. Gathered in the
+/// one pass over the summaries; a `PodFacts` is 12 bytes.
 #[derive(Debug, Clone, Copy)]
 struct PodFacts {
     /// Completion index (Indexed Jobs only): the annotation, else the label.
@@ -400,7 +403,25 @@ fn min_requeue(current: Option<Duration>, new: Duration) -> Option<Duration> {
 
 impl<'a> JobSync<'a> {
     /// Starts a sync: runs upstream `syncJob` up to its first write (nothing is written yet).
+    /// Takes the [`PodSummary`] of every input pod first; a caller that took them as it decoded
+    /// the pods calls [`JobSync::with_summaries`] instead.
     pub fn new(input: SyncInput<'a>) -> Self {
+        Self::begin(input, Cow::Owned(PodSummary::of_all(input.pods)))
+    }
+
+    /// [`JobSync::new`] with the [`PodSummary`] of each input pod already taken, in input order
+    /// (e.g. by decoding the pod LIST into [`crate::SummarizedPod`]s). The pass over every pod
+    /// then reads only the summaries. Summaries that do not match the pods one to one (another
+    /// length) are taken again from the pods.
+    pub fn with_summaries(input: SyncInput<'a>, summaries: &'a [PodSummary]) -> Self {
+        if summaries.len() == input.pods.len() {
+            Self::begin(input, Cow::Borrowed(summaries))
+        } else {
+            Self::new(input)
+        }
+    }
+
+    fn begin(input: SyncInput<'a>, summaries: Cow<'a, [PodSummary]>) -> Self {
         let job = input.job;
         let status = job.status.clone().unwrap_or_default();
         let mut sync = JobSync {
@@ -420,6 +441,7 @@ impl<'a> JobSync<'a> {
             succeeded_indexes: IndexSet::default(),
             failed_indexes: None,
             delayed_deletion: BTreeMap::new(),
+            summaries,
             facts: Vec::new(),
             active_index: Vec::new(),
             active_keys: Vec::new(),
@@ -548,10 +570,11 @@ impl<'a> JobSync<'a> {
         self.uncounted_succeeded = uid_set(uncounted.succeeded.as_ref());
         self.uncounted_failed = uid_set(uncounted.failed.as_ref());
 
-        // The only pass over the Pod objects: at 10k pods they no longer fit in the CPU cache,
-        // so every other step works on the facts gathered here.
-        let mut new_succeeded: Vec<&Pod> = Vec::new();
-        let mut new_failed: Vec<&Pod> = Vec::new();
+        // The only pass over every pod, and it reads the dense summaries: the Pod objects
+        // themselves are only read for the pods a step names (capped per sync) and for UID
+        // lookups when some are in flight or uncounted.
+        let mut new_succeeded: Vec<usize> = Vec::new();
+        let mut new_failed: Vec<usize> = Vec::new();
         let mut active_pods = Vec::with_capacity(pods.len());
         let (mut ready, mut terminating) = (0, 0);
         let completions = self.completions();
@@ -562,21 +585,28 @@ impl<'a> JobSync<'a> {
         let mut active_valid = Vec::new();
         let mut terminating_valid = Vec::new();
         let mut new_completed = Vec::new();
-        for pod in pods {
-            let index = if self.indexed { leaf::completion_index(pod) } else { None };
+        let only_replace_failed = crate::pod_util::only_replace_failed_pods(job);
+        let on_failure = crate::pod_util::restarts_on_failure(job);
+        let mut restarts: i64 = 0;
+        for (i, (pod, s)) in pods.iter().zip(self.summaries.iter()).enumerate() {
+            let index = if self.indexed { s.index } else { None };
             let valid = index.filter(|ix| *ix < completions);
-            let finalizer = leaf::has_tracking_finalizer(pod);
+            let finalizer = s.finalizer;
             let f = PodFacts {
                 index,
                 finalizer,
-                tracked: finalizer && !in_flight.contains(ju::pod_uid(pod)),
-                succeeded: ju::pod_phase(pod) == "Succeeded",
-                failed: leaf::is_pod_failed(pod, job),
+                tracked: finalizer
+                    && (in_flight.is_empty() || !in_flight.contains(ju::pod_uid(pod))),
+                succeeded: s.phase == PodPhase::Succeeded,
+                failed: s.is_failed(only_replace_failed),
             };
             facts.push(f);
-            if leaf::is_active(pod) {
+            if on_failure && matches!(s.phase, PodPhase::Running | PodPhase::Pending) {
+                restarts += s.restarts_total;
+            }
+            if s.is_active() {
                 active_pods.push(pod);
-                let key = removal_key(pod);
+                let key = s.key;
                 ready += i32::from(key.is_ready());
                 active_keys.push(key);
                 if self.indexed {
@@ -588,7 +618,7 @@ impl<'a> JobSync<'a> {
                         None => self.active_needs_dedup = true,
                     }
                 }
-            } else if leaf::is_terminating(pod) {
+            } else if s.is_terminating() {
                 terminating += 1;
                 terminating_valid.extend(valid);
             }
@@ -603,12 +633,13 @@ impl<'a> JobSync<'a> {
             if !f.tracked || (self.indexed && valid.is_none()) {
                 continue;
             }
-            let uid = ju::pod_uid(pod);
-            if f.succeeded && !self.uncounted_succeeded.contains(uid) {
-                new_succeeded.push(pod);
+            let uncounted =
+                |set: &HashSet<String>| !set.is_empty() && set.contains(ju::pod_uid(pod));
+            if f.succeeded && !uncounted(&self.uncounted_succeeded) {
+                new_succeeded.push(i);
             }
-            if f.failed && !self.uncounted_failed.contains(uid) {
-                new_failed.push(pod);
+            if f.failed && !uncounted(&self.uncounted_failed) {
+                new_failed.push(i);
             }
         }
         // Pods come in index order most of the time, which these sorts handle in linear time.
@@ -627,7 +658,8 @@ impl<'a> JobSync<'a> {
         self.active_pods = active_pods;
         self.ready = ready;
         self.terminating = terminating;
-        let non_ignored = new_failed.iter().filter(|p| leaf::policy_counts_failure(job, p)).count();
+        let non_ignored =
+            new_failed.iter().filter(|&&i| leaf::policy_counts_failure(job, &pods[i])).count();
         self.succeeded = self.status.succeeded.unwrap_or(0)
             + new_succeeded.len() as i32
             + self.uncounted_succeeded.len() as i32;
@@ -638,8 +670,13 @@ impl<'a> JobSync<'a> {
         if self.status.start_time.is_none() && !ju::is_suspended(job) {
             self.status.start_time = Some(Time(now));
         }
-        self.new_backoff =
-            Some(leaf::new_backoff_record(self.input.backoff, &new_succeeded, &new_failed));
+        let finished_at =
+            |i: &usize| self.summaries[*i].finished_at.unwrap_or(Timestamp::UNIX_EPOCH);
+        self.new_backoff = Some(leaf::new_backoff_record(
+            self.input.backoff,
+            new_succeeded.iter().map(finished_at),
+            new_failed.iter().map(finished_at),
+        ));
 
         // Finish criteria, in upstream order: earlier verdicts stick.
         let conditions = self.status.conditions.as_deref().unwrap_or(&[]);
@@ -651,7 +688,10 @@ impl<'a> JobSync<'a> {
                 cond::find(conditions, cond::FAILURE_TARGET).filter(|c| c.status == cond::TRUE);
             if let Some(target) = target {
                 self.finished_condition = Some(failed_from_target(target, now));
-            } else if let Some(msg) = leaf::fail_job_message(job, pods) {
+            } else if let Some(msg) = leaf::fail_job_message(
+                job,
+                pods.iter().zip(&self.facts).filter(|(_, f)| f.failed).map(|(p, _)| p),
+            ) {
                 self.finished_condition = Some(cond::new_condition(
                     cond::FAILURE_TARGET,
                     cond::TRUE,
@@ -664,7 +704,7 @@ impl<'a> JobSync<'a> {
         if self.finished_condition.is_none() {
             let start = self.status.start_time.as_ref().map(|t| t.0);
             if self.failed > ju::backoff_limit(job)
-                || crate::pod_util::past_backoff_limit_on_failure(job, pods)
+                || (on_failure && crate::pod_util::restarts_past_backoff_limit(job, restarts))
             {
                 self.finished_condition = Some(failure_target(
                     cond::REASON_BACKOFF_LIMIT_EXCEEDED,

@@ -13,7 +13,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
 use kjob_reconcile::testutil::{at, exit_code_rule, mk_job, mk_pod};
-use kjob_reconcile::{JobSync, Report, Step, SyncInput};
+use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods, SyncInput};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/plan_transcripts.txt");
 
@@ -218,10 +218,17 @@ fn worlds() -> Vec<(String, Job, Vec<Pod>, BTreeSet<String>)> {
     out
 }
 
-/// Runs one sync with every call succeeding and writes each step as a line.
-fn transcript(name: &str, job: &Job, pods: &[Pod], in_flight: &BTreeSet<String>) -> String {
+/// Runs one sync with every call succeeding and writes each step as a line. With `summaries`
+/// the sync starts from them ([`JobSync::with_summaries`]), else from the pods alone.
+fn transcript(
+    name: &str,
+    job: &Job,
+    pods: &[Pod],
+    summaries: Option<&[PodSummary]>,
+    in_flight: &BTreeSet<String>,
+) -> String {
     let mut t = format!("== {name}\n");
-    let mut sync = JobSync::new(SyncInput {
+    let input = SyncInput {
         job,
         pods,
         now: at(100),
@@ -230,7 +237,11 @@ fn transcript(name: &str, job: &Job, pods: &[Pod], in_flight: &BTreeSet<String>)
         backoff: None,
         controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
         manage_all: true,
-    });
+    };
+    let mut sync = match summaries {
+        Some(s) => JobSync::with_summaries(input, s),
+        None => JobSync::new(input),
+    };
     let mut created = 0;
     loop {
         let report = match sync.next_step() {
@@ -284,8 +295,10 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 
 #[test]
 fn sync_transcripts_match_golden() {
-    let got: String =
-        worlds().iter().map(|(name, job, pods, fl)| transcript(name, job, pods, fl)).collect();
+    let got: String = worlds()
+        .iter()
+        .map(|(name, job, pods, fl)| transcript(name, job, pods, None, fl))
+        .collect();
     // Every world must actually exercise something: a world that plans nothing guards nothing.
     for block in got.split("== ").skip(1) {
         let name = block.lines().next().unwrap_or("");
@@ -311,5 +324,23 @@ fn sync_transcripts_match_golden() {
             .find(|(_, (g, w))| g != w)
             .unwrap_or((got.lines().count().min(want.lines().count()), ("<end>", "<end>")));
         panic!("transcripts differ at line {}:\n got: {g}\nwant: {w}", n + 1);
+    }
+}
+
+/// The worker's way in: pods decoded from a LIST body into [`SummarizedPods`] (each summary taken
+/// as its pod is decoded) plan exactly what the Pod objects alone plan; summaries that do not
+/// match the pods one to one are taken again.
+#[test]
+fn summaries_decoded_with_the_pods_plan_the_same_sync() {
+    for (name, job, pods, fl) in worlds() {
+        let expected = transcript(&name, &job, &pods, None, &fl);
+        let body = serde_json::to_string(&pods).expect("pods serialise");
+        let decoded: SummarizedPods = serde_json::from_str(&body).expect("pods decode");
+        assert_eq!(decoded.pods(), &pods[..], "{name}");
+        let got = transcript(&name, &job, decoded.pods(), Some(decoded.summaries()), &fl);
+        assert_eq!(got, expected, "{name}: planned from decoded summaries");
+        let short = &decoded.summaries()[..decoded.len().saturating_sub(1)];
+        let got = transcript(&name, &job, decoded.pods(), Some(short), &fl);
+        assert_eq!(got, expected, "{name}: planned from mismatched summaries");
     }
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
+use kjob_reconcile::SummarizedPods;
 use kube::Api;
+use kube::Resource as _;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::metrics::Metrics;
@@ -100,6 +102,14 @@ pub fn retry_delay(attempt: u32, server_hint: Option<Duration>) -> Duration {
 fn retry_after(status: &kube::core::Status) -> Option<Duration> {
     let secs = status.details.as_ref()?.retry_after_seconds;
     (secs > 0).then(|| Duration::from_secs(u64::from(secs)))
+}
+
+/// The part of a PodList the worker reads: the items, each decoded with its summary. `items`
+/// may be null in a v1 list.
+#[derive(serde::Deserialize)]
+struct PodListItems {
+    #[serde(default)]
+    items: Option<SummarizedPods>,
 }
 
 /// Typed API calls, shared by every sync of the process (clone is cheap).
@@ -235,13 +245,28 @@ impl KubeApi {
         }
     }
 
-    /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion).
-    pub async fn list_pods(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, ApiError> {
-        let api = self.pods(ns);
+    /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion). Each
+    /// pod's [`PodSummary`](kjob_reconcile::PodSummary) is taken as the pod is decoded, while
+    /// it is still in cache: the sync's pass over thousands of pods then reads only those.
+    pub async fn list_pods(&self, ns: &str, selector: &str) -> Result<SummarizedPods, ApiError> {
         let lp = ListParams::default().labels(selector);
         let what = format!("pods in {ns} matching {selector:?}");
-        let list = self.call("list", "pods", &what, true, || api.list(&lp)).await?;
-        Ok(list.items)
+        let path = Pod::url_path(&(), Some(ns));
+        let build = || kube::core::Request::new(path.as_str()).list(&lp);
+        // Built once up front so a request that cannot be built is refused, not retried.
+        build().map_err(|e| ApiError::Refused {
+            what: what.clone(),
+            code: 400,
+            reason: "BadRequest".to_string(),
+            message: format!("could not build the request: {e}"),
+        })?;
+        let list: PodListItems = self
+            .call("list", "pods", &what, true, || {
+                let request = build().map_err(kube::Error::BuildRequest);
+                async move { self.client.request(request?).await }
+            })
+            .await?;
+        Ok(list.items.unwrap_or_default())
     }
 
     /// Creates a pod (never resent after an ambiguous failure).

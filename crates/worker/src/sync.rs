@@ -12,7 +12,7 @@ use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::{
     BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
-    SyncInput,
+    SummarizedPods, SyncInput,
 };
 use kube::core::{Selector, SelectorExt};
 use tokio_util::sync::CancellationToken;
@@ -99,7 +99,7 @@ impl Worker {
         let recheck = (!satisfied).then(|| self.stale_expectations_after.saturating_sub(age));
         let input = SyncInput {
             job: &job,
-            pods: &pods,
+            pods: pods.pods(),
             now: jiff::Timestamp::now(),
             expectations_satisfied: satisfied,
             finalizer_removals_in_flight: &in_flight,
@@ -107,7 +107,7 @@ impl Worker {
             controller_name: &self.controller_name,
             manage_all: self.manage_all,
         };
-        let plan = JobSync::new(input);
+        let plan = JobSync::with_summaries(input, pods.summaries());
         let mut outcome = self.drive(&job, &uid, &key_str, plan, wind_down).await;
         outcome.requeue_after = earliest(outcome.requeue_after, recheck);
         self.finish_sync(&job, &key_str, outcome, started).await
@@ -406,18 +406,19 @@ impl Worker {
     /// LISTs the Job's pods by its selector and claims them as upstream `ClaimPods`: owned pods
     /// are kept, matching orphans adopted (ownerReference + tracking finalizer, after a fresh GET
     /// confirms the Job), pods controlled by others ignored.
-    async fn pods_for_job(&self, job: &Job) -> Result<Vec<Pod>, SyncError> {
+    async fn pods_for_job(&self, job: &Job) -> Result<SummarizedPods, SyncError> {
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let selector = job_selector(job)?;
         let listed = self.api.list_pods(&ns, &selector.to_string()).await?;
-        let mut claimed = Vec::with_capacity(listed.len());
+        let mut claimed = SummarizedPods::with_capacity(listed.len());
         let mut can_adopt: Option<bool> = None;
-        for pod in listed {
+        let (listed, summaries) = listed.into_parts();
+        for (pod, summary) in listed.into_iter().zip(summaries) {
             let controller =
                 pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
             match controller {
-                Some(o) if o.uid == uid => claimed.push(pod),
+                Some(o) if o.uid == uid => claimed.push_summarized(pod, summary),
                 Some(_) => {}
                 None => {
                     if pod.metadata.deletion_timestamp.is_some()
