@@ -358,29 +358,31 @@ pub fn active_pods_for_removal<'a>(
     let indexes: Option<Vec<Option<i32>>> =
         is_indexed_job(job).then(|| active.iter().map(|p| completion_index(p)).collect());
     let keys: Vec<RemovalKey> = active.iter().map(|p| removal_key(p)).collect();
-    active_pods_for_removal_with(job, &keys, indexes.as_deref(), rm_at_least)
+    active_pods_for_removal_with(job, keys.len(), |i| keys[i], indexes.as_deref(), rm_at_least)
         .into_iter()
         .map(|i| active[i])
         .collect()
 }
 
-/// [`active_pods_for_removal`] over positions in the active pod list, with each pod's
-/// [`RemovalKey`] and (exactly for Indexed Jobs) completion index already computed.
+/// [`active_pods_for_removal`] over positions `0..len` in the active pod list, with each pod's
+/// [`RemovalKey`] (`key(position)`) and (exactly for Indexed Jobs) completion index already
+/// computed.
 pub(crate) fn active_pods_for_removal_with(
     job: &Job,
-    keys: &[RemovalKey],
+    len: usize,
+    key: impl Fn(usize) -> RemovalKey,
     indexes: Option<&[Option<i32>]>,
     rm_at_least: usize,
 ) -> Vec<usize> {
     let (mut rm, left) = match indexes {
-        Some(indexes) => split_duplicated_indexes(indexes, completions(job), |i| keys[i]),
-        None => (Vec::new(), (0..keys.len()).collect()),
+        Some(indexes) => split_duplicated_indexes(indexes, completions(job), &key),
+        None => (Vec::new(), (0..len).collect()),
     };
     if rm.len() < rm_at_least {
         let need = (rm_at_least - rm.len()).min(left.len());
         // A comparison reads two small keys instead of walking both Pods' conditions and
         // container statuses.
-        let mut keyed: Vec<(RemovalKey, usize)> = left.into_iter().map(|i| (keys[i], i)).collect();
+        let mut keyed: Vec<(RemovalKey, usize)> = left.into_iter().map(|i| (key(i), i)).collect();
         if need < keyed.len() {
             // Only the first `need` are taken, so a partial selection keeps this O(n) on average.
             keyed.select_nth_unstable_by(need, |a, b| a.0.cmp(&b.0));

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::backoff::BackoffRecord;
@@ -35,7 +35,6 @@ use crate::events::{self, Event};
 use crate::job_util as ju;
 use crate::leaf::{self, IndexSet};
 use crate::metrics::{self as m, MetricDeltas};
-use crate::pod_util::RemovalKey;
 use crate::summary::{PodPhase, PodSummary};
 
 /// Most pods recorded in `uncountedTerminatedPods` (plus new completed indexes) per sync.
@@ -297,9 +296,13 @@ enum Phase {
 
 /// Slow-start state of pod creation.
 #[derive(Debug, Default)]
-struct Creation {
-    /// Pods still to create, in order.
-    pods: VecDeque<Pod>,
+struct Creation<'a> {
+    /// The Job's pod template with what every pod gets (built once, as upstream does).
+    base: PodTemplateSpec,
+    /// Pods still to create, in order: the completion index (Indexed Jobs) and the failed pod
+    /// it replaces, if any. Each Pod is built when its batch is handed out, so a 500-pod plan
+    /// never holds 500 Pods at once and a batch that fails saves building the rest.
+    pods: VecDeque<(Option<i32>, Option<&'a Pod>)>,
     /// Size of the next batch.
     batch: usize,
     /// Successful creates so far (upstream metric quirk: failures count here too).
@@ -339,9 +342,9 @@ pub struct JobSync<'a> {
     facts: Vec<PodFacts>,
     /// Completion index of each active pod, in `active_pods` order (Indexed Jobs only).
     active_index: Vec<Option<i32>>,
-    /// Deletion-order key of each active pod, in `active_pods` order, taken while the pod was
-    /// in cache: a later pass over thousands of Pods to pick deletions costs more than this.
-    active_keys: Vec<RemovalKey>,
+    /// Input position of each active pod, in `active_pods` order: its summary holds the
+    /// deletion-order key (4 bytes here instead of a copy of the 56-byte key).
+    active_positions: Vec<u32>,
     /// Valid (below completions) indexes of active pods, ascending, duplicates kept.
     active_valid_indexes: Vec<i32>,
     /// Valid indexes of terminating pods, ascending.
@@ -353,7 +356,7 @@ pub struct JobSync<'a> {
     finishing: bool,
     suspend_changed: bool,
     manage_error: Option<SyncError>,
-    creation: Creation,
+    creation: Creation<'a>,
     // trackJobStatusAndRemoveFinalizers state
     needs_flush: bool,
     uids_with_finalizer: HashSet<&'a str>,
@@ -444,7 +447,7 @@ impl<'a> JobSync<'a> {
             summaries,
             facts: Vec::new(),
             active_index: Vec::new(),
-            active_keys: Vec::new(),
+            active_positions: Vec::new(),
             active_valid_indexes: Vec::new(),
             terminating_indexes: Vec::new(),
             active_needs_dedup: false,
@@ -581,7 +584,7 @@ impl<'a> JobSync<'a> {
         let in_flight = self.input.finalizer_removals_in_flight;
         let mut facts = Vec::with_capacity(pods.len());
         let mut active_index = Vec::new();
-        let mut active_keys = Vec::new();
+        let mut active_positions = Vec::new();
         let mut active_valid = Vec::new();
         let mut terminating_valid = Vec::new();
         let mut new_completed = Vec::new();
@@ -606,9 +609,8 @@ impl<'a> JobSync<'a> {
             }
             if s.is_active() {
                 active_pods.push(pod);
-                let key = s.key;
-                ready += i32::from(key.is_ready());
-                active_keys.push(key);
+                ready += i32::from(s.key.is_ready());
+                active_positions.push(i as u32);
                 if self.indexed {
                     active_index.push(index);
                     match valid {
@@ -651,7 +653,7 @@ impl<'a> JobSync<'a> {
         new_completed.sort_unstable();
         self.facts = facts;
         self.active_index = active_index;
-        self.active_keys = active_keys;
+        self.active_positions = active_positions;
         self.active_valid_indexes = active_valid;
         self.terminating_indexes = terminating_valid;
         self.active = active_pods.len() as i32;
@@ -978,7 +980,7 @@ impl<'a> JobSync<'a> {
             }
         }
         let diff = (diff as usize).min(MAX_POD_CREATE_DELETE_PER_SYNC);
-        let mut templates = Vec::new();
+        let mut templates = VecDeque::new();
         if self.indexed {
             // firstPendingIndexes over the indexes gathered in `prepare`.
             let mut non_pending =
@@ -1000,17 +1002,11 @@ impl<'a> JobSync<'a> {
                 }
                 indexes = now_ready;
             }
-            // The base template (env var, finalizer) is built once, as upstream does.
-            let base = crate::template::base_pod_template(job);
             for ix in indexes {
-                let replaced = self.delayed_deletion.get(&ix).copied();
-                templates.push(crate::template::pod_from_template(job, &base, Some(ix), replaced));
+                templates.push_back((Some(ix), self.delayed_deletion.get(&ix).copied()));
             }
         } else {
-            let base = crate::template::base_pod_template(job);
-            for _ in 0..diff {
-                templates.push(crate::template::pod_from_template(job, &base, None, None));
-            }
+            templates.extend(std::iter::repeat_n((None, None), diff));
         }
         if templates.is_empty() {
             return;
@@ -1019,7 +1015,9 @@ impl<'a> JobSync<'a> {
         self.queue.push_back(Step::Expectations(Expectations::Set { add: n as u32, del: 0 }));
         self.active += n as i32;
         self.creation = Creation {
-            pods: templates.into(),
+            // The base template (env var, finalizer) is built once, as upstream does.
+            base: crate::template::base_pod_template(job),
+            pods: templates,
             batch: n.min(SLOW_START_INITIAL_BATCH_SIZE),
             metric_succeeded: 0,
             metric_failed: 0,
@@ -1031,10 +1029,18 @@ impl<'a> JobSync<'a> {
     /// Upstream `activePodsForRemoval` over the keys and indexes gathered in `prepare`.
     fn active_pods_for_removal(&self, rm_at_least: usize) -> Vec<&'a Pod> {
         let indexes = self.indexed.then_some(self.active_index.as_slice());
-        leaf::active_pods_for_removal_with(self.job(), &self.active_keys, indexes, rm_at_least)
-            .into_iter()
-            .map(|i| self.active_pods[i])
-            .collect()
+        let summaries = &self.summaries;
+        let key = |i: usize| summaries[self.active_positions[i] as usize].key;
+        leaf::active_pods_for_removal_with(
+            self.job(),
+            self.active_positions.len(),
+            key,
+            indexes,
+            rm_at_least,
+        )
+        .into_iter()
+        .map(|i| self.active_pods[i])
+        .collect()
     }
 
     /// `reason` label of `job_pods_creation_total` (upstream `recordJobPodsCreationTotal`).
@@ -1108,7 +1114,14 @@ impl<'a> JobSync<'a> {
             self.end_creation();
             return;
         }
-        let batch: Vec<Pod> = self.creation.pods.drain(..n).collect();
+        let job = self.job();
+        let base = &self.creation.base;
+        let batch: Vec<Pod> = self
+            .creation
+            .pods
+            .drain(..n)
+            .map(|(ix, replaced)| crate::template::pod_from_template(job, base, ix, replaced))
+            .collect();
         self.push_io(Step::CreatePods { pods: batch }, Awaiting::Creates(n));
     }
 
