@@ -9,6 +9,8 @@
 //! exact upstream reasons and messages; the other modules are the pod/index/policy helpers the
 //! engine is built from.
 
+#![warn(missing_docs)]
+
 pub mod backoff;
 pub mod conditions;
 pub mod events;
