@@ -344,6 +344,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pod_lists_decode_with_summaries() {
+        let body = r#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7"},
+            "items":[{"metadata":{"name":"a","uid":"u1",
+              "annotations":{"batch.kubernetes.io/job-completion-index":"3"},
+              "finalizers":["batch.kubernetes.io/job-tracking"]},
+              "status":{"phase":"Running"}}]}"#;
+        let list: PodListItems = serde_json::from_str(body).expect("decodes");
+        let items = list.items.expect("items");
+        assert_eq!(items.len(), 1);
+        assert_eq!(items.pods()[0].metadata.name.as_deref(), Some("a"));
+        let s = items.summaries()[0];
+        assert_eq!(s.index(), Some(3));
+        assert!(s.has_tracking_finalizer() && s.is_active());
+        // A v1 list may carry `items: null`, or none at all.
+        for body in [r#"{"items":null}"#, r#"{"metadata":{}}"#] {
+            let list: PodListItems = serde_json::from_str(body).expect("decodes");
+            assert!(list.items.unwrap_or_default().is_empty());
+        }
+        // Items that are not Pods fail the call instead of reading as no pods.
+        assert!(serde_json::from_str::<PodListItems>(r#"{"items":[7]}"#).is_err());
+    }
+
+    #[test]
     fn finalizer_patch_shape() {
         let p = remove_tracking_finalizer_patch();
         assert_eq!(
