@@ -247,6 +247,17 @@ pub fn job(
     }))?)
 }
 
+/// Creates one Job (bounded by [`CALL_TIMEOUT`]) and notes when it was submitted.
+async fn create_one(api: &Api<Job>, rec: &Recorder, job: &Job) -> anyhow::Result<()> {
+    let name = job.metadata.name.clone().unwrap_or_default();
+    tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), job))
+        .await
+        .with_context(|| format!("creating Job {name} timed out"))?
+        .with_context(|| format!("creating Job {name}"))?;
+    rec.submitted(&name, Instant::now());
+    Ok(())
+}
+
 /// Creates `jobs` with `clients` concurrent creators, noting each in `rec`.
 pub async fn create_jobs(
     client: &kube::Client,
@@ -264,12 +275,7 @@ pub async fn create_jobs(
                 let Some(j) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
                     return Ok(());
                 };
-                let name = j.metadata.name.clone().unwrap_or_default();
-                tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &j))
-                    .await
-                    .with_context(|| format!("creating Job {name} timed out"))?
-                    .with_context(|| format!("creating Job {name}"))?;
-                rec.submitted(&name, Instant::now());
+                create_one(&api, &rec, &j).await?;
             }
         });
     }
@@ -294,15 +300,7 @@ pub async fn create_jobs_paced(
     for (i, j) in jobs.into_iter().enumerate() {
         tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
         let (api, rec) = (api.clone(), rec.clone());
-        set.spawn(async move {
-            let name = j.metadata.name.clone().unwrap_or_default();
-            tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &j))
-                .await
-                .with_context(|| format!("creating Job {name} timed out"))?
-                .with_context(|| format!("creating Job {name}"))?;
-            rec.submitted(&name, Instant::now());
-            Ok(())
-        });
+        set.spawn(async move { create_one(&api, &rec, &j).await });
         // Reap finished creates as we go so the set stays small.
         while let Some(r) = set.try_join_next() {
             r.context("creator task")??;

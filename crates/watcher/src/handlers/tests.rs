@@ -65,6 +65,18 @@ fn bump(p: &PodInfo) -> PodInfo {
     n
 }
 
+/// A live Job `a`, a finished Job `f` and a Job `x` managed by another controller, and a store
+/// holding the three.
+fn three_jobs() -> (JobInfo, JobInfo, JobInfo, Store) {
+    let a = mk_job("a");
+    let mut finished = mk_job("f");
+    finished.finished = true;
+    let mut foreign = mk_job("x");
+    foreign.managed_by = Some("example.com/other".into());
+    let store = store_with(&[&a, &finished, &foreign], &[]);
+    (a, finished, foreign, store)
+}
+
 fn store_with(jobs: &[&JobInfo], pods: &[&PodInfo]) -> Store {
     let mut s = Store::new();
     for j in jobs {
@@ -248,12 +260,7 @@ fn job_update_table() {
 
 #[test]
 fn pod_add_table() {
-    let a = mk_job("a");
-    let mut finished = mk_job("f");
-    finished.finished = true;
-    let mut foreign = mk_job("x");
-    foreign.managed_by = Some("example.com/other".into());
-    let store = store_with(&[&a, &finished, &foreign], &[]);
+    let (a, finished, foreign, store) = three_jobs();
 
     let owned = mk_pod("p", Some(&a));
     let mut deleting = owned.clone();
@@ -316,12 +323,7 @@ fn orphans_only_wake_managed_matching_jobs() {
 
 #[test]
 fn owned_pods_whose_labels_stop_matching_are_released() {
-    let a = mk_job("a");
-    let mut finished = mk_job("f");
-    finished.finished = true;
-    let mut foreign = mk_job("x");
-    foreign.managed_by = Some("x/y".into());
-    let store = store_with(&[&a, &finished, &foreign], &[]);
+    let (a, finished, foreign, store) = three_jobs();
     let unmatch = |p: &PodInfo| {
         let mut n = bump(p);
         n.labels.insert("job".into(), "edited".into());
@@ -476,12 +478,7 @@ fn pod_update_table() {
 
 #[test]
 fn pod_delete_table() {
-    let a = mk_job("a");
-    let mut finished = mk_job("f");
-    finished.finished = true;
-    let mut foreign = mk_job("x");
-    foreign.managed_by = Some("x/y".into());
-    let store = store_with(&[&a, &finished, &foreign], &[]);
+    let (a, finished, foreign, store) = three_jobs();
     let gone = mk_job("gone");
 
     let p = mk_pod("p", Some(&a));
