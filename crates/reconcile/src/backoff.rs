@@ -31,17 +31,11 @@ pub struct BackoffRecord {
 }
 
 impl BackoffRecord {
-    /// The record after this sync's newly finished pods (upstream `newBackoffRecord`): without
-    /// new successes the new failures are added and the latest failure time taken; with new
-    /// successes the count restarts from the failures that finished strictly after the latest
-    /// success. Pods are taken in any order.
-    pub fn updated(&self, new_succeeded: &[&Pod], new_failed: &[&Pod]) -> BackoffRecord {
-        let times = |pods: &[&Pod]| pods.iter().map(|p| finished_time(p)).collect::<Vec<_>>();
-        self.updated_at(&times(new_succeeded), &times(new_failed))
-    }
-
-    /// [`BackoffRecord::updated`] from the finish times of the newly succeeded and newly failed
-    /// pods (upstream `getFinishedTime` of each).
+    /// The record after this sync's newly finished pods, given the finish time (upstream
+    /// `getFinishedTime`) of each newly succeeded and newly failed pod (upstream
+    /// `newBackoffRecord`): without new successes the new failures are added and the latest
+    /// failure time taken; with new successes the count restarts from the failures that finished
+    /// strictly after the latest success. Times are taken in any order.
     pub fn updated_at(&self, succeeded: &[Timestamp], failed: &[Timestamp]) -> BackoffRecord {
         if failed.is_empty() && succeeded.is_empty() {
             return self.clone();
@@ -217,9 +211,9 @@ mod tests {
             ),
         ];
         for (name, old, succ, failed, want) in cases {
-            let s: Vec<&Pod> = succ.iter().collect();
-            let f: Vec<&Pod> = failed.iter().collect();
-            assert_eq!(old.updated(&s, &f), want, "{name}");
+            let s: Vec<Timestamp> = succ.iter().map(finished_time).collect();
+            let f: Vec<Timestamp> = failed.iter().map(finished_time).collect();
+            assert_eq!(old.updated_at(&s, &f), want, "{name}");
         }
     }
 

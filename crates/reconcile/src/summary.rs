@@ -196,13 +196,6 @@ impl SummarizedPods {
     }
 }
 
-impl From<Vec<Pod>> for SummarizedPods {
-    fn from(pods: Vec<Pod>) -> Self {
-        let summaries = PodSummary::of_all(&pods);
-        SummarizedPods { pods, summaries }
-    }
-}
-
 impl<'de> Deserialize<'de> for SummarizedPods {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Items;
