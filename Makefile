@@ -5,9 +5,13 @@ NEXTEST_PROFILE ?= $(if $(CI),ci,default)
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 KIND_CLUSTER ?= kjob
 COMPONENTS := queue watcher worker
+# The real control plane (make cluster-up): KUBELET=on|off, JOB_CONTROLLER=kjob|upstream.
+KUBELET ?= on
+JOB_CONTROLLER ?= kjob
+CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
-.PHONY: all build setup fmt lint test test-rust test-python demo bench bench-sim bench-queue \
-	bench-reconcile chaos images kind-up kind-load deploy clean
+.PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-sim bench-queue \
+	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-up cluster-down
 
 all: build
 
@@ -27,22 +31,39 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## test: what CI runs. Installs what a fresh machine lacks, then lint + every test suite.
-test: setup lint test-rust test-python
+## test: what CI runs. Installs what a fresh machine lacks (redis-server, cargo-nextest, the
+## Python client, the Go-built control plane), then lint + every test suite, the real-server
+## ones on one control plane started for the run (scripts/with-cluster.sh).
+test: setup lint
+	$(CARGO) build --workspace --bins
+	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-rust-run test-python-run
 
 test-rust:
 	$(CARGO) build --workspace --bins
-	$(CARGO) nextest run --workspace --profile $(NEXTEST_PROFILE)
+	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-rust-run
 
 test-python:
 	$(CARGO) build --workspace --bins
+	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-python-run
+
+test-rust-run:
+	$(CARGO) nextest run --workspace --profile $(NEXTEST_PROFILE)
+
+test-python-run:
 	KJOB_SIM_BIN=$(TARGET_DIR)/debug/kjob-sim python3 -m pytest -q tests/python
 
-## demo: the whole stack against kjob-sim, running the Jobs in examples/
+## demo: the whole stack against kjob-sim, running the Jobs in examples/ (CLUSTER=real: on the
+## real control plane of make cluster-up, started first when it is not up)
+CLUSTER ?= sim
 demo:
 	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
-	$(CARGO) build -p kjob-demo -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	$(CARGO) build -p kjob-demo -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-testkit --bins
+ifeq ($(CLUSTER),real)
+	[ -f $(CLUSTER_DIR)/cluster.json ] || $(MAKE) cluster-up
+	$(TARGET_DIR)/debug/kjob-demo --cluster $(CLUSTER_DIR) $(DEMO_ARGS)
+else
 	$(TARGET_DIR)/debug/kjob-demo $(DEMO_ARGS)
+endif
 
 ## bench: the whole-stack benchmark; report and plots under target/bench/
 bench:
@@ -70,6 +91,21 @@ chaos:
 	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
 	$(CARGO) build --workspace --bins
 	$(TARGET_DIR)/debug/kjob-chaos --bin-dir $(TARGET_DIR)/debug $(CHAOS_ARGS)
+
+## cluster-build: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
+## from the Go modules pinned in cluster/ (once per go.sum; cached outside the repo)
+cluster-build:
+	./cluster/build.sh
+
+## cluster-up: the real control plane on loopback, in the background (KUBELET=off, JOB_CONTROLLER=upstream)
+cluster-up: cluster-build
+	$(CARGO) build -p kjob-testkit -p kjob-sim --bins
+	$(TARGET_DIR)/debug/kjob-cluster up --dir $(CLUSTER_DIR) --kubelet $(KUBELET) --job-controller $(JOB_CONTROLLER) $(CLUSTER_ARGS)
+
+## cluster-down: stop every process of make cluster-up and remove its data
+cluster-down:
+	$(CARGO) build -p kjob-testkit --bins
+	$(TARGET_DIR)/debug/kjob-cluster down --dir $(CLUSTER_DIR)
 
 ## images: container images kjob/<component>:dev (needs a Docker engine)
 images:

@@ -1,8 +1,14 @@
-"""Fixtures: one kjob-sim process per test session, a fresh namespace per test.
+"""Fixtures: one API server per backend and test session, a fresh namespace per test.
+
+Every test runs on each backend named by $KJOB_PY_BACKENDS (comma-separated): `sim` and `real`.
+The default is `sim,real` when $KJOB_TEST_CLUSTER names a running real control plane (the run
+folder of `kjob-cluster up`, as `make test` starts it), else `sim`. The same requests go to both
+servers, so a difference between kjob-sim and kube-apiserver fails a test on one of them.
 
 The simulator binary comes from $KJOB_SIM_BIN, else <repo>/target/debug/kjob-sim
 (build it with `cargo build -p kjob-sim`). It listens on a free loopback port, writes a
-kubeconfig, and runs its simulated kubelet so pods move through their real lifecycle.
+kubeconfig, and runs its simulated kubelet so pods move through their real lifecycle. On the
+real control plane kjob-node-agent plays kubelet with the same stages.
 """
 
 import json
@@ -12,6 +18,7 @@ import queue
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.request
 import uuid
 
@@ -49,8 +56,44 @@ class Sim:
             return json.loads(resp.read() or b"{}")
 
 
+class Real:
+    """The real control plane named by $KJOB_TEST_CLUSTER (cluster-admin kubeconfig)."""
+
+    def __init__(self, cluster_dir: str):
+        self.dir = cluster_dir
+        self.kubeconfig = os.path.join(cluster_dir, "kubeconfig")
+        if not os.path.exists(self.kubeconfig):
+            pytest.fail(f"{self.kubeconfig} not found: is the real control plane up (make cluster-up)?")
+
+    def hook(self, path: str, body: dict | None = None) -> dict:
+        pytest.skip(f"/sim/{path} is a kjob-sim test hook; a real kube-apiserver has no equivalent")
+
+
+def backends() -> list[str]:
+    default = "sim,real" if os.environ.get("KJOB_TEST_CLUSTER") else "sim"
+    return [b.strip() for b in os.environ.get("KJOB_PY_BACKENDS", default).split(",") if b.strip()]
+
+
+@pytest.fixture(scope="session", params=backends())
+def server(request):
+    if request.param == "real":
+        cluster_dir = os.environ.get("KJOB_TEST_CLUSTER")
+        if not cluster_dir:
+            pytest.fail("backend 'real' needs $KJOB_TEST_CLUSTER (the run folder of make cluster-up)")
+        yield Real(cluster_dir)
+        return
+    if request.param != "sim":
+        pytest.fail(f"unknown backend {request.param!r} in KJOB_PY_BACKENDS")
+    yield from run_sim()
+
+
 @pytest.fixture(scope="session")
-def sim():
+def sim(server):
+    """The backend's server; its sim-only hooks skip on the real one, saying why."""
+    return server
+
+
+def run_sim():
     tmp = tempfile.mkdtemp(prefix="kjob-sim-py-")
     kubeconfig = os.path.join(tmp, "kubeconfig")
     log_path = os.path.join(tmp, "sim.log")
@@ -82,8 +125,8 @@ def sim():
 
 
 @pytest.fixture(scope="session")
-def api_client(sim):
-    return config.new_client_from_config(config_file=sim.kubeconfig)
+def api_client(server):
+    return config.new_client_from_config(config_file=server.kubeconfig)
 
 
 @pytest.fixture
@@ -97,8 +140,14 @@ def batch(api_client):
 
 
 @pytest.fixture
-def ns(core):
+def ns(server, core):
     name = f"py-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # A real server refuses pods until the serviceaccount controller made `default`.
+    deadline = time.monotonic() + 30
+    while isinstance(server, Real) and not core.list_namespaced_service_account(name, field_selector="metadata.name=default").items:
+        if time.monotonic() > deadline:
+            pytest.fail(f"namespace {name} got no default ServiceAccount within 30 s")
+        time.sleep(0.1)
     yield name
     core.delete_namespace(name)

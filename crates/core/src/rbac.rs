@@ -110,6 +110,15 @@ pub const WORKER: Component = Component {
         },
         Rule {
             scope: Scope::Cluster,
+            api_group: "batch",
+            resource: "jobs/finalizers",
+            verbs: &["update"],
+            why: "pods carry a blockOwnerDeletion controllerRef to their Job; with the \
+                  OwnerReferencesPermissionEnforcement admission plugin that needs update on \
+                  the owner's finalizers (upstream's job-controller role has it for this)",
+        },
+        Rule {
+            scope: Scope::Cluster,
             api_group: "",
             resource: "pods",
             verbs: &["get", "list", "create", "delete", "patch"],
@@ -155,7 +164,7 @@ mod tests {
     #[test]
     fn worker_permissions_are_flattened_sorted_and_unique() {
         let p = WORKER.permissions();
-        assert_eq!(p.len(), 2 + 2 + 5 + 2);
+        assert_eq!(p.len(), 2 + 2 + 1 + 5 + 2);
         let mut sorted = p.clone();
         sorted.sort();
         sorted.dedup();
@@ -163,6 +172,74 @@ mod tests {
         assert!(p.contains(&(Scope::Cluster, "batch", "jobs/status", "update")));
         assert!(!p.contains(&(Scope::Cluster, "batch", "jobs", "update")));
         assert!(!p.iter().any(|(_, _, _, v)| *v == "watch"), "workers read, never watch");
+    }
+
+    /// Upstream's `system:controller:job-controller` ClusterRole (plugin/pkg/auth/authorizer/
+    /// rbac/bootstrappolicy/controller_policy.go), flattened: what the built-in controller may do.
+    const UPSTREAM_JOB_CONTROLLER: &[(&str, &str, &[&str])] = &[
+        ("batch", "jobs", &["get", "list", "watch", "update", "patch"]),
+        ("batch", "jobs/status", &["update"]),
+        ("batch", "jobs/finalizers", &["update"]),
+        ("", "pods", &["list", "watch", "create", "delete", "patch"]),
+        ("", "events", &["create", "update", "patch"]),
+        ("events.k8s.io", "events", &["create", "update", "patch"]),
+    ];
+
+    /// What kjob holds beyond upstream's role, each with its reason. Anything else fails.
+    const BEYOND_UPSTREAM: &[(&str, &str, &str, &str)] = &[
+        ("coordination.k8s.io", "leases", "get", "watcher leader election (kjob-system only)"),
+        ("coordination.k8s.io", "leases", "create", "watcher leader election (kjob-system only)"),
+        ("coordination.k8s.io", "leases", "update", "watcher leader election (kjob-system only)"),
+        ("", "pods", "get", "workers read single pods by name where upstream reads its cache"),
+        (
+            "batch",
+            "jobs/status",
+            "patch",
+            "status is written by merge patch with a resourceVersion",
+        ),
+    ];
+
+    #[test]
+    fn kjob_holds_upstreams_job_controller_role_plus_only_named_extras() {
+        let upstream: Vec<(&str, &str, &str)> = UPSTREAM_JOB_CONTROLLER
+            .iter()
+            .flat_map(|(g, r, vs)| vs.iter().map(move |v| (*g, *r, *v)))
+            .collect();
+        let mut extras_used = Vec::new();
+        for c in COMPONENTS {
+            for (scope, g, r, v) in c.permissions() {
+                if upstream.contains(&(g, r, v)) {
+                    continue;
+                }
+                let extra =
+                    BEYOND_UPSTREAM.iter().find(|(eg, er, ev, _)| (*eg, *er, *ev) == (g, r, v));
+                assert!(
+                    extra.is_some(),
+                    "{}: {scope:?} {g}/{r} {v} is neither upstream's nor a named extra",
+                    c.name
+                );
+                if g == "coordination.k8s.io" {
+                    assert_eq!(
+                        scope,
+                        Scope::Namespace(KJOB_NAMESPACE),
+                        "Leases only in kjob's namespace"
+                    );
+                }
+                extras_used.push((g, r, v));
+            }
+        }
+        for (g, r, v, why) in BEYOND_UPSTREAM {
+            assert!(
+                extras_used.contains(&(*g, *r, *v)),
+                "named extra {g}/{r} {v} ({why}) is not granted: drop it"
+            );
+        }
+        // Nothing cluster-wide that writes Jobs' spec, and no delete of Jobs at all.
+        for c in COMPONENTS {
+            assert!(!c.permissions().iter().any(|(_, g, r, v)| *g == "batch"
+                && *r == "jobs"
+                && ["update", "patch", "delete", "create"].contains(v)));
+        }
     }
 
     #[test]

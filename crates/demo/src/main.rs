@@ -20,7 +20,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::signal::unix::{SignalKind, signal};
 
-use kjob_testkit::stack::{Stack, StackConfig};
+use kjob_testkit::cluster::ClusterInfo;
+use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 
 /// Timeout of each API call the demo makes to kjob-sim.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,6 +56,11 @@ struct Args {
     /// `spec.managedBy` value kjob answers to.
     #[arg(long, env = "KJOB_CONTROLLER_NAME", default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
     controller_name: String,
+    /// Run on the real control plane of this `make cluster-up` folder (e.g. target/cluster)
+    /// instead of kjob-sim: the watcher and workers use their own ServiceAccounts, and the Jobs
+    /// go to a fresh namespace `<namespace>-<unix time>`.
+    #[arg(long, env = "KJOB_DEMO_CLUSTER")]
+    cluster: Option<PathBuf>,
     /// Print one line per change instead of a refreshing table (automatic when stdout is not
     /// a terminal).
     #[arg(long)]
@@ -81,8 +87,17 @@ enum End {
 }
 
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let Args { examples, run_dir, bin_dir, workers, timeout, namespace, controller_name, plain } =
-        args;
+    let Args {
+        examples,
+        run_dir,
+        bin_dir,
+        workers,
+        timeout,
+        namespace,
+        controller_name,
+        cluster,
+        plain,
+    } = args;
     // The repository this binary was built from; only consulted for defaults, so a copied
     // binary works when both folders are given.
     let root = kjob_testkit::workspace_root;
@@ -106,15 +121,38 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = StackConfig::new(bin_dir, redis_server, run_dir, workers);
     cfg.controller_name = controller_name;
     cfg.own_process_groups = true;
-    println!(
-        "  starting redis-server, kjob-sim (simulated API server and kubelet), kjob-queue, \
-         kjob-watcher and {workers} kjob-worker(s)"
-    );
+    let namespace = match &cluster {
+        Some(dir) => {
+            let info = ClusterInfo::read(dir)?;
+            let secs = jiff::Timestamp::now().as_second();
+            let ns = format!("{namespace}-{secs}");
+            let (i, n) = (info.clone(), ns.clone());
+            tokio::task::spawn_blocking(move || i.create_namespace(&n)).await??;
+            cfg.real = Some(RealServer::from_cluster(&info, &ns));
+            println!(
+                "  on the real control plane in {} (kube-apiserver {}): starting redis-server, \
+                 kjob-queue, kjob-watcher and {workers} kjob-worker(s) on their ServiceAccounts",
+                dir.display(),
+                kjob_testkit::cluster::KUBERNETES_VERSION
+            );
+            ns
+        }
+        None => {
+            println!(
+                "  starting redis-server, kjob-sim (simulated API server and kubelet), kjob-queue, \
+                 kjob-watcher and {workers} kjob-worker(s)"
+            );
+            namespace
+        }
+    };
+    let real = cfg.real.is_some();
     let mut stack = tokio::task::spawn_blocking(move || Stack::start(cfg)).await??;
     println!("logs:      {}", stack.log_dir.display());
-    println!("kjob-sim:  {}", stack.sim_url);
+    if !real {
+        println!("kjob-sim:  {}", stack.sim_url);
+    }
     println!("queue:     {}", stack.queue_url);
-    println!("Point kubectl at the simulated cluster (while the demo runs):");
+    println!("Point kubectl at the cluster (while the demo runs):");
     println!("  export KUBECONFIG={}", stack.kubeconfig.display());
     println!("  kubectl get jobs,pods -n {namespace}");
     println!();

@@ -20,12 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
@@ -68,6 +64,9 @@ pub struct KubeletConfig {
     pub crash_loop_backoff: Duration,
     /// Timeout of every request to the API server.
     pub request_timeout: Duration,
+    /// Leave alone pods bound to nodes that are not the kubelet's own (on a real control plane
+    /// other agents, or a test playing kubelet, may own other nodes).
+    pub only_own_nodes: bool,
 }
 
 impl Default for KubeletConfig {
@@ -81,6 +80,7 @@ impl Default for KubeletConfig {
             termination_time: Duration::ZERO,
             crash_loop_backoff: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
+            only_own_nodes: false,
         }
     }
 }
@@ -102,18 +102,17 @@ pub enum KubeletError {
     Decode(String),
 }
 
-/// A small JSON client over hyper for the simulator's API.
+/// A small JSON client for the pod paths the kubelet writes. It rides on a kube client, so the
+/// same kubelet drives kjob-sim (plain HTTP) and a real kube-apiserver (TLS, bearer token).
 #[derive(Clone)]
 struct Api {
-    base: String,
-    http: Client<HttpConnector, Full<Bytes>>,
+    client: kube::Client,
     timeout: Duration,
 }
 
 impl Api {
-    fn new(base: String, timeout: Duration) -> Self {
-        let http = Client::builder(TokioExecutor::new()).build_http();
-        Self { base: base.trim_end_matches('/').to_string(), http, timeout }
+    fn new(client: kube::Client, timeout: Duration) -> Self {
+        Self { client, timeout }
     }
 
     async fn send(
@@ -121,17 +120,16 @@ impl Api {
         method: Method,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, KubeletError> {
-        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    ) -> Result<http::Response<kube::client::Body>, KubeletError> {
+        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
         let req = Request::builder()
             .method(method)
-            .uri(format!("{}{path}", self.base))
+            .uri(path)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::ACCEPT, "application/json")
-            .header(http::header::USER_AGENT, "kjob-sim-kubelet")
-            .body(Full::new(bytes))
+            .body(bytes)
             .map_err(|e| KubeletError::Transport(e.to_string()))?;
-        tokio::time::timeout(self.timeout, self.http.request(req))
+        tokio::time::timeout(self.timeout, self.client.send(req.map(kube::client::Body::from)))
             .await
             .map_err(|_| KubeletError::Timeout)?
             .map_err(|e| KubeletError::Transport(e.to_string()))
@@ -252,14 +250,26 @@ impl KubeletHandle {
     }
 }
 
-/// Starts the kubelet against the API server at `base_url` (e.g. `http://127.0.0.1:40123`).
-/// It runs until `shutdown` is cancelled. Must be called within a tokio runtime.
+/// Starts the kubelet against the API server at `base_url` (e.g. `http://127.0.0.1:40123`),
+/// unauthenticated. It runs until `shutdown` is cancelled. Must be called within a tokio runtime.
 pub fn spawn(
     base_url: String,
     config: KubeletConfig,
     shutdown: CancellationToken,
+) -> Result<KubeletHandle, KubeletError> {
+    let url = base_url.parse().map_err(|e| KubeletError::Transport(format!("{base_url}: {e}")))?;
+    let client = kube::Client::try_from(kube::Config::new(url))
+        .map_err(|e| KubeletError::Transport(e.to_string()))?;
+    Ok(spawn_with_client(client, config, shutdown))
+}
+
+/// Starts the kubelet on an existing kube client (any API server, any credentials).
+pub fn spawn_with_client(
+    client: kube::Client,
+    config: KubeletConfig,
+    shutdown: CancellationToken,
 ) -> KubeletHandle {
-    let api = Api::new(base_url, config.request_timeout);
+    let api = Api::new(client, config.request_timeout);
     let paused = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(Notify::new());
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
@@ -684,7 +694,7 @@ mod tests {
             crash_loop_backoff: Duration::from_millis(100),
             ..KubeletConfig::default()
         };
-        let kubelet = spawn(sim.url().to_string(), cfg, stop.clone());
+        let kubelet = spawn(sim.url().to_string(), cfg, stop.clone()).unwrap();
         let pods = Api::namespaced(sim.client(), "default");
         Fixture { sim, kubelet, pods, stop }
     }

@@ -133,17 +133,18 @@ pub fn start_app(config: SimConfig, shutdown: CancellationToken) -> anyhow::Resu
 }
 
 /// Starts the simulated kubelet against the server at `url` when the config asks for it.
-pub fn start_kubelet(app: &App, url: &str) {
+pub fn start_kubelet(app: &App, url: &str) -> Result<(), kubelet::KubeletError> {
     if app.config.kubelet != KubeletMode::Auto {
-        return;
+        return Ok(());
     }
     let handle = Arc::new(kubelet::spawn(
         url.to_owned(),
         app.config.kubelet_settings.clone(),
         app.shutdown.child_token(),
-    ));
+    )?);
     let (p, r) = (handle.clone(), handle);
     *app.kubelet.lock() = Some(KubeletControl::new(move || p.pause(), move || r.resume()));
+    Ok(())
 }
 
 /// The URL clients use for a listener (a wildcard address is reached through loopback).
@@ -164,7 +165,7 @@ pub async fn run(
     let app = start_app(config, shutdown.clone())?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "kjob-sim serving");
-    start_kubelet(&app, &url_for(addr));
+    start_kubelet(&app, &url_for(addr))?;
     serve(listener, app, shutdown).await
 }
 

@@ -42,7 +42,7 @@ impl TestSim {
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
         crate::kubeconfig::write(&kubeconfig, &url)?;
-        crate::start_kubelet(&app, &url);
+        crate::start_kubelet(&app, &url)?;
         let serve_app = app.clone();
         let token = shutdown.clone();
         tokio::spawn(async move {

@@ -47,6 +47,38 @@ pub const LEASE_NAME: &str = "kjob-watcher";
 /// The kjob binaries a stack runs, all built by `cargo build --bins`.
 pub const BINARIES: [&str; 4] = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
 
+/// A real kube-apiserver for the stack instead of kjob-sim: the watcher and the workers run on
+/// their own ServiceAccounts' kubeconfigs (RBAC enforced), tests use the admin one.
+#[derive(Debug, Clone)]
+pub struct RealServer {
+    /// Cluster-admin kubeconfig (what the test itself uses; [`Stack::kubeconfig`]).
+    pub admin_kubeconfig: PathBuf,
+    /// The watcher's ServiceAccount kubeconfig.
+    pub watcher_kubeconfig: PathBuf,
+    /// The workers' ServiceAccount kubeconfig.
+    pub worker_kubeconfig: PathBuf,
+    /// The kubectl binary (Lease lookups).
+    pub kubectl: PathBuf,
+    /// Namespace the watcher is limited to (one stack per test namespace on a shared server).
+    pub namespace: Option<String>,
+    /// Name of the watchers' Lease in `kjob-system` (unique per stack on a shared server).
+    pub lease_name: String,
+}
+
+impl RealServer {
+    /// The real server of a control plane run folder (see [`crate::cluster`]), one namespace.
+    pub fn from_cluster(info: &crate::cluster::ClusterInfo, namespace: &str) -> Self {
+        Self {
+            admin_kubeconfig: info.kubeconfig.clone(),
+            watcher_kubeconfig: info.watcher_kubeconfig.clone(),
+            worker_kubeconfig: info.worker_kubeconfig.clone(),
+            kubectl: info.bin_dir.join("kubectl"),
+            namespace: Some(namespace.to_string()),
+            lease_name: format!("kjob-watcher-{namespace}"),
+        }
+    }
+}
+
 /// Where things are, how many of each process to run, and extra flags per binary.
 #[derive(Debug, Clone)]
 pub struct StackConfig {
@@ -78,6 +110,8 @@ pub struct StackConfig {
     /// program driving the stack, which then stops it in order. Off for tests: a test
     /// runner that kills its test's process group should take the children along.
     pub own_process_groups: bool,
+    /// Run against this real API server instead of starting kjob-sim.
+    pub real: Option<RealServer>,
 }
 
 impl StackConfig {
@@ -97,6 +131,7 @@ impl StackConfig {
             env: Vec::new(),
             sim_only: false,
             own_process_groups: false,
+            real: None,
         }
     }
 }
@@ -228,8 +263,13 @@ impl Stack {
         for d in [&log_dir, &redis_dir] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
-        let kubeconfig = cfg.run_dir.join("kubeconfig");
-        let _ = std::fs::remove_file(&kubeconfig);
+        let kubeconfig = match &cfg.real {
+            Some(real) => real.admin_kubeconfig.clone(),
+            None => cfg.run_dir.join("kubeconfig"),
+        };
+        if cfg.real.is_none() {
+            let _ = std::fs::remove_file(&kubeconfig);
+        }
         let (redis_port, sim_port, grpc_port) = (free_port(), free_port(), free_port());
         let mut stack = Stack {
             procs: BTreeMap::new(),
@@ -254,6 +294,19 @@ impl Stack {
                 .chain(["--maxmemory-policy", "noeviction", "--daemonize", "no"])
                 .map(String::from),
         );
+        if cfg.real.is_none() {
+            stack.start_sim(sim_port)?;
+            if cfg.sim_only {
+                return Ok(stack);
+            }
+        }
+        stack.start_kjob(args_redis, redis_port, grpc_port)?;
+        Ok(stack)
+    }
+
+    fn start_sim(&mut self, sim_port: u16) -> anyhow::Result<()> {
+        let cfg = self.cfg.clone();
+        let kubeconfig = self.kubeconfig.clone();
         // A fixed port (not :0) so a restarted sim keeps its URL and the kubeconfig stays valid.
         let mut args = vec![
             format!("--listen=127.0.0.1:{sim_port}"),
@@ -264,13 +317,19 @@ impl Stack {
             args.push("--kubelet=auto".into());
         }
         args.extend(cfg.sim_args.iter().cloned());
-        let spec = stack.spec(cfg.bin_dir.join(SIM), args, sim_port, None);
-        stack.launch(SIM, spec)?;
-        stack.wait_file(&kubeconfig)?;
-        if cfg.sim_only {
-            return Ok(stack);
-        }
+        let spec = self.spec(cfg.bin_dir.join(SIM), args, sim_port, None);
+        self.launch(SIM, spec)?;
+        self.wait_file(&kubeconfig)
+    }
 
+    fn start_kjob(
+        &mut self,
+        args_redis: Vec<String>,
+        redis_port: u16,
+        grpc_port: u16,
+    ) -> anyhow::Result<()> {
+        let cfg = self.cfg.clone();
+        let stack = self;
         let mut spec = stack.spec(cfg.redis_server.clone(), args_redis, redis_port, None);
         // redis-server gets no kjob environment.
         spec.env.clear();
@@ -286,18 +345,26 @@ impl Stack {
         let spec = stack.spec(cfg.bin_dir.join(QUEUE), args, grpc_port, Some(admin));
         stack.launch(QUEUE, spec)?;
 
+        let (lease_ns, lease_name) = stack.lease();
+        let watcher_kubeconfig = match &cfg.real {
+            Some(r) => r.watcher_kubeconfig.clone(),
+            None => stack.kubeconfig.clone(),
+        };
         for i in 1..=cfg.watchers {
             let name = format!("{WATCHER_PREFIX}{i}");
             let admin = free_port();
             let mut args = vec![
                 format!("--queue-url={}", stack.queue_url),
-                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--kubeconfig={}", watcher_kubeconfig.display()),
                 format!("--admin-listen=127.0.0.1:{admin}"),
                 format!("--controller-name={}", cfg.controller_name),
-                format!("--lease-namespace={LEASE_NAMESPACE}"),
-                format!("--lease-name={LEASE_NAME}"),
+                format!("--lease-namespace={lease_ns}"),
+                format!("--lease-name={lease_name}"),
                 format!("--identity={name}"),
             ];
+            if let Some(ns) = cfg.real.as_ref().and_then(|r| r.namespace.as_ref()) {
+                args.push(format!("--namespace={ns}"));
+            }
             args.extend(cfg.watcher_args.iter().cloned());
             let spec = stack.spec(cfg.bin_dir.join("kjob-watcher"), args, admin, Some(admin));
             stack.launch(&name, spec)?;
@@ -305,7 +372,15 @@ impl Stack {
         for _ in 0..cfg.workers {
             stack.add_worker()?;
         }
-        Ok(stack)
+        Ok(())
+    }
+
+    /// Namespace and name of the watchers' Lease.
+    fn lease(&self) -> (String, String) {
+        match &self.cfg.real {
+            Some(r) => (crate::cluster::KJOB_NAMESPACE.to_string(), r.lease_name.clone()),
+            None => (LEASE_NAMESPACE.to_string(), LEASE_NAME.to_string()),
+        }
     }
 
     fn spec(
@@ -446,9 +521,13 @@ impl Stack {
         self.next_worker += 1;
         let name = format!("{WORKER_PREFIX}{}", self.next_worker);
         let admin = free_port();
+        let worker_kubeconfig = match &self.cfg.real {
+            Some(r) => r.worker_kubeconfig.clone(),
+            None => self.kubeconfig.clone(),
+        };
         let mut args = vec![
             format!("--queue-url={}", self.queue_url),
-            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--kubeconfig={}", worker_kubeconfig.display()),
             format!("--admin-listen=127.0.0.1:{admin}"),
             format!("--controller-name={}", self.cfg.controller_name),
             format!("--worker-id={name}"),
@@ -478,18 +557,37 @@ impl Stack {
         Ok(())
     }
 
-    /// The holder identity of the watchers' Lease in kjob-sim (`None` when unheld or absent).
+    /// The holder identity of the watchers' Lease (`None` when unheld or absent).
     pub fn lease_holder(&self) -> anyhow::Result<Option<String>> {
-        let path = format!(
-            "/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{LEASE_NAME}"
-        );
-        let (status, body) = http_request(self.sim_addr, "GET", &path, None)?;
-        if status == 404 {
-            return Ok(None);
-        }
-        if status != 200 {
-            bail!("GET {path}: HTTP {status}");
-        }
+        let (ns, name) = self.lease();
+        let path = format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}");
+        let body = match &self.cfg.real {
+            Some(r) => {
+                let out = Command::new(&r.kubectl)
+                    .arg(format!("--kubeconfig={}", r.admin_kubeconfig.display()))
+                    .args(["get", "--raw", &path])
+                    .stdin(Stdio::null())
+                    .output()
+                    .with_context(|| format!("running {}", r.kubectl.display()))?;
+                if !out.status.success() {
+                    if String::from_utf8_lossy(&out.stderr).contains("NotFound") {
+                        return Ok(None);
+                    }
+                    bail!("GET {path}: {}", String::from_utf8_lossy(&out.stderr).trim());
+                }
+                out.stdout
+            }
+            None => {
+                let (status, body) = http_request(self.sim_addr, "GET", &path, None)?;
+                if status == 404 {
+                    return Ok(None);
+                }
+                if status != 200 {
+                    bail!("GET {path}: HTTP {status}");
+                }
+                body
+            }
+        };
         let v: serde_json::Value = serde_json::from_slice(&body).context("decoding the Lease")?;
         Ok(v.pointer("/spec/holderIdentity")
             .and_then(serde_json::Value::as_str)

@@ -154,6 +154,14 @@ pub fn crash_loop_backoff(base: Duration, restarts: i64) -> Duration {
     base.saturating_mul(2u32.saturating_pow(exp)).min(MAX_CRASH_LOOP_BACKOFF)
 }
 
+/// Whether `node` is one of the kubelet's nodes (`<node_prefix>-<i>`, `i` below `nodes`).
+pub fn owns_node(node: &str, cfg: &KubeletConfig) -> bool {
+    node.strip_prefix(cfg.node_prefix.as_str())
+        .and_then(|rest| rest.strip_prefix('-'))
+        .and_then(|i| i.parse::<u32>().ok())
+        .is_some_and(|i| i < cfg.nodes)
+}
+
 /// The next transition of a pod and when it is due, or `None` when the pod waits for
 /// something outside the kubelet (a delete, a finalizer removal, nothing at all).
 pub fn plan(
@@ -167,6 +175,9 @@ pub fn plan(
     let node = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
     let deleting = meta.get("deletionTimestamp").is_some_and(|d| !d.is_null());
     let terminal = matches!(phase(pod), "Succeeded" | "Failed");
+    if cfg.only_own_nodes && !node.is_empty() && !owns_node(node, cfg) {
+        return None;
+    }
     if node.is_empty() {
         if deleting {
             return None;

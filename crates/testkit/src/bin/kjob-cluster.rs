@@ -1,0 +1,128 @@
+//! kjob-cluster: start (`up`) or stop (`down`) the real control plane of `make cluster-up` in
+//! the background, built from Go modules by cluster/build.sh.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kjob_testkit::cluster::{self, ClusterOptions, ControlPlane, JobController};
+
+/// The real Kubernetes control plane kjob is tested against, on loopback.
+#[derive(Debug, Parser)]
+#[command(name = "kjob-cluster", version)]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Controller {
+    /// kube-controller-manager's Job controller off (kjob's services own Jobs).
+    Kjob,
+    /// kube-controller-manager's Job controller on.
+    Upstream,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Start etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the node agent
+    /// in the background; return once the apiserver is ready and the nodes are Ready.
+    Up {
+        /// Run folder: kubeconfig, kjob.kubeconfig, logs/, audit.log.
+        #[arg(long, default_value = "target/cluster")]
+        dir: PathBuf,
+        /// Fake nodes (`kjob-node-0`, …).
+        #[arg(long, default_value_t = 3)]
+        nodes: u32,
+        /// off: no scheduler and nothing touches pods (nodes stay Ready, Leases renewed).
+        #[arg(long, value_enum, default_value = "on")]
+        kubelet: OnOff,
+        /// Which Job controller runs.
+        #[arg(long, value_enum, default_value = "kjob")]
+        job_controller: Controller,
+        /// Folder of the upstream binaries (default: build or find them with cluster/build.sh).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// The kjob-node-agent binary (default: beside this binary).
+        #[arg(long)]
+        node_agent: Option<PathBuf>,
+        /// Extra kube-controller-manager flag (repeatable), e.g. --kcm-arg=--concurrent-job-syncs=50.
+        #[arg(long = "kcm-arg", allow_hyphen_values = true)]
+        kcm_args: Vec<String>,
+        /// Extra kube-apiserver flag (repeatable).
+        #[arg(long = "apiserver-arg", allow_hyphen_values = true)]
+        apiserver_args: Vec<String>,
+        /// Extra kjob-node-agent flag (repeatable), e.g. --agent-arg=--pod-run-time=100ms.
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
+    },
+    /// Stop every process of the cluster in `--dir` and remove its data.
+    Down {
+        /// Run folder given to `up`.
+        #[arg(long, default_value = "target/cluster")]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Args::parse().command {
+        Cmd::Up {
+            dir,
+            nodes,
+            kubelet,
+            job_controller,
+            bin_dir,
+            node_agent,
+            kcm_args,
+            apiserver_args,
+            agent_args,
+        } => {
+            let node_agent = match node_agent {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("kjob-node-agent"),
+            };
+            std::fs::create_dir_all(&dir)?;
+            let dir = dir.canonicalize()?;
+            let mut opts = ClusterOptions::new(dir.clone(), node_agent);
+            opts.bin_dir = bin_dir;
+            opts.nodes = nodes;
+            opts.kubelet = kubelet == OnOff::On;
+            opts.job_controller = match job_controller {
+                Controller::Kjob => JobController::Kjob,
+                Controller::Upstream => JobController::Upstream,
+            };
+            opts.controller_manager_args = kcm_args;
+            opts.apiserver_args = apiserver_args;
+            opts.node_agent_args = agent_args;
+            opts.detach = true;
+            let started = std::time::Instant::now();
+            let cp = ControlPlane::start(opts)?;
+            println!(
+                "cluster up in {:.1}s: {} (Kubernetes {}, kubelet {}, job controller {})",
+                started.elapsed().as_secs_f64(),
+                cp.server,
+                cluster::KUBERNETES_VERSION,
+                if kubelet == OnOff::On { "on" } else { "off" },
+                match job_controller {
+                    Controller::Kjob => "kjob (upstream's off)",
+                    Controller::Upstream => "upstream",
+                }
+            );
+            println!("  admin:  {}", cp.kubeconfig.display());
+            println!("  kjob:   {}", cp.kjob_kubeconfig.display());
+            println!("  logs:   {}", cp.log_dir.display());
+            println!("  stop:   make cluster-down");
+            Ok(())
+        }
+        Cmd::Down { dir } => {
+            cluster::down(&dir)?;
+            println!("cluster in {} stopped and its data removed", dir.display());
+            Ok(())
+        }
+    }
+}
