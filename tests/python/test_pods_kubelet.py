@@ -1,6 +1,8 @@
 """Pods driven by the simulated kubelet, read back through the typed client (which
 validates required fields such as containerStatuses[].imageID while deserialising)."""
 
+import re
+
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -47,7 +49,8 @@ def test_every_kubelet_stage_deserialises(core, ns):
 
     ok = wait_for("pod ok to succeed", done, interval=0.02)
     assert "Running" in seen_phases or "Pending" in seen_phases
-    assert ok.spec.node_name.startswith("sim-node-")
+    # kjob-sim names its nodes sim-node-N, kjob-node-agent kjob-node-N.
+    assert re.fullmatch(r"(sim|kjob)-node-[0-9]+", ok.spec.node_name)
     assert ok.status.pod_ip and ok.status.pod_i_ps[0].ip == ok.status.pod_ip
     assert ok.status.host_ip and ok.status.start_time is not None
     for cs in ok.status.container_statuses:
@@ -97,7 +100,8 @@ def test_strategic_merge_patch_on_pod_finalizers(core, ns):
         "$deleteFromPrimitiveList/finalizers": ["batch.kubernetes.io/job-tracking"]}})
     assert core.read_namespaced_pod("fin", ns).metadata.finalizers == ["example.com/a"]
     core.patch_namespaced_pod("fin", ns, {"metadata": {"finalizers": ["example.com/b"]}})
-    assert core.read_namespaced_pod("fin", ns).metadata.finalizers == ["example.com/a", "example.com/b"]
+    # A real server puts patch items in front of server-only ones (normalizeElementOrder).
+    assert core.read_namespaced_pod("fin", ns).metadata.finalizers == ["example.com/b", "example.com/a"]
     core.patch_namespaced_pod("fin", ns, [{"op": "remove", "path": "/metadata/finalizers"}])
     core.delete_namespaced_pod("fin", ns, grace_period_seconds=0)
     wait_for("removal", lambda: phase_of(core, ns, "fin") is None)

@@ -220,7 +220,28 @@ pub fn normalize(kind: StoreKind, body: &Value, strict: bool) -> Result<Value, N
         }
     }
     prune(&mut out);
+    drop_zero_ints(kind, &mut out);
     Ok(out)
+}
+
+/// Non-pointer integer fields with `omitempty` in the Go types: a real server never returns
+/// them as 0 (JobStatus' `active`, `succeeded`, `failed`; `metadata.generation`; an Event's
+/// `count`). Pointer fields such as `status.ready` or `status.terminating` keep their 0.
+fn drop_zero_ints(kind: StoreKind, v: &mut Value) {
+    let paths: &[&[&str]] = match kind {
+        StoreKind::Job => &[&["status", "active"], &["status", "succeeded"], &["status", "failed"]],
+        StoreKind::Event => &[&["count"]],
+        _ => &[],
+    };
+    for path in paths.iter().copied().chain([&["metadata", "generation"][..]]) {
+        let (last, parents) = path.split_last().expect("non-empty path");
+        let parent = parents.iter().try_fold(&mut *v, |cur, p| cur.get_mut(*p));
+        if let Some(m) = parent.and_then(Value::as_object_mut)
+            && m.get(*last).and_then(Value::as_i64) == Some(0)
+        {
+            m.remove(*last);
+        }
+    }
 }
 
 /// Normalises an events.k8s.io/v1 body and converts it to the stored core/v1 shape.

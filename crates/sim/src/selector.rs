@@ -18,8 +18,9 @@ pub enum SelectorError {
     /// A key or value is not a valid label key/value.
     #[error("{0}")]
     InvalidValue(String),
-    /// The field selector names a field the resource does not index.
-    #[error("field label not supported: {0}")]
+    /// The field selector names a field the resource does not index (the message is the real
+    /// server's, which differs by resource).
+    #[error("{0}")]
     UnsupportedField(String),
     /// A `metav1.LabelSelector` JSON value is malformed.
     #[error("{0}")]
@@ -662,6 +663,17 @@ const EVENT_FIELDS: &[&str] = &[
 ];
 const NAMESPACE_FIELDS: &[&str] = &["status.phase"];
 
+/// kube-apiserver's message for a field selector on a field `kind` does not index.
+fn unsupported_field_message(kind: &str, field: &str) -> String {
+    match kind.to_ascii_lowercase().as_str() {
+        "jobs" | "job" => format!("field label \"{field}\" not supported for Job"),
+        "leases" | "lease" => format!(
+            "\"{field}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+        ),
+        _ => format!("field label not supported: {field}"),
+    }
+}
+
 /// Field labels a kind supports beyond `metadata.name`/`metadata.namespace`. `kind` may be
 /// the Kind (`Pod`) or the resource (`pods`); unknown kinds support only the common fields.
 pub fn supported_fields(kind: &str) -> &'static [&'static str] {
@@ -769,12 +781,16 @@ impl FieldSelector {
         Ok(Self { terms })
     }
 
-    /// Refuses fields the kind does not index, with the real server's message.
+    /// Refuses fields the kind does not index, with the real server's message (kube-apiserver
+    /// 1.37: Jobs name their Kind, Leases list what they do support, the rest use the generic
+    /// conversion error).
     pub fn validate_for(&self, kind: &str) -> Result<(), SelectorError> {
         let extra = supported_fields(kind);
         for t in &self.terms {
             if !COMMON_FIELDS.contains(&t.field.as_str()) && !extra.contains(&t.field.as_str()) {
-                return Err(SelectorError::UnsupportedField(t.field.clone()));
+                return Err(SelectorError::UnsupportedField(unsupported_field_message(
+                    kind, &t.field,
+                )));
             }
         }
         Ok(())
@@ -1025,7 +1041,10 @@ mod tests {
         );
         let phase = FieldSelector::parse("status.phase=Running").unwrap();
         assert!(phase.validate_for("Pod").is_ok());
-        assert!(phase.validate_for("jobs").is_err());
+        assert_eq!(
+            phase.validate_for("jobs").unwrap_err().to_string(),
+            r#"field label "status.phase" not supported for Job"#
+        );
         assert!(phase.validate_for("namespaces").is_ok());
         assert!(phase.validate_for("leases").is_err());
         let succ = FieldSelector::parse("status.successful=2").unwrap();

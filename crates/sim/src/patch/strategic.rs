@@ -226,6 +226,7 @@ impl Merger<'_> {
             }
             return Ok(out);
         }
+        let server_order = orig.clone();
         let mut out = orig;
         match strategy {
             // Replace returned above, so only the primitive set union is left here.
@@ -273,8 +274,50 @@ impl Merger<'_> {
                 }
             }
         }
-        Ok(out)
+        // Server-side apply keeps the live order and appends (structured-merge-diff).
+        Ok(match self.mode {
+            Mode::Strategic => merge_order(out, patch, &server_order, strategy),
+            _ => out,
+        })
     }
+}
+
+/// The order a real server gives a merged list (apimachinery's `normalizeElementOrder`): the
+/// items named in the patch in patch order, interleaved with the server-only items in their
+/// old order, a patch item going first unless both it and the server item were already there
+/// with the server item in front. So `[a]` merged with `[b]` is `[b, a]`.
+fn merge_order(
+    merged: Vec<Value>,
+    patch: &[Value],
+    server: &[Value],
+    strategy: ListStrategy,
+) -> Vec<Value> {
+    let same = |a: &Value, b: &Value| match strategy {
+        ListStrategy::MergeByKey(key) if a.is_object() && b.is_object() => {
+            a.get(key).is_some() && a.get(key) == b.get(key)
+        }
+        _ => a == b,
+    };
+    let pos = |list: &[Value], v: &Value| list.iter().position(|o| same(o, v));
+    let (mut from_patch, server_only): (Vec<Value>, Vec<Value>) =
+        merged.into_iter().partition(|v| pos(patch, v).is_some());
+    from_patch.sort_by_key(|v| pos(patch, v));
+    let mut out = Vec::with_capacity(from_patch.len() + server_only.len());
+    let (mut left, mut right) =
+        (server_only.into_iter().peekable(), from_patch.into_iter().peekable());
+    loop {
+        let take_left = match (left.peek(), right.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(l), Some(r)) => {
+                matches!((pos(server, l), pos(server, r)), (Some(li), Some(ri)) if li < ri)
+            }
+        };
+        let next = if take_left { left.next() } else { right.next() };
+        out.extend(next);
+    }
+    out
 }
 
 /// Orders `list` by `$setElementOrder`: listed elements first in the given order, the rest
@@ -407,6 +450,11 @@ mod tests {
     fn finalizers_union_and_delete_from_primitive_list() {
         let out = smp(pod(), json!({"metadata": {"finalizers": ["b", "c"]}}), "pods");
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "b", "c"]));
+        // New items go in front of server-only ones, as on a real server.
+        let out = smp(pod(), json!({"metadata": {"finalizers": ["c"]}}), "pods");
+        assert_eq!(out["metadata"]["finalizers"], json!(["c", "a", "b"]));
+        let out = smp(pod(), json!({"metadata": {"finalizers": ["b", "c"]}}), "pods");
+        assert_eq!(out["metadata"]["finalizers"], json!(["a", "b", "c"]));
         let out =
             smp(pod(), json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}), "pods");
         assert_eq!(out["metadata"]["finalizers"], json!(["b"]));
@@ -438,9 +486,10 @@ mod tests {
             cs[0]["env"],
             json!([{"name": "A", "value": "1"}, {"name": "B", "value": "20"}, {"name": "C", "value": "3"}])
         );
-        assert_eq!(cs[0]["ports"], json!([{"containerPort": 80}, {"containerPort": 443}]));
-        assert_eq!(cs[1]["name"], "c2");
-        assert_eq!(cs[2]["name"], "c3");
+        // New items before server-only ones, as kube-apiserver 1.37 answers this very patch.
+        assert_eq!(cs[0]["ports"], json!([{"containerPort": 443}, {"containerPort": 80}]));
+        assert_eq!(cs[1]["name"], "c3");
+        assert_eq!(cs[2]["name"], "c2");
         // Tolerations have no merge key: replaced.
         let out = smp(pod(), json!({"spec": {"tolerations": [{"key": "t2"}]}}), "pods");
         assert_eq!(out["spec"]["tolerations"], json!([{"key": "t2"}]));
