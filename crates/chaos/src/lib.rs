@@ -71,6 +71,10 @@ pub struct ChaosConfig {
     pub pod_run_time: Duration,
     /// The fault kinds to inject (each round of the schedule covers every one of them).
     pub faults: Vec<Fault>,
+    /// Run on this real control plane (a `make cluster-up` folder) instead of kjob-sim; the
+    /// Jobs go to a fresh namespace and only the faults kjob's own processes can suffer are
+    /// possible ([`Fault::sim_only`] ones are refused).
+    pub cluster: Option<kjob_testkit::cluster::ClusterInfo>,
 }
 
 /// The kinds of injected faults.
@@ -91,6 +95,11 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Whether the fault needs kjob-sim's fault hooks (a real kube-apiserver has none).
+    pub fn sim_only(self) -> bool {
+        matches!(self, Fault::ApiErrors | Fault::CloseWatches)
+    }
+
     /// Every kind, in schedule order before shuffling.
     pub const ALL: [Fault; 6] = [
         Fault::KillWorker,
@@ -201,6 +210,19 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     scfg.watcher_args = WATCHER_ARGS.map(String::from).into();
     scfg.worker_args = WORKER_ARGS.map(String::from).into();
     let controller = scfg.controller_name.clone();
+    let namespace = match &cfg.cluster {
+        Some(info) => {
+            if let Some(f) = cfg.faults.iter().find(|f| f.sim_only()) {
+                anyhow::bail!("{f} needs kjob-sim's fault hooks; a real kube-apiserver has none");
+            }
+            let ns = format!("{NAMESPACE}-{}-{}", std::process::id(), cfg.seed);
+            tokio::task::block_in_place(|| info.create_namespace(&ns))?;
+            scfg.real = Some(kjob_testkit::stack::RealServer::from_cluster(info, &ns));
+            ns
+        }
+        None => NAMESPACE.to_string(),
+    };
+    let namespace = namespace.as_str();
     let mut stack = tokio::task::block_in_place(|| Stack::start(scfg))?;
     tracing::info!(logs = %stack.log_dir.display(), "stack started");
     let client = kube_client(&stack).await?;
@@ -209,9 +231,11 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
 
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
+        serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
     let pp = PostParams::default();
-    retry_create("namespace", || namespaces.create(&pp, &ns)).await?;
+    if cfg.cluster.is_none() {
+        retry_create("namespace", || namespaces.create(&pp, &ns)).await?;
+    }
 
     // The workload: a third up front, the rest spread over the fault period.
     let shapes: Vec<Shape> = (0..cfg.jobs).map(|_| Shape::random(&mut rng)).collect();
@@ -227,9 +251,9 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     }
     // Every pod ever created, by uid: a watch kept from before the first Job, so a pod created
     // and deleted again is still counted.
-    let seen_pods = spawn_pod_tracker(Api::namespaced(client.clone(), NAMESPACE));
+    let seen_pods = spawn_pod_tracker(Api::namespaced(client.clone(), namespace));
     let up_front = cfg.jobs.div_ceil(3);
-    let jobs_api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let jobs_api: Api<Job> = Api::namespaced(client.clone(), namespace);
     let creator = {
         let jobs_api = jobs_api.clone();
         let shapes = shapes.clone();
@@ -281,7 +305,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     }
     tracing::info!(finished, of = cfg.jobs, "convergence wait over");
 
-    check_jobs(&jobs_api, &client, &shapes, &mut report).await?;
+    check_jobs(&jobs_api, &client, namespace, &shapes, &mut report).await?;
     // The tracker may lag the list by a moment; give it time to see every listed pod.
     let pod_deadline = Instant::now() + Duration::from_secs(10);
     while seen_pods.lock().map(|m| m.len()).unwrap_or(0) < report.pods_listed
@@ -291,7 +315,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     }
     let seen = seen_pods.lock().map(|m| m.clone()).unwrap_or_default();
     check_pods_created(&seen, &mut report);
-    check_queue(&queue, cfg.jobs, &mut report).await?;
+    check_queue(&queue, namespace, cfg.jobs, &mut report).await?;
     tokio::task::block_in_place(|| stack.check_alive())?;
     report.elapsed = started.elapsed();
     tokio::task::block_in_place(|| stack.stop());
@@ -407,6 +431,7 @@ async fn inject(stack: &mut Stack, rng: &mut StdRng, fault: Fault) -> anyhow::Re
 async fn check_jobs(
     jobs_api: &Api<Job>,
     client: &Client,
+    namespace: &str,
     shapes: &[Shape],
     report: &mut Report,
 ) -> anyhow::Result<()> {
@@ -415,7 +440,7 @@ async fn check_jobs(
         .into_iter()
         .map(|j| (j.metadata.name.clone().unwrap_or_default(), j))
         .collect();
-    let pods: Vec<Pod> = list_all(&Api::<Pod>::namespaced(client.clone(), NAMESPACE)).await?;
+    let pods: Vec<Pod> = list_all(&Api::<Pod>::namespaced(client.clone(), namespace)).await?;
     report.pods_listed = pods.len();
     let mut pods_per_job: BTreeMap<String, i32> = BTreeMap::new();
     for p in &pods {
@@ -528,9 +553,14 @@ fn check_pods_created(seen: &HashMap<String, String>, report: &mut Report) {
 }
 
 /// No key may stay leased, and once everything finished nothing is left ready.
-async fn check_queue(queue: &QueueClient, jobs: usize, report: &mut Report) -> anyhow::Result<()> {
+async fn check_queue(
+    queue: &QueueClient,
+    namespace: &str,
+    jobs: usize,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + DRAIN_TIMEOUT;
-    let keys: Vec<String> = (0..jobs).map(|i| format!("{NAMESPACE}/{}", job_name(i))).collect();
+    let keys: Vec<String> = (0..jobs).map(|i| format!("{namespace}/{}", job_name(i))).collect();
     loop {
         let stats = queue.stats(kjob_core::JOB_QUEUE).await?;
         let inspect = queue.inspect(kjob_core::JOB_QUEUE, keys.clone()).await?;

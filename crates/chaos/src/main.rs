@@ -44,6 +44,10 @@ struct Args {
     /// Base run time of each pod.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pod_run_time: Duration,
+    /// Run on the real control plane of this `make cluster-up` folder instead of kjob-sim
+    /// (default faults then: every kind kjob's own processes can suffer).
+    #[arg(long)]
+    cluster: Option<PathBuf>,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -61,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         run_dir,
         converge_timeout,
         pod_run_time,
+        cluster,
         log,
     } = Args::parse();
     kjob_svc::init_logging(&log)?;
@@ -83,7 +88,12 @@ async fn main() -> anyhow::Result<()> {
         run_dir: run_dir.clone(),
         converge_timeout,
         pod_run_time,
-        faults: if faults.is_empty() { kjob_chaos::Fault::ALL.into() } else { faults },
+        faults: match (faults.is_empty(), cluster.is_some()) {
+            (false, _) => faults,
+            (true, false) => kjob_chaos::Fault::ALL.into(),
+            (true, true) => kjob_chaos::Fault::ALL.into_iter().filter(|f| !f.sim_only()).collect(),
+        },
+        cluster: cluster.as_deref().map(kjob_testkit::cluster::ClusterInfo::read).transpose()?,
     };
     let report = run(cfg).await?;
     print!("{report}");

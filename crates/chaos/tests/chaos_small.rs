@@ -17,17 +17,39 @@ use kjob_testkit::redis::redis_server_binary;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_jobs_survive_server_restarts_and_api_faults() {
     let kinds = [Fault::RestartQueue, Fault::RestartRedis, Fault::ApiErrors, Fault::CloseWatches];
-    run_small(&kinds, Duration::from_secs(60)).await;
+    run_small(&kinds, Duration::from_secs(60), None).await;
 }
 
 /// Every fault kind, worker and leader-watcher crashes included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_jobs_survive_process_crashes_too() {
     // A crash may strand expectations for one worker lease (30 s) + 15 s before they go stale.
-    run_small(&Fault::ALL, Duration::from_secs(120)).await;
+    run_small(&Fault::ALL, Duration::from_secs(120), None).await;
 }
 
-async fn run_small(kinds: &[Fault], converge_timeout: Duration) {
+/// On the real control plane (kube-apiserver, kjob's ServiceAccounts, kjob-node-agent): every
+/// fault kjob's own processes can suffer — worker and leading-watcher crashes, queue and redis
+/// restarts. (The API-error and cut-watch faults are kjob-sim hooks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_jobs_survive_process_crashes_on_the_real_control_plane() {
+    let Some(cluster) = tokio::task::spawn_blocking(kjob_testkit::cluster::test_cluster)
+        .await
+        .unwrap()
+        .expect("the real control plane")
+    else {
+        return;
+    };
+    let kinds: Vec<Fault> = Fault::ALL.into_iter().filter(|f| !f.sim_only()).collect();
+    run_small(&kinds, Duration::from_secs(120), Some(cluster.info().clone())).await;
+    let forbidden = cluster.info().forbidden_requests().unwrap();
+    assert!(forbidden.is_empty(), "RBAC refused kjob: {forbidden:?}");
+}
+
+async fn run_small(
+    kinds: &[Fault],
+    converge_timeout: Duration,
+    cluster: Option<kjob_testkit::cluster::ClusterInfo>,
+) {
     let bin_dir = bin_path("kjob-sim").expect("run `cargo build --bins` first");
     let bin_dir = bin_dir.parent().unwrap().to_path_buf();
     let run_dir = tempfile::Builder::new().prefix("kjob-chaos-small-").tempdir().unwrap();
@@ -44,6 +66,7 @@ async fn run_small(kinds: &[Fault], converge_timeout: Duration) {
         converge_timeout,
         pod_run_time: Duration::from_millis(500),
         faults: kinds.to_vec(),
+        cluster,
     };
     let report = run(cfg).await.unwrap();
     let logs = tails(run_dir.path());
