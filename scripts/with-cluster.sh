@@ -21,3 +21,6 @@ trap '"$target/debug/kjob-cluster" down --dir "$dir" >/dev/null 2>&1 || true' EX
 export KJOB_TEST_CLUSTER=$(cd "$dir" && pwd)
 export KJOB_KUBECTL=${KJOB_KUBECTL:-$bin/kubectl}
 "$@"
+# Every suite ran under kjob's own ServiceAccounts: RBAC refused none of their requests and the
+# server rejected none of their writes.
+"$target/debug/kjob-cluster" audit --dir "$dir"

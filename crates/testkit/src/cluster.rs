@@ -678,6 +678,45 @@ pub fn forbidden_in_audit_log(path: &Path) -> anyhow::Result<Vec<Value>> {
         .collect())
 }
 
+/// What kjob's ServiceAccounts did, from an audit log.
+#[derive(Debug, Default)]
+pub struct AuditSummary {
+    /// Requests logged.
+    pub requests: usize,
+    /// `user verb resource namespace/name` of each request RBAC refused.
+    pub forbidden: Vec<String>,
+    /// The same for each request answered 422 (a write the server found invalid).
+    pub invalid: Vec<String>,
+}
+
+/// Reads a JSON-lines audit log of kjob's ServiceAccounts.
+pub fn audit_summary(path: &Path) -> anyhow::Result<AuditSummary> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = AuditSummary::default();
+    for e in text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()) {
+        out.requests += 1;
+        let o = &e["objectRef"];
+        let line = format!(
+            "{} {} {}{} {}/{}",
+            e["user"]["username"].as_str().unwrap_or_default(),
+            e["verb"].as_str().unwrap_or_default(),
+            o["resource"].as_str().unwrap_or_default(),
+            o["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default(),
+            o["namespace"].as_str().unwrap_or_default(),
+            o["name"].as_str().unwrap_or_default(),
+        );
+        if e["annotations"]["authorization.k8s.io/decision"] == "forbid" {
+            out.forbidden.push(line);
+        } else if e["responseStatus"]["code"] == 422 {
+            out.invalid.push(format!(
+                "{line}: {}",
+                e["responseStatus"]["message"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    Ok(out)
+}
+
 /// Stops a detached cluster recorded in `dir` (pids under `dir/pids`) and removes its data:
 /// etcd's tmpfs folder, the PKI, kubeconfigs, logs and the audit log.
 pub fn down(dir: &Path) -> anyhow::Result<()> {

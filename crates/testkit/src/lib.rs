@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod process;
 pub mod redis;
 pub mod redis_cluster;
+pub mod server;
 pub mod stack;
 
 pub use process::{ChildGuard, bin_path, free_port, wait_for_tcp, workspace_root};

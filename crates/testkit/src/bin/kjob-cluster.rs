@@ -61,6 +61,13 @@ enum Cmd {
         #[arg(long = "agent-arg", allow_hyphen_values = true)]
         agent_args: Vec<String>,
     },
+    /// Summarise kjob's requests in the audit log; exit 1 if RBAC refused any (a `forbid`
+    /// decision) or the server rejected any write as invalid (422).
+    Audit {
+        /// Run folder given to `up`.
+        #[arg(long, default_value = "target/cluster")]
+        dir: PathBuf,
+    },
     /// Stop every process of the cluster in `--dir` and remove its data.
     Down {
         /// Run folder given to `up`.
@@ -118,6 +125,24 @@ fn main() -> anyhow::Result<()> {
             println!("  logs:   {}", cp.log_dir.display());
             println!("  stop:   make cluster-down");
             Ok(())
+        }
+        Cmd::Audit { dir } => {
+            let summary = cluster::audit_summary(&dir.join("audit.log"))?;
+            println!(
+                "kjob's requests in {}: {} ({} refused by RBAC, {} rejected as invalid)",
+                dir.join("audit.log").display(),
+                summary.requests,
+                summary.forbidden.len(),
+                summary.invalid.len()
+            );
+            for line in summary.forbidden.iter().chain(&summary.invalid).take(20) {
+                println!("  {line}");
+            }
+            if summary.forbidden.is_empty() && summary.invalid.is_empty() {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Cmd::Down { dir } => {
             cluster::down(&dir)?;

@@ -1,7 +1,10 @@
-//! The real kubectl 1.32 against the simulator: apply (client- and server-side), get with
-//! columns, get -w, patch with each type, wait, delete with cascade modes, describe.
+//! The real kubectl against kjob-sim and against the real kube-apiserver, with the same
+//! commands and the same expectations: apply (client- and server-side), get with columns,
+//! get -w, patch with each type, wait, delete with cascade modes, describe.
 //!
-//! Skipped (with a visible message) when kubectl 1.32 is not installed.
+//! kubectl 1.32 when installed, else `KJOB_KUBECTL` (make test points it at the kubectl built
+//! with the control plane); skipped with a visible message when there is neither. The pods the
+//! tests create name a scheduler nobody runs, so no kubelet moves them on either server.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -9,13 +12,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kjob_sim::SimConfig;
-use kjob_sim::testing::TestSim;
+use kjob_testkit::server::TestServer;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
+/// A scheduler no one runs: the test's pods stay where the test puts them on both servers.
+const NO_SCHEDULER: &str = "kjob-test-nobody";
 /// Upper bound of any single kubectl invocation or wait.
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -36,20 +40,26 @@ spec:
 struct Kubectl {
     bin: PathBuf,
     kubeconfig: PathBuf,
+    namespace: String,
     cache: tempfile::TempDir,
     dir: tempfile::TempDir,
 }
 
 impl Kubectl {
-    fn find(sim: &TestSim) -> Option<Kubectl> {
-        let bin = PathBuf::from(KUBECTL);
-        if !bin.exists() {
-            eprintln!("SKIPPED: {KUBECTL} not installed");
+    /// kubectl on `server`, every command in namespace `ns` (created here).
+    async fn find(server: &TestServer, ns: &str) -> Option<Kubectl> {
+        let bin = Some(PathBuf::from(KUBECTL))
+            .filter(|p| p.exists())
+            .or_else(|| std::env::var_os("KJOB_KUBECTL").map(PathBuf::from));
+        let Some(bin) = bin else {
+            eprintln!("SKIPPED: neither {KUBECTL} nor $KJOB_KUBECTL is installed");
             return None;
-        }
+        };
+        server.create_namespace(ns).await;
         Some(Kubectl {
             bin,
-            kubeconfig: sim.kubeconfig_path().to_owned(),
+            kubeconfig: server.kubeconfig(),
+            namespace: ns.to_string(),
             cache: tempfile::tempdir().unwrap(),
             dir: tempfile::tempdir().unwrap(),
         })
@@ -59,6 +69,8 @@ impl Kubectl {
         let mut cmd = tokio::process::Command::new(&self.bin);
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--namespace")
+            .arg(&self.namespace)
             .arg("--cache-dir")
             .arg(self.cache.path())
             .args(args);
@@ -94,10 +106,9 @@ async fn set_complete(client: &kube::Client, ns: &str, name: &str) {
     jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
 }
 
-#[tokio::test]
-async fn apply_get_describe() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let Some(k) = Kubectl::find(&sim) else { return };
+async fn apply_get_describe(server: TestServer) {
+    let ns = server.namespace("kubectl-apply-get-describe");
+    let Some(k) = Kubectl::find(&server, &ns).await else { return };
     let f = k.file("job.yaml", JOB_YAML);
     assert_eq!(k.ok(&["apply", "-f", &f]).await.trim(), "job.batch/pi created");
     assert_eq!(k.ok(&["apply", "-f", &f]).await.trim(), "job.batch/pi unchanged");
@@ -118,10 +129,10 @@ async fn apply_get_describe() {
     let created = k.file("job4.yaml", &JOB_YAML.replace("name: pi", "name: pi-create"));
     assert_eq!(k.ok(&["create", "-f", &created]).await.trim(), "job.batch/pi-create created");
 
-    let client = sim.client();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let client = server.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod: Pod = serde_json::from_value(
-        json!({"metadata": {"name": "pi-abcde"}, "spec": {"containers": [{"name": "pi", "image": "perl"}]}}),
+        json!({"metadata": {"name": "pi-abcde"}, "spec": {"schedulerName": NO_SCHEDULER, "containers": [{"name": "pi", "image": "perl"}]}}),
     )
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -143,16 +154,17 @@ async fn apply_get_describe() {
         "{desc}"
     );
     let yaml = k.ok(&["get", "job", "pi", "-o", "yaml"]).await;
-    assert!(
-        yaml.contains("tier: x") && yaml.contains("batch.kubernetes.io/controller-uid"),
-        "{yaml}"
-    );
+    assert!(yaml.contains("batch.kubernetes.io/controller-uid"), "{yaml}");
+    // The server-side apply of the file without the label: kubectl hands the client-side
+    // apply's fields to the server-side manager, which then drops the label it no longer
+    // applies. kjob-sim tracks no field ownership (a known gap, see README's project status)
+    // and keeps it.
+    assert_eq!(yaml.contains("tier: x"), !server.is_real(), "{yaml}");
 }
 
-#[tokio::test]
-async fn patch_with_each_type() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let Some(k) = Kubectl::find(&sim) else { return };
+async fn patch_with_each_type(server: TestServer) {
+    let ns = server.namespace("kubectl-patch-with-each-type");
+    let Some(k) = Kubectl::find(&server, &ns).await else { return };
     let f = k.file("job.yaml", JOB_YAML);
     k.ok(&["apply", "-f", &f]).await;
     assert_eq!(
@@ -176,7 +188,7 @@ async fn patch_with_each_type() {
     .await;
     k.ok(&["label", "job", "pi", "d=4"]).await;
     k.ok(&["annotate", "job", "pi", "e=5"]).await;
-    let jobs: Api<Job> = Api::namespaced(sim.client(), "default");
+    let jobs: Api<Job> = Api::namespaced(server.client(), &ns);
     let j = jobs.get("pi").await.unwrap();
     let labels = j.metadata.labels.unwrap();
     for (key, v) in [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")] {
@@ -185,29 +197,28 @@ async fn patch_with_each_type() {
     assert_eq!(j.metadata.annotations.unwrap().get("e").map(String::as_str), Some("5"));
 }
 
-#[tokio::test]
-async fn wait_and_delete_with_cascades() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let Some(k) = Kubectl::find(&sim) else { return };
-    let client = sim.client();
+async fn wait_and_delete_with_cascades(server: TestServer) {
+    let ns = server.namespace("kubectl-wait-and-delete-with");
+    let Some(k) = Kubectl::find(&server, &ns).await else { return };
+    let client = server.client();
     let f = k.file("job.yaml", JOB_YAML);
     k.ok(&["apply", "-f", &f]).await;
     let waiter =
         k.command(&["wait", "--for=condition=complete", "job/pi", "--timeout=15s"]).output();
     let waiter = tokio::spawn(waiter);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    set_complete(&client, "default", "pi").await;
+    set_complete(&client, &ns, "pi").await;
     let out = tokio::time::timeout(WAIT, waiter).await.expect("wait in time").unwrap().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job.batch/pi condition met");
     assert!(k.ok(&["get", "jobs"]).await.contains("Complete"));
 
     // Orphan: the job's pod stays, without its owner reference.
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let owned = |name: &str, j: &Job| -> Pod {
         let mut p: Pod = serde_json::from_value(
-            json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+            json!({"metadata": {"name": name}, "spec": {"schedulerName": NO_SCHEDULER, "containers": [{"name": "c", "image": "x"}]}}),
         )
         .unwrap();
         p.metadata.owner_references =
@@ -239,10 +250,9 @@ async fn wait_and_delete_with_cascades() {
     assert!(pods.get_opt("pi-1").await.unwrap().is_some(), "the orphan is untouched");
 }
 
-#[tokio::test]
-async fn get_watch_sees_changes() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let Some(k) = Kubectl::find(&sim) else { return };
+async fn get_watch_sees_changes(server: TestServer) {
+    let ns = server.namespace("kubectl-get-watch-sees-chang");
+    let Some(k) = Kubectl::find(&server, &ns).await else { return };
     let mut child = k
         .command(&["get", "pods", "-w"])
         .stdout(Stdio::piped())
@@ -250,10 +260,10 @@ async fn get_watch_sees_changes() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(server.client(), &ns);
     // Created once kubectl is watching (it prints nothing for an empty namespace): retry until seen.
     let pod: Pod = serde_json::from_value(
-        json!({"metadata": {"name": "w"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+        json!({"metadata": {"name": "w"}, "spec": {"schedulerName": NO_SCHEDULER, "containers": [{"name": "c", "image": "x"}]}}),
     )
     .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -274,3 +284,6 @@ async fn get_watch_sees_changes() {
     assert!(seen.iter().any(|l| l.contains("Pending")), "{seen:?}");
     let _ = child.kill().await;
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    apply_get_describe, patch_with_each_type, wait_and_delete_with_cascades, get_watch_sees_changes);

@@ -1,0 +1,181 @@
+//! The API server a test runs on: kjob-sim in process, or the real control plane (see
+//! [`crate::cluster`]). One test body runs on both through [`on_both_servers!`]:
+//!
+//! ```ignore
+//! async fn job_completes(server: TestServer) { /* server.client(), server.namespace("x") */ }
+//! kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default(); job_completes);
+//! ```
+//!
+//! On the real server the test runs as cluster-admin, kjob's services on their own
+//! ServiceAccounts ([`TestServer::worker_kubeconfig`], [`TestServer::watcher_kubeconfig`]), and
+//! each test gets a namespace of its own (names get a unique suffix, since the control plane is
+//! shared by every test of a `make test` run).
+
+use std::path::{Path, PathBuf};
+
+use kjob_sim::SimConfig;
+use kjob_sim::testing::TestSim;
+
+use crate::cluster::{ClusterInfo, TestCluster, test_cluster};
+
+/// kjob-sim or the real control plane.
+pub enum TestServer {
+    /// kjob-sim in this process.
+    Sim(TestSim),
+    /// The real control plane, shared or started for this test.
+    Real {
+        /// The control plane.
+        cluster: TestCluster,
+        /// A cluster-admin client.
+        client: kube::Client,
+        /// Suffix of this test's namespaces.
+        suffix: String,
+    },
+}
+
+impl std::fmt::Debug for TestServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_real() { "TestServer::Real" } else { "TestServer::Sim" })
+    }
+}
+
+async fn client_for(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+impl TestServer {
+    /// kjob-sim with `config`.
+    pub async fn sim(config: SimConfig) -> TestServer {
+        TestServer::Sim(TestSim::start(config).await)
+    }
+
+    /// The real control plane; `None` (with a printed reason) only when no Go toolchain exists.
+    /// Panics when it cannot be built or started: that is a failure, not a skip.
+    pub async fn real() -> Option<TestServer> {
+        let cluster = tokio::task::spawn_blocking(test_cluster)
+            .await
+            .expect("test_cluster task")
+            .expect("the real control plane (cluster/build.sh, kjob-cluster)")?;
+        let client = client_for(&cluster.info().kubeconfig).await.expect("admin client");
+        let suffix = format!("{}-{}", std::process::id(), unique());
+        Some(TestServer::Real { cluster, client, suffix })
+    }
+
+    /// Whether this is the real control plane.
+    pub fn is_real(&self) -> bool {
+        matches!(self, TestServer::Real { .. })
+    }
+
+    /// kjob-sim, when the test runs on it.
+    pub fn as_sim(&self) -> Option<&TestSim> {
+        match self {
+            TestServer::Sim(s) => Some(s),
+            TestServer::Real { .. } => None,
+        }
+    }
+
+    /// The real control plane's files, when the test runs on it.
+    pub fn cluster(&self) -> Option<&ClusterInfo> {
+        match self {
+            TestServer::Sim(_) => None,
+            TestServer::Real { cluster, .. } => Some(cluster.info()),
+        }
+    }
+
+    /// A client with every right (kjob-sim has no authorization; cluster-admin on the real one).
+    pub fn client(&self) -> kube::Client {
+        match self {
+            TestServer::Sim(s) => s.client(),
+            TestServer::Real { client, .. } => client.clone(),
+        }
+    }
+
+    /// The test's own kubeconfig (cluster-admin).
+    pub fn kubeconfig(&self) -> PathBuf {
+        match self {
+            TestServer::Sim(s) => s.kubeconfig_path().to_path_buf(),
+            TestServer::Real { cluster, .. } => cluster.info().kubeconfig.clone(),
+        }
+    }
+
+    /// The kubeconfig a kjob-worker runs on (its ServiceAccount on the real server).
+    pub fn worker_kubeconfig(&self) -> PathBuf {
+        match self {
+            TestServer::Sim(s) => s.kubeconfig_path().to_path_buf(),
+            TestServer::Real { cluster, .. } => cluster.info().worker_kubeconfig.clone(),
+        }
+    }
+
+    /// The kubeconfig a kjob-watcher runs on (its ServiceAccount on the real server).
+    pub fn watcher_kubeconfig(&self) -> PathBuf {
+        match self {
+            TestServer::Sim(s) => s.kubeconfig_path().to_path_buf(),
+            TestServer::Real { cluster, .. } => cluster.info().watcher_kubeconfig.clone(),
+        }
+    }
+
+    /// The name of the test's namespace `base` (unique on the shared real server).
+    pub fn namespace(&self, base: &str) -> String {
+        match self {
+            TestServer::Sim(_) => base.to_string(),
+            TestServer::Real { suffix, .. } => format!("{base}-{suffix}"),
+        }
+    }
+
+    /// Creates namespace `ns`; on the real server also waits for its `default`
+    /// ServiceAccount, without which the ServiceAccount admission plugin refuses pods.
+    pub async fn create_namespace(&self, ns: &str) {
+        match self {
+            TestServer::Sim(s) => {
+                use k8s_openapi::api::core::v1::Namespace;
+                let api: kube::Api<Namespace> = kube::Api::all(s.client());
+                let obj: Namespace =
+                    serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+                api.create(&Default::default(), &obj).await.expect("create namespace");
+            }
+            TestServer::Real { cluster, .. } => {
+                let (info, ns) = (cluster.info().clone(), ns.to_string());
+                tokio::task::spawn_blocking(move || info.create_namespace(&ns))
+                    .await
+                    .expect("create_namespace task")
+                    .expect("create namespace");
+            }
+        }
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (t.as_millis() as u64 % 1_000_000) * 100 + N.fetch_add(1, Ordering::Relaxed) % 100
+}
+
+/// Defines each named `async fn name(server: TestServer)` as two tests, `on_sim::name` (kjob-sim
+/// with the given config) and `on_real::name` (the real control plane; skipped with a reason
+/// only when no Go toolchain exists).
+#[macro_export]
+macro_rules! on_both_servers {
+    ($sim_config:expr; $($name:ident),* $(,)?) => {
+        mod on_sim {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::server::TestServer::sim($sim_config).await).await
+                }
+            )*
+        }
+        mod on_real {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(s) = $crate::server::TestServer::real().await {
+                        super::$name(s).await
+                    }
+                }
+            )*
+        }
+    };
+}
