@@ -462,15 +462,17 @@ impl Worker {
     }
 }
 
-/// The Job's selector; an empty or invalid one is an error (it would claim every pod).
+/// The Job's selector, as upstream `metav1.LabelSelectorAsSelector`: an empty selector
+/// (`selector: {}`, possible with `manualSelector: true`) selects every pod of the namespace and
+/// is synced like any other; an invalid one is an error. A missing selector is an error too:
+/// upstream reads it as "matches nothing", which the API server never lets a Job have
+/// (`spec.selector` is required), and a Job that can claim none of the pods it creates would
+/// create pods without end.
 pub(crate) fn job_selector(job: &Job) -> Result<Selector, SyncError> {
-    let ls = job.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
-    let sel = Selector::try_from(ls)
-        .map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))?;
-    if sel.selects_all() {
-        return Err(SyncError::InvalidJob("empty selector".into()));
-    }
-    Ok(sel)
+    let Some(ls) = job.spec.as_ref().and_then(|s| s.selector.clone()) else {
+        return Err(SyncError::InvalidJob("no selector".into()));
+    };
+    Selector::try_from(ls).map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))
 }
 
 /// Strategic merge patch adopting a pod (upstream `ownerRefControllerPatch` with the tracking
@@ -543,14 +545,19 @@ mod tests {
     }
 
     #[test]
-    fn selector_must_select_something() {
+    fn selector_as_upstream_label_selector_as_selector() {
         let mut job = Job::default();
-        assert!(job_selector(&job).is_err());
-        job.spec = Some(JobSpec {
-            selector: Some(LabelSelector {
-                match_labels: Some([("a".to_string(), "b".to_string())].into()),
-                ..Default::default()
-            }),
+        assert!(job_selector(&job).is_err(), "no selector");
+        let with = |ls: LabelSelector| Job {
+            spec: Some(JobSpec { selector: Some(ls), ..Default::default() }),
+            ..Default::default()
+        };
+        // `manualSelector: true` with `selector: {}`: selects every pod, no error.
+        let every = job_selector(&with(LabelSelector::default())).unwrap();
+        assert!(every.selects_all());
+        assert_eq!(every.to_string(), "");
+        job = with(LabelSelector {
+            match_labels: Some([("a".to_string(), "b".to_string())].into()),
             ..Default::default()
         });
         assert_eq!(job_selector(&job).unwrap().to_string(), "a=b");

@@ -196,6 +196,55 @@ async fn work_queue_completes_when_all_pods_are_done() {
     e.stop().await;
 }
 
+/// `manualSelector: true` with `selector: {}` is synced as upstream does (an empty selector
+/// selects every pod of the namespace), not refused.
+#[tokio::test]
+async fn manual_empty_selector_runs() {
+    let mut e = env("manualsel", "es").await;
+    let mut tmpl = template("Never");
+    tmpl["metadata"] = serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "es"}});
+    create_job(
+        &e.sim.client(),
+        "manualsel",
+        serde_json::json!({
+            "metadata": {"name": "es"},
+            "spec": {"completions": 2, "parallelism": 2, "manualSelector": true,
+                     "selector": {}, "template": tmpl}
+        }),
+    )
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(job.spec.as_ref().unwrap().selector, Some(Default::default()));
+    assert_eq!(counts(&job), (2, 0, 0));
+    assert!(condition(&job, "Complete").is_some());
+    assert_eq!(e.driver.all_pods.len(), 2);
+    e.stop().await;
+}
+
+/// A selector whose value is the word `in` (`grp=in` on the wire) lists the Job's pods as on a
+/// real server.
+#[tokio::test]
+async fn selector_value_in_runs() {
+    let mut e = env("selin", "si").await;
+    let mut tmpl = template("Never");
+    tmpl["metadata"] =
+        serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "si", "grp": "in"}});
+    create_job(
+        &e.sim.client(),
+        "selin",
+        serde_json::json!({
+            "metadata": {"name": "si"},
+            "spec": {"completions": 1, "manualSelector": true,
+                     "selector": {"matchLabels": {"grp": "in"}}, "template": tmpl}
+        }),
+    )
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(counts(&job), (1, 0, 0));
+    assert!(condition(&job, "Complete").is_some());
+    e.stop().await;
+}
+
 #[tokio::test]
 async fn pod_failure_policy_fail_job() {
     let mut e = env("pfp-failjob", "fj").await;
