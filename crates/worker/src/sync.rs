@@ -35,6 +35,44 @@ pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = Duration::from_secs(300);
 /// Time for a request a previous lease holder had already sent to reach the API server.
 pub const STALE_EXPECTATIONS_MARGIN: Duration = Duration::from_secs(15);
 
+/// The backoff record as stored: the record with the UID of the Job it belongs to. Records are
+/// keyed by `namespace/name`, so a Job deleted and recreated under the same name finds its
+/// predecessor's record; the UID makes that record read as absent (upstream drops the record
+/// when the Job is deleted, and a delete seen by no one must not leak it either).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredBackoff {
+    /// Empty in records written before they carried the UID: never matches a Job.
+    #[serde(default)]
+    job_uid: String,
+    #[serde(flatten)]
+    record: BackoffRecord,
+}
+
+/// Serializes `record` as the record of the Job with UID `job_uid`.
+pub fn encode_backoff(record: &BackoffRecord, job_uid: &str) -> Vec<u8> {
+    let stored = StoredBackoff { job_uid: job_uid.to_string(), record: record.clone() };
+    serde_json::to_vec(&stored).unwrap_or_default()
+}
+
+/// The stored record if it belongs to the Job with UID `job_uid`. An empty (removed),
+/// unreadable or UID-less record, or one of another Job of the same name, counts as none.
+pub fn decode_backoff(bytes: &[u8], job_uid: &str) -> Option<BackoffRecord> {
+    if bytes.is_empty() {
+        return None;
+    }
+    match serde_json::from_slice::<StoredBackoff>(bytes) {
+        Ok(s) if s.job_uid == job_uid => Some(s.record),
+        Ok(s) => {
+            tracing::debug!(stored = s.job_uid, job_uid, "ignoring another Job's backoff record");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring unreadable backoff record");
+            None
+        }
+    }
+}
+
 /// The earlier of two optional requeue delays.
 fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
@@ -89,7 +127,7 @@ impl Worker {
         }
         let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
         let pods = self.pods_for_job(&job).await?;
-        let backoff = self.read_backoff(&key_str).await?;
+        let backoff = self.read_backoff(&key_str, &uid).await?;
         let age = Duration::from_millis(exp.age_ms);
         let satisfied =
             expectations_usable(exp.satisfied, exp.exists, age, self.stale_expectations_after);
@@ -278,7 +316,8 @@ impl Worker {
         match &outcome.backoff {
             BackoffUpdate::Keep => {}
             BackoffUpdate::Put(record) => {
-                let bytes = serde_json::to_vec(record).unwrap_or_default();
+                let uid = job.metadata.uid.as_deref().unwrap_or_default();
+                let bytes = encode_backoff(record, uid);
                 self.queue.put_record(key, BACKOFF_RECORD, bytes, None).await?;
             }
             BackoffUpdate::Remove => {
@@ -316,21 +355,11 @@ impl Worker {
         }
     }
 
-    /// Reads the persisted pod-failure backoff record; an unreadable one counts as none.
-    async fn read_backoff(&self, key: &str) -> Result<Option<BackoffRecord>, SyncError> {
-        let Some(bytes) = self.queue.get_record(key, BACKOFF_RECORD).await? else {
-            return Ok(None);
-        };
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        match serde_json::from_slice(&bytes) {
-            Ok(r) => Ok(Some(r)),
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring unreadable backoff record");
-                Ok(None)
-            }
-        }
+    /// Reads the persisted pod-failure backoff record of the Job with UID `uid` (see
+    /// [`decode_backoff`]).
+    async fn read_backoff(&self, key: &str, uid: &str) -> Result<Option<BackoffRecord>, SyncError> {
+        let bytes = self.queue.get_record(key, BACKOFF_RECORD).await?;
+        Ok(bytes.and_then(|b| decode_backoff(&b, uid)))
     }
 
     fn emit(&self, job: &Job, ev: &kjob_reconcile::events::Event) {
@@ -542,6 +571,23 @@ mod tests {
         assert_eq!(p["metadata"]["ownerReferences"][0]["uid"], "j1");
         assert_eq!(p["metadata"]["ownerReferences"][0]["controller"], true);
         assert_eq!(p["metadata"]["finalizers"][0], JOB_TRACKING_FINALIZER);
+    }
+
+    #[test]
+    fn backoff_record_belongs_to_one_job_uid() {
+        let record = BackoffRecord {
+            failures_after_last_success: 3,
+            last_failure_time: Some("2026-01-01T00:00:10Z".parse().unwrap()),
+        };
+        let bytes = encode_backoff(&record, "uid-a");
+        assert_eq!(decode_backoff(&bytes, "uid-a"), Some(record.clone()));
+        // The same name recreated: a new UID starts without backoff.
+        assert_eq!(decode_backoff(&bytes, "uid-b"), None);
+        // Removed, unreadable, or written without a UID (before records carried one).
+        assert_eq!(decode_backoff(b"", "uid-a"), None);
+        assert_eq!(decode_backoff(b"{", "uid-a"), None);
+        let legacy = serde_json::to_vec(&record).unwrap();
+        assert_eq!(decode_backoff(&legacy, "uid-a"), None);
     }
 
     #[test]

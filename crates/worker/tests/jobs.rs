@@ -245,6 +245,44 @@ async fn selector_value_in_runs() {
     e.stop().await;
 }
 
+/// A Job deleted and recreated under the same name starts without its predecessor's
+/// pod-failure backoff (upstream drops the record when the Job is deleted). The delete here is
+/// seen by no sync (no watcher runs), so only the record's Job UID tells the two apart.
+#[tokio::test]
+async fn recreated_job_does_not_inherit_pod_failure_backoff() {
+    let ns = "recreate";
+    let mut e = env(ns, "rc").await;
+    let manifest = serde_json::json!({
+        "metadata": {"name": "rc"},
+        "spec": {"completions": 1, "backoffLimit": 6, "template": template("Never")}
+    });
+    let first = create_job(&e.sim.client(), ns, manifest.clone()).await;
+    // One failed pod: the next pod of this Job waits 10 s (DefaultJobPodFailureBackOff).
+    e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(1), &mut |j| counts(j).1 == 1).await;
+    let key = format!("{ns}/rc");
+    common::eventually("the first Job's backoff record", TIMEOUT, || async {
+        let r = e.driver.queue.get_record(&key, kjob_worker::sync::BACKOFF_RECORD).await.ok()?;
+        r.filter(|b| !b.is_empty())
+    })
+    .await;
+    let jobs: kube::Api<Job> = kube::Api::namespaced(e.sim.client(), ns);
+    jobs.delete("rc", &kube::api::DeleteParams::background()).await.unwrap();
+    common::eventually("the first Job gone", TIMEOUT, || async {
+        jobs.get_opt("rc").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let second = create_job(&e.sim.client(), ns, manifest).await;
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+    let mut driver = Driver::new(e.sim.client(), e.driver.queue.clone(), ns, "rc");
+    let started = std::time::Instant::now();
+    let job = driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(job.metadata.uid, second.metadata.uid);
+    assert_eq!(counts(&job), (1, 0, 0));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(6), "the recreated Job waited {took:?} for its first pod");
+    e.stop().await;
+}
+
 #[tokio::test]
 async fn pod_failure_policy_fail_job() {
     let mut e = env("pfp-failjob", "fj").await;
