@@ -327,6 +327,9 @@ impl Worker {
             }
         }
         if let Some(e) = outcome.error {
+            if let Some(after) = outcome.requeue_after {
+                self.requeue_no_later_than(key, after).await;
+            }
             return Err(SyncError::Plan(e));
         }
         Ok(match outcome.requeue_after {
@@ -352,6 +355,24 @@ impl Worker {
                 .terminated_pods_tracking_finalizer
                 .get_or_create(&crate::metrics::EventLabels { event: "delete".into() })
                 .inc_by(n);
+        }
+    }
+
+    /// Makes sure a failed sync's key comes back after `after` at the latest. Upstream's syncJob
+    /// calls `AddAfter` for the deadline (and the pod-failure backoff) as it decides them, before
+    /// it fails; the rate-limited requeue of the error comes on top, and the earlier of the two
+    /// wins. The lease's Done can carry only one of them, so the delayed add goes first (an add
+    /// while leased is kept and the Done keeps the earlier ready time). If it fails the key still
+    /// comes back, only later, through the rate limiter.
+    async fn requeue_no_later_than(&self, key: &str, after: Duration) {
+        let item = kjob_queue_client::v1::AddItem {
+            queue: kjob_core::JOB_QUEUE.to_string(),
+            key: key.to_string(),
+            delay_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            ..Default::default()
+        };
+        if let Err(e) = self.queue.add(vec![item]).await {
+            tracing::warn!(error = %e, ?after, "could not keep the requeue of a failed sync");
         }
     }
 

@@ -283,6 +283,45 @@ async fn recreated_job_does_not_inherit_pod_failure_backoff() {
     e.stop().await;
 }
 
+/// `activeDeadlineSeconds` fires on time although every sync fails (a quota refuses each pod
+/// create): the deadline's requeue is kept beside the rate-limited one, as upstream's AddAfter
+/// is. The key is enqueued once, as the watcher's Job add handler does; no driver runs (its
+/// enqueues would bring the key back sooner than the rate limiter does).
+#[tokio::test]
+async fn deadline_fires_on_time_while_syncs_fail() {
+    let ns = "deadline-quota";
+    let e = env(ns, "dq").await;
+    e.sim.app().faults.set_pod_quota_exceeded(true);
+    create_job(
+        &e.sim.client(),
+        ns,
+        serde_json::json!({
+            "metadata": {"name": "dq"},
+            "spec": {"completions": 1, "activeDeadlineSeconds": 8, "template": template("Never")}
+        }),
+    )
+    .await;
+    let created = std::time::Instant::now();
+    let item = kjob_queue_client::v1::AddItem {
+        queue: kjob_core::JOB_QUEUE.into(),
+        key: format!("{ns}/dq"),
+        ..Default::default()
+    };
+    e.driver.queue.add(vec![item]).await.unwrap();
+    // Failed syncs come back after 1, 2, 4, 8 s of rate limiting (at 1, 3, 7, 15 s): without the
+    // deadline's own requeue the Job would fail at 15 s, not 8.
+    let job = common::eventually("the Job failed", Duration::from_secs(30), || async {
+        e.driver.get_job().await.filter(|j| condition(j, "Failed").is_some())
+    })
+    .await;
+    let took = created.elapsed();
+    let failed = condition(&job, "Failed").unwrap();
+    assert_eq!(failed.reason.as_deref(), Some("DeadlineExceeded"));
+    assert!(e.driver.pods().await.is_empty(), "every create was refused");
+    assert!(took < Duration::from_secs(12), "the 8 s deadline fired after {took:?}");
+    e.stop().await;
+}
+
 #[tokio::test]
 async fn pod_failure_policy_fail_job() {
     let mut e = env("pfp-failjob", "fj").await;
