@@ -181,19 +181,15 @@ fn parse_non_negative(v: &str) -> Option<i32> {
     v.parse::<i32>().ok().filter(|i| *i >= 0)
 }
 
-/// The pod's completion index: the annotation, else the label (both
-/// `batch.kubernetes.io/job-completion-index`); `None` when missing, unparsable or negative
-/// (upstream `getCompletionIndex`, which reads the annotation; the label is the fallback for
-/// pods whose annotations were stripped).
+/// The pod's completion index, read from the `batch.kubernetes.io/job-completion-index`
+/// annotation only; `None` when missing, unparsable or negative (upstream `getCompletionIndex`).
+/// The label of the same name is not consulted: a pod whose annotation is gone is index-less,
+/// so the Job deletes and replaces it as upstream does.
 pub fn completion_index(pod: &Pod) -> Option<i32> {
-    let meta = &pod.metadata;
-    if let Some(v) = meta.annotations.as_ref().and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION))
-    {
-        return parse_non_negative(v);
-    }
-    meta.labels
+    pod.metadata
+        .annotations
         .as_ref()
-        .and_then(|l| l.get(JOB_COMPLETION_INDEX_ANNOTATION))
+        .and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION))
         .and_then(|v| parse_non_negative(v))
 }
 
@@ -859,9 +855,14 @@ mod tests {
             f(mk_pod(&job, "p")).build()
         };
         assert_eq!(completion_index(&p(|b| b.index(4))), Some(4));
+        // The label alone gives no index (upstream reads only the annotation).
+        assert_eq!(completion_index(&p(|b| b.label(JOB_COMPLETION_INDEX_ANNOTATION, "6"))), None);
+        // The annotation wins over a contradicting label.
         assert_eq!(
-            completion_index(&p(|b| b.label(JOB_COMPLETION_INDEX_ANNOTATION, "6"))),
-            Some(6)
+            completion_index(&p(|b| b
+                .annotation(JOB_COMPLETION_INDEX_ANNOTATION, "2")
+                .label(JOB_COMPLETION_INDEX_ANNOTATION, "6"))),
+            Some(2)
         );
         assert_eq!(
             completion_index(&p(|b| b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, "-1"))),

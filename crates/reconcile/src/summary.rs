@@ -59,7 +59,7 @@ impl PodPhase {
 /// docs). Each answer equals the `pod_util` / `indexes` function of the same name on the Pod.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PodSummary {
-    /// Completion index: the annotation, else the label; `None` when missing or invalid.
+    /// Completion index from the annotation only; `None` when missing or invalid.
     pub(crate) index: Option<i32>,
     pub(crate) phase: PodPhase,
     /// Has a deletionTimestamp.
@@ -269,6 +269,17 @@ mod tests {
             b = b.node(None);
         }
         b.restarts(restarts).build()
+    }
+
+    #[test]
+    fn index_comes_from_the_annotation_only() {
+        let job = mk_job("j").indexed().build();
+        let label_only =
+            mk_pod(&job, "p").label(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, "3").build();
+        assert_eq!(PodSummary::of(&label_only).index(), None);
+        let annotated =
+            mk_pod(&job, "q").annotation(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, "3").build();
+        assert_eq!(PodSummary::of(&annotated).index(), Some(3));
     }
 
     proptest! {

@@ -380,7 +380,7 @@ pub struct JobSync<'a> {
 /// one pass over the summaries; a `PodFacts` is 12 bytes.
 #[derive(Debug, Clone, Copy)]
 struct PodFacts {
-    /// Completion index (Indexed Jobs only): the annotation, else the label.
+    /// Completion index (Indexed Jobs only): from the annotation only (upstream `getCompletionIndex`).
     index: Option<i32>,
     /// Carries the tracking finalizer.
     finalizer: bool,

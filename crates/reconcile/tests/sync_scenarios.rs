@@ -644,6 +644,25 @@ fn per_index_backoff_delays_the_replacement() {
     assert_eq!(ann[kjob_core::JOB_COMPLETION_INDEX_ANNOTATION], "0");
 }
 
+/// Upstream `getCompletionIndex` reads only the annotation: a pod that lost it but keeps the
+/// index label has no index, so it is deleted and its index gets a fresh pod.
+#[test]
+fn label_only_index_pod_is_index_less_and_replaced() {
+    let job = mk_job("lbl").indexed().completions(Some(2)).parallelism(2).start_time(at(0)).build();
+    let pods = vec![
+        mk_pod(&job, "lbl-0").index(0).ready(at(1)).build(),
+        mk_pod(&job, "lbl-1").label(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, "1").build(),
+    ];
+    let t = run(&job, &pods, &Env::at(at(10)), &Api::default());
+    assert_eq!(t.deleted.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), vec!["lbl-1"]);
+    assert!(t.created.is_empty(), "a sync that deletes creates nothing (upstream manageJob)");
+    // Once it is gone, its index is missing and gets a pod.
+    let t = run(&job, &pods[..1], &Env::at(at(11)), &Api::default());
+    assert_eq!(t.created.len(), 1);
+    let ann = t.created[0].1.metadata.annotations.clone().unwrap();
+    assert_eq!(ann[kjob_core::JOB_COMPLETION_INDEX_ANNOTATION], "1");
+}
+
 #[test]
 fn ignored_failure_bumps_the_ignored_count_of_the_replacement() {
     let job = mk_job("pii")

@@ -197,6 +197,11 @@ impl ApiError {
         )
     }
 
+    /// 403 from an admission plugin (e.g. ResourceQuota).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
     /// 403 when creating inside a terminating namespace.
     pub fn namespace_terminating(res: &Resource, name: &str, ns: &str) -> Self {
         let msg = format!(

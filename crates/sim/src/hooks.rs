@@ -4,13 +4,14 @@
 //! Hooks (all `POST` unless noted):
 //! * `/sim/compact` — drop the watch history; watches from older revisions get 410.
 //! * `/sim/close-watches` — end every open watch stream (clients re-watch).
-//! * `/sim/faults` — body `{"error429": 0.1, "error500": 0.05, "writeLatencyMs": 10, "readLatencyMs": 0}`
-//!   (every field optional); `GET` shows the current settings.
+//! * `/sim/faults` — body `{"error429": 0.1, "error500": 0.05, "writeLatencyMs": 10, "readLatencyMs": 0,
+//!   "podQuotaExceeded": false}` (every field optional); `GET` shows the current settings.
+//!   `podQuotaExceeded` refuses every pod create with the 403 a ResourceQuota of `pods: 0` gives.
 //! * `/sim/kubelet/pause`, `/sim/kubelet/resume` — stop and restart the simulated kubelet.
 //! * `/sim/evict/{namespace}/{name}` — evict a pod (`DisruptionTarget`, then graceful delete).
 //! * `GET /sim/state` — current and compacted revision, object counts.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
@@ -35,6 +36,7 @@ pub struct Faults {
     error500_ppm: AtomicU64,
     write_latency_us: AtomicU64,
     read_latency_us: AtomicU64,
+    pod_quota_exceeded: AtomicBool,
 }
 
 impl Faults {
@@ -45,6 +47,7 @@ impl Faults {
             error500_ppm: AtomicU64::new(0),
             write_latency_us: AtomicU64::new(write.as_micros() as u64),
             read_latency_us: AtomicU64::new(read.as_micros() as u64),
+            pod_quota_exceeded: AtomicBool::new(false),
         }
     }
 
@@ -73,6 +76,25 @@ impl Faults {
         } else {
             None
         }
+    }
+
+    /// Turns the `podQuotaExceeded` fault on or off.
+    pub fn set_pod_quota_exceeded(&self, on: bool) {
+        self.pod_quota_exceeded.store(on, Ordering::Relaxed);
+    }
+
+    /// The refusal of a pod create when `podQuotaExceeded` is on (the answer of the
+    /// ResourceQuota admission plugin in a namespace whose quota allows no more pods).
+    pub fn quota_error(&self, verb: &str, resource: &str) -> Option<ApiError> {
+        if verb != "create"
+            || resource != "pods"
+            || !self.pod_quota_exceeded.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        Some(ApiError::forbidden(
+            "pods is forbidden: exceeded quota: sim-quota, requested: pods=1, used: pods=0, limited: pods=0",
+        ))
     }
 
     fn set(&self, v: &Value) -> Result<(), ApiError> {
@@ -110,6 +132,11 @@ impl Faults {
         if let Some(x) = r {
             self.read_latency_us.store(x * 1000, Ordering::Relaxed);
         }
+        match v.get("podQuotaExceeded") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => self.pod_quota_exceeded.store(*b, Ordering::Relaxed),
+            Some(_) => return Err(ApiError::bad_request("podQuotaExceeded must be a boolean")),
+        }
         Ok(())
     }
 
@@ -119,6 +146,7 @@ impl Faults {
             "error500": self.error500_ppm.load(Ordering::Relaxed) as f64 / 1e6,
             "writeLatencyMs": self.write_latency_us.load(Ordering::Relaxed) / 1000,
             "readLatencyMs": self.read_latency_us.load(Ordering::Relaxed) / 1000,
+            "podQuotaExceeded": self.pod_quota_exceeded.load(Ordering::Relaxed),
         })
     }
 }

@@ -181,18 +181,31 @@ fn lex(input: &str) -> Vec<Token> {
     out
 }
 
+/// Where the parser stands, as upstream's `ParserContext`: `in` and `notin` are operators only
+/// where an operator is expected; everywhere else (keys, values, the start of a requirement)
+/// they are plain words, so `grp=in`, `in in (in)` and `a in (x,notin)` parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Context {
+    KeyAndOperator,
+    Values,
+}
+
 struct Parser {
     tokens: Vec<Token>,
     pos: usize,
 }
 
 impl Parser {
-    fn peek(&self) -> &Token {
-        &self.tokens[self.pos.min(self.tokens.len() - 1)]
+    fn peek(&self, ctx: Context) -> Token {
+        let t = self.tokens[self.pos.min(self.tokens.len() - 1)].clone();
+        match (ctx, t) {
+            (Context::Values, t @ (Token::In | Token::NotIn)) => Token::Ident(t.text()),
+            (_, t) => t,
+        }
     }
 
-    fn next(&mut self) -> Token {
-        let t = self.peek().clone();
+    fn next(&mut self, ctx: Context) -> Token {
+        let t = self.peek(ctx);
         self.pos += 1;
         t
     }
@@ -200,17 +213,18 @@ impl Parser {
     fn parse(mut self) -> Result<Vec<Requirement>, SelectorError> {
         let mut reqs = Vec::new();
         loop {
-            match self.peek() {
+            match self.peek(Context::Values) {
                 Token::End => return Ok(reqs),
                 Token::Ident(_) | Token::Bang => {
                     reqs.push(self.requirement()?);
-                    match self.next() {
+                    match self.next(Context::Values) {
                         Token::End => return Ok(reqs),
                         Token::Comma => {
-                            if !matches!(self.peek(), Token::Ident(_) | Token::Bang) {
+                            let after = self.peek(Context::Values);
+                            if !matches!(after, Token::Ident(_) | Token::Bang) {
                                 return Err(SelectorError::Parse(format!(
                                     "found '{}', expected: identifier after ','",
-                                    self.peek().text()
+                                    after.text()
                                 )));
                             }
                         }
@@ -233,13 +247,12 @@ impl Parser {
     }
 
     fn requirement(&mut self) -> Result<Requirement, SelectorError> {
-        let negated = if self.peek() == &Token::Bang {
-            self.next();
-            true
-        } else {
-            false
-        };
-        let key = match self.next() {
+        let mut tok = self.next(Context::Values);
+        let negated = tok == Token::Bang;
+        if negated {
+            tok = self.next(Context::Values);
+        }
+        let key = match tok {
             Token::Ident(k) => k,
             t => {
                 return Err(SelectorError::Parse(format!(
@@ -249,17 +262,18 @@ impl Parser {
             }
         };
         validate_label_key(&key)?;
+        // `!k` is complete by itself; whatever follows it (`!k=v`) is left to the caller, which
+        // refuses it as upstream does ("found '=', expected: ',' or 'end of string'").
         if negated {
             return Ok(Requirement { key, op: Operator::DoesNotExist, values: BTreeSet::new() });
         }
-        let op = match self.peek() {
-            Token::End | Token::Comma => {
-                return Ok(Requirement { key, op: Operator::Exists, values: BTreeSet::new() });
-            }
-            Token::Eq | Token::DoubleEq => Operator::In,
-            Token::NotEq => Operator::NotIn,
-            Token::In => Operator::In,
-            Token::NotIn => Operator::NotIn,
+        if matches!(self.peek(Context::Values), Token::End | Token::Comma) {
+            return Ok(Requirement { key, op: Operator::Exists, values: BTreeSet::new() });
+        }
+        let tok = self.next(Context::KeyAndOperator);
+        let op = match tok {
+            Token::Eq | Token::DoubleEq | Token::In => Operator::In,
+            Token::NotEq | Token::NotIn => Operator::NotIn,
             Token::Gt => Operator::GreaterThan,
             Token::Lt => Operator::LessThan,
             t => {
@@ -269,27 +283,10 @@ impl Parser {
                 )));
             }
         };
-        let set_form = matches!(self.peek(), Token::In | Token::NotIn);
-        self.next();
-        let values = if set_form {
+        let values = if matches!(tok, Token::In | Token::NotIn) {
             self.value_set()?
         } else {
-            let v = match self.peek() {
-                Token::Ident(v) => {
-                    let v = v.clone();
-                    self.next();
-                    v
-                }
-                // `k=` with an empty value is legal.
-                Token::End | Token::Comma => String::new(),
-                t => {
-                    return Err(SelectorError::Parse(format!(
-                        "found '{}', expected: identifier",
-                        t.text()
-                    )));
-                }
-            };
-            BTreeSet::from([v])
+            BTreeSet::from([self.exact_value()?])
         };
         if matches!(op, Operator::GreaterThan | Operator::LessThan) {
             let v = values.iter().next().cloned().unwrap_or_default();
@@ -306,44 +303,84 @@ impl Parser {
         Ok(Requirement { key, op, values })
     }
 
+    /// The value of `k=v`, `k==v`, `k!=v`, `k>n`, `k<n` (upstream `parseExactValue`); `k=` with
+    /// nothing after it is the empty value.
+    fn exact_value(&mut self) -> Result<String, SelectorError> {
+        if matches!(self.peek(Context::Values), Token::End | Token::Comma) {
+            return Ok(String::new());
+        }
+        match self.next(Context::Values) {
+            Token::Ident(v) => Ok(v),
+            t => Err(SelectorError::Parse(format!("found '{}', expected: identifier", t.text()))),
+        }
+    }
+
+    /// The `( .. )` of `in`/`notin` (upstream `parseValues` + `parseIdentifiersList`): `()` is
+    /// the empty value, `(,a)`, `(a,)` and `(a,,b)` carry an empty value beside the others.
     fn value_set(&mut self) -> Result<BTreeSet<String>, SelectorError> {
-        match self.next() {
+        match self.next(Context::Values) {
             Token::Open => {}
             t => {
-                return Err(SelectorError::Parse(format!("found '{}', expected: '('", t.text())));
+                return Err(SelectorError::Parse(format!("found '{}' expected: '('", t.text())));
+            }
+        }
+        let first = self.peek(Context::Values);
+        match first {
+            Token::Close => {
+                self.next(Context::Values);
+                return Ok(BTreeSet::from([String::new()]));
+            }
+            Token::Ident(_) | Token::Comma => {}
+            t => {
+                return Err(SelectorError::Parse(format!(
+                    "found '{}', expected: ',', ')' or identifier",
+                    t.text()
+                )));
             }
         }
         let mut values = BTreeSet::new();
-        let mut expect_value = true;
         loop {
-            match self.next() {
-                Token::Ident(v) if expect_value => {
+            match self.next(Context::Values) {
+                Token::Ident(v) => {
                     values.insert(v);
-                    expect_value = false;
+                    match self.peek(Context::Values) {
+                        Token::Comma => continue,
+                        Token::Close => break,
+                        t => {
+                            return Err(SelectorError::Parse(format!(
+                                "found '{}', expected: ',' or ')'",
+                                t.text()
+                            )));
+                        }
+                    }
                 }
                 Token::Comma => {
-                    if expect_value {
-                        // `(a,,b)` and `(,a)` carry an empty value, like upstream.
-                        values.insert(String::new());
-                    }
-                    expect_value = true;
-                }
-                Token::Close => {
-                    if expect_value && !values.is_empty() {
-                        values.insert(String::new());
-                    }
                     if values.is_empty() {
                         values.insert(String::new());
                     }
-                    return Ok(values);
+                    match self.peek(Context::Values) {
+                        Token::Close => {
+                            values.insert(String::new());
+                            break;
+                        }
+                        Token::Comma => {
+                            self.next(Context::Values);
+                            values.insert(String::new());
+                        }
+                        _ => {}
+                    }
                 }
                 t => {
                     return Err(SelectorError::Parse(format!(
-                        "found '{}', expected: ',', ')' or identifier",
+                        "found '{}', expected: ',', or identifier",
                         t.text()
                     )));
                 }
             }
+        }
+        match self.next(Context::Values) {
+            Token::Close => Ok(values),
+            _ => Err(SelectorError::Parse(format!("found '{}', expected: ')'", first.text()))),
         }
     }
 }
@@ -941,6 +978,115 @@ mod tests {
         assert!(err.contains("expected: '('"), "{err}");
         let err = LabelSelector::parse("-bad=x").unwrap_err().to_string();
         assert!(err.starts_with("unable to parse requirement:"), "{err}");
+    }
+
+    /// Cases of upstream's `TestSelectorParse` and `TestSetSelectorParser`
+    /// (apimachinery `labels/selector_test.go`), plus `in`/`notin` as keys and values: the
+    /// lexer always makes them keywords, and the parser reads them as words wherever a key or
+    /// value is expected.
+    #[test]
+    fn upstream_parser_cases() {
+        let accepted = [
+            "x=a,y=b,z=c",
+            "",
+            "x!=a,y=b",
+            "x=",
+            "x= ",
+            "x=,z= ",
+            "x= ,z= ",
+            "!x",
+            "x>1",
+            "x>1,z<5",
+            "x>1,z<5,a>-1",
+            "\rx",
+            "this-is-a-dns.domain.com/key-with-dash",
+            "this-is-another-dns.domain.com/key-with-dash in (so,what)",
+            "0.1.2.domain/99 notin (10.10.100.1, tick.tock.clock)",
+            "foo  in\t (abc)",
+            "x notin\n (abc)",
+            "x  notin\t\t\t(abc,def)",
+            "x in (abc,def)",
+            "x in (abc,)",
+            "x in ()",
+            "x notin (abc,,def),bar,z in (),w",
+            "x,y in (a)",
+            "x=a",
+            "x<7",
+            "x=a,y!=b",
+            "x=a,y!=b,z in (h,i,j)",
+            "x notin ( )",
+            "x notin (, a)",
+            "a ",
+            "a in (x,y,notin, z,in)",
+            // `in` and `notin` as values and keys.
+            "grp=in",
+            "grp==notin",
+            "grp!=in",
+            "in",
+            "!notin",
+            "in=x",
+            "in in (in)",
+            "notin notin (notin,in)",
+            "a,in,notin",
+        ];
+        for sel in accepted {
+            LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?} should parse: {e}"));
+        }
+        let refused = [
+            "x=a||y=b",
+            "x==a==b",
+            "!x=a",
+            "x<a",
+            "x>1.1",
+            "x,,y",
+            ",x,y",
+            "x nott in (y)",
+            "a in (xyz),",
+            "a in (xyz)b notin ()",
+            "a in (xyz abc)",
+            "a notin(",
+            "a (",
+            "(",
+            "in (",
+            "x in in",
+            "x in (,,)",
+        ];
+        for sel in refused {
+            assert!(LabelSelector::parse(sel).is_err(), "{sel:?} should not parse");
+        }
+        let err = LabelSelector::parse("!x=a").unwrap_err().to_string();
+        assert_eq!(err, "found '=', expected: ',' or 'end of string'");
+        let err = LabelSelector::parse("a in (xyz abc)").unwrap_err().to_string();
+        assert_eq!(err, "found 'abc', expected: ',' or ')'");
+    }
+
+    #[test]
+    fn in_and_notin_as_words_match() {
+        let l = labels(&[("grp", "in"), ("in", "notin")]);
+        let cases: &[(&str, bool)] = &[
+            ("grp=in", true),
+            ("grp=notin", false),
+            ("grp!=in", false),
+            ("grp in (in,notin)", true),
+            ("grp notin (in)", false),
+            ("in", true),
+            ("!in", false),
+            ("!notin", true),
+            ("in=notin", true),
+            ("in in (notin)", true),
+            ("in notin (notin)", false),
+            ("a in (x,y,notin, z,in),grp", false),
+        ];
+        for (sel, want) in cases {
+            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
+            assert_eq!(s.matches(&l), *want, "selector {sel:?}");
+        }
+        let set = LabelSelector::parse("a in (x,y,notin, z,in)").unwrap();
+        let values = &set.requirements().unwrap()[0].values;
+        assert_eq!(values, &["in", "notin", "x", "y", "z"].map(String::from).into());
+        let set = LabelSelector::parse("x notin (abc,,def)").unwrap();
+        let values = &set.requirements().unwrap()[0].values;
+        assert_eq!(values, &["", "abc", "def"].map(String::from).into());
     }
 
     #[test]

@@ -215,7 +215,9 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
     };
     let verb = verb_of(&parts.method, &target, &query);
     let resource_label = target.res.qualified();
-    if let Some(err) = app.faults.injected_error() {
+    if let Some(err) =
+        app.faults.injected_error().or_else(|| app.faults.quota_error(verb, &resource_label))
+    {
         app.metrics.count(verb, &resource_label, err.code);
         return err.into_response();
     }

@@ -75,8 +75,8 @@ pub fn is_job_finished(job: &Job) -> bool {
 
 /// Whether upstream `ClaimPods` would release `pod` from `job` (its controller): the Job is
 /// running and not being deleted, the pod is not being deleted, and the Job's selector no
-/// longer matches the pod's labels. A Job whose selector cannot be compiled or selects
-/// everything never releases (its syncs refuse to run at all).
+/// longer matches the pod's labels. A Job whose selector cannot be compiled never releases (its
+/// syncs refuse to run at all); one whose selector is empty matches, so keeps, every pod.
 pub fn should_release(pod: &Pod, job: &Job) -> bool {
     if pod.metadata.deletion_timestamp.is_some()
         || job.metadata.deletion_timestamp.is_some()

@@ -35,6 +35,44 @@ pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = Duration::from_secs(300);
 /// Time for a request a previous lease holder had already sent to reach the API server.
 pub const STALE_EXPECTATIONS_MARGIN: Duration = Duration::from_secs(15);
 
+/// The backoff record as stored: the record with the UID of the Job it belongs to. Records are
+/// keyed by `namespace/name`, so a Job deleted and recreated under the same name finds its
+/// predecessor's record; the UID makes that record read as absent (upstream drops the record
+/// when the Job is deleted, and a delete seen by no one must not leak it either).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredBackoff {
+    /// Empty in records written before they carried the UID: never matches a Job.
+    #[serde(default)]
+    job_uid: String,
+    #[serde(flatten)]
+    record: BackoffRecord,
+}
+
+/// Serializes `record` as the record of the Job with UID `job_uid`.
+pub fn encode_backoff(record: &BackoffRecord, job_uid: &str) -> Vec<u8> {
+    let stored = StoredBackoff { job_uid: job_uid.to_string(), record: record.clone() };
+    serde_json::to_vec(&stored).unwrap_or_default()
+}
+
+/// The stored record if it belongs to the Job with UID `job_uid`. An empty (removed),
+/// unreadable or UID-less record, or one of another Job of the same name, counts as none.
+pub fn decode_backoff(bytes: &[u8], job_uid: &str) -> Option<BackoffRecord> {
+    if bytes.is_empty() {
+        return None;
+    }
+    match serde_json::from_slice::<StoredBackoff>(bytes) {
+        Ok(s) if s.job_uid == job_uid => Some(s.record),
+        Ok(s) => {
+            tracing::debug!(stored = s.job_uid, job_uid, "ignoring another Job's backoff record");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring unreadable backoff record");
+            None
+        }
+    }
+}
+
 /// The earlier of two optional requeue delays.
 fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
@@ -89,7 +127,7 @@ impl Worker {
         }
         let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
         let pods = self.pods_for_job(&job).await?;
-        let backoff = self.read_backoff(&key_str).await?;
+        let backoff = self.read_backoff(&key_str, &uid).await?;
         let age = Duration::from_millis(exp.age_ms);
         let satisfied =
             expectations_usable(exp.satisfied, exp.exists, age, self.stale_expectations_after);
@@ -278,7 +316,8 @@ impl Worker {
         match &outcome.backoff {
             BackoffUpdate::Keep => {}
             BackoffUpdate::Put(record) => {
-                let bytes = serde_json::to_vec(record).unwrap_or_default();
+                let uid = job.metadata.uid.as_deref().unwrap_or_default();
+                let bytes = encode_backoff(record, uid);
                 self.queue.put_record(key, BACKOFF_RECORD, bytes, None).await?;
             }
             BackoffUpdate::Remove => {
@@ -288,6 +327,9 @@ impl Worker {
             }
         }
         if let Some(e) = outcome.error {
+            if let Some(after) = outcome.requeue_after {
+                self.requeue_no_later_than(key, after).await;
+            }
             return Err(SyncError::Plan(e));
         }
         Ok(match outcome.requeue_after {
@@ -316,21 +358,29 @@ impl Worker {
         }
     }
 
-    /// Reads the persisted pod-failure backoff record; an unreadable one counts as none.
-    async fn read_backoff(&self, key: &str) -> Result<Option<BackoffRecord>, SyncError> {
-        let Some(bytes) = self.queue.get_record(key, BACKOFF_RECORD).await? else {
-            return Ok(None);
+    /// Makes sure a failed sync's key comes back after `after` at the latest. Upstream's syncJob
+    /// calls `AddAfter` for the deadline (and the pod-failure backoff) as it decides them, before
+    /// it fails; the rate-limited requeue of the error comes on top, and the earlier of the two
+    /// wins. The lease's Done can carry only one of them, so the delayed add goes first (an add
+    /// while leased is kept and the Done keeps the earlier ready time). If it fails the key still
+    /// comes back, only later, through the rate limiter.
+    async fn requeue_no_later_than(&self, key: &str, after: Duration) {
+        let item = kjob_queue_client::v1::AddItem {
+            queue: kjob_core::JOB_QUEUE.to_string(),
+            key: key.to_string(),
+            delay_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            ..Default::default()
         };
-        if bytes.is_empty() {
-            return Ok(None);
+        if let Err(e) = self.queue.add(vec![item]).await {
+            tracing::warn!(error = %e, ?after, "could not keep the requeue of a failed sync");
         }
-        match serde_json::from_slice(&bytes) {
-            Ok(r) => Ok(Some(r)),
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring unreadable backoff record");
-                Ok(None)
-            }
-        }
+    }
+
+    /// Reads the persisted pod-failure backoff record of the Job with UID `uid` (see
+    /// [`decode_backoff`]).
+    async fn read_backoff(&self, key: &str, uid: &str) -> Result<Option<BackoffRecord>, SyncError> {
+        let bytes = self.queue.get_record(key, BACKOFF_RECORD).await?;
+        Ok(bytes.and_then(|b| decode_backoff(&b, uid)))
     }
 
     fn emit(&self, job: &Job, ev: &kjob_reconcile::events::Event) {
@@ -462,15 +512,17 @@ impl Worker {
     }
 }
 
-/// The Job's selector; an empty or invalid one is an error (it would claim every pod).
+/// The Job's selector, as upstream `metav1.LabelSelectorAsSelector`: an empty selector
+/// (`selector: {}`, possible with `manualSelector: true`) selects every pod of the namespace and
+/// is synced like any other; an invalid one is an error. A missing selector is an error too:
+/// upstream reads it as "matches nothing", which the API server never lets a Job have
+/// (`spec.selector` is required), and a Job that can claim none of the pods it creates would
+/// create pods without end.
 pub(crate) fn job_selector(job: &Job) -> Result<Selector, SyncError> {
-    let ls = job.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
-    let sel = Selector::try_from(ls)
-        .map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))?;
-    if sel.selects_all() {
-        return Err(SyncError::InvalidJob("empty selector".into()));
-    }
-    Ok(sel)
+    let Some(ls) = job.spec.as_ref().and_then(|s| s.selector.clone()) else {
+        return Err(SyncError::InvalidJob("no selector".into()));
+    };
+    Selector::try_from(ls).map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))
 }
 
 /// Strategic merge patch adopting a pod (upstream `ownerRefControllerPatch` with the tracking
@@ -543,14 +595,36 @@ mod tests {
     }
 
     #[test]
-    fn selector_must_select_something() {
+    fn backoff_record_belongs_to_one_job_uid() {
+        let record = BackoffRecord {
+            failures_after_last_success: 3,
+            last_failure_time: Some("2026-01-01T00:00:10Z".parse().unwrap()),
+        };
+        let bytes = encode_backoff(&record, "uid-a");
+        assert_eq!(decode_backoff(&bytes, "uid-a"), Some(record.clone()));
+        // The same name recreated: a new UID starts without backoff.
+        assert_eq!(decode_backoff(&bytes, "uid-b"), None);
+        // Removed, unreadable, or written without a UID (before records carried one).
+        assert_eq!(decode_backoff(b"", "uid-a"), None);
+        assert_eq!(decode_backoff(b"{", "uid-a"), None);
+        let legacy = serde_json::to_vec(&record).unwrap();
+        assert_eq!(decode_backoff(&legacy, "uid-a"), None);
+    }
+
+    #[test]
+    fn selector_as_upstream_label_selector_as_selector() {
         let mut job = Job::default();
-        assert!(job_selector(&job).is_err());
-        job.spec = Some(JobSpec {
-            selector: Some(LabelSelector {
-                match_labels: Some([("a".to_string(), "b".to_string())].into()),
-                ..Default::default()
-            }),
+        assert!(job_selector(&job).is_err(), "no selector");
+        let with = |ls: LabelSelector| Job {
+            spec: Some(JobSpec { selector: Some(ls), ..Default::default() }),
+            ..Default::default()
+        };
+        // `manualSelector: true` with `selector: {}`: selects every pod, no error.
+        let every = job_selector(&with(LabelSelector::default())).unwrap();
+        assert!(every.selects_all());
+        assert_eq!(every.to_string(), "");
+        job = with(LabelSelector {
+            match_labels: Some([("a".to_string(), "b".to_string())].into()),
             ..Default::default()
         });
         assert_eq!(job_selector(&job).unwrap().to_string(), "a=b");

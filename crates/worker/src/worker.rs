@@ -33,7 +33,7 @@ pub enum SyncError {
     /// saved was saved.
     #[error(transparent)]
     Plan(#[from] kjob_reconcile::SyncError),
-    /// The Job cannot be synced as it is (e.g. an empty selector).
+    /// The Job cannot be synced as it is (e.g. an invalid selector).
     #[error("invalid job: {0}")]
     InvalidJob(String),
 }

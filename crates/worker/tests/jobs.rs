@@ -196,6 +196,132 @@ async fn work_queue_completes_when_all_pods_are_done() {
     e.stop().await;
 }
 
+/// `manualSelector: true` with `selector: {}` is synced as upstream does (an empty selector
+/// selects every pod of the namespace), not refused.
+#[tokio::test]
+async fn manual_empty_selector_runs() {
+    let mut e = env("manualsel", "es").await;
+    let mut tmpl = template("Never");
+    tmpl["metadata"] = serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "es"}});
+    create_job(
+        &e.sim.client(),
+        "manualsel",
+        serde_json::json!({
+            "metadata": {"name": "es"},
+            "spec": {"completions": 2, "parallelism": 2, "manualSelector": true,
+                     "selector": {}, "template": tmpl}
+        }),
+    )
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(job.spec.as_ref().unwrap().selector, Some(Default::default()));
+    assert_eq!(counts(&job), (2, 0, 0));
+    assert!(condition(&job, "Complete").is_some());
+    assert_eq!(e.driver.all_pods.len(), 2);
+    e.stop().await;
+}
+
+/// A selector whose value is the word `in` (`grp=in` on the wire) lists the Job's pods as on a
+/// real server.
+#[tokio::test]
+async fn selector_value_in_runs() {
+    let mut e = env("selin", "si").await;
+    let mut tmpl = template("Never");
+    tmpl["metadata"] =
+        serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "si", "grp": "in"}});
+    create_job(
+        &e.sim.client(),
+        "selin",
+        serde_json::json!({
+            "metadata": {"name": "si"},
+            "spec": {"completions": 1, "manualSelector": true,
+                     "selector": {"matchLabels": {"grp": "in"}}, "template": tmpl}
+        }),
+    )
+    .await;
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(counts(&job), (1, 0, 0));
+    assert!(condition(&job, "Complete").is_some());
+    e.stop().await;
+}
+
+/// A Job deleted and recreated under the same name starts without its predecessor's
+/// pod-failure backoff (upstream drops the record when the Job is deleted). The delete here is
+/// seen by no sync (no watcher runs), so only the record's Job UID tells the two apart.
+#[tokio::test]
+async fn recreated_job_does_not_inherit_pod_failure_backoff() {
+    let ns = "recreate";
+    let mut e = env(ns, "rc").await;
+    let manifest = serde_json::json!({
+        "metadata": {"name": "rc"},
+        "spec": {"completions": 1, "backoffLimit": 6, "template": template("Never")}
+    });
+    let first = create_job(&e.sim.client(), ns, manifest.clone()).await;
+    // One failed pod: the next pod of this Job waits 10 s (DefaultJobPodFailureBackOff).
+    e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(1), &mut |j| counts(j).1 == 1).await;
+    let key = format!("{ns}/rc");
+    common::eventually("the first Job's backoff record", TIMEOUT, || async {
+        let r = e.driver.queue.get_record(&key, kjob_worker::sync::BACKOFF_RECORD).await.ok()?;
+        r.filter(|b| !b.is_empty())
+    })
+    .await;
+    let jobs: kube::Api<Job> = kube::Api::namespaced(e.sim.client(), ns);
+    jobs.delete("rc", &kube::api::DeleteParams::background()).await.unwrap();
+    common::eventually("the first Job gone", TIMEOUT, || async {
+        jobs.get_opt("rc").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let second = create_job(&e.sim.client(), ns, manifest).await;
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+    let mut driver = Driver::new(e.sim.client(), e.driver.queue.clone(), ns, "rc");
+    let started = std::time::Instant::now();
+    let job = driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    assert_eq!(job.metadata.uid, second.metadata.uid);
+    assert_eq!(counts(&job), (1, 0, 0));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(6), "the recreated Job waited {took:?} for its first pod");
+    e.stop().await;
+}
+
+/// `activeDeadlineSeconds` fires on time although every sync fails (a quota refuses each pod
+/// create): the deadline's requeue is kept beside the rate-limited one, as upstream's AddAfter
+/// is. The key is enqueued once, as the watcher's Job add handler does; no driver runs (its
+/// enqueues would bring the key back sooner than the rate limiter does).
+#[tokio::test]
+async fn deadline_fires_on_time_while_syncs_fail() {
+    let ns = "deadline-quota";
+    let e = env(ns, "dq").await;
+    e.sim.app().faults.set_pod_quota_exceeded(true);
+    create_job(
+        &e.sim.client(),
+        ns,
+        serde_json::json!({
+            "metadata": {"name": "dq"},
+            "spec": {"completions": 1, "activeDeadlineSeconds": 8, "template": template("Never")}
+        }),
+    )
+    .await;
+    let created = std::time::Instant::now();
+    let item = kjob_queue_client::v1::AddItem {
+        queue: kjob_core::JOB_QUEUE.into(),
+        key: format!("{ns}/dq"),
+        ..Default::default()
+    };
+    e.driver.queue.add(vec![item]).await.unwrap();
+    // Failed syncs come back after 1, 2, 4, 8 s of rate limiting (at 1, 3, 7, 15 s): without the
+    // deadline's own requeue the Job would fail at 15 s, not 8.
+    let job = common::eventually("the Job failed", Duration::from_secs(30), || async {
+        e.driver.get_job().await.filter(|j| condition(j, "Failed").is_some())
+    })
+    .await;
+    let took = created.elapsed();
+    let failed = condition(&job, "Failed").unwrap();
+    assert_eq!(failed.reason.as_deref(), Some("DeadlineExceeded"));
+    assert!(e.driver.pods().await.is_empty(), "every create was refused");
+    assert!(took < Duration::from_secs(12), "the 8 s deadline fired after {took:?}");
+    e.stop().await;
+}
+
 #[tokio::test]
 async fn pod_failure_policy_fail_job() {
     let mut e = env("pfp-failjob", "fj").await;
