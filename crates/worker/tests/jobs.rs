@@ -10,25 +10,57 @@ use std::time::Duration;
 use common::{Driver, Fate, QueueService, WorkerHandle, condition, create_job, finished, template};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kjob_sim::testing::TestSim;
+use kjob_testkit::server::TestServer;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 struct Env {
-    sim: TestSim,
+    server: TestServer,
+    /// The test's namespace (unique on the shared real control plane).
+    ns: String,
     _queue: QueueService,
     worker: Option<WorkerHandle>,
     driver: Driver,
 }
 
-async fn env(ns: &str, job: &str) -> Env {
-    let sim = TestSim::start(Default::default()).await;
-    let client = sim.client();
-    common::create_namespace(&client, ns).await;
+async fn env(server: TestServer, ns: &str, job: &str) -> Env {
+    let ns = server.namespace(ns);
+    server.create_namespace(&ns).await;
+    let client = server.client();
     let queue = QueueService::start();
-    let worker = WorkerHandle::start(&sim, &queue.url, "w1", Duration::from_secs(5));
-    let driver = Driver::new(client, queue.client(), ns, job);
-    Env { sim, _queue: queue, worker: Some(worker), driver }
+    let worker = WorkerHandle::start_on(
+        &server.worker_kubeconfig(),
+        &queue.url,
+        "w1",
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    );
+    let driver = Driver::new(client, queue.client(), &ns, job);
+    Env { server, ns, _queue: queue, worker: Some(worker), driver }
+}
+
+/// Makes every pod create of the namespace fail: a ResourceQuota of `pods: 0` on the real
+/// server, kjob-sim's quota fault otherwise (the same 403 Forbidden "exceeded quota").
+async fn refuse_pods(e: &Env) {
+    match e.server.as_sim() {
+        Some(sim) => sim.app().faults.set_pod_quota_exceeded(true),
+        None => {
+            let quotas: kube::Api<k8s_openapi::api::core::v1::ResourceQuota> =
+                kube::Api::namespaced(e.server.client(), &e.ns);
+            let q = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}
+            }))
+            .unwrap();
+            quotas.create(&Default::default(), &q).await.expect("create ResourceQuota");
+            // The quota admission plugin refuses creates only once the quota controller
+            // has written the quota's usage.
+            common::eventually("the quota's status", TIMEOUT, || async {
+                let q = quotas.get("no-pods").await.ok()?;
+                q.status.and_then(|s| s.hard).filter(|h| h.contains_key("pods")).map(|_| ())
+            })
+            .await;
+        }
+    }
 }
 
 impl Env {
@@ -76,12 +108,11 @@ async fn check_pods(d: &Driver, job: &Job, want_total: usize) -> Vec<Pod> {
     pods
 }
 
-#[tokio::test]
-async fn non_indexed_completes() {
-    let mut e = env("nonindexed", "pi").await;
+async fn non_indexed_completes(server: TestServer) {
+    let mut e = env(server, "nonindexed", "pi").await;
     create_job(
-        &e.sim.client(),
-        "nonindexed",
+        &e.server.client(),
+        &e.ns,
         serde_json::json!({
             "metadata": {"name": "pi"},
             "spec": {"completions": 3, "parallelism": 2, "template": template("Never")}
@@ -110,7 +141,7 @@ async fn non_indexed_completes() {
     assert!(pods.iter().all(|p| p.metadata.name.as_ref().unwrap().starts_with("pi-")));
     // Events go through events.k8s.io/v1 with the upstream reasons, best effort and async.
     let events: kube::Api<k8s_openapi::api::events::v1::Event> =
-        kube::Api::namespaced(e.sim.client(), "nonindexed");
+        kube::Api::namespaced(e.server.client(), &e.ns);
     let reasons = common::eventually("events", TIMEOUT, || {
         let events = events.clone();
         async move {
@@ -148,10 +179,9 @@ async fn non_indexed_completes() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn indexed_completes_with_every_index() {
-    let mut e = env("indexed", "ix").await;
-    create_job(&e.sim.client(), "indexed", serde_json::json!({
+async fn indexed_completes_with_every_index(server: TestServer) {
+    let mut e = env(server, "indexed", "ix").await;
+    create_job(&e.server.client(), &e.ns, serde_json::json!({
         "metadata": {"name": "ix"},
         "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed", "template": template("Never")}
     }))
@@ -177,12 +207,11 @@ async fn indexed_completes_with_every_index() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn work_queue_completes_when_all_pods_are_done() {
-    let mut e = env("workqueue", "wq").await;
+async fn work_queue_completes_when_all_pods_are_done(server: TestServer) {
+    let mut e = env(server, "workqueue", "wq").await;
     create_job(
-        &e.sim.client(),
-        "workqueue",
+        &e.server.client(),
+        &e.ns,
         serde_json::json!({
             "metadata": {"name": "wq"},
             "spec": {"parallelism": 2, "template": template("Never")}
@@ -198,14 +227,13 @@ async fn work_queue_completes_when_all_pods_are_done() {
 
 /// `manualSelector: true` with `selector: {}` is synced as upstream does (an empty selector
 /// selects every pod of the namespace), not refused.
-#[tokio::test]
-async fn manual_empty_selector_runs() {
-    let mut e = env("manualsel", "es").await;
+async fn manual_empty_selector_runs(server: TestServer) {
+    let mut e = env(server, "manualsel", "es").await;
     let mut tmpl = template("Never");
     tmpl["metadata"] = serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "es"}});
     create_job(
-        &e.sim.client(),
-        "manualsel",
+        &e.server.client(),
+        &e.ns,
         serde_json::json!({
             "metadata": {"name": "es"},
             "spec": {"completions": 2, "parallelism": 2, "manualSelector": true,
@@ -223,15 +251,14 @@ async fn manual_empty_selector_runs() {
 
 /// A selector whose value is the word `in` (`grp=in` on the wire) lists the Job's pods as on a
 /// real server.
-#[tokio::test]
-async fn selector_value_in_runs() {
-    let mut e = env("selin", "si").await;
+async fn selector_value_in_runs(server: TestServer) {
+    let mut e = env(server, "selin", "si").await;
     let mut tmpl = template("Never");
     tmpl["metadata"] =
         serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "si", "grp": "in"}});
     create_job(
-        &e.sim.client(),
-        "selin",
+        &e.server.client(),
+        &e.ns,
         serde_json::json!({
             "metadata": {"name": "si"},
             "spec": {"completions": 1, "manualSelector": true,
@@ -248,15 +275,15 @@ async fn selector_value_in_runs() {
 /// A Job deleted and recreated under the same name starts without its predecessor's
 /// pod-failure backoff (upstream drops the record when the Job is deleted). The delete here is
 /// seen by no sync (no watcher runs), so only the record's Job UID tells the two apart.
-#[tokio::test]
-async fn recreated_job_does_not_inherit_pod_failure_backoff() {
-    let ns = "recreate";
-    let mut e = env(ns, "rc").await;
+async fn recreated_job_does_not_inherit_pod_failure_backoff(server: TestServer) {
+    let mut e = env(server, "recreate", "rc").await;
+    let ns = e.ns.clone();
+    let ns = ns.as_str();
     let manifest = serde_json::json!({
         "metadata": {"name": "rc"},
         "spec": {"completions": 1, "backoffLimit": 6, "template": template("Never")}
     });
-    let first = create_job(&e.sim.client(), ns, manifest.clone()).await;
+    let first = create_job(&e.server.client(), ns, manifest.clone()).await;
     // One failed pod: the next pod of this Job waits 10 s (DefaultJobPodFailureBackOff).
     e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(1), &mut |j| counts(j).1 == 1).await;
     let key = format!("{ns}/rc");
@@ -265,15 +292,15 @@ async fn recreated_job_does_not_inherit_pod_failure_backoff() {
         r.filter(|b| !b.is_empty())
     })
     .await;
-    let jobs: kube::Api<Job> = kube::Api::namespaced(e.sim.client(), ns);
+    let jobs: kube::Api<Job> = kube::Api::namespaced(e.server.client(), ns);
     jobs.delete("rc", &kube::api::DeleteParams::background()).await.unwrap();
     common::eventually("the first Job gone", TIMEOUT, || async {
         jobs.get_opt("rc").await.unwrap().is_none().then_some(())
     })
     .await;
-    let second = create_job(&e.sim.client(), ns, manifest).await;
+    let second = create_job(&e.server.client(), ns, manifest).await;
     assert_ne!(first.metadata.uid, second.metadata.uid);
-    let mut driver = Driver::new(e.sim.client(), e.driver.queue.clone(), ns, "rc");
+    let mut driver = Driver::new(e.server.client(), e.driver.queue.clone(), ns, "rc");
     let started = std::time::Instant::now();
     let job = driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
     assert_eq!(job.metadata.uid, second.metadata.uid);
@@ -287,13 +314,13 @@ async fn recreated_job_does_not_inherit_pod_failure_backoff() {
 /// create): the deadline's requeue is kept beside the rate-limited one, as upstream's AddAfter
 /// is. The key is enqueued once, as the watcher's Job add handler does; no driver runs (its
 /// enqueues would bring the key back sooner than the rate limiter does).
-#[tokio::test]
-async fn deadline_fires_on_time_while_syncs_fail() {
-    let ns = "deadline-quota";
-    let e = env(ns, "dq").await;
-    e.sim.app().faults.set_pod_quota_exceeded(true);
+async fn deadline_fires_on_time_while_syncs_fail(server: TestServer) {
+    let e = env(server, "deadline-quota", "dq").await;
+    let ns = e.ns.clone();
+    let ns = ns.as_str();
+    refuse_pods(&e).await;
     create_job(
-        &e.sim.client(),
+        &e.server.client(),
         ns,
         serde_json::json!({
             "metadata": {"name": "dq"},
@@ -322,10 +349,9 @@ async fn deadline_fires_on_time_while_syncs_fail() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn pod_failure_policy_fail_job() {
-    let mut e = env("pfp-failjob", "fj").await;
-    create_job(&e.sim.client(), "pfp-failjob", serde_json::json!({
+async fn pod_failure_policy_fail_job(server: TestServer) {
+    let mut e = env(server, "pfp-failjob", "fj").await;
+    create_job(&e.server.client(), &e.ns, serde_json::json!({
         "metadata": {"name": "fj"},
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 6, "template": template("Never"),
             "podFailurePolicy": {"rules": [
@@ -339,8 +365,9 @@ async fn pod_failure_policy_fail_job() {
     let target = condition(&job, "FailureTarget").expect("FailureTarget");
     assert_eq!(failed.reason.as_deref(), Some("PodFailurePolicy"));
     let pod_name = e.driver.all_pods.values().next().unwrap().clone();
+    let ns = &e.ns;
     let msg = format!(
-        "Container main for pod pfp-failjob/{pod_name} failed with exit code 42 matching FailJob rule at index 0"
+        "Container main for pod {ns}/{pod_name} failed with exit code 42 matching FailJob rule at index 0"
     );
     assert_eq!(failed.message.as_deref(), Some(msg.as_str()));
     assert_eq!(target.message, failed.message);
@@ -348,10 +375,9 @@ async fn pod_failure_policy_fail_job() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn pod_failure_policy_ignore() {
-    let mut e = env("pfp-ignore", "ig").await;
-    create_job(&e.sim.client(), "pfp-ignore", serde_json::json!({
+async fn pod_failure_policy_ignore(server: TestServer) {
+    let mut e = env(server, "pfp-ignore", "ig").await;
+    create_job(&e.server.client(), &e.ns, serde_json::json!({
         "metadata": {"name": "ig"},
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0, "template": template("Never"),
             "podFailurePolicy": {"rules": [
@@ -372,10 +398,9 @@ async fn pod_failure_policy_ignore() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn backoff_limit_exceeded() {
-    let mut e = env("backoff", "bo").await;
-    create_job(&e.sim.client(), "backoff", serde_json::json!({
+async fn backoff_limit_exceeded(server: TestServer) {
+    let mut e = env(server, "backoff", "bo").await;
+    create_job(&e.server.client(), &e.ns, serde_json::json!({
         "metadata": {"name": "bo"},
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 1, "template": template("Never")}
     }))
@@ -389,12 +414,11 @@ async fn backoff_limit_exceeded() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn backoff_limit_per_index_with_max_failed_indexes() {
-    let mut e = env("perindex", "pi").await;
+async fn backoff_limit_per_index_with_max_failed_indexes(server: TestServer) {
+    let mut e = env(server, "perindex", "pi").await;
     create_job(
-        &e.sim.client(),
-        "perindex",
+        &e.server.client(),
+        &e.ns,
         serde_json::json!({
             "metadata": {"name": "pi"},
             "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed",
@@ -416,10 +440,9 @@ async fn backoff_limit_per_index_with_max_failed_indexes() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn success_policy_completes_early() {
-    let mut e = env("successpolicy", "sp").await;
-    create_job(&e.sim.client(), "successpolicy", serde_json::json!({
+async fn success_policy_completes_early(server: TestServer) {
+    let mut e = env(server, "successpolicy", "sp").await;
+    create_job(&e.server.client(), &e.ns, serde_json::json!({
         "metadata": {"name": "sp"},
         "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed", "template": template("Never"),
             "successPolicy": {"rules": [{"succeededIndexes": "0"}]}}
@@ -438,10 +461,9 @@ async fn success_policy_completes_early() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn active_deadline_fails_the_job() {
-    let mut e = env("deadline", "dl").await;
-    create_job(&e.sim.client(), "deadline", serde_json::json!({
+async fn active_deadline_fails_the_job(server: TestServer) {
+    let mut e = env(server, "deadline", "dl").await;
+    create_job(&e.server.client(), &e.ns, serde_json::json!({
         "metadata": {"name": "dl"},
         "spec": {"completions": 2, "parallelism": 2, "activeDeadlineSeconds": 2, "template": template("Never")}
     }))
@@ -455,11 +477,10 @@ async fn active_deadline_fails_the_job() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn suspend_then_resume() {
-    let mut e = env("suspend", "su").await;
-    let client = e.sim.client();
-    create_job(&client, "suspend", serde_json::json!({
+async fn suspend_then_resume(server: TestServer) {
+    let mut e = env(server, "suspend", "su").await;
+    let client = e.server.client();
+    create_job(&client, &e.ns, serde_json::json!({
         "metadata": {"name": "su"},
         "spec": {"completions": 1, "parallelism": 1, "suspend": true, "template": template("Never")}
     }))
@@ -477,7 +498,7 @@ async fn suspend_then_resume() {
     );
     assert!(status(&job).start_time.is_none());
     assert!(e.driver.pods().await.is_empty());
-    let jobs: kube::Api<Job> = kube::Api::namespaced(client, "suspend");
+    let jobs: kube::Api<Job> = kube::Api::namespaced(client, &e.ns);
     let patch = serde_json::json!({"spec": {"suspend": false}});
     jobs.patch("su", &Default::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
@@ -502,13 +523,12 @@ async fn suspend_then_resume() {
     e.stop().await;
 }
 
-#[tokio::test]
-async fn pod_replacement_policy_failed_waits_for_terminating_pods() {
-    let mut e = env("replacement", "rp").await;
-    let client = e.sim.client();
+async fn pod_replacement_policy_failed_waits_for_terminating_pods(server: TestServer) {
+    let mut e = env(server, "replacement", "rp").await;
+    let client = e.server.client();
     create_job(
         &client,
-        "replacement",
+        &e.ns,
         serde_json::json!({
             "metadata": {"name": "rp"},
             "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 2,
@@ -524,7 +544,7 @@ async fn pod_replacement_policy_failed_waits_for_terminating_pods() {
     // Delete the running pod; it keeps terminating (the test kubelet holds it).
     e.driver.hold_terminating = true;
     let name = e.driver.pods().await[0].metadata.name.clone().unwrap();
-    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "replacement");
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &e.ns);
     pods.delete(&name, &Default::default()).await.unwrap();
     let terminating = &mut |j: &Job| j.status.as_ref().and_then(|s| s.terminating) == Some(1);
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, terminating).await;
@@ -551,3 +571,21 @@ async fn pod_replacement_policy_failed_waits_for_terminating_pods() {
     check_pods(&e.driver, &job, 2).await;
     e.stop().await;
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    non_indexed_completes,
+    indexed_completes_with_every_index,
+    work_queue_completes_when_all_pods_are_done,
+    manual_empty_selector_runs,
+    selector_value_in_runs,
+    recreated_job_does_not_inherit_pod_failure_backoff,
+    deadline_fires_on_time_while_syncs_fail,
+    pod_failure_policy_fail_job,
+    pod_failure_policy_ignore,
+    backoff_limit_exceeded,
+    backoff_limit_per_index_with_max_failed_indexes,
+    success_policy_completes_early,
+    active_deadline_fails_the_job,
+    suspend_then_resume,
+    pod_replacement_policy_failed_waits_for_terminating_pods,
+);

@@ -19,6 +19,9 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// The scheduler name of the test pods: no scheduler runs under it, so only the Driver moves them.
+pub const TEST_SCHEDULER: &str = "kjob-test-driver";
+
 /// Creates a namespace.
 pub async fn create_namespace(client: &kube::Client, name: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
@@ -107,6 +110,17 @@ impl WorkerHandle {
         lease: Duration,
         shutdown_grace: Duration,
     ) -> WorkerHandle {
+        Self::start_on(sim.kubeconfig_path(), queue_url, id, lease, shutdown_grace)
+    }
+
+    /// Starts `kjob_worker::run` on any API server (`kubeconfig`) and the queue.
+    pub fn start_on(
+        kubeconfig: &std::path::Path,
+        queue_url: &str,
+        id: &str,
+        lease: Duration,
+        shutdown_grace: Duration,
+    ) -> WorkerHandle {
         let admin_port = free_port();
         let args = kjob_worker::Args {
             queue_url: queue_url.to_string(),
@@ -124,7 +138,7 @@ impl WorkerHandle {
             },
             admin: kjob_svc::AdminArgs { admin_listen: ([127, 0, 0, 1], admin_port).into() },
             kube: kjob_svc::KubeClientArgs {
-                kubeconfig: Some(sim.kubeconfig_path().to_path_buf()),
+                kubeconfig: Some(kubeconfig.to_path_buf()),
                 kube_timeout_seconds: 10,
             },
         };
@@ -416,9 +430,12 @@ pub fn finished(job: &Job) -> bool {
 
 /// A pod's container named `main` running busybox.
 pub fn template(restart: &str) -> serde_json::Value {
+    // A scheduler nobody runs: on the real control plane kube-scheduler and kjob-node-agent
+    // leave these pods to the test's Driver, as kjob-sim with its kubelet off does.
     serde_json::json!({
         "spec": {
             "restartPolicy": restart,
+            "schedulerName": TEST_SCHEDULER,
             "containers": [{"name": "main", "image": "busybox", "command": ["true"]}]
         }
     })
