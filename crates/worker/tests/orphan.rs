@@ -1,4 +1,7 @@
-//! The orphan-pod sync against kjob-sim: which pods lose the tracking finalizer.
+//! The orphan-pod sync against kjob-sim and the real control plane: which pods lose the
+//! tracking finalizer. (On the real server its garbage collector deletes the pods whose owner
+//! is gone at the same time; that changes nothing here: the finalizer keeps them until the
+//! sync removes it.)
 
 mod common;
 
@@ -6,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kjob_sim::testing::TestSim;
+use kjob_testkit::server::TestServer;
 use kjob_worker::Worker;
 use kjob_worker::events::EventSink;
 use kjob_worker::kube_api::KubeApi;
@@ -14,14 +17,13 @@ use kjob_worker::metrics::Metrics;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
-const NS: &str = "orphans";
-
 fn pod(name: &str, owner: Option<serde_json::Value>) -> Pod {
     let mut p = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "finalizers": [kjob_core::JOB_TRACKING_FINALIZER],
                      "labels": {"app": "x"}},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+        "spec": {"schedulerName": common::TEST_SCHEDULER,
+                 "containers": [{"name": "main", "image": "busybox"}]}
     });
     if let Some(o) = owner {
         p["metadata"]["ownerReferences"] = serde_json::json!([o]);
@@ -38,11 +40,11 @@ fn has_finalizer(p: &Pod) -> bool {
     p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
 }
 
-#[tokio::test]
-async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
-    let sim = TestSim::start(Default::default()).await;
-    let client = sim.client();
-    common::create_namespace(&client, NS).await;
+async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them(server: TestServer) {
+    let client = server.client();
+    let ns = server.namespace("orphans");
+    let ns = ns.as_str();
+    server.create_namespace(ns).await;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
     let api = KubeApi::new(client.clone(), 100.0, 100, metrics.clone());
@@ -54,7 +56,7 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
     let worker =
         Worker::new(api, queue, events, metrics, kjob_core::DEFAULT_CONTROLLER_NAME.into(), false);
 
-    let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     let mk_job = |name: &str, managed_by: &str| -> Job {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "batch/v1", "kind": "Job",
@@ -104,7 +106,7 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
         // Same name as a live Job but another UID: its owner is gone.
         ("stale-uid", Some(owner("Job", "batch/v1", "running", "old-uid")), true),
     ];
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let never = tokio_util::sync::CancellationToken::new();
     let selected = running.spec.as_ref().unwrap().selector.clone().unwrap().match_labels;
     for (name, o, _) in &cases {
@@ -117,14 +119,14 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
     }
     for (name, _, _) in &cases {
         let out = worker
-            .sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{NS}/{name}"), &never)
+            .sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{ns}/{name}"), &never)
             .await
             .unwrap();
         assert_eq!(out, kjob_worker::SyncOutcome::Done, "{name}");
     }
     // A pod that does not exist is simply done.
     let out =
-        worker.sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{NS}/missing"), &never).await.unwrap();
+        worker.sync(kjob_core::ORPHAN_POD_QUEUE, &format!("{ns}/missing"), &never).await.unwrap();
     assert_eq!(out, kjob_worker::SyncOutcome::Done);
     let listed = pods.list(&ListParams::default()).await.unwrap().items;
     for (name, _, removed) in &cases {
@@ -160,3 +162,6 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them() {
     drop(worker);
     tokio::time::timeout(Duration::from_secs(5), writer).await.unwrap().unwrap();
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    orphan_pods_lose_the_finalizer_only_when_nobody_counts_them);
