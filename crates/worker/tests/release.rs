@@ -13,18 +13,17 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use stack_common::*;
 
-const NAMESPACE: &str = "release";
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_whose_labels_stop_matching_is_released_and_replaced() {
+async fn a_pod_whose_labels_stop_matching_is_released_and_replaced(
+    server: kjob_testkit::server::TestServer,
+) {
     let run_dir = tempfile::Builder::new().prefix("kjob-release-").tempdir().unwrap();
-    let stack = tokio::task::block_in_place(|| start_stack(run_dir.path().to_path_buf(), 1, &[]));
-    let client = client(&stack).await;
-    create_namespace(&client, NAMESPACE).await;
-    let tracker = PodTracker::start(&client, NAMESPACE).await;
-    let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let ns = server.namespace("release");
+    let (stack, client) = start_stack_on(&server, &ns, run_dir.path().to_path_buf(), 1, &[]).await;
+    let tracker = PodTracker::start(&client, &ns).await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     // Pods run long enough for the test to edit the first one while it runs.
     let shape = Shape::NonIndexed { completions: 1, parallelism: 1 };
     create_job_retrying(&jobs, &shape.job("rel", kjob_core::DEFAULT_CONTROLLER_NAME, 3000)).await;
@@ -120,3 +119,6 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    a_pod_whose_labels_stop_matching_is_released_and_replaced);

@@ -36,6 +36,34 @@ pub fn start_stack(run_dir: PathBuf, workers: usize, worker_args: &[&str]) -> St
     Stack::start(cfg).expect("stack starts")
 }
 
+/// Starts the stack for `server`: on kjob-sim a kjob-sim process of its own, on the real
+/// control plane the watcher scoped to `namespace` and every service on its ServiceAccount.
+/// Then creates `namespace` (waiting for its default ServiceAccount on the real server).
+pub async fn start_stack_on(
+    server: &kjob_testkit::server::TestServer,
+    namespace: &str,
+    run_dir: PathBuf,
+    workers: usize,
+    worker_args: &[&str],
+) -> (Stack, kube::Client) {
+    let bin_dir = kjob_testkit::bin_path("kjob-sim").expect("run `cargo build --bins` first");
+    let bin_dir = bin_dir.parent().unwrap().to_path_buf();
+    let redis = kjob_testkit::redis::redis_server_binary().expect("redis-server");
+    let mut cfg = StackConfig::new(bin_dir, redis, run_dir, workers);
+    cfg.worker_args = worker_args.iter().map(|s| s.to_string()).collect();
+    cfg.real =
+        server.cluster().map(|info| kjob_testkit::stack::RealServer::from_cluster(info, namespace));
+    if server.is_real() {
+        server.create_namespace(namespace).await;
+    }
+    let stack = tokio::task::block_in_place(|| Stack::start(cfg).expect("stack starts"));
+    let client = client(&stack).await;
+    if !server.is_real() {
+        create_namespace(&client, namespace).await;
+    }
+    (stack, client)
+}
+
 /// A kube client of the stack's sim with timeouts.
 pub async fn client(stack: &Stack) -> kube::Client {
     let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig).unwrap();
