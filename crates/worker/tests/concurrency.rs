@@ -17,7 +17,6 @@ use kube::Api;
 use stack_common::*;
 
 const JOBS: usize = 300;
-const NAMESPACE: &str = "concurrency";
 /// Base run time of each pod in the sim's kubelet.
 const POD_RUN_MS: u64 = 300;
 /// Time for every Job to finish. Generous because the machine running the tests may be busy
@@ -25,26 +24,21 @@ const POD_RUN_MS: u64 = 300;
 /// prints how long the run took.
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(200);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_workers_run_300_mixed_jobs_exactly_once() {
+async fn three_workers_run_300_mixed_jobs_exactly_once(server: kjob_testkit::server::TestServer) {
     let started = Instant::now();
     let run_dir = tempfile::Builder::new().prefix("kjob-concurrency-").tempdir().unwrap();
-    let stack = tokio::task::block_in_place(|| {
-        // The client rate limit well above what the 24 syncs can use: this test is about
-        // concurrency, and at the default 100 QPS each worker spent its time queued behind
-        // its own limiter instead of syncing.
-        let flags =
-            ["--concurrency=8", "--lease-duration=10s", "--kube-qps=1000", "--kube-burst=2000"];
-        start_stack(run_dir.path().to_path_buf(), 3, &flags)
-    });
-    let client = client(&stack).await;
-    create_namespace(&client, NAMESPACE).await;
-    let tracker = PodTracker::start(&client, NAMESPACE).await;
+    // The client rate limit well above what the 24 syncs can use: this test is about
+    // concurrency, and at the default 100 QPS each worker spent its time queued behind its own
+    // limiter instead of syncing.
+    let flags = ["--concurrency=8", "--lease-duration=10s", "--kube-qps=1000", "--kube-burst=2000"];
+    let ns = server.namespace("concurrency");
+    let (stack, client) =
+        start_stack_on(&server, &ns, run_dir.path().to_path_buf(), 3, &flags).await;
+    let tracker = PodTracker::start(&client, &ns).await;
     let stop_evictor = Arc::new(AtomicBool::new(false));
-    let evictor =
-        spawn_evictor(client.clone(), NAMESPACE, addr_of(&stack.sim_url), stop_evictor.clone());
+    let evictor = spawn_evictor(client.clone(), &ns, stop_evictor.clone());
 
-    let jobs_api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let jobs_api: Api<Job> = Api::namespaced(client.clone(), &ns);
     let shapes: BTreeMap<String, Shape> =
         (0..JOBS).map(|i| (format!("j-{i:03}"), Shape::nth(i))).collect();
     // Created many at a time, as a busy cluster's clients would (and so the workers get the
@@ -66,7 +60,7 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
     stop_evictor.store(true, Ordering::Relaxed);
     let evicted = evictor.await.unwrap();
 
-    let pods = settled_pods(&Api::namespaced(client.clone(), NAMESPACE), &tracker).await;
+    let pods = settled_pods(&Api::namespaced(client.clone(), &ns), &tracker).await;
     let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
     let drained = wait_queues_drained(&queue, Duration::from_secs(15)).await;
 
@@ -120,4 +114,13 @@ async fn three_workers_run_300_mixed_jobs_exactly_once() {
         );
     }
     fail_on_violations(&stack, run_dir, &violations, alive);
+}
+
+// On kjob-sim only for now: on the real control plane every Job ends as upstream's would, but
+// on this 2-core machine under load the evictor lands on fewer Ignore pods while they run than
+// the test demands (35 of 50 evicted, 9 ignored failures in the first real run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_run_300_mixed_jobs_exactly_once_on_sim() {
+    let server = kjob_testkit::server::TestServer::sim(kjob_sim::SimConfig::default()).await;
+    three_workers_run_300_mixed_jobs_exactly_once(server).await;
 }

@@ -184,11 +184,9 @@ where
 pub fn spawn_evictor(
     client: kube::Client,
     ns: &str,
-    sim: SocketAddr,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<BTreeSet<String>> {
     let api: Api<Pod> = Api::namespaced(client, ns);
-    let ns = ns.to_string();
     tokio::spawn(async move {
         let mut done: BTreeSet<String> = BTreeSet::new();
         let lp = ListParams::default().labels(&format!("{KIND_LABEL}=ignore"));
@@ -203,14 +201,12 @@ pub fn spawn_evictor(
                 if !running || p.metadata.deletion_timestamp.is_some() || done.contains(&job) {
                     continue;
                 }
-                let path =
-                    format!("/sim/evict/{ns}/{}", p.metadata.name.clone().unwrap_or_default());
-                let res = tokio::task::spawn_blocking(move || {
-                    kjob_testkit::stack::http_request(sim, "POST", &path, Some("{}"))
-                })
-                .await
-                .unwrap();
-                if matches!(res, Ok((200, _))) {
+                // The Eviction API, as `kubectl drain` uses it: the server adds
+                // DisruptionTarget (EvictionByEvictionAPI) and deletes the pod gracefully.
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let params = kube::api::EvictParams::default();
+                let evict = api.evict(&name, &params);
+                if matches!(tokio::time::timeout(API_TIMEOUT, evict).await, Ok(Ok(_))) {
                     done.insert(job);
                 }
             }
