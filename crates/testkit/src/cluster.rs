@@ -856,7 +856,7 @@ pub enum TestCluster {
     /// Shared with other tests (started by `make test`); the test owns only its namespace.
     Shared(ClusterInfo),
     /// Started for this test alone; stopped when dropped.
-    Owned(ControlPlane, ClusterInfo),
+    Owned(Box<ControlPlane>, ClusterInfo),
 }
 
 impl TestCluster {
@@ -886,5 +886,5 @@ pub fn test_cluster() -> anyhow::Result<Option<TestCluster>> {
     let agent = crate::process::bin_path("kjob-node-agent")?;
     let cp = ControlPlane::start(ClusterOptions::new(dir.clone(), agent))?;
     let info = ClusterInfo::read(&dir)?;
-    Ok(Some(TestCluster::Owned(cp, info)))
+    Ok(Some(TestCluster::Owned(Box::new(cp), info)))
 }

@@ -25,7 +25,7 @@ pub enum TestServer {
     /// The real control plane, shared or started for this test.
     Real {
         /// The control plane.
-        cluster: TestCluster,
+        cluster: Box<TestCluster>,
         /// A cluster-admin client.
         client: kube::Client,
         /// Suffix of this test's namespaces.
@@ -60,7 +60,7 @@ impl TestServer {
             .expect("the real control plane (cluster/build.sh, kjob-cluster)")?;
         let client = client_for(&cluster.info().kubeconfig).await.expect("admin client");
         let suffix = format!("{}-{}", std::process::id(), unique());
-        Some(TestServer::Real { cluster, client, suffix })
+        Some(TestServer::Real { cluster: Box::new(cluster), client, suffix })
     }
 
     /// Whether this is the real control plane.
