@@ -146,6 +146,33 @@ impl TestServer {
     }
 }
 
+impl TestServer {
+    /// The whole kjob stack for this server (see [`crate::stack`]): on kjob-sim a kjob-sim
+    /// process of its own, on the real control plane the watcher scoped to `namespace` and every
+    /// service on its ServiceAccount. Creates `namespace` (on the stack's server) first.
+    pub async fn start_stack(
+        &self,
+        namespace: &str,
+        mut cfg: crate::stack::StackConfig,
+    ) -> anyhow::Result<crate::stack::Stack> {
+        cfg.real =
+            self.cluster().map(|info| crate::stack::RealServer::from_cluster(info, namespace));
+        if self.is_real() {
+            self.create_namespace(namespace).await;
+        }
+        let stack = tokio::task::block_in_place(|| crate::stack::Stack::start(cfg))?;
+        if !self.is_real() {
+            use k8s_openapi::api::core::v1::Namespace;
+            let client = client_for(&stack.kubeconfig).await?;
+            let api: kube::Api<Namespace> = kube::Api::all(client);
+            let obj: Namespace =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
+            api.create(&Default::default(), &obj).await?;
+        }
+        Ok(stack)
+    }
+}
+
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);

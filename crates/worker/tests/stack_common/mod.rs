@@ -36,9 +36,8 @@ pub fn start_stack(run_dir: PathBuf, workers: usize, worker_args: &[&str]) -> St
     Stack::start(cfg).expect("stack starts")
 }
 
-/// Starts the stack for `server`: on kjob-sim a kjob-sim process of its own, on the real
-/// control plane the watcher scoped to `namespace` and every service on its ServiceAccount.
-/// Then creates `namespace` (waiting for its default ServiceAccount on the real server).
+/// Starts the stack for `server` ([`kjob_testkit::server::TestServer::start_stack`]) with
+/// `workers` workers given `worker_args`, and a client of its API server.
 pub async fn start_stack_on(
     server: &kjob_testkit::server::TestServer,
     namespace: &str,
@@ -51,16 +50,8 @@ pub async fn start_stack_on(
     let redis = kjob_testkit::redis::redis_server_binary().expect("redis-server");
     let mut cfg = StackConfig::new(bin_dir, redis, run_dir, workers);
     cfg.worker_args = worker_args.iter().map(|s| s.to_string()).collect();
-    cfg.real =
-        server.cluster().map(|info| kjob_testkit::stack::RealServer::from_cluster(info, namespace));
-    if server.is_real() {
-        server.create_namespace(namespace).await;
-    }
-    let stack = tokio::task::block_in_place(|| Stack::start(cfg).expect("stack starts"));
+    let stack = server.start_stack(namespace, cfg).await.expect("stack starts");
     let client = client(&stack).await;
-    if !server.is_real() {
-        create_namespace(&client, namespace).await;
-    }
     (stack, client)
 }
 
