@@ -315,6 +315,34 @@ fn pod_deleted(
     vec![Enqueue::job(job, SYNC_JOB_BATCH_PERIOD, obs)]
 }
 
+/// The orphan-queue entries the pod add handler gives for every cached pod, for a watcher that
+/// starts leading with a synced cache (at start, or taking over from another). Upstream's
+/// informer hands every pod of its initial list to `addPod`; kjob's initial lists are no events,
+/// so without this a pod whose Job was deleted while no watcher led would keep its tracking
+/// finalizer (and stay Terminating) forever.
+///
+/// Only the orphan entries of `addPod` are kept: every Job is enqueued by the takeover anyway,
+/// and the expectation observations of pods seen only in a list are not replayed, because the
+/// shared expectations outlive a watcher (a pod the previous leader observed must not lower its
+/// Job's record again). The release of owned pods whose labels stopped matching is left to their
+/// next event, as the cache does not keep owned pods' labels.
+pub fn orphans_of_cached_pods(cfg: &HandlerConfig, store: &Store) -> Vec<Enqueue> {
+    let mut pods: Vec<&PodInfo> = store.pods().collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut out = vec![];
+    for pod in pods {
+        if pod.deleting {
+            // `addPod` of a pod already being deleted is `deletePod`: an orphan when its Job is
+            // gone or finished, or when it has no controller.
+            let entries = pod_deleted(cfg, store, pod, false, true);
+            out.extend(entries.into_iter().filter(|e| e.queue == ORPHAN_POD_QUEUE));
+        } else if pod.controller.is_none() && pod.has_tracking_finalizer {
+            out.push(Enqueue::orphan(pod));
+        }
+    }
+    out
+}
+
 /// Every managed Job, to sync now (periodic resync and leadership takeover).
 pub fn enqueue_all_jobs(cfg: &HandlerConfig, store: &Store) -> Vec<Enqueue> {
     let mut jobs: Vec<&JobInfo> = store.jobs().filter(|j| cfg.manages(j)).collect();

@@ -6,8 +6,9 @@
 //! * A relist (Init … InitDone after a watch was cut, e.g. by 410 Gone) turns objects that are
 //!   no longer listed into deletes of their last known state (tombstones).
 //! * Nothing is handled before the initial lists of both Jobs and Pods are complete: objects
-//!   present at start are not events (the takeover resync enqueues every Job instead), and a
-//!   half-filled Job cache would make pods look orphaned.
+//!   present at start are not events (a half-filled Job cache would make pods look orphaned);
+//!   the takeover ([`Informer::take_over`]) enqueues every Job instead and sends the cached pods
+//!   that need finalizer cleanup to the orphan queue.
 //!
 //! [`Informer`] is plain data (no I/O), so the whole event path is tested without a server.
 
@@ -79,6 +80,17 @@ impl Informer {
     /// Every managed Job, to sync now (resync, leadership takeover).
     pub fn enqueue_all(&self) -> Vec<Enqueue> {
         handlers::enqueue_all_jobs(&self.cfg, &self.store)
+    }
+
+    /// What a watcher that starts leading with a synced cache enqueues: every managed Job, and
+    /// the orphan-queue entries the pod add handler gives for the cached pods (upstream's
+    /// initial list goes through `addPod`; see [`handlers::orphans_of_cached_pods`]). Counts
+    /// the Jobs of external controllers as a new leader's list does.
+    pub fn take_over(&self) -> Vec<Enqueue> {
+        self.count_external_jobs();
+        let mut out = self.enqueue_all();
+        out.extend(handlers::orphans_of_cached_pods(&self.cfg, &self.store));
+        out
     }
 
     /// Counts a Job in `job_controller_jobs_by_external_controller_total` when its managedBy
@@ -441,6 +453,42 @@ mod tests {
         inf.count_external_jobs();
         assert_eq!(count(&inf, "example.com/other"), 3);
         assert_eq!(count(&inf, DEFAULT_CONTROLLER_NAME), 3);
+    }
+
+    /// Pods already there when the watcher starts leading go through the pod add handler's
+    /// orphan decisions (upstream's initial list runs `addPod` for each): a pod of a Job deleted
+    /// while no watcher led, Terminating with the tracking finalizer, reaches the orphan queue.
+    #[test]
+    fn take_over_sends_cached_pods_needing_cleanup_to_the_orphan_queue() {
+        let mut inf = informer();
+        // A standby lists: Job "a" and its pod, a Terminating pod of the vanished Job "gone",
+        // an orphan with the finalizer, one without, and a live pod of "gone" (left to the GC).
+        inf.job_event(Event::Init, false, now());
+        inf.job_event(Event::InitApply(job("a", "1")), false, now());
+        inf.job_event(Event::InitDone, false, now());
+        let mut terminating = pod("gone-x", "gone", "3");
+        terminating.deleting = true;
+        let mut orphan = pod("orphan", "none", "4");
+        orphan.controller = None;
+        let mut plain = pod("plain", "none", "5");
+        plain.controller = None;
+        plain.has_tracking_finalizer = false;
+        inf.pod_event(Event::Init, false);
+        for p in [pod("p0", "a", "2"), terminating, orphan, plain, pod("gone-y", "gone", "6")] {
+            assert!(inf.pod_event(Event::InitApply(p), false).is_empty());
+        }
+        assert!(inf.pod_event(Event::InitDone, false).is_empty());
+        let out = inf.take_over();
+        let got: Vec<_> = out.iter().map(|e| (e.queue, e.key.as_str(), e.delay)).collect();
+        assert_eq!(
+            got,
+            [
+                (JOB_QUEUE, "ns/a", Duration::ZERO),
+                (ORPHAN_POD_QUEUE, "ns/gone-x", Duration::ZERO),
+                (ORPHAN_POD_QUEUE, "ns/orphan", Duration::ZERO),
+            ]
+        );
+        assert!(out.iter().all(|e| e.observations.is_empty()), "no observation is replayed");
     }
 
     #[test]

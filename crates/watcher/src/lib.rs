@@ -267,9 +267,12 @@ async fn event_loop(
         };
         if takeover_pending && is_leader && informer.synced() {
             takeover_pending = false;
-            tracing::info!(jobs = informer.store().job_count(), "leading: enqueueing every Job");
-            informer.count_external_jobs();
-            out.extend(informer.enqueue_all());
+            tracing::info!(
+                jobs = informer.store().job_count(),
+                pods = informer.store().pod_count(),
+                "leading: enqueueing every Job and the cached pods' orphan cleanups"
+            );
+            out.extend(informer.take_over());
         }
         synced_flag.store(informer.synced(), Ordering::Relaxed);
         for item in out {

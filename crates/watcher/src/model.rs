@@ -231,6 +231,11 @@ impl Store {
         self.pods.get(key)
     }
 
+    /// Every Pod.
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.values()
+    }
+
     /// Number of Pods.
     pub fn pod_count(&self) -> usize {
         self.pods.len()

@@ -411,6 +411,48 @@ async fn foreign_jobs_are_never_enqueued_and_managed_ones_are_resynced() {
     w.stop().await;
 }
 
+/// A Job deleted while no watcher led leaves its pods Terminating, kept by the tracking
+/// finalizer. The watcher that then starts leading sends them to the orphan queue (upstream's
+/// initial list goes through `addPod`, whose deletePod path enqueues the orphan), where the
+/// worker removes the finalizer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_of_a_job_deleted_while_no_watcher_led_reach_the_orphan_queue() {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let job = create_job(&client, "gone").await;
+    create_pod(&client, "gone-a", &job, true).await;
+    create_pod(&client, "gone-b", &job, false).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), NS);
+    for name in ["gone-a", "gone-b"] {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    Api::<Job>::namespaced(client.clone(), NS)
+        .delete("gone", &DeleteParams::background())
+        .await
+        .unwrap();
+    let left = pods.get("gone-a").await.unwrap();
+    assert!(left.metadata.deletion_timestamp.is_some(), "kept Terminating by its finalizer");
+
+    let w = InProcWatcher::start(&stack).await;
+    let orphan_state = |name: &str| {
+        let q = stack.queue.clone();
+        let k = key(name);
+        async move { q.inspect("orphan-pod", vec![k]).await.unwrap().keys.remove(0).state }
+    };
+    poll("the Terminating pod on the orphan queue", Duration::from_secs(10), || async {
+        orphan_state("gone-a").await != "absent"
+    })
+    .await;
+    let items = stack
+        .queue
+        .lease("orphan-pod", 100, Duration::from_secs(30), Duration::ZERO, "test")
+        .await
+        .unwrap();
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, [key("gone-a")], "only the pod that still has the finalizer");
+    w.stop().await;
+}
+
 fn spawn_watcher_process(stack: &Stack, identity: &str, admin_port: u16) -> ChildGuard {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kjob-watcher"));
     cmd.arg("--queue-url")

@@ -1,50 +1,129 @@
-//! Best-effort Kubernetes events (events.k8s.io/v1) with the upstream reasons and messages.
+//! Kubernetes events as upstream's Job controller records them: core/v1 Events from source
+//! `job-controller`, passed through client-go's event correlator (`tools/record/events_cache.go`)
+//! before they are written.
 //!
-//! Syncs never wait for an event: they hand it to a bounded channel drained by one task; when
-//! the channel is full the event is dropped and counted, because a slow events endpoint must not
-//! slow down pod creation.
+//! * **Counting** (`eventLogger`): a repeat of an identical event (same source, object, type,
+//!   reason and message) PATCHes `count`, `lastTimestamp` and `message` of the existing Event
+//!   instead of creating another.
+//! * **Aggregation** (`EventAggregator`): once 10 events of one object, type and reason that
+//!   differ only by message are seen within 600 s, the rest go to one event whose message is
+//!   `(combined from similar events): <latest message>`, counted as above.
+//! * **Spam filter** (`EventSourceObjectSpamFilter`): 25 events per source and object, then one
+//!   every 5 minutes; the rest are dropped (their occurrences still count).
+//!
+//! Upstream runs one controller process; kjob runs many workers, so the same repeat may come
+//! from any of them. Event names are therefore not random but derived from the correlation key
+//! (`<job>.<16 hex digits>`): every worker names the same event the same way, a second worker's
+//! create gets 409 AlreadyExists and turns into a count PATCH of the existing Event, and counts
+//! are written as "what the server had + 1" under a resourceVersion precondition, so concurrent
+//! workers never lose an occurrence. What stays per worker is what client-go keeps in memory
+//! too: the similar-message sets of the aggregator and the spam filter's token buckets.
+//!
+//! Syncs never wait for an event: they hand it to a bounded channel drained by one task (which
+//! owns the correlator); when the channel is full the event is dropped and counted, because a
+//! slow events endpoint must not slow down pod creation.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use tokio::sync::mpsc;
 
-use crate::kube_api::KubeApi;
+use crate::kube_api::{ApiError, KubeApi};
 use crate::metrics::Metrics;
 
 /// Events waiting to be written; beyond this they are dropped (best effort, bounded memory).
 const EVENT_QUEUE_CAPACITY: usize = 1024;
+/// `source.component` of every event: upstream's Job controller records as `job-controller`
+/// (`kubectl describe` shows it under "From").
+pub const SOURCE_COMPONENT: &str = "job-controller";
 /// Events a source may send about one object at once (client-go `defaultSpamBurst`).
 pub const SPAM_BURST: f64 = 25.0;
 /// Refill of that allowance: one event every 5 minutes (client-go `defaultSpamQPS`).
 pub const SPAM_REFILL_PERIOD: Duration = Duration::from_secs(300);
-/// Objects whose allowance is remembered; the least recently used is forgotten beyond this
+/// Entries each correlator cache remembers; the least recently used is forgotten beyond this
 /// (client-go `maxLruCacheEntries`).
 pub const SPAM_CACHE_ENTRIES: usize = 4096;
+/// Similar events (differing only by message) seen before they are combined (client-go
+/// `defaultAggregateMaxEvents`).
+pub const AGGREGATE_MAX_EVENTS: usize = 10;
+/// How long similar events are remembered for combining (client-go
+/// `defaultAggregateIntervalInSeconds`).
+pub const AGGREGATE_INTERVAL: Duration = Duration::from_secs(600);
+/// Prefix of a combined event's message (client-go `EventAggregatorByReasonMessageFunc`).
+pub const AGGREGATE_PREFIX: &str = "(combined from similar events): ";
+/// Writes tried for one event (create, 409 → read, PATCH, 409 → read, PATCH ...): concurrent
+/// workers bumping one event each win a round, so a few rounds are plenty.
+const MAX_WRITE_ROUNDS: usize = 6;
+
+/// A string-keyed LRU map of bounded size (client-go's `groupcache/lru`).
+#[derive(Debug)]
+struct Lru<V> {
+    entries: HashMap<String, (V, u64)>,
+    /// Last use → key, to find the least recently used entry.
+    by_use: BTreeMap<u64, String>,
+    uses: u64,
+    capacity: usize,
+}
+
+impl<V> Lru<V> {
+    fn new(capacity: usize) -> Self {
+        Self { entries: HashMap::new(), by_use: BTreeMap::new(), uses: 0, capacity }
+    }
+
+    /// The entry for `key` (made with `make` if absent, forgetting the least recently used one
+    /// when full), marked as used.
+    fn entry(&mut self, key: &str, make: impl FnOnce() -> V) -> &mut V {
+        self.uses += 1;
+        let use_id = self.uses;
+        if let Some((_, last)) = self.entries.get(key) {
+            self.by_use.remove(last);
+        } else {
+            if self.entries.len() >= self.capacity
+                && let Some((_, oldest)) = self.by_use.pop_first()
+            {
+                self.entries.remove(&oldest);
+            }
+            self.entries.insert(key.to_string(), (make(), use_id));
+        }
+        self.by_use.insert(use_id, key.to_string());
+        let slot = self.entries.get_mut(key).expect("inserted above");
+        slot.1 = use_id;
+        &mut slot.0
+    }
+
+    fn get_mut(&mut self, key: &str) -> Option<&mut V> {
+        self.entries.get_mut(key).map(|(v, _)| v)
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
 
 /// Per (source, involved object) token bucket, as client-go's `EventSourceObjectSpamFilter`:
 /// each object starts with [`SPAM_BURST`] events and regains one every
 /// [`SPAM_REFILL_PERIOD`]; events over that are dropped. Keeps at most
 /// [`SPAM_CACHE_ENTRIES`] objects (least recently used forgotten). Time comes in as a
 /// parameter so the filter is plain data.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SpamFilter {
-    buckets: HashMap<String, Bucket>,
-    /// Last use → key, to find the least recently used entry.
-    by_use: BTreeMap<u64, String>,
-    uses: u64,
+    buckets: Lru<Bucket>,
 }
 
 #[derive(Debug)]
 struct Bucket {
     tokens: f64,
     at: Instant,
-    last_use: u64,
+}
+
+impl Default for SpamFilter {
+    fn default() -> Self {
+        Self { buckets: Lru::new(SPAM_CACHE_ENTRIES) }
+    }
 }
 
 impl SpamFilter {
@@ -55,32 +134,11 @@ impl SpamFilter {
 
     /// Whether an event with this spam key may be sent at `now` (takes a token when it may).
     pub fn allow(&mut self, key: &str, now: Instant) -> bool {
-        self.uses += 1;
-        let use_id = self.uses;
-        let bucket = match self.buckets.get_mut(key) {
-            Some(b) => {
-                self.by_use.remove(&b.last_use);
-                let refill = now.saturating_duration_since(b.at).as_secs_f64()
-                    / SPAM_REFILL_PERIOD.as_secs_f64();
-                b.tokens = (b.tokens + refill).min(SPAM_BURST);
-                b.at = now;
-                b
-            }
-            None => {
-                if self.buckets.len() >= SPAM_CACHE_ENTRIES
-                    && let Some((_, oldest)) = self.by_use.pop_first()
-                {
-                    self.buckets.remove(&oldest);
-                }
-                self.buckets.entry(key.to_string()).or_insert(Bucket {
-                    tokens: SPAM_BURST,
-                    at: now,
-                    last_use: use_id,
-                })
-            }
-        };
-        bucket.last_use = use_id;
-        self.by_use.insert(use_id, key.to_string());
+        let bucket = self.buckets.entry(key, || Bucket { tokens: SPAM_BURST, at: now });
+        let refill = now.saturating_duration_since(bucket.at).as_secs_f64()
+            / SPAM_REFILL_PERIOD.as_secs_f64();
+        bucket.tokens = (bucket.tokens + refill).min(SPAM_BURST);
+        bucket.at = bucket.at.max(now);
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
             true
@@ -96,7 +154,7 @@ impl SpamFilter {
 
     /// Whether no object is remembered.
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
+        self.buckets.len() == 0
     }
 }
 
@@ -133,87 +191,303 @@ impl EventType {
     }
 }
 
+/// One event as the recorder makes it (client-go `makeEvent`), before correlation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// The involved object.
+    pub regarding: ObjectReference,
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// Upstream reason.
+    pub reason: String,
+    /// Upstream message.
+    pub message: String,
+}
+
+/// client-go's `getEventKey` (source, object with field path, type, reason, message).
+fn event_key(component: &str, ev: &NewEvent) -> String {
+    let o = &ev.regarding;
+    [
+        component,
+        "",
+        o.kind.as_deref().unwrap_or_default(),
+        o.namespace.as_deref().unwrap_or_default(),
+        o.name.as_deref().unwrap_or_default(),
+        o.field_path.as_deref().unwrap_or_default(),
+        o.uid.as_deref().unwrap_or_default(),
+        o.api_version.as_deref().unwrap_or_default(),
+        ev.type_.as_str(),
+        &ev.reason,
+        &ev.message,
+    ]
+    .concat()
+}
+
+/// client-go's `EventAggregatorByReasonFunc`: the group key (source, object, type, reason,
+/// reporting controller and instance) of events that differ only by message. The reporting
+/// instance is empty, as client-go's recorder sets it (from the empty source host), so that
+/// every worker's events group alike.
+fn aggregate_key(component: &str, reporting: &str, ev: &NewEvent) -> String {
+    [spam_key(component, "", &ev.regarding).as_str(), ev.type_.as_str(), &ev.reason, reporting, ""]
+        .concat()
+}
+
+/// 64-bit FNV-1a: a hash every worker (and every build) computes alike, unlike std's hasher.
+fn fnv1a64(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The name every worker gives the event of correlation key `key` about object `object_name`:
+/// client-go's `<object>.<16 hex digits>` shape, the digits a hash of the key instead of the
+/// time.
+pub fn event_name(object_name: &str, key: &str) -> String {
+    format!("{object_name}.{:016x}", fnv1a64(key))
+}
+
+#[derive(Debug)]
+struct AggregateRecord {
+    messages: BTreeSet<String>,
+    last: Timestamp,
+}
+
+/// What the server holds of one correlated event, and what is not written yet.
+#[derive(Debug, Clone)]
+struct EventLog {
+    name: String,
+    /// Count and resourceVersion from the last write (None: not written yet).
+    written: Option<(i32, String)>,
+    /// Occurrences observed since then (spam-filtered ones included, as client-go counts
+    /// them).
+    unsent: i32,
+}
+
+/// One event to write, after correlation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Correlated {
+    /// Correlation key: the event key, or the aggregate key for a combined event.
+    pub key: String,
+    /// Name of the Event object.
+    pub name: String,
+    /// Message to write (prefixed for a combined event).
+    pub message: String,
+    /// Occurrences to add to the server's count (1 unless spam-filtered repeats preceded it).
+    pub occurrences: i32,
+    /// Count and resourceVersion of this worker's last write of it, if any.
+    pub written: Option<(i32, String)>,
+}
+
+/// client-go's `EventCorrelator` (aggregator → logger → spam filter) as plain data: time comes
+/// in as a parameter, writes are the caller's.
+#[derive(Debug)]
+pub struct Correlator {
+    component: String,
+    reporting: String,
+    aggregates: Lru<AggregateRecord>,
+    logs: Lru<EventLog>,
+    spam: SpamFilter,
+}
+
+impl Correlator {
+    /// An empty correlator for events of source `component` reported by controller
+    /// `reporting`.
+    pub fn new(component: &str, reporting: &str) -> Self {
+        Self {
+            component: component.to_string(),
+            reporting: reporting.to_string(),
+            aggregates: Lru::new(SPAM_CACHE_ENTRIES),
+            logs: Lru::new(SPAM_CACHE_ENTRIES),
+            spam: SpamFilter::new(),
+        }
+    }
+
+    /// Correlates an event seen at `now` (wall clock, for aggregation) / `mono` (for the spam
+    /// filter): what to write, or `None` when the spam filter drops it.
+    pub fn correlate(
+        &mut self,
+        ev: &NewEvent,
+        now: Timestamp,
+        mono: Instant,
+    ) -> Option<Correlated> {
+        let object_name = ev.regarding.name.clone().unwrap_or_default();
+        // EventAggregate.
+        let agg_key = aggregate_key(&self.component, &self.reporting, ev);
+        let record = self
+            .aggregates
+            .entry(&agg_key, || AggregateRecord { messages: BTreeSet::new(), last: now });
+        let fresh = now
+            .duration_since(record.last)
+            .try_into()
+            .is_ok_and(|d: Duration| d > AGGREGATE_INTERVAL);
+        if fresh {
+            record.messages.clear();
+        }
+        record.messages.insert(ev.message.clone());
+        record.last = now;
+        let (key, message) = if record.messages.len() < AGGREGATE_MAX_EVENTS {
+            (event_key(&self.component, ev), ev.message.clone())
+        } else {
+            // Do not grow the set beyond the threshold (client-go pops any one).
+            if let Some(any) = record.messages.iter().next().cloned() {
+                record.messages.remove(&any);
+            }
+            (agg_key, format!("{AGGREGATE_PREFIX}{}", ev.message))
+        };
+        // eventObserve.
+        let log = self.logs.entry(&key, || EventLog {
+            name: event_name(&object_name, &key),
+            written: None,
+            unsent: 0,
+        });
+        log.unsent += 1;
+        let out = Correlated {
+            key,
+            name: log.name.clone(),
+            message,
+            occurrences: log.unsent,
+            written: log.written.clone(),
+        };
+        // Filter.
+        let spam = spam_key(&self.component, "", &ev.regarding);
+        self.spam.allow(&spam, mono).then_some(out)
+    }
+
+    /// Records what the server holds after a write of `c` (client-go `UpdateState`): its name,
+    /// count and resourceVersion; the occurrences it carried are no longer unsent.
+    pub fn written(&mut self, c: &Correlated, event: &Event) {
+        if let Some(log) = self.logs.get_mut(&c.key) {
+            log.name = event.metadata.name.clone().unwrap_or_else(|| c.name.clone());
+            log.written = Some((
+                event.count.unwrap_or(1),
+                event.metadata.resource_version.clone().unwrap_or_default(),
+            ));
+            log.unsent = (log.unsent - c.occurrences).max(0);
+        }
+    }
+
+    /// Makes later repeats of `c` go to `name` (a name collision moved it there).
+    fn rename(&mut self, c: &Correlated, name: &str) {
+        if let Some(log) = self.logs.get_mut(&c.key) {
+            log.name = name.to_string();
+            log.written = None;
+        }
+    }
+}
+
+/// The core/v1 Event of a first write (client-go `makeEvent` with `Source`). The reporting
+/// controller is kjob's controller name, which tells kjob's events from the built-in
+/// controller's (both have source `job-controller`, which `kubectl describe` shows).
+fn new_event(
+    ev: &NewEvent,
+    c: &Correlated,
+    component: &str,
+    reporting: &str,
+    now: Timestamp,
+) -> Event {
+    let ns = ev.regarding.namespace.clone().unwrap_or_else(|| "default".to_string());
+    Event {
+        metadata: ObjectMeta {
+            name: Some(c.name.clone()),
+            namespace: Some(ns),
+            ..Default::default()
+        },
+        involved_object: ev.regarding.clone(),
+        reason: Some(ev.reason.clone()),
+        message: Some(truncate_note(&c.message)),
+        type_: Some(ev.type_.as_str().to_string()),
+        source: Some(EventSource { component: Some(component.to_string()), host: None }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(c.occurrences),
+        reporting_component: Some(reporting.to_string()),
+        reporting_instance: Some(String::new()),
+        ..Default::default()
+    }
+}
+
+/// The count PATCH of a repeat (client-go's two-way merge patch of count, lastTimestamp and
+/// message), guarded by the resourceVersion the count was read at.
+fn count_patch(
+    count: i32,
+    message: &str,
+    resource_version: &str,
+    now: Timestamp,
+) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "count": count,
+        "lastTimestamp": Time(now),
+        "message": truncate_note(message),
+    })
+}
+
+/// Whether an Event found under a correlated name is that event (not a hash collision).
+fn same_event(found: &Event, ev: &NewEvent, component: &str) -> bool {
+    found.involved_object.uid == ev.regarding.uid
+        && found.involved_object.kind == ev.regarding.kind
+        && found.reason.as_deref() == Some(ev.reason.as_str())
+        && found.type_.as_deref() == Some(ev.type_.as_str())
+        && found.source.as_ref().and_then(|s| s.component.as_deref()) == Some(component)
+}
+
 /// Cloneable handle that queues events for the writer task.
 #[derive(Clone)]
 pub struct EventSink {
-    tx: mpsc::Sender<Event>,
-    controller: String,
-    instance: String,
+    tx: mpsc::Sender<NewEvent>,
     metrics: Metrics,
-    spam: Arc<Mutex<SpamFilter>>,
 }
 
-/// The task writing queued events; run it until the sinks are dropped.
+/// The task correlating and writing queued events; run it until the sinks are dropped.
 pub struct EventWriter {
-    rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<NewEvent>,
     api: KubeApi,
+    correlator: Correlator,
+    component: String,
+    reporting: String,
+    metrics: Metrics,
 }
 
 impl EventSink {
-    /// A sink whose events name `controller` as reportingController and `instance` (the worker
-    /// id) as reportingInstance, and the writer task that sends them through `api`.
+    /// A sink and the writer task that sends its events through `api`. Events have source
+    /// [`SOURCE_COMPONENT`] and reporting controller `controller`; the worker id (`_instance`)
+    /// is not written (reporting instance empty, as upstream's): the correlation of repeats
+    /// across workers needs every worker to write an event alike.
     pub fn new(
         api: KubeApi,
         controller: &str,
-        instance: &str,
+        _instance: &str,
         metrics: Metrics,
     ) -> (Self, EventWriter) {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE_CAPACITY);
-        // The API limits reportingInstance to 128 characters.
-        let instance: String = instance.chars().take(128).collect();
-        (
-            Self {
-                tx,
-                controller: controller.to_string(),
-                instance,
-                metrics,
-                spam: Arc::new(Mutex::new(SpamFilter::new())),
-            },
-            EventWriter { rx, api },
-        )
+        let writer = EventWriter {
+            rx,
+            api,
+            correlator: Correlator::new(SOURCE_COMPONENT, controller),
+            component: SOURCE_COMPONENT.to_string(),
+            reporting: controller.to_string(),
+            metrics: metrics.clone(),
+        };
+        (Self { tx, metrics }, writer)
     }
 
     /// Queues an event about `job`; never waits.
-    pub fn job_event(&self, job: &Job, kind: EventType, reason: &str, note: &str) {
+    pub fn job_event(&self, job: &Job, kind: EventType, reason: &str, message: &str) {
         let meta = &job.metadata;
-        let ns = meta.namespace.clone().unwrap_or_default();
-        let name = meta.name.clone().unwrap_or_default();
         let regarding = ObjectReference {
             api_version: Some("batch/v1".into()),
             kind: Some("Job".into()),
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
             uid: meta.uid.clone(),
             resource_version: meta.resource_version.clone(),
             ..Default::default()
         };
-        let key = spam_key(&self.controller, &self.instance, &regarding);
-        // A poisoned lock only means another sync panicked mid-update; the counts stay usable.
-        let allowed =
-            self.spam.lock().unwrap_or_else(|e| e.into_inner()).allow(&key, Instant::now());
-        if !allowed {
-            self.metrics.events_spam_filtered.inc();
-            tracing::debug!(reason, "event over the per-object spam limit; dropping it");
-            return;
-        }
-        let event = Event {
-            metadata: ObjectMeta {
-                // Same shape as client-go: `<object>.<unique suffix>`.
-                name: Some(format!("{name}.{}", uuid::Uuid::new_v4().simple())),
-                namespace: Some(ns),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(jiff::Timestamp::now())),
-            reporting_controller: Some(self.controller.clone()),
-            reporting_instance: Some(self.instance.clone()),
-            action: Some(action_of(reason).to_string()),
-            reason: Some(reason.to_string()),
-            note: Some(truncate_note(note)),
-            regarding: Some(regarding),
-            type_: Some(kind.as_str().to_string()),
-            ..Default::default()
+        let ev = NewEvent {
+            regarding,
+            type_: kind,
+            reason: reason.to_string(),
+            message: message.to_string(),
         };
-        if self.tx.try_send(event).is_err() {
+        if self.tx.try_send(ev).is_err() {
             self.metrics.events_dropped.inc();
             tracing::debug!(reason, "event queue full; dropping event");
         }
@@ -221,27 +495,105 @@ impl EventSink {
 }
 
 impl EventWriter {
-    /// Writes events until every sink is dropped; failures are logged and forgotten.
+    /// Correlates and writes events until every sink is dropped; failures are logged and
+    /// forgotten.
     pub async fn run(mut self) {
         while let Some(ev) = self.rx.recv().await {
-            let ns = ev.metadata.namespace.clone().unwrap_or_default();
-            if let Err(e) = self.api.create_event(&ns, &ev).await {
-                tracing::debug!(error = %e, reason = ?ev.reason, "writing event failed");
+            let Some(c) = self.correlator.correlate(&ev, Timestamp::now(), Instant::now()) else {
+                self.metrics.events_spam_filtered.inc();
+                tracing::debug!(
+                    reason = ev.reason,
+                    "event over the per-object spam limit; dropping it"
+                );
+                continue;
+            };
+            if let Err(e) = self.write(&ev, c).await {
+                tracing::debug!(error = %e, reason = ev.reason, "writing event failed");
             }
         }
     }
-}
 
-/// events.k8s.io/v1 requires an action; derive a stable one from the reason.
-fn action_of(reason: &str) -> &'static str {
-    match reason {
-        "SuccessfulCreate" | "FailedCreate" => "Create",
-        "SuccessfulDelete" | "FailedDelete" => "Delete",
-        _ => "Sync",
+    /// Writes one correlated event: a create for a first occurrence, a count PATCH under a
+    /// resourceVersion precondition for a repeat; a create that finds the name taken, or a
+    /// PATCH that finds the event changed, reads the event (an empty PATCH: upstream's RBAC has
+    /// no `get` on events) and PATCHes again from what it read.
+    async fn write(&mut self, ev: &NewEvent, mut c: Correlated) -> Result<(), ApiError> {
+        enum Next {
+            Create,
+            Patch { count: i32, rv: String },
+            Read,
+        }
+        let ns = ev.regarding.namespace.clone().unwrap_or_else(|| "default".to_string());
+        let mut next = match &c.written {
+            Some((count, rv)) => Next::Patch { count: *count, rv: rv.clone() },
+            None => Next::Create,
+        };
+        let mut last_err = None;
+        for _ in 0..MAX_WRITE_ROUNDS {
+            let now = Timestamp::now();
+            next = match next {
+                Next::Create => {
+                    let event = new_event(ev, &c, &self.component, &self.reporting, now);
+                    match self.api.create_event(&ns, &event).await {
+                        Ok(written) => {
+                            self.correlator.written(&c, &written);
+                            return Ok(());
+                        }
+                        Err(e @ ApiError::Conflict { .. }) => {
+                            last_err = Some(e);
+                            Next::Read
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Next::Patch { count, rv } => {
+                    let patch = count_patch(count + c.occurrences, &c.message, &rv, now);
+                    match self.api.patch_event(&ns, &c.name, &patch).await {
+                        Ok(written) => {
+                            self.correlator.written(&c, &written);
+                            return Ok(());
+                        }
+                        Err(e @ ApiError::Conflict { .. }) => {
+                            last_err = Some(e);
+                            Next::Read
+                        }
+                        // Expired (events live an hour) or deleted: start over.
+                        Err(ApiError::NotFound(_)) => Next::Create,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Next::Read => {
+                    match self.api.patch_event(&ns, &c.name, &serde_json::json!({})).await {
+                        Ok(found) if same_event(&found, ev, &self.component) => Next::Patch {
+                            count: found.count.unwrap_or(1),
+                            rv: found.metadata.resource_version.clone().unwrap_or_default(),
+                        },
+                        Ok(_) => {
+                            // Another event hashed to this name: fall back to client-go's
+                            // time-based name (this worker alone will count its repeats there).
+                            let nanos = now.as_nanosecond();
+                            let name = format!(
+                                "{}.{nanos:x}",
+                                ev.regarding.name.as_deref().unwrap_or_default()
+                            );
+                            self.correlator.rename(&c, &name);
+                            c.name = name;
+                            Next::Create
+                        }
+                        Err(ApiError::NotFound(_)) => Next::Create,
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+        }
+        Err(last_err.unwrap_or_else(|| ApiError::Unavailable {
+            what: format!("event {ns}/{}", c.name),
+            message: "too many concurrent writers".into(),
+        }))
     }
 }
 
-/// The API limits `note` to 1 kB.
+/// The API limits an event's message (`note`) to 1 kB.
 fn truncate_note(note: &str) -> String {
     const MAX: usize = 1024;
     if note.len() <= MAX {
@@ -326,10 +678,151 @@ mod tests {
         assert_eq!(spam_key("ctl", "w1", &obj), spam_key("ctl", "w1", &newer));
     }
 
+    const CTL: &str = kjob_core::DEFAULT_CONTROLLER_NAME;
+
+    fn job_ref(uid: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("batch/v1".into()),
+            kind: Some("Job".into()),
+            name: Some("pi".into()),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        }
+    }
+
+    fn ev(uid: &str, reason: &str, message: &str) -> NewEvent {
+        NewEvent {
+            regarding: job_ref(uid),
+            type_: EventType::Normal,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    /// The server's answer to a write of `c` with count `count`.
+    fn server(c: &Correlated, count: i32, rv: &str) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(c.name.clone()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            count: Some(count),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn actions() {
-        assert_eq!(action_of("FailedCreate"), "Create");
-        assert_eq!(action_of("SuccessfulDelete"), "Delete");
-        assert_eq!(action_of("Completed"), "Sync");
+    fn identical_events_are_one_counted_event_under_one_name_in_every_worker() {
+        let t = Instant::now();
+        let mut w1 = Correlator::new(SOURCE_COMPONENT, CTL);
+        let mut w2 = Correlator::new(SOURCE_COMPONENT, CTL);
+        let a = w1.correlate(&ev("u1", "SuccessfulCreate", "Created pod: pi-a"), at(0), t).unwrap();
+        assert_eq!((a.occurrences, a.written.clone()), (1, None), "a first occurrence is created");
+        assert!(a.name.starts_with("pi.") && a.name.len() == "pi.".len() + 16, "{}", a.name);
+        assert_eq!(a.message, "Created pod: pi-a");
+        w1.written(&a, &server(&a, 1, "10"));
+        // The repeat is a count PATCH from what the server holds.
+        let again = w1.correlate(&ev("u1", "SuccessfulCreate", "Created pod: pi-a"), at(5), t);
+        let again = again.unwrap();
+        assert_eq!((again.name.as_str(), again.occurrences), (a.name.as_str(), 1));
+        assert_eq!(again.written, Some((1, "10".to_string())));
+        // Another worker names the same event alike (so its create meets the first one).
+        let b = w2.correlate(&ev("u1", "SuccessfulCreate", "Created pod: pi-a"), at(6), t).unwrap();
+        assert_eq!(b.name, a.name);
+        // Another message, object or reason is another event.
+        let mut other = |e: NewEvent| w2.correlate(&e, at(7), t).unwrap().name;
+        assert_ne!(other(ev("u1", "SuccessfulCreate", "Created pod: pi-b")), a.name);
+        assert_ne!(other(ev("u2", "SuccessfulCreate", "Created pod: pi-a")), a.name);
+        assert_ne!(other(ev("u1", "SuccessfulDelete", "Created pod: pi-a")), a.name);
+    }
+
+    #[test]
+    fn ten_similar_messages_within_ten_minutes_are_combined() {
+        let t = Instant::now();
+        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
+        let mut names = BTreeSet::new();
+        for i in 0..9 {
+            let e = ev("u1", "SuccessfulCreate", &format!("Created pod: pi-{i}"));
+            let out = c.correlate(&e, at(i), t).unwrap();
+            assert_eq!(out.message, format!("Created pod: pi-{i}"), "event {i} stands alone");
+            names.insert(out.name);
+        }
+        assert_eq!(names.len(), 9);
+        let tenth = c.correlate(&ev("u1", "SuccessfulCreate", "Created pod: pi-9"), at(9), t);
+        let tenth = tenth.unwrap();
+        assert_eq!(tenth.message, "(combined from similar events): Created pod: pi-9");
+        assert!(!names.contains(&tenth.name));
+        c.written(&tenth, &server(&tenth, 1, "20"));
+        let eleventh = c.correlate(&ev("u1", "SuccessfulCreate", "Created pod: pi-10"), at(10), t);
+        let eleventh = eleventh.unwrap();
+        assert_eq!(eleventh.name, tenth.name, "the combined event is counted up");
+        assert_eq!(eleventh.message, "(combined from similar events): Created pod: pi-10");
+        assert_eq!(eleventh.written, Some((1, "20".to_string())));
+        // Another reason has its own group.
+        let del = c.correlate(&ev("u1", "SuccessfulDelete", "Deleted pod: pi-0"), at(11), t);
+        assert_eq!(del.unwrap().message, "Deleted pod: pi-0");
+        // More than 600 s after the group's last event, it starts over.
+        let later = c.correlate(&ev("u1", "SuccessfulCreate", "Created pod: pi-99"), at(611), t);
+        assert_eq!(later.unwrap().message, "Created pod: pi-99");
+    }
+
+    #[test]
+    fn spam_filtered_repeats_still_count() {
+        let t = Instant::now();
+        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
+        let e = ev("u1", "FailedCreate", "Error creating: quota");
+        let first = c.correlate(&e, at(0), t).unwrap();
+        c.written(&first, &server(&first, 1, "1"));
+        for i in 1..25 {
+            let r = c.correlate(&e, at(i), t).unwrap();
+            c.written(&r, &server(&r, 1 + i as i32, &format!("{}", i + 1)));
+        }
+        // The 26th and 27th at once are over the burst: dropped, but counted.
+        assert!(c.correlate(&e, at(30), t).is_none());
+        assert!(c.correlate(&e, at(31), t).is_none());
+        let next = c.correlate(&e, at(400), t + SPAM_REFILL_PERIOD).unwrap();
+        assert_eq!(next.occurrences, 3, "the two dropped repeats go with the next write");
+        assert_eq!(next.written, Some((25, "25".to_string())));
+    }
+
+    #[test]
+    fn first_write_and_count_patch_shapes() {
+        let t = Instant::now();
+        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
+        let e = ev("u1", "Completed", "Job completed");
+        let out = c.correlate(&e, at(0), t).unwrap();
+        let created = new_event(&e, &out, SOURCE_COMPONENT, CTL, at(0));
+        let v = serde_json::to_value(&created).unwrap();
+        assert_eq!(v["source"], serde_json::json!({"component": "job-controller"}));
+        assert_eq!(v["count"], 1);
+        assert_eq!(v["firstTimestamp"], v["lastTimestamp"]);
+        assert_eq!(v["involvedObject"]["kind"], "Job");
+        assert_eq!(v["involvedObject"]["uid"], "u1");
+        assert_eq!(v["metadata"]["namespace"], "ns");
+        assert_eq!(v["reason"], "Completed");
+        assert_eq!(v["message"], "Job completed");
+        assert_eq!(v["type"], "Normal");
+        assert_eq!(v["reportingComponent"], CTL);
+        assert!(v.get("eventTime").is_none_or(|t| t.is_null()), "a core/v1 (legacy) event");
+        let p = count_patch(4, "Job completed", "77", at(9));
+        assert_eq!(p["count"], 4);
+        assert_eq!(p["metadata"]["resourceVersion"], "77");
+        assert_eq!(p["lastTimestamp"], serde_json::to_value(Time(at(9))).unwrap());
+        assert!(same_event(&created, &e, SOURCE_COMPONENT));
+        assert!(!same_event(&created, &ev("u2", "Completed", "x"), SOURCE_COMPONENT));
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        // Fixed vectors: every worker and every build must name events alike.
+        assert_eq!(fnv1a64(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(event_name("pi", "a"), "pi.af63dc4c8601ec8c");
     }
 }

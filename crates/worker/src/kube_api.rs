@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kjob_reconcile::SummarizedPods;
 use kube::Api;
 use kube::Resource as _;
@@ -320,12 +320,30 @@ impl KubeApi {
         self.call("update_status", "jobs", &what, true, || api.replace_status(name, &pp, job)).await
     }
 
-    /// Creates an events.k8s.io/v1 Event (never resent: a duplicate event is noise).
-    pub async fn create_event(&self, ns: &str, event: &Event) -> Result<(), ApiError> {
+    /// Creates a core/v1 Event (never resent: a resent create of a named event is a 409, and
+    /// a duplicate is noise). A 409 means an event of that name exists already.
+    pub async fn create_event(&self, ns: &str, event: &Event) -> Result<Event, ApiError> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let what = format!("event in {ns}");
         let pp = PostParams::default();
-        self.call("create", "events", &what, false, || api.create(&pp, event)).await.map(|_| ())
+        self.call("create", "events", &what, false, || api.create(&pp, event)).await
+    }
+
+    /// Strategic-merge PATCHes a core/v1 Event, as client-go's event sink does. A patch that
+    /// names a resourceVersion fails with 409 when the event changed since; such a patch is not
+    /// resent after an ambiguous failure (it may have been applied), an empty one (a read) is.
+    pub async fn patch_event(
+        &self,
+        ns: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<Event, ApiError> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
+        let what = format!("event {ns}/{name}");
+        let pp = PatchParams::default();
+        let idempotent = patch.as_object().is_some_and(|o| o.is_empty());
+        let patch = Patch::Strategic(patch);
+        self.call("patch", "events", &what, idempotent, || api.patch(name, &pp, &patch)).await
     }
 }
 

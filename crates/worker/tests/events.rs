@@ -1,0 +1,107 @@
+//! Events on kjob-sim as upstream's Job controller writes them (core/v1, source
+//! `job-controller`, counted and combined by client-go's correlator), with two workers' sinks
+//! writing about one Job: a repeat from the other worker counts up the same Event.
+
+mod common;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Event;
+use kjob_sim::testing::TestSim;
+use kjob_worker::events::{EventSink, EventType};
+use kjob_worker::kube_api::KubeApi;
+use kjob_worker::metrics::Metrics;
+use kube::Api;
+
+const NS: &str = "events";
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn sink(sim: &TestSim, id: &str) -> (EventSink, tokio::task::JoinHandle<()>) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let api = KubeApi::new(sim.client(), 100.0, 100, metrics.clone());
+    let (sink, writer) = EventSink::new(api, kjob_core::DEFAULT_CONTROLLER_NAME, id, metrics);
+    (sink, tokio::spawn(writer.run()))
+}
+
+/// The Job's events, as `kubectl describe job` finds them (core/v1, by involved object).
+async fn job_events(events: &Api<Event>, job: &Job) -> Vec<Event> {
+    let uid = job.metadata.uid.clone().unwrap();
+    let lp = kube::api::ListParams::default().fields(&format!(
+        "involvedObject.kind=Job,involvedObject.name=cnt,involvedObject.uid={uid}"
+    ));
+    let mut items = events.list(&lp).await.unwrap().items;
+    items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    items
+}
+
+fn count_of(evs: &[Event], message: &str) -> Option<i32> {
+    evs.iter().find(|e| e.message.as_deref() == Some(message)).and_then(|e| e.count)
+}
+
+#[tokio::test]
+async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined() {
+    let sim = TestSim::start(Default::default()).await;
+    let client = sim.client();
+    common::create_namespace(&client, NS).await;
+    let job = common::create_job(
+        &client,
+        NS,
+        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let (w1, t1) = sink(&sim, "w1");
+    let (w2, t2) = sink(&sim, "w2");
+
+    // The same event from worker 1, then twice from worker 2 (which never saw it).
+    let quota = "Error creating: pods \"cnt-x\" is forbidden: exceeded quota";
+    w1.job_event(&job, EventType::Warning, "FailedCreate", quota);
+    common::eventually("the first event", TIMEOUT, || async {
+        count_of(&job_events(&events, &job).await, quota).filter(|c| *c == 1)
+    })
+    .await;
+    w2.job_event(&job, EventType::Warning, "FailedCreate", quota);
+    w2.job_event(&job, EventType::Warning, "FailedCreate", quota);
+    common::eventually("one event counted three times", TIMEOUT, || async {
+        count_of(&job_events(&events, &job).await, quota).filter(|c| *c == 3)
+    })
+    .await;
+    // Then once more from worker 1, whose last write is now stale.
+    w1.job_event(&job, EventType::Warning, "FailedCreate", quota);
+    let evs = common::eventually("worker 1 counts on from the server's count", TIMEOUT, || async {
+        let evs = job_events(&events, &job).await;
+        (count_of(&evs, quota) == Some(4)).then_some(evs)
+    })
+    .await;
+    assert_eq!(evs.len(), 1, "one Event object: {evs:#?}");
+    let e = &evs[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.reason.as_deref(), Some("FailedCreate"));
+    assert_eq!(e.source.as_ref().and_then(|s| s.component.as_deref()), Some("job-controller"));
+    assert_eq!(e.reporting_component.as_deref(), Some(kjob_core::DEFAULT_CONTROLLER_NAME));
+    assert_eq!(e.involved_object.api_version.as_deref(), Some("batch/v1"));
+    let (first, last) = (e.first_timestamp.clone().unwrap(), e.last_timestamp.clone().unwrap());
+    assert!(first.0 <= last.0, "{first:?} {last:?}");
+
+    // Twelve pods created, each its own message: nine stand alone, the rest are combined.
+    for i in 0..12 {
+        w1.job_event(&job, EventType::Normal, "SuccessfulCreate", &format!("Created pod: cnt-{i}"));
+    }
+    let combined = "(combined from similar events): Created pod: cnt-11";
+    let evs = common::eventually("the combined event", TIMEOUT, || async {
+        let evs = job_events(&events, &job).await;
+        (count_of(&evs, combined) == Some(3)).then_some(evs)
+    })
+    .await;
+    let creates: Vec<&Event> =
+        evs.iter().filter(|e| e.reason.as_deref() == Some("SuccessfulCreate")).collect();
+    assert_eq!(creates.len(), 10, "9 single events and 1 combined: {creates:#?}");
+    for i in 0..9 {
+        assert_eq!(count_of(&evs, &format!("Created pod: cnt-{i}")), Some(1));
+    }
+    drop((w1, w2));
+    t1.await.unwrap();
+    t2.await.unwrap();
+}
