@@ -28,56 +28,35 @@ pub struct QueueLabel {
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
-/// The metrics of one queue (handles into the registered families).
-#[derive(Clone, Debug)]
-pub struct QueueMetrics {
-    /// `workqueue_depth`: items waiting to be processed (ready + dirty while processing).
-    pub depth: Gauge,
-    /// `workqueue_adds_total`: accepted adds.
-    pub adds: Counter,
-    /// `workqueue_queue_duration_seconds`: add → lease.
-    pub queue_duration: Histogram,
-    /// `workqueue_work_duration_seconds`: lease → done.
-    pub work_duration: Histogram,
-    /// `workqueue_unfinished_work_seconds`: total time in processing of leased items.
-    pub unfinished: FloatGauge,
-    /// `workqueue_longest_running_processor_seconds`.
-    pub longest: FloatGauge,
-    /// `workqueue_retries_total`: every AddAfter (delayed add, rate-limited or requeue-after).
-    pub retries: Counter,
-    /// Items leased by this replica.
-    pub leases: Counter,
-    /// Leases that expired and were put back by this replica (its reaper or a Lease call).
-    pub lease_expired: Counter,
-    /// Poison items (leases expired several times in a row without a Done) requeued through the
-    /// rate limiter instead of at once.
-    pub poisoned: Counter,
-    /// Done/Renew calls refused for a stale lease id.
-    pub stale: Counter,
-    /// Items ready to be leased (kjob extra).
-    pub ready: Gauge,
-    /// Items waiting for a later time.
-    pub delayed: Gauge,
-    /// Leased items.
-    pub leased: Gauge,
-}
+/// Declares the per-queue metrics once: [`QueueMetrics`] (one queue's handles), the registered
+/// families and their registration, from one line per metric.
+macro_rules! queue_metrics {
+    ($($(#[$doc:meta])* $field:ident: $kind:ty = $new:expr, $name:literal, $help:literal;)*) => {
+        /// The metrics of one queue (handles into the registered families).
+        #[derive(Clone, Debug)]
+        pub struct QueueMetrics {
+            $($(#[$doc])* pub $field: $kind,)*
+        }
 
-/// The registered per-queue families.
-struct QueueFamilies {
-    depth: Family<QueueLabel, Gauge>,
-    adds: Family<QueueLabel, Counter>,
-    queue_duration: Family<QueueLabel, Histogram>,
-    work_duration: Family<QueueLabel, Histogram>,
-    unfinished: Family<QueueLabel, FloatGauge>,
-    longest: Family<QueueLabel, FloatGauge>,
-    retries: Family<QueueLabel, Counter>,
-    leases: Family<QueueLabel, Counter>,
-    lease_expired: Family<QueueLabel, Counter>,
-    poisoned: Family<QueueLabel, Counter>,
-    stale: Family<QueueLabel, Counter>,
-    ready: Family<QueueLabel, Gauge>,
-    delayed: Family<QueueLabel, Gauge>,
-    leased: Family<QueueLabel, Gauge>,
+        /// The registered per-queue families.
+        struct QueueFamilies {
+            $($field: Family<QueueLabel, $kind>,)*
+        }
+
+        impl QueueFamilies {
+            fn register(registry: &mut Registry) -> Self {
+                let f = Self { $($field: Family::new_with_constructor($new),)* };
+                $(registry.register($name, $help, f.$field.clone());)*
+                f
+            }
+
+            /// The handles of queue `name`, creating its series (at 0).
+            fn queue(&self, name: &'static str) -> QueueMetrics {
+                let l = QueueLabel { name };
+                QueueMetrics { $($field: self.$field.get_or_create(&l).clone(),)* }
+            }
+        }
+    };
 }
 
 fn workqueue_buckets() -> Histogram {
@@ -85,94 +64,44 @@ fn workqueue_buckets() -> Histogram {
     Histogram::new(exponential_buckets(1e-8, 10.0, 10))
 }
 
-impl QueueFamilies {
-    fn register(registry: &mut Registry) -> Self {
-        let f = Self {
-            depth: Family::default(),
-            adds: Family::default(),
-            queue_duration: Family::new_with_constructor(workqueue_buckets),
-            work_duration: Family::new_with_constructor(workqueue_buckets),
-            unfinished: Family::default(),
-            longest: Family::default(),
-            retries: Family::default(),
-            leases: Family::default(),
-            lease_expired: Family::default(),
-            poisoned: Family::default(),
-            stale: Family::default(),
-            ready: Family::default(),
-            delayed: Family::default(),
-            leased: Family::default(),
-        };
-        let r = registry;
-        r.register("workqueue_depth", "Current depth of workqueue", f.depth.clone());
-        r.register("workqueue_adds", "Total number of adds handled by workqueue", f.adds.clone());
-        r.register(
-            "workqueue_queue_duration_seconds",
-            "How long in seconds an item stays in workqueue before being requested",
-            f.queue_duration.clone(),
-        );
-        r.register(
-            "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes",
-            f.work_duration.clone(),
-        );
-        r.register(
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
-            f.unfinished.clone(),
-        );
-        r.register(
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running",
-            f.longest.clone(),
-        );
-        r.register(
-            "workqueue_retries",
-            "Total number of retries handled by workqueue",
-            f.retries.clone(),
-        );
-        r.register("kjob_queue_leases", "Items leased by this replica", f.leases.clone());
-        r.register(
-            "kjob_queue_lease_expired",
-            "Expired leases put back by this replica's reaper",
-            f.lease_expired.clone(),
-        );
-        r.register(
-            "kjob_queue_poison_requeues",
-            "Expired leases of poison items (expired repeatedly without a Done) requeued through the rate limiter",
-            f.poisoned.clone(),
-        );
-        r.register(
-            "kjob_queue_stale_lease",
-            "Done or Renew calls refused because the lease id was stale",
-            f.stale.clone(),
-        );
-        r.register("kjob_queue_ready", "Items ready to be leased", f.ready.clone());
-        r.register("kjob_queue_delayed", "Items waiting for a later time", f.delayed.clone());
-        r.register("kjob_queue_leased", "Items leased to workers", f.leased.clone());
-        f
-    }
-
-    /// The handles of queue `name`, creating its series (at 0).
-    fn queue(&self, name: &'static str) -> QueueMetrics {
-        let l = QueueLabel { name };
-        QueueMetrics {
-            depth: self.depth.get_or_create(&l).clone(),
-            adds: self.adds.get_or_create(&l).clone(),
-            queue_duration: self.queue_duration.get_or_create(&l).clone(),
-            work_duration: self.work_duration.get_or_create(&l).clone(),
-            unfinished: self.unfinished.get_or_create(&l).clone(),
-            longest: self.longest.get_or_create(&l).clone(),
-            retries: self.retries.get_or_create(&l).clone(),
-            leases: self.leases.get_or_create(&l).clone(),
-            lease_expired: self.lease_expired.get_or_create(&l).clone(),
-            poisoned: self.poisoned.get_or_create(&l).clone(),
-            stale: self.stale.get_or_create(&l).clone(),
-            ready: self.ready.get_or_create(&l).clone(),
-            delayed: self.delayed.get_or_create(&l).clone(),
-            leased: self.leased.get_or_create(&l).clone(),
-        }
-    }
+queue_metrics! {
+    /// `workqueue_depth`: items waiting to be processed (ready + dirty while processing).
+    depth: Gauge = Gauge::default, "workqueue_depth", "Current depth of workqueue";
+    /// `workqueue_adds_total`: accepted adds.
+    adds: Counter = Counter::default, "workqueue_adds", "Total number of adds handled by workqueue";
+    /// `workqueue_queue_duration_seconds`: add → lease.
+    queue_duration: Histogram = workqueue_buckets, "workqueue_queue_duration_seconds",
+        "How long in seconds an item stays in workqueue before being requested";
+    /// `workqueue_work_duration_seconds`: lease → done.
+    work_duration: Histogram = workqueue_buckets, "workqueue_work_duration_seconds",
+        "How long in seconds processing an item from workqueue takes";
+    /// `workqueue_unfinished_work_seconds`: total time in processing of leased items.
+    unfinished: FloatGauge = FloatGauge::default, "workqueue_unfinished_work_seconds",
+        "How many seconds of work has been done that is in progress and hasn't been observed by work_duration";
+    /// `workqueue_longest_running_processor_seconds`.
+    longest: FloatGauge = FloatGauge::default, "workqueue_longest_running_processor_seconds",
+        "How many seconds has the longest running processor for workqueue been running";
+    /// `workqueue_retries_total`: every AddAfter (delayed add, rate-limited or requeue-after).
+    retries: Counter = Counter::default, "workqueue_retries",
+        "Total number of retries handled by workqueue";
+    /// Items leased by this replica.
+    leases: Counter = Counter::default, "kjob_queue_leases", "Items leased by this replica";
+    /// Leases that expired and were put back by this replica (its reaper or a Lease call).
+    lease_expired: Counter = Counter::default, "kjob_queue_lease_expired",
+        "Expired leases put back by this replica's reaper";
+    /// Poison items (leases expired several times in a row without a Done) requeued through the
+    /// rate limiter instead of at once.
+    poisoned: Counter = Counter::default, "kjob_queue_poison_requeues",
+        "Expired leases of poison items (expired repeatedly without a Done) requeued through the rate limiter";
+    /// Done/Renew calls refused for a stale lease id.
+    stale: Counter = Counter::default, "kjob_queue_stale_lease",
+        "Done or Renew calls refused because the lease id was stale";
+    /// Items ready to be leased (kjob extra).
+    ready: Gauge = Gauge::default, "kjob_queue_ready", "Items ready to be leased";
+    /// Items waiting for a later time.
+    delayed: Gauge = Gauge::default, "kjob_queue_delayed", "Items waiting for a later time";
+    /// Leased items.
+    leased: Gauge = Gauge::default, "kjob_queue_leased", "Items leased to workers";
 }
 
 /// All metrics of kjob-queue.
@@ -185,11 +114,12 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics of `queues` and of the `rpcs` (service, method) and registers them.
+    /// Creates the metrics of `queues` and of the `rpcs` (service, its methods) and registers
+    /// them.
     pub fn register(
         registry: &mut Registry,
         queues: &[&'static str],
-        rpcs: &[(&'static str, &'static str)],
+        rpcs: &[(&'static str, &'static [&'static str])],
     ) -> Self {
         let families = QueueFamilies::register(registry);
         let queues = queues.iter().map(|q| (*q, families.queue(q))).collect();
@@ -270,7 +200,7 @@ fn handling_buckets() -> Histogram {
 }
 
 impl GrpcMetrics {
-    fn register(registry: &mut Registry, rpcs: &[(&'static str, &'static str)]) -> Self {
+    fn register(registry: &mut Registry, rpcs: &[(&'static str, &'static [&'static str])]) -> Self {
         let started = Family::<RpcLabels, Counter>::default();
         let handled = Family::<CodeLabels, Counter>::default();
         let handling = Family::<RpcLabels, Histogram>::new_with_constructor(handling_buckets);
@@ -291,7 +221,8 @@ impl GrpcMetrics {
         );
         let rpcs = rpcs
             .iter()
-            .map(|&(grpc_service, grpc_method)| {
+            .flat_map(|&(service, methods)| methods.iter().map(move |m| (service, *m)))
+            .map(|(grpc_service, grpc_method)| {
                 let labels = RpcLabels { grpc_service, grpc_method, grpc_type: "unary" };
                 // Present from start: the call counts, and the OK count, at 0.
                 let _ = handled.get_or_create(&labels.with_code(Code::Ok));
@@ -427,7 +358,7 @@ mod tests {
     #[test]
     fn series_exist_at_zero_and_calls_count_by_code() {
         let mut r = Registry::default();
-        let m = Metrics::register(&mut r, &["job", "orphan-pod"], &[("svc.Q", "Add")]);
+        let m = Metrics::register(&mut r, &["job", "orphan-pod"], &[("svc.Q", &["Add"])]);
         let text = render(&r);
         for want in [
             "workqueue_depth{name=\"job\"} 0",

@@ -24,23 +24,54 @@ pub const QUEUE_SERVICE: &str = queue_server::SERVICE_NAME;
 /// The `Expectations` service's name.
 pub const EXPECTATIONS_SERVICE: &str = expectations_server::SERVICE_NAME;
 
-/// Every RPC kjob-queue serves, as (service, method): their metrics exist from start.
-pub const RPCS: [(&str, &str); 14] = [
-    (QUEUE_SERVICE, "Add"),
-    (QUEUE_SERVICE, "Lease"),
-    (QUEUE_SERVICE, "Renew"),
-    (QUEUE_SERVICE, "Done"),
-    (QUEUE_SERVICE, "DoneBatch"),
-    (QUEUE_SERVICE, "Stats"),
-    (QUEUE_SERVICE, "Inspect"),
-    (EXPECTATIONS_SERVICE, "SetExpectations"),
-    (EXPECTATIONS_SERVICE, "LowerExpectations"),
-    (EXPECTATIONS_SERVICE, "GetExpectations"),
-    (EXPECTATIONS_SERVICE, "DeleteExpectations"),
-    (EXPECTATIONS_SERVICE, "ExpectFinalizerRemovals"),
-    (EXPECTATIONS_SERVICE, "GetRecord"),
-    (EXPECTATIONS_SERVICE, "PutRecord"),
-];
+/// Every RPC kjob-queue serves, as (service, methods): their metrics exist from start.
+pub const RPCS: [(&str, &[&str]); 2] =
+    [(QUEUE_SERVICE, QUEUE_METHODS), (EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS)];
+
+/// Implements a service trait for [`QueueService`]: every RPC runs its handler under one
+/// metrics handle ([`QueueService::measured`]); `$methods` lists the methods as the proto
+/// names them.
+macro_rules! measured_service {
+    ($trait:ident, $service:expr, $methods:ident, {
+        $($rpc:ident($req:ty) -> $resp:ty = $method:literal by $handler:ident;)*
+    }) => {
+        /// The methods of one service, as the proto names them.
+        pub const $methods: &[&str] = &[$($method),*];
+
+        #[tonic::async_trait]
+        impl $trait for QueueService {
+            $(async fn $rpc(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
+                self.measured($service, $method, self.$handler(req.into_inner())).await
+            })*
+        }
+    };
+}
+
+measured_service!(Queue, QUEUE_SERVICE, QUEUE_METHODS, {
+    add(v1::AddRequest) -> v1::AddResponse = "Add" by add_rpc;
+    lease(v1::LeaseRequest) -> v1::LeaseResponse = "Lease" by lease_rpc;
+    renew(v1::RenewRequest) -> v1::RenewResponse = "Renew" by renew_rpc;
+    done(v1::DoneRequest) -> v1::DoneResponse = "Done" by done_rpc;
+    done_batch(v1::DoneBatchRequest) -> v1::DoneBatchResponse = "DoneBatch" by done_batch_rpc;
+    stats(v1::StatsRequest) -> v1::StatsResponse = "Stats" by stats_rpc;
+    inspect(v1::InspectRequest) -> v1::InspectResponse = "Inspect" by inspect_rpc;
+});
+
+measured_service!(Expectations, EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS, {
+    set_expectations(v1::SetExpectationsRequest) -> v1::SetExpectationsResponse
+        = "SetExpectations" by set_expectations_rpc;
+    lower_expectations(v1::LowerExpectationsRequest) -> v1::LowerExpectationsResponse
+        = "LowerExpectations" by lower_expectations_rpc;
+    get_expectations(v1::GetExpectationsRequest) -> v1::GetExpectationsResponse
+        = "GetExpectations" by get_expectations_rpc;
+    delete_expectations(v1::DeleteExpectationsRequest) -> v1::DeleteExpectationsResponse
+        = "DeleteExpectations" by delete_expectations_rpc;
+    expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest)
+        -> v1::ExpectFinalizerRemovalsResponse
+        = "ExpectFinalizerRemovals" by expect_finalizer_removals_rpc;
+    get_record(v1::GetRecordRequest) -> v1::GetRecordResponse = "GetRecord" by get_record_rpc;
+    put_record(v1::PutRecordRequest) -> v1::PutRecordResponse = "PutRecord" by put_record_rpc;
+});
 
 /// Shared state of both services.
 #[derive(Clone)]
@@ -84,7 +115,13 @@ impl QueueService {
         handler: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         let rpc = self.metrics.rpc(service, method);
-        rpc.end_with(handler.await).map(Response::new)
+        let res = handler.await;
+        if let Err(s) = &res
+            && s.code() == tonic::Code::Internal
+        {
+            tracing::error!(method, error = %s.message(), "call failed");
+        }
+        rpc.end_with(res).map(Response::new)
     }
 }
 
@@ -94,14 +131,11 @@ fn invalid(msg: String) -> Status {
 }
 
 /// A store failure: UNAVAILABLE while Redis is unreachable (clients retry), INTERNAL otherwise.
-fn store_err(method: &'static str) -> impl Fn(WqError) -> Status {
-    move |e| {
-        if e.is_unavailable() {
-            Status::unavailable(e.to_string())
-        } else {
-            tracing::error!(method, error = %e, "store call failed");
-            Status::internal(e.to_string())
-        }
+fn store_err(e: WqError) -> Status {
+    if e.is_unavailable() {
+        Status::unavailable(e.to_string())
+    } else {
+        Status::internal(e.to_string())
     }
 }
 
@@ -154,137 +188,8 @@ fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
 
-#[tonic::async_trait]
-impl Queue for QueueService {
-    async fn add(&self, req: Request<v1::AddRequest>) -> Result<Response<v1::AddResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "Add", self.add_rpc(req.into_inner())).await
-    }
-
-    async fn lease(
-        &self,
-        req: Request<v1::LeaseRequest>,
-    ) -> Result<Response<v1::LeaseResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "Lease", self.lease_rpc(req.into_inner())).await
-    }
-
-    async fn renew(
-        &self,
-        req: Request<v1::RenewRequest>,
-    ) -> Result<Response<v1::RenewResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "Renew", self.renew_rpc(req.into_inner())).await
-    }
-
-    async fn done(
-        &self,
-        req: Request<v1::DoneRequest>,
-    ) -> Result<Response<v1::DoneResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "Done", self.done_rpc(req.into_inner())).await
-    }
-
-    async fn done_batch(
-        &self,
-        req: Request<v1::DoneBatchRequest>,
-    ) -> Result<Response<v1::DoneBatchResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "DoneBatch", self.done_batch_rpc(req.into_inner())).await
-    }
-
-    async fn stats(
-        &self,
-        req: Request<v1::StatsRequest>,
-    ) -> Result<Response<v1::StatsResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "Stats", self.stats_rpc(req.into_inner())).await
-    }
-
-    async fn inspect(
-        &self,
-        req: Request<v1::InspectRequest>,
-    ) -> Result<Response<v1::InspectResponse>, Status> {
-        self.measured(QUEUE_SERVICE, "Inspect", self.inspect_rpc(req.into_inner())).await
-    }
-}
-
-#[tonic::async_trait]
-impl Expectations for QueueService {
-    async fn set_expectations(
-        &self,
-        req: Request<v1::SetExpectationsRequest>,
-    ) -> Result<Response<v1::SetExpectationsResponse>, Status> {
-        self.measured(
-            EXPECTATIONS_SERVICE,
-            "SetExpectations",
-            self.set_expectations_rpc(req.into_inner()),
-        )
-        .await
-    }
-
-    async fn lower_expectations(
-        &self,
-        req: Request<v1::LowerExpectationsRequest>,
-    ) -> Result<Response<v1::LowerExpectationsResponse>, Status> {
-        self.measured(
-            EXPECTATIONS_SERVICE,
-            "LowerExpectations",
-            self.lower_expectations_rpc(req.into_inner()),
-        )
-        .await
-    }
-
-    async fn get_expectations(
-        &self,
-        req: Request<v1::GetExpectationsRequest>,
-    ) -> Result<Response<v1::GetExpectationsResponse>, Status> {
-        self.measured(
-            EXPECTATIONS_SERVICE,
-            "GetExpectations",
-            self.get_expectations_rpc(req.into_inner()),
-        )
-        .await
-    }
-
-    async fn delete_expectations(
-        &self,
-        req: Request<v1::DeleteExpectationsRequest>,
-    ) -> Result<Response<v1::DeleteExpectationsResponse>, Status> {
-        self.measured(
-            EXPECTATIONS_SERVICE,
-            "DeleteExpectations",
-            self.delete_expectations_rpc(req.into_inner()),
-        )
-        .await
-    }
-
-    async fn expect_finalizer_removals(
-        &self,
-        req: Request<v1::ExpectFinalizerRemovalsRequest>,
-    ) -> Result<Response<v1::ExpectFinalizerRemovalsResponse>, Status> {
-        self.measured(
-            EXPECTATIONS_SERVICE,
-            "ExpectFinalizerRemovals",
-            self.expect_finalizer_removals_rpc(req.into_inner()),
-        )
-        .await
-    }
-
-    async fn get_record(
-        &self,
-        req: Request<v1::GetRecordRequest>,
-    ) -> Result<Response<v1::GetRecordResponse>, Status> {
-        self.measured(EXPECTATIONS_SERVICE, "GetRecord", self.get_record_rpc(req.into_inner()))
-            .await
-    }
-
-    async fn put_record(
-        &self,
-        req: Request<v1::PutRecordRequest>,
-    ) -> Result<Response<v1::PutRecordResponse>, Status> {
-        self.measured(EXPECTATIONS_SERVICE, "PutRecord", self.put_record_rpc(req.into_inner()))
-            .await
-    }
-}
-
 impl QueueService {
     async fn add_rpc(&self, r: v1::AddRequest) -> Result<v1::AddResponse, Status> {
-        const M: &str = "Add";
         let items = r.items;
         if items.len() > validate::MAX_ADD_ITEMS {
             return Err(invalid(format!(
@@ -319,7 +224,7 @@ impl QueueService {
         // same script as its enqueue, so a worker that leases the key sees them.
         let mut added = 0;
         for (queue, batch) in per_queue {
-            let r = self.store.add(queue, &batch).await.map_err(store_err(M))?;
+            let r = self.store.add(queue, &batch).await.map_err(store_err)?;
             added += r.added;
             let m = self.metrics.queue(queue);
             m.adds.inc_by(u64::from(r.accepted_now));
@@ -332,13 +237,12 @@ impl QueueService {
     }
 
     async fn lease_rpc(&self, r: v1::LeaseRequest) -> Result<v1::LeaseResponse, Status> {
-        const M: &str = "Lease";
         validate::queue(&r.queue).map_err(invalid)?;
         validate::lease(r.max_items, r.lease_ms, r.wait_ms).map_err(invalid)?;
         validate::id("worker_id", &r.worker_id, false).map_err(invalid)?;
         let batch = tokio::select! {
             res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
-                Some(res.map_err(store_err(M))?)
+                Some(res.map_err(store_err)?)
             }
             // Draining: a long poll answers "nothing" rather than holding up the shutdown.
             _ = self.shutdown.cancelled() => None,
@@ -375,7 +279,6 @@ impl QueueService {
     }
 
     async fn renew_rpc(&self, r: v1::RenewRequest) -> Result<v1::RenewResponse, Status> {
-        const M: &str = "Renew";
         validate::queue(&r.queue).map_err(invalid)?;
         validate::key(&r.key).map_err(invalid)?;
         validate::id("lease_id", &r.lease_id, true).map_err(invalid)?;
@@ -389,12 +292,11 @@ impl QueueService {
                     r.lease_id, r.key
                 )))
             }
-            Err(e) => Err(store_err(M)(e)),
+            Err(e) => Err(store_err(e)),
         }
     }
 
     async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Status> {
-        const M: &str = "Done";
         let done = done_item(&r).map_err(invalid)?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
@@ -408,7 +310,7 @@ impl QueueService {
                 self.metrics.queue(&r.queue).stale.inc();
                 Err(Status::failed_precondition(stale_done_message(&r)))
             }
-            Err(e) => Err(store_err(M)(e)),
+            Err(e) => Err(store_err(e)),
         }
     }
 
@@ -416,7 +318,6 @@ impl QueueService {
         &self,
         r: v1::DoneBatchRequest,
     ) -> Result<v1::DoneBatchResponse, Status> {
-        const M: &str = "DoneBatch";
         let items = r.items;
         validate::done_batch_len(items.len()).map_err(invalid)?;
         // Validate everything first: a malformed batch is refused whole and changes nothing.
@@ -441,7 +342,7 @@ impl QueueService {
         for (queue, idx, res) in futures::future::join_all(calls).await {
             // A failed script call fails the whole RPC: the client retries it, and items that
             // were applied meanwhile (another queue's) then come back stale, as a retried Done.
-            let outcomes = res.map_err(store_err(M))?;
+            let outcomes = res.map_err(store_err)?;
             for (i, outcome) in idx.into_iter().zip(outcomes) {
                 results[i] = match outcome {
                     Some(d) => {
@@ -469,9 +370,8 @@ impl QueueService {
     }
 
     async fn stats_rpc(&self, r: v1::StatsRequest) -> Result<v1::StatsResponse, Status> {
-        const M: &str = "Stats";
         validate::queue(&r.queue).map_err(invalid)?;
-        let s = self.store.stats(&r.queue).await.map_err(store_err(M))?;
+        let s = self.store.stats(&r.queue).await.map_err(store_err)?;
         Ok(v1::StatsResponse {
             ready: s.ready,
             delayed: s.delayed,
@@ -486,7 +386,6 @@ impl QueueService {
     }
 
     async fn inspect_rpc(&self, r: v1::InspectRequest) -> Result<v1::InspectResponse, Status> {
-        const M: &str = "Inspect";
         validate::queue(&r.queue).map_err(invalid)?;
         if r.keys.len() > validate::MAX_LIST {
             return Err(invalid(format!("at most {} keys per Inspect", validate::MAX_LIST)));
@@ -494,7 +393,7 @@ impl QueueService {
         for k in &r.keys {
             validate::key(k).map_err(|e| format!("{k:?}: {e}")).map_err(invalid)?;
         }
-        let views = self.store.inspect(&r.queue, &r.keys).await.map_err(store_err(M))?;
+        let views = self.store.inspect(&r.queue, &r.keys).await.map_err(store_err)?;
         let keys = views
             .into_iter()
             .map(|v| v1::KeyState {
@@ -509,22 +408,16 @@ impl QueueService {
             .collect();
         Ok(v1::InspectResponse { keys })
     }
-}
 
-impl QueueService {
     async fn set_expectations_rpc(
         &self,
         r: v1::SetExpectationsRequest,
     ) -> Result<v1::SetExpectationsResponse, Status> {
-        const M: &str = "SetExpectations";
         validate::key(&r.key).map_err(invalid)?;
         validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
         validate::count("add", r.add).map_err(invalid)?;
         validate::count("del", r.del).map_err(invalid)?;
-        self.store
-            .set_expectations(&r.key, &r.job_uid, r.add, r.del)
-            .await
-            .map_err(store_err(M))?;
+        self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
         Ok(v1::SetExpectationsResponse {})
     }
 
@@ -532,15 +425,11 @@ impl QueueService {
         &self,
         r: v1::LowerExpectationsRequest,
     ) -> Result<v1::LowerExpectationsResponse, Status> {
-        const M: &str = "LowerExpectations";
         validate::key(&r.key).map_err(invalid)?;
         validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
         validate::count("add", r.add).map_err(invalid)?;
         validate::count("del", r.del).map_err(invalid)?;
-        self.store
-            .lower_expectations(&r.key, &r.job_uid, r.add, r.del)
-            .await
-            .map_err(store_err(M))?;
+        self.store.lower_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
         Ok(v1::LowerExpectationsResponse {})
     }
 
@@ -548,10 +437,9 @@ impl QueueService {
         &self,
         r: v1::GetExpectationsRequest,
     ) -> Result<v1::GetExpectationsResponse, Status> {
-        const M: &str = "GetExpectations";
         validate::key(&r.key).map_err(invalid)?;
         validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
-        let e = self.store.get_expectations(&r.key, &r.job_uid).await.map_err(store_err(M))?;
+        let e = self.store.get_expectations(&r.key, &r.job_uid).await.map_err(store_err)?;
         Ok(v1::GetExpectationsResponse {
             satisfied: e.satisfied,
             exists: e.record.is_some(),
@@ -566,9 +454,8 @@ impl QueueService {
         &self,
         r: v1::DeleteExpectationsRequest,
     ) -> Result<v1::DeleteExpectationsResponse, Status> {
-        const M: &str = "DeleteExpectations";
         validate::key(&r.key).map_err(invalid)?;
-        self.store.delete_expectations(&r.key).await.map_err(store_err(M))?;
+        self.store.delete_expectations(&r.key).await.map_err(store_err)?;
         Ok(v1::DeleteExpectationsResponse {})
     }
 
@@ -576,7 +463,6 @@ impl QueueService {
         &self,
         r: v1::ExpectFinalizerRemovalsRequest,
     ) -> Result<v1::ExpectFinalizerRemovalsResponse, Status> {
-        const M: &str = "ExpectFinalizerRemovals";
         validate::key(&r.key).map_err(invalid)?;
         validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
         if r.pod_uids.len() > validate::MAX_LIST {
@@ -588,7 +474,7 @@ impl QueueService {
         self.store
             .expect_finalizer_removals(&r.key, &r.job_uid, &r.pod_uids)
             .await
-            .map_err(store_err(M))?;
+            .map_err(store_err)?;
         Ok(v1::ExpectFinalizerRemovalsResponse {})
     }
 
@@ -596,10 +482,9 @@ impl QueueService {
         &self,
         r: v1::GetRecordRequest,
     ) -> Result<v1::GetRecordResponse, Status> {
-        const M: &str = "GetRecord";
         validate::key(&r.key).map_err(invalid)?;
         validate::id("name", &r.name, true).map_err(invalid)?;
-        let v = self.store.get_record(&r.key, &r.name).await.map_err(store_err(M))?;
+        let v = self.store.get_record(&r.key, &r.name).await.map_err(store_err)?;
         Ok(v1::GetRecordResponse { found: v.is_some(), value: v.unwrap_or_default() })
     }
 
@@ -607,7 +492,6 @@ impl QueueService {
         &self,
         r: v1::PutRecordRequest,
     ) -> Result<v1::PutRecordResponse, Status> {
-        const M: &str = "PutRecord";
         validate::key(&r.key).map_err(invalid)?;
         validate::id("name", &r.name, true).map_err(invalid)?;
         validate::delay("ttl_ms", r.ttl_ms).map_err(invalid)?;
@@ -619,7 +503,7 @@ impl QueueService {
             )));
         }
         let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
-        self.store.put_record(&r.key, &r.name, &r.value, ttl).await.map_err(store_err(M))?;
+        self.store.put_record(&r.key, &r.name, &r.value, ttl).await.map_err(store_err)?;
         Ok(v1::PutRecordResponse {})
     }
 }

@@ -34,7 +34,7 @@ pub struct Vital<'a> {
     guards: FuturesUnordered<BoxFuture<'a, (&'static str, Ended)>>,
 }
 
-fn boxed<'a>(
+fn supervised<'a>(
     name: &'static str,
     fut: impl Future<Output = anyhow::Result<()>> + Send + 'a,
 ) -> BoxFuture<'a, (&'static str, Ended)> {
@@ -73,7 +73,7 @@ impl<'a> Vital<'a> {
         name: &'static str,
         fut: impl Future<Output = anyhow::Result<()>> + Send + 'a,
     ) -> &mut Self {
-        self.tasks.push(boxed(name, fut));
+        self.tasks.push(supervised(name, fut));
         self
     }
 
@@ -85,7 +85,7 @@ impl<'a> Vital<'a> {
         name: &'static str,
         fut: impl Future<Output = anyhow::Result<()>> + Send + 'a,
     ) -> &mut Self {
-        self.guards.push(boxed(name, fut));
+        self.guards.push(supervised(name, fut));
         self
     }
 
