@@ -313,6 +313,21 @@ async fn scrape(admin: &str) -> String {
     reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap()
 }
 
+/// A server that is ready (Redis reachable).
+async fn start_ready(redis: &RedisServer) -> Running {
+    let r = start(redis).await;
+    wait_ready(&r.admin).await;
+    r
+}
+
+impl Running {
+    /// Shuts down and expects a clean stop.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
 async fn wait_ready(admin: &str) {
     wait_for("readyz", async || {
         reqwest::get(format!("{admin}/readyz")).await.is_ok_and(|r| r.status() == 200)
@@ -323,8 +338,7 @@ async fn wait_ready(admin: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
     let redis = RedisServer::start().unwrap();
-    let r = start(&redis).await;
-    wait_ready(&r.admin).await;
+    let r = start_ready(&redis).await;
     let body = scrape(&r.admin).await;
     for q in kjob_core::QUEUES {
         for series in [
@@ -345,23 +359,17 @@ async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
     let started = body.lines().filter(|l| l.starts_with("grpc_server_started_total{")).count();
     let rpcs: usize = kjob_queue::service::RPCS.iter().map(|(_, methods)| methods.len()).sum();
     assert_eq!((started, rpcs), (14, 14), "{body}");
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_are_counted_by_grpc_code() {
     let redis = RedisServer::start().unwrap();
-    let r = start(&redis).await;
-    wait_ready(&r.admin).await;
+    let r = start_ready(&redis).await;
     let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
     c.stats("job").await.unwrap();
-    let refused = c.add(vec![v1::AddItem {
-        queue: "job".into(),
-        key: "nslash".into(),
-        ..Default::default()
-    }]);
-    assert!(matches!(refused.await, Err(ClientError::InvalidArgument(_))));
+    let refused = c.add(vec![item("nslash", 0)]).await;
+    assert!(matches!(refused, Err(ClientError::InvalidArgument(_))));
     let body = scrape(&r.admin).await;
     let add = "grpc_service=\"kjob.queue.v1.Queue\",grpc_method=\"Add\",grpc_type=\"unary\"";
     let stats = "grpc_service=\"kjob.queue.v1.Queue\",grpc_method=\"Stats\",grpc_type=\"unary\"";
@@ -374,16 +382,14 @@ async fn calls_are_counted_by_grpc_code() {
     ] {
         assert!(body.lines().any(|l| l == want), "missing {want} in\n{body}");
     }
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_answers_v1alpha_and_v1_clients() {
     use tonic_reflection::pb::{v1, v1alpha};
     let redis = RedisServer::start().unwrap();
-    let r = start(&redis).await;
-    wait_ready(&r.admin).await;
+    let r = start_ready(&redis).await;
     let channel =
         tonic::transport::Endpoint::from_shared(r.url.clone()).unwrap().connect().await.unwrap();
 
@@ -422,8 +428,7 @@ async fn reflection_answers_v1alpha_and_v1_clients() {
         ),
         "{answer:?}"
     );
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 /// Log lines written by one future (its own subscriber), for assertions.

@@ -21,4 +21,4 @@ pub use incoming::tcp_incoming;
 pub use kube_client::KubeClientArgs;
 pub use logging::{LogArgs, LogFormat, init_logging};
 pub use shutdown::{Shutdown, shutdown_on_signals};
-pub use vital::{Vital, VitalTaskError};
+pub use vital::{Vital, VitalFuture, VitalTaskError};

@@ -26,6 +26,11 @@ pub struct VitalTaskError {
 
 type Ended = Result<anyhow::Result<()>, String>;
 
+/// What a vital task is: a future that ends with `Ok` (or an error saying why it failed).
+pub trait VitalFuture<'a>: Future<Output = anyhow::Result<()>> + Send + 'a {}
+
+impl<'a, F: Future<Output = anyhow::Result<()>> + Send + 'a> VitalFuture<'a> for F {}
+
 /// A set of vital tasks run together in the caller's task (they may borrow from it).
 pub struct Vital<'a> {
     shutdown: Shutdown,
@@ -36,7 +41,7 @@ pub struct Vital<'a> {
 
 fn supervised<'a>(
     name: &'static str,
-    fut: impl Future<Output = anyhow::Result<()>> + Send + 'a,
+    fut: impl VitalFuture<'a>,
 ) -> BoxFuture<'a, (&'static str, Ended)> {
     async move {
         let ended = AssertUnwindSafe(fut).catch_unwind().await.map_err(|p| {
@@ -68,11 +73,7 @@ impl<'a> Vital<'a> {
     }
 
     /// Adds a task that must run until shutdown, and then end; [`Vital::run`] waits for it.
-    pub fn task(
-        &mut self,
-        name: &'static str,
-        fut: impl Future<Output = anyhow::Result<()>> + Send + 'a,
-    ) -> &mut Self {
+    pub fn task(&mut self, name: &'static str, fut: impl VitalFuture<'a>) -> &mut Self {
         self.tasks.push(supervised(name, fut));
         self
     }
@@ -80,11 +81,7 @@ impl<'a> Vital<'a> {
     /// Adds a task that must outlive the others (e.g. the admin server, which answers probes
     /// through the drain): its end at any time is a failure, and [`Vital::run`] does not wait
     /// for it (the guard future is dropped; the caller stops what it watches afterwards).
-    pub fn guard(
-        &mut self,
-        name: &'static str,
-        fut: impl Future<Output = anyhow::Result<()>> + Send + 'a,
-    ) -> &mut Self {
+    pub fn guard(&mut self, name: &'static str, fut: impl VitalFuture<'a>) -> &mut Self {
         self.guards.push(supervised(name, fut));
         self
     }
