@@ -65,8 +65,14 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> a
     let mut admin = AdminServer::start(admin_listener, registry);
     let ready = admin.state().clone();
 
-    let Some(store) = connect(&redis_url, store_config, &shutdown).await? else {
-        return admin.stop().await;
+    let store = match connect(&redis_url, store_config, &shutdown).await {
+        Ok(Some(store)) => store,
+        Ok(None) => return admin.stop().await,
+        Err(e) => {
+            // Unusable settings: nothing to serve, and nothing left behind.
+            admin.stop().await?;
+            return Err(e);
+        }
     };
     let waker = Waker::new(&store, kjob_core::QUEUES);
     let (health, health_service) = tonic_health::server::health_reporter();
