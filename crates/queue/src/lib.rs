@@ -54,8 +54,8 @@ pub struct Config {
 /// answer empty, in-flight calls finish, background loops stop; the admin port answers until
 /// the end.
 ///
-/// The gRPC server, the Done batch loops, the wake-up loop, the reaper, the readiness probe and
-/// the admin server are vital: if one of them ends before shutdown (a listener that cannot
+/// The gRPC server, the Done batch loops, the wake-up loop, the reaper, the readiness probe, the
+/// gRPC health mirror and the admin server are vital: if one of them ends before shutdown (a listener that cannot
 /// accept any more ends the server), the service goes not ready, drains and returns an error
 /// naming it, so the process exits with a non-zero status.
 pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> anyhow::Result<()> {
@@ -108,8 +108,10 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> a
     vital.task("gRPC health", mirror_health(ready.subscribe(), health, &shutdown).map(Ok));
     vital.guard("admin server", admin.watch());
     let supervised = vital.run().await;
-    admin.stop().await.context("admin server")?;
+    let stopped = admin.stop().await.context("admin server");
+    // The first failure is the one that matters (a failed task, then a failed admin stop).
     supervised?;
+    stopped?;
     tracing::info!("kjob-queue stopped");
     Ok(())
 }
