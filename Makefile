@@ -79,7 +79,7 @@ bench-sim:
 ## bench-queue: kjob-queue vs BullMQ (node + npm): items/s, Redis commands and CPU per item, enqueue-to-lease latency
 bench-queue:
 	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
-	$(CARGO) build --release -p kjob-queue --bins
+	$(CARGO) build --release -p kjob-bench --bin kjob-queue-bench
 	RUST_LOG=warn $(TARGET_DIR)/release/kjob-queue-bench run $(BENCH_ARGS)
 
 ## bench-reconcile: Criterion bench of one sync plan for Indexed Jobs of 1k/10k/20k pods

@@ -1,7 +1,10 @@
 //! Shared vocabulary of kjob, defined once: the names upstream Kubernetes uses for Job labels,
-//! annotations and finalizers, kjob's queue names, and the `namespace/name` key format.
+//! annotations and finalizers, kjob's queue names, the `namespace/name` key format, and the
+//! limits and periods the services share.
 
 pub mod rbac;
+
+use std::time::Duration;
 
 /// Finalizer the Job controller puts on every pod it creates, removed once the pod is counted.
 pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
@@ -38,6 +41,16 @@ pub const QUEUES: [&str; 2] = [JOB_QUEUE, ORPHAN_POD_QUEUE];
 
 /// Longest key accepted anywhere: namespace (63) + '/' + name (253).
 pub const MAX_KEY_LEN: usize = 63 + 1 + 253;
+
+/// Most Dones one DoneBatch call carries and one Done script call finishes (a script blocks
+/// the whole Redis server while it runs).
+pub const MAX_DONE_BATCH: usize = 200;
+/// Delay that batches the syncs triggered by pod events and Job status updates, and the
+/// smallest requeue delay of pod-failure backoff (upstream `syncJobBatchPeriod`).
+pub const SYNC_JOB_BATCH_PERIOD: Duration = Duration::from_secs(1);
+/// client-go `ExpectationsTimeout`: expectations older than this count as satisfied, so a lost
+/// watch event cannot block a Job forever.
+pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 /// Errors parsing an object key.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

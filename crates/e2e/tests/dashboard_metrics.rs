@@ -65,11 +65,10 @@ fn family_of(sample: &str) -> &str {
         .unwrap_or(sample)
 }
 
-/// Families that get samples only on faults (refused renewals, expired leases, gRPC errors,
+/// Families that get samples only on faults (refused renewals, expired leases,
 /// watch errors, podFailurePolicy matches), with the name their crate registers them under (after any
 /// sub-registry prefix).
-const FAULT_ONLY: [(&str, &str); 8] = [
-    ("kjob_queue_grpc_errors", "kjob_queue_grpc_errors"),
+const FAULT_ONLY: [(&str, &str); 7] = [
     ("kjob_watcher_watch_restarts", "watch_restarts"),
     ("kjob_queue_lease_expired", "kjob_queue_lease_expired"),
     ("kjob_queue_stale_lease", "kjob_queue_stale_lease"),

@@ -19,7 +19,7 @@ use std::time::Duration;
 pub use kjob_proto::v1;
 use kjob_proto::v1::expectations_client::ExpectationsClient;
 use kjob_proto::v1::queue_client::QueueClient as RawQueueClient;
-use rand::Rng;
+use kjob_svc::Backoff;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -59,18 +59,11 @@ impl RetryPolicy {
         Self { max_retries: Some(0), ..Self::default() }
     }
 
-    /// The delay before retry number `attempt` (0-based) without jitter: initial · 2^attempt,
-    /// capped at `max_backoff`.
-    pub fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.min(31));
-        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
-    }
-
-    /// The delay actually slept: the capped backoff scaled by a random factor in [0.5, 1.0], so
-    /// many clients that lost the server together do not come back in lockstep.
-    fn jittered(&self, attempt: u32) -> Duration {
-        let base = self.backoff(attempt);
-        base.mul_f64(rand::rng().random_range(0.5..=1.0))
+    /// The retry delays: initial · 2^attempt, capped at `max_backoff`; the delay actually slept
+    /// is jittered ([`Backoff::jittered`]), so many clients that lost the server together do
+    /// not come back in lockstep.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.initial_backoff, self.max_backoff)
     }
 }
 
@@ -149,7 +142,7 @@ impl Outcome {
 }
 
 /// Most items one [`QueueClient::done_many`] call takes (the server's DoneBatch limit).
-pub const MAX_DONE_BATCH: usize = 200;
+pub use kjob_core::MAX_DONE_BATCH;
 
 /// One lease to finish with [`QueueClient::done_many`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +182,20 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// One unary call through [`QueueClient::call`]: `rpc!(self, queue.add(msg))` sends `msg` with
+/// `add` on a clone of `self.queue`, under the retry policy, with a deadline of
+/// [`REQUEST_TIMEOUT`] unless one is given.
+macro_rules! rpc {
+    ($self:ident, $client:ident . $method:ident ($msg:expr)) => {
+        rpc!($self, $client.$method($msg), REQUEST_TIMEOUT)
+    };
+    ($self:ident, $client:ident . $method:ident ($msg:expr), $timeout:expr) => {
+        $self.call(stringify!($method), $timeout, &$self.$client, $msg, |mut c, r| async move {
+            c.$method(r).await
+        })
+    };
+}
+
 /// A cheap, cloneable client of the kjob-queue `Queue` and `Expectations` services.
 #[derive(Debug, Clone)]
 pub struct QueueClient {
@@ -225,20 +232,28 @@ impl QueueClient {
         self
     }
 
-    /// Runs `call` until it succeeds, fails definitely, or the retry policy gives up.
-    async fn call<T, F, Fut>(
+    /// Sends `msg` with `rpc` on a clone of `client` (deadline `timeout`) until the call
+    /// succeeds, fails definitely, or the retry policy gives up.
+    async fn call<C, Req, T, Fut>(
         &self,
         what: &str,
         timeout: Duration,
-        mut call: F,
+        client: &C,
+        msg: Req,
+        rpc: impl Fn(C, Request<Req>) -> Fut,
     ) -> Result<T, ClientError>
     where
-        F: FnMut() -> Fut,
+        C: Clone,
+        Req: Clone,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let mut attempt = 0u32;
         loop {
-            let res = tokio::time::timeout(timeout + Duration::from_secs(1), call()).await;
+            let mut req = Request::new(msg.clone());
+            req.set_timeout(timeout);
+            let res =
+                tokio::time::timeout(timeout + Duration::from_secs(1), rpc(client.clone(), req))
+                    .await;
             let status = match res {
                 Ok(Ok(resp)) => return Ok(resp.into_inner()),
                 Ok(Err(status)) => status,
@@ -251,28 +266,17 @@ impl QueueClient {
             if self.retry.max_retries.is_some_and(|max| attempt >= max) {
                 return Err(from_status(status));
             }
-            let delay = self.retry.jittered(attempt);
+            let delay = self.retry.backoff().jittered(attempt);
             tracing::warn!(call = what, attempt, error = %status.message(), code = ?status.code(), ?delay, "queue call failed; retrying");
             tokio::time::sleep(delay).await;
             attempt = attempt.saturating_add(1);
         }
     }
 
-    fn req<T>(msg: T, timeout: Duration) -> Request<T> {
-        let mut r = Request::new(msg);
-        r.set_timeout(timeout);
-        r
-    }
-
     /// Enqueues a batch; returns once Redis has applied every item.
     pub async fn add(&self, items: Vec<v1::AddItem>) -> Result<v1::AddResponse, ClientError> {
         let msg = v1::AddRequest { items };
-        self.call("add", REQUEST_TIMEOUT, || {
-            let mut c = self.queue.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.add(r).await }
-        })
-        .await
+        rpc!(self, queue.add(msg)).await
     }
 
     /// Leases up to `max_items` ready keys of `queue`, waiting up to `wait` for the first.
@@ -292,13 +296,7 @@ impl QueueClient {
             worker_id: worker_id.to_string(),
         };
         let timeout = wait + REQUEST_TIMEOUT;
-        let resp = self
-            .call("lease", timeout, || {
-                let mut c = self.queue.clone();
-                let r = Self::req(msg.clone(), timeout);
-                async move { c.lease(r).await }
-            })
-            .await?;
+        let resp = rpc!(self, queue.lease(msg), timeout).await?;
         Ok(resp.items)
     }
 
@@ -316,13 +314,7 @@ impl QueueClient {
             lease_id: lease_id.to_string(),
             lease_ms: millis(lease),
         };
-        let resp = self
-            .call("renew", REQUEST_TIMEOUT, || {
-                let mut c = self.queue.clone();
-                let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-                async move { c.renew(r).await }
-            })
-            .await?;
+        let resp = rpc!(self, queue.renew(msg)).await?;
         Ok(resp.deadline_unix_ms)
     }
 
@@ -342,12 +334,7 @@ impl QueueClient {
             outcome: outcome as i32,
             requeue_after_ms,
         };
-        self.call("done", REQUEST_TIMEOUT, || {
-            let mut c = self.queue.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.done(r).await }
-        })
-        .await
+        rpc!(self, queue.done(msg)).await
     }
 
     /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of
@@ -362,13 +349,7 @@ impl QueueClient {
             return Ok(Vec::new());
         }
         let msg = v1::DoneBatchRequest { items: items.iter().map(DoneItem::to_proto).collect() };
-        let resp = self
-            .call("done_batch", REQUEST_TIMEOUT, || {
-                let mut c = self.queue.clone();
-                let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-                async move { c.done_batch(r).await }
-            })
-            .await?;
+        let resp = rpc!(self, queue.done_batch(msg)).await?;
         if resp.results.len() != items.len() {
             return Err(ClientError::Status(Box::new(Status::internal(format!(
                 "DoneBatch answered {} results for {} items",
@@ -393,12 +374,7 @@ impl QueueClient {
             add,
             del,
         };
-        self.call("set_expectations", REQUEST_TIMEOUT, || {
-            let mut c = self.expectations.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.set_expectations(r).await }
-        })
-        .await?;
+        rpc!(self, expectations.set_expectations(msg)).await?;
         Ok(())
     }
 
@@ -416,12 +392,7 @@ impl QueueClient {
             add,
             del,
         };
-        self.call("lower_expectations", REQUEST_TIMEOUT, || {
-            let mut c = self.expectations.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.lower_expectations(r).await }
-        })
-        .await?;
+        rpc!(self, expectations.lower_expectations(msg)).await?;
         Ok(())
     }
 
@@ -432,23 +403,13 @@ impl QueueClient {
         job_uid: &str,
     ) -> Result<v1::GetExpectationsResponse, ClientError> {
         let msg = v1::GetExpectationsRequest { key: key.to_string(), job_uid: job_uid.to_string() };
-        self.call("get_expectations", REQUEST_TIMEOUT, || {
-            let mut c = self.expectations.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.get_expectations(r).await }
-        })
-        .await
+        rpc!(self, expectations.get_expectations(msg)).await
     }
 
     /// Deletes the expectations, finalizer-removal set and records of Job `key`.
     pub async fn delete_expectations(&self, key: &str) -> Result<(), ClientError> {
         let msg = v1::DeleteExpectationsRequest { key: key.to_string() };
-        self.call("delete_expectations", REQUEST_TIMEOUT, || {
-            let mut c = self.expectations.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.delete_expectations(r).await }
-        })
-        .await?;
+        rpc!(self, expectations.delete_expectations(msg)).await?;
         Ok(())
     }
 
@@ -464,25 +425,14 @@ impl QueueClient {
             job_uid: job_uid.to_string(),
             pod_uids,
         };
-        self.call("expect_finalizer_removals", REQUEST_TIMEOUT, || {
-            let mut c = self.expectations.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.expect_finalizer_removals(r).await }
-        })
-        .await?;
+        rpc!(self, expectations.expect_finalizer_removals(msg)).await?;
         Ok(())
     }
 
     /// Reads the record `name` of Job `key`.
     pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, ClientError> {
         let msg = v1::GetRecordRequest { key: key.to_string(), name: name.to_string() };
-        let resp = self
-            .call("get_record", REQUEST_TIMEOUT, || {
-                let mut c = self.expectations.clone();
-                let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-                async move { c.get_record(r).await }
-            })
-            .await?;
+        let resp = rpc!(self, expectations.get_record(msg)).await?;
         Ok(resp.found.then_some(resp.value))
     }
 
@@ -500,24 +450,14 @@ impl QueueClient {
             value,
             ttl_ms: ttl.map(millis).unwrap_or(0),
         };
-        self.call("put_record", REQUEST_TIMEOUT, || {
-            let mut c = self.expectations.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.put_record(r).await }
-        })
-        .await?;
+        rpc!(self, expectations.put_record(msg)).await?;
         Ok(())
     }
 
     /// Reports the depth of each part of `queue`.
     pub async fn stats(&self, queue: &str) -> Result<v1::StatsResponse, ClientError> {
         let msg = v1::StatsRequest { queue: queue.to_string() };
-        self.call("stats", REQUEST_TIMEOUT, || {
-            let mut c = self.queue.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.stats(r).await }
-        })
-        .await
+        rpc!(self, queue.stats(msg)).await
     }
 
     /// Reports what `queue` knows about `keys`.
@@ -527,12 +467,7 @@ impl QueueClient {
         keys: Vec<String>,
     ) -> Result<v1::InspectResponse, ClientError> {
         let msg = v1::InspectRequest { queue: queue.to_string(), keys };
-        self.call("inspect", REQUEST_TIMEOUT, || {
-            let mut c = self.queue.clone();
-            let r = Self::req(msg.clone(), REQUEST_TIMEOUT);
-            async move { c.inspect(r).await }
-        })
-        .await
+        rpc!(self, queue.inspect(msg)).await
     }
 }
 
@@ -547,12 +482,13 @@ mod tests {
             max_backoff: Duration::from_secs(1),
             max_retries: None,
         };
-        let got: Vec<u128> = (0..6).map(|a| p.backoff(a).as_millis()).collect();
+        let b = p.backoff();
+        let got: Vec<u128> = (0..6).map(|a| b.delay(a).as_millis()).collect();
         assert_eq!(got, vec![100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(p.backoff(u32::MAX), Duration::from_secs(1));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(1));
         for a in 0..8 {
-            let j = p.jittered(a);
-            assert!(j <= p.backoff(a) && j >= p.backoff(a) / 2, "{a}: {j:?}");
+            let j = b.jittered(a);
+            assert!(j <= b.delay(a) && j >= b.delay(a) / 2, "{a}: {j:?}");
         }
     }
 

@@ -1,7 +1,7 @@
 //! kjob-queue: the gRPC queue service over the Redis workqueue.
 //!
 //! [`run`] serves the `Queue` and `Expectations` services, grpc.health.v1 and server reflection
-//! on one listener, keeps readiness and gauges fresh, and reaps expired leases; several replicas
+//! (v1 and v1alpha) on one listener, keeps readiness and gauges fresh, and reaps expired leases; several replicas
 //! may run against one Redis (every operation is one atomic script). [`inspect`] is the
 //! `kjob-queue inspect` subcommand.
 
@@ -13,15 +13,15 @@ pub mod validate;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::FutureExt;
 use kjob_proto::v1::expectations_server::ExpectationsServer;
 use kjob_proto::v1::queue_server::QueueServer;
-use kjob_svc::{AdminState, Shutdown};
+use kjob_svc::{AdminServer, AdminState, Backoff, Shutdown, Vital};
 use kjob_workqueue::{Store, StoreConfig, Waker};
 use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
 pub use metrics::Metrics;
@@ -32,8 +32,8 @@ pub use service::QueueService;
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// How often readiness (a Redis PING) and the Redis-derived gauges are refreshed.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
-/// Pause between attempts to reach Redis at start-up.
-const CONNECT_RETRY: Duration = Duration::from_secs(1);
+/// Attempts to reach Redis at start-up: quick at first, then once a second.
+const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 /// Concurrent calls per client connection; each worker holds a few (one long poll plus Done/Renew).
 const MAX_CONCURRENT_PER_CONN: usize = 256;
 /// HTTP/2 keepalive pings notice dead clients (their long polls are then dropped).
@@ -51,71 +51,76 @@ pub struct Config {
 }
 
 /// Serves kjob-queue on `listener` until `shutdown` is cancelled, then drains: long polls
-/// answer empty, in-flight calls finish, background loops stop.
+/// answer empty, in-flight calls finish, background loops stop; the admin port answers until
+/// the end.
+///
+/// The gRPC server, the Done batch loops, the wake-up loop, the reaper, the readiness probe, the
+/// gRPC health mirror and the admin server are vital: if one of them ends before shutdown (a listener that cannot
+/// accept any more ends the server), the service goes not ready, drains and returns an error
+/// naming it, so the process exits with a non-zero status.
 pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> anyhow::Result<()> {
     let Config { redis_url, admin_listener, store: store_config } = config;
     let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry);
-    let admin = AdminState::new(registry);
-    let admin_task = admin_listener.map(|l| {
-        let (admin, shutdown) = (admin.clone(), shutdown.clone());
-        tokio::spawn(async move { kjob_svc::serve_admin(l, admin, shutdown).await })
-    });
+    let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
+    let mut admin = AdminServer::start(admin_listener, registry);
+    let ready = admin.state().clone();
 
-    let Some(store) = connect(&redis_url, store_config, &shutdown).await? else {
-        return Ok(());
+    let store = match connect(&redis_url, store_config, &shutdown).await {
+        Ok(Some(store)) => store,
+        Ok(None) => return admin.stop().await,
+        Err(e) => {
+            // Unusable settings: nothing to serve, and nothing left behind.
+            admin.stop().await?;
+            return Err(e);
+        }
     };
     let waker = Waker::new(&store, kjob_core::QUEUES);
     let (health, health_service) = tonic_health::server::health_reporter();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kjob_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
     let (dones, batch_loops) = batch::DoneBatcher::new(kjob_core::QUEUES);
     let service =
         QueueService::new(store.clone(), waker.clone(), dones, metrics.clone(), shutdown.clone());
-    // The loops end when the server has dropped every service clone, i.e. after the drain.
-    let batch_loops =
-        futures::future::join_all(batch_loops.into_iter().map(|l| batch::run(store.clone(), l)));
 
     tracing::info!(addr = %listener.local_addr()?, redis = %redis_url, "kjob-queue serving");
     let server = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(MAX_CONCURRENT_PER_CONN)
         .http2_keepalive_interval(Some(KEEPALIVE))
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection().build_v1().context("building the reflection service")?)
+        // Older grpcurl, Postman and the Python gRPC client ask for v1alpha.
+        .add_service(reflection().build_v1alpha().context("building the reflection service")?)
         .add_service(QueueServer::new(service.clone()))
         .add_service(ExpectationsServer::new(service))
         .serve_with_incoming_shutdown(
-            // Small request/response messages: without TCP_NODELAY, Nagle's algorithm and
-            // delayed ACKs add tens of ms to a lone call (tonic sets it only on listeners it
-            // binds itself).
-            TcpListenerStream::new(listener).map(|conn| {
-                if let Ok(c) = &conn
-                    && let Err(e) = c.set_nodelay(true)
-                {
-                    tracing::debug!(error = %e, "setting TCP_NODELAY failed");
-                }
-                conn
-            }),
+            kjob_svc::tcp_incoming(listener),
             shutdown.clone().cancelled_owned(),
         );
 
-    let (served, _, (), (), ()) = tokio::join!(
-        server,
-        batch_loops,
-        waker.run(store.clone(), shutdown.clone().cancelled_owned()),
-        reaper(&store, &metrics, &shutdown),
-        probe(&store, &metrics, &admin, &health, &shutdown),
-    );
-    admin.set_ready(false);
-    served.context("gRPC server failed")?;
-    if let Some(t) = admin_task {
-        t.await.context("admin task panicked")?.context("admin server failed")?;
+    let mut vital = Vital::new(&shutdown).readiness(&ready);
+    vital.task("gRPC server", async { server.await.context("gRPC server") });
+    for l in batch_loops {
+        // A loop ends when the server has dropped every service clone, i.e. after the drain.
+        vital.task("Done batch loop", batch::run(store.clone(), l).map(Ok));
     }
+    vital
+        .task("wake-up loop", waker.run(store.clone(), shutdown.clone().cancelled_owned()).map(Ok));
+    vital.task("lease reaper", reaper(&store, &metrics, &shutdown).map(Ok));
+    vital.task("readiness probe", probe(&store, &metrics, &ready, &shutdown).map(Ok));
+    vital.task("gRPC health", mirror_health(ready.subscribe(), health, &shutdown).map(Ok));
+    vital.guard("admin server", admin.watch());
+    let supervised = vital.run().await;
+    let stopped = admin.stop().await.context("admin server");
+    // The first failure is the one that matters (a failed task, then a failed admin stop).
+    supervised?;
+    stopped?;
     tracing::info!("kjob-queue stopped");
     Ok(())
+}
+
+/// The reflection services' contents: kjob's protos and grpc.health.v1.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kjob_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
 /// Connects to Redis, retrying while it is unreachable; configuration errors are fatal.
@@ -124,6 +129,7 @@ async fn connect(
     config: StoreConfig,
     shutdown: &Shutdown,
 ) -> anyhow::Result<Option<Store>> {
+    let mut attempts = CONNECT_BACKOFF.attempts();
     loop {
         match Store::connect(url, config.clone()).await {
             Ok(s) => return Ok(Some(s)),
@@ -133,7 +139,7 @@ async fn connect(
             Err(e) => return Err(e).context("connecting to redis"),
         }
         tokio::select! {
-            _ = tokio::time::sleep(CONNECT_RETRY) => {}
+            _ = tokio::time::sleep(attempts.next_delay()) => {}
             _ = shutdown.cancelled() => return Ok(None),
         }
     }
@@ -151,7 +157,7 @@ async fn reaper(store: &Store, metrics: &Metrics, shutdown: &Shutdown) {
             match store.sweep(q).await {
                 Ok(r) => {
                     metrics.count_reaped(q, r.reaped, r.poisoned);
-                    metrics.adds.get_or_create(&Metrics::q(q)).inc_by(u64::from(r.promoted));
+                    metrics.queue(q).adds.inc_by(u64::from(r.promoted));
                     if r.reaped > 0 {
                         tracing::info!(
                             queue = q,
@@ -167,38 +173,39 @@ async fn reaper(store: &Store, metrics: &Metrics, shutdown: &Shutdown) {
     }
 }
 
-async fn probe(
-    store: &Store,
-    metrics: &Metrics,
-    admin: &AdminState,
-    health: &tonic_health::server::HealthReporter,
-    shutdown: &Shutdown,
-) {
-    let mut was_ready = None;
-    loop {
-        let ready = store.ping().await.is_ok();
-        if was_ready != Some(ready) {
-            let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
-            health.set_service_status("", status).await;
-            health.set_service_status("kjob.queue.v1.Queue", status).await;
-            health.set_service_status("kjob.queue.v1.Expectations", status).await;
-            admin.set_ready(ready);
-            if ready {
-                tracing::info!("redis reachable: ready");
-            } else {
-                tracing::warn!("redis unreachable: not ready");
-            }
-            was_ready = Some(ready);
-        }
-        if ready {
+/// Ready while Redis answers; the queue gauges are refreshed on the same beat.
+async fn probe(store: &Store, metrics: &Metrics, ready: &AdminState, shutdown: &Shutdown) {
+    kjob_svc::probe_readiness(ready, "redis", PROBE_INTERVAL, shutdown, || async {
+        let ok = store.ping().await.is_ok();
+        if ok {
             for q in kjob_core::QUEUES {
                 if let Ok(s) = store.stats(q).await {
                     metrics.set_stats(q, &s);
                 }
             }
         }
+        ok
+    })
+    .await;
+}
+
+/// grpc.health.v1 says what `/readyz` says, for the whole server and each service.
+async fn mirror_health(
+    mut ready: watch::Receiver<bool>,
+    health: tonic_health::server::HealthReporter,
+    shutdown: &Shutdown,
+) {
+    loop {
+        let status = if *ready.borrow_and_update() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for service in ["", service::QUEUE_SERVICE, service::EXPECTATIONS_SERVICE] {
+            health.set_service_status(service, status).await;
+        }
         tokio::select! {
-            _ = tokio::time::sleep(PROBE_INTERVAL) => {}
+            changed = ready.changed() => if changed.is_err() { return },
             _ = shutdown.cancelled() => return,
         }
     }

@@ -1,9 +1,15 @@
-//! Metrics: the client-go workqueue names (label `name` = queue) plus lease and error counters.
+//! Metrics: the client-go workqueue names (label `name` = queue) plus lease counters, and the
+//! gRPC ecosystem's per-RPC server metrics (`grpc_server_*`, as go-grpc-prometheus names them).
 //!
 //! Counters and histograms count what this replica did (sum them across replicas); gauges are
-//! read from Redis and so are the same on every replica (use `max by (name)`).
+//! read from Redis and so are the same on every replica (use `max by (name)`). Every series of
+//! the known queues and RPCs exists from start, at 0, as client-go's do, so dashboards show 0
+//! rather than "no data". Labels are static strings, and a call takes its handles from tables
+//! built at start instead of building a label set.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,179 +17,376 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tonic::Code;
 
 /// Label of per-queue metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabel {
     /// The queue name.
-    pub name: String,
-}
-
-/// Label of per-method error counters.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabel {
-    /// The gRPC method.
-    pub method: String,
-    /// The gRPC status code name.
-    pub code: String,
+    pub name: &'static str,
 }
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// Declares the per-queue metrics once: [`QueueMetrics`] (one queue's handles), the registered
+/// families and their registration, from one line per metric.
+macro_rules! queue_metrics {
+    ($($(#[$doc:meta])* $field:ident: $kind:ty = $new:expr, $name:literal, $help:literal;)*) => {
+        /// The metrics of one queue (handles into the registered families).
+        #[derive(Clone, Debug)]
+        pub struct QueueMetrics {
+            $($(#[$doc])* pub $field: $kind,)*
+        }
+
+        /// The registered per-queue families.
+        struct QueueFamilies {
+            $($field: Family<QueueLabel, $kind>,)*
+        }
+
+        impl QueueFamilies {
+            fn register(registry: &mut Registry) -> Self {
+                let f = Self { $($field: Family::new_with_constructor($new),)* };
+                $(registry.register($name, $help, f.$field.clone());)*
+                f
+            }
+
+            /// The handles of queue `name`, creating its series (at 0).
+            fn queue(&self, name: &'static str) -> QueueMetrics {
+                let l = QueueLabel { name };
+                QueueMetrics { $($field: self.$field.get_or_create(&l).clone(),)* }
+            }
+        }
+    };
+}
+
+fn workqueue_buckets() -> Histogram {
+    // component-base: ExponentialBuckets(1e-8, 10, 10) = 10 ns … 10 s.
+    Histogram::new(exponential_buckets(1e-8, 10.0, 10))
+}
+
+queue_metrics! {
+    /// `workqueue_depth`: items waiting to be processed (ready + dirty while processing).
+    depth: Gauge = Gauge::default, "workqueue_depth", "Current depth of workqueue";
+    /// `workqueue_adds_total`: accepted adds.
+    adds: Counter = Counter::default, "workqueue_adds", "Total number of adds handled by workqueue";
+    /// `workqueue_queue_duration_seconds`: add → lease.
+    queue_duration: Histogram = workqueue_buckets, "workqueue_queue_duration_seconds",
+        "How long in seconds an item stays in workqueue before being requested";
+    /// `workqueue_work_duration_seconds`: lease → done.
+    work_duration: Histogram = workqueue_buckets, "workqueue_work_duration_seconds",
+        "How long in seconds processing an item from workqueue takes";
+    /// `workqueue_unfinished_work_seconds`: total time in processing of leased items.
+    unfinished: FloatGauge = FloatGauge::default, "workqueue_unfinished_work_seconds",
+        "How many seconds of work has been done that is in progress and hasn't been observed by work_duration";
+    /// `workqueue_longest_running_processor_seconds`.
+    longest: FloatGauge = FloatGauge::default, "workqueue_longest_running_processor_seconds",
+        "How many seconds has the longest running processor for workqueue been running";
+    /// `workqueue_retries_total`: every AddAfter (delayed add, rate-limited or requeue-after).
+    retries: Counter = Counter::default, "workqueue_retries",
+        "Total number of retries handled by workqueue";
+    /// Items leased by this replica.
+    leases: Counter = Counter::default, "kjob_queue_leases", "Items leased by this replica";
+    /// Leases that expired and were put back by this replica (its reaper or a Lease call).
+    lease_expired: Counter = Counter::default, "kjob_queue_lease_expired",
+        "Expired leases put back by this replica's reaper";
+    /// Poison items (leases expired several times in a row without a Done) requeued through the
+    /// rate limiter instead of at once.
+    poisoned: Counter = Counter::default, "kjob_queue_poison_requeues",
+        "Expired leases of poison items (expired repeatedly without a Done) requeued through the rate limiter";
+    /// Done/Renew calls refused for a stale lease id.
+    stale: Counter = Counter::default, "kjob_queue_stale_lease",
+        "Done or Renew calls refused because the lease id was stale";
+    /// Items ready to be leased (kjob extra).
+    ready: Gauge = Gauge::default, "kjob_queue_ready", "Items ready to be leased";
+    /// Items waiting for a later time.
+    delayed: Gauge = Gauge::default, "kjob_queue_delayed", "Items waiting for a later time";
+    /// Leased items.
+    leased: Gauge = Gauge::default, "kjob_queue_leased", "Items leased to workers";
+}
+
 /// All metrics of kjob-queue.
 #[derive(Clone)]
 pub struct Metrics {
-    /// `workqueue_depth`: items waiting to be processed (ready + dirty while processing).
-    pub depth: Family<QueueLabel, Gauge>,
-    /// `workqueue_adds_total`: accepted adds.
-    pub adds: Family<QueueLabel, Counter>,
-    /// `workqueue_queue_duration_seconds`: add → lease.
-    pub queue_duration: Family<QueueLabel, Histogram>,
-    /// `workqueue_work_duration_seconds`: lease → done.
-    pub work_duration: Family<QueueLabel, Histogram>,
-    /// `workqueue_unfinished_work_seconds`: total time in processing of leased items.
-    pub unfinished: Family<QueueLabel, FloatGauge>,
-    /// `workqueue_longest_running_processor_seconds`.
-    pub longest: Family<QueueLabel, FloatGauge>,
-    /// `workqueue_retries_total`: every AddAfter (delayed add, rate-limited or requeue-after).
-    pub retries: Family<QueueLabel, Counter>,
-    /// Items leased by this replica.
-    pub leases: Family<QueueLabel, Counter>,
-    /// Leases that expired and were put back by this replica (its reaper or a Lease call).
-    pub lease_expired: Family<QueueLabel, Counter>,
-    /// Poison items (leases expired several times in a row without a Done) requeued through the
-    /// rate limiter instead of at once.
-    pub poisoned: Family<QueueLabel, Counter>,
-    /// Done/Renew calls refused for a stale lease id.
-    pub stale: Family<QueueLabel, Counter>,
-    /// Ready, delayed and leased counts (kjob extras).
-    pub ready: Family<QueueLabel, Gauge>,
-    /// Items waiting for a later time.
-    pub delayed: Family<QueueLabel, Gauge>,
-    /// Leased items.
-    pub leased: Family<QueueLabel, Gauge>,
-    /// gRPC errors by method and code.
-    pub errors: Family<ErrorLabel, Counter>,
-}
-
-fn histogram_family() -> Family<QueueLabel, Histogram> {
-    // component-base: ExponentialBuckets(1e-8, 10, 10) = 10 ns … 10 s.
-    Family::new_with_constructor(|| Histogram::new(exponential_buckets(1e-8, 10.0, 10)))
+    queues: Arc<[(&'static str, QueueMetrics)]>,
+    /// Handles registered nowhere, for a queue name that validation refuses anyway.
+    unknown: Arc<QueueMetrics>,
+    grpc: Arc<GrpcMetrics>,
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them in `registry`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            depth: Family::default(),
-            adds: Family::default(),
-            queue_duration: histogram_family(),
-            work_duration: histogram_family(),
-            unfinished: Family::default(),
-            longest: Family::default(),
-            retries: Family::default(),
-            leases: Family::default(),
-            lease_expired: Family::default(),
-            poisoned: Family::default(),
-            stale: Family::default(),
-            ready: Family::default(),
-            delayed: Family::default(),
-            leased: Family::default(),
-            errors: Family::default(),
-        };
-        registry.register("workqueue_depth", "Current depth of workqueue", m.depth.clone());
-        registry.register(
-            "workqueue_adds",
-            "Total number of adds handled by workqueue",
-            m.adds.clone(),
-        );
-        registry.register(
-            "workqueue_queue_duration_seconds",
-            "How long in seconds an item stays in workqueue before being requested",
-            m.queue_duration.clone(),
-        );
-        registry.register(
-            "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes",
-            m.work_duration.clone(),
-        );
-        registry.register(
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
-            m.unfinished.clone(),
-        );
-        registry.register(
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running",
-            m.longest.clone(),
-        );
-        registry.register(
-            "workqueue_retries",
-            "Total number of retries handled by workqueue",
-            m.retries.clone(),
-        );
-        registry.register("kjob_queue_leases", "Items leased by this replica", m.leases.clone());
-        registry.register(
-            "kjob_queue_lease_expired",
-            "Expired leases put back by this replica's reaper",
-            m.lease_expired.clone(),
-        );
-        registry.register(
-            "kjob_queue_poison_requeues",
-            "Expired leases of poison items (expired repeatedly without a Done) requeued through the rate limiter",
-            m.poisoned.clone(),
-        );
-        registry.register(
-            "kjob_queue_stale_lease",
-            "Done or Renew calls refused because the lease id was stale",
-            m.stale.clone(),
-        );
-        registry.register("kjob_queue_ready", "Items ready to be leased", m.ready.clone());
-        registry.register(
-            "kjob_queue_delayed",
-            "Items waiting for a later time",
-            m.delayed.clone(),
-        );
-        registry.register("kjob_queue_leased", "Items leased to workers", m.leased.clone());
-        registry.register(
-            "kjob_queue_grpc_errors",
-            "gRPC calls that failed, by method and code",
-            m.errors.clone(),
-        );
-        m
+    /// Creates the metrics of `queues` and of the `rpcs` (service, its methods) and registers
+    /// them.
+    pub fn register(
+        registry: &mut Registry,
+        queues: &[&'static str],
+        rpcs: &[(&'static str, &'static [&'static str])],
+    ) -> Self {
+        let families = QueueFamilies::register(registry);
+        let queues = queues.iter().map(|q| (*q, families.queue(q))).collect();
+        let unknown = Arc::new(QueueFamilies::register(&mut Registry::default()).queue("unknown"));
+        let grpc = Arc::new(GrpcMetrics::register(registry, rpcs));
+        Self { queues, unknown, grpc }
     }
 
-    /// The label of `queue`.
-    pub fn q(queue: &str) -> QueueLabel {
-        QueueLabel { name: queue.to_string() }
+    /// The metrics of `queue`.
+    pub fn queue(&self, queue: &str) -> &QueueMetrics {
+        self.queues.iter().find(|(q, _)| *q == queue).map(|(_, m)| m).unwrap_or(&self.unknown)
     }
 
-    /// Counts a failed call.
-    pub fn error(&self, method: &str, code: tonic::Code) {
-        self.errors
-            .get_or_create(&ErrorLabel { method: method.to_string(), code: format!("{code:?}") })
-            .inc();
+    /// Starts measuring one call of `service`/`method` (see [`Rpc`]).
+    pub fn rpc(&self, service: &'static str, method: &'static str) -> Rpc<'_> {
+        self.grpc.start(service, method)
     }
 
     /// Counts expired leases put back (`reaped`), of which `poisoned` went through the rate
     /// limiter (each of those is an AddRateLimited: a retry).
     pub fn count_reaped(&self, queue: &str, reaped: u32, poisoned: u32) {
-        let l = Self::q(queue);
-        self.lease_expired.get_or_create(&l).inc_by(u64::from(reaped));
-        self.poisoned.get_or_create(&l).inc_by(u64::from(poisoned));
-        self.retries.get_or_create(&l).inc_by(u64::from(poisoned));
+        let m = self.queue(queue);
+        m.lease_expired.inc_by(u64::from(reaped));
+        m.poisoned.inc_by(u64::from(poisoned));
+        m.retries.inc_by(u64::from(poisoned));
     }
 
     /// Refreshes the gauges from a stats snapshot.
     pub fn set_stats(&self, queue: &str, s: &kjob_workqueue::QueueStats) {
-        let l = Self::q(queue);
+        let m = self.queue(queue);
         let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.depth.get_or_create(&l).set(i(s.ready + s.dirty));
-        self.ready.get_or_create(&l).set(i(s.ready));
-        self.delayed.get_or_create(&l).set(i(s.delayed));
-        self.leased.get_or_create(&l).set(i(s.leased));
-        self.unfinished.get_or_create(&l).set(s.unfinished_ms as f64 / 1000.0);
+        m.depth.set(i(s.ready + s.dirty));
+        m.ready.set(i(s.ready));
+        m.delayed.set(i(s.delayed));
+        m.leased.set(i(s.leased));
+        m.unfinished.set(s.unfinished_ms as f64 / 1000.0);
         let longest = s.oldest_started_ms.map(|t| (s.now_ms - t).max(0) as f64 / 1000.0);
-        self.longest.get_or_create(&l).set(longest.unwrap_or(0.0));
+        m.longest.set(longest.unwrap_or(0.0));
+    }
+}
+
+/// Labels of the per-RPC series (every kjob RPC is unary).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+    grpc_type: &'static str,
+}
+
+/// [`RpcLabels`] plus the status code the call ended with.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+    grpc_type: &'static str,
+    grpc_code: &'static str,
+}
+
+/// The handles of one RPC.
+struct RpcMetrics {
+    labels: RpcLabels,
+    started: Counter,
+    handling: Histogram,
+}
+
+/// `grpc_server_started_total`, `grpc_server_handled_total`, `grpc_server_handling_seconds`.
+struct GrpcMetrics {
+    rpcs: Vec<RpcMetrics>,
+    started: Family<RpcLabels, Counter>,
+    handled: Family<CodeLabels, Counter>,
+    handling: Family<RpcLabels, Histogram>,
+}
+
+fn handling_buckets() -> Histogram {
+    // Prometheus' default buckets (go-grpc-prometheus uses them), plus the long-poll range of
+    // Lease (up to a minute).
+    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+}
+
+impl GrpcMetrics {
+    fn register(registry: &mut Registry, rpcs: &[(&'static str, &'static [&'static str])]) -> Self {
+        let started = Family::<RpcLabels, Counter>::default();
+        let handled = Family::<CodeLabels, Counter>::default();
+        let handling = Family::<RpcLabels, Histogram>::new_with_constructor(handling_buckets);
+        registry.register(
+            "grpc_server_started",
+            "Total number of RPCs started on the server",
+            started.clone(),
+        );
+        registry.register(
+            "grpc_server_handled",
+            "Total number of RPCs completed on the server, regardless of success or failure",
+            handled.clone(),
+        );
+        registry.register(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server",
+            handling.clone(),
+        );
+        let rpcs = rpcs
+            .iter()
+            .flat_map(|&(service, methods)| methods.iter().map(move |m| (service, *m)))
+            .map(|(grpc_service, grpc_method)| {
+                let labels = RpcLabels { grpc_service, grpc_method, grpc_type: "unary" };
+                // Present from start: the call counts, and the OK count, at 0.
+                let _ = handled.get_or_create(&labels.with_code(Code::Ok));
+                RpcMetrics {
+                    started: started.get_or_create(&labels).clone(),
+                    handling: handling.get_or_create(&labels).clone(),
+                    labels,
+                }
+            })
+            .collect();
+        Self { rpcs, started, handled, handling }
+    }
+
+    fn start(&self, service: &'static str, method: &'static str) -> Rpc<'_> {
+        let found = self
+            .rpcs
+            .iter()
+            .find(|r| r.labels.grpc_method == method && r.labels.grpc_service == service);
+        let rpc = match found {
+            Some(r) => RpcRef::Known(r),
+            // An RPC left out of the table at start: measured all the same, by label lookup.
+            None => RpcRef::Other(RpcLabels {
+                grpc_service: service,
+                grpc_method: method,
+                grpc_type: "unary",
+            }),
+        };
+        match &rpc {
+            RpcRef::Known(r) => r.started.inc(),
+            RpcRef::Other(l) => self.started.get_or_create(l).inc(),
+        };
+        Rpc { metrics: self, rpc, started: Instant::now(), ended: false }
+    }
+}
+
+impl RpcLabels {
+    fn with_code(&self, code: Code) -> CodeLabels {
+        CodeLabels {
+            grpc_service: self.grpc_service,
+            grpc_method: self.grpc_method,
+            grpc_type: self.grpc_type,
+            grpc_code: code_name(code),
+        }
+    }
+}
+
+enum RpcRef<'a> {
+    Known(&'a RpcMetrics),
+    Other(RpcLabels),
+}
+
+/// One call being measured: made by [`Metrics::rpc`] on entry (counting it started), ended by
+/// [`Rpc::end`] with the call's status code on every exit (counting it handled and observing
+/// its latency). A call dropped before it ended (the client went away) counts as `Canceled`.
+pub struct Rpc<'a> {
+    metrics: &'a GrpcMetrics,
+    rpc: RpcRef<'a>,
+    started: Instant,
+    ended: bool,
+}
+
+impl Rpc<'_> {
+    /// Ends the call with `code`.
+    pub fn end(mut self, code: Code) {
+        self.finish(code);
+    }
+
+    /// Ends the call with the code of `res`, and hands `res` back.
+    pub fn end_with<T>(self, res: Result<T, tonic::Status>) -> Result<T, tonic::Status> {
+        self.end(res.as_ref().map_or_else(|s| s.code(), |_| Code::Ok));
+        res
+    }
+
+    fn finish(&mut self, code: Code) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let secs = self.started.elapsed().as_secs_f64();
+        let labels = match &self.rpc {
+            RpcRef::Known(r) => {
+                r.handling.observe(secs);
+                &r.labels
+            }
+            RpcRef::Other(l) => {
+                self.metrics.handling.get_or_create(l).observe(secs);
+                l
+            }
+        };
+        self.metrics.handled.get_or_create(&labels.with_code(code)).inc();
+    }
+}
+
+impl Drop for Rpc<'_> {
+    fn drop(&mut self) {
+        self.finish(Code::Cancelled);
+    }
+}
+
+/// The code's name as gRPC's Go implementation spells it (`codes.Code.String()`), which is
+/// what go-grpc-prometheus puts in `grpc_code` and dashboards match on.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(r: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, r).unwrap();
+        out
+    }
+
+    #[test]
+    fn series_exist_at_zero_and_calls_count_by_code() {
+        let mut r = Registry::default();
+        let m = Metrics::register(&mut r, &["job", "orphan-pod"], &[("svc.Q", &["Add"])]);
+        let text = render(&r);
+        for want in [
+            "workqueue_depth{name=\"job\"} 0",
+            "workqueue_adds_total{name=\"orphan-pod\"} 0",
+            "workqueue_queue_duration_seconds_count{name=\"job\"} 0",
+            "grpc_server_started_total{grpc_service=\"svc.Q\",grpc_method=\"Add\",grpc_type=\"unary\"} 0",
+            "grpc_server_handled_total{grpc_service=\"svc.Q\",grpc_method=\"Add\",grpc_type=\"unary\",grpc_code=\"OK\"} 0",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        m.rpc("svc.Q", "Add").end(Code::Ok);
+        let _ = m.rpc("svc.Q", "Add").end_with::<()>(Err(tonic::Status::invalid_argument("x")));
+        drop(m.rpc("svc.Q", "Add"));
+        m.rpc("svc.Q", "Other").end(Code::Unavailable);
+        m.queue("job").adds.inc();
+        m.queue("nope").adds.inc();
+        let text = render(&r);
+        for want in [
+            "grpc_server_started_total{grpc_service=\"svc.Q\",grpc_method=\"Add\",grpc_type=\"unary\"} 3",
+            "grpc_code=\"OK\"} 1",
+            "grpc_method=\"Add\",grpc_type=\"unary\",grpc_code=\"InvalidArgument\"} 1",
+            "grpc_method=\"Add\",grpc_type=\"unary\",grpc_code=\"Canceled\"} 1",
+            "grpc_method=\"Other\",grpc_type=\"unary\",grpc_code=\"Unavailable\"} 1",
+            "grpc_server_handling_seconds_count{grpc_service=\"svc.Q\",grpc_method=\"Add\",grpc_type=\"unary\"} 3",
+            "workqueue_adds_total{name=\"job\"} 1",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        assert!(!text.contains("nope") && !text.contains("unknown"), "{text}");
     }
 }

@@ -1,10 +1,16 @@
 //! The gRPC edge: validation, mapping onto the store, error codes and metrics.
+//!
+//! Every RPC is measured the same way: the trait method makes one [`crate::metrics::Rpc`] on
+//! entry and ends it with the code of whatever the handler returned, so started / handled (by
+//! code) / latency hold for every exit. The handlers (`*_rpc`) only validate, call the store
+//! and map errors to precise codes.
 
+use std::future::Future;
 use std::time::Duration;
 
 use kjob_proto::v1;
-use kjob_proto::v1::expectations_server::Expectations;
-use kjob_proto::v1::queue_server::Queue;
+use kjob_proto::v1::expectations_server::{self, Expectations};
+use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::{Done, DoneOutcome, DoneResult, Enqueue, Observation, Store, Waker, WqError};
 use tonic::{Request, Response, Status};
@@ -12,6 +18,60 @@ use tonic::{Request, Response, Status};
 use crate::batch::DoneBatcher;
 use crate::metrics::Metrics;
 use crate::validate;
+
+/// The `Queue` service's name, as in the proto package.
+pub const QUEUE_SERVICE: &str = queue_server::SERVICE_NAME;
+/// The `Expectations` service's name.
+pub const EXPECTATIONS_SERVICE: &str = expectations_server::SERVICE_NAME;
+
+/// Every RPC kjob-queue serves, as (service, methods): their metrics exist from start.
+pub const RPCS: [(&str, &[&str]); 2] =
+    [(QUEUE_SERVICE, QUEUE_METHODS), (EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS)];
+
+/// Implements a service trait for [`QueueService`]: every RPC runs its handler under one
+/// metrics handle ([`QueueService::measured`]); `$methods` lists the methods as the proto
+/// names them.
+macro_rules! measured_service {
+    ($trait:ident, $service:expr, $methods:ident, {
+        $($rpc:ident($req:ty) -> $resp:ty = $method:literal by $handler:ident;)*
+    }) => {
+        /// The methods of one service, as the proto names them.
+        pub const $methods: &[&str] = &[$($method),*];
+
+        #[tonic::async_trait]
+        impl $trait for QueueService {
+            $(async fn $rpc(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
+                self.measured($service, $method, self.$handler(req.into_inner())).await
+            })*
+        }
+    };
+}
+
+measured_service!(Queue, QUEUE_SERVICE, QUEUE_METHODS, {
+    add(v1::AddRequest) -> v1::AddResponse = "Add" by add_rpc;
+    lease(v1::LeaseRequest) -> v1::LeaseResponse = "Lease" by lease_rpc;
+    renew(v1::RenewRequest) -> v1::RenewResponse = "Renew" by renew_rpc;
+    done(v1::DoneRequest) -> v1::DoneResponse = "Done" by done_rpc;
+    done_batch(v1::DoneBatchRequest) -> v1::DoneBatchResponse = "DoneBatch" by done_batch_rpc;
+    stats(v1::StatsRequest) -> v1::StatsResponse = "Stats" by stats_rpc;
+    inspect(v1::InspectRequest) -> v1::InspectResponse = "Inspect" by inspect_rpc;
+});
+
+measured_service!(Expectations, EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS, {
+    set_expectations(v1::SetExpectationsRequest) -> v1::SetExpectationsResponse
+        = "SetExpectations" by set_expectations_rpc;
+    lower_expectations(v1::LowerExpectationsRequest) -> v1::LowerExpectationsResponse
+        = "LowerExpectations" by lower_expectations_rpc;
+    get_expectations(v1::GetExpectationsRequest) -> v1::GetExpectationsResponse
+        = "GetExpectations" by get_expectations_rpc;
+    delete_expectations(v1::DeleteExpectationsRequest) -> v1::DeleteExpectationsResponse
+        = "DeleteExpectations" by delete_expectations_rpc;
+    expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest)
+        -> v1::ExpectFinalizerRemovalsResponse
+        = "ExpectFinalizerRemovals" by expect_finalizer_removals_rpc;
+    get_record(v1::GetRecordRequest) -> v1::GetRecordResponse = "GetRecord" by get_record_rpc;
+    put_record(v1::PutRecordRequest) -> v1::PutRecordResponse = "PutRecord" by put_record_rpc;
+});
 
 /// Shared state of both services.
 #[derive(Clone)]
@@ -35,44 +95,48 @@ impl QueueService {
         Self { store, waker, dones, metrics, shutdown }
     }
 
-    fn fail(&self, method: &str, status: Status) -> Status {
-        self.metrics.error(method, status.code());
-        status
-    }
-
     /// Metrics and wake-ups of an applied Done.
     fn done_applied(&self, queue: &str, d: &DoneResult) {
-        let l = Metrics::q(queue);
-        self.metrics.work_duration.get_or_create(&l).observe(d.work_ms as f64 / 1000.0);
+        let m = self.metrics.queue(queue);
+        m.work_duration.observe(d.work_ms as f64 / 1000.0);
         if d.retry_delay_ms.is_some() {
-            self.metrics.retries.get_or_create(&l).inc();
+            m.retries.inc();
         }
         if d.ready_at_ms.is_some_and(|t| t <= d.now_ms) {
             self.waker.poke(queue, 1);
         }
     }
 
-    fn invalid(&self, method: &str, msg: String) -> Status {
-        self.fail(method, Status::invalid_argument(msg))
-    }
-
-    fn store_err(&self, method: &str, e: WqError) -> Status {
-        let status = if e.is_unavailable() {
-            Status::unavailable(e.to_string())
-        } else {
-            tracing::error!(method, error = %e, "store call failed");
-            Status::internal(e.to_string())
-        };
-        self.fail(method, status)
+    /// Runs one call of `method` under its metrics handle.
+    async fn measured<T>(
+        &self,
+        service: &'static str,
+        method: &'static str,
+        handler: impl Future<Output = Result<T, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let rpc = self.metrics.rpc(service, method);
+        let res = handler.await;
+        if let Err(s) = &res
+            && s.code() == tonic::Code::Internal
+        {
+            tracing::error!(method, error = %s.message(), "call failed");
+        }
+        rpc.end_with(res).map(Response::new)
     }
 }
 
-macro_rules! check {
-    ($svc:expr, $method:expr, $res:expr) => {
-        if let Err(msg) = $res {
-            return Err($svc.invalid($method, msg));
-        }
-    };
+/// A refused request: INVALID_ARGUMENT with the validator's message.
+fn invalid(msg: String) -> Status {
+    Status::invalid_argument(msg)
+}
+
+/// A store failure: UNAVAILABLE while Redis is unreachable (clients retry), INTERNAL otherwise.
+fn store_err(e: WqError) -> Status {
+    if e.is_unavailable() {
+        Status::unavailable(e.to_string())
+    } else {
+        Status::internal(e.to_string())
+    }
 }
 
 fn observation(o: &v1::Observation) -> Result<Observation, String> {
@@ -124,31 +188,26 @@ fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
 
-#[tonic::async_trait]
-impl Queue for QueueService {
-    async fn add(&self, req: Request<v1::AddRequest>) -> Result<Response<v1::AddResponse>, Status> {
-        const M: &str = "Add";
-        let items = req.into_inner().items;
+impl QueueService {
+    async fn add_rpc(&self, r: v1::AddRequest) -> Result<v1::AddResponse, Status> {
+        let items = r.items;
         if items.len() > validate::MAX_ADD_ITEMS {
-            return Err(self.invalid(
-                M,
-                format!(
-                    "{} items in one Add; the limit is {}",
-                    items.len(),
-                    validate::MAX_ADD_ITEMS
-                ),
-            ));
+            return Err(invalid(format!(
+                "{} items in one Add; the limit is {}",
+                items.len(),
+                validate::MAX_ADD_ITEMS
+            )));
         }
         // Validate everything first: a batch is applied whole or refused whole.
         let mut per_queue: Vec<(&str, Vec<Enqueue>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let at = |e: String| format!("item {i} ({:?}): {e}", it.key);
-            check!(self, M, validate::key(&it.key).map_err(at));
-            check!(self, M, validate::queue(&it.queue).map_err(at));
-            check!(self, M, validate::delay("delay_ms", it.delay_ms).map_err(at));
+            validate::key(&it.key).map_err(at).map_err(invalid)?;
+            validate::queue(&it.queue).map_err(at).map_err(invalid)?;
+            validate::delay("delay_ms", it.delay_ms).map_err(at).map_err(invalid)?;
             let observations = match it.observations.iter().map(observation).collect() {
                 Ok(o) => o,
-                Err(e) => return Err(self.invalid(M, at(e))),
+                Err(e) => return Err(invalid(at(e))),
             };
             let e = Enqueue {
                 key: it.key.clone(),
@@ -165,47 +224,42 @@ impl Queue for QueueService {
         // same script as its enqueue, so a worker that leases the key sees them.
         let mut added = 0;
         for (queue, batch) in per_queue {
-            let r = self.store.add(queue, &batch).await.map_err(|e| self.store_err(M, e))?;
+            let r = self.store.add(queue, &batch).await.map_err(store_err)?;
             added += r.added;
-            let l = Metrics::q(queue);
-            self.metrics.adds.get_or_create(&l).inc_by(u64::from(r.accepted_now));
-            self.metrics.retries.get_or_create(&l).inc_by(u64::from(r.delayed));
+            let m = self.metrics.queue(queue);
+            m.adds.inc_by(u64::from(r.accepted_now));
+            m.retries.inc_by(u64::from(r.delayed));
             if r.accepted_now > 0 {
                 self.waker.poke(queue, r.accepted_now);
             }
         }
-        Ok(Response::new(v1::AddResponse { added }))
+        Ok(v1::AddResponse { added })
     }
 
-    async fn lease(
-        &self,
-        req: Request<v1::LeaseRequest>,
-    ) -> Result<Response<v1::LeaseResponse>, Status> {
-        const M: &str = "Lease";
-        let r = req.into_inner();
-        check!(self, M, validate::queue(&r.queue));
-        check!(self, M, validate::lease(r.max_items, r.lease_ms, r.wait_ms));
-        check!(self, M, validate::id("worker_id", &r.worker_id, false));
+    async fn lease_rpc(&self, r: v1::LeaseRequest) -> Result<v1::LeaseResponse, Status> {
+        validate::queue(&r.queue).map_err(invalid)?;
+        validate::lease(r.max_items, r.lease_ms, r.wait_ms).map_err(invalid)?;
+        validate::id("worker_id", &r.worker_id, false).map_err(invalid)?;
         let batch = tokio::select! {
             res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
-                Some(res.map_err(|e| self.store_err(M, e))?)
+                Some(res.map_err(store_err)?)
             }
             // Draining: a long poll answers "nothing" rather than holding up the shutdown.
             _ = self.shutdown.cancelled() => None,
         };
-        let l = Metrics::q(&r.queue);
+        let m = self.metrics.queue(&r.queue);
         let leased = match batch {
             Some(b) => {
                 // Delayed items promoted by the lease script are adds (client-go counts an
                 // AddAfter's add when it fires); reaped leases are the reaper's work done here.
-                self.metrics.adds.get_or_create(&l).inc_by(u64::from(b.promoted));
+                m.adds.inc_by(u64::from(b.promoted));
                 self.metrics.count_reaped(&r.queue, b.reaped, b.poisoned);
                 b.items
             }
             None => Vec::new(),
         };
-        self.metrics.leases.get_or_create(&l).inc_by(leased.len() as u64);
-        let hist = self.metrics.queue_duration.get_or_create(&l);
+        m.leases.inc_by(leased.len() as u64);
+        let hist = &m.queue_duration;
         let lease_ms = i64::try_from(r.lease_ms).unwrap_or(i64::MAX);
         let items = leased
             .into_iter()
@@ -221,72 +275,56 @@ impl Queue for QueueService {
                 }
             })
             .collect();
-        Ok(Response::new(v1::LeaseResponse { items }))
+        Ok(v1::LeaseResponse { items })
     }
 
-    async fn renew(
-        &self,
-        req: Request<v1::RenewRequest>,
-    ) -> Result<Response<v1::RenewResponse>, Status> {
-        const M: &str = "Renew";
-        let r = req.into_inner();
-        check!(self, M, validate::queue(&r.queue));
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("lease_id", &r.lease_id, true));
-        check!(self, M, validate::lease_ms_ok(r.lease_ms));
+    async fn renew_rpc(&self, r: v1::RenewRequest) -> Result<v1::RenewResponse, Status> {
+        validate::queue(&r.queue).map_err(invalid)?;
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("lease_id", &r.lease_id, true).map_err(invalid)?;
+        validate::lease_ms_ok(r.lease_ms).map_err(invalid)?;
         match self.store.renew(&r.queue, &r.key, &r.lease_id, ms(r.lease_ms)).await {
-            Ok(Some(deadline)) => {
-                Ok(Response::new(v1::RenewResponse { deadline_unix_ms: deadline }))
-            }
+            Ok(Some(deadline)) => Ok(v1::RenewResponse { deadline_unix_ms: deadline }),
             Ok(None) => {
-                self.metrics.stale.get_or_create(&Metrics::q(&r.queue)).inc();
-                Err(self.fail(
-                    M,
-                    Status::failed_precondition(format!(
-                        "lease {} of {} is not held any more (expired or superseded)",
-                        r.lease_id, r.key
-                    )),
-                ))
+                self.metrics.queue(&r.queue).stale.inc();
+                Err(Status::failed_precondition(format!(
+                    "lease {} of {} is not held any more (expired or superseded)",
+                    r.lease_id, r.key
+                )))
             }
-            Err(e) => Err(self.store_err(M, e)),
+            Err(e) => Err(store_err(e)),
         }
     }
 
-    async fn done(
-        &self,
-        req: Request<v1::DoneRequest>,
-    ) -> Result<Response<v1::DoneResponse>, Status> {
-        const M: &str = "Done";
-        let r = req.into_inner();
-        let done = done_item(&r).map_err(|msg| self.invalid(M, msg))?;
+    async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Status> {
+        let done = done_item(&r).map_err(invalid)?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
                 self.done_applied(&r.queue, &d);
-                Ok(Response::new(v1::DoneResponse {
+                Ok(v1::DoneResponse {
                     requeued: d.ready_at_ms.is_some(),
                     ready_unix_ms: d.ready_at_ms.unwrap_or(0),
-                }))
+                })
             }
             Ok(None) => {
-                self.metrics.stale.get_or_create(&Metrics::q(&r.queue)).inc();
-                Err(self.fail(M, Status::failed_precondition(stale_done_message(&r))))
+                self.metrics.queue(&r.queue).stale.inc();
+                Err(Status::failed_precondition(stale_done_message(&r)))
             }
-            Err(e) => Err(self.store_err(M, e)),
+            Err(e) => Err(store_err(e)),
         }
     }
 
-    async fn done_batch(
+    async fn done_batch_rpc(
         &self,
-        req: Request<v1::DoneBatchRequest>,
-    ) -> Result<Response<v1::DoneBatchResponse>, Status> {
-        const M: &str = "DoneBatch";
-        let items = req.into_inner().items;
-        check!(self, M, validate::done_batch_len(items.len()));
+        r: v1::DoneBatchRequest,
+    ) -> Result<v1::DoneBatchResponse, Status> {
+        let items = r.items;
+        validate::done_batch_len(items.len()).map_err(invalid)?;
         // Validate everything first: a malformed batch is refused whole and changes nothing.
         let mut per_queue: Vec<(&str, Vec<usize>, Vec<Done>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
-            let done = done_item(it)
-                .map_err(|e| self.invalid(M, format!("item {i} ({:?}): {e}", it.key)))?;
+            let done =
+                done_item(it).map_err(|e| invalid(format!("item {i} ({:?}): {e}", it.key)))?;
             match per_queue.iter_mut().find(|(q, _, _)| *q == it.queue) {
                 Some((_, idx, v)) => {
                     idx.push(i);
@@ -304,7 +342,7 @@ impl Queue for QueueService {
         for (queue, idx, res) in futures::future::join_all(calls).await {
             // A failed script call fails the whole RPC: the client retries it, and items that
             // were applied meanwhile (another queue's) then come back stale, as a retried Done.
-            let outcomes = res.map_err(|e| self.store_err(M, e))?;
+            let outcomes = res.map_err(store_err)?;
             for (i, outcome) in idx.into_iter().zip(outcomes) {
                 results[i] = match outcome {
                     Some(d) => {
@@ -317,7 +355,7 @@ impl Queue for QueueService {
                         }
                     }
                     None => {
-                        self.metrics.stale.get_or_create(&Metrics::q(queue)).inc();
+                        self.metrics.queue(queue).stale.inc();
                         v1::DoneItemResult {
                             code: tonic::Code::FailedPrecondition as i32,
                             message: stale_done_message(&items[i]),
@@ -328,18 +366,13 @@ impl Queue for QueueService {
                 };
             }
         }
-        Ok(Response::new(v1::DoneBatchResponse { results }))
+        Ok(v1::DoneBatchResponse { results })
     }
 
-    async fn stats(
-        &self,
-        req: Request<v1::StatsRequest>,
-    ) -> Result<Response<v1::StatsResponse>, Status> {
-        const M: &str = "Stats";
-        let r = req.into_inner();
-        check!(self, M, validate::queue(&r.queue));
-        let s = self.store.stats(&r.queue).await.map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::StatsResponse {
+    async fn stats_rpc(&self, r: v1::StatsRequest) -> Result<v1::StatsResponse, Status> {
+        validate::queue(&r.queue).map_err(invalid)?;
+        let s = self.store.stats(&r.queue).await.map_err(store_err)?;
+        Ok(v1::StatsResponse {
             ready: s.ready,
             delayed: s.delayed,
             leased: s.leased,
@@ -349,24 +382,18 @@ impl Queue for QueueService {
                 .map(|t| u64::try_from(s.now_ms - t).unwrap_or(0))
                 .unwrap_or(0),
             failing: s.failing,
-        }))
+        })
     }
 
-    async fn inspect(
-        &self,
-        req: Request<v1::InspectRequest>,
-    ) -> Result<Response<v1::InspectResponse>, Status> {
-        const M: &str = "Inspect";
-        let r = req.into_inner();
-        check!(self, M, validate::queue(&r.queue));
+    async fn inspect_rpc(&self, r: v1::InspectRequest) -> Result<v1::InspectResponse, Status> {
+        validate::queue(&r.queue).map_err(invalid)?;
         if r.keys.len() > validate::MAX_LIST {
-            return Err(self.invalid(M, format!("at most {} keys per Inspect", validate::MAX_LIST)));
+            return Err(invalid(format!("at most {} keys per Inspect", validate::MAX_LIST)));
         }
         for k in &r.keys {
-            check!(self, M, validate::key(k).map_err(|e| format!("{k:?}: {e}")));
+            validate::key(k).map_err(|e| format!("{k:?}: {e}")).map_err(invalid)?;
         }
-        let views =
-            self.store.inspect(&r.queue, &r.keys).await.map_err(|e| self.store_err(M, e))?;
+        let views = self.store.inspect(&r.queue, &r.keys).await.map_err(store_err)?;
         let keys = views
             .into_iter()
             .map(|v| v1::KeyState {
@@ -379,142 +406,104 @@ impl Queue for QueueService {
                 lease_deadline_unix_ms: v.lease_deadline_ms.unwrap_or(0),
             })
             .collect();
-        Ok(Response::new(v1::InspectResponse { keys }))
-    }
-}
-
-#[tonic::async_trait]
-impl Expectations for QueueService {
-    async fn set_expectations(
-        &self,
-        req: Request<v1::SetExpectationsRequest>,
-    ) -> Result<Response<v1::SetExpectationsResponse>, Status> {
-        const M: &str = "SetExpectations";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("job_uid", &r.job_uid, false));
-        check!(self, M, validate::count("add", r.add));
-        check!(self, M, validate::count("del", r.del));
-        self.store
-            .set_expectations(&r.key, &r.job_uid, r.add, r.del)
-            .await
-            .map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::SetExpectationsResponse {}))
+        Ok(v1::InspectResponse { keys })
     }
 
-    async fn lower_expectations(
+    async fn set_expectations_rpc(
         &self,
-        req: Request<v1::LowerExpectationsRequest>,
-    ) -> Result<Response<v1::LowerExpectationsResponse>, Status> {
-        const M: &str = "LowerExpectations";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("job_uid", &r.job_uid, false));
-        check!(self, M, validate::count("add", r.add));
-        check!(self, M, validate::count("del", r.del));
-        self.store
-            .lower_expectations(&r.key, &r.job_uid, r.add, r.del)
-            .await
-            .map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::LowerExpectationsResponse {}))
+        r: v1::SetExpectationsRequest,
+    ) -> Result<v1::SetExpectationsResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
+        validate::count("add", r.add).map_err(invalid)?;
+        validate::count("del", r.del).map_err(invalid)?;
+        self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
+        Ok(v1::SetExpectationsResponse {})
     }
 
-    async fn get_expectations(
+    async fn lower_expectations_rpc(
         &self,
-        req: Request<v1::GetExpectationsRequest>,
-    ) -> Result<Response<v1::GetExpectationsResponse>, Status> {
-        const M: &str = "GetExpectations";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("job_uid", &r.job_uid, false));
-        let e = self
-            .store
-            .get_expectations(&r.key, &r.job_uid)
-            .await
-            .map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::GetExpectationsResponse {
+        r: v1::LowerExpectationsRequest,
+    ) -> Result<v1::LowerExpectationsResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
+        validate::count("add", r.add).map_err(invalid)?;
+        validate::count("del", r.del).map_err(invalid)?;
+        self.store.lower_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
+        Ok(v1::LowerExpectationsResponse {})
+    }
+
+    async fn get_expectations_rpc(
+        &self,
+        r: v1::GetExpectationsRequest,
+    ) -> Result<v1::GetExpectationsResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
+        let e = self.store.get_expectations(&r.key, &r.job_uid).await.map_err(store_err)?;
+        Ok(v1::GetExpectationsResponse {
             satisfied: e.satisfied,
             exists: e.record.is_some(),
             add: e.record.as_ref().map(|r| r.add).unwrap_or(0),
             del: e.record.as_ref().map(|r| r.del).unwrap_or(0),
             age_ms: e.age_ms,
             finalizer_removals: e.finalizer_removals,
-        }))
+        })
     }
 
-    async fn delete_expectations(
+    async fn delete_expectations_rpc(
         &self,
-        req: Request<v1::DeleteExpectationsRequest>,
-    ) -> Result<Response<v1::DeleteExpectationsResponse>, Status> {
-        const M: &str = "DeleteExpectations";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        self.store.delete_expectations(&r.key).await.map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::DeleteExpectationsResponse {}))
+        r: v1::DeleteExpectationsRequest,
+    ) -> Result<v1::DeleteExpectationsResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        self.store.delete_expectations(&r.key).await.map_err(store_err)?;
+        Ok(v1::DeleteExpectationsResponse {})
     }
 
-    async fn expect_finalizer_removals(
+    async fn expect_finalizer_removals_rpc(
         &self,
-        req: Request<v1::ExpectFinalizerRemovalsRequest>,
-    ) -> Result<Response<v1::ExpectFinalizerRemovalsResponse>, Status> {
-        const M: &str = "ExpectFinalizerRemovals";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("job_uid", &r.job_uid, false));
+        r: v1::ExpectFinalizerRemovalsRequest,
+    ) -> Result<v1::ExpectFinalizerRemovalsResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
         if r.pod_uids.len() > validate::MAX_LIST {
-            return Err(
-                self.invalid(M, format!("at most {} pod UIDs per call", validate::MAX_LIST))
-            );
+            return Err(invalid(format!("at most {} pod UIDs per call", validate::MAX_LIST)));
         }
         for p in &r.pod_uids {
-            check!(self, M, validate::id("pod_uid", p, true));
+            validate::id("pod_uid", p, true).map_err(invalid)?;
         }
         self.store
             .expect_finalizer_removals(&r.key, &r.job_uid, &r.pod_uids)
             .await
-            .map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::ExpectFinalizerRemovalsResponse {}))
+            .map_err(store_err)?;
+        Ok(v1::ExpectFinalizerRemovalsResponse {})
     }
 
-    async fn get_record(
+    async fn get_record_rpc(
         &self,
-        req: Request<v1::GetRecordRequest>,
-    ) -> Result<Response<v1::GetRecordResponse>, Status> {
-        const M: &str = "GetRecord";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("name", &r.name, true));
-        let v = self.store.get_record(&r.key, &r.name).await.map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::GetRecordResponse {
-            found: v.is_some(),
-            value: v.unwrap_or_default(),
-        }))
+        r: v1::GetRecordRequest,
+    ) -> Result<v1::GetRecordResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("name", &r.name, true).map_err(invalid)?;
+        let v = self.store.get_record(&r.key, &r.name).await.map_err(store_err)?;
+        Ok(v1::GetRecordResponse { found: v.is_some(), value: v.unwrap_or_default() })
     }
 
-    async fn put_record(
+    async fn put_record_rpc(
         &self,
-        req: Request<v1::PutRecordRequest>,
-    ) -> Result<Response<v1::PutRecordResponse>, Status> {
-        const M: &str = "PutRecord";
-        let r = req.into_inner();
-        check!(self, M, validate::key(&r.key));
-        check!(self, M, validate::id("name", &r.name, true));
-        check!(self, M, validate::delay("ttl_ms", r.ttl_ms));
+        r: v1::PutRecordRequest,
+    ) -> Result<v1::PutRecordResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("name", &r.name, true).map_err(invalid)?;
+        validate::delay("ttl_ms", r.ttl_ms).map_err(invalid)?;
         if r.value.len() > validate::MAX_RECORD_BYTES {
-            return Err(self.invalid(
-                M,
-                format!(
-                    "record is {} bytes; the limit is {}",
-                    r.value.len(),
-                    validate::MAX_RECORD_BYTES
-                ),
-            ));
+            return Err(invalid(format!(
+                "record is {} bytes; the limit is {}",
+                r.value.len(),
+                validate::MAX_RECORD_BYTES
+            )));
         }
         let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
-        self.store
-            .put_record(&r.key, &r.name, &r.value, ttl)
-            .await
-            .map_err(|e| self.store_err(M, e))?;
-        Ok(Response::new(v1::PutRecordResponse {}))
+        self.store.put_record(&r.key, &r.name, &r.value, ttl).await.map_err(store_err)?;
+        Ok(v1::PutRecordResponse {})
     }
 }

@@ -8,7 +8,7 @@ pub const MAX_DELAY_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Most items in one Add (bounds the script's run time: a script blocks Redis while it runs).
 pub const MAX_ADD_ITEMS: usize = 10_000;
 /// Most items in one DoneBatch: one queue's items then fit one Done script call.
-pub const MAX_DONE_BATCH: usize = kjob_workqueue::MAX_DONE_BATCH;
+pub use kjob_core::MAX_DONE_BATCH;
 /// Most keys leased by one call.
 pub const MAX_LEASE_ITEMS: u32 = 1000;
 /// Longest long-poll wait of Lease.

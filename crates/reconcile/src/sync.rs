@@ -43,8 +43,7 @@ pub const MAX_UNCOUNTED_PODS: usize = 500;
 pub const MAX_POD_CREATE_DELETE_PER_SYNC: usize = 500;
 /// First slow-start create batch; each following batch doubles.
 pub const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
-/// Smallest requeue delay for pod-failure backoff (upstream `syncJobBatchPeriod`).
-pub const SYNC_JOB_BATCH_PERIOD: Duration = Duration::from_secs(1);
+pub use kjob_core::SYNC_JOB_BATCH_PERIOD;
 
 /// Everything one sync reads. The pods are those the Job owns after adoption/release (upstream
 /// `getPodsForJob`), read after the expectations were checked.

@@ -1,8 +1,9 @@
 //! The admin port: `/metrics` (Prometheus text), `/livez`, `/readyz`.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -11,6 +12,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::Shutdown;
 
@@ -26,23 +29,29 @@ pub struct AdminArgs {
 #[derive(Clone)]
 pub struct AdminState {
     registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<watch::Sender<bool>>,
 }
 
 impl AdminState {
     /// Wraps a finished registry; the service starts not ready.
     pub fn new(registry: Registry) -> Self {
-        Self { registry: Arc::new(registry), ready: Arc::new(AtomicBool::new(false)) }
+        Self { registry: Arc::new(registry), ready: Arc::new(watch::Sender::new(false)) }
     }
 
     /// Marks the service ready (or not) for `/readyz`.
     pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
+        self.ready.send_if_modified(|r| std::mem::replace(r, ready) != ready);
     }
 
     /// Whether `/readyz` currently answers 200.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        *self.ready.borrow()
+    }
+
+    /// Readiness as a watch, for what must follow it (e.g. gRPC health statuses): it changes
+    /// only when readiness does.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.ready.subscribe()
     }
 
     /// Renders the registry in the OpenMetrics text format.
@@ -71,6 +80,87 @@ pub async fn serve_admin(
     axum::serve(listener, admin_router(state))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
+}
+
+/// The admin port of a service from start to the very end: it outlives the drain, so probes
+/// and metrics answer until [`AdminServer::stop`].
+pub struct AdminServer {
+    state: AdminState,
+    stop: Shutdown,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl AdminServer {
+    /// Serves `registry` and readiness on `listener`; without one (in-process tests that do
+    /// not look) only the state is kept.
+    pub fn start(listener: Option<TcpListener>, registry: Registry) -> Self {
+        let state = AdminState::new(registry);
+        let stop = Shutdown::new();
+        let task = listener.map(|l| tokio::spawn(serve_admin(l, state.clone(), stop.clone())));
+        Self { state, stop, task }
+    }
+
+    /// What the server serves (readiness and metrics).
+    pub fn state(&self) -> &AdminState {
+        &self.state
+    }
+
+    /// Resolves only when the server has stopped on its own, which it should never do before
+    /// [`AdminServer::stop`]: supervise it with [`crate::Vital::guard`].
+    pub async fn watch(&mut self) -> anyhow::Result<()> {
+        let Some(task) = self.task.as_mut() else {
+            return std::future::pending().await;
+        };
+        let ended = task.await;
+        self.task = None;
+        ended??;
+        Ok(())
+    }
+
+    /// Marks the service not ready, stops serving and waits for the server to finish.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.state.set_ready(false);
+        self.stop.cancel();
+        if let Some(task) = self.task {
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+/// Keeps readiness in step with `check`, evaluated every `period` until `stop` (which leaves
+/// the service not ready); each change is logged with `probe` naming what is checked.
+pub async fn probe_readiness<F, Fut>(
+    state: &AdminState,
+    probe: &'static str,
+    period: Duration,
+    stop: &Shutdown,
+    mut check: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut was = None;
+    loop {
+        let ready = tokio::select! {
+            ok = check() => ok,
+            _ = stop.cancelled() => break,
+        };
+        if was != Some(ready) {
+            if ready {
+                tracing::info!(probe, "ready");
+            } else {
+                tracing::warn!(probe, "not ready");
+            }
+            state.set_ready(ready);
+            was = Some(ready);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    state.set_ready(false);
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
@@ -120,5 +210,49 @@ mod tests {
         assert!(body.contains("kjob_test_things_total 1"), "{body}");
         shutdown.cancel();
         server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readiness_follows_the_probe_and_ends_not_ready() {
+        let server = AdminServer::start(None, Registry::default());
+        let state = server.state().clone();
+        let mut changes = state.subscribe();
+        let stop = Shutdown::new();
+        let answers = std::sync::Mutex::new(vec![false, true, true, false, true].into_iter());
+        let probe = probe_readiness(&state, "test", Duration::from_secs(1), &stop, || {
+            let next = answers.lock().unwrap().next();
+            async move { next.unwrap_or(true) }
+        });
+        let watcher = async {
+            let mut seen = Vec::new();
+            while seen.len() < 3 && changes.changed().await.is_ok() {
+                seen.push(*changes.borrow_and_update());
+            }
+            stop.cancel();
+            changes.changed().await.unwrap();
+            seen.push(*changes.borrow_and_update());
+            seen
+        };
+        let ((), seen) = tokio::join!(probe, watcher);
+        // Only changes are published (the first false is the start value), then stop: false.
+        assert_eq!(seen, vec![true, false, true, false]);
+        assert!(!state.is_ready());
+        server.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn admin_server_serves_until_stopped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut server = AdminServer::start(Some(listener), Registry::default());
+        server.state().set_ready(true);
+        let watched = tokio::time::timeout(Duration::from_millis(200), server.watch()).await;
+        assert!(watched.is_err(), "a healthy admin server does not end on its own");
+        let resp = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let state = server.state().clone();
+        server.stop().await.unwrap();
+        assert!(!state.is_ready());
+        assert!(reqwest::get(format!("http://{addr}/readyz")).await.is_err());
     }
 }

@@ -15,9 +15,7 @@ use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
 
 use crate::model::{ControllerRef, JobInfo, PodInfo, Store};
 
-/// Delay that batches the syncs triggered by pod events and Job status updates
-/// (upstream `syncJobBatchPeriod`).
-pub const SYNC_JOB_BATCH_PERIOD: Duration = Duration::from_secs(1);
+pub use kjob_core::SYNC_JOB_BATCH_PERIOD;
 
 /// The kind of expectation observation the watcher reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -186,7 +186,7 @@ async fn send_batch(
             Err(e) => {
                 metrics.send_errors.inc();
                 queue_ok.store(false, Ordering::Relaxed);
-                let delay = RETRY_INITIAL.saturating_mul(1 << attempt.min(6)).min(RETRY_MAX);
+                let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(attempt);
                 tracing::warn!(error = %e, attempt, ?delay, items = items.len(), "sending to kjob-queue failed; retrying");
                 attempt = attempt.saturating_add(1);
                 if give_up_at.is_none() && shutdown.is_cancelled() {

@@ -93,8 +93,7 @@ enum Attempt {
 /// [`RETRY_BASE`], never shorter than the server's `retryAfterSeconds` (client-go honours it the
 /// same way), and capped at [`RETRY_MAX`] so one throttled call cannot stall a sync for long.
 pub fn retry_delay(attempt: u32, server_hint: Option<Duration>) -> Duration {
-    let shift = attempt.saturating_sub(1).min(16);
-    let backoff = RETRY_BASE.saturating_mul(1 << shift);
+    let backoff = kjob_svc::Backoff::new(RETRY_BASE, RETRY_MAX).delay(attempt.saturating_sub(1));
     backoff.max(server_hint.unwrap_or(Duration::ZERO)).min(RETRY_MAX)
 }
 

@@ -31,7 +31,7 @@ pub const BACKOFF_RECORD: &str = "backoff";
 const RECORD_REMOVAL_TTL: Duration = Duration::from_millis(1);
 /// Default age after which unsatisfied expectations count as satisfied: upstream's 5-minute
 /// expectations timeout. `kjob-worker` lowers it to one lease plus [`STALE_EXPECTATIONS_MARGIN`].
-pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = Duration::from_secs(300);
+pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = kjob_core::EXPECTATIONS_TIMEOUT;
 /// Time for a request a previous lease holder had already sent to reach the API server.
 pub const STALE_EXPECTATIONS_MARGIN: Duration = Duration::from_secs(15);
 

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-/// client-go `ExpectationsTimeout`: a record older than this counts as satisfied, so a lost
-/// watch event cannot block a Job forever.
-pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub use kjob_core::EXPECTATIONS_TIMEOUT;
 
 /// A stored expectations record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,19 +21,10 @@ pub const JOB_LIMITER: ItemExponentialLimiter =
     ItemExponentialLimiter { base: Duration::from_secs(1), max: Duration::from_secs(60) };
 
 impl ItemExponentialLimiter {
-    /// The delay of the next requeue when the item has already failed `failures` times.
+    /// The delay of the next requeue when the item has already failed `failures` times: kjob's
+    /// one backoff formula, without jitter (the DONE script cannot draw the same random number).
     pub fn when(&self, failures: u32) -> Duration {
-        // 2^63 of anything exceeds every sane max; avoid overflow the way client-go does.
-        if failures >= 63 {
-            return self.max;
-        }
-        let factor = 1u64 << failures;
-        let nanos = (self.base.as_nanos()).saturating_mul(u128::from(factor));
-        if nanos >= self.max.as_nanos() {
-            self.max
-        } else {
-            Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-        }
+        kjob_svc::Backoff::new(self.base, self.max).delay(failures)
     }
 }
 

@@ -134,8 +134,7 @@ pub enum DoneOutcome {
     RequeueAfter(Duration),
 }
 
-/// Most Dones finished by one script call (a script blocks the whole server while it runs).
-pub const MAX_DONE_BATCH: usize = 200;
+pub use kjob_core::MAX_DONE_BATCH;
 
 /// One lease to finish (see [`Store::done_many`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -151,7 +151,7 @@ fn restart_count(pod: &Value) -> i64 {
 /// CrashLoopBackOff delay after `restarts` restarts: base, 2×base, 4×base … capped at 5 min.
 pub fn crash_loop_backoff(base: Duration, restarts: i64) -> Duration {
     let exp = u32::try_from(restarts.saturating_sub(1).clamp(0, 16)).unwrap_or(16);
-    base.saturating_mul(2u32.saturating_pow(exp)).min(MAX_CRASH_LOOP_BACKOFF)
+    kjob_svc::Backoff::new(base, MAX_CRASH_LOOP_BACKOFF).delay(exp)
 }
 
 /// Whether `node` is one of the kubelet's nodes (`<node_prefix>-<i>`, `i` below `nodes`).

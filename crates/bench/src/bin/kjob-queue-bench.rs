@@ -4,7 +4,7 @@
 //! one private redis-server (pinned to core 0; this process, the BullMQ driver and
 //! redis-benchmark pinned to core 1): redis-benchmark ZADD/LPUSH as the raw ceiling, then
 //! interleaved rounds (forward, reverse, …) of kjob-queue in gRPC service mode with 1 and N
-//! lessees and of BullMQ 6.7.0 (`bench/bullmq`, Worker concurrency 100, no-op processor), each
+//! lessees and of BullMQ 6.7.0 (`crates/bench/bullmq`, Worker concurrency 100, no-op processor), each
 //! after a warm-up, reporting items/s, Redis commands and CPU µs per item (INFO commandstats /
 //! INFO cpu deltas) and the per-round ratios with their min–max spread; then enqueue→lease
 //! latency p50/p99 with waiting lessees. Correctness gates (every key processed, none held by
@@ -147,7 +147,7 @@ mod bench {
         node: String,
         /// Directory of the BullMQ driver (package.json, package-lock.json, bench.js); `npm ci`
         /// runs there first if its node_modules are missing.
-        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/bullmq"))]
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/bullmq"))]
         bullmq_dir: PathBuf,
         /// Leave BullMQ out (kjob rounds only).
         #[arg(long)]
