@@ -79,7 +79,24 @@ pub fn tcp_incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result
 mod tests {
     use std::io::{Error, ErrorKind};
 
+    use futures::StreamExt;
+
     use super::*;
+
+    #[tokio::test]
+    async fn accepts_until_the_listener_is_shut_down() {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let handle = std_listener.try_clone().unwrap();
+        let mut conns = Box::pin(tcp_incoming(TcpListener::from_std(std_listener).unwrap()));
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let conn = conns.next().await.unwrap().unwrap();
+        assert!(conn.nodelay().unwrap());
+        socket2::SockRef::from(&handle).shutdown(std::net::Shutdown::Read).unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(5), conns.next()).await;
+        assert!(matches!(end, Ok(None)), "the stream ends when the listener breaks");
+    }
 
     #[test]
     fn accept_errors_by_kind() {
