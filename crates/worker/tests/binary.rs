@@ -1,4 +1,5 @@
-//! The `kjob-worker` binary: flags, readiness, a real sync, and a clean exit on SIGTERM.
+//! The `kjob-worker` binary: flags, readiness, a real sync, and a clean exit on SIGTERM, on
+//! kjob-sim and on the real control plane (there under the worker's ServiceAccount).
 
 mod common;
 
@@ -6,14 +7,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Driver, Fate, QueueService, create_job, finished, template};
-use kjob_sim::testing::TestSim;
+use kjob_testkit::server::TestServer;
 use kjob_testkit::{ChildGuard, bin_path, free_port};
 
-#[tokio::test]
-async fn binary_syncs_reports_ready_and_drains_on_sigterm() {
-    let sim = TestSim::start(Default::default()).await;
-    let client = sim.client();
-    common::create_namespace(&client, "bin").await;
+async fn binary_syncs_reports_ready_and_drains_on_sigterm(server: TestServer) {
+    let client = server.client();
+    let ns = server.namespace("bin");
+    server.create_namespace(&ns).await;
     let queue = QueueService::start();
     let admin = free_port();
     let bin = bin_path("kjob-worker").expect("kjob-worker binary (cargo build -p kjob-worker)");
@@ -21,7 +21,7 @@ async fn binary_syncs_reports_ready_and_drains_on_sigterm() {
     cmd.args(["--queue-url", &queue.url])
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .arg("--kubeconfig")
-        .arg(sim.kubeconfig_path())
+        .arg(server.worker_kubeconfig())
         .args(["--worker-id", "bin-1", "--lease-duration", "5s", "--shutdown-grace", "2s"])
         .args(["--log-format", "json"])
         .stdout(Stdio::null())
@@ -40,14 +40,14 @@ async fn binary_syncs_reports_ready_and_drains_on_sigterm() {
     .await;
     create_job(
         &client,
-        "bin",
+        &ns,
         serde_json::json!({
             "metadata": {"name": "b"},
             "spec": {"completions": 2, "parallelism": 2, "template": template("Never")}
         }),
     )
     .await;
-    let mut d = Driver::new(client, queue.client(), "bin", "b");
+    let mut d = Driver::new(client, queue.client(), &ns, "b");
     let job = d.run_until(Duration::from_secs(20), &mut |_| Fate::Succeed, &mut finished).await;
     assert!(common::condition(&job, "Complete").is_some());
     assert_eq!(d.all_pods.len(), 2);
@@ -56,3 +56,6 @@ async fn binary_syncs_reports_ready_and_drains_on_sigterm() {
         .unwrap();
     assert!(status.is_some_and(|s| s.success()), "exit status {status:?}");
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    binary_syncs_reports_ready_and_drains_on_sigterm);
