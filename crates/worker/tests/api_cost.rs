@@ -1,5 +1,6 @@
 //! API cost of the steady path: a large Indexed Job through the real processes, counting the
-//! worker's API calls per pod (every verb and resource, events included).
+//! worker's API calls per pod (every verb and resource, events included), on kjob-sim and on the
+//! real control plane.
 
 mod stack_common;
 
@@ -10,20 +11,17 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
 use stack_common::*;
 
-const NAMESPACE: &str = "cost";
 const COMPLETIONS: i32 = 400;
 const TIMEOUT: Duration = Duration::from_secs(150);
 /// Most API calls per pod allowed on this path (create, finalizer removal, and the shares of
 /// the per-sync GET, LIST and status write; events are capped per Job by the spam filter).
 const MAX_CALLS_PER_POD: f64 = 2.5;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_indexed_job_costs_few_api_calls_per_pod() {
+async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::server::TestServer) {
     let run_dir = tempfile::Builder::new().prefix("kjob-api-cost-").tempdir().unwrap();
-    let stack = tokio::task::block_in_place(|| start_stack(run_dir.path().to_path_buf(), 1, &[]));
-    let client = client(&stack).await;
-    create_namespace(&client, NAMESPACE).await;
-    let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let ns = server.namespace("cost");
+    let (stack, client) = start_stack_on(&server, &ns, run_dir.path().to_path_buf(), 1, &[]).await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let shape = Shape::Indexed { completions: COMPLETIONS, parallelism: 100 };
     create_job_retrying(&jobs, &shape.job("big", kjob_core::DEFAULT_CONTROLLER_NAME, 500)).await;
     let deadline = Instant::now() + TIMEOUT;
@@ -63,3 +61,6 @@ async fn a_large_indexed_job_costs_few_api_calls_per_pod() {
     assert!(filtered >= f64::from(COMPLETIONS) - 30.0, "{filtered} events filtered");
     assert!(per_pod <= MAX_CALLS_PER_POD, "{per_pod:.2} API calls per pod: {by_call:#?}");
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    a_large_indexed_job_costs_few_api_calls_per_pod);
