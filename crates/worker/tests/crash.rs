@@ -79,15 +79,26 @@ async fn a_worker_killed_after_creating_pods_leaves_no_duplicates() {
     b.stop().await;
 }
 
-#[tokio::test]
-async fn pod_failure_backoff_survives_worker_restarts() {
-    let sim = TestSim::start(Default::default()).await;
-    let client = sim.client();
-    common::create_namespace(&client, "restart").await;
+/// On both servers (the others here need kjob-sim's injected write latency).
+async fn pod_failure_backoff_survives_worker_restarts(server: kjob_testkit::server::TestServer) {
+    let client = server.client();
+    let ns = server.namespace("restart");
+    server.create_namespace(&ns).await;
+    let kubeconfig = server.worker_kubeconfig();
     let queue = QueueService::start();
-    let mut w = Some(WorkerHandle::start(&sim, &queue.url, "w1", Duration::from_secs(5)));
-    let mut d = Driver::new(client.clone(), queue.client(), "restart", "rb");
-    create_job(&client, "restart", serde_json::json!({
+    let queue_url = queue.url.clone();
+    let start_worker = |id: &str| {
+        WorkerHandle::start_on(
+            &kubeconfig,
+            &queue_url,
+            id,
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        )
+    };
+    let mut w = Some(start_worker("w1"));
+    let mut d = Driver::new(client.clone(), queue.client(), &ns, "rb");
+    create_job(&client, &ns, serde_json::json!({
         "metadata": {"name": "rb"},
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 3, "template": template("Never")}
     }))
@@ -116,12 +127,7 @@ async fn pod_failure_backoff_survives_worker_restarts() {
             && t.elapsed() > Duration::from_secs(2 + 3 * restarted)
         {
             w.take().unwrap().stop().await;
-            w = Some(WorkerHandle::start(
-                &sim,
-                &queue.url,
-                &format!("w{}", restarted + 2),
-                Duration::from_secs(5),
-            ));
+            w = Some(start_worker(&format!("w{}", restarted + 2)));
             restarted += 1;
         }
         assert!(start.elapsed() < TIMEOUT, "no replacement pod after {TIMEOUT:?}");
@@ -242,3 +248,6 @@ async fn shutdown_hands_back_syncs_that_outlive_the_grace() {
     assert_eq!(d.all_pods.len(), 4, "{:?}", d.all_pods);
     b.stop().await;
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    pod_failure_backoff_survives_worker_restarts);
