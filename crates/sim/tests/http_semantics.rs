@@ -295,6 +295,41 @@ async fn hooks_inject_faults_and_count_requests() {
 }
 
 #[tokio::test]
+async fn pod_quota_fault_refuses_only_pod_creates() {
+    let h = H::start(SimConfig::default()).await;
+    h.pod("default", "before").await;
+    let (code, v) = h.post("/sim/faults", json!({"podQuotaExceeded": true})).await;
+    assert_eq!((code, &v["podQuotaExceeded"]), (200, &json!(true)));
+    let body = json!({"metadata": {"name": "refused"}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    let (code, v) = h.post("/api/v1/namespaces/default/pods", body.clone()).await;
+    assert_eq!((code, v["reason"].as_str()), (403, Some("Forbidden")), "{v}");
+    assert!(v["message"].as_str().unwrap().contains("exceeded quota"), "{v}");
+    let (code, _) = h.get("/api/v1/namespaces/default/pods/before").await;
+    assert_eq!(code, 200, "reads go through");
+    let (code, _) = h.post("/sim/faults", json!({"podQuotaExceeded": "yes"})).await;
+    assert_eq!(code, 400);
+    h.post("/sim/faults", json!({"podQuotaExceeded": false})).await;
+    let (code, _) = h.post("/api/v1/namespaces/default/pods", body).await;
+    assert_eq!(code, 201);
+}
+
+/// `in` and `notin` are words wherever a key or value is expected, as a real server parses them.
+#[tokio::test]
+async fn label_selectors_take_in_and_notin_as_values() {
+    let h = H::start(SimConfig::default()).await;
+    let body = json!({"metadata": {"name": "g", "labels": {"grp": "in"}},
+                      "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    let (code, _) = h.post("/api/v1/namespaces/default/pods", body).await;
+    assert_eq!(code, 201);
+    for (sel, want) in [("grp%3Din", 1), ("grp+in+(in,notin)", 1), ("grp+notin+(in)", 0)] {
+        let (code, v) =
+            h.get(&format!("/api/v1/namespaces/default/pods?labelSelector={sel}")).await;
+        assert_eq!(code, 200, "{sel}: {v}");
+        assert_eq!(v["items"].as_array().unwrap().len(), want, "{sel}");
+    }
+}
+
+#[tokio::test]
 async fn a_bookmark_precedes_the_watch_timeout() {
     let h = H::start(SimConfig::default()).await;
     let start = std::time::Instant::now();

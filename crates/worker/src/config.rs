@@ -32,7 +32,7 @@ pub struct Args {
     /// How long in-flight syncs may run after SIGTERM before their keys are handed back.
     #[arg(long, env = "KJOB_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
-    /// Identity of this worker (lease holder, event reportingInstance); defaults to the hostname.
+    /// Identity of this worker (lease holder, logs); defaults to the hostname.
     #[arg(long, env = "POD_NAME")]
     pub worker_id: Option<String>,
     /// Log flags.

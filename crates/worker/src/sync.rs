@@ -313,7 +313,32 @@ impl Worker {
         if let Some(deltas) = &outcome.metrics {
             self.add_metrics(deltas, outcome.error.is_none(), started.elapsed());
         }
-        match &outcome.backoff {
+        let persisted = self.persist_backoff(job, key, &outcome.backoff).await;
+        let failed = match (outcome.error, persisted) {
+            (Some(e), _) => Some(SyncError::Plan(e)),
+            (None, Err(e)) => Some(e),
+            (None, Ok(())) => None,
+        };
+        if let Some(e) = failed {
+            if let Some(after) = outcome.requeue_after {
+                self.requeue_no_later_than(key, after).await;
+            }
+            return Err(e);
+        }
+        Ok(match outcome.requeue_after {
+            Some(d) => SyncOutcome::RequeueAfter(d),
+            None => SyncOutcome::Done,
+        })
+    }
+
+    /// Stores or removes the Job's pod-failure backoff record as the plan says.
+    async fn persist_backoff(
+        &self,
+        job: &Job,
+        key: &str,
+        update: &BackoffUpdate,
+    ) -> Result<(), SyncError> {
+        match update {
             BackoffUpdate::Keep => {}
             BackoffUpdate::Put(record) => {
                 let uid = job.metadata.uid.as_deref().unwrap_or_default();
@@ -326,16 +351,7 @@ impl Worker {
                     .await?;
             }
         }
-        if let Some(e) = outcome.error {
-            if let Some(after) = outcome.requeue_after {
-                self.requeue_no_later_than(key, after).await;
-            }
-            return Err(SyncError::Plan(e));
-        }
-        Ok(match outcome.requeue_after {
-            Some(d) => SyncOutcome::RequeueAfter(d),
-            None => SyncOutcome::Done,
-        })
+        Ok(())
     }
 
     /// Counts finished pods seen still holding the tracking finalizer (`event="add"`).
