@@ -1,6 +1,8 @@
-//! Events on kjob-sim as upstream's Job controller writes them (core/v1, source
-//! `job-controller`, counted and combined by client-go's correlator), with two workers' sinks
-//! writing about one Job: a repeat from the other worker counts up the same Event.
+//! Events as upstream's Job controller writes them (core/v1, source `job-controller`, counted
+//! and combined by client-go's correlator), with two workers' sinks writing about one Job: a
+//! repeat from the other worker counts up the same Event. On kjob-sim and on the real control
+//! plane, where the sinks write under the worker's ServiceAccount (create and patch on events,
+//! nothing more).
 
 mod common;
 
@@ -8,19 +10,21 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Event;
-use kjob_sim::testing::TestSim;
+use kjob_testkit::server::TestServer;
 use kjob_worker::events::{EventSink, EventType};
 use kjob_worker::kube_api::KubeApi;
 use kjob_worker::metrics::Metrics;
 use kube::Api;
 
-const NS: &str = "events";
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn sink(sim: &TestSim, id: &str) -> (EventSink, tokio::task::JoinHandle<()>) {
+async fn sink(server: &TestServer, id: &str) -> (EventSink, tokio::task::JoinHandle<()>) {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let api = KubeApi::new(sim.client(), 100.0, 100, metrics.clone());
+    let kc = kube::config::Kubeconfig::read_from(server.worker_kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let api = KubeApi::new(client, 100.0, 100, metrics.clone());
     let (sink, writer) = EventSink::new(api, kjob_core::DEFAULT_CONTROLLER_NAME, id, metrics);
     (sink, tokio::spawn(writer.run()))
 }
@@ -40,20 +44,21 @@ fn count_of(evs: &[Event], message: &str) -> Option<i32> {
     evs.iter().find(|e| e.message.as_deref() == Some(message)).and_then(|e| e.count)
 }
 
-#[tokio::test]
-async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined() {
-    let sim = TestSim::start(Default::default()).await;
-    let client = sim.client();
-    common::create_namespace(&client, NS).await;
+async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined(
+    server: TestServer,
+) {
+    let client = server.client();
+    let ns = server.namespace("events");
+    server.create_namespace(&ns).await;
     let job = common::create_job(
         &client,
-        NS,
+        &ns,
         serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
     )
     .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), NS);
-    let (w1, t1) = sink(&sim, "w1");
-    let (w2, t2) = sink(&sim, "w2");
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let (w1, t1) = sink(&server, "w1").await;
+    let (w2, t2) = sink(&server, "w2").await;
 
     // The same event from worker 1, then twice from worker 2 (which never saw it).
     let quota = "Error creating: pods \"cnt-x\" is forbidden: exceeded quota";
@@ -105,3 +110,6 @@ async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combine
     t1.await.unwrap();
     t2.await.unwrap();
 }
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined);
