@@ -221,7 +221,53 @@ async fn job_deletion_propagates(server: TestServer) {
     }
 }
 
+/// A Job deleted while no watcher leads: its pods keep the tracking finalizer (the garbage
+/// collector marks them for deletion, nothing removes the finalizer) until a watcher starts
+/// leading, sends them to the orphan queue from its initial list, and a worker removes it.
+async fn pods_of_a_job_deleted_while_no_watcher_led_are_released(server: TestServer) {
+    let ns = server.namespace("leaderless");
+    let (mut kjob, client, _dir) = stack(&server, &ns).await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    jobs.create(
+        &PostParams::default(),
+        &job("gone", "never", json!({"parallelism": 2, "completions": 2})),
+    )
+    .await
+    .unwrap();
+    eventually("two running pods", || async {
+        let items = pods.list(&job_pods("gone")).await.ok()?.items;
+        let running = items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        (running == 2).then_some(())
+    })
+    .await;
+    let watcher = kjob.watchers()[0].clone();
+    tokio::task::block_in_place(|| kjob.kill(&watcher)).unwrap();
+    jobs.delete("gone", &DeleteParams::background()).await.unwrap();
+    eventually("the Job gone and its pods terminating", || async {
+        let gone = jobs.get_opt("gone").await.ok()?.is_none();
+        let items = pods.list(&job_pods("gone")).await.ok()?.items;
+        let terminating = items.iter().all(|p| p.metadata.deletion_timestamp.is_some());
+        (gone && items.len() == 2 && terminating).then_some(())
+    })
+    .await;
+    // Nobody leads: the pods stay, held by the tracking finalizer.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = pods.list(&job_pods("gone")).await.unwrap().items;
+    assert_eq!(held.len(), 2, "pods without a leading watcher: {held:?}");
+    // The watcher takes the Lease again (after the killed holder's Lease expires).
+    tokio::task::block_in_place(|| kjob.restart(&watcher)).unwrap();
+    eventually("the pods released and gone", || async {
+        pods.list(&job_pods("gone")).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    pods_of_a_job_deleted_while_no_watcher_led_are_released,
     quota_refuses_creates_until_raised,
     eviction_is_ignored_by_pod_failure_policy,
     job_deletion_propagates,
