@@ -266,7 +266,50 @@ async fn pods_of_a_job_deleted_while_no_watcher_led_are_released(server: TestSer
     .await;
 }
 
+/// A pod of an Indexed Job that carries the completion-index label but not the annotation is
+/// index-less, as upstream's getCompletionIndex reads only the annotation: kjob deletes it and
+/// creates index 0 properly (the label-only pod runs forever, so counting it as index 0 would
+/// never finish the Job).
+async fn label_only_index_pod_is_replaced(server: TestServer) {
+    let ns = server.namespace("labelindex");
+    let (_kjob, client, _dir) = stack(&server, &ns).await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let spec =
+        json!({"completionMode": "Indexed", "completions": 1, "parallelism": 1, "suspend": true});
+    let created = jobs.create(&PostParams::default(), &job("li", "500ms", spec)).await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let owner = kube::Resource::controller_owner_ref(&created, &()).unwrap();
+    let stray: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "li-stray",
+            "labels": {"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+                       "batch.kubernetes.io/job-name": "li", "job-name": "li",
+                       "batch.kubernetes.io/job-completion-index": "0"},
+            "annotations": {"kjob.io/sim-run-time": "never"},
+            "finalizers": [kjob_core::JOB_TRACKING_FINALIZER],
+            "ownerReferences": [owner],
+        },
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &stray).await.unwrap();
+    let resume = json!({"spec": {"suspend": false}});
+    jobs.patch("li", &PatchParams::default(), &Patch::Merge(&resume)).await.unwrap();
+    let done = eventually("the Job Complete", || async {
+        jobs.get("li").await.ok().filter(|j| condition(j, "Complete"))
+    })
+    .await;
+    assert_eq!(done.status.as_ref().unwrap().completed_indexes.as_deref(), Some("0"));
+    let stray = pods.get_opt("li-stray").await.unwrap();
+    assert!(
+        stray.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "the label-only pod was left running: {stray:?}"
+    );
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    label_only_index_pod_is_replaced,
     pods_of_a_job_deleted_while_no_watcher_led_are_released,
     quota_refuses_creates_until_raised,
     eviction_is_ignored_by_pod_failure_policy,
