@@ -179,6 +179,59 @@ pub fn line_chart(
     Ok(())
 }
 
+/// Cumulative distributions, one line per `(legend, points)` of `(value, fraction)`, on a
+/// logarithmic value axis, so a configuration whose latencies are a hundred times another's
+/// still shows both shapes. Values at or below zero are drawn at the axis' left end.
+pub fn cdf_chart(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), PlotError> {
+    ensure_font()?;
+    let err = draw_err(path);
+    let xs = || series.iter().flat_map(|s| s.1.iter()).map(|p| p.0);
+    let x_min = xs().filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
+    let x_min = if x_min.is_finite() { x_min / 2.0 } else { 1e-3 };
+    let x_max = xs().fold(0.0, f64::max).max(x_min * 10.0) * 1.5;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FAMILY, 24))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x_min..x_max).log_scale(), 0.0..1.05)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("{x_desc}, log scale"))
+        .y_desc("fraction of samples")
+        .label_style((FAMILY, 15))
+        .axis_desc_style((FAMILY, 17))
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = colour(i);
+        let pts: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (x.max(x_min), y)).collect();
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FAMILY, 15))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
 /// A value with three significant figures at most, for bar labels.
 pub fn format_value(v: f64) -> String {
     let a = v.abs();
@@ -217,8 +270,11 @@ mod tests {
             .unwrap();
         let lines = dir.path().join("lines.png");
         let series = vec![("c".to_string(), vec![(0.1, 0.5), (0.3, 1.0)])];
-        line_chart(&lines, "CDF", "latency (s)", "fraction", &series).unwrap();
-        for p in [bars, lines] {
+        line_chart(&lines, "lines", "time (s)", "fraction", &series).unwrap();
+        let cdf = dir.path().join("cdf.png");
+        let series = vec![("c".to_string(), vec![(0.0, 0.2), (0.01, 0.5), (3.0, 1.0)])];
+        cdf_chart(&cdf, "CDF", "latency (s)", &series).unwrap();
+        for p in [bars, lines, cdf] {
             assert_eq!(&std::fs::read(&p).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
         }
     }

@@ -721,7 +721,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     let mut keys: Vec<&String> = r.figures.iter().flat_map(|f| f.requests_per_pod.keys()).collect();
     keys.sort();
     keys.dedup();
-    let _ = writeln!(s, "{header}\n{rule}");
+    let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", "| request |", 1));
     for k in keys {
         let mut line = format!("| {k} |");
         for f in &r.figures {

@@ -382,13 +382,7 @@ fn draw_charts(
         if series.is_empty() {
             continue;
         }
-        chart::line_chart(
-            &out.join(file),
-            title,
-            "latency (seconds)",
-            "fraction of samples",
-            &series,
-        )?;
+        chart::cdf_chart(&out.join(file), title, "latency (seconds)", &series)?;
         charts.push(Chart {
             file: file.into(),
             caption: format!("{title}: cumulative distribution per configuration."),
