@@ -813,6 +813,8 @@ pub const SHARED_CLUSTER_ENV: &str = "KJOB_TEST_CLUSTER";
 
 /// The control plane a test runs on.
 #[derive(Debug)]
+// One per test, never in a collection: boxing the owned ControlPlane would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum TestCluster {
     /// Shared with other tests (started by `make test`); the test owns only its namespace.
     Shared(ClusterInfo),
