@@ -10,7 +10,7 @@ KUBELET ?= on
 JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
-.PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-sim bench-queue \
+.PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
 	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-up cluster-down
 
 all: build
@@ -70,6 +70,14 @@ bench:
 	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
 	$(CARGO) build --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench --bin-dir $(TARGET_DIR)/release $(BENCH_ARGS)
+
+## bench-upstream: kjob side by side with kube-controller-manager's Job controller on fresh real
+## control planes (upstream defaults, upstream tuned, kjob with 1 and 2 workers, interleaved, then
+## reversed); target/bench/upstream.md, upstream.json and PNG charts (BENCH_ARGS=--quick: one short pass)
+bench-upstream: cluster-build
+	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
+	$(CARGO) build --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench $(BENCH_ARGS)
 
 ## bench-sim: kjob-sim's raw throughput (creates/s, status updates/s, watch events/s, RSS)
 bench-sim:

@@ -1,10 +1,15 @@
-//! kjob-bench: the pure parts of the whole-stack benchmark — statistics, parsers for the
-//! text the processes expose (Prometheus counters, Redis `INFO commandstats`, `/proc`), the
-//! Markdown report and the PNG plots. The binary (`src/main.rs`) does the I/O around them.
+//! kjob-bench: the pure parts of the whole-stack benchmark and of the side-by-side benchmark
+//! against upstream — statistics, parsers for the text the processes expose (Prometheus
+//! counters, kube-apiserver's `/metrics`, Redis `INFO commandstats`, `/proc`), the Markdown
+//! reports and the PNG plots. The binaries (`src/main.rs`, `src/bin/kjob-bench-upstream`) do
+//! the I/O around them.
 
+pub mod apiserver;
+pub mod chart;
 pub mod plot;
 pub mod procfs;
 pub mod promtext;
 pub mod redisinfo;
 pub mod report;
 pub mod stats;
+pub mod upstream;

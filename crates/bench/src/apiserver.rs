@@ -1,0 +1,146 @@
+//! kube-apiserver's own counters, read out of its `/metrics` text: requests by verb and
+//! resource (`apiserver_request_total`), bytes of responses (`apiserver_response_sizes_sum`)
+//! and of watch events (`apiserver_watch_events_sizes_sum`).
+
+use std::collections::BTreeMap;
+
+use crate::promtext;
+
+/// Requests counted by kube-apiserver, by verb and resource.
+pub const REQUESTS: &str = "apiserver_request_total";
+/// Sum of the bytes of every response kube-apiserver sent (a histogram's `_sum`).
+pub const RESPONSE_BYTES: &str = "apiserver_response_sizes_sum";
+/// Sum of the bytes of every watch event kube-apiserver sent (a histogram's `_sum`).
+pub const WATCH_EVENT_BYTES: &str = "apiserver_watch_events_sizes_sum";
+
+/// The counters of one scrape (or the difference of two).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    /// `(verb, resource)` → requests; the resource carries its subresource (`pods/status`);
+    /// requests without a resource (`/metrics`, `/readyz`) are left out.
+    pub requests: BTreeMap<(String, String), f64>,
+    /// Bytes of responses.
+    pub response_bytes: f64,
+    /// Bytes of watch events.
+    pub watch_event_bytes: f64,
+}
+
+impl Counters {
+    /// Parses the text of kube-apiserver's `/metrics`.
+    pub fn parse(text: &str) -> Self {
+        let mut requests = BTreeMap::new();
+        for s in promtext::samples(text, REQUESTS) {
+            let resource = s.labels.get("resource").cloned().unwrap_or_default();
+            if resource.is_empty() {
+                continue;
+            }
+            let resource = match s.labels.get("subresource").filter(|r| !r.is_empty()) {
+                Some(sub) => format!("{resource}/{sub}"),
+                None => resource,
+            };
+            let verb = s.labels.get("verb").cloned().unwrap_or_default();
+            *requests.entry((verb, resource)).or_insert(0.0) += s.value;
+        }
+        Self {
+            requests,
+            response_bytes: promtext::total(text, RESPONSE_BYTES),
+            watch_event_bytes: promtext::total(text, WATCH_EVENT_BYTES),
+        }
+    }
+
+    /// What grew from `before` to `self` (a counter that went down counts 0).
+    pub fn since(&self, before: &Counters) -> Counters {
+        let requests = self
+            .requests
+            .iter()
+            .filter_map(|(k, v)| {
+                let d = v - before.requests.get(k).copied().unwrap_or(0.0);
+                (d > 0.0).then(|| (k.clone(), d))
+            })
+            .collect();
+        Counters {
+            requests,
+            response_bytes: (self.response_bytes - before.response_bytes).max(0.0),
+            watch_event_bytes: (self.watch_event_bytes - before.watch_event_bytes).max(0.0),
+        }
+    }
+
+    /// Bytes sent: responses plus watch events.
+    pub fn bytes_sent(&self) -> f64 {
+        self.response_bytes + self.watch_event_bytes
+    }
+
+    /// Every request counted.
+    pub fn total_requests(&self) -> f64 {
+        self.requests.values().sum()
+    }
+
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &Counters) {
+        for (k, v) in &other.requests {
+            *self.requests.entry(k.clone()).or_insert(0.0) += v;
+        }
+        self.response_bytes += other.response_bytes;
+        self.watch_event_bytes += other.watch_event_bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = r#"# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 10
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="batch",resource="jobs",scope="resource",subresource="status",verb="PUT",version="v1"} 4
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/readyz",verb="GET",version=""} 7
+apiserver_response_sizes_bucket{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1",le="1000"} 3
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 25000
+apiserver_response_sizes_count{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 10
+apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 1000
+apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500.5
+"#;
+
+    const AFTER: &str = r#"apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 30
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="batch",resource="jobs",scope="resource",subresource="status",verb="PUT",version="v1"} 4
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 5
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 75000
+apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 3000
+apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500.5
+"#;
+
+    #[test]
+    fn parses_requests_by_verb_and_resource_and_bytes() {
+        let c = Counters::parse(BEFORE);
+        let key = |v: &str, r: &str| (v.to_string(), r.to_string());
+        assert_eq!(c.requests.get(&key("POST", "pods")), Some(&10.0));
+        assert_eq!(c.requests.get(&key("PUT", "jobs/status")), Some(&4.0));
+        // Non-resource requests and buckets/counts of histograms are not counted.
+        assert_eq!(c.requests.len(), 2);
+        assert_eq!(c.response_bytes, 25_000.0);
+        assert_eq!(c.watch_event_bytes, 1500.5);
+    }
+
+    #[test]
+    fn difference_of_two_scrapes() {
+        let d = Counters::parse(AFTER).since(&Counters::parse(BEFORE));
+        let key = |v: &str, r: &str| (v.to_string(), r.to_string());
+        // Codes are summed: 20 more 201s and 2 new 409s.
+        assert_eq!(d.requests.get(&key("POST", "pods")), Some(&22.0));
+        assert_eq!(d.requests.get(&key("LIST", "pods")), Some(&5.0));
+        // Unchanged counters drop out.
+        assert_eq!(d.requests.get(&key("PUT", "jobs/status")), None);
+        assert_eq!(d.response_bytes, 50_000.0);
+        assert_eq!(d.watch_event_bytes, 2000.0);
+        assert_eq!(d.bytes_sent(), 52_000.0);
+        assert_eq!(d.total_requests(), 27.0);
+        let mut sum = d.clone();
+        sum.add(&d);
+        assert_eq!(sum.total_requests(), 54.0);
+        // A restarted server (counters went down) never yields negative figures.
+        let back = Counters::parse(BEFORE).since(&Counters::parse(AFTER));
+        assert_eq!(back.response_bytes, 0.0);
+        assert!(back.requests.is_empty());
+    }
+}

@@ -1,0 +1,367 @@
+//! One run: a fresh control plane for one configuration, kjob's stack on it when the
+//! configuration is kjob, one workload, counters and `/proc` read before and after, and
+//! everything stopped again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::batch::v1::Job;
+use kjob_bench::apiserver::Counters;
+use kjob_bench::procfs::{Usage, read_usage};
+use kjob_bench::upstream::{
+    APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, Workload,
+};
+use kjob_testkit::cluster::{ClusterInfo, ClusterOptions, ControlPlane, JobController};
+use kjob_testkit::stack::{RealServer, Stack, StackConfig};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::task::JoinSet;
+
+use crate::recorder::{Observed, Recorder};
+
+/// Timeout of every single API call and scrape the harness makes.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the harness checks whether a run is done.
+const POLL: Duration = Duration::from_millis(200);
+/// Pause after the last Job finished before the final scrape, so the last status writes and
+/// the watch events they cause are in the counters.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How long kjob's watcher may take to win its Lease.
+const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Namespace of the benchmark's Jobs.
+pub const NAMESPACE: &str = "default";
+/// Control-plane processes whose CPU is measured (names of their pid files).
+const CONTROL_PLANE: [&str; 3] = [APISERVER, ETCD, CONTROLLER_MANAGER];
+
+/// What a run creates, with its sizes.
+#[derive(Debug, Clone, Copy)]
+pub enum Spec {
+    /// `jobs` single-pod Jobs created at once by `creators` concurrent clients.
+    Burst { jobs: usize, creators: usize },
+    /// One Indexed Job.
+    Indexed { completions: i32, parallelism: i32 },
+    /// `jobs` single-pod Jobs created at `rate` per second.
+    Steady { jobs: usize, rate: f64 },
+}
+
+impl Spec {
+    /// The workload it is.
+    pub fn workload(&self) -> Workload {
+        match self {
+            Spec::Burst { .. } => Workload::Burst,
+            Spec::Indexed { .. } => Workload::Indexed,
+            Spec::Steady { .. } => Workload::Steady,
+        }
+    }
+}
+
+/// What every run shares.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// Folder of the release kjob binaries and kjob-node-agent.
+    pub bin_dir: PathBuf,
+    /// Folder of the upstream binaries.
+    pub cluster_bins: PathBuf,
+    /// The redis-server executable.
+    pub redis_server: PathBuf,
+    /// Fake nodes.
+    pub nodes: u32,
+    /// Run time of every pod.
+    pub pod_run_time: Duration,
+    /// Deadline of a run, from the first Job created.
+    pub timeout: Duration,
+    /// `RUST_LOG` of the kjob services.
+    pub service_log: String,
+    /// `CLK_TCK`.
+    pub ticks: f64,
+}
+
+/// A Job of `completions` pods that each run for `run_time`, for whichever controller runs
+/// (no `managedBy`: upstream takes it, and kjob runs with `--manage-all-jobs`).
+pub fn job(
+    name: &str,
+    completions: i32,
+    parallelism: i32,
+    indexed: bool,
+    run_time: Duration,
+) -> Job {
+    let mut spec = json!({
+        "completions": completions,
+        "parallelism": parallelism,
+        "template": {
+            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+        }
+    });
+    if indexed {
+        spec["completionMode"] = json!("Indexed");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
+        "spec": spec
+    }))
+    .expect("a literal Job decodes")
+}
+
+/// Counters and process usage at one moment.
+struct Snapshot {
+    api: Counters,
+    usage: BTreeMap<String, Usage>,
+}
+
+async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    config.connect_timeout = Some(CALL_TIMEOUT);
+    config.write_timeout = Some(CALL_TIMEOUT);
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn control_plane_pids(dir: &Path) -> Vec<(String, u32)> {
+    CONTROL_PLANE
+        .iter()
+        .filter_map(|n| {
+            let s = std::fs::read_to_string(dir.join("pids").join(n)).ok()?;
+            Some((n.to_string(), s.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+async fn snapshot(
+    client: &kube::Client,
+    pids: &[(String, u32)],
+    ticks: f64,
+) -> anyhow::Result<Snapshot> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = tokio::time::timeout(CALL_TIMEOUT, client.request_text(req))
+        .await
+        .context("GET /metrics timed out")?
+        .context("GET /metrics of kube-apiserver")?;
+    let usage = pids
+        .iter()
+        .filter_map(|(n, pid)| read_usage(*pid, ticks).ok().map(|u| (n.clone(), u)))
+        .collect();
+    Ok(Snapshot { api: Counters::parse(&text), usage })
+}
+
+async fn create_one(api: &Api<Job>, rec: &Recorder, job: &Job) -> anyhow::Result<()> {
+    let name = job.metadata.name.clone().unwrap_or_default();
+    tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), job))
+        .await
+        .with_context(|| format!("creating Job {name} timed out"))?
+        .with_context(|| format!("creating Job {name}"))?;
+    rec.submitted(&name, Instant::now());
+    Ok(())
+}
+
+/// Creates the Jobs of `spec`; returns their names.
+async fn create(
+    client: &kube::Client,
+    rec: &Recorder,
+    spec: Spec,
+    run_time: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let single = |n: usize, prefix: &str| -> Vec<Job> {
+        (0..n).map(|i| job(&format!("{prefix}-{i:05}"), 1, 1, false, run_time)).collect()
+    };
+    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+    let jobs = match spec {
+        Spec::Burst { jobs, creators } => {
+            let list = single(jobs, "burst");
+            let queue = Arc::new(Mutex::new(list.clone()));
+            for _ in 0..creators.max(1) {
+                let (api, queue, rec) = (api.clone(), queue.clone(), rec.clone());
+                set.spawn(async move {
+                    loop {
+                        let Some(j) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+                            return Ok(());
+                        };
+                        create_one(&api, &rec, &j).await?;
+                    }
+                });
+            }
+            list
+        }
+        Spec::Indexed { completions, parallelism } => {
+            let j = job("indexed", completions, parallelism, true, run_time);
+            create_one(&api, rec, &j).await?;
+            vec![j]
+        }
+        Spec::Steady { jobs, rate } => {
+            anyhow::ensure!(rate > 0.0, "steady rate must be positive, got {rate}");
+            let list = single(jobs, "steady");
+            // Open loop: each Job on its schedule, however long earlier creates take.
+            let t0 = tokio::time::Instant::now();
+            for (i, j) in list.iter().cloned().enumerate() {
+                tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
+                let (api, rec) = (api.clone(), rec.clone());
+                set.spawn(async move { create_one(&api, &rec, &j).await });
+                while let Some(r) = set.try_join_next() {
+                    r.context("creator task")??;
+                }
+            }
+            list
+        }
+    };
+    while let Some(r) = set.join_next().await {
+        r.context("creator task")??;
+    }
+    Ok(jobs.iter().filter_map(|j| j.metadata.name.clone()).collect())
+}
+
+/// Runs `spec` on configuration `cfg` in `dir` (a fresh control plane, stopped after): the
+/// raw figures and what the harness observed (for the latency charts).
+pub async fn run(
+    env: &Env,
+    cfg: &Configuration,
+    spec: Spec,
+    pass: usize,
+    dir: &Path,
+) -> anyhow::Result<(RunFigures, Observed)> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut opts = ClusterOptions::new(dir.join("cluster"), env.bin_dir.join("kjob-node-agent"));
+    opts.bin_dir = Some(env.cluster_bins.clone());
+    opts.nodes = env.nodes;
+    opts.job_controller =
+        if cfg.is_upstream() { JobController::Upstream } else { JobController::Kjob };
+    opts.controller_manager_args = cfg.controller_manager_args();
+    opts.node_agent_args = vec![format!("--pod-run-time={}ms", env.pod_run_time.as_millis())];
+    let started = Instant::now();
+    let cp = tokio::task::block_in_place(|| ControlPlane::start(opts))?;
+    let info = ClusterInfo::read(&cp.dir)?;
+    tracing::info!(secs = started.elapsed().as_secs_f64(), "control plane up");
+    let stack = match cfg.kjob_workers() {
+        Some((workers, worker_flags)) => {
+            let mut sc = StackConfig::new(
+                env.bin_dir.clone(),
+                env.redis_server.clone(),
+                dir.join("kjob"),
+                workers,
+            );
+            let mut real = RealServer::from_cluster(&info, NAMESPACE);
+            // Like upstream: every namespace.
+            real.namespace = None;
+            sc.real = Some(real);
+            sc.watcher_args = vec!["--manage-all-jobs".into()];
+            sc.worker_args = vec!["--manage-all-jobs".into()];
+            sc.worker_args.extend(worker_flags);
+            sc.env = vec![("RUST_LOG".into(), env.service_log.clone())];
+            let stack = tokio::task::block_in_place(|| -> anyhow::Result<Stack> {
+                let s = Stack::start(sc)?;
+                s.wait_for_leader(LEADER_TIMEOUT)?;
+                Ok(s)
+            })?;
+            Some(stack)
+        }
+        None => None,
+    };
+    let outcome = measure(env, cfg, spec, pass, &info, stack).await;
+    tokio::task::block_in_place(|| drop(cp));
+    outcome
+}
+
+async fn measure(
+    env: &Env,
+    cfg: &Configuration,
+    spec: Spec,
+    pass: usize,
+    info: &ClusterInfo,
+    mut stack: Option<Stack>,
+) -> anyhow::Result<(RunFigures, Observed)> {
+    let client = admin_client(&info.kubeconfig).await?;
+    let rec = Recorder::default();
+    let mut watches = JoinSet::new();
+    rec.start(client.clone(), NAMESPACE, &mut watches).await?;
+    let mut pids = control_plane_pids(&info.dir);
+    if let Some(s) = &stack {
+        pids.extend(s.pids());
+    }
+    let before = snapshot(&client, &pids, env.ticks).await?;
+    let t0 = Instant::now();
+    let deadline = t0 + env.timeout;
+    let names = create(&client, &rec, spec, env.pod_run_time).await?;
+    tracing::info!(jobs = names.len(), secs = t0.elapsed().as_secs_f64(), "all Jobs created");
+    let mut timed_out = false;
+    let mut last_report = Instant::now();
+    while rec.finished(&names) < names.len() {
+        if let Some(s) = stack.as_mut() {
+            tokio::task::block_in_place(|| s.check_alive())?;
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            tracing::warn!(finished = rec.finished(&names), of = names.len(), "run timed out");
+            break;
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            tracing::info!(finished = rec.finished(&names), of = names.len(), "waiting");
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let end = Instant::now();
+    tokio::time::sleep(SETTLE).await;
+    let after = snapshot(&client, &pids, env.ticks).await?;
+    watches.abort_all();
+    if let Some(s) = stack.take() {
+        tokio::task::block_in_place(|| drop(s));
+    }
+    let observed = rec.observed(&names, t0, end);
+    let api = after.api.since(&before.api);
+    let upstream = cfg.is_upstream();
+    let processes = after
+        .usage
+        .iter()
+        .map(|(name, u)| {
+            let b = before.usage.get(name).map_or(0.0, |b| b.cpu_secs);
+            let controller = if name == CONTROLLER_MANAGER {
+                upstream
+            } else {
+                !CONTROL_PLANE.contains(&name.as_str())
+            };
+            ProcessFigures {
+                name: name.clone(),
+                cpu_secs: (u.cpu_secs - b).max(0.0),
+                peak_rss: u.peak_rss,
+                controller,
+            }
+        })
+        .collect();
+    let figures = RunFigures {
+        config: cfg.id.clone(),
+        workload: spec.workload().name().into(),
+        pass,
+        jobs: names.len() as u64,
+        jobs_finished: observed.jobs_finished,
+        pods_created: observed.pods_created,
+        elapsed_secs: observed.elapsed_secs,
+        pods_window_secs: observed.pods_window_secs,
+        timed_out,
+        offered_rate: match spec {
+            Spec::Steady { rate, .. } => Some(rate),
+            _ => None,
+        },
+        first_pod: observed.first_pod_summary(),
+        counted: observed.counted_summary(),
+        counted_from_finished_at: observed.counted_from_finished_at_summary(),
+        time_to_complete_secs: match spec {
+            Spec::Indexed { .. } => observed.time_to_complete_secs,
+            _ => None,
+        },
+        requests: api.requests.iter().map(|((v, r), n)| (format!("{v} {r}"), *n)).collect(),
+        response_bytes: api.response_bytes,
+        watch_event_bytes: api.watch_event_bytes,
+        processes,
+        watch_errors: rec.watch_errors(),
+    };
+    Ok((figures, observed))
+}

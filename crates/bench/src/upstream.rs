@@ -1,0 +1,941 @@
+//! The side-by-side benchmark against kube-controller-manager's Job controller (issue 16) as
+//! plain data: the configurations and the order they run in, the figures of one run, their
+//! summary per configuration, the ratios kjob ÷ upstream-tuned judged against the issue's
+//! targets, and the Markdown report. `src/bin/kjob-bench-upstream` does the I/O around them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::stats::{Summary, rate};
+
+/// Id of the configuration every ratio divides by: upstream tuned as operators tune it.
+pub const BASELINE: &str = "b";
+/// Id of kjob with one worker (the `_1w` ratios).
+pub const KJOB_1W: &str = "c";
+/// Id of kjob with two workers (the `_2w` ratios).
+pub const KJOB_2W: &str = "d";
+
+/// What a run creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// Single-pod Jobs created at once.
+    Burst,
+    /// One Indexed Job with many completions.
+    Indexed,
+    /// Single-pod Jobs created at a steady rate.
+    Steady,
+}
+
+impl Workload {
+    /// Every workload, in the order a pass runs them (the steady rate comes from a burst run).
+    pub const ALL: [Workload; 3] = [Workload::Burst, Workload::Indexed, Workload::Steady];
+
+    /// Short name (`burst`, `indexed`, `steady`), as in flags and run folders.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Burst => "burst",
+            Workload::Indexed => "indexed",
+            Workload::Steady => "steady",
+        }
+    }
+
+    /// The workload called `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|w| w.name() == s)
+    }
+}
+
+/// Which Job controller a configuration runs, with its knobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Controller {
+    /// kube-controller-manager's Job controller.
+    Upstream {
+        /// `--concurrent-job-syncs`.
+        concurrent_job_syncs: u32,
+        /// `--kube-api-qps`.
+        kube_api_qps: u32,
+        /// `--kube-api-burst`.
+        kube_api_burst: u32,
+        /// `--kube-api-content-type`, when not the default (protobuf).
+        content_type: Option<String>,
+    },
+    /// kjob: redis, kjob-queue, one kjob-watcher and `workers` kjob-workers.
+    Kjob {
+        /// kjob-worker processes.
+        workers: usize,
+        /// Each worker's `--kube-qps`.
+        kube_qps: u32,
+        /// Each worker's `--kube-burst`.
+        kube_burst: u32,
+    },
+}
+
+/// One configuration of the comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Configuration {
+    /// `a`, `b`, `bj`, `c`, `d`.
+    pub id: String,
+    /// What it is, for people.
+    pub label: String,
+    /// The controller and its knobs.
+    pub controller: Controller,
+}
+
+impl Configuration {
+    /// The configuration called `id`: (a) upstream defaults, (b) upstream tuned, (bj) upstream
+    /// tuned talking JSON, (c) kjob with 1 worker, (d) kjob with 2 workers; kjob's workers get
+    /// `worker_qps`/`worker_burst`.
+    pub fn by_id(id: &str, worker_qps: u32, worker_burst: u32) -> Option<Self> {
+        let upstream = |syncs, qps, burst, ct: Option<&str>| Controller::Upstream {
+            concurrent_job_syncs: syncs,
+            kube_api_qps: qps,
+            kube_api_burst: burst,
+            content_type: ct.map(str::to_string),
+        };
+        let kjob =
+            |workers| Controller::Kjob { workers, kube_qps: worker_qps, kube_burst: worker_burst };
+        let (label, controller) = match id {
+            "a" => ("upstream defaults", upstream(5, 20, 30, None)),
+            "b" => ("upstream tuned", upstream(50, 200, 400, None)),
+            "bj" => ("upstream tuned, JSON", upstream(50, 200, 400, Some("application/json"))),
+            "c" => ("kjob, 1 worker", kjob(1)),
+            "d" => ("kjob, 2 workers", kjob(2)),
+            _ => return None,
+        };
+        Some(Self { id: id.to_string(), label: label.to_string(), controller })
+    }
+
+    /// Whether kube-controller-manager's Job controller runs.
+    pub fn is_upstream(&self) -> bool {
+        matches!(self.controller, Controller::Upstream { .. })
+    }
+
+    /// kube-controller-manager flags of this configuration (none for kjob).
+    pub fn controller_manager_args(&self) -> Vec<String> {
+        match &self.controller {
+            Controller::Upstream {
+                concurrent_job_syncs,
+                kube_api_qps,
+                kube_api_burst,
+                content_type,
+            } => {
+                let mut v = vec![
+                    format!("--concurrent-job-syncs={concurrent_job_syncs}"),
+                    format!("--kube-api-qps={kube_api_qps}"),
+                    format!("--kube-api-burst={kube_api_burst}"),
+                ];
+                if let Some(ct) = content_type {
+                    v.push(format!("--kube-api-content-type={ct}"));
+                }
+                v
+            }
+            Controller::Kjob { .. } => Vec::new(),
+        }
+    }
+
+    /// `(workers, worker flags)` of a kjob configuration.
+    pub fn kjob_workers(&self) -> Option<(usize, Vec<String>)> {
+        match &self.controller {
+            Controller::Kjob { workers, kube_qps, kube_burst } => Some((
+                *workers,
+                vec![format!("--kube-qps={kube_qps}"), format!("--kube-burst={kube_burst}")],
+            )),
+            Controller::Upstream { .. } => None,
+        }
+    }
+}
+
+/// One run: a fresh control plane, one configuration, one workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// Pass number from 1.
+    pub pass: usize,
+    /// The workload.
+    pub workload: Workload,
+    /// Index into the configuration list.
+    pub config: usize,
+}
+
+/// The order of runs: each pass runs every workload, and each workload on every configuration
+/// — in the given order on odd passes and reversed on even ones, so drift of the machine
+/// during the run cancels out between configurations.
+pub fn schedule(configs: usize, workloads: &[Workload], passes: usize) -> Vec<Slot> {
+    let mut out = Vec::new();
+    for pass in 1..=passes {
+        let order: Vec<usize> =
+            if pass % 2 == 1 { (0..configs).collect() } else { (0..configs).rev().collect() };
+        for &workload in workloads {
+            out.extend(order.iter().map(|&config| Slot { pass, workload, config }));
+        }
+    }
+    out
+}
+
+/// Jobs/s of the steady workload: `flag` when positive, else half of (b)'s Jobs/s in the burst
+/// workload, else (no (b) in the run) half of the mean of every burst run's; at least 1.
+pub fn steady_rate(flag: f64, baseline_jobs_per_s: Option<f64>, burst_jobs_per_s: &[f64]) -> f64 {
+    if flag > 0.0 {
+        return flag;
+    }
+    let base = baseline_jobs_per_s.filter(|r| *r > 0.0).or_else(|| {
+        (!burst_jobs_per_s.is_empty())
+            .then(|| burst_jobs_per_s.iter().sum::<f64>() / burst_jobs_per_s.len() as f64)
+    });
+    base.map_or(1.0, |b| (b / 2.0).max(1.0))
+}
+
+/// A latency summary in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Latency {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl From<Summary> for Latency {
+    fn from(s: Summary) -> Self {
+        Self { count: s.count, p50: s.p50, p99: s.p99, max: s.max, mean: s.mean }
+    }
+}
+
+/// CPU and peak memory of one process during a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProcessFigures {
+    /// Process name (`kube-apiserver`, `kjob-worker-1`, `redis-server`, …).
+    pub name: String,
+    /// CPU seconds (user + system) during the run.
+    pub cpu_secs: f64,
+    /// Peak resident set size since the process started (`VmHWM`), bytes.
+    pub peak_rss: u64,
+    /// Whether it is part of the Job controller of the configuration (kjob's processes, or
+    /// kube-controller-manager when its Job controller runs).
+    pub controller: bool,
+}
+
+/// Raw figures of one run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunFigures {
+    /// Configuration id.
+    pub config: String,
+    /// Workload name.
+    pub workload: String,
+    /// Pass number from 1.
+    pub pass: usize,
+    /// Jobs created.
+    pub jobs: u64,
+    /// Jobs that reached Complete or Failed.
+    pub jobs_finished: u64,
+    /// Pods seen created.
+    pub pods_created: u64,
+    /// Seconds from the first Job created to the last finished (or the deadline).
+    pub elapsed_secs: f64,
+    /// Seconds from the first Job created to the last pod created.
+    pub pods_window_secs: f64,
+    /// Whether the run hit its deadline.
+    pub timed_out: bool,
+    /// Jobs/s offered (steady workload).
+    pub offered_rate: Option<f64>,
+    /// Job created → its first pod seen.
+    pub first_pod: Option<Latency>,
+    /// Pod seen finished (its terminal phase arriving on the harness's watch) → counted in
+    /// its Job's `succeeded`/`failed`.
+    pub counted: Option<Latency>,
+    /// The same from the container's `finishedAt`, which kube-apiserver keeps to the second
+    /// only (so up to 1 s longer).
+    pub counted_from_finished_at: Option<Latency>,
+    /// Job created → Complete, for the Indexed workload.
+    pub time_to_complete_secs: Option<f64>,
+    /// API requests by `"VERB resource"` (every client; the other clients are the same in
+    /// every configuration).
+    pub requests: BTreeMap<String, f64>,
+    /// Bytes of kube-apiserver's responses.
+    pub response_bytes: f64,
+    /// Bytes of kube-apiserver's watch events.
+    pub watch_event_bytes: f64,
+    /// Processes of the control plane and of kjob.
+    pub processes: Vec<ProcessFigures>,
+    /// Errors of the harness's own watches (each followed by a re-list).
+    pub watch_errors: u64,
+}
+
+impl RunFigures {
+    /// Pods created per second.
+    pub fn pods_per_sec(&self) -> f64 {
+        rate(self.pods_created, self.pods_window_secs)
+    }
+    /// Jobs finished per second.
+    pub fn jobs_per_sec(&self) -> f64 {
+        rate(self.jobs_finished, self.elapsed_secs)
+    }
+    fn cpu_of(&self, name: &str) -> f64 {
+        self.processes.iter().filter(|p| p.name == name).map(|p| p.cpu_secs).sum()
+    }
+    /// CPU seconds of the Job controller's processes.
+    pub fn controller_cpu_secs(&self) -> f64 {
+        self.processes.iter().filter(|p| p.controller).map(|p| p.cpu_secs).sum()
+    }
+    /// Sum of the peak RSS of the Job controller's processes, bytes.
+    pub fn controller_peak_rss(&self) -> u64 {
+        self.processes.iter().filter(|p| p.controller).map(|p| p.peak_rss).sum()
+    }
+}
+
+/// Name of kube-apiserver's process.
+pub const APISERVER: &str = "kube-apiserver";
+/// Name of etcd's process.
+pub const ETCD: &str = "etcd";
+/// Name of kube-controller-manager's process.
+pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
+
+/// The figures of one configuration over all its runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ConfigFigures {
+    /// Configuration id.
+    pub id: String,
+    /// Its label.
+    pub label: String,
+    /// Runs summarised.
+    pub runs: usize,
+    /// Runs that hit their deadline.
+    pub timed_out_runs: usize,
+    /// Pods created/s in the burst workload (mean over passes).
+    pub pods_per_s: Option<f64>,
+    /// Jobs finished/s in the burst workload.
+    pub jobs_per_s: Option<f64>,
+    /// Pods created/s of the Indexed Job.
+    pub indexed_pods_per_s: Option<f64>,
+    /// The Indexed Job's time from created to Complete, seconds.
+    pub indexed_time_to_complete_secs: Option<f64>,
+    /// p50 Job created → first pod at the steady rate, seconds.
+    pub first_pod_p50: Option<f64>,
+    /// p99 Job created → first pod at the steady rate, seconds.
+    pub first_pod_p99: Option<f64>,
+    /// p50 pod finished → counted at the steady rate, seconds.
+    pub counted_p50: Option<f64>,
+    /// p99 pod finished → counted at the steady rate, seconds.
+    pub counted_p99: Option<f64>,
+    /// p99 Job created → first pod in the burst workload, seconds.
+    pub burst_first_pod_p99: Option<f64>,
+    /// p99 pod finished → counted in the burst workload, seconds.
+    pub burst_counted_p99: Option<f64>,
+    /// Pods created over every run (the denominator of the cost figures).
+    pub pods: u64,
+    /// API requests per pod by `"VERB resource"`.
+    pub requests_per_pod: BTreeMap<String, f64>,
+    /// Every API request per pod.
+    pub requests_per_pod_total: Option<f64>,
+    /// Bytes kube-apiserver sent per pod (responses and watch events).
+    pub bytes_sent_per_pod: Option<f64>,
+    /// Of which responses.
+    pub response_bytes_per_pod: Option<f64>,
+    /// Of which watch events.
+    pub watch_event_bytes_per_pod: Option<f64>,
+    /// kube-apiserver CPU seconds per 1,000 pods.
+    pub apiserver_cpu_per_1k_pods: Option<f64>,
+    /// etcd CPU seconds per 1,000 pods.
+    pub etcd_cpu_per_1k_pods: Option<f64>,
+    /// kube-apiserver + etcd CPU seconds per 1,000 pods.
+    pub apiserver_etcd_cpu_per_1k_pods: Option<f64>,
+    /// Job controller CPU seconds per 1,000 pods (kube-controller-manager, or every kjob
+    /// process with Redis).
+    pub controller_cpu_per_1k_pods: Option<f64>,
+    /// kube-controller-manager CPU seconds per 1,000 pods (in kjob's runs: its other
+    /// controllers alone, the baseline included in upstream's figure).
+    pub controller_manager_cpu_per_1k_pods: Option<f64>,
+    /// Largest peak RSS of the Job controller over the runs, bytes (kjob: sum over processes).
+    pub controller_peak_rss: Option<u64>,
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = v.filter(|x| x.is_finite()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn per(x: f64, pods: u64, scale: f64) -> Option<f64> {
+    (pods > 0).then(|| x * scale / pods as f64)
+}
+
+/// Summarises the runs of configuration `c` among `runs`.
+pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures {
+    let mine: Vec<&RunFigures> = runs.iter().filter(|r| r.config == c.id).collect();
+    let of = |w: Workload| mine.iter().copied().filter(move |r| r.workload == w.name());
+    let pods: u64 = mine.iter().map(|r| r.pods_created).sum();
+    let mut requests: BTreeMap<String, f64> = BTreeMap::new();
+    for r in &mine {
+        for (k, v) in &r.requests {
+            *requests.entry(k.clone()).or_insert(0.0) += v;
+        }
+    }
+    let total_requests: f64 = requests.values().sum();
+    let sum = |f: &dyn Fn(&RunFigures) -> f64| mine.iter().map(|r| f(r)).sum::<f64>();
+    let response = sum(&|r| r.response_bytes);
+    let watch = sum(&|r| r.watch_event_bytes);
+    let api_cpu = sum(&|r| r.cpu_of(APISERVER));
+    let etcd_cpu = sum(&|r| r.cpu_of(ETCD));
+    ConfigFigures {
+        id: c.id.clone(),
+        label: c.label.clone(),
+        runs: mine.len(),
+        timed_out_runs: mine.iter().filter(|r| r.timed_out).count(),
+        pods_per_s: mean(of(Workload::Burst).map(RunFigures::pods_per_sec)),
+        jobs_per_s: mean(of(Workload::Burst).map(RunFigures::jobs_per_sec)),
+        indexed_pods_per_s: mean(of(Workload::Indexed).map(RunFigures::pods_per_sec)),
+        indexed_time_to_complete_secs: mean(
+            of(Workload::Indexed).filter(|r| !r.timed_out).filter_map(|r| r.time_to_complete_secs),
+        ),
+        first_pod_p50: mean(of(Workload::Steady).filter_map(|r| r.first_pod.map(|l| l.p50))),
+        first_pod_p99: mean(of(Workload::Steady).filter_map(|r| r.first_pod.map(|l| l.p99))),
+        counted_p50: mean(of(Workload::Steady).filter_map(|r| r.counted.map(|l| l.p50))),
+        counted_p99: mean(of(Workload::Steady).filter_map(|r| r.counted.map(|l| l.p99))),
+        burst_first_pod_p99: mean(of(Workload::Burst).filter_map(|r| r.first_pod.map(|l| l.p99))),
+        burst_counted_p99: mean(of(Workload::Burst).filter_map(|r| r.counted.map(|l| l.p99))),
+        pods,
+        requests_per_pod: requests
+            .into_iter()
+            .filter_map(|(k, v)| per(v, pods, 1.0).map(|p| (k, p)))
+            .collect(),
+        requests_per_pod_total: per(total_requests, pods, 1.0),
+        bytes_sent_per_pod: per(response + watch, pods, 1.0),
+        response_bytes_per_pod: per(response, pods, 1.0),
+        watch_event_bytes_per_pod: per(watch, pods, 1.0),
+        apiserver_cpu_per_1k_pods: per(api_cpu, pods, 1000.0),
+        etcd_cpu_per_1k_pods: per(etcd_cpu, pods, 1000.0),
+        apiserver_etcd_cpu_per_1k_pods: per(api_cpu + etcd_cpu, pods, 1000.0),
+        controller_cpu_per_1k_pods: per(sum(&|r| r.controller_cpu_secs()), pods, 1000.0),
+        controller_manager_cpu_per_1k_pods: per(
+            sum(&|r| r.cpu_of(CONTROLLER_MANAGER)),
+            pods,
+            1000.0,
+        ),
+        controller_peak_rss: mine.iter().map(|r| r.controller_peak_rss()).max(),
+    }
+}
+
+/// `kjob / base` when both are known and `base` is positive.
+pub fn ratio(kjob: Option<f64>, base: Option<f64>) -> Option<f64> {
+    match (kjob, base) {
+        (Some(k), Some(b)) if b > 0.0 && k.is_finite() && b.is_finite() => Some(k / b),
+        _ => None,
+    }
+}
+
+/// One headline figure: its key in `ratios` (without `_1w`/`_2w`), how it is read from a
+/// configuration's figures, and the issue's targets for 1 and 2 workers.
+#[derive(Debug, Clone, Copy)]
+pub struct Headline {
+    /// Key stem of the ratio.
+    pub key: &'static str,
+    /// What it is, with its unit.
+    pub what: &'static str,
+    /// The figure.
+    pub get: fn(&ConfigFigures) -> Option<f64>,
+    /// Whether more is better (the target is a floor) or less (a ceiling).
+    pub higher_is_better: bool,
+    /// Target ratio with 1 worker.
+    pub goal_1w: f64,
+    /// Target ratio with 2 workers.
+    pub goal_2w: f64,
+}
+
+/// The figures the issue sets targets for, in the report's order.
+pub const HEADLINES: [Headline; 7] = [
+    Headline {
+        key: "apiserver_etcd_cpu_per_pod",
+        what: "kube-apiserver + etcd CPU s per 1,000 pods",
+        get: |f| f.apiserver_etcd_cpu_per_1k_pods,
+        higher_is_better: false,
+        goal_1w: 1.2,
+        goal_2w: 1.2,
+    },
+    Headline {
+        key: "apiserver_bytes_sent_per_pod",
+        what: "bytes kube-apiserver sent per pod",
+        get: |f| f.bytes_sent_per_pod,
+        higher_is_better: false,
+        goal_1w: 1.5,
+        goal_2w: 1.5,
+    },
+    Headline {
+        key: "pods_per_s",
+        what: "pods created/s (burst)",
+        get: |f| f.pods_per_s,
+        higher_is_better: true,
+        goal_1w: 1.0,
+        goal_2w: 1.2,
+    },
+    Headline {
+        key: "jobs_per_s",
+        what: "Jobs finished/s (burst)",
+        get: |f| f.jobs_per_s,
+        higher_is_better: true,
+        goal_1w: 1.0,
+        goal_2w: 1.2,
+    },
+    Headline {
+        key: "p99_first_pod",
+        what: "p99 Job created -> first pod, steady rate (s)",
+        get: |f| f.first_pod_p99,
+        higher_is_better: false,
+        goal_1w: 1.0,
+        goal_2w: 1.0,
+    },
+    Headline {
+        key: "indexed_time_to_complete",
+        what: "Indexed Job created -> Complete (s)",
+        get: |f| f.indexed_time_to_complete_secs,
+        higher_is_better: false,
+        goal_1w: 1.0,
+        goal_2w: 1.0,
+    },
+    Headline {
+        key: "controller_cpu_per_pod",
+        what: "controller CPU s per 1,000 pods",
+        get: |f| f.controller_cpu_per_1k_pods,
+        higher_is_better: false,
+        goal_1w: 2.0,
+        goal_2w: 2.0,
+    },
+];
+
+/// The `ratios` object: every [`HEADLINES`] key with `_1w` (configuration c ÷ b) and `_2w`
+/// (d ÷ b); `None` where a side is missing.
+pub fn ratios(figures: &[ConfigFigures]) -> BTreeMap<String, Option<f64>> {
+    let find = |id: &str| figures.iter().find(|f| f.id == id);
+    let base = find(BASELINE);
+    let mut out = BTreeMap::new();
+    for (suffix, id) in [("1w", KJOB_1W), ("2w", KJOB_2W)] {
+        let k = find(id);
+        for h in &HEADLINES {
+            let r = ratio(k.and_then(h.get), base.and_then(h.get));
+            out.insert(format!("{}_{suffix}", h.key), r);
+        }
+    }
+    out
+}
+
+/// One target judged.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Ratio key (`pods_per_s_1w`).
+    pub key: String,
+    /// What it measures.
+    pub what: String,
+    /// The ratio, if measured.
+    pub ratio: Option<f64>,
+    /// `≤ 1.2` or `≥ 1.0`.
+    pub goal: String,
+    /// Whether the target is met (false when unmeasured).
+    pub met: bool,
+}
+
+/// Every ratio against its target.
+pub fn verdicts(ratios: &BTreeMap<String, Option<f64>>) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    for suffix in ["1w", "2w"] {
+        for h in &HEADLINES {
+            let key = format!("{}_{suffix}", h.key);
+            let goal = if suffix == "1w" { h.goal_1w } else { h.goal_2w };
+            let r = ratios.get(&key).copied().flatten();
+            let met = r.is_some_and(|r| if h.higher_is_better { r >= goal } else { r <= goal });
+            let op = if h.higher_is_better { ">=" } else { "<=" };
+            out.push(Verdict {
+                key,
+                what: h.what.to_string(),
+                ratio: r,
+                goal: format!("{op} {goal}"),
+                met,
+            });
+        }
+    }
+    out
+}
+
+/// A PNG of the report with its caption.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Chart {
+    /// File name beside the report.
+    pub file: String,
+    /// What it shows.
+    pub caption: String,
+}
+
+/// Everything `upstream.json` holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct UpstreamReport {
+    /// Command line.
+    pub command: String,
+    /// Start time (RFC 3339).
+    pub started: String,
+    /// CPUs of the machine.
+    pub cpus: usize,
+    /// Version of the upstream binaries.
+    pub kubernetes_version: String,
+    /// Passes over the configurations.
+    pub passes: usize,
+    /// Workload sizes and knobs as run.
+    pub workloads: BTreeMap<String, serde_json::Value>,
+    /// Jobs/s offered in the steady workload.
+    pub steady_rate: Option<f64>,
+    /// The configurations, in first-pass order.
+    pub configurations: Vec<Configuration>,
+    /// Figures per configuration.
+    pub figures: Vec<ConfigFigures>,
+    /// kjob ÷ upstream tuned (b).
+    pub ratios: BTreeMap<String, Option<f64>>,
+    /// The ratios against the issue's targets.
+    pub verdicts: Vec<Verdict>,
+    /// Raw figures of every run, in the order they ran.
+    pub runs: Vec<RunFigures>,
+    /// Charts beside the report.
+    pub charts: Vec<Chart>,
+    /// Wall-clock seconds of the whole benchmark.
+    pub total_secs: f64,
+}
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+fn fmt_ratio(v: Option<f64>) -> String {
+    v.map_or(String::new(), |r| format!(" ({r:.2}×)"))
+}
+
+/// The Markdown report.
+pub fn render_markdown(r: &UpstreamReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# kjob vs kube-controller-manager's Job controller\n");
+    let _ = writeln!(
+        s,
+        "`{}` — started {}, {} CPUs, Kubernetes {}, {} pass(es), {:.0} s in all. Every run on a \
+         fresh control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, \
+         kjob-node-agent); ratios in parentheses are ÷ (b) upstream tuned from the same run.\n",
+        r.command, r.started, r.cpus, r.kubernetes_version, r.passes, r.total_secs
+    );
+    let _ = writeln!(s, "## Configurations\n");
+    for c in &r.configurations {
+        let how = match &c.controller {
+            Controller::Upstream { .. } => c.controller_manager_args().join(" "),
+            Controller::Kjob { workers, kube_qps, kube_burst } => format!(
+                "redis + kjob-queue + 1 kjob-watcher + {workers} kjob-worker(s), --kube-qps={kube_qps} --kube-burst={kube_burst}, --manage-all-jobs"
+            ),
+        };
+        let _ = writeln!(s, "* **({})** {}: `{}`", c.id, c.label, how);
+    }
+    let _ = writeln!(s, "\nWorkloads:");
+    for (k, v) in &r.workloads {
+        let _ = writeln!(s, "* {k}: {v}");
+    }
+    if let Some(rate) = r.steady_rate {
+        let _ = writeln!(s, "* steady rate offered: {rate:.2} Jobs/s");
+    }
+
+    let base = r.figures.iter().find(|f| f.id == BASELINE);
+    let _ = writeln!(s, "\n## Figures\n");
+    let mut header = "| figure |".to_string();
+    let mut rule = "|---|".to_string();
+    for f in &r.figures {
+        let _ = write!(header, " ({}) {} |", f.id, f.label);
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(s, "{header}\n{rule}");
+    type Row = (&'static str, fn(&ConfigFigures) -> Option<f64>, usize);
+    let rows: [Row; 17] = [
+        ("pods created/s (burst)", |f| f.pods_per_s, 1),
+        ("Jobs finished/s (burst)", |f| f.jobs_per_s, 1),
+        ("pods created/s (Indexed)", |f| f.indexed_pods_per_s, 1),
+        ("Indexed Job created → Complete (s)", |f| f.indexed_time_to_complete_secs, 2),
+        ("p50 Job created → first pod, steady (s)", |f| f.first_pod_p50, 3),
+        ("p99 Job created → first pod, steady (s)", |f| f.first_pod_p99, 3),
+        ("p50 pod finished → counted, steady (s)", |f| f.counted_p50, 3),
+        ("p99 pod finished → counted, steady (s)", |f| f.counted_p99, 3),
+        ("p99 Job created → first pod, burst (s)", |f| f.burst_first_pod_p99, 2),
+        ("p99 pod finished → counted, burst (s)", |f| f.burst_counted_p99, 2),
+        ("API requests per pod", |f| f.requests_per_pod_total, 2),
+        ("bytes kube-apiserver sent per pod", |f| f.bytes_sent_per_pod, 0),
+        ("kube-apiserver CPU s / 1,000 pods", |f| f.apiserver_cpu_per_1k_pods, 2),
+        ("etcd CPU s / 1,000 pods", |f| f.etcd_cpu_per_1k_pods, 2),
+        ("kube-apiserver + etcd CPU s / 1,000 pods", |f| f.apiserver_etcd_cpu_per_1k_pods, 2),
+        ("Job controller CPU s / 1,000 pods", |f| f.controller_cpu_per_1k_pods, 2),
+        ("kube-controller-manager CPU s / 1,000 pods", |f| f.controller_manager_cpu_per_1k_pods, 2),
+    ];
+    for (name, get, digits) in rows {
+        let mut line = format!("| {name} |");
+        for f in &r.figures {
+            let v = get(f);
+            let rel = if f.id == BASELINE { None } else { ratio(v, base.and_then(get)) };
+            let _ = write!(line, " {}{} |", fmt_opt(v, digits), fmt_ratio(rel));
+        }
+        let _ = writeln!(s, "{line}");
+    }
+    let mut line = "| Job controller peak RSS (MiB) |".to_string();
+    for f in &r.figures {
+        let _ = write!(
+            line,
+            " {} |",
+            fmt_opt(f.controller_peak_rss.map(|b| b as f64 / (1 << 20) as f64), 0)
+        );
+    }
+    let _ = writeln!(s, "{line}");
+    let mut line = "| runs (timed out) |".to_string();
+    for f in &r.figures {
+        let _ = write!(line, " {} ({}) |", f.runs, f.timed_out_runs);
+    }
+    let _ = writeln!(s, "{line}");
+    let _ = writeln!(
+        s,
+        "\nJob controller: kube-controller-manager for (a)/(b) (its other controllers — garbage \
+         collector, pod GC, … — included; their share is the kube-controller-manager row of \
+         kjob's columns), every kjob process with redis-server for (c)/(d). Peak RSS: VmHWM \
+         (summed over kjob's processes). Pod finished → counted: from the pod's terminal phase \
+         arriving on the harness's watch (the container's `finishedAt` has 1-s resolution; that \
+         variant is in upstream.json). API requests and bytes count every client (the \
+         scheduler, node agent and harness are the same in every configuration)."
+    );
+
+    let _ = writeln!(s, "\n## Targets (kjob ÷ upstream tuned)\n");
+    let _ = writeln!(s, "| ratio | what | measured | goal | met |\n|---|---|---:|---|---|");
+    for v in &r.verdicts {
+        let _ = writeln!(
+            s,
+            "| `{}` | {} | {} | {} | {} |",
+            v.key,
+            v.what,
+            fmt_opt(v.ratio, 2),
+            v.goal,
+            if v.met { "yes" } else { "no" }
+        );
+    }
+
+    let _ = writeln!(s, "\n## API requests per pod by verb and resource\n");
+    let mut keys: Vec<&String> = r.figures.iter().flat_map(|f| f.requests_per_pod.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", "| request |", 1));
+    for k in keys {
+        let mut line = format!("| {k} |");
+        for f in &r.figures {
+            let _ = write!(line, " {} |", fmt_opt(f.requests_per_pod.get(k).copied(), 3));
+        }
+        let _ = writeln!(s, "{line}");
+    }
+
+    if !r.charts.is_empty() {
+        let _ = writeln!(s, "\n## Charts\n");
+        for c in &r.charts {
+            let _ = writeln!(s, "![{}]({})\n\n{}\n", c.caption, c.file, c.caption);
+        }
+    }
+
+    let _ = writeln!(s, "## Runs\n");
+    let _ = writeln!(
+        s,
+        "| pass | workload | config | Jobs | finished | pods | s | pods/s | Jobs/s | p99 first pod (s) | p99 counted (s) | requests | MB sent | apiserver CPU s | etcd CPU s | controller CPU s | timed out |\n\
+         |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for run in &r.runs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            run.pass,
+            run.workload,
+            run.config,
+            run.jobs,
+            run.jobs_finished,
+            run.pods_created,
+            run.elapsed_secs,
+            run.pods_per_sec(),
+            run.jobs_per_sec(),
+            fmt_opt(run.first_pod.map(|l| l.p99), 3),
+            fmt_opt(run.counted.map(|l| l.p99), 3),
+            run.requests.values().sum::<f64>(),
+            (run.response_bytes + run.watch_event_bytes) / 1e6,
+            run.cpu_of(APISERVER),
+            run.cpu_of(ETCD),
+            run.controller_cpu_secs(),
+            if run.timed_out { "yes" } else { "no" },
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(id: &str) -> Configuration {
+        Configuration::by_id(id, 200, 400).unwrap()
+    }
+
+    fn proc(name: &str, cpu: f64, rss: u64, controller: bool) -> ProcessFigures {
+        ProcessFigures { name: name.into(), cpu_secs: cpu, peak_rss: rss, controller }
+    }
+
+    fn run(config: &str, workload: Workload, pods: u64, secs: f64, cpu: f64) -> RunFigures {
+        let upstream = cfg(config).is_upstream();
+        let mut processes = vec![proc(APISERVER, cpu, 1, false), proc(ETCD, cpu / 2.0, 1, false)];
+        processes.push(proc(CONTROLLER_MANAGER, 1.0, 100, upstream));
+        if !upstream {
+            processes.push(proc("kjob-worker-1", 2.0, 30, true));
+            processes.push(proc("redis-server", 0.5, 10, true));
+        }
+        RunFigures {
+            config: config.into(),
+            workload: workload.name().into(),
+            pass: 1,
+            jobs: pods,
+            jobs_finished: pods,
+            pods_created: pods,
+            elapsed_secs: secs,
+            pods_window_secs: secs / 2.0,
+            first_pod: Some(Latency { count: 1, p50: 0.1, p99: secs / 100.0, max: 1.0, mean: 0.1 }),
+            time_to_complete_secs: (workload == Workload::Indexed).then_some(secs),
+            requests: [("POST pods".to_string(), pods as f64)].into(),
+            response_bytes: 1000.0 * pods as f64,
+            watch_event_bytes: 500.0 * pods as f64,
+            processes,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn configurations_carry_the_issue_flags() {
+        assert_eq!(
+            cfg("a").controller_manager_args(),
+            ["--concurrent-job-syncs=5", "--kube-api-qps=20", "--kube-api-burst=30"]
+        );
+        assert_eq!(
+            cfg("bj").controller_manager_args().last().map(String::as_str),
+            Some("--kube-api-content-type=application/json")
+        );
+        assert!(cfg("c").controller_manager_args().is_empty());
+        assert_eq!(
+            cfg("d").kjob_workers(),
+            Some((2, vec!["--kube-qps=200".to_string(), "--kube-burst=400".to_string()]))
+        );
+        assert!(cfg("b").kjob_workers().is_none());
+        assert!(Configuration::by_id("z", 1, 1).is_none());
+        assert_eq!(Workload::parse("steady"), Some(Workload::Steady));
+        assert_eq!(Workload::parse("x"), None);
+    }
+
+    #[test]
+    fn schedule_interleaves_then_reverses() {
+        let s = schedule(4, &[Workload::Burst, Workload::Steady], 2);
+        let order: Vec<(usize, Workload, usize)> =
+            s.iter().map(|s| (s.pass, s.workload, s.config)).collect();
+        use Workload::*;
+        assert_eq!(
+            order,
+            vec![
+                (1, Burst, 0),
+                (1, Burst, 1),
+                (1, Burst, 2),
+                (1, Burst, 3),
+                (1, Steady, 0),
+                (1, Steady, 1),
+                (1, Steady, 2),
+                (1, Steady, 3),
+                (2, Burst, 3),
+                (2, Burst, 2),
+                (2, Burst, 1),
+                (2, Burst, 0),
+                (2, Steady, 3),
+                (2, Steady, 2),
+                (2, Steady, 1),
+                (2, Steady, 0),
+            ]
+        );
+        assert!(schedule(4, &Workload::ALL, 0).is_empty());
+    }
+
+    #[test]
+    fn steady_rate_is_half_the_baseline() {
+        assert_eq!(steady_rate(7.0, Some(40.0), &[1.0]), 7.0);
+        assert_eq!(steady_rate(0.0, Some(40.0), &[10.0]), 20.0);
+        assert_eq!(steady_rate(0.0, None, &[10.0, 30.0]), 10.0);
+        assert_eq!(steady_rate(0.0, None, &[]), 1.0);
+        assert_eq!(steady_rate(0.0, Some(0.5), &[]), 1.0);
+    }
+
+    #[test]
+    fn ratio_needs_both_sides() {
+        assert_eq!(ratio(Some(3.0), Some(2.0)), Some(1.5));
+        assert_eq!(ratio(None, Some(2.0)), None);
+        assert_eq!(ratio(Some(1.0), Some(0.0)), None);
+        assert_eq!(ratio(Some(f64::NAN), Some(1.0)), None);
+    }
+
+    #[test]
+    fn summary_ratios_and_verdicts() {
+        let runs = vec![
+            run("b", Workload::Burst, 100, 10.0, 10.0),
+            run("b", Workload::Indexed, 100, 20.0, 10.0),
+            run("b", Workload::Steady, 100, 10.0, 10.0),
+            run("c", Workload::Burst, 100, 5.0, 20.0),
+            run("c", Workload::Indexed, 100, 40.0, 20.0),
+            run("c", Workload::Steady, 100, 10.0, 20.0),
+        ];
+        let figs: Vec<ConfigFigures> =
+            ["b", "c", "d"].iter().map(|id| summarize_config(&cfg(id), &runs)).collect();
+        let (b, c, d) = (&figs[0], &figs[1], &figs[2]);
+        assert_eq!((b.runs, b.pods), (3, 300));
+        assert_eq!(b.pods_per_s, Some(20.0));
+        assert_eq!(c.jobs_per_s, Some(20.0));
+        assert_eq!(c.indexed_time_to_complete_secs, Some(40.0));
+        assert_eq!(b.requests_per_pod.get("POST pods"), Some(&1.0));
+        assert_eq!(b.bytes_sent_per_pod, Some(1500.0));
+        // 3 runs × (10 + 5) CPU s over 300 pods.
+        assert_eq!(b.apiserver_etcd_cpu_per_1k_pods, Some(150.0));
+        // Upstream's controller is kube-controller-manager; kjob's is its processes.
+        assert_eq!(b.controller_cpu_per_1k_pods, Some(10.0));
+        assert_eq!(c.controller_cpu_per_1k_pods, Some(25.0));
+        assert_eq!(c.controller_manager_cpu_per_1k_pods, Some(10.0));
+        assert_eq!(b.controller_peak_rss, Some(100));
+        assert_eq!(c.controller_peak_rss, Some(40));
+        assert_eq!(d.runs, 0);
+        assert_eq!(d.pods_per_s, None);
+
+        let r = ratios(&figs);
+        assert_eq!(r.len(), 14);
+        assert_eq!(r["pods_per_s_1w"], Some(2.0));
+        assert_eq!(r["apiserver_etcd_cpu_per_pod_1w"], Some(2.0));
+        assert_eq!(r["indexed_time_to_complete_1w"], Some(2.0));
+        assert_eq!(r["controller_cpu_per_pod_1w"], Some(2.5));
+        assert_eq!(r["apiserver_bytes_sent_per_pod_1w"], Some(1.0));
+        assert_eq!(r["p99_first_pod_1w"], Some(1.0));
+        assert_eq!(r["pods_per_s_2w"], None);
+        let v = verdicts(&r);
+        let met = |k: &str| v.iter().find(|x| x.key == k).unwrap().met;
+        assert!(met("pods_per_s_1w"));
+        assert!(!met("apiserver_etcd_cpu_per_pod_1w"));
+        assert!(met("apiserver_bytes_sent_per_pod_1w"));
+        assert!(met("p99_first_pod_1w"));
+        assert!(!met("pods_per_s_2w"), "unmeasured is not met");
+
+        let report = UpstreamReport {
+            configurations: vec![cfg("b"), cfg("c"), cfg("d")],
+            figures: figs.clone(),
+            ratios: r.clone(),
+            verdicts: v,
+            runs,
+            ..Default::default()
+        };
+        let md = render_markdown(&report);
+        assert!(md.contains("| pods created/s (burst) | 20.0 | 40.0 (2.00×) | – |"), "{md}");
+        assert!(md.contains("`pods_per_s_1w`"));
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["ratios"]["pods_per_s_1w"], 2.0);
+        assert!(json["ratios"]["pods_per_s_2w"].is_null());
+    }
+}
