@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
                 d.path,
                 d.upstream,
                 d.kjob,
-                a.map(|a| format!(" (accepted: {a})")).unwrap_or_default()
+                a.as_ref().map(|a| format!(" (accepted: {a})")).unwrap_or_default()
             );
         }
     }

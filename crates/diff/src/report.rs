@@ -31,7 +31,7 @@ pub struct CaseResult {
     /// The case's verdict.
     pub verdict: Verdict,
     /// Every difference, with the accepted one's name when it is one.
-    pub differences: Vec<(Difference, Option<&'static str>)>,
+    pub differences: Vec<(Difference, Option<String>)>,
     /// Both runs as compared.
     pub upstream: Observed,
     /// See `upstream`.
@@ -40,7 +40,7 @@ pub struct CaseResult {
     pub seconds: (f64, f64),
 }
 
-fn verdict_of<'a>(ds: impl Iterator<Item = &'a (Difference, Option<&'static str>)>) -> Verdict {
+fn verdict_of<'a>(ds: impl Iterator<Item = &'a (Difference, Option<String>)>) -> Verdict {
     let mut v = Verdict::Identical;
     for (_, acc) in ds {
         v = match (v, acc) {
@@ -53,13 +53,7 @@ fn verdict_of<'a>(ds: impl Iterator<Item = &'a (Difference, Option<&'static str>
 
 /// Compares the two runs of `case`.
 pub fn judge(case: &Case, upstream: Observed, kjob: Observed, seconds: (f64, f64)) -> CaseResult {
-    let differences: Vec<_> = compare::compare(&upstream, &kjob)
-        .into_iter()
-        .map(|d| {
-            let a = compare::accepted(&d);
-            (d, a)
-        })
-        .collect();
+    let differences = compare::judge(&upstream, &kjob);
     let parts = PARTS
         .iter()
         .map(|p| (p.to_string(), verdict_of(differences.iter().filter(|(d, _)| d.part == *p))))
@@ -113,7 +107,7 @@ pub fn markdown(results: &[CaseResult], seed: u64) -> String {
                 d.path,
                 short(&d.upstream).replace('|', "\\|"),
                 short(&d.kjob).replace('|', "\\|"),
-                a.unwrap_or("")
+                a.as_deref().unwrap_or("")
             );
         }
     }
