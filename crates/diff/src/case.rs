@@ -198,9 +198,8 @@ pub fn select(seed: u64, generated: usize, only: Option<&str>) -> anyhow::Result
     match only {
         Some(name) => {
             // A generated name runs without generating the whole batch before it.
-            if let Some(i) = name
-                .strip_prefix(&format!("gen-{seed}-"))
-                .and_then(|i| i.parse::<usize>().ok())
+            if let Some(i) =
+                name.strip_prefix(&format!("gen-{seed}-")).and_then(|i| i.parse::<usize>().ok())
             {
                 return Ok(vec![generate_one(seed, i)]);
             }

@@ -144,6 +144,14 @@ fn status(job: &Value) -> Value {
     s
 }
 
+/// The pod's finalizers, `Null` when none (absent and empty look alike to users).
+fn finalizers(p: &Value) -> &Value {
+    match p.pointer("/metadata/finalizers") {
+        Some(Value::Array(a)) if !a.is_empty() => &p["metadata"]["finalizers"],
+        _ => &Value::Null,
+    }
+}
+
 /// One pod as compared: metadata as created, spec as created, and how it ended.
 fn pod(r: &PodRecord) -> Value {
     let m = &r.first["metadata"];
@@ -162,7 +170,10 @@ fn pod(r: &PodRecord) -> Value {
         "spec": spec,
         "end": {
             "phase": last.pointer("/status/phase"),
-            "finalizers": last.pointer("/metadata/finalizers"),
+            // A gone pod has none left: its DELETED event may still show the one whose
+            // removal let it go (the server sends the last stored version), depending only
+            // on whether the controller or the kubelet's final delete came second.
+            "finalizers": if r.gone { &Value::Null } else { finalizers(last) },
             "deletedByController": !r.disrupted_by_script
                 && last.pointer("/metadata/deletionTimestamp").is_some_and(|d| !d.is_null())
                 && r.first.pointer("/metadata/deletionTimestamp").is_none(),
@@ -228,8 +239,9 @@ fn json_diff(part: &str, path: &str, a: &Value, b: &Value, out: &mut Vec<Differe
     }
 }
 
-/// Items of two sorted multisets found in only one of them.
-fn multiset_diff(part: &str, a: &[Value], b: &[Value], out: &mut Vec<Difference>) {
+/// Items of two sorted multisets found in only one of them. Items with the same `key` on
+/// both sides (a pod's normalised name) are paired and diffed field by field.
+fn multiset_diff(part: &str, key: &str, a: &[Value], b: &[Value], out: &mut Vec<Difference>) {
     let mut count: BTreeMap<String, (i64, Value)> = BTreeMap::new();
     for x in a {
         count.entry(x.to_string()).or_insert((0, x.clone())).0 += 1;
@@ -237,12 +249,38 @@ fn multiset_diff(part: &str, a: &[Value], b: &[Value], out: &mut Vec<Difference>
     for y in b {
         count.entry(y.to_string()).or_insert((0, y.clone())).0 -= 1;
     }
+    let (mut only_a, mut only_b) = (Vec::new(), Vec::new());
     for (_, (n, v)) in count {
-        for _ in 0..n.unsigned_abs() {
-            let (upstream, kjob) = if n > 0 { (v.clone(), Value::Null) } else { (Value::Null, v.clone()) };
-            let path = if n > 0 { "only upstream" } else { "only kjob" };
-            out.push(Difference { part: part.into(), path: path.into(), upstream, kjob });
+        let side = if n > 0 { &mut only_a } else { &mut only_b };
+        side.extend(std::iter::repeat_n(v, n.unsigned_abs() as usize));
+    }
+    let mut left_b = Vec::new();
+    for y in only_b {
+        let k = y.get(key).filter(|k| !k.is_null());
+        match k.and_then(|k| only_a.iter().position(|x| x.get(key) == Some(k))) {
+            Some(i) => {
+                let x = only_a.remove(i);
+                let k = k.map(|k| k.as_str().map_or_else(|| k.to_string(), String::from));
+                json_diff(part, &format!("[{}]", k.unwrap_or_default()), &x, &y, out);
+            }
+            None => left_b.push(y),
         }
+    }
+    for x in only_a {
+        out.push(Difference {
+            part: part.into(),
+            path: "only upstream".into(),
+            upstream: x,
+            kjob: Value::Null,
+        });
+    }
+    for y in left_b {
+        out.push(Difference {
+            part: part.into(),
+            path: "only kjob".into(),
+            upstream: Value::Null,
+            kjob: y,
+        });
     }
 }
 
@@ -250,8 +288,8 @@ fn multiset_diff(part: &str, a: &[Value], b: &[Value], out: &mut Vec<Difference>
 pub fn compare(a: &Observed, b: &Observed) -> Vec<Difference> {
     let mut out = Vec::new();
     json_diff("status", "", &a.status, &b.status, &mut out);
-    multiset_diff("pods", &a.pods, &b.pods, &mut out);
-    multiset_diff("events", &a.events, &b.events, &mut out);
+    multiset_diff("pods", "name", &a.pods, &b.pods, &mut out);
+    multiset_diff("events", "", &a.events, &b.events, &mut out);
     out
 }
 
@@ -299,8 +337,7 @@ pub fn judge(a: &Observed, b: &Observed) -> Vec<(Difference, Option<String>)> {
     }
     let left = compare(a, &b2);
     let names = applied.join(", ");
-    let mut out: Vec<(Difference, Option<String>)> =
-        left.into_iter().map(|d| (d, None)).collect();
+    let mut out: Vec<(Difference, Option<String>)> = left.into_iter().map(|d| (d, None)).collect();
     for d in raw {
         if !out.iter().any(|(x, _)| *x == d) {
             out.push((d, Some(names.clone())));
@@ -423,6 +460,21 @@ mod tests {
     }
 
     #[test]
+    fn pods_are_paired_by_name_and_gone_pods_have_no_finalizers() {
+        let mut b = kjob();
+        b.pods[0].first["spec"]["hostname"] = json!("h");
+        let d = compare(&observe(&upstream()), &observe(&b));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].path, "[job-*]/spec/hostname");
+        // The DELETED event may carry the finalizer whose removal let the pod go.
+        let (mut a, mut b) = (upstream(), kjob());
+        a.pods[0].last["metadata"]["finalizers"] = json!(["batch.kubernetes.io/job-tracking"]);
+        a.pods[0].gone = true;
+        b.pods[0].gone = true;
+        assert_eq!(compare(&observe(&a), &observe(&b)), vec![]);
+    }
+
+    #[test]
     fn suffixes_are_stripped_only_when_random_looking() {
         assert_eq!(strip_suffix("job-2-ab3cd"), "job-2-*");
         assert_eq!(strip_suffix("job-abcdef"), "job-abcdef");
@@ -437,7 +489,10 @@ mod tests {
         }
         let j = judge(&observe(&upstream()), &observe(&b));
         assert!(!j.is_empty());
-        assert!(j.iter().all(|(_, a)| a.as_deref() == Some("reporting-component-is-kjob")), "{j:?}");
+        assert!(
+            j.iter().all(|(_, a)| a.as_deref() == Some("reporting-component-is-kjob")),
+            "{j:?}"
+        );
         // The same rewrite does not hide another difference in the same events.
         b.events[1]["reason"] = json!("Done");
         let j = judge(&observe(&upstream()), &observe(&b));

@@ -319,14 +319,19 @@ impl Player {
         let new = match action {
             Action::Bind => {
                 let b = stages::binding(pod, &stages::node_for(pod, cfg));
-                let _: Value =
-                    self.api.create_subresource("binding", &name, &PostParams::default(), &b).await?;
+                let _: Value = self
+                    .api
+                    .create_subresource("binding", &name, &PostParams::default(), &b)
+                    .await?;
                 return Ok(());
             }
             Action::FinalDelete => {
                 let dp = DeleteParams {
                     grace_period_seconds: Some(0),
-                    preconditions: Some(Preconditions { uid: Some(uid_of(pod)), resource_version: None }),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid_of(pod)),
+                        resource_version: None,
+                    }),
                     ..DeleteParams::default()
                 };
                 return match self.api.delete(&name, &dp).await {

@@ -85,7 +85,8 @@ pub fn markdown(results: &[CaseResult], seed: u64) -> String {
     let _ = writeln!(md, "| case | {} | verdict | upstream s | kjob s |", PARTS.join(" | "));
     let _ = writeln!(md, "|---|{}---|---|---|", "---|".repeat(PARTS.len()));
     for r in results {
-        let parts: Vec<String> = r.parts.iter().map(|(_, v)| format!("{v:?}").to_lowercase()).collect();
+        let parts: Vec<String> =
+            r.parts.iter().map(|(_, v)| format!("{v:?}").to_lowercase()).collect();
         let _ = writeln!(
             md,
             "| {} | {} | {:?} | {:.1} | {:.1} |",

@@ -151,7 +151,8 @@ impl Bench {
 fn is_settled(job: &Value, pods: &[crate::kubelet::PodRecord]) -> bool {
     let s = &job["status"];
     let terminal = s["conditions"].as_array().is_some_and(|cs| {
-        cs.iter().any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+        cs.iter()
+            .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
     });
     let uncounted = s["uncountedTerminatedPods"]
         .as_object()
@@ -159,8 +160,14 @@ fn is_settled(job: &Value, pods: &[crate::kubelet::PodRecord]) -> bool {
     let active = s["active"].as_i64().unwrap_or(0) + s["terminating"].as_i64().unwrap_or(0);
     let pods_done = pods.iter().all(|p| {
         p.gone
-            || (matches!(p.last.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
-                && p.last.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(Vec::is_empty))
+            || (matches!(
+                p.last.pointer("/status/phase").and_then(Value::as_str),
+                Some("Succeeded" | "Failed")
+            ) && p
+                .last
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty))
     });
     terminal && !uncounted && active == 0 && pods_done
 }
