@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kjob_sim::kubelet::KubeletConfig;
 use kjob_sim::kubelet::stages::{self, Action, Memo};
 use kube::api::{Api, DeleteParams, EvictParams, PostParams, Preconditions};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -132,7 +132,8 @@ async fn run(api: Api<Pod>, fates: Fates, stop: CancellationToken, records: Reco
     let mut pods: HashMap<String, (watch::Sender<Option<Value>>, usize)> = HashMap::new();
     let mut seen = HashMap::new();
     let mut players = JoinSet::new();
-    let stream = watcher(api.clone(), watcher::Config::default());
+    // kube-runtime's default backoff between failed list/watch attempts (no hot loop).
+    let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     loop {
         let ev = tokio::select! {
