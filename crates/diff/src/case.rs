@@ -144,10 +144,15 @@ pub fn generate(seed: u64, n: usize) -> Vec<Case> {
     (0..n).map(|i| generate_one(seed, i)).collect()
 }
 
+/// Run times of generated pods: 2 s apart, more than either controller takes to react to a
+/// pod's end, so which pod ends first never depends on the controller's speed (pods of one
+/// wave start within tens of milliseconds of each other).
+const RUN_TIMES_MS: [u64; 3] = [300, 2300, 4300];
+
 fn random_fate(rng: &mut StdRng) -> Fate {
     const CODES: [i64; 6] = [0, 0, 0, 1, 3, 42];
     Fate {
-        run_ms: rng.random_range(200..1200),
+        run_ms: RUN_TIMES_MS[rng.random_range(0..RUN_TIMES_MS.len())],
         exit_code: CODES[rng.random_range(0..CODES.len())],
         evict_after_ms: None,
         delete_after_ms: None,
