@@ -11,7 +11,8 @@ JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
 .PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
-	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-up cluster-down
+	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-up cluster-down \
+	diff-upstream
 
 all: build
 
@@ -99,6 +100,13 @@ chaos:
 	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
 	$(CARGO) build --workspace --bins
 	$(TARGET_DIR)/debug/kjob-chaos --bin-dir $(TARGET_DIR)/debug $(CHAOS_ARGS)
+
+## diff-upstream: every case under kube-controller-manager's Job controller and under kjob (fresh
+## control planes, KUBELET=off, a scripted kubelet), compared; report in target/diff/
+## (DIFF_ARGS: --seed N --cases N --case NAME)
+diff-upstream: cluster-build
+	$(CARGO) build -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim -p kjob-diff --bins
+	$(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff $(DIFF_ARGS)
 
 ## cluster-build: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
 ## from the Go modules pinned in cluster/ (once per go.sum; cached outside the repo)
