@@ -71,6 +71,19 @@ fn job_pods(name: &str) -> ListParams {
     ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"))
 }
 
+/// Waits until `n` pods of Job `job` run.
+async fn wait_running(pods: &Api<Pod>, job: &str, n: usize) {
+    eventually(&format!("{n} running pods of {job}"), || async {
+        let items = pods.list(&job_pods(job)).await.ok()?.items;
+        let running = items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        (running == n).then_some(())
+    })
+    .await;
+}
+
 /// A quota of 0 pods refuses every create: FailedCreate warnings with the server's reason, no
 /// pod; raised, the Job runs to Complete.
 async fn quota_refuses_creates_until_raised(server: TestServer) {
@@ -184,15 +197,7 @@ async fn job_deletion_propagates(server: TestServer) {
         )
         .await
         .unwrap();
-        eventually("two running pods", || async {
-            let items = pods.list(&job_pods(name)).await.ok()?.items;
-            let running = items
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            (running == 2).then_some(())
-        })
-        .await;
+        wait_running(&pods, name, 2).await;
         jobs.delete(name, &dp).await.unwrap();
         eventually("the Job gone", || async {
             jobs.get_opt(name).await.ok()?.is_none().then_some(())
@@ -235,15 +240,7 @@ async fn pods_of_a_job_deleted_while_no_watcher_led_are_released(server: TestSer
     )
     .await
     .unwrap();
-    eventually("two running pods", || async {
-        let items = pods.list(&job_pods("gone")).await.ok()?.items;
-        let running = items
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .count();
-        (running == 2).then_some(())
-    })
-    .await;
+    wait_running(&pods, "gone", 2).await;
     let watcher = kjob.watchers()[0].clone();
     tokio::task::block_in_place(|| kjob.kill(&watcher)).unwrap();
     jobs.delete("gone", &DeleteParams::background()).await.unwrap();
