@@ -179,6 +179,16 @@ fn run(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs `bin_dir`'s kubectl on `kubeconfig`; stdout on success.
+fn kubectl(bin_dir: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    run(
+        Command::new(bin_dir.join("kubectl"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args),
+        &format!("kubectl {}", args.join(" ")),
+    )
+}
+
 /// Makes the PKI once per run folder: a CA, the apiserver's serving certificate, the
 /// service-account signing key pair.
 fn make_pki(pki: &Path) -> anyhow::Result<()> {
@@ -513,12 +523,7 @@ impl ControlPlane {
 
     /// Runs the built kubectl with the admin kubeconfig.
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(
-            Command::new(self.bin_dir.join("kubectl"))
-                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-                .args(args),
-            &format!("kubectl {}", args.join(" ")),
-        )
+        kubectl(&self.bin_dir, &self.kubeconfig, args)
     }
 
     fn wait_ready(&mut self, started: Instant) -> anyhow::Result<()> {
@@ -818,12 +823,7 @@ impl ClusterInfo {
 
     /// Runs the cluster's kubectl with the admin kubeconfig; stdout on success.
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(
-            Command::new(self.bin_dir.join("kubectl"))
-                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-                .args(args),
-            &format!("kubectl {}", args.join(" ")),
-        )
+        kubectl(&self.bin_dir, &self.kubeconfig, args)
     }
 
     /// Creates namespace `ns` and waits for its `default` ServiceAccount (the ServiceAccount
