@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kjob_proto::v1;
+use kjob_proto::v1::expectations_client::ExpectationsClient;
 use kjob_proto::v1::queue_client::QueueClient;
 use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
 use proptest::prelude::*;
@@ -23,6 +24,23 @@ enum Req {
         key: String,
         delay_ms: u64,
         observe_only: bool,
+        /// Shared-view writes: (kind, name, object length, resource_version) and the session.
+        cache: Vec<(i32, String, usize, String)>,
+        session: String,
+    },
+    GetView {
+        key: String,
+    },
+    PutView {
+        key: String,
+        uid: String,
+        object: usize,
+        rv: String,
+        handled: u64,
+    },
+    Session {
+        session: String,
+        phase: i32,
     },
     Lease {
         queue: String,
@@ -71,15 +89,38 @@ fn text() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Sizes of view objects: empty, small, and past kjob-queue's 1.5 MiB limit.
+fn object_len() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(0usize), 1usize..64, Just(1536 * 1024 + 1)]
+}
+
 fn count() -> impl Strategy<Value = u64> {
     prop_oneof![Just(0u64), 0u64..5_000, Just(u64::MAX), Just(i64::MAX as u64 + 1)]
 }
 
 fn req() -> impl Strategy<Value = Req> {
     prop_oneof![
-        (text(), text(), count(), any::<bool>()).prop_map(
-            |(queue, key, delay_ms, observe_only)| Req::Add { queue, key, delay_ms, observe_only }
+        (
+            text(),
+            text(),
+            count(),
+            any::<bool>(),
+            proptest::collection::vec((-1i32..9, text(), object_len(), text()), 0..4),
+            text(),
+        )
+            .prop_map(|(queue, key, delay_ms, observe_only, cache, session)| Req::Add {
+                queue,
+                key,
+                delay_ms,
+                observe_only,
+                cache,
+                session
+            }),
+        text().prop_map(|key| Req::GetView { key }),
+        (text(), text(), object_len(), text(), count()).prop_map(
+            |(key, uid, object, rv, handled)| Req::PutView { key, uid, object, rv, handled }
         ),
+        (text(), -1i32..5).prop_map(|(session, phase)| Req::Session { session, phase }),
         (text(), any::<u32>(), count(), 0u64..50, text()).prop_map(
             |(queue, max_items, lease_ms, wait_ms, worker)| Req::Lease {
                 queue,
@@ -111,10 +152,14 @@ fn req() -> impl Strategy<Value = Req> {
     ]
 }
 
-async fn send(c: &mut QueueClient<Channel>, r: Req) -> Result<(), tonic::Status> {
+async fn send(
+    c: &mut QueueClient<Channel>,
+    e: &ExpectationsClient<Channel>,
+    r: Req,
+) -> Result<(), tonic::Status> {
     let call = async {
         match r {
-            Req::Add { queue, key, delay_ms, observe_only } => c
+            Req::Add { queue, key, delay_ms, observe_only, cache, session } => c
                 .add(v1::AddRequest {
                     items: vec![v1::AddItem {
                         queue,
@@ -122,10 +167,40 @@ async fn send(c: &mut QueueClient<Channel>, r: Req) -> Result<(), tonic::Status>
                         delay_ms,
                         observations: vec![],
                         observe_only,
+                        cache: cache
+                            .into_iter()
+                            .map(|(kind, name, len, resource_version)| v1::CacheOp {
+                                kind,
+                                name,
+                                object: vec![b'x'; len],
+                                resource_version,
+                            })
+                            .collect(),
+                        cache_session: session,
                     }],
                 })
                 .await
                 .map(drop),
+            Req::GetView { key } => {
+                let mut e = e.clone();
+                e.get_job_view(v1::GetJobViewRequest { key }).await.map(drop)
+            }
+            Req::PutView { key, uid, object, rv, handled } => {
+                let mut e = e.clone();
+                e.put_job_view(v1::PutJobViewRequest {
+                    key,
+                    job_uid: uid,
+                    job: vec![b'x'; object],
+                    resource_version: rv,
+                    orphans_handled: handled,
+                })
+                .await
+                .map(drop)
+            }
+            Req::Session { session, phase } => {
+                let mut e = e.clone();
+                e.cache_session(v1::CacheSessionRequest { session, phase }).await.map(drop)
+            }
             Req::Lease { queue, max_items, lease_ms, wait_ms, worker } => c
                 .lease(v1::LeaseRequest { queue, max_items, lease_ms, wait_ms, worker_id: worker })
                 .await
@@ -180,7 +255,11 @@ fn malformed_queue_requests_get_answers_and_keep_invariants() {
     wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(30)).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let mut client = rt.block_on(async { QueueClient::connect(url).await }).unwrap();
+    let channel = rt
+        .block_on(async { tonic::transport::Endpoint::from_shared(url)?.connect().await })
+        .unwrap();
+    let mut client = QueueClient::new(channel.clone());
+    let expectations = ExpectationsClient::new(channel);
 
     let cfg = ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() };
     let mut runner = proptest::test_runner::TestRunner::new(cfg);
@@ -190,7 +269,7 @@ fn malformed_queue_requests_get_answers_and_keep_invariants() {
             let mut c = client.clone();
             for r in reqs {
                 let what = format!("{r:?}");
-                if let Err(st) = rt.block_on(send(&mut c, r)) {
+                if let Err(st) = rt.block_on(send(&mut c, &expectations, r)) {
                     // A crashed server shows up as a transport error (Unknown/Unavailable
                     // without a server message) or a harness timeout.
                     prop_assert!(

@@ -24,6 +24,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 /// Connecting to the server must not hang longer than this; a retry follows.
+/// Largest gRPC message sent or accepted: a Job's view and a snapshot Add exceed tonic's 4 MiB
+/// default (kjob-queue accepts the same).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of a unary call, on top of the long-poll wait for Lease: Redis scripts are bounded,
 /// so a healthy server answers far sooner.
@@ -220,8 +223,12 @@ impl QueueClient {
             .keep_alive_while_idle(true);
         let channel = endpoint.connect_lazy();
         Ok(Self {
-            queue: RawQueueClient::new(channel.clone()),
-            expectations: ExpectationsClient::new(channel),
+            queue: RawQueueClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            expectations: ExpectationsClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             retry: RetryPolicy::default(),
         })
     }
@@ -452,6 +459,46 @@ impl QueueClient {
         };
         rpc!(self, expectations.put_record(msg)).await?;
         Ok(())
+    }
+
+    /// Reads the shared view of Job `key`; `None` when it is not trusted.
+    pub async fn get_job_view(
+        &self,
+        key: &str,
+    ) -> Result<Option<v1::GetJobViewResponse>, ClientError> {
+        let msg = v1::GetJobViewRequest { key: key.to_string() };
+        let resp = rpc!(self, expectations.get_job_view(msg)).await?;
+        Ok(resp.trusted.then_some(resp))
+    }
+
+    /// Writes back a Job object (as the API server returned it) into the shared view of `key`,
+    /// and acknowledges `orphans_handled` orphan notices; returns whether the object was stored.
+    pub async fn put_job_view(
+        &self,
+        key: &str,
+        job_uid: &str,
+        job: Vec<u8>,
+        resource_version: &str,
+        orphans_handled: u64,
+    ) -> Result<bool, ClientError> {
+        let msg = v1::PutJobViewRequest {
+            key: key.to_string(),
+            job_uid: job_uid.to_string(),
+            job,
+            resource_version: resource_version.to_string(),
+            orphans_handled,
+        };
+        Ok(rpc!(self, expectations.put_job_view(msg)).await?.stored)
+    }
+
+    /// Begins, commits or ends a watcher's view session; returns whether it applied.
+    pub async fn cache_session(
+        &self,
+        session: &str,
+        phase: v1::CacheSessionPhase,
+    ) -> Result<bool, ClientError> {
+        let msg = v1::CacheSessionRequest { session: session.to_string(), phase: phase as i32 };
+        Ok(rpc!(self, expectations.cache_session(msg)).await?.applied)
     }
 
     /// Reports the depth of each part of `queue`.

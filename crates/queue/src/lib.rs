@@ -88,8 +88,16 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> a
         .add_service(reflection().build_v1().context("building the reflection service")?)
         // Older grpcurl, Postman and the Python gRPC client ask for v1alpha.
         .add_service(reflection().build_v1alpha().context("building the reflection service")?)
-        .add_service(QueueServer::new(service.clone()))
-        .add_service(ExpectationsServer::new(service))
+        .add_service(
+            QueueServer::new(service.clone())
+                .max_decoding_message_size(validate::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(validate::MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            ExpectationsServer::new(service)
+                .max_decoding_message_size(validate::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(validate::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(
             kjob_svc::tcp_incoming(listener),
             shutdown.clone().cancelled_owned(),

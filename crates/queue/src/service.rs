@@ -12,7 +12,10 @@ use kjob_proto::v1;
 use kjob_proto::v1::expectations_server::{self, Expectations};
 use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
-use kjob_workqueue::{Done, DoneOutcome, DoneResult, Enqueue, Observation, Store, Waker, WqError};
+use kjob_workqueue::{
+    Done, DoneOutcome, DoneResult, Enqueue, Observation, SessionPhase, Store, ViewOp, Waker,
+    WqError,
+};
 use tonic::{Request, Response, Status};
 
 use crate::batch::DoneBatcher;
@@ -71,6 +74,12 @@ measured_service!(Expectations, EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS, {
         = "ExpectFinalizerRemovals" by expect_finalizer_removals_rpc;
     get_record(v1::GetRecordRequest) -> v1::GetRecordResponse = "GetRecord" by get_record_rpc;
     put_record(v1::PutRecordRequest) -> v1::PutRecordResponse = "PutRecord" by put_record_rpc;
+    get_job_view(v1::GetJobViewRequest) -> v1::GetJobViewResponse
+        = "GetJobView" by get_job_view_rpc;
+    put_job_view(v1::PutJobViewRequest) -> v1::PutJobViewResponse
+        = "PutJobView" by put_job_view_rpc;
+    cache_session(v1::CacheSessionRequest) -> v1::CacheSessionResponse
+        = "CacheSession" by cache_session_rpc;
 });
 
 /// Shared state of both services.
@@ -157,6 +166,52 @@ fn observation(o: &v1::Observation) -> Result<Observation, String> {
     }
 }
 
+fn expectations_reply(e: kjob_workqueue::Expectations) -> v1::GetExpectationsResponse {
+    v1::GetExpectationsResponse {
+        satisfied: e.satisfied,
+        exists: e.record.is_some(),
+        add: e.record.as_ref().map(|r| r.add).unwrap_or(0),
+        del: e.record.as_ref().map(|r| r.del).unwrap_or(0),
+        age_ms: e.age_ms,
+        finalizer_removals: e.finalizer_removals,
+    }
+}
+
+fn view_op(o: &v1::CacheOp) -> Result<ViewOp, String> {
+    use v1::CacheOpKind as K;
+    let name = |field: &str| -> Result<String, String> {
+        validate::id(field, &o.name, true)?;
+        Ok(o.name.clone())
+    };
+    let object = |field: &str| -> Result<Vec<u8>, String> {
+        validate::view_object(field, &o.object, true)?;
+        Ok(o.object.clone())
+    };
+    match K::try_from(o.kind) {
+        Ok(K::Job) => {
+            validate::id("cache op resource_version", &o.resource_version, true)?;
+            Ok(ViewOp::Job {
+                uid: name("cache op name (Job UID)")?,
+                object: object("cache op object (Job)")?,
+                resource_version: o.resource_version.clone(),
+            })
+        }
+        Ok(K::DeleteJob) => Ok(ViewOp::DeleteJob),
+        Ok(K::Pod) => Ok(ViewOp::Pod {
+            name: name("cache op name (pod name)")?,
+            object: object("cache op object (pod)")?,
+        }),
+        Ok(K::DeletePod) => Ok(ViewOp::DeletePod { name: name("cache op name (pod name)")? }),
+        Ok(K::Reset) => Ok(ViewOp::Reset { uid: name("cache op name (Job UID)")? }),
+        Ok(K::Trust) => Ok(ViewOp::Trust),
+        Ok(K::Orphans) => Ok(ViewOp::Orphans),
+        _ => Err(format!(
+            "cache op kind {} is not one of JOB, DELETE_JOB, POD, DELETE_POD, RESET, TRUST, ORPHANS",
+            o.kind
+        )),
+    }
+}
+
 /// Validates a Done request into the store's Done (the same checks for Done and DoneBatch).
 fn done_item(r: &v1::DoneRequest) -> Result<Done, String> {
     validate::queue(&r.queue)?;
@@ -209,11 +264,28 @@ impl QueueService {
                 Ok(o) => o,
                 Err(e) => return Err(invalid(at(e))),
             };
+            let view = match it.cache.iter().map(view_op).collect::<Result<Vec<_>, _>>() {
+                Ok(v) => v,
+                Err(e) => return Err(invalid(at(e))),
+            };
+            if !view.is_empty() {
+                if it.queue != kjob_core::JOB_QUEUE {
+                    return Err(invalid(at(format!(
+                        "cache writes go with the {:?} queue only",
+                        kjob_core::JOB_QUEUE
+                    ))));
+                }
+                validate::id("cache_session", &it.cache_session, true)
+                    .map_err(at)
+                    .map_err(invalid)?;
+            }
             let e = Enqueue {
                 key: it.key.clone(),
                 delay: ms(it.delay_ms),
                 observations,
                 observe_only: it.observe_only,
+                view,
+                session: it.cache_session.clone(),
             };
             match per_queue.iter_mut().find(|(q, _)| *q == it.queue) {
                 Some((_, v)) => v.push(e),
@@ -440,14 +512,7 @@ impl QueueService {
         validate::key(&r.key).map_err(invalid)?;
         validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
         let e = self.store.get_expectations(&r.key, &r.job_uid).await.map_err(store_err)?;
-        Ok(v1::GetExpectationsResponse {
-            satisfied: e.satisfied,
-            exists: e.record.is_some(),
-            add: e.record.as_ref().map(|r| r.add).unwrap_or(0),
-            del: e.record.as_ref().map(|r| r.del).unwrap_or(0),
-            age_ms: e.age_ms,
-            finalizer_removals: e.finalizer_removals,
-        })
+        Ok(expectations_reply(e))
     }
 
     async fn delete_expectations_rpc(
@@ -505,5 +570,58 @@ impl QueueService {
         let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
         self.store.put_record(&r.key, &r.name, &r.value, ttl).await.map_err(store_err)?;
         Ok(v1::PutRecordResponse {})
+    }
+
+    async fn get_job_view_rpc(
+        &self,
+        r: v1::GetJobViewRequest,
+    ) -> Result<v1::GetJobViewResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        Ok(match self.store.get_job_view(&r.key).await.map_err(store_err)? {
+            Some(v) => v1::GetJobViewResponse {
+                trusted: true,
+                job: v.job,
+                pods: v.pods,
+                orphans_seen: v.orphans_seen,
+                orphans_handled: v.orphans_handled,
+                expectations: Some(expectations_reply(v.expectations)),
+                job_uid: v.uid,
+            },
+            None => v1::GetJobViewResponse::default(),
+        })
+    }
+
+    async fn put_job_view_rpc(
+        &self,
+        r: v1::PutJobViewRequest,
+    ) -> Result<v1::PutJobViewResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("job_uid", &r.job_uid, true).map_err(invalid)?;
+        validate::view_object("job", &r.job, false).map_err(invalid)?;
+        validate::id("resource_version", &r.resource_version, !r.job.is_empty())
+            .map_err(invalid)?;
+        let stored = self
+            .store
+            .put_job_view(&r.key, &r.job_uid, &r.job, &r.resource_version, r.orphans_handled)
+            .await
+            .map_err(store_err)?;
+        Ok(v1::PutJobViewResponse { stored })
+    }
+
+    async fn cache_session_rpc(
+        &self,
+        r: v1::CacheSessionRequest,
+    ) -> Result<v1::CacheSessionResponse, Status> {
+        validate::id("session", &r.session, true).map_err(invalid)?;
+        let phase = match v1::CacheSessionPhase::try_from(r.phase) {
+            Ok(v1::CacheSessionPhase::Begin) => SessionPhase::Begin,
+            Ok(v1::CacheSessionPhase::Commit) => SessionPhase::Commit,
+            Ok(v1::CacheSessionPhase::End) => SessionPhase::End,
+            _ => {
+                return Err(invalid(format!("phase {} is not one of BEGIN, COMMIT, END", r.phase)));
+            }
+        };
+        let applied = self.store.view_session(&r.session, phase).await.map_err(store_err)?;
+        Ok(v1::CacheSessionResponse { applied })
     }
 }

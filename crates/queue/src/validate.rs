@@ -21,6 +21,23 @@ pub const MAX_LIST: usize = 10_000;
 pub const MAX_ID_LEN: usize = 253;
 /// Largest record value.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+/// Largest object in a view write: etcd's default request limit (1.5 MiB), which bounds every
+/// object the API server can hold.
+pub const MAX_VIEW_OBJECT_BYTES: usize = 1536 * 1024;
+/// Largest gRPC message kjob-queue accepts: an Add of a Job's snapshot (up to 500 items of
+/// pods) and a view of a large Job fit; tonic's 4 MiB default does not.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Checks the object of a view write.
+pub fn view_object(field: &str, v: &[u8], required: bool) -> Result<(), String> {
+    if required && v.is_empty() {
+        return Err(format!("{field} is required"));
+    }
+    if v.len() > MAX_VIEW_OBJECT_BYTES {
+        return Err(format!("{field} is {} bytes; the limit is {MAX_VIEW_OBJECT_BYTES}", v.len()));
+    }
+    Ok(())
+}
 
 /// Checks a queue name.
 pub fn queue(name: &str) -> Result<(), String> {

@@ -8,12 +8,14 @@
 //! deletionTimestamp first shows up, or at its final delete if it never did), because kjob's
 //! expectations are shared and must not be lowered twice for one pod.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
 
 use crate::model::{ControllerRef, JobInfo, PodInfo, Store};
+use crate::view::ViewWrite;
 
 pub use kjob_core::SYNC_JOB_BATCH_PERIOD;
 
@@ -40,7 +42,8 @@ pub struct Observation {
 }
 
 /// A decision of a handler: enqueue `key` on `queue` after `delay`, applying `observations` first.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The informer adds the shared-view writes that go with it (see [`crate::view`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Enqueue {
     /// Queue name ([`JOB_QUEUE`] or [`ORPHAN_POD_QUEUE`]).
     pub queue: &'static str,
@@ -50,20 +53,52 @@ pub struct Enqueue {
     pub delay: Duration,
     /// Observations applied before the enqueue.
     pub observations: Vec<Observation>,
+    /// Apply the observations and view writes only; do not enqueue.
+    pub observe_only: bool,
+    /// Writes to the Job's shared view, applied before the observations.
+    pub view: Vec<ViewWrite>,
+    /// The view session the writes belong to.
+    pub session: Option<Arc<str>>,
+    /// A view session phase instead of an item (queue and key empty), sent in order with the
+    /// items around it.
+    pub control: Option<SessionControl>,
+}
+
+/// A phase of the watcher's view session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionControl {
+    /// The session becomes current (untrusted until committed).
+    Begin(Arc<str>),
+    /// The session's snapshot is complete.
+    Commit(Arc<str>),
+    /// The session stops.
+    End(Arc<str>),
 }
 
 impl Enqueue {
     fn job(job: &JobInfo, delay: Duration, observations: Vec<Observation>) -> Self {
-        Self { queue: JOB_QUEUE, key: job.key(), delay, observations }
+        Self { queue: JOB_QUEUE, key: job.key(), delay, observations, ..Default::default() }
     }
 
     fn orphan(pod: &PodInfo) -> Self {
+        Self { queue: ORPHAN_POD_QUEUE, key: pod.key(), ..Default::default() }
+    }
+
+    /// View writes of `session` on Job `key`, without an enqueue.
+    pub fn view_only(key: String, session: Arc<str>, view: Vec<ViewWrite>) -> Self {
         Self {
-            queue: ORPHAN_POD_QUEUE,
-            key: pod.key(),
-            delay: Duration::ZERO,
-            observations: vec![],
+            queue: JOB_QUEUE,
+            key,
+            observe_only: true,
+            view,
+            session: Some(session),
+            ..Default::default()
         }
+    }
+
+    /// A session phase.
+    pub fn session(control: SessionControl) -> Self {
+        Self { control: Some(control), ..Default::default() }
     }
 }
 

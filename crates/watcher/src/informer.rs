@@ -12,14 +12,16 @@
 //!
 //! [`Informer`] is plain data (no I/O), so the whole event path is tested without a server.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::runtime::watcher::Event;
 
-use crate::handlers::{self, Enqueue, HandlerConfig};
+use crate::handlers::{self, Enqueue, HandlerConfig, SessionControl};
 use crate::metrics::{ControllerNameLabels, EventLabels, KindLabels, Metrics};
 use crate::model::{JobInfo, PodInfo, Store};
+use crate::view::{self, ViewWrite};
 
 /// Converts the objects of a watcher event (e.g. to the slim views the informer keeps).
 pub fn map_event<A, B>(ev: Event<A>, f: impl FnOnce(A) -> B) -> Event<B> {
@@ -48,6 +50,18 @@ pub struct Informer {
     jobs: ListState,
     pods: ListState,
     metrics: Metrics,
+    view: ViewState,
+}
+
+/// The shared-view session this informer writes in.
+#[derive(Debug, Default)]
+struct ViewState {
+    /// Prefix of session ids (unique per process); `None` writes no view.
+    identity: Option<String>,
+    /// Sessions begun so far.
+    seq: u64,
+    /// The current session: set while leading with synced, not relisting caches.
+    session: Option<Arc<str>>,
 }
 
 impl Informer {
@@ -59,7 +73,109 @@ impl Informer {
             jobs: ListState::default(),
             pods: ListState::default(),
             metrics,
+            view: ViewState::default(),
         }
+    }
+
+    /// Makes this informer write the shared Job view, in sessions named `identity-<n>`
+    /// (`identity` must be unique per process, e.g. the pod name and the start time).
+    pub fn with_view(mut self, identity: impl Into<String>) -> Self {
+        self.view.identity = Some(identity.into());
+        self
+    }
+
+    /// Whether a view session is current.
+    pub fn view_active(&self) -> bool {
+        self.view.session.is_some()
+    }
+
+    /// Whether a relist of Jobs or Pods is in progress.
+    pub fn relisting(&self) -> bool {
+        self.jobs.relist.is_some() || self.pods.relist.is_some()
+    }
+
+    /// Whether a view session should be current: leading with synced caches, not relisting.
+    pub fn view_wanted(&self, leading: bool) -> bool {
+        self.view.identity.is_some() && leading && self.synced() && !self.relisting()
+    }
+
+    /// Begins a view session: its Begin, a snapshot of every managed Job, its Commit. Workers
+    /// stop trusting every earlier view at the Begin and trust this one's after the Commit.
+    pub fn begin_view(&mut self) -> Vec<Enqueue> {
+        let Some(identity) = &self.view.identity else { return vec![] };
+        self.view.seq += 1;
+        let session: Arc<str> = format!("{identity}-{}", self.view.seq).into();
+        self.view.session = Some(session.clone());
+        let mut out = vec![Enqueue::session(SessionControl::Begin(session.clone()))];
+        let mut jobs: Vec<&JobInfo> = self.store.jobs().filter(|j| self.cfg.manages(j)).collect();
+        jobs.sort_by_key(|j| j.key());
+        for job in jobs {
+            for chunk in view::snapshot(job, &self.store) {
+                out.push(Enqueue::view_only(job.key(), session.clone(), chunk));
+            }
+        }
+        out.push(Enqueue::session(SessionControl::Commit(session)));
+        out
+    }
+
+    /// Ends the current view session (leadership lost, a relist began): no view is trusted
+    /// until the next session commits.
+    pub fn end_view(&mut self) -> Vec<Enqueue> {
+        match self.view.session.take() {
+            Some(s) => vec![Enqueue::session(SessionControl::End(s))],
+            None => vec![],
+        }
+    }
+
+    /// View-only items for `writes` (grouped per Job key, in order) of the current session.
+    fn view_items(&self, writes: Vec<(String, ViewWrite)>) -> Vec<Enqueue> {
+        let Some(session) = &self.view.session else { return vec![] };
+        let mut by_key: BTreeMap<String, Vec<ViewWrite>> = BTreeMap::new();
+        let mut order = Vec::new();
+        for (key, w) in writes {
+            let entry = by_key.entry(key.clone()).or_default();
+            if entry.is_empty() {
+                order.push(key);
+            }
+            entry.push(w);
+        }
+        order
+            .into_iter()
+            .filter_map(|k| by_key.remove(&k).map(|v| (k, v)))
+            .map(|(k, v)| Enqueue::view_only(k, session.clone(), v))
+            .collect()
+    }
+
+    /// The managed Job a pod's controllerRef points at.
+    fn owner<'a>(cfg: &HandlerConfig, store: &'a Store, pod: &PodInfo) -> Option<&'a JobInfo> {
+        let cref = pod.controller.as_ref()?;
+        handlers::resolve_controller_ref(store, &pod.namespace, cref).filter(|j| cfg.manages(j))
+    }
+
+    /// View writes for a pod event (`old` cached, `new` the event's; `None` = deleted).
+    fn pod_view(&self, old: Option<&PodInfo>, new: Option<&PodInfo>) -> Vec<Enqueue> {
+        if self.view.session.is_none() {
+            return vec![];
+        }
+        let (cfg, store) = (&self.cfg, &self.store);
+        let mut writes = view::pod_writes(old, new, |p| Self::owner(cfg, store, p));
+        if let Some(pod) = new {
+            let jobs = store.jobs_in_namespace(&pod.namespace).filter(|j| cfg.manages(j));
+            writes.extend(view::orphan_notices(pod, jobs).map(|k| (k, ViewWrite::Orphans)));
+        }
+        self.view_items(writes)
+    }
+
+    /// View writes for a Job event (`old` cached, `new` the event's).
+    fn job_view(&self, old: Option<&JobInfo>, new: &JobInfo) -> Vec<Enqueue> {
+        let Some(session) = &self.view.session else { return vec![] };
+        if !self.cfg.manages(new) {
+            return vec![];
+        }
+        view::job_writes(old, new, &self.store)
+            .into_iter()
+            .map(|chunk| Enqueue::view_only(new.key(), session.clone(), chunk))
+            .collect()
     }
 
     /// Whether the initial lists of both Jobs and Pods are complete.
@@ -129,14 +245,20 @@ impl Informer {
         let out = match ev {
             Event::Init => {
                 self.jobs.relist = Some(HashSet::new());
-                vec![]
+                self.end_view()
             }
             Event::InitApply(info) | Event::Apply(info) => {
                 if let Some(seen) = self.jobs.relist.as_mut() {
                     seen.insert(info.key());
                 }
                 let old = self.store.upsert_job(info.clone());
-                match old {
+                let mut out =
+                    if old.as_ref().is_some_and(|o| o.resource_version == info.resource_version) {
+                        vec![]
+                    } else {
+                        self.job_view(old.as_ref(), &info)
+                    };
+                out.extend(match old {
                     None => {
                         self.count("job", "add");
                         if emit {
@@ -155,12 +277,24 @@ impl Informer {
                             vec![]
                         }
                     }
-                }
+                });
+                out
             }
             Event::Delete(info) => {
                 self.store.remove_job(&info.key());
                 self.count("job", "delete");
-                if emit { handlers::on_job_delete(&self.cfg, &self.store, &info) } else { vec![] }
+                let mut out = match &self.view.session {
+                    Some(session) if self.cfg.manages(&info) => vec![Enqueue::view_only(
+                        info.key(),
+                        session.clone(),
+                        vec![ViewWrite::DeleteJob],
+                    )],
+                    _ => vec![],
+                };
+                if emit {
+                    out.extend(handlers::on_job_delete(&self.cfg, &self.store, &info));
+                }
+                out
             }
             Event::InitDone => {
                 let seen = self.jobs.relist.take().unwrap_or_default();
@@ -190,14 +324,20 @@ impl Informer {
         let out = match ev {
             Event::Init => {
                 self.pods.relist = Some(HashSet::new());
-                vec![]
+                self.end_view()
             }
             Event::InitApply(info) | Event::Apply(info) => {
                 if let Some(seen) = self.pods.relist.as_mut() {
                     seen.insert(info.key());
                 }
                 let old = self.store.upsert_pod(info.clone());
-                match old {
+                let mut out =
+                    if old.as_ref().is_some_and(|o| o.resource_version == info.resource_version) {
+                        vec![]
+                    } else {
+                        self.pod_view(old.as_ref(), Some(&info))
+                    };
+                out.extend(match old {
                     None => {
                         self.count("pod", "add");
                         if emit {
@@ -215,19 +355,25 @@ impl Informer {
                             vec![]
                         }
                     }
-                }
+                });
+                out
             }
             Event::Delete(info) => {
+                let mut out = self.pod_view(self.store.pod(&info.key()), None);
                 let old = self.store.remove_pod(&info.key());
                 // A delete whose object UID differs from the cached one is for a pod we never
                 // saw; the cached namesake's state must not decide whether deletion was seen.
                 let was_deleting = old.filter(|o| o.uid == info.uid).is_some_and(|o| o.deleting);
                 self.count("pod", "delete");
                 if emit {
-                    handlers::on_pod_delete(&self.cfg, &self.store, &info, was_deleting)
-                } else {
-                    vec![]
+                    out.extend(handlers::on_pod_delete(
+                        &self.cfg,
+                        &self.store,
+                        &info,
+                        was_deleting,
+                    ));
                 }
+                out
             }
             Event::InitDone => {
                 let seen = self.pods.relist.take().unwrap_or_default();

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod model;
 pub mod selector;
 pub mod sender;
+pub mod view;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +25,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use kjob_svc::{AdminState, Shutdown};
 use kube::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
@@ -117,7 +117,7 @@ pub async fn run(
 
     let (leading_tx, leading_rx) = watch::channel(false);
     let elector_stop = Shutdown::new();
-    let elector = LeaderElector::new(client.clone(), lease, metrics.clone());
+    let elector = LeaderElector::new(client.clone(), lease.clone(), metrics.clone());
     let elector_task = tokio::spawn(elector.run(leading_tx, elector_stop.clone()));
 
     let synced = Arc::new(AtomicBool::new(false));
@@ -132,9 +132,13 @@ pub async fn run(
     ));
 
     let cfg = HandlerConfig { controller_name, manage_all };
+    // Unique per process: the Lease identity is the pod name, which a restarted pod reuses.
+    let started_ms = jiff::Timestamp::now().as_millisecond();
+    let view_identity = format!("{}-{started_ms}", lease.identity);
     let loop_result = event_loop(
         client,
         cfg,
+        view_identity,
         namespace,
         resync_period,
         tx,
@@ -193,6 +197,7 @@ async fn readiness_loop(
 async fn event_loop(
     client: kube::Client,
     cfg: HandlerConfig,
+    view_identity: String,
     namespace: Option<String>,
     resync_period: Duration,
     tx: mpsc::Sender<Enqueue>,
@@ -201,8 +206,8 @@ async fn event_loop(
     metrics: Metrics,
     shutdown: Shutdown,
 ) -> Result<(), WatcherError> {
-    // Api<PartialObjectMeta<Pod>> makes metadata-only requests.
-    let (jobs_api, pods_api): (Api<Job>, Api<PartialObjectMeta<Pod>>) = match &namespace {
+    // Full pods: the shared Job view the workers plan from needs their statuses.
+    let (jobs_api, pods_api): (Api<Job>, Api<Pod>) = match &namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
         None => (Api::all(client.clone()), Api::all(client)),
     };
@@ -210,13 +215,13 @@ async fn event_loop(
         .default_backoff()
         .map(|r| r.map(|ev| map_event(ev, |j| JobInfo::from_job(&j))))
         .boxed();
-    // Pods as PartialObjectMetadata: handlers read only metadata, and skipping specs and
-    // statuses makes lists and watches of large clusters far cheaper to decode.
+    // Each pod is trimmed as it arrives (the view keeps what syncJob reads; the handlers read
+    // metadata only), so the store never holds whole pods.
     let mut pods = watcher(pods_api, watcher::Config::default())
         .default_backoff()
-        .map(|r| r.map(|ev| map_event(ev, |p| PodInfo::from_meta(&p.metadata))))
+        .map(|r| r.map(|ev| map_event(ev, |p| PodInfo::from_pod(&p))))
         .boxed();
-    let mut informer = Informer::new(cfg, metrics.clone());
+    let mut informer = Informer::new(cfg, metrics.clone()).with_view(view_identity);
     let mut resync = tokio::time::interval_at(
         tokio::time::Instant::now() + resync_period.max(Duration::from_millis(10)),
         resync_period.max(Duration::from_millis(10)),
@@ -265,6 +270,14 @@ async fn event_loop(
                 None => return Err(WatcherError::StreamEnded("pod")),
             },
         };
+        // The shared view: a session while leading with synced caches (begun after a takeover
+        // and after every relist), ended when leadership is lost.
+        if informer.view_wanted(is_leader) && !informer.view_active() {
+            out.extend(informer.begin_view());
+        } else if !is_leader && informer.view_active() {
+            out.extend(informer.end_view());
+        }
+        // After the view's snapshot, so the syncs it starts read a committed view.
         if takeover_pending && is_leader && informer.synced() {
             takeover_pending = false;
             tracing::info!(

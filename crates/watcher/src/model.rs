@@ -4,6 +4,7 @@
 //! the watcher's memory stays proportional to the number of objects, not to their size.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -49,6 +50,9 @@ pub struct JobInfo {
     pub start_time: Option<Timestamp>,
     /// Whether a Complete or Failed condition is True (`IsJobFinished`).
     pub finished: bool,
+    /// The Job as the shared view keeps it ([`crate::view::trim_job`]); `None` in views built
+    /// without the object.
+    pub view: Option<Arc<[u8]>>,
 }
 
 impl JobInfo {
@@ -83,6 +87,7 @@ impl JobInfo {
             active_deadline_seconds: spec.and_then(|s| s.active_deadline_seconds),
             start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
             finished,
+            view: Some(crate::view::trim_job(job)),
         }
     }
 }
@@ -109,6 +114,9 @@ pub struct PodInfo {
     pub has_tracking_finalizer: bool,
     /// Whether metadata.deletionTimestamp is set.
     pub deleting: bool,
+    /// The pod as the shared view keeps it ([`crate::view::trim_pod`]), for pods with a
+    /// controller (orphans are never in a view); `None` when built from metadata only.
+    pub view: Option<Arc<[u8]>>,
 }
 
 impl PodInfo {
@@ -117,9 +125,13 @@ impl PodInfo {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Extracts the slim view from a full Pod.
+    /// Extracts the slim view from a full Pod, with its trimmed object when it has a controller.
     pub fn from_pod(pod: &Pod) -> Self {
-        Self::from_meta(&pod.metadata)
+        let mut info = Self::from_meta(&pod.metadata);
+        if info.controller.is_some() {
+            info.view = Some(crate::view::trim_pod(pod));
+        }
+        info
     }
 
     /// Extracts the slim view from a pod's metadata (all the handlers read), so the informer
@@ -147,6 +159,7 @@ impl PodInfo {
                 .flatten()
                 .any(|f| f == JOB_TRACKING_FINALIZER),
             deleting: meta.deletion_timestamp.is_some(),
+            view: None,
         }
     }
 }

@@ -15,14 +15,18 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::handlers::{Enqueue, ObservationKind};
+use crate::handlers::{Enqueue, ObservationKind, SessionControl};
 use crate::metrics::{Metrics, ObservationLabels, QueueLabels};
+use crate::view::ViewWrite;
 
 /// Items buffered between the informer and the sender: enough for a burst of events while one
 /// batch is in flight, small enough that a stuck queue stalls the watches quickly.
 pub const SEND_BUFFER: usize = 4096;
 /// Largest Add batch: keeps one Redis script run short (upstream caps per-sync work at 500 too).
 pub const MAX_BATCH: usize = 500;
+/// Largest Add batch in bytes (view objects): well under kjob-queue's message limit, and one
+/// script run stays short.
+pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// How long a batch waits for company after its first item: long enough to gather a burst of
 /// pod events, short against the 1 s batch period so syncs are not noticeably later.
 pub const LINGER: Duration = Duration::from_millis(5);
@@ -48,27 +52,57 @@ pub fn channel() -> (mpsc::Sender<Enqueue>, mpsc::Receiver<Enqueue>) {
     mpsc::channel(SEND_BUFFER)
 }
 
-/// Merges items for the same queue and key, keeping the first one's position: observations are
-/// concatenated in order and the earliest delay wins, which is what the queue would do with the
-/// separate items anyway (an item already waiting keeps the earlier time).
+/// Merges items for the same queue, key and view session, keeping the first one's position:
+/// observations and view writes are concatenated in order, the earliest delay wins (which is
+/// what the queue would do with the separate items anyway: an item already waiting keeps the
+/// earlier time), and the merge enqueues if any part did. Session phases are never merged.
 pub fn coalesce(batch: Vec<Enqueue>) -> Vec<Enqueue> {
     let mut out: Vec<Enqueue> = Vec::with_capacity(batch.len());
-    let mut index: std::collections::HashMap<(&'static str, String), usize> =
+    type Slot = (&'static str, String, Option<Arc<str>>);
+    let mut index: std::collections::HashMap<Slot, usize> =
         std::collections::HashMap::with_capacity(batch.len());
     for e in batch {
-        match index.get(&(e.queue, e.key.clone())) {
+        if e.control.is_some() {
+            out.push(e);
+            continue;
+        }
+        let slot = (e.queue, e.key.clone(), e.session.clone());
+        match index.get(&slot) {
             Some(&i) => {
                 let merged = &mut out[i];
-                merged.delay = merged.delay.min(e.delay);
+                if merged.observe_only {
+                    merged.delay = e.delay;
+                } else if !e.observe_only {
+                    merged.delay = merged.delay.min(e.delay);
+                }
+                merged.observe_only &= e.observe_only;
                 merged.observations.extend(e.observations);
+                merged.view.extend(e.view);
             }
             None => {
-                index.insert((e.queue, e.key.clone()), out.len());
+                index.insert(slot, out.len());
                 out.push(e);
             }
         }
     }
     out
+}
+
+/// The wire form of one view write.
+fn cache_op(w: &ViewWrite) -> v1::CacheOp {
+    use v1::CacheOpKind as K;
+    let (kind, name, object, rv) = match w {
+        ViewWrite::Job { uid, object, resource_version } => {
+            (K::Job, uid.clone(), object.to_vec(), resource_version.clone())
+        }
+        ViewWrite::DeleteJob => (K::DeleteJob, String::new(), Vec::new(), String::new()),
+        ViewWrite::Pod { name, object } => (K::Pod, name.clone(), object.to_vec(), String::new()),
+        ViewWrite::DeletePod { name } => (K::DeletePod, name.clone(), Vec::new(), String::new()),
+        ViewWrite::Reset { uid } => (K::Reset, uid.clone(), Vec::new(), String::new()),
+        ViewWrite::Trust => (K::Trust, String::new(), Vec::new(), String::new()),
+        ViewWrite::Orphans => (K::Orphans, String::new(), Vec::new(), String::new()),
+    };
+    v1::CacheOp { kind: kind as i32, name, object, resource_version: rv }
 }
 
 /// The wire form of a handler decision.
@@ -90,8 +124,15 @@ pub fn to_proto(e: &Enqueue) -> v1::AddItem {
                 pod_uid: o.pod_uid.clone(),
             })
             .collect(),
-        observe_only: false,
+        observe_only: e.observe_only,
+        cache: e.view.iter().map(cache_op).collect(),
+        cache_session: e.session.as_deref().unwrap_or_default().to_string(),
     }
+}
+
+/// Bytes an item adds to a batch (view objects dominate).
+fn item_size(e: &Enqueue) -> usize {
+    128 + e.observations.len() * 96 + e.view.iter().map(ViewWrite::size).sum::<usize>()
 }
 
 fn kind_label(k: ObservationKind) -> &'static str {
@@ -113,13 +154,36 @@ pub async fn run_sender(
     shutdown: CancellationToken,
 ) -> Result<(), SendError> {
     let mut give_up_at: Option<Instant> = None;
+    // An item taken from the channel that belongs to the next batch (a session phase, or one
+    // that would overflow the byte budget).
+    let mut carried: Option<Enqueue> = None;
     loop {
-        let Some(first) = rx.recv().await else { return Ok(()) };
+        let first = match carried.take() {
+            Some(e) => e,
+            None => match rx.recv().await {
+                Some(e) => e,
+                None => return Ok(()),
+            },
+        };
+        if let Some(control) = first.control {
+            send_session(&client, &metrics, &queue_ok, &shutdown, &mut give_up_at, control, &rx)
+                .await?;
+            continue;
+        }
+        let mut bytes = item_size(&first);
         let mut batch = vec![first];
         let linger_until = Instant::now() + LINGER;
         while batch.len() < MAX_BATCH {
             match tokio::time::timeout_at(linger_until, rx.recv()).await {
-                Ok(Some(e)) => batch.push(e),
+                Ok(Some(e)) => {
+                    let size = item_size(&e);
+                    if e.control.is_some() || bytes + size > MAX_BATCH_BYTES {
+                        carried = Some(e);
+                        break;
+                    }
+                    bytes += size;
+                    batch.push(e);
+                }
                 Ok(None) | Err(_) => break,
             }
         }
@@ -127,6 +191,75 @@ pub async fn run_sender(
         send_batch(&client, &metrics, &queue_ok, &shutdown, &mut give_up_at, batch, &mut rx)
             .await?;
     }
+}
+
+/// Sends a view session phase, retried like a batch (it orders the items around it).
+async fn send_session(
+    client: &QueueClient,
+    metrics: &Metrics,
+    queue_ok: &AtomicBool,
+    shutdown: &CancellationToken,
+    give_up_at: &mut Option<Instant>,
+    control: SessionControl,
+    rx: &mpsc::Receiver<Enqueue>,
+) -> Result<(), SendError> {
+    let (session, phase) = match &control {
+        SessionControl::Begin(s) => (s, v1::CacheSessionPhase::Begin),
+        SessionControl::Commit(s) => (s, v1::CacheSessionPhase::Commit),
+        SessionControl::End(s) => (s, v1::CacheSessionPhase::End),
+    };
+    let mut attempt = 0u32;
+    loop {
+        match client.cache_session(session, phase).await {
+            Ok(applied) => {
+                tracing::info!(session = %session, ?phase, applied, "view session");
+                queue_ok.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(ClientError::InvalidArgument(msg)) => {
+                metrics.send_errors.inc();
+                tracing::error!(error = %msg, session = %session, "kjob-queue refused a view session phase");
+                return Ok(());
+            }
+            Err(e) => {
+                metrics.send_errors.inc();
+                queue_ok.store(false, Ordering::Relaxed);
+                if !wait_to_retry(shutdown, give_up_at, &mut attempt, &e, 1, rx).await? {
+                    continue;
+                }
+            }
+        }
+    }
+}
+
+/// Waits before another attempt (with backoff); fails once the drain deadline passed.
+/// Returns `Ok(false)` to retry.
+async fn wait_to_retry(
+    shutdown: &CancellationToken,
+    give_up_at: &mut Option<Instant>,
+    attempt: &mut u32,
+    e: &ClientError,
+    items: usize,
+    rx: &mpsc::Receiver<Enqueue>,
+) -> Result<bool, SendError> {
+    let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(*attempt);
+    tracing::warn!(error = %e, attempt = *attempt, ?delay, items, "sending to kjob-queue failed; retrying");
+    *attempt = attempt.saturating_add(1);
+    if give_up_at.is_none() && shutdown.is_cancelled() {
+        *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+    }
+    if let Some(limit) = *give_up_at
+        && Instant::now() >= limit
+    {
+        return Err(SendError::Abandoned(items + rx.len()));
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.cancelled(), if give_up_at.is_none() => {
+            *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+        }
+    }
+    Ok(false)
 }
 
 async fn send_batch(
@@ -186,24 +319,7 @@ async fn send_batch(
             Err(e) => {
                 metrics.send_errors.inc();
                 queue_ok.store(false, Ordering::Relaxed);
-                let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(attempt);
-                tracing::warn!(error = %e, attempt, ?delay, items = items.len(), "sending to kjob-queue failed; retrying");
-                attempt = attempt.saturating_add(1);
-                if give_up_at.is_none() && shutdown.is_cancelled() {
-                    *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
-                }
-                if let Some(limit) = *give_up_at
-                    && Instant::now() >= limit
-                {
-                    let pending = items.len() + rx.len();
-                    return Err(SendError::Abandoned(pending));
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled(), if give_up_at.is_none() => {
-                        *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
-                    }
-                }
+                wait_to_retry(shutdown, give_up_at, &mut attempt, &e, items.len(), rx).await?;
             }
         }
     }
@@ -228,6 +344,7 @@ mod tests {
                     pod_uid: p.to_string(),
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 

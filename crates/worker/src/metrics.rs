@@ -100,6 +100,15 @@ pub struct ApiLabels {
     pub result: String,
 }
 
+/// Labels of `kjob_worker_job_view_reads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ViewLabels {
+    /// `trusted` (planned from the shared view), `orphans` (the view, but pods listed to adopt
+    /// orphans), `untrusted` (no trusted view: consistent reads), `undecodable` (a view that
+    /// did not parse: consistent reads).
+    pub result: String,
+}
+
 /// Every metric the worker exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -129,6 +138,8 @@ pub struct Metrics {
     pub leases_finished: Family<OutcomeLabels, Counter>,
     /// `kjob_worker_api_calls_total`: API server calls by verb, resource and result.
     pub api_calls: Family<ApiLabels, Counter>,
+    /// `kjob_worker_job_view_reads_total`: where each sync read its Job and pods from.
+    pub job_view_reads: Family<ViewLabels, Counter>,
     /// `kjob_worker_events_dropped_total`: events dropped because the event sink was full.
     pub events_dropped: Counter,
     /// `kjob_worker_events_spam_filtered_total`: events dropped by the per-object spam filter.
@@ -154,6 +165,7 @@ impl Metrics {
             renew_failures: Family::default(),
             leases_finished: Family::default(),
             api_calls: Family::default(),
+            job_view_reads: Family::default(),
             events_dropped: Counter::default(),
             events_spam_filtered: Counter::default(),
         };
@@ -208,6 +220,14 @@ impl Metrics {
             m.api_calls.clone(),
         );
         w.register(
+            "job_view_reads",
+            "Syncs by where they read their Job and pods: the shared view or the API server",
+            m.job_view_reads.clone(),
+        );
+        for result in ["trusted", "orphans", "untrusted", "undecodable"] {
+            drop(m.job_view_reads.get_or_create(&ViewLabels { result: result.into() }));
+        }
+        w.register(
             "events_dropped",
             "Kubernetes events dropped because the event sink was full",
             m.events_dropped.clone(),
@@ -229,6 +249,11 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+
+    /// Counts one sync's read of the shared view.
+    pub fn view_read(&self, result: &str) {
+        self.job_view_reads.get_or_create(&ViewLabels { result: result.to_string() }).inc();
     }
 
     /// The per-queue label set.

@@ -102,10 +102,18 @@ impl Worker {
     ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let key_str = key.to_string();
-        let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
-            // The Job is gone: its expectations, finalizer-removal set and records go too.
-            self.queue.delete_expectations(&key_str).await?;
-            return Ok(SyncOutcome::Done);
+        // The shared view (the leading watcher's informer state) when it can be trusted; else
+        // consistent reads, as before the view existed.
+        let (job, exp, view_pods) = match self.read_view(&key_str).await? {
+            Some(v) => (v.job, v.expectations, Some((v.pods, v.orphans_pending))),
+            None => {
+                let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
+                    // The Job is gone: its expectations, finalizer-removal set and records go.
+                    self.queue.delete_expectations(&key_str).await?;
+                    return Ok(SyncOutcome::Done);
+                };
+                (job, None, None)
+            }
         };
         let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
         if !kjob_core::manages(managed_by, &self.controller_name, self.manage_all) {
@@ -116,8 +124,12 @@ impl Worker {
         }
         let uid = job.metadata.uid.clone().unwrap_or_default();
         // Expectations are read before the pods, as upstream: an observation that lands in
-        // between can only make the pod list newer than the expectations, never older.
-        let exp = self.queue.get_expectations(&key_str, &uid).await?;
+        // between can only make the pod list newer than the expectations, never older. The view
+        // brings them from the same script as its pods.
+        let exp = match exp {
+            Some(e) => e,
+            None => self.queue.get_expectations(&key_str, &uid).await?,
+        };
         if !exp.satisfied
             && exp.exists
             && exp.age_ms >= self.stale_expectations_after.as_millis() as u64
@@ -126,7 +138,21 @@ impl Worker {
                 "expectations outlived every lease that could lower them; syncing from a fresh LIST");
         }
         let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
-        let pods = self.pods_for_job(&job).await?;
+        let stale = !exp.satisfied
+            && exp.exists
+            && exp.age_ms >= self.stale_expectations_after.as_millis() as u64;
+        let pods = match view_pods {
+            // Stale expectations mean an observation may be lost, so the view may miss a pod.
+            Some((pods, None)) if !stale => pods,
+            Some((_, orphans)) => {
+                let pods = self.pods_for_job(&job).await?;
+                if let Some(seen) = orphans {
+                    self.ack_orphans(&key_str, &uid, seen).await;
+                }
+                pods
+            }
+            None => self.pods_for_job(&job).await?,
+        };
         let backoff = self.read_backoff(&key_str, &uid).await?;
         let age = Duration::from_millis(exp.age_ms);
         let satisfied =
@@ -149,6 +175,52 @@ impl Worker {
         let mut outcome = self.drive(&job, &uid, &key_str, plan, wind_down).await;
         outcome.requeue_after = earliest(outcome.requeue_after, recheck);
         self.finish_sync(&job, &key_str, outcome, started).await
+    }
+
+    /// Reads the shared view of `key`: the Job, its pods (in name order, as a LIST returns
+    /// them), its expectations, and whether orphans wait for adoption. `None` (consistent
+    /// reads instead) when the view is not trusted or does not parse.
+    async fn read_view(&self, key: &str) -> Result<Option<ViewRead>, SyncError> {
+        let Some(v) = self.queue.get_job_view(key).await? else {
+            self.metrics.view_read("untrusted");
+            return Ok(None);
+        };
+        match decode_view(v) {
+            Ok(read) => {
+                let result = if read.orphans_pending.is_some() { "orphans" } else { "trusted" };
+                self.metrics.view_read(result);
+                Ok(Some(read))
+            }
+            Err(e) => {
+                tracing::warn!(job = key, error = %e, "the shared view does not parse; reading the API server");
+                self.metrics.view_read("undecodable");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Records that orphan notices up to `seen` were handled by a LIST (best effort: a failure
+    /// only means the next sync lists again).
+    async fn ack_orphans(&self, key: &str, uid: &str, seen: u64) {
+        if let Err(e) = self.queue.put_job_view(key, uid, Vec::new(), "", seen).await {
+            tracing::debug!(job = key, error = %e, "could not acknowledge orphan notices");
+        }
+    }
+
+    /// Writes a Job the API server returned back into the shared view, so the next sync plans
+    /// from it even before the watcher sees it (the view keeps the newest resourceVersion).
+    async fn write_back(&self, key: &str, job: &Job) {
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let rv = job.metadata.resource_version.as_deref().unwrap_or_default();
+        if uid.is_empty() || rv.is_empty() {
+            return;
+        }
+        let mut trimmed = job.clone();
+        trimmed.metadata.managed_fields = None;
+        let Ok(bytes) = serde_json::to_vec(&trimmed) else { return };
+        if let Err(e) = self.queue.put_job_view(key, uid, bytes, rv, 0).await {
+            tracing::debug!(job = key, error = %e, "could not write the Job back to the shared view");
+        }
     }
 
     /// Executes the plan's steps until it is done (or a queue call fails, which aborts it).
@@ -240,6 +312,7 @@ impl Worker {
                     current.status = Some(*status);
                     match self.api.replace_job_status(&current).await {
                         Ok(written) => {
+                            self.write_back(key, &written).await;
                             // Upstream counts `add` when its informer first sees a finished pod
                             // with the finalizer; kjob's watcher reads pod metadata only, so the
                             // worker counts each pod as it records it, once per fenced write.
@@ -248,7 +321,19 @@ impl Worker {
                             current.metadata.resource_version = written.metadata.resource_version;
                             Report::StatusUpdated(Ok(()))
                         }
-                        Err(e) => Report::StatusUpdated(Err(e.to_string())),
+                        Err(e) => {
+                            if matches!(e, ApiError::Conflict { .. }) {
+                                // Planned from an older Job than the server's (a view the
+                                // watcher had not caught up on): refresh the view so the retry
+                                // plans from the current one.
+                                if let Ok(Some(fresh)) = self.api.get_job(&ns, job_name(job)).await
+                                    && fresh.metadata.uid.as_deref() == Some(uid)
+                                {
+                                    self.write_back(key, &fresh).await;
+                                }
+                            }
+                            Report::StatusUpdated(Err(e.to_string()))
+                        }
                     }
                 }
             };
@@ -526,6 +611,42 @@ impl Worker {
             f.metadata.uid == job.metadata.uid && f.metadata.deletion_timestamp.is_none()
         }))
     }
+}
+
+/// A trusted shared view, decoded.
+struct ViewRead {
+    job: Job,
+    pods: SummarizedPods,
+    expectations: Option<kjob_queue_client::v1::GetExpectationsResponse>,
+    /// `Some(seen)` when orphan notices wait for a LIST to adopt them.
+    orphans_pending: Option<u64>,
+}
+
+/// Decodes a view: the Job, and its pods in name order (the order a LIST returns).
+fn decode_view(v: kjob_queue_client::v1::GetJobViewResponse) -> Result<ViewRead, String> {
+    let job: Job = serde_json::from_slice(&v.job).map_err(|e| format!("job: {e}"))?;
+    if job.metadata.uid.as_deref() != Some(v.job_uid.as_str()) {
+        return Err(format!("job UID {:?} is not the view's {:?}", job.metadata.uid, v.job_uid));
+    }
+    let mut decoded = Vec::with_capacity(v.pods.len());
+    for p in &v.pods {
+        decoded.push(serde_json::from_slice::<Pod>(p).map_err(|e| format!("pod: {e}"))?);
+    }
+    decoded.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut pods = SummarizedPods::with_capacity(decoded.len());
+    for p in decoded {
+        pods.push(p);
+    }
+    Ok(ViewRead {
+        job,
+        pods,
+        expectations: v.expectations,
+        orphans_pending: (v.orphans_seen > v.orphans_handled).then_some(v.orphans_seen),
+    })
+}
+
+fn job_name(job: &Job) -> &str {
+    job.metadata.name.as_deref().unwrap_or_default()
 }
 
 /// The Job's selector, as upstream `metav1.LabelSelectorAsSelector`: an empty selector

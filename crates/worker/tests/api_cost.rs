@@ -16,6 +16,8 @@ const TIMEOUT: Duration = Duration::from_secs(150);
 /// Most API calls per pod allowed on this path (create, finalizer removal, and the shares of
 /// the per-sync GET, LIST and status write; events are capped per Job by the spam filter).
 const MAX_CALLS_PER_POD: f64 = 2.5;
+/// Most LISTs of the Job's pods per pod: syncs read the shared view.
+const MAX_LISTS_PER_POD: f64 = 0.01;
 
 async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::server::TestServer) {
     let run_dir = tempfile::Builder::new().prefix("kjob-api-cost-").tempdir().unwrap();
@@ -60,6 +62,19 @@ async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::s
     assert!(events <= 30.0, "the spam filter caps events about one Job: {events}");
     assert!(filtered >= f64::from(COMPLETIONS) - 30.0, "{filtered} events filtered");
     assert!(per_pod <= MAX_CALLS_PER_POD, "{per_pod:.2} API calls per pod: {by_call:#?}");
+    // Syncs plan from the watcher's shared view, as upstream plans from its informer: the API
+    // reads left are the few syncs before the view's first commit and conflict refreshes.
+    let views = |r: &str| {
+        metric_sum(&text, "kjob_worker_job_view_reads_total", &[&format!("result=\"{r}\"")])
+    };
+    let (trusted, untrusted) = (views("trusted"), views("untrusted"));
+    eprintln!("view reads: {trusted} trusted, {untrusted} untrusted");
+    assert!(trusted > 0.0 && untrusted <= 3.0, "{trusted} trusted, {untrusted} untrusted");
+    let lists = metric_sum(&text, "kjob_worker_api_calls_total", &["verb=\"list\""]);
+    assert!(
+        lists / f64::from(COMPLETIONS) <= MAX_LISTS_PER_POD,
+        "{lists} LISTs of pods for {COMPLETIONS} pods: {by_call:#?}"
+    );
 }
 
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();

@@ -16,6 +16,7 @@ pub mod expectations;
 pub mod limiter;
 mod scripts;
 pub mod store;
+pub mod view;
 pub mod wake;
 
 pub use conn::{Conn, RedisTarget};
@@ -25,6 +26,7 @@ pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView,
     LeaseBatch, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,
 };
+pub use view::{JobView, SessionPhase, ViewOp};
 pub use wake::Waker;
 
 /// Errors of the workqueue.

@@ -159,16 +159,19 @@ end
     };
 }
 
-/// ARGV: gc_ms, then per entry: item, delay_ms, observe_only (0/1), n_obs, then n_obs ×
-/// (kind, job_uid, pod_uid). KEYS 8.. hold four expectation keys per entry with n_obs > 0, in
+/// ARGV: gc_ms, has_view (0/1: KEYS[8] is the view session key), then per entry: item,
+/// delay_ms, observe_only (0/1), n_obs, n_view, session, then n_obs × (kind, job_uid, pod_uid)
+/// and n_view × (kind, name, object, resource_version). After KEYS[8] (or 7), each entry with
+/// n_obs > 0 has its four expectation keys and each with n_view > 0 its three view keys, in
 /// entry order. → `{added, accepted_now, now, observed}`.
 ///
-/// Observations are applied before the enqueue of their item, in the same script: a worker that
-/// leases the key always sees the lowered expectations, and no crash can apply one without the
-/// other.
+/// View writes are applied before the observations of their item, and both before its enqueue,
+/// in the same script: a worker that leases the key and sees an observation also sees the pod
+/// it was made from, and no crash can apply one without the other.
 pub(crate) const ADD: &str = concat!(
     prelude!(),
     observe_fn!(),
+    crate::view::apply_view_fn!(),
     r#"
 -- Runs a multi-member command in chunks (a Lua call takes at most a few thousand arguments).
 -- Returns the concatenated array replies and the sum of integer replies.
@@ -187,14 +190,29 @@ end
 
 local gc_ms = ARGV[1]
 local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
+local current_session = false
+if ARGV[2] == '1' then
+  current_session = redis.call('GET', KEYS[8])
+  k = 9
+end
 local now_items, seen = {}, {}
-local i = 2
+local i = 3
 while i <= #ARGV do
-  local item, delay, only, nobs = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
+  local item, delay, only = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local nobs, nview, session = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5]
+  local obs_at, view_at = i + 6, i + 6 + 3 * nobs
+  if nview > 0 then
+    local ek = k
+    if nobs > 0 then ek = k + 4 end
+    if session_accepts(current_session, session) then
+      apply_view(KEYS[ek], KEYS[ek + 1], KEYS[ek + 2], gc_ms, session, ARGV, view_at, nview)
+    end
+  end
   if nobs > 0 then
-    observed = observed + observe(KEYS[k], KEYS[k + 1], KEYS[k + 2], gc_ms, ARGV, i + 4, nobs)
+    observed = observed + observe(KEYS[k], KEYS[k + 1], KEYS[k + 2], gc_ms, ARGV, obs_at, nobs)
     k = k + 4
   end
+  if nview > 0 then k = k + 3 end
   if only == '0' then
     if delay > 0 then
       added = added + add_after(item, delay)
@@ -203,7 +221,7 @@ while i <= #ARGV do
       now_items[#now_items + 1] = item
     end
   end
-  i = i + 4 + 3 * nobs
+  i = i + 6 + 3 * nobs + 4 * nview
 end
 -- Immediate adds of the whole batch: one HMGET finds the leased ones (they become dirty), one
 -- ZADD NX enqueues the rest; per-item commands would cost Redis more than the script itself.
@@ -495,13 +513,11 @@ return observe(EXP, SEEN, FIN, ARGV[1], ARGV, 2, (#ARGV - 1) / 3)
 "#
 );
 
-/// Deletes everything kept for the Job key.
-pub(crate) const EXP_DELETE: &str = concat!(
-    exp_prelude!(),
-    r#"
-return redis.call('DEL', EXP, SEEN, FIN, REC)
-"#
-);
+/// Deletes everything kept for the Job key: KEYS are its four expectation keys and its three
+/// view keys.
+pub(crate) const EXP_DELETE: &str = r#"
+return redis.call('DEL', unpack(KEYS))
+"#;
 
 /// ARGV: gc_ms, job_uid, pod_uids…
 pub(crate) const EXP_FIN_ADD: &str = concat!(

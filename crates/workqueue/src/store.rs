@@ -8,6 +8,7 @@ use redis::{Script, Value};
 use crate::conn::{self, Conn, RESPONSE_TIMEOUT, RedisTarget};
 use crate::expectations::{EXPECTATIONS_TIMEOUT, ExpectationRecord, Expectations, Observation};
 use crate::limiter::{ItemExponentialLimiter, JOB_LIMITER};
+use crate::view::{ViewOp, push_view_ops, view_keys, view_session_key};
 use crate::{WqError, scripts};
 
 /// Default of [`StoreConfig::poison_after`]: one expiry is a crash or a pause, three in a row
@@ -58,6 +59,11 @@ pub struct Enqueue {
     pub observations: Vec<Observation>,
     /// Apply the observations only; do not enqueue.
     pub observe_only: bool,
+    /// Writes to the shared view of Job `key` (job queue only), applied before the
+    /// observations in the same script, while `session` is the current view session.
+    pub view: Vec<ViewOp>,
+    /// The watcher session that made `view` (ignored without view writes).
+    pub session: String,
 }
 
 impl Enqueue {
@@ -68,12 +74,26 @@ impl Enqueue {
 
     /// An item ready after `delay`.
     pub fn after(key: impl Into<String>, delay: Duration) -> Self {
-        Self { key: key.into(), delay, observations: Vec::new(), observe_only: false }
+        Self {
+            key: key.into(),
+            delay,
+            observations: Vec::new(),
+            observe_only: false,
+            view: Vec::new(),
+            session: String::new(),
+        }
     }
 
     /// The same item carrying `observations`.
     pub fn observing(mut self, observations: Vec<Observation>) -> Self {
         self.observations = observations;
+        self
+    }
+
+    /// The same item carrying view writes of watcher session `session`.
+    pub fn writing_view(mut self, session: impl Into<String>, view: Vec<ViewOp>) -> Self {
+        self.session = session.into();
+        self.view = view;
         self
     }
 }
@@ -263,6 +283,7 @@ struct Scripts {
     exp_fin_add: Script,
     rec_get: Script,
     rec_put: Script,
+    view: crate::view::ViewScripts,
 }
 
 impl Scripts {
@@ -284,6 +305,7 @@ impl Scripts {
             exp_fin_add: Script::new(scripts::EXP_FIN_ADD),
             rec_get: Script::new(scripts::REC_GET),
             rec_put: Script::new(scripts::REC_PUT),
+            view: crate::view::ViewScripts::new(),
         }
     }
 }
@@ -409,7 +431,15 @@ impl Store {
         &self.config
     }
 
-    async fn eval(
+    pub(crate) fn view_scripts(&self) -> &crate::view::ViewScripts {
+        &self.scripts.view
+    }
+
+    pub(crate) fn idle_gc_ms(&self) -> i64 {
+        ms(self.config.idle_gc)
+    }
+
+    pub(crate) async fn eval(
         &self,
         what: &'static str,
         script: &Script,
@@ -471,13 +501,22 @@ impl Store {
             }
         }
         let mut keys: Vec<String> = queue_keys(queue).into();
-        let mut args = Vec::with_capacity(1 + items.len() * 4);
+        let mut args = Vec::with_capacity(2 + items.len() * 6);
         args.push(ms(self.config.idle_gc).to_string().into_bytes());
+        // The view session key carries the job queue's hash tag, so only that queue's script
+        // may name it (one slot per script on a Cluster); view writes go to the job queue only.
+        if same_slot {
+            args.push(b"1".to_vec());
+            keys.push(view_session_key());
+        } else {
+            args.push(b"0".to_vec());
+        }
         let mut delayed = 0;
         let mut entries = 0;
         for it in items {
             let obs: &[Observation] = if same_slot { &it.observations } else { &[] };
-            if it.observe_only && obs.is_empty() {
+            let view: &[ViewOp] = if same_slot { &it.view } else { &[] };
+            if it.observe_only && obs.is_empty() && view.is_empty() {
                 continue;
             }
             entries += 1;
@@ -489,9 +528,15 @@ impl Store {
             args.push(d.to_string().into_bytes());
             args.push(if it.observe_only { b"1".to_vec() } else { b"0".to_vec() });
             args.push(obs.len().to_string().into_bytes());
+            args.push(view.len().to_string().into_bytes());
+            args.push(it.session.clone().into_bytes());
             if !obs.is_empty() {
                 keys.extend(exp_keys(&it.key));
                 push_observations(&mut args, obs);
+            }
+            if !view.is_empty() {
+                keys.extend(view_keys(&it.key));
+                push_view_ops(&mut args, view);
             }
         }
         if entries == 0 {
@@ -780,10 +825,19 @@ impl Store {
         let v = self
             .eval("get_expectations", &self.scripts.exp_get, &exp_keys(key), Vec::new())
             .await?;
-        let a = arr(&v, "get_expectations")?;
+        self.parse_expectations(&v, job_uid)
+    }
+
+    /// Reads an EXP_GET reply as seen by the Job with UID `job_uid`.
+    pub(crate) fn parse_expectations(
+        &self,
+        v: &Value,
+        job_uid: &str,
+    ) -> Result<Expectations, WqError> {
+        let a = arr(v, "get_expectations")?;
         let exists = at(a, 0, "exp")? == 1;
         let now = at(a, 5, "exp")?;
-        let rec_uid = string(a.get(1).ok_or_else(|| proto("exp", &v))?, "exp uid")?;
+        let rec_uid = string(a.get(1).ok_or_else(|| proto("exp", v))?, "exp uid")?;
         let record = exists.then(|| -> Result<ExpectationRecord, WqError> {
             Ok(ExpectationRecord {
                 job_uid: rec_uid.clone(),
@@ -795,7 +849,7 @@ impl Store {
         let record = record.transpose()?;
         // A record of another Job UID is no record (client-go keys by UID-checked key).
         let record = record.filter(|r| job_uid.is_empty() || r.job_uid == job_uid);
-        let fin = arr(a.get(6).ok_or_else(|| proto("exp", &v))?, "exp fin")?;
+        let fin = arr(a.get(6).ok_or_else(|| proto("exp", v))?, "exp fin")?;
         let mut finalizer_removals = Vec::new();
         for pair in fin.chunks(2) {
             if let [pod, owner] = pair {
@@ -817,10 +871,11 @@ impl Store {
         Ok(Expectations { record, satisfied, age_ms, finalizer_removals })
     }
 
-    /// Deletes the expectations, finalizer-removal set and records of Job `key`.
+    /// Deletes the expectations, finalizer-removal set, records and shared view of Job `key`.
     pub async fn delete_expectations(&self, key: &str) -> Result<(), WqError> {
-        self.eval("delete_expectations", &self.scripts.exp_delete, &exp_keys(key), Vec::new())
-            .await?;
+        let mut keys: Vec<String> = exp_keys(key).into();
+        keys.extend(view_keys(key));
+        self.eval("delete_expectations", &self.scripts.exp_delete, &keys, Vec::new()).await?;
         Ok(())
     }
 

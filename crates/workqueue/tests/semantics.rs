@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::{
-    Done, DoneOutcome, Enqueue, KeyState, Observation, Store, StoreConfig, Waker, WqError,
+    Done, DoneOutcome, Enqueue, KeyState, Observation, SessionPhase, Store, StoreConfig, ViewOp,
+    Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -520,6 +521,131 @@ fn poison_config() -> StoreConfig {
     }
 }
 
+fn pod_op(name: &str, body: &str) -> ViewOp {
+    ViewOp::Pod { name: name.into(), object: body.as_bytes().to_vec() }
+}
+
+fn job_op(uid: &str, rv: &str, body: &str) -> ViewOp {
+    ViewOp::Job { uid: uid.into(), object: body.as_bytes().to_vec(), resource_version: rv.into() }
+}
+
+fn snapshot(uid: &str, rv: &str, pods: &[(&str, &str)]) -> Vec<ViewOp> {
+    let mut ops = vec![ViewOp::Reset { uid: uid.into() }];
+    ops.extend(pods.iter().map(|(n, b)| pod_op(n, b)));
+    ops.push(job_op(uid, rv, "job"));
+    ops.push(ViewOp::Trust);
+    ops
+}
+
+fn sorted_pods(v: &kjob_workqueue::JobView) -> Vec<String> {
+    let mut p: Vec<String> = v.pods.iter().map(|b| String::from_utf8(b.clone()).unwrap()).collect();
+    p.sort();
+    p
+}
+
+/// The shared Job view: trusted only when written in full by the committed current session;
+/// a new session distrusts every older view at once; a deposed session's writes are dropped;
+/// resourceVersions only move forward; worker write-backs and orphan notices.
+async fn job_view_sessions_and_trust(s: Store) {
+    let k = "ns/j";
+    let item = |sess: &str, ops: Vec<ViewOp>| Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view(sess, ops)
+    };
+    // No session: writes are dropped, nothing is trusted.
+    s.add(Q, &[item("s1", snapshot("u1", "5", &[("p1", "a")]))]).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    // Begun but not committed: writes land, nothing is trusted yet.
+    assert!(s.view_session("s1", SessionPhase::Begin).await.unwrap());
+    s.add(Q, &[item("s1", snapshot("u1", "5", &[("p1", "a"), ("p2", "b")]))]).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert!(!s.view_session("s0", SessionPhase::Commit).await.unwrap(), "not the current one");
+    assert!(s.view_session("s1", SessionPhase::Commit).await.unwrap());
+    let v = s.get_job_view(k).await.unwrap().expect("trusted after commit");
+    assert_eq!(v.job, b"job");
+    assert_eq!(sorted_pods(&v), ["a", "b"]);
+    // Incremental writes in the enqueue script, observations beside them.
+    let enq = Enqueue::now(k)
+        .writing_view("s1", vec![pod_op("p1", "a2"), ViewOp::DeletePod { name: "p2".into() }]);
+    s.add(Q, &[enq]).await.unwrap();
+    assert_eq!(sorted_pods(&s.get_job_view(k).await.unwrap().unwrap()), ["a2"]);
+    assert_eq!(s.stats(Q).await.unwrap().ready, 1, "the item was enqueued too");
+    // Older resourceVersions never replace newer ones; a worker's write-back moves it forward.
+    s.add(Q, &[item("s1", vec![job_op("u1", "4", "old")])]).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap().unwrap().job, b"job");
+    assert!(s.put_job_view(k, "u1", b"mine", "9", 0).await.unwrap());
+    assert!(!s.put_job_view(k, "u1", b"older", "7", 0).await.unwrap());
+    assert!(!s.put_job_view(k, "other-uid", b"x", "99", 0).await.unwrap());
+    s.add(Q, &[item("s1", vec![job_op("u1", "8", "watch")])]).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap().unwrap().job, b"mine");
+    // Orphan notices: seen by the watcher, acknowledged by a worker.
+    s.add(Q, &[item("s1", vec![ViewOp::Orphans, ViewOp::Orphans])]).await.unwrap();
+    let v = s.get_job_view(k).await.unwrap().unwrap();
+    assert_eq!((v.orphans_seen, v.orphans_handled), (2, 0));
+    s.put_job_view(k, "u1", b"", "", 2).await.unwrap();
+    let v = s.get_job_view(k).await.unwrap().unwrap();
+    assert_eq!((v.orphans_seen, v.orphans_handled), (2, 2));
+    // A new leader begins: the old view is distrusted at once; the deposed session's writes
+    // are dropped; the new snapshot is trusted once committed.
+    assert!(s.view_session("s2", SessionPhase::Begin).await.unwrap());
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    s.add(Q, &[item("s1", vec![pod_op("p9", "stale")])]).await.unwrap();
+    s.add(Q, &[item("s2", snapshot("u1", "10", &[("p3", "c")]))]).await.unwrap();
+    assert!(s.view_session("s2", SessionPhase::Commit).await.unwrap());
+    let v = s.get_job_view(k).await.unwrap().unwrap();
+    assert_eq!(sorted_pods(&v), ["c"], "a snapshot replaces every pod; s1's late write dropped");
+    // A recreated Job (another UID) is untrusted until its own snapshot.
+    s.add(Q, &[item("s2", vec![job_op("u2", "11", "new")])]).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    s.add(Q, &[item("s2", snapshot("u2", "11", &[]))]).await.unwrap();
+    let v = s.get_job_view(k).await.unwrap().unwrap();
+    assert!(v.pods.is_empty());
+    // Deleted: gone. Deleting the expectations removes the view too.
+    s.add(Q, &[item("s2", vec![ViewOp::DeleteJob])]).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    s.add(Q, &[item("s2", snapshot("u3", "12", &[("p", "d")]))]).await.unwrap();
+    assert!(s.get_job_view(k).await.unwrap().is_some());
+    s.delete_expectations(k).await.unwrap();
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    // Ending the session distrusts everything; ending another session changes nothing.
+    s.add(Q, &[item("s2", snapshot("u3", "12", &[]))]).await.unwrap();
+    assert!(!s.view_session("s1", SessionPhase::End).await.unwrap());
+    assert!(s.get_job_view(k).await.unwrap().is_some());
+    assert!(s.view_session("s2", SessionPhase::End).await.unwrap());
+    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+}
+
+/// A pod write and the observation it explains land in one script, pod first: whoever sees the
+/// lowered expectations sees the pod.
+async fn view_write_and_observation_in_one_script(s: Store) {
+    let k = "ns/j";
+    s.view_session("s", SessionPhase::Begin).await.unwrap();
+    s.add(
+        Q,
+        &[Enqueue {
+            observe_only: true,
+            ..Enqueue::now(k).writing_view("s", snapshot("u", "1", &[]))
+        }],
+    )
+    .await
+    .unwrap();
+    s.view_session("s", SessionPhase::Commit).await.unwrap();
+    s.set_expectations(k, "u", 1, 0).await.unwrap();
+    assert!(!s.get_expectations(k, "u").await.unwrap().satisfied);
+    let obs = Observation::Creation { job_uid: "u".into(), pod_uid: "pu".into() };
+    let r = s
+        .add(Q, &[Enqueue::now(k).observing(vec![obs]).writing_view("s", vec![pod_op("p", "x")])])
+        .await
+        .unwrap();
+    assert_eq!(r.observed, 1);
+    assert!(s.get_expectations(k, "u").await.unwrap().satisfied);
+    assert_eq!(sorted_pods(&s.get_job_view(k).await.unwrap().unwrap()), ["x"]);
+    // Other queues never carry view writes (their script cannot name the job queue's keys).
+    let other = Enqueue::now("ns/p").writing_view("s", vec![pod_op("q", "y")]);
+    s.add("orphan-pod", &[other]).await.unwrap();
+    assert_eq!(sorted_pods(&s.get_job_view(k).await.unwrap().unwrap()), ["x"]);
+}
+
 fn short_expectations() -> StoreConfig {
     StoreConfig { expectations_timeout: Duration::from_millis(400), ..StoreConfig::default() }
 }
@@ -568,6 +694,8 @@ both!(
     lease_promotes_due_items_and_counts_them,
     done_many_in_one_call,
     large_add_batch,
+    job_view_sessions_and_trust,
+    view_write_and_observation_in_one_script,
 );
 
 #[tokio::test]

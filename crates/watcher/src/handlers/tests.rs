@@ -31,6 +31,7 @@ fn mk_job(name: &str) -> JobInfo {
         active_deadline_seconds: None,
         start_time: None,
         finished: false,
+        view: None,
     }
 }
 
@@ -47,6 +48,7 @@ fn mk_pod(name: &str, owner: Option<&JobInfo>) -> PodInfo {
         controller: owner.map(cref),
         has_tracking_finalizer: true,
         deleting: false,
+        view: None,
     }
 }
 
@@ -89,7 +91,7 @@ fn store_with(jobs: &[&JobInfo], pods: &[&PodInfo]) -> Store {
 }
 
 fn job_q(key: &str, delay: Duration, obs: Vec<Observation>) -> Enqueue {
-    Enqueue { queue: JOB_QUEUE, key: key.into(), delay, observations: obs }
+    Enqueue { queue: JOB_QUEUE, key: key.into(), delay, observations: obs, ..Default::default() }
 }
 
 fn orphan_q(key: &str) -> Enqueue {
@@ -98,6 +100,7 @@ fn orphan_q(key: &str) -> Enqueue {
         key: key.into(),
         delay: Duration::ZERO,
         observations: vec![],
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,253 @@
+//! The shared Job view the leading watcher writes for the workers: each managed Job's object and
+//! its pods, trimmed to what syncJob reads, kept in kjob-queue's Redis (see
+//! `kjob_workqueue::view` for the trust rules). Workers plan from it as upstream plans from its
+//! informer cache, instead of GETting the Job and LISTing its pods at every sync.
+//!
+//! Pure: the informer calls these to turn its events into [`ViewWrite`]s, which ride on the same
+//! Add items as the handlers' observations (written first, in the same script).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+use crate::model::{JobInfo, PodInfo, Store};
+
+/// Most pods written by one snapshot item: keeps one Add item (and one script run) well under a
+/// megabyte of pods.
+pub const SNAPSHOT_CHUNK: usize = 200;
+
+/// One write to a Job's shared view (the wire form is `kjob.queue.v1.CacheOp`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewWrite {
+    /// The Job object (trimmed JSON) at `resource_version`.
+    Job {
+        /// Job UID.
+        uid: String,
+        /// Trimmed JSON.
+        object: Arc<[u8]>,
+        /// resourceVersion.
+        resource_version: String,
+    },
+    /// The Job is gone.
+    DeleteJob,
+    /// A pod (trimmed JSON).
+    Pod {
+        /// Pod name.
+        name: String,
+        /// Trimmed JSON.
+        object: Arc<[u8]>,
+    },
+    /// A pod is gone (or no longer the Job's).
+    DeletePod {
+        /// Pod name.
+        name: String,
+    },
+    /// Start of a snapshot.
+    Reset {
+        /// Job UID.
+        uid: String,
+    },
+    /// End of a snapshot.
+    Trust,
+    /// Orphans matching the Job's selector exist.
+    Orphans,
+}
+
+impl ViewWrite {
+    /// Bytes this write carries (batch sizing).
+    pub fn size(&self) -> usize {
+        match self {
+            ViewWrite::Job { object, .. } | ViewWrite::Pod { object, .. } => object.len() + 64,
+            _ => 64,
+        }
+    }
+}
+
+/// The Job as the view keeps it: everything but managedFields (the worker creates pods from the
+/// template and writes status on top of it).
+pub fn trim_job(job: &Job) -> Arc<[u8]> {
+    let mut j = job.clone();
+    j.metadata.managed_fields = None;
+    serde_json::to_vec(&j).unwrap_or_default().into()
+}
+
+/// The pod as the view keeps it: what syncJob reads — the metadata (without managedFields), the
+/// status, and of the spec only the node name and each init container's name and restart policy
+/// (sidecars count for the finish time). Container specs, volumes and the rest are dropped:
+/// they are most of a pod's size and no decision reads them.
+pub fn trim_pod(pod: &Pod) -> Arc<[u8]> {
+    let spec = pod.spec.as_ref().map(|s| PodSpec {
+        node_name: s.node_name.clone(),
+        init_containers: s.init_containers.as_ref().map(|ics| {
+            ics.iter()
+                .map(|c| Container {
+                    name: c.name.clone(),
+                    restart_policy: c.restart_policy.clone(),
+                    ..Default::default()
+                })
+                .collect()
+        }),
+        ..Default::default()
+    });
+    let mut metadata = pod.metadata.clone();
+    metadata.managed_fields = None;
+    let trimmed = Pod { metadata, spec, status: pod.status.clone() };
+    serde_json::to_vec(&trimmed).unwrap_or_default().into()
+}
+
+/// Whether the view of `job` is kept: managed, and not finished (a finished Job is never synced
+/// again, so its pods need not be mirrored).
+pub fn keeps_pods(job: &JobInfo) -> bool {
+    !job.finished
+}
+
+fn job_write(job: &JobInfo) -> Option<ViewWrite> {
+    job.view.as_ref().map(|object| ViewWrite::Job {
+        uid: job.uid.clone(),
+        object: object.clone(),
+        resource_version: job.resource_version.clone(),
+    })
+}
+
+/// A full snapshot of `job`'s view from the store, in chunks of at most [`SNAPSHOT_CHUNK`] pods
+/// (each chunk one Add item; only the last trusts the view).
+pub fn snapshot(job: &JobInfo, store: &Store) -> Vec<Vec<ViewWrite>> {
+    let mut chunks = vec![vec![ViewWrite::Reset { uid: job.uid.clone() }]];
+    if keeps_pods(job) {
+        let mut pods: Vec<&PodInfo> = store.pods_controlled_by(&job.uid).collect();
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        for pod in pods {
+            let Some(object) = pod.view.clone() else { continue };
+            if chunks.last().is_some_and(|c| c.len() >= SNAPSHOT_CHUNK) {
+                chunks.push(Vec::new());
+            }
+            if let Some(c) = chunks.last_mut() {
+                c.push(ViewWrite::Pod { name: pod.name.clone(), object });
+            }
+        }
+    }
+    let last = chunks.last_mut().expect("one chunk at least");
+    last.extend(job_write(job));
+    if orphans_match(job, store) {
+        last.push(ViewWrite::Orphans);
+    }
+    last.push(ViewWrite::Trust);
+    chunks
+}
+
+/// Whether an orphan in the store (no controller, not deleting, labelled) matches `job`'s
+/// selector: such a pod is adopted at the Job's next sync, which needs an API list.
+fn orphans_match(job: &JobInfo, store: &Store) -> bool {
+    store.pods().any(|p| {
+        p.controller.is_none()
+            && !p.deleting
+            && p.namespace == job.namespace
+            && !p.labels.is_empty()
+            && job.selector.matches(&p.labels)
+    })
+}
+
+/// Writes for a Job event: `old` is the cached version (None for an add), `new` the event's.
+/// A new UID (or a Job first seen) gets a snapshot; a Job turning finished drops its pods.
+pub fn job_writes(old: Option<&JobInfo>, new: &JobInfo, store: &Store) -> Vec<Vec<ViewWrite>> {
+    match old {
+        Some(o) if o.uid == new.uid && (o.finished || !new.finished) => {
+            job_write(new).map(|w| vec![vec![w]]).unwrap_or_default()
+        }
+        _ => snapshot(new, store),
+    }
+}
+
+/// Writes for a pod event on the views of the Jobs it belongs to: `(job key, writes)` pairs.
+/// `owner(pod)` resolves a pod's controller to a managed Job in the store.
+pub fn pod_writes<'a>(
+    old: Option<&PodInfo>,
+    new: Option<&PodInfo>,
+    owner: impl Fn(&PodInfo) -> Option<&'a JobInfo>,
+) -> Vec<(String, ViewWrite)> {
+    let mut out = Vec::new();
+    let old_job = old.and_then(&owner).filter(|j| keeps_pods(j));
+    let new_job = new.and_then(&owner).filter(|j| keeps_pods(j));
+    if let (Some(o), Some(pod)) = (old_job, old) {
+        // Gone, or now another Job's (or nobody's): no longer in this view.
+        if new_job.is_none_or(|n| n.uid != o.uid) || new.is_none() {
+            out.push((o.key(), ViewWrite::DeletePod { name: pod.name.clone() }));
+        }
+    }
+    if let (Some(n), Some(pod)) = (new_job, new)
+        && let Some(object) = pod.view.clone()
+    {
+        out.push((n.key(), ViewWrite::Pod { name: pod.name.clone(), object }));
+    }
+    out
+}
+
+/// Jobs that gain an orphan notice from an orphan pod's add or update.
+pub fn orphan_notices<'a>(
+    pod: &'a PodInfo,
+    jobs: impl Iterator<Item = &'a JobInfo> + 'a,
+) -> impl Iterator<Item = String> + 'a {
+    let orphan = pod.controller.is_none() && !pod.deleting && !pod.labels.is_empty();
+    jobs.filter(move |j| orphan && keeps_pods(j) && j.selector.matches(&pod.labels))
+        .map(|j| j.key())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    #[test]
+    fn trimmed_pod_keeps_what_sync_reads() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                annotations: Some([("a".to_string(), "1".to_string())].into()),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                containers: vec![Container {
+                    name: "c".into(),
+                    image: Some("busybox".into()),
+                    command: Some(vec!["sleep".into(), "1".into()]),
+                    ..Default::default()
+                }],
+                init_containers: Some(vec![Container {
+                    name: "side".into(),
+                    image: Some("envoy".into()),
+                    restart_policy: Some("Always".into()),
+                    ..Default::default()
+                }]),
+                service_account_name: Some("default".into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "c".into(),
+                    restart_count: 2,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        };
+        let back: Pod = serde_json::from_slice(&trim_pod(&pod)).unwrap();
+        assert_eq!(back.metadata.managed_fields, None);
+        assert_eq!(back.metadata.annotations, pod.metadata.annotations);
+        assert_eq!(back.status, pod.status);
+        let spec = back.spec.unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert!(spec.containers.is_empty());
+        assert_eq!(spec.service_account_name, None);
+        let ics = spec.init_containers.unwrap();
+        assert_eq!(
+            (ics[0].name.as_str(), ics[0].restart_policy.as_deref()),
+            ("side", Some("Always"))
+        );
+        assert_eq!(ics[0].image, None);
+    }
+}

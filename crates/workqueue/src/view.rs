@@ -1,0 +1,381 @@
+//! The shared view of each Job: its object and its pods as the leading watcher's informer saw
+//! them, kept in Redis so that every worker plans from one informer cache (upstream plans from
+//! its own) instead of reading the API server at every sync.
+//!
+//! Trust: a view is trusted only when it was written in full (a snapshot: `Reset`, every pod,
+//! `Job`, `Trust`) by the *current* watcher session, and that session is committed. A new leader
+//! (or a watcher whose watch relisted) begins a session, which at once distrusts every view of
+//! earlier sessions, writes a snapshot of every Job, and commits. Until then workers fall back to
+//! consistent reads. Writes of a session that is not current (a deposed leader still flushing)
+//! are dropped. Staleness inside a trusted view is an informer's staleness, guarded as upstream
+//! guards it: by the expectations (lowered in the same script as the pod write that shows them
+//! met) and by resourceVersion-fenced status writes.
+//!
+//! Keys (all under the job queue's hash tag, so an Add writes a view, applies observations and
+//! enqueues in one script, also on a Cluster): `…:view:{key}` the Job JSON, `…:view:{key}:pods`
+//! HASH pod name → pod JSON, `…:view:{key}:meta` HASH (`uid`, `rv`, `epoch` = the session that
+//! trusted it, `orphans` notices seen, `handled` notices acknowledged), and one `…:view-session`
+//! string: the current session, with a `|pending` suffix until it commits.
+
+use redis::Value;
+
+use crate::WqError;
+use crate::store::Store;
+
+/// One write to a Job's shared view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewOp {
+    /// Store the Job object; kept only when `resource_version` is newer than the cached one
+    /// (a worker may have written back a newer one). Another UID replaces the view, untrusted.
+    Job {
+        /// The Job's UID.
+        uid: String,
+        /// The object as JSON.
+        object: Vec<u8>,
+        /// Its resourceVersion.
+        resource_version: String,
+    },
+    /// The Job is gone: drop its object, pods and record.
+    DeleteJob,
+    /// Store a pod under its name.
+    Pod {
+        /// Pod name.
+        name: String,
+        /// The pod as JSON.
+        object: Vec<u8>,
+    },
+    /// Drop a pod.
+    DeletePod {
+        /// Pod name.
+        name: String,
+    },
+    /// Start a snapshot: drop every pod, distrust the view until [`ViewOp::Trust`].
+    Reset {
+        /// The Job's UID.
+        uid: String,
+    },
+    /// End a snapshot: trust the view in the writing session.
+    Trust,
+    /// Orphans matching the Job's selector were seen; the next sync lists pods to adopt them.
+    Orphans,
+}
+
+impl ViewOp {
+    fn code(&self) -> u8 {
+        match self {
+            ViewOp::Job { .. } => 1,
+            ViewOp::DeleteJob => 2,
+            ViewOp::Pod { .. } => 3,
+            ViewOp::DeletePod { .. } => 4,
+            ViewOp::Reset { .. } => 5,
+            ViewOp::Trust => 6,
+            ViewOp::Orphans => 7,
+        }
+    }
+
+    /// Bytes this write carries (for batch sizing).
+    pub fn size(&self) -> usize {
+        match self {
+            ViewOp::Job { uid, object, resource_version } => {
+                uid.len() + object.len() + resource_version.len()
+            }
+            ViewOp::Pod { name, object } => name.len() + object.len(),
+            ViewOp::DeletePod { name } => name.len(),
+            ViewOp::Reset { uid } => uid.len(),
+            ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => 0,
+        }
+    }
+}
+
+/// A trusted view, as [`Store::get_job_view`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobView {
+    /// The Job object (JSON).
+    pub job: Vec<u8>,
+    /// Its pods (JSON each), in no particular order.
+    pub pods: Vec<Vec<u8>>,
+    /// Orphan notices seen.
+    pub orphans_seen: u64,
+    /// Orphan notices acknowledged by a worker that listed pods.
+    pub orphans_handled: u64,
+    /// UID of the Job the view holds.
+    pub uid: String,
+    /// That UID's expectations, read in the same script as the view.
+    pub expectations: crate::Expectations,
+}
+
+/// A phase of a watcher's view session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionPhase {
+    /// Become the current session, untrusted: no earlier view is trusted any more.
+    Begin,
+    /// The snapshot is complete: trust this session's views (if still current).
+    Commit,
+    /// Stop (relist, leadership lost): no view is trusted.
+    End,
+}
+
+/// The key holding the current view session.
+pub(crate) fn view_session_key() -> String {
+    format!("{{wq:{}}}:view-session", kjob_core::JOB_QUEUE)
+}
+
+/// The three view keys of Job `key`: object, pods, record.
+pub(crate) fn view_keys(key: &str) -> [String; 3] {
+    let t = format!("{{wq:{}}}:view:{key}", kjob_core::JOB_QUEUE);
+    [t.clone(), format!("{t}:pods"), format!("{t}:meta")]
+}
+
+/// Appends `(kind, name, object, resource_version)` of each write to `args`.
+pub(crate) fn push_view_ops(args: &mut Vec<Vec<u8>>, ops: &[ViewOp]) {
+    for op in ops {
+        let (name, object, rv): (&str, &[u8], &str) = match op {
+            ViewOp::Job { uid, object, resource_version } => (uid, object, resource_version),
+            ViewOp::Pod { name, object } => (name, object, ""),
+            ViewOp::DeletePod { name } => (name, &[], ""),
+            ViewOp::Reset { uid } => (uid, &[], ""),
+            ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => ("", &[], ""),
+        };
+        args.push(op.code().to_string().into_bytes());
+        args.push(name.as_bytes().to_vec());
+        args.push(object.to_vec());
+        args.push(rv.as_bytes().to_vec());
+    }
+}
+
+/// Lua shared by ADD and PUT_VIEW: `newer(rv, cached)` (resourceVersions of one etcd are
+/// increasing integers; anything unparseable replaces), `session_accepts` and `apply_view`.
+macro_rules! apply_view_fn {
+    () => {
+        r#"
+local function newer(rv, cached)
+  if not cached then return true end
+  local a, b = tonumber(rv), tonumber(cached)
+  if not a or not b then return true end
+  return a > b
+end
+
+-- Writes of `session` are accepted while it is the current session, committed or not.
+local function session_accepts(current, session)
+  return session ~= '' and current ~= false and
+    (current == session or current == session .. '|pending')
+end
+
+-- kind 1 JOB, 2 DELETE_JOB, 3 POD, 4 DELETE_POD, 5 RESET, 6 TRUST, 7 ORPHANS.
+local function apply_view(JOB, PODS, META, gc_ms, session, ops, first, count)
+  for i = first, first + 4 * (count - 1), 4 do
+    local kind, name, obj, rv = tonumber(ops[i]), ops[i + 1], ops[i + 2], ops[i + 3]
+    if kind == 1 then
+      local cur = redis.call('HMGET', META, 'uid', 'rv')
+      if cur[1] and cur[1] ~= name then
+        -- Another Job of the same name: what is cached belongs to its predecessor.
+        redis.call('DEL', PODS, META)
+        redis.call('SET', JOB, obj)
+        redis.call('HSET', META, 'uid', name, 'rv', rv, 'epoch', '')
+      elseif newer(rv, cur[2]) then
+        redis.call('SET', JOB, obj)
+        redis.call('HSET', META, 'uid', name, 'rv', rv)
+      end
+    elseif kind == 2 then
+      redis.call('DEL', JOB, PODS, META)
+    elseif kind == 3 then
+      redis.call('HSET', PODS, name, obj)
+    elseif kind == 4 then
+      redis.call('HDEL', PODS, name)
+    elseif kind == 5 then
+      local cur = redis.call('HGET', META, 'uid')
+      if cur and cur ~= name then
+        redis.call('DEL', JOB, META)
+      end
+      redis.call('DEL', PODS)
+      redis.call('HSET', META, 'uid', name, 'epoch', '')
+    elseif kind == 6 then
+      redis.call('HSET', META, 'epoch', session)
+    elseif kind == 7 then
+      redis.call('HINCRBY', META, 'orphans', 1)
+    end
+  end
+  -- Views of Jobs whose delete nobody saw go away with the other idle records.
+  redis.call('PEXPIRE', JOB, gc_ms)
+  redis.call('PEXPIRE', PODS, gc_ms)
+  redis.call('PEXPIRE', META, gc_ms)
+end
+"#
+    };
+}
+pub(crate) use apply_view_fn;
+
+/// KEYS: session, object, pods, record, then the Job's expectation record and finalizer set →
+/// `{0}` (not trusted) or `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp}` where
+/// `exp` is what EXP_GET returns, read in the same script. Trusted: the record's epoch is the
+/// current, committed session (a pending session never equals an epoch).
+const GET_VIEW: &str = r#"
+local current = redis.call('GET', KEYS[1])
+local m = redis.call('HMGET', KEYS[4], 'epoch', 'orphans', 'handled', 'uid')
+if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
+local job = redis.call('GET', KEYS[2])
+if not job then return {0} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fin = redis.call('HGETALL', KEYS[6])
+local exp
+if redis.call('EXISTS', KEYS[5]) == 0 then
+  exp = {0, '', 0, 0, 0, now, fin}
+else
+  local r = redis.call('HMGET', KEYS[5], 'uid', 'add', 'del', 'ts')
+  exp = {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] or 0), now, fin}
+end
+return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KEYS[3]), m[4] or '', exp}
+"#;
+
+/// KEYS: object, record. ARGV: uid, resource_version, object ('' = none), orphans_handled,
+/// gc_ms → 1 when the object was stored. Only a view of that UID is touched.
+const PUT_VIEW: &str = r#"
+local function newer(rv, cached)
+  if not cached then return true end
+  local a, b = tonumber(rv), tonumber(cached)
+  if not a or not b then return true end
+  return a > b
+end
+local m = redis.call('HMGET', KEYS[2], 'uid', 'rv', 'handled')
+if not m[1] or m[1] ~= ARGV[1] then return 0 end
+local stored = 0
+if ARGV[3] ~= '' and newer(ARGV[2], m[2]) then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[5])
+  redis.call('HSET', KEYS[2], 'rv', ARGV[2])
+  stored = 1
+end
+local handled = tonumber(ARGV[4]) or 0
+if handled > (tonumber(m[3]) or 0) then redis.call('HSET', KEYS[2], 'handled', handled) end
+return stored
+"#;
+
+/// KEYS: session. ARGV: session, phase (1 begin, 2 commit, 3 end) → 1 when applied.
+const SESSION: &str = r#"
+local current = redis.call('GET', KEYS[1])
+local pending = ARGV[1] .. '|pending'
+if ARGV[2] == '1' then
+  redis.call('SET', KEYS[1], pending)
+  return 1
+elseif ARGV[2] == '2' then
+  if current == pending then
+    redis.call('SET', KEYS[1], ARGV[1])
+    return 1
+  end
+  return 0
+else
+  if current == ARGV[1] or current == pending then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 0
+end
+"#;
+
+/// The view scripts, loaded once per store.
+pub(crate) struct ViewScripts {
+    get: redis::Script,
+    put: redis::Script,
+    session: redis::Script,
+}
+
+impl ViewScripts {
+    pub(crate) fn new() -> Self {
+        Self {
+            get: redis::Script::new(GET_VIEW),
+            put: redis::Script::new(PUT_VIEW),
+            session: redis::Script::new(SESSION),
+        }
+    }
+}
+
+fn protocol(what: &str, v: &Value) -> WqError {
+    WqError::Protocol(format!("{what}: {v:?}"))
+}
+
+fn int(v: &Value, what: &str) -> Result<i64, WqError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| protocol(what, v)),
+        _ => Err(protocol(what, v)),
+    }
+}
+
+fn blob(v: &Value, what: &str) -> Result<Vec<u8>, WqError> {
+    match v {
+        Value::BulkString(b) => Ok(b.clone()),
+        _ => Err(protocol(what, v)),
+    }
+}
+
+impl Store {
+    /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
+    pub async fn get_job_view(&self, key: &str) -> Result<Option<JobView>, WqError> {
+        let mut keys = vec![view_session_key()];
+        keys.extend(view_keys(key));
+        let [exp, _, fin, _] = crate::store::exp_keys(key);
+        keys.extend([exp, fin]);
+        let v = self.eval("get_job_view", &self.view_scripts().get, &keys, Vec::new()).await?;
+        let Value::Array(a) = &v else { return Err(protocol("get_job_view", &v)) };
+        if a.first().map(|x| int(x, "trusted")).transpose()? != Some(1) {
+            return Ok(None);
+        }
+        let [_, job, seen, handled, pods, uid, exp] = a.as_slice() else {
+            return Err(protocol("get_job_view", &v));
+        };
+        let uid = String::from_utf8(blob(uid, "uid")?).map_err(|_| protocol("uid", &v))?;
+        let expectations = self.parse_expectations(exp, &uid)?;
+        let pods = match pods {
+            Value::Array(p) => p.iter().map(|x| blob(x, "pod")).collect::<Result<_, _>>()?,
+            other => return Err(protocol("get_job_view pods", other)),
+        };
+        Ok(Some(JobView {
+            job: blob(job, "job")?,
+            pods,
+            orphans_seen: u64::try_from(int(seen, "orphans")?).unwrap_or(0),
+            orphans_handled: u64::try_from(int(handled, "handled")?).unwrap_or(0),
+            uid,
+            expectations,
+        }))
+    }
+
+    /// Writes back a Job object a worker got from the API server (kept only when newer than
+    /// the cached one and the view is of `uid`), and acknowledges `orphans_handled` notices.
+    /// Returns whether the object was stored.
+    pub async fn put_job_view(
+        &self,
+        key: &str,
+        uid: &str,
+        object: &[u8],
+        resource_version: &str,
+        orphans_handled: u64,
+    ) -> Result<bool, WqError> {
+        let [job, _, meta] = view_keys(key);
+        let args = vec![
+            uid.as_bytes().to_vec(),
+            resource_version.as_bytes().to_vec(),
+            object.to_vec(),
+            orphans_handled.to_string().into_bytes(),
+            self.idle_gc_ms().to_string().into_bytes(),
+        ];
+        let v = self.eval("put_job_view", &self.view_scripts().put, &[job, meta], args).await?;
+        Ok(int(&v, "put_job_view")? == 1)
+    }
+
+    /// Begins, commits or ends watcher session `session`; returns whether it applied.
+    pub async fn view_session(&self, session: &str, phase: SessionPhase) -> Result<bool, WqError> {
+        let phase = match phase {
+            SessionPhase::Begin => "1",
+            SessionPhase::Commit => "2",
+            SessionPhase::End => "3",
+        };
+        let args = vec![session.as_bytes().to_vec(), phase.as_bytes().to_vec()];
+        let v = self
+            .eval("view_session", &self.view_scripts().session, &[view_session_key()], args)
+            .await?;
+        Ok(int(&v, "view_session")? == 1)
+    }
+}
