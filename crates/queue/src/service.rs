@@ -294,10 +294,11 @@ impl QueueService {
         }
         // One script per queue: on the job queue each item's observations are applied in the
         // same script as its enqueue, so a worker that leases the key sees them.
-        let mut added = 0;
+        let (mut added, mut view_session_lost) = (0, false);
         for (queue, batch) in per_queue {
             let r = self.store.add(queue, &batch).await.map_err(store_err)?;
             added += r.added;
+            view_session_lost |= r.view_lost;
             let m = self.metrics.queue(queue);
             m.adds.inc_by(u64::from(r.accepted_now));
             m.retries.inc_by(u64::from(r.delayed));
@@ -305,7 +306,7 @@ impl QueueService {
                 self.waker.poke(queue, r.accepted_now);
             }
         }
-        Ok(v1::AddResponse { added })
+        Ok(v1::AddResponse { added, view_session_lost })
     }
 
     async fn lease_rpc(&self, r: v1::LeaseRequest) -> Result<v1::LeaseResponse, Status> {

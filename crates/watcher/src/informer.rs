@@ -486,6 +486,144 @@ mod tests {
         inf
     }
 
+    /// Kinds of the view writes of `items`, as (key, short names), session phases as ("", …).
+    fn view_shape(items: &[Enqueue]) -> Vec<(String, Vec<String>)> {
+        items
+            .iter()
+            .map(|e| {
+                if let Some(c) = &e.control {
+                    let phase = match c {
+                        SessionControl::Begin(_) => "begin",
+                        SessionControl::Commit(_) => "commit",
+                        SessionControl::End(_) => "end",
+                    };
+                    return (String::new(), vec![phase.to_string()]);
+                }
+                let names = e
+                    .view
+                    .iter()
+                    .map(|w| match w {
+                        ViewWrite::Job { .. } => "job".to_string(),
+                        ViewWrite::DeleteJob => "delete-job".to_string(),
+                        ViewWrite::Pod { name, .. } => format!("pod:{name}"),
+                        ViewWrite::DeletePod { name } => format!("delete-pod:{name}"),
+                        ViewWrite::Reset { .. } => "reset".to_string(),
+                        ViewWrite::Trust => "trust".to_string(),
+                        ViewWrite::Orphans => "orphans".to_string(),
+                    })
+                    .collect();
+                (e.key.clone(), names)
+            })
+            .collect()
+    }
+
+    fn strs(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A synced leader with a committed view session.
+    fn viewing() -> Informer {
+        let mut inf = synced().with_view("w");
+        assert!(inf.view_wanted(true) && !inf.view_wanted(false));
+        let out = inf.begin_view();
+        assert_eq!(
+            view_shape(&out),
+            [
+                (String::new(), strs(&["begin"])),
+                ("ns/a".to_string(), strs(&["reset", "pod:p0", "job", "trust"])),
+                (String::new(), strs(&["commit"])),
+            ]
+        );
+        assert!(out[1].observe_only && out[1].session.as_deref() == Some("w-1"));
+        assert!(inf.view_active());
+        inf
+    }
+
+    #[test]
+    fn no_view_without_an_identity() {
+        let mut inf = synced();
+        assert!(!inf.view_wanted(true));
+        assert!(inf.begin_view().is_empty());
+        let out = inf.pod_event(Event::Apply(pod("p1", "a", "3")), true);
+        assert!(out.iter().all(|e| e.view.is_empty()));
+    }
+
+    #[test]
+    fn pod_events_write_the_view_before_the_handlers_items() {
+        let mut inf = viewing();
+        let out = inf.pod_event(Event::Apply(pod("p1", "a", "3")), true);
+        assert_eq!(view_shape(&out)[0], ("ns/a".to_string(), strs(&["pod:p1"])));
+        assert_eq!(out[1].observations[0].kind, ObservationKind::Creation, "then the handler's");
+        // The written pod is the trimmed object.
+        let ViewWrite::Pod { object, .. } = &out[0].view[0] else { panic!() };
+        let back: Pod = serde_json::from_slice(object).unwrap();
+        assert_eq!(back.metadata.name.as_deref(), Some("p1"));
+        // An unchanged resourceVersion writes nothing.
+        assert!(inf.pod_event(Event::Apply(pod("p1", "a", "3")), true).is_empty());
+        let out = inf.pod_event(Event::Delete(pod("p1", "a", "4")), true);
+        assert_eq!(view_shape(&out)[0], ("ns/a".to_string(), strs(&["delete-pod:p1"])));
+    }
+
+    #[test]
+    fn a_finished_job_drops_its_pods_and_a_deleted_one_its_view() {
+        let mut inf = viewing();
+        let mut done = job("a", "7");
+        done.finished = true;
+        let out = inf.job_event(Event::Apply(done), true, now());
+        assert_eq!(view_shape(&out)[0], ("ns/a".to_string(), strs(&["reset", "job", "trust"])));
+        let out = inf.pod_event(Event::Apply(pod("p0", "a", "8")), true);
+        assert!(out.iter().all(|e| e.view.is_empty()), "a finished Job's pods are not mirrored");
+        let out = inf.job_event(Event::Apply(job("b", "9")), true, now());
+        assert_eq!(view_shape(&out)[0], ("ns/b".to_string(), strs(&["reset", "job", "trust"])));
+        let out = inf.job_event(Event::Apply(job("b", "10")), true, now());
+        assert_eq!(view_shape(&out)[0], ("ns/b".to_string(), strs(&["job"])));
+        let out = inf.job_event(Event::Delete(job("b", "11")), true, now());
+        assert_eq!(view_shape(&out)[0], ("ns/b".to_string(), strs(&["delete-job"])));
+    }
+
+    #[test]
+    fn matching_orphans_send_a_notice() {
+        let mut inf = viewing();
+        let mut orphan = pod("o", "a", "3");
+        orphan.controller = None;
+        orphan.view = None;
+        let out = inf.pod_event(Event::Apply(orphan), true);
+        assert_eq!(view_shape(&out)[0], ("ns/a".to_string(), strs(&["orphans"])));
+    }
+
+    #[test]
+    fn a_relist_ends_the_session_and_a_new_one_snapshots_after_it() {
+        let mut inf = viewing();
+        let out = inf.pod_event(Event::Init, true);
+        assert_eq!(view_shape(&out), [(String::new(), strs(&["end"]))]);
+        assert!(!inf.view_active() && !inf.view_wanted(true), "not while relisting");
+        let out = inf.pod_event(Event::InitApply(pod("p5", "a", "12")), true);
+        assert!(out.iter().all(|e| e.view.is_empty()), "no writes without a session");
+        inf.pod_event(Event::InitDone, true);
+        assert!(inf.view_wanted(true));
+        let out = inf.begin_view();
+        assert_eq!(out[1].session.as_deref(), Some("w-2"), "a new session");
+        assert_eq!(view_shape(&out)[1].1, strs(&["reset", "pod:p5", "job", "trust"]));
+        assert_eq!(view_shape(&inf.end_view()), [(String::new(), strs(&["end"]))]);
+        assert!(inf.end_view().is_empty());
+    }
+
+    #[test]
+    fn snapshots_come_in_chunks() {
+        let mut inf = synced().with_view("w");
+        for i in 0..(view::SNAPSHOT_CHUNK + 5) {
+            inf.pod_event(
+                Event::Apply(pod(&format!("q{i:04}"), "a", &format!("{}", 100 + i))),
+                false,
+            );
+        }
+        let out = inf.begin_view();
+        let shape = view_shape(&out);
+        assert_eq!(shape.len(), 4, "begin, two chunks, commit");
+        assert_eq!(shape[1].1.len(), view::SNAPSHOT_CHUNK, "reset and pods");
+        assert_eq!(shape[2].1.last().map(String::as_str), Some("trust"), "only the last trusts");
+    }
+
     #[test]
     fn map_event_keeps_the_variant() {
         let ev = map_event(Event::Delete(3), |x: i32| x * 2);

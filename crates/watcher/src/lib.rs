@@ -107,11 +107,13 @@ pub async fn run(
     let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
     let (tx, rx) = sender::channel();
     let queue_ok = Arc::new(AtomicBool::new(false));
+    let view_lost = Arc::new(tokio::sync::Notify::new());
     let sender_task = tokio::spawn(sender::run_sender(
         rx,
         queue.clone(),
         metrics.clone(),
         queue_ok.clone(),
+        view_lost.clone(),
         shutdown.clone(),
     ));
 
@@ -138,7 +140,7 @@ pub async fn run(
     let loop_result = event_loop(
         client,
         cfg,
-        view_identity,
+        View { identity: view_identity, lost: view_lost },
         namespace,
         resync_period,
         tx,
@@ -191,13 +193,21 @@ async fn readiness_loop(
     }
 }
 
+/// The shared view's settings for the event loop.
+struct View {
+    /// Unique per process: session ids are `identity-<n>`.
+    identity: String,
+    /// Poked by the sender when kjob-queue's Redis lost the session.
+    lost: Arc<tokio::sync::Notify>,
+}
+
 /// The informer loop: Jobs first, Pods once the Job list is complete; leadership changes and
 /// the resync timer in the same loop, so every decision sees one consistent store.
 #[allow(clippy::too_many_arguments)]
 async fn event_loop(
     client: kube::Client,
     cfg: HandlerConfig,
-    view_identity: String,
+    view: View,
     namespace: Option<String>,
     resync_period: Duration,
     tx: mpsc::Sender<Enqueue>,
@@ -221,7 +231,8 @@ async fn event_loop(
         .default_backoff()
         .map(|r| r.map(|ev| map_event(ev, |p| PodInfo::from_pod(&p))))
         .boxed();
-    let mut informer = Informer::new(cfg, metrics.clone()).with_view(view_identity);
+    let View { identity, lost: view_lost } = view;
+    let mut informer = Informer::new(cfg, metrics.clone()).with_view(identity);
     let mut resync = tokio::time::interval_at(
         tokio::time::Instant::now() + resync_period.max(Duration::from_millis(10)),
         resync_period.max(Duration::from_millis(10)),
@@ -250,6 +261,11 @@ async fn event_loop(
                 }
                 is_leader = now_leader;
                 vec![]
+            }
+            _ = view_lost.notified() => {
+                // kjob-queue's Redis lost the session (restarted from older data): end it so
+                // a new one begins below, with a fresh snapshot.
+                informer.end_view()
             }
             _ = resync.tick() => {
                 if is_leader && informer.synced() {

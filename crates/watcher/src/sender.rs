@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kjob_queue_client::{ClientError, QueueClient, v1};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -143,17 +143,33 @@ fn kind_label(k: ObservationKind) -> &'static str {
     }
 }
 
+/// What every send needs: the client, the metrics, and the flags it reports through.
+struct Link {
+    client: QueueClient,
+    metrics: Metrics,
+    /// Whether the last call succeeded (readiness).
+    queue_ok: Arc<AtomicBool>,
+    /// Poked when kjob-queue says its Redis lost the view session.
+    view_lost: Arc<Notify>,
+    /// Bounds how long the last items are retried.
+    shutdown: CancellationToken,
+    /// Set once shutdown began: retries stop at this instant.
+    give_up_at: Option<Instant>,
+}
+
 /// Sends batches until the channel closes (the informer stopped). `queue_ok` reflects whether
-/// the last Add succeeded, for readiness. `shutdown` only bounds how long the last items are
-/// retried; the loop itself ends when every sender of the channel is gone.
+/// the last Add succeeded, for readiness; `view_lost` is poked when kjob-queue's Redis lost the
+/// view session (the informer then begins a new one). `shutdown` only bounds how long the last
+/// items are retried; the loop itself ends when every sender of the channel is gone.
 pub async fn run_sender(
     mut rx: mpsc::Receiver<Enqueue>,
     client: QueueClient,
     metrics: Metrics,
     queue_ok: Arc<AtomicBool>,
+    view_lost: Arc<Notify>,
     shutdown: CancellationToken,
 ) -> Result<(), SendError> {
-    let mut give_up_at: Option<Instant> = None;
+    let mut link = Link { client, metrics, queue_ok, view_lost, shutdown, give_up_at: None };
     // An item taken from the channel that belongs to the next batch (a session phase, or one
     // that would overflow the byte budget).
     let mut carried: Option<Enqueue> = None;
@@ -166,8 +182,7 @@ pub async fn run_sender(
             },
         };
         if let Some(control) = first.control {
-            send_session(&client, &metrics, &queue_ok, &shutdown, &mut give_up_at, control, &rx)
-                .await?;
+            link.send_session(control, &rx).await?;
             continue;
         }
         let mut bytes = item_size(&first);
@@ -187,139 +202,126 @@ pub async fn run_sender(
                 Ok(None) | Err(_) => break,
             }
         }
-        let batch = coalesce(batch);
-        send_batch(&client, &metrics, &queue_ok, &shutdown, &mut give_up_at, batch, &mut rx)
-            .await?;
+        link.send_batch(coalesce(batch), &rx).await?;
     }
 }
 
-/// Sends a view session phase, retried like a batch (it orders the items around it).
-async fn send_session(
-    client: &QueueClient,
-    metrics: &Metrics,
-    queue_ok: &AtomicBool,
-    shutdown: &CancellationToken,
-    give_up_at: &mut Option<Instant>,
-    control: SessionControl,
-    rx: &mpsc::Receiver<Enqueue>,
-) -> Result<(), SendError> {
-    let (session, phase) = match &control {
-        SessionControl::Begin(s) => (s, v1::CacheSessionPhase::Begin),
-        SessionControl::Commit(s) => (s, v1::CacheSessionPhase::Commit),
-        SessionControl::End(s) => (s, v1::CacheSessionPhase::End),
-    };
-    let mut attempt = 0u32;
-    loop {
-        match client.cache_session(session, phase).await {
-            Ok(applied) => {
-                tracing::info!(session = %session, ?phase, applied, "view session");
-                queue_ok.store(true, Ordering::Relaxed);
-                return Ok(());
-            }
-            Err(ClientError::InvalidArgument(msg)) => {
-                metrics.send_errors.inc();
-                tracing::error!(error = %msg, session = %session, "kjob-queue refused a view session phase");
-                return Ok(());
-            }
-            Err(e) => {
-                metrics.send_errors.inc();
-                queue_ok.store(false, Ordering::Relaxed);
-                if !wait_to_retry(shutdown, give_up_at, &mut attempt, &e, 1, rx).await? {
-                    continue;
+impl Link {
+    /// Sends a view session phase, retried like a batch (it orders the items around it).
+    async fn send_session(
+        &mut self,
+        control: SessionControl,
+        rx: &mpsc::Receiver<Enqueue>,
+    ) -> Result<(), SendError> {
+        let (session, phase) = match &control {
+            SessionControl::Begin(s) => (s, v1::CacheSessionPhase::Begin),
+            SessionControl::Commit(s) => (s, v1::CacheSessionPhase::Commit),
+            SessionControl::End(s) => (s, v1::CacheSessionPhase::End),
+        };
+        let mut attempt = 0u32;
+        loop {
+            match self.client.cache_session(session, phase).await {
+                Ok(applied) => {
+                    tracing::info!(session = %session, ?phase, applied, "view session");
+                    self.queue_ok.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(ClientError::InvalidArgument(msg)) => {
+                    self.metrics.send_errors.inc();
+                    tracing::error!(error = %msg, session = %session, "kjob-queue refused a view session phase");
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.metrics.send_errors.inc();
+                    self.queue_ok.store(false, Ordering::Relaxed);
+                    self.wait_to_retry(&mut attempt, &e, 1, rx).await?;
                 }
             }
         }
     }
-}
 
-/// Waits before another attempt (with backoff); fails once the drain deadline passed.
-/// Returns `Ok(false)` to retry.
-async fn wait_to_retry(
-    shutdown: &CancellationToken,
-    give_up_at: &mut Option<Instant>,
-    attempt: &mut u32,
-    e: &ClientError,
-    items: usize,
-    rx: &mpsc::Receiver<Enqueue>,
-) -> Result<bool, SendError> {
-    let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(*attempt);
-    tracing::warn!(error = %e, attempt = *attempt, ?delay, items, "sending to kjob-queue failed; retrying");
-    *attempt = attempt.saturating_add(1);
-    if give_up_at.is_none() && shutdown.is_cancelled() {
-        *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
-    }
-    if let Some(limit) = *give_up_at
-        && Instant::now() >= limit
-    {
-        return Err(SendError::Abandoned(items + rx.len()));
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.cancelled(), if give_up_at.is_none() => {
-            *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+    /// Waits before another attempt (with backoff); fails once the drain deadline passed.
+    async fn wait_to_retry(
+        &mut self,
+        attempt: &mut u32,
+        e: &ClientError,
+        items: usize,
+        rx: &mpsc::Receiver<Enqueue>,
+    ) -> Result<(), SendError> {
+        let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(*attempt);
+        tracing::warn!(error = %e, attempt = *attempt, ?delay, items, "sending to kjob-queue failed; retrying");
+        *attempt = attempt.saturating_add(1);
+        if self.give_up_at.is_none() && self.shutdown.is_cancelled() {
+            self.give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
         }
+        if let Some(limit) = self.give_up_at
+            && Instant::now() >= limit
+        {
+            return Err(SendError::Abandoned(items + rx.len()));
+        }
+        let shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled(), if self.give_up_at.is_none() => {
+                self.give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+            }
+        }
+        Ok(())
     }
-    Ok(false)
-}
 
-async fn send_batch(
-    client: &QueueClient,
-    metrics: &Metrics,
-    queue_ok: &AtomicBool,
-    shutdown: &CancellationToken,
-    give_up_at: &mut Option<Instant>,
-    batch: Vec<Enqueue>,
-    rx: &mut mpsc::Receiver<Enqueue>,
-) -> Result<(), SendError> {
-    let items: Vec<v1::AddItem> = batch.iter().map(to_proto).collect();
-    let mut attempt = 0u32;
-    loop {
-        let started = Instant::now();
-        match client.add(items.clone()).await {
-            Ok(_) => {
-                metrics.send_duration.observe(started.elapsed().as_secs_f64());
-                metrics.batches.inc();
-                for e in &batch {
-                    metrics.enqueues.get_or_create(&QueueLabels { queue: e.queue }).inc();
-                    for o in &e.observations {
-                        metrics
-                            .observations
-                            .get_or_create(&ObservationLabels { kind: kind_label(o.kind) })
-                            .inc();
+    async fn send_batch(
+        &mut self,
+        batch: Vec<Enqueue>,
+        rx: &mpsc::Receiver<Enqueue>,
+    ) -> Result<(), SendError> {
+        let items: Vec<v1::AddItem> = batch.iter().map(to_proto).collect();
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            match self.client.add(items.clone()).await {
+                Ok(resp) => {
+                    if resp.view_session_lost {
+                        tracing::warn!(
+                            "kjob-queue's Redis lost the view session; beginning a new one"
+                        );
+                        self.view_lost.notify_one();
                     }
+                    let m = &self.metrics;
+                    m.send_duration.observe(started.elapsed().as_secs_f64());
+                    m.batches.inc();
+                    for e in &batch {
+                        m.enqueues.get_or_create(&QueueLabels { queue: e.queue }).inc();
+                        for o in &e.observations {
+                            m.observations
+                                .get_or_create(&ObservationLabels { kind: kind_label(o.kind) })
+                                .inc();
+                        }
+                    }
+                    self.queue_ok.store(true, Ordering::Relaxed);
+                    return Ok(());
                 }
-                queue_ok.store(true, Ordering::Relaxed);
-                return Ok(());
-            }
-            Err(ClientError::InvalidArgument(msg)) if items.len() > 1 => {
-                // One bad item must not wedge the pipeline: send them one by one so only the
-                // refused ones are dropped.
-                tracing::warn!(error = %msg, items = items.len(), "kjob-queue refused a batch; sending its items one by one");
-                metrics.send_errors.inc();
-                for e in batch {
-                    Box::pin(send_batch(
-                        client,
-                        metrics,
-                        queue_ok,
-                        shutdown,
-                        give_up_at,
-                        vec![e],
-                        rx,
-                    ))
-                    .await?;
+                Err(ClientError::InvalidArgument(msg)) if items.len() > 1 => {
+                    // One bad item must not wedge the pipeline: send them one by one so only
+                    // the refused ones are dropped.
+                    tracing::warn!(error = %msg, items = items.len(), "kjob-queue refused a batch; sending its items one by one");
+                    self.metrics.send_errors.inc();
+                    for e in batch {
+                        Box::pin(self.send_batch(vec![e], rx)).await?;
+                    }
+                    return Ok(());
                 }
-                return Ok(());
-            }
-            Err(ClientError::InvalidArgument(msg)) => {
-                // Keys come from the API server, so this is a bug somewhere; retrying cannot help.
-                metrics.send_errors.inc();
-                tracing::error!(error = %msg, item = ?batch.first(), "kjob-queue refused an item; dropping it");
-                return Ok(());
-            }
-            Err(e) => {
-                metrics.send_errors.inc();
-                queue_ok.store(false, Ordering::Relaxed);
-                wait_to_retry(shutdown, give_up_at, &mut attempt, &e, items.len(), rx).await?;
+                Err(ClientError::InvalidArgument(msg)) => {
+                    // Keys come from the API server, so this is a bug somewhere; retrying
+                    // cannot help.
+                    self.metrics.send_errors.inc();
+                    tracing::error!(error = %msg, item = ?batch.first(), "kjob-queue refused an item; dropping it");
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.metrics.send_errors.inc();
+                    self.queue_ok.store(false, Ordering::Relaxed);
+                    self.wait_to_retry(&mut attempt, &e, items.len(), rx).await?;
+                }
             }
         }
     }

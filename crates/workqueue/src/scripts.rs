@@ -159,11 +159,13 @@ end
     };
 }
 
-/// ARGV: gc_ms, has_view (0/1: KEYS[8] is the view session key), then per entry: item,
+/// ARGV: gc_ms, has_view (0/1: KEYS[8] and KEYS[9] are the view session and run keys), then
+/// per entry: item,
 /// delay_ms, observe_only (0/1), n_obs, n_view, session, then n_obs × (kind, job_uid, pod_uid)
-/// and n_view × (kind, name, object, resource_version). After KEYS[8] (or 7), each entry with
+/// and n_view × (kind, name, object, resource_version). After KEYS[9] (or 7), each entry with
 /// n_obs > 0 has its four expectation keys and each with n_view > 0 its three view keys, in
-/// entry order. → `{added, accepted_now, now, observed}`.
+/// entry order. → `{added, accepted_now, now, observed, view_lost}` (view_lost 1 when view
+/// writes found no current session: the writer must begin a new one).
 ///
 /// View writes are applied before the observations of their item, and both before its enqueue,
 /// in the same script: a worker that leases the key and sees an observation also sees the pod
@@ -190,11 +192,9 @@ end
 
 local gc_ms = ARGV[1]
 local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
-local current_session = false
-if ARGV[2] == '1' then
-  current_session = redis.call('GET', KEYS[8])
-  k = 9
-end
+-- The current view session, read the first time an entry carries view writes (INFO costs).
+local has_view, session_read, current_session, view_lost = ARGV[2] == '1', false, false, 0
+if has_view then k = 10 end
 local now_items, seen = {}, {}
 local i = 3
 while i <= #ARGV do
@@ -204,8 +204,15 @@ while i <= #ARGV do
   if nview > 0 then
     local ek = k
     if nobs > 0 then ek = k + 4 end
+    if not session_read then
+      current_session, session_read = view_current(KEYS[8], KEYS[9]), true
+    end
     if session_accepts(current_session, session) then
       apply_view(KEYS[ek], KEYS[ek + 1], KEYS[ek + 2], gc_ms, session, ARGV, view_at, nview)
+    elseif not current_session then
+      -- No session at all: this Redis lost it (restarted from an older state). The writer
+      -- must begin a new one.
+      view_lost = 1
     end
   end
   if nobs > 0 then
@@ -246,7 +253,7 @@ if #now_items > 0 then
   end
 end
 if readied > 0 then wake() end
-return {added, accepted, now, observed}
+return {added, accepted, now, observed, view_lost}
 "#
 );
 

@@ -8,7 +8,7 @@ use redis::{Script, Value};
 use crate::conn::{self, Conn, RESPONSE_TIMEOUT, RedisTarget};
 use crate::expectations::{EXPECTATIONS_TIMEOUT, ExpectationRecord, Expectations, Observation};
 use crate::limiter::{ItemExponentialLimiter, JOB_LIMITER};
-use crate::view::{ViewOp, push_view_ops, view_keys, view_session_key};
+use crate::view::{ViewOp, push_view_ops, view_keys, view_run_key, view_session_key};
 use crate::{WqError, scripts};
 
 /// Default of [`StoreConfig::poison_after`]: one expiry is a crash or a pause, three in a row
@@ -109,6 +109,8 @@ pub struct AddOutcome {
     pub delayed: u32,
     /// Observations that changed an expectation record or finalizer set.
     pub observed: u32,
+    /// View writes found no current session (Redis lost it): the watcher must begin a new one.
+    pub view_lost: bool,
 }
 
 /// A leased item.
@@ -508,6 +510,7 @@ impl Store {
         if same_slot {
             args.push(b"1".to_vec());
             keys.push(view_session_key());
+            keys.push(view_run_key());
         } else {
             args.push(b"0".to_vec());
         }
@@ -549,6 +552,7 @@ impl Store {
             accepted_now: count(at(a, 1, "add")?),
             delayed,
             observed: observed + count(at(a, 3, "add")?),
+            view_lost: at(a, 4, "add")? == 1,
         })
     }
 

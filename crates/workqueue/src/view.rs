@@ -14,8 +14,11 @@
 //! Keys (all under the job queue's hash tag, so an Add writes a view, applies observations and
 //! enqueues in one script, also on a Cluster): `…:view:{key}` the Job JSON, `…:view:{key}:pods`
 //! HASH pod name → pod JSON, `…:view:{key}:meta` HASH (`uid`, `rv`, `epoch` = the session that
-//! trusted it, `orphans` notices seen, `handled` notices acknowledged), and one `…:view-session`
-//! string: the current session, with a `|pending` suffix until it commits.
+//! trusted it, `orphans` notices seen, `handled` notices acknowledged), one `…:view-session`
+//! string: the current session, with a `|pending` suffix until it commits, and `…:view-run`: the
+//! Redis run id the session began on. A Redis that restarted (and may have lost the last writes)
+//! or a promoted replica has another run id: no view is trusted until a new session, and the
+//! watcher's next Add with view writes learns it must begin one.
 
 use redis::Value;
 
@@ -120,6 +123,11 @@ pub(crate) fn view_session_key() -> String {
     format!("{{wq:{}}}:view-session", kjob_core::JOB_QUEUE)
 }
 
+/// The key holding the Redis run id the current session began on.
+pub(crate) fn view_run_key() -> String {
+    format!("{{wq:{}}}:view-run", kjob_core::JOB_QUEUE)
+}
+
 /// The three view keys of Job `key`: object, pods, record.
 pub(crate) fn view_keys(key: &str) -> [String; 3] {
     let t = format!("{{wq:{}}}:view:{key}", kjob_core::JOB_QUEUE);
@@ -153,6 +161,17 @@ local function newer(rv, cached)
   local a, b = tonumber(rv), tonumber(cached)
   if not a or not b then return true end
   return a > b
+end
+
+-- The current session (committed or pending), or false when there is none or it was begun on
+-- another Redis run: a restarted Redis (or a promoted replica) may have lost writes the view
+-- needed, so nothing written before the restart is trusted.
+local function view_current(SESSION, RUN)
+  local cur = redis.call('GET', SESSION)
+  if not cur then return false end
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  if redis.call('GET', RUN) ~= run then return false end
+  return cur
 end
 
 -- Writes of `session` are accepted while it is the current session, committed or not.
@@ -205,12 +224,14 @@ end
 }
 pub(crate) use apply_view_fn;
 
-/// KEYS: session, object, pods, record, then the Job's expectation record and finalizer set →
+/// KEYS: session, object, pods, record, the Job's expectation record and finalizer set, run →
 /// `{0}` (not trusted) or `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp}` where
 /// `exp` is what EXP_GET returns, read in the same script. Trusted: the record's epoch is the
 /// current, committed session (a pending session never equals an epoch).
-const GET_VIEW: &str = r#"
-local current = redis.call('GET', KEYS[1])
+const GET_VIEW: &str = concat!(
+    apply_view_fn!(),
+    r#"
+local current = view_current(KEYS[1], KEYS[7])
 local m = redis.call('HMGET', KEYS[4], 'epoch', 'orphans', 'handled', 'uid')
 if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
 local job = redis.call('GET', KEYS[2])
@@ -226,7 +247,8 @@ else
   exp = {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] or 0), now, fin}
 end
 return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KEYS[3]), m[4] or '', exp}
-"#;
+"#
+);
 
 /// KEYS: object, record. ARGV: uid, resource_version, object ('' = none), orphans_handled,
 /// gc_ms → 1 when the object was stored. Only a view of that UID is touched.
@@ -250,12 +272,14 @@ if handled > (tonumber(m[3]) or 0) then redis.call('HSET', KEYS[2], 'handled', h
 return stored
 "#;
 
-/// KEYS: session. ARGV: session, phase (1 begin, 2 commit, 3 end) → 1 when applied.
+/// KEYS: session, run. ARGV: session, phase (1 begin, 2 commit, 3 end) → 1 when applied. A
+/// Begin records the Redis run it happened on (see `view_current`).
 const SESSION: &str = r#"
 local current = redis.call('GET', KEYS[1])
 local pending = ARGV[1] .. '|pending'
 if ARGV[2] == '1' then
   redis.call('SET', KEYS[1], pending)
+  redis.call('SET', KEYS[2], string.match(redis.call('INFO', 'server'), 'run_id:(%w+)'))
   return 1
 elseif ARGV[2] == '2' then
   if current == pending then
@@ -317,7 +341,7 @@ impl Store {
         let mut keys = vec![view_session_key()];
         keys.extend(view_keys(key));
         let [exp, _, fin, _] = crate::store::exp_keys(key);
-        keys.extend([exp, fin]);
+        keys.extend([exp, fin, view_run_key()]);
         let v = self.eval("get_job_view", &self.view_scripts().get, &keys, Vec::new()).await?;
         let Value::Array(a) = &v else { return Err(protocol("get_job_view", &v)) };
         if a.first().map(|x| int(x, "trusted")).transpose()? != Some(1) {
@@ -374,7 +398,12 @@ impl Store {
         };
         let args = vec![session.as_bytes().to_vec(), phase.as_bytes().to_vec()];
         let v = self
-            .eval("view_session", &self.view_scripts().session, &[view_session_key()], args)
+            .eval(
+                "view_session",
+                &self.view_scripts().session,
+                &[view_session_key(), view_run_key()],
+                args,
+            )
             .await?;
         Ok(int(&v, "view_session")? == 1)
     }

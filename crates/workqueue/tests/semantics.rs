@@ -632,6 +632,9 @@ async fn view_write_and_observation_in_one_script(s: Store) {
     s.view_session("s", SessionPhase::Commit).await.unwrap();
     s.set_expectations(k, "u", 1, 0).await.unwrap();
     assert!(!s.get_expectations(k, "u").await.unwrap().satisfied);
+    let v = s.get_job_view(k).await.unwrap().unwrap();
+    assert!(!v.expectations.satisfied, "the view brings its Job's expectations");
+    assert_eq!((v.uid.as_str(), v.expectations.record.as_ref().map(|r| r.add)), ("u", Some(1)));
     let obs = Observation::Creation { job_uid: "u".into(), pod_uid: "pu".into() };
     let r = s
         .add(Q, &[Enqueue::now(k).observing(vec![obs]).writing_view("s", vec![pod_op("p", "x")])])
@@ -639,7 +642,9 @@ async fn view_write_and_observation_in_one_script(s: Store) {
         .unwrap();
     assert_eq!(r.observed, 1);
     assert!(s.get_expectations(k, "u").await.unwrap().satisfied);
-    assert_eq!(sorted_pods(&s.get_job_view(k).await.unwrap().unwrap()), ["x"]);
+    let v = s.get_job_view(k).await.unwrap().unwrap();
+    assert_eq!(sorted_pods(&v), ["x"]);
+    assert!(v.expectations.satisfied, "read in the same script as the pod");
     // Other queues never carry view writes (their script cannot name the job queue's keys).
     let other = Enqueue::now("ns/p").writing_view("s", vec![pod_op("q", "y")]);
     s.add("orphan-pod", &[other]).await.unwrap();
@@ -697,6 +702,47 @@ both!(
     job_view_sessions_and_trust,
     view_write_and_observation_in_one_script,
 );
+
+/// A Redis that restarted may have lost the last view writes: nothing written before is
+/// trusted, and the writer's next view write learns its session is gone.
+#[tokio::test]
+async fn a_restarted_redis_distrusts_every_view() {
+    let mut server = RedisServer::start_with(true, &[]).unwrap();
+    let s = Store::connect(&server.url(), StoreConfig::default()).await.unwrap();
+    let k = "ns/j";
+    s.view_session("s", SessionPhase::Begin).await.unwrap();
+    let snap = Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view("s", snapshot("u", "1", &[]))
+    };
+    assert!(!s.add(Q, std::slice::from_ref(&snap)).await.unwrap().view_lost);
+    s.view_session("s", SessionPhase::Commit).await.unwrap();
+    assert!(s.get_job_view(k).await.unwrap().is_some());
+    server.kill();
+    server.restart().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        match s.get_job_view(k).await {
+            Ok(v) => break v,
+            Err(e) if e.is_unavailable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(view, None, "written before the restart: not trusted");
+    let write = Enqueue::now(k).writing_view("s", vec![pod_op("p", "x")]);
+    assert!(s.add(Q, &[write]).await.unwrap().view_lost, "the writer learns it");
+    // A new session makes views trusted again.
+    s.view_session("s2", SessionPhase::Begin).await.unwrap();
+    let snap = Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view("s2", snapshot("u", "2", &[]))
+    };
+    assert!(!s.add(Q, &[snap]).await.unwrap().view_lost);
+    s.view_session("s2", SessionPhase::Commit).await.unwrap();
+    assert!(s.get_job_view(k).await.unwrap().is_some());
+}
 
 #[tokio::test]
 async fn refuses_redis_that_may_evict() {
