@@ -49,7 +49,7 @@ struct Args {
     quick: bool,
     /// Configurations in first-pass order: a (upstream defaults), b (upstream tuned),
     /// bj (upstream tuned talking JSON), c (kjob, 1 worker), d (kjob, 2 workers).
-    #[arg(long, value_delimiter = ',', default_value = "a,c,b,d")]
+    #[arg(long, value_delimiter = ',', default_value = "a,c,b,d,bj")]
     configs: Vec<String>,
     /// Passes; even passes run the configurations in reverse (default 2, 1 with --quick).
     #[arg(long)]
@@ -453,6 +453,6 @@ mod tests {
         let s = sizes(&a);
         assert_eq!((s.burst_jobs, s.indexed_completions, s.indexed_parallelism), (2000, 5000, 500));
         assert_eq!((s.steady_jobs, s.passes), (300, 2));
-        assert_eq!(a.configs, ["a", "c", "b", "d"]);
+        assert_eq!(a.configs, ["a", "c", "b", "d", "bj"]);
     }
 }
