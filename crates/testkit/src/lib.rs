@@ -4,7 +4,9 @@
 //! server behind, and every test gets its own ports so tests run in parallel.
 
 pub mod cluster;
+pub mod faults;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod redis_cluster;
 pub mod server;
