@@ -236,6 +236,15 @@ impl ApiError {
         }
     }
 
+    /// 503 injected by the fault hook.
+    pub fn service_unavailable() -> Self {
+        Self::new(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request (injected)",
+        )
+    }
+
     /// 500 (injected, or a bug).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
@@ -279,6 +288,12 @@ impl IntoResponse for ApiError {
         let mut resp = (code, body).into_response();
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // kube-apiserver sends the hint as a header too (responsewriters.ErrorNegotiated).
+        if let Some(secs) =
+            self.details.as_ref().and_then(|d| d.get("retryAfterSeconds")).and_then(|s| s.as_u64())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }

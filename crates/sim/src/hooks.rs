@@ -4,8 +4,11 @@
 //! Hooks (all `POST` unless noted):
 //! * `/sim/compact` — drop the watch history; watches from older revisions get 410.
 //! * `/sim/close-watches` — end every open watch stream (clients re-watch).
-//! * `/sim/faults` — body `{"error429": 0.1, "error500": 0.05, "writeLatencyMs": 10, "readLatencyMs": 0,
-//!   "podQuotaExceeded": false}` (every field optional); `GET` shows the current settings.
+//! * `/sim/faults` — body `{"error429": 0.1, "error500": 0.05, "error503": 0, "writeLatencyMs": 10,
+//!   "readLatencyMs": 0, "latencyResources": ["pods"], "podQuotaExceeded": false}` (every field
+//!   optional; `latencyResources` limits the write latency to those qualified resources, empty
+//!   means all); `GET` shows the current settings. kjob-testkit's `ApiFaults` speaks this, and
+//!   its fault proxy does the same in front of a real kube-apiserver.
 //!   `podQuotaExceeded` refuses every pod create with the 403 a ResourceQuota of `pods: 0` gives.
 //! * `/sim/kubelet/pause`, `/sim/kubelet/resume` — stop and restart the simulated kubelet.
 //! * `/sim/evict/{namespace}/{name}` — evict a pod (`DisruptionTarget`, then graceful delete).
@@ -34,7 +37,10 @@ pub struct Faults {
     // Shares are stored as parts per million so reads need no lock.
     error429_ppm: AtomicU64,
     error500_ppm: AtomicU64,
+    error503_ppm: AtomicU64,
     write_latency_us: AtomicU64,
+    // Qualified resources the write latency applies to; empty: all.
+    latency_resources: Mutex<Vec<String>>,
     read_latency_us: AtomicU64,
     pod_quota_exceeded: AtomicBool,
 }
@@ -45,14 +51,20 @@ impl Faults {
         Self {
             error429_ppm: AtomicU64::new(0),
             error500_ppm: AtomicU64::new(0),
+            error503_ppm: AtomicU64::new(0),
             write_latency_us: AtomicU64::new(write.as_micros() as u64),
+            latency_resources: Mutex::new(Vec::new()),
             read_latency_us: AtomicU64::new(read.as_micros() as u64),
             pod_quota_exceeded: AtomicBool::new(false),
         }
     }
 
-    /// Latency added before every write.
-    pub fn write_latency(&self) -> Duration {
+    /// Latency added before every write of `resource` (qualified, e.g. `jobs.batch`).
+    pub fn write_latency(&self, resource: &str) -> Duration {
+        let only = self.latency_resources.lock();
+        if !only.is_empty() && !only.iter().any(|r| r == resource) {
+            return Duration::ZERO;
+        }
         Duration::from_micros(self.write_latency_us.load(Ordering::Relaxed))
     }
 
@@ -65,7 +77,8 @@ impl Faults {
     pub fn injected_error(&self) -> Option<ApiError> {
         let p429 = self.error429_ppm.load(Ordering::Relaxed);
         let p500 = self.error500_ppm.load(Ordering::Relaxed);
-        if p429 == 0 && p500 == 0 {
+        let p503 = self.error503_ppm.load(Ordering::Relaxed);
+        if p429 == 0 && p500 == 0 && p503 == 0 {
             return None;
         }
         let draw = rand::rng().random_range(0..1_000_000u64);
@@ -73,6 +86,8 @@ impl Faults {
             Some(ApiError::too_many_requests())
         } else if draw < p429 + p500 {
             Some(ApiError::internal("injected failure"))
+        } else if draw < p429 + p500 + p503 {
+            Some(ApiError::service_unavailable())
         } else {
             None
         }
@@ -118,13 +133,33 @@ impl Faults {
                     .ok_or_else(|| ApiError::bad_request(format!("{k} must be milliseconds"))),
             }
         };
-        let (e429, e500, w, r) =
-            (share("error429")?, share("error500")?, ms("writeLatencyMs")?, ms("readLatencyMs")?);
+        let (e429, e500, e503) = (share("error429")?, share("error500")?, share("error503")?);
+        let (w, r) = (ms("writeLatencyMs")?, ms("readLatencyMs")?);
+        let resources = match v.get("latencyResources") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(a)) => Some(
+                a.iter()
+                    .map(|r| r.as_str().map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+                    .ok_or_else(|| {
+                    ApiError::bad_request("latencyResources must be a list of strings")
+                })?,
+            ),
+            Some(_) => {
+                return Err(ApiError::bad_request("latencyResources must be a list of strings"));
+            }
+        };
         if let Some(x) = e429 {
             self.error429_ppm.store(x, Ordering::Relaxed);
         }
         if let Some(x) = e500 {
             self.error500_ppm.store(x, Ordering::Relaxed);
+        }
+        if let Some(x) = e503 {
+            self.error503_ppm.store(x, Ordering::Relaxed);
+        }
+        if let Some(list) = resources {
+            *self.latency_resources.lock() = list;
         }
         if let Some(x) = w {
             self.write_latency_us.store(x * 1000, Ordering::Relaxed);
@@ -144,6 +179,8 @@ impl Faults {
         json!({
             "error429": self.error429_ppm.load(Ordering::Relaxed) as f64 / 1e6,
             "error500": self.error500_ppm.load(Ordering::Relaxed) as f64 / 1e6,
+            "error503": self.error503_ppm.load(Ordering::Relaxed) as f64 / 1e6,
+            "latencyResources": *self.latency_resources.lock(),
             "writeLatencyMs": self.write_latency_us.load(Ordering::Relaxed) / 1000,
             "readLatencyMs": self.read_latency_us.load(Ordering::Relaxed) / 1000,
             "podQuotaExceeded": self.pod_quota_exceeded.load(Ordering::Relaxed),

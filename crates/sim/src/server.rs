@@ -222,7 +222,11 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
         return err.into_response();
     }
     let is_write = !matches!(verb, "get" | "list" | "watch");
-    let latency = if is_write { app.faults.write_latency() } else { app.faults.read_latency() };
+    let latency = if is_write {
+        app.faults.write_latency(&resource_label)
+    } else {
+        app.faults.read_latency()
+    };
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }

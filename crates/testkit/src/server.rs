@@ -10,6 +10,11 @@
 //! ServiceAccounts ([`TestServer::worker_kubeconfig`], [`TestServer::watcher_kubeconfig`]), and
 //! each test gets a namespace of its own (names get a unique suffix, since the control plane is
 //! shared by every test of a `make test` run).
+//!
+//! Faults ([`TestServer::inject`], [`TestServer::close_watches`]) hit the services' traffic on
+//! both: kjob-sim injects them itself (for every client, the test's too), the real server gets
+//! them through a [`FaultProxy`] the services' kubeconfigs point at (the test's own client goes
+//! to kube-apiserver directly).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +22,8 @@ use kjob_sim::SimConfig;
 use kjob_sim::testing::TestSim;
 
 use crate::cluster::{ClusterInfo, TestCluster, test_cluster};
+use crate::faults::ApiFaults;
+use crate::proxy::FaultProxy;
 
 /// kjob-sim or the real control plane.
 pub enum TestServer {
@@ -30,6 +37,10 @@ pub enum TestServer {
         client: kube::Client,
         /// Suffix of this test's namespaces.
         suffix: String,
+        /// The proxy in front of kube-apiserver that the services' kubeconfigs point at.
+        proxy: Box<FaultProxy>,
+        /// Holds the services' kubeconfigs through [`TestServer::Real::proxy`].
+        kubeconfigs: tempfile::TempDir,
     },
 }
 
@@ -60,7 +71,18 @@ impl TestServer {
             .expect("the real control plane (cluster/build.sh, kjob-cluster)")?;
         let client = client_for(&cluster.info().kubeconfig).await.expect("admin client");
         let suffix = format!("{}-{}", std::process::id(), unique());
-        Some(TestServer::Real { cluster: Box::new(cluster), client, suffix })
+        let proxy = FaultProxy::start(&cluster.info().kubeconfig).expect("the fault proxy");
+        let kubeconfigs = tempfile::tempdir().expect("a folder for the kubeconfigs");
+        for (from, name) in proxied_kubeconfigs(cluster.info()) {
+            proxy.write_kubeconfig(&from, &kubeconfigs.path().join(name)).expect("a kubeconfig");
+        }
+        Some(TestServer::Real {
+            cluster: Box::new(cluster),
+            client,
+            suffix,
+            proxy: Box::new(proxy),
+            kubeconfigs,
+        })
     }
 
     /// Whether this is the real control plane.
@@ -100,19 +122,45 @@ impl TestServer {
         }
     }
 
-    /// The kubeconfig a kjob-worker runs on (its ServiceAccount on the real server).
+    /// The kubeconfig a kjob-worker runs on (its ServiceAccount, through the fault proxy, on
+    /// the real server).
     pub fn worker_kubeconfig(&self) -> PathBuf {
         match self {
             TestServer::Sim(s) => s.kubeconfig_path().to_path_buf(),
-            TestServer::Real { cluster, .. } => cluster.info().worker_kubeconfig.clone(),
+            TestServer::Real { kubeconfigs, .. } => kubeconfigs.path().join(WORKER_KUBECONFIG),
         }
     }
 
-    /// The kubeconfig a kjob-watcher runs on (its ServiceAccount on the real server).
+    /// The kubeconfig a kjob-watcher runs on (its ServiceAccount, through the fault proxy, on
+    /// the real server).
     pub fn watcher_kubeconfig(&self) -> PathBuf {
         match self {
             TestServer::Sim(s) => s.kubeconfig_path().to_path_buf(),
-            TestServer::Real { cluster, .. } => cluster.info().watcher_kubeconfig.clone(),
+            TestServer::Real { kubeconfigs, .. } => kubeconfigs.path().join(WATCHER_KUBECONFIG),
+        }
+    }
+
+    /// Sets the faults the services' API traffic meets from now on (replacing earlier ones).
+    pub async fn inject(&self, faults: ApiFaults) {
+        match self {
+            TestServer::Sim(s) => {
+                let addr = s.url().trim_start_matches("http://").parse().expect("sim address");
+                let body = faults.sim_json();
+                let (code, answer) = tokio::task::block_in_place(|| {
+                    crate::stack::http_request(addr, "POST", "/sim/faults", Some(&body))
+                })
+                .expect("POST /sim/faults");
+                assert_eq!(code, 200, "POST /sim/faults: {}", String::from_utf8_lossy(&answer));
+            }
+            TestServer::Real { proxy, .. } => proxy.set_faults(faults),
+        }
+    }
+
+    /// Ends every open watch stream of the services (they watch again).
+    pub fn close_watches(&self) {
+        match self {
+            TestServer::Sim(s) => s.close_watches(),
+            TestServer::Real { proxy, .. } => proxy.close_watches(),
         }
     }
 
@@ -149,14 +197,18 @@ impl TestServer {
 impl TestServer {
     /// The whole kjob stack for this server (see [`crate::stack`]): on kjob-sim a kjob-sim
     /// process of its own, on the real control plane the watcher scoped to `namespace` and every
-    /// service on its ServiceAccount. Creates `namespace` (on the stack's server) first.
+    /// service on its ServiceAccount through a fault proxy of the stack's own. Creates
+    /// `namespace` (on the stack's server) first. Faults go to the stack
+    /// ([`crate::Stack::inject`]), not to this server.
     pub async fn start_stack(
         &self,
         namespace: &str,
         mut cfg: crate::stack::StackConfig,
     ) -> anyhow::Result<crate::stack::Stack> {
-        cfg.real =
-            self.cluster().map(|info| crate::stack::RealServer::from_cluster(info, namespace));
+        cfg.real = self.cluster().map(|info| crate::stack::RealServer {
+            fault_proxy: true,
+            ..crate::stack::RealServer::from_cluster(info, namespace)
+        });
         if self.is_real() {
             self.create_namespace(namespace).await;
         }
@@ -171,6 +223,17 @@ impl TestServer {
         }
         Ok(stack)
     }
+}
+
+const WORKER_KUBECONFIG: &str = "worker.kubeconfig";
+const WATCHER_KUBECONFIG: &str = "watcher.kubeconfig";
+
+/// The ServiceAccount kubeconfigs of a control plane and the names of their proxied copies.
+fn proxied_kubeconfigs(info: &ClusterInfo) -> [(PathBuf, &'static str); 2] {
+    [
+        (info.worker_kubeconfig.clone(), WORKER_KUBECONFIG),
+        (info.watcher_kubeconfig.clone(), WATCHER_KUBECONFIG),
+    ]
 }
 
 fn unique() -> u64 {

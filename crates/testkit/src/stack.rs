@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::faults::ApiFaults;
 use crate::process::{free_port, wait_for_tcp};
+use crate::proxy::FaultProxy;
 
 /// How long a process may take to listen on its port: cold debug binaries on a loaded 2-core
 /// machine take a few seconds.
@@ -63,6 +65,9 @@ pub struct RealServer {
     pub namespace: Option<String>,
     /// Name of the watchers' Lease in `kjob-system` (unique per stack on a shared server).
     pub lease_name: String,
+    /// Route the watchers' and workers' traffic through a [`FaultProxy`], so
+    /// [`Stack::inject`] and [`Stack::close_watches`] work (off for benchmarks: no extra hop).
+    pub fault_proxy: bool,
 }
 
 impl RealServer {
@@ -75,6 +80,7 @@ impl RealServer {
             kubectl: info.bin_dir.join("kubectl"),
             namespace: Some(namespace.to_string()),
             lease_name: format!("kjob-watcher-{namespace}"),
+            fault_proxy: false,
         }
     }
 }
@@ -234,6 +240,8 @@ pub struct Stack {
     pub redis_url: String,
     /// Folder of the log files.
     pub log_dir: PathBuf,
+    /// The proxy the services reach the real server through ([`RealServer::fault_proxy`]).
+    proxy: Option<FaultProxy>,
 }
 
 /// The binaries of [`BINARIES`] missing from `bin_dir`.
@@ -281,7 +289,17 @@ impl Stack {
             redis_url: format!("redis://127.0.0.1:{redis_port}"),
             log_dir,
             cfg: cfg.clone(),
+            proxy: None,
         };
+        if let Some(real) = stack.cfg.real.as_mut().filter(|r| r.fault_proxy) {
+            let proxy = FaultProxy::start(&real.admin_kubeconfig)?;
+            let watcher = cfg.run_dir.join("watcher.proxied.kubeconfig");
+            let worker = cfg.run_dir.join("worker.proxied.kubeconfig");
+            proxy.write_kubeconfig(&real.watcher_kubeconfig, &watcher)?;
+            proxy.write_kubeconfig(&real.worker_kubeconfig, &worker)?;
+            (real.watcher_kubeconfig, real.worker_kubeconfig) = (watcher, worker);
+            stack.proxy = Some(proxy);
+        }
 
         let mut args_redis: Vec<String> =
             ["--port", &redis_port.to_string(), "--bind", "127.0.0.1", "--dir"]
@@ -624,6 +642,38 @@ impl Stack {
     /// `POST` a JSON body to kjob-sim (e.g. `/sim/faults`, `/sim/close-watches`): status and body.
     pub fn sim_post(&self, path: &str, json: &str) -> anyhow::Result<(u16, Vec<u8>)> {
         http_request(self.sim_addr, "POST", path, Some(json))
+    }
+
+    /// Sets the faults the services' API traffic meets from now on (replacing earlier ones):
+    /// kjob-sim's `/sim/faults`, or the fault proxy in front of the real server.
+    pub fn inject(&self, faults: &ApiFaults) -> anyhow::Result<()> {
+        if self.cfg.real.is_none() {
+            let (code, body) = self.sim_post("/sim/faults", &faults.sim_json())?;
+            anyhow::ensure!(
+                code == 200,
+                "POST /sim/faults: {code} {}",
+                String::from_utf8_lossy(&body)
+            );
+            return Ok(());
+        }
+        self.fault_proxy()?.set_faults(faults.clone());
+        Ok(())
+    }
+
+    /// Ends every open watch stream of the services (they watch again).
+    pub fn close_watches(&self) -> anyhow::Result<()> {
+        if self.cfg.real.is_none() {
+            let (code, _) = self.sim_post("/sim/close-watches", "{}")?;
+            anyhow::ensure!(code == 200, "POST /sim/close-watches: {code}");
+            return Ok(());
+        }
+        self.fault_proxy()?.close_watches();
+        Ok(())
+    }
+
+    /// The fault proxy in front of the real server.
+    pub fn fault_proxy(&self) -> anyhow::Result<&FaultProxy> {
+        self.proxy.as_ref().context("this stack runs on the real server without a fault proxy")
     }
 
     /// An error naming the first process that exited by itself, with its log file.
