@@ -1,5 +1,8 @@
 //! Faults: a worker killed mid-sync, workers restarted during pod-failure backoff, syncs longer
-//! than their lease, and the drain on shutdown.
+//! than their lease, and the drain on shutdown. Every test runs on kjob-sim and on the real
+//! control plane; the write latency that stretches a sync is kjob-sim's own fault on kjob-sim
+//! and the testkit's fault proxy in front of kube-apiserver on the real server (there only the
+//! workers' traffic waits, not the test's).
 
 mod common;
 
@@ -7,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::{Driver, Fate, QueueService, WorkerHandle, create_job, finished, template};
 use k8s_openapi::api::batch::v1::Job;
-use kjob_sim::SimConfig;
-use kjob_sim::testing::TestSim;
+use kjob_testkit::faults::ApiFaults;
+use kjob_testkit::server::TestServer;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -17,23 +20,38 @@ fn counts(job: &Job) -> (i32, i32, i32) {
     (s.succeeded.unwrap_or(0), s.failed.unwrap_or(0), s.active.unwrap_or(0))
 }
 
-fn slow_sim() -> SimConfig {
-    // Every write takes a while, so a sync spans several hundred milliseconds and a test can
-    // act between its pod creations and its status write.
-    SimConfig { write_latency: Duration::from_millis(300), ..Default::default() }
+/// Every write of the workers takes a while, so a sync spans several hundred milliseconds and a
+/// test can act between its pod creations and its status write.
+const SLOW_WRITES: Duration = Duration::from_millis(300);
+
+/// Creates namespace `base` (unique on the real server) and returns its name.
+async fn namespace(server: &TestServer, base: &str) -> String {
+    let ns = server.namespace(base);
+    server.create_namespace(&ns).await;
+    ns
 }
 
-#[tokio::test]
-async fn a_worker_killed_after_creating_pods_leaves_no_duplicates() {
-    let sim = TestSim::start(slow_sim()).await;
-    let client = sim.client();
-    common::create_namespace(&client, "crash").await;
+/// A worker on `server` (through its fault proxy on the real one) with the default 5 s grace.
+fn worker(server: &TestServer, queue: &QueueService, id: &str, lease: Duration) -> WorkerHandle {
+    WorkerHandle::start_on(
+        &server.worker_kubeconfig(),
+        &queue.url,
+        id,
+        lease,
+        Duration::from_secs(5),
+    )
+}
+
+async fn a_worker_killed_after_creating_pods_leaves_no_duplicates(server: TestServer) {
+    let client = server.client();
+    let ns = namespace(&server, "crash").await;
+    server.inject(ApiFaults::write_latency(SLOW_WRITES)).await;
     let queue = QueueService::start();
-    let a = WorkerHandle::start(&sim, &queue.url, "a", Duration::from_secs(2));
-    let mut d = Driver::new(client.clone(), queue.client(), "crash", "cj");
+    let a = worker(&server, &queue, "a", Duration::from_secs(2));
+    let mut d = Driver::new(client.clone(), queue.client(), &ns, "cj");
     create_job(
         &client,
-        "crash",
+        &ns,
         serde_json::json!({
             "metadata": {"name": "cj"},
             "spec": {"completions": 3, "parallelism": 3, "template": template("Never")}
@@ -43,7 +61,7 @@ async fn a_worker_killed_after_creating_pods_leaves_no_duplicates() {
     d.queue
         .add(vec![kjob_queue_client::v1::AddItem {
             queue: kjob_core::JOB_QUEUE.into(),
-            key: "crash/cj".into(),
+            key: format!("{ns}/cj"),
             ..Default::default()
         }])
         .await
@@ -61,7 +79,7 @@ async fn a_worker_killed_after_creating_pods_leaves_no_duplicates() {
     let job = d.get_job().await.unwrap();
     let active_when_killed = counts(&job).2;
     // B takes over once A's lease expires; the test kubelet lets every pod succeed.
-    let b = WorkerHandle::start(&sim, &queue.url, "b", Duration::from_secs(2));
+    let b = worker(&server, &queue, "b", Duration::from_secs(2));
     let job = d.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
     assert!(common::condition(&job, "Complete").is_some(), "{:?}", job.status);
     assert_eq!(counts(&job), (3, 0, 0));
@@ -79,8 +97,7 @@ async fn a_worker_killed_after_creating_pods_leaves_no_duplicates() {
     b.stop().await;
 }
 
-/// On both servers (the others here need kjob-sim's injected write latency).
-async fn pod_failure_backoff_survives_worker_restarts(server: kjob_testkit::server::TestServer) {
+async fn pod_failure_backoff_survives_worker_restarts(server: TestServer) {
     let client = server.client();
     let ns = server.namespace("restart");
     server.create_namespace(&ns).await;
@@ -143,20 +160,19 @@ async fn pod_failure_backoff_survives_worker_restarts(server: kjob_testkit::serv
     w.take().unwrap().stop().await;
 }
 
-#[tokio::test]
-async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs() {
-    let sim = TestSim::start(slow_sim()).await;
-    let client = sim.client();
-    common::create_namespace(&client, "renew").await;
+async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs(server: TestServer) {
+    let client = server.client();
+    let ns = namespace(&server, "renew").await;
+    server.inject(ApiFaults::write_latency(SLOW_WRITES)).await;
     let queue = QueueService::start();
     // A 1 s lease against syncs of several 300 ms writes: only renewals keep them.
-    let a = WorkerHandle::start(&sim, &queue.url, "a", Duration::from_secs(1));
-    let b = WorkerHandle::start(&sim, &queue.url, "b", Duration::from_secs(1));
+    let a = worker(&server, &queue, "a", Duration::from_secs(1));
+    let b = worker(&server, &queue, "b", Duration::from_secs(1));
     let names = ["r0", "r1", "r2"];
     for n in names {
         create_job(
             &client,
-            "renew",
+            &ns,
             serde_json::json!({
                 "metadata": {"name": n},
                 "spec": {"completions": 4, "parallelism": 4, "template": template("Never")}
@@ -165,7 +181,7 @@ async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs() {
         .await;
     }
     let mut drivers: Vec<Driver> =
-        names.iter().map(|n| Driver::new(client.clone(), queue.client(), "renew", n)).collect();
+        names.iter().map(|n| Driver::new(client.clone(), queue.client(), &ns, n)).collect();
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         let mut done = 0;
@@ -197,27 +213,22 @@ async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs() {
     b.stop().await;
 }
 
-#[tokio::test]
-async fn shutdown_hands_back_syncs_that_outlive_the_grace() {
-    let sim = TestSim::start(SimConfig {
-        write_latency: Duration::from_millis(800),
-        ..Default::default()
-    })
-    .await;
-    let client = sim.client();
-    common::create_namespace(&client, "drain").await;
+async fn shutdown_hands_back_syncs_that_outlive_the_grace(server: TestServer) {
+    let client = server.client();
+    let ns = namespace(&server, "drain").await;
+    server.inject(ApiFaults::write_latency(Duration::from_millis(800))).await;
     let queue = QueueService::start();
-    let a = WorkerHandle::start_with(
-        &sim,
+    let a = WorkerHandle::start_on(
+        &server.worker_kubeconfig(),
         &queue.url,
         "a",
         Duration::from_secs(10),
         Duration::from_millis(200),
     );
-    let mut d = Driver::new(client.clone(), queue.client(), "drain", "dr");
+    let mut d = Driver::new(client.clone(), queue.client(), &ns, "dr");
     create_job(
         &client,
-        "drain",
+        &ns,
         serde_json::json!({
             "metadata": {"name": "dr"},
             "spec": {"completions": 4, "parallelism": 4, "template": template("Never")}
@@ -239,10 +250,10 @@ async fn shutdown_hands_back_syncs_that_outlive_the_grace() {
     // 5 s flushing queued events through the slow API.
     assert!(stopped.elapsed() < Duration::from_secs(9), "drain took {:?}", stopped.elapsed());
     // The key was handed back (not left to its 10 s lease): B picks it up at once.
-    let inspect = d.queue.inspect(kjob_core::JOB_QUEUE, vec!["drain/dr".into()]).await.unwrap();
+    let inspect = d.queue.inspect(kjob_core::JOB_QUEUE, vec![format!("{ns}/dr")]).await.unwrap();
     let state = &inspect.keys[0];
     assert_ne!(state.state, "leased", "{state:?}");
-    let b = WorkerHandle::start(&sim, &queue.url, "b", Duration::from_secs(10));
+    let b = worker(&server, &queue, "b", Duration::from_secs(10));
     let job = d.run_until(Duration::from_secs(30), &mut |_| Fate::Succeed, &mut finished).await;
     assert_eq!(counts(&job), (4, 0, 0));
     assert_eq!(d.all_pods.len(), 4, "{:?}", d.all_pods);
@@ -250,4 +261,7 @@ async fn shutdown_hands_back_syncs_that_outlive_the_grace() {
 }
 
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
-    pod_failure_backoff_survives_worker_restarts);
+    a_worker_killed_after_creating_pods_leaves_no_duplicates,
+    pod_failure_backoff_survives_worker_restarts,
+    syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs,
+    shutdown_hands_back_syncs_that_outlive_the_grace);
