@@ -18,6 +18,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kjob_queue_client::QueueClient;
 use kjob_testkit::Stack;
+use kjob_testkit::faults::ApiFaults;
+use kjob_testkit::proxy::ProxyStats;
 use kjob_testkit::stack::{QUEUE, REDIS, StackConfig};
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
@@ -72,8 +74,8 @@ pub struct ChaosConfig {
     /// The fault kinds to inject (each round of the schedule covers every one of them).
     pub faults: Vec<Fault>,
     /// Run on this real control plane (a `make cluster-up` folder) instead of kjob-sim; the
-    /// Jobs go to a fresh namespace and only the faults kjob's own processes can suffer are
-    /// possible ([`Fault::sim_only`] ones are refused).
+    /// Jobs go to a fresh namespace, and the services reach kube-apiserver through the
+    /// testkit's fault proxy, which injects the API-error and cut-watch faults there.
     pub cluster: Option<kjob_testkit::cluster::ClusterInfo>,
 }
 
@@ -88,18 +90,14 @@ pub enum Fault {
     RestartRedis,
     /// SIGKILL the watcher holding the Lease (and start it again as a standby).
     KillLeader,
-    /// Make kjob-sim answer a share of requests with 429 and 500 for a while.
+    /// Make the API server answer a share of the services' requests with 429 and 500 for a
+    /// while (kjob-sim's `/sim/faults`, or the fault proxy in front of a real kube-apiserver).
     ApiErrors,
-    /// End every open watch stream.
+    /// End every open watch stream of the services (kjob-sim's hook, or the fault proxy).
     CloseWatches,
 }
 
 impl Fault {
-    /// Whether the fault needs kjob-sim's fault hooks (a real kube-apiserver has none).
-    pub fn sim_only(self) -> bool {
-        matches!(self, Fault::ApiErrors | Fault::CloseWatches)
-    }
-
     /// Every kind, in schedule order before shuffling.
     pub const ALL: [Fault; 6] = [
         Fault::KillWorker,
@@ -168,6 +166,8 @@ pub struct Report {
     pub converge_after_last_fault: Option<Duration>,
     /// Whole run.
     pub elapsed: Duration,
+    /// What the fault proxy did, on the real control plane.
+    pub proxy: Option<ProxyStats>,
     /// Every invariant broken, one line each.
     pub violations: Vec<String>,
 }
@@ -189,6 +189,13 @@ impl fmt::Display for Report {
         match self.converge_after_last_fault {
             Some(d) => writeln!(f, "converged {:.1}s after the last fault", d.as_secs_f64())?,
             None => writeln!(f, "did not converge")?,
+        }
+        if let Some(p) = &self.proxy {
+            writeln!(
+                f,
+                "fault proxy: {} requests forwarded, {} refused, {} watches cut",
+                p.forwarded, p.refused, p.watches_cut
+            )?;
         }
         writeln!(f, "elapsed: {:.1}s", self.elapsed.as_secs_f64())?;
         writeln!(f, "violations: {}", self.violations.len())?;
@@ -212,12 +219,12 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let controller = scfg.controller_name.clone();
     let namespace = match &cfg.cluster {
         Some(info) => {
-            if let Some(f) = cfg.faults.iter().find(|f| f.sim_only()) {
-                anyhow::bail!("{f} needs kjob-sim's fault hooks; a real kube-apiserver has none");
-            }
             let ns = format!("{NAMESPACE}-{}-{}", std::process::id(), cfg.seed);
             tokio::task::block_in_place(|| info.create_namespace(&ns))?;
-            scfg.real = Some(kjob_testkit::stack::RealServer::from_cluster(info, &ns));
+            scfg.real = Some(kjob_testkit::stack::RealServer {
+                fault_proxy: true,
+                ..kjob_testkit::stack::RealServer::from_cluster(info, &ns)
+            });
             ns
         }
         None => NAMESPACE.to_string(),
@@ -316,10 +323,28 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let seen = seen_pods.lock().map(|m| m.clone()).unwrap_or_default();
     check_pods_created(&seen, &mut report);
     check_queue(&queue, namespace, cfg.jobs, &mut report).await?;
+    if let Ok(proxy) = stack.fault_proxy() {
+        let stats = proxy.stats();
+        report.violations.extend(check_proxy(&report.faults, &stats));
+        report.proxy = Some(stats);
+    }
     tokio::task::block_in_place(|| stack.check_alive())?;
     report.elapsed = started.elapsed();
     tokio::task::block_in_place(|| stack.stop());
     Ok(report)
+}
+
+/// The fault proxy's API faults took effect: an injected error window refused some requests,
+/// and closing the watches cut some (the services always keep watches open).
+fn check_proxy(faults: &BTreeMap<Fault, u32>, stats: &ProxyStats) -> Vec<String> {
+    let mut out = Vec::new();
+    if faults.contains_key(&Fault::ApiErrors) && stats.refused == 0 {
+        out.push("api-429-500 injected but the fault proxy refused no request".to_string());
+    }
+    if faults.contains_key(&Fault::CloseWatches) && stats.watches_cut == 0 {
+        out.push("close-watches injected but the fault proxy cut no watch".to_string());
+    }
+    out
 }
 
 fn job_name(i: usize) -> String {
@@ -404,27 +429,11 @@ async fn inject(stack: &mut Stack, rng: &mut StdRng, fault: Fault) -> anyhow::Re
             stack.restart(&leader)
         }),
         Fault::ApiErrors => {
-            let (code, body) = tokio::task::block_in_place(|| {
-                stack.sim_post("/sim/faults", r#"{"error429": 0.1, "error500": 0.1}"#)
-            })?;
-            anyhow::ensure!(
-                code == 200,
-                "POST /sim/faults: {code} {}",
-                String::from_utf8_lossy(&body)
-            );
+            tokio::task::block_in_place(|| stack.inject(&ApiFaults::errors(0.1, 0.1)))?;
             tokio::time::sleep(API_ERROR_WINDOW).await;
-            let (code, _) = tokio::task::block_in_place(|| {
-                stack.sim_post("/sim/faults", r#"{"error429": 0, "error500": 0}"#)
-            })?;
-            anyhow::ensure!(code == 200, "resetting /sim/faults: {code}");
-            Ok(())
+            tokio::task::block_in_place(|| stack.inject(&ApiFaults::none()))
         }
-        Fault::CloseWatches => {
-            let (code, _) =
-                tokio::task::block_in_place(|| stack.sim_post("/sim/close-watches", "{}"))?;
-            anyhow::ensure!(code == 200, "POST /sim/close-watches: {code}");
-            Ok(())
-        }
+        Fault::CloseWatches => tokio::task::block_in_place(|| stack.close_watches()),
     }
 }
 
@@ -583,6 +592,17 @@ async fn check_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_faults_must_have_taken_effect() {
+        let injected = BTreeMap::from([(Fault::ApiErrors, 2), (Fault::CloseWatches, 2)]);
+        let none = ProxyStats { forwarded: 100, ..ProxyStats::default() };
+        assert_eq!(check_proxy(&injected, &none).len(), 2);
+        let both = ProxyStats { forwarded: 100, refused: 3, watches_cut: 4 };
+        assert!(check_proxy(&injected, &both).is_empty());
+        let crashes_only = BTreeMap::from([(Fault::KillWorker, 2)]);
+        assert!(check_proxy(&crashes_only, &none).is_empty());
+    }
 
     #[test]
     fn fault_names_round_trip_and_schedule_covers_every_kind() {

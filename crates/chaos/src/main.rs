@@ -44,8 +44,8 @@ struct Args {
     /// Base run time of each pod.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pod_run_time: Duration,
-    /// Run on the real control plane of this `make cluster-up` folder instead of kjob-sim
-    /// (default faults then: every kind kjob's own processes can suffer).
+    /// Run on the real control plane of this `make cluster-up` folder instead of kjob-sim (the
+    /// API-error and cut-watch faults then come from a fault proxy in front of kube-apiserver).
     #[arg(long)]
     cluster: Option<PathBuf>,
     #[command(flatten)]
@@ -88,11 +88,7 @@ async fn main() -> anyhow::Result<()> {
         run_dir: run_dir.clone(),
         converge_timeout,
         pod_run_time,
-        faults: match (faults.is_empty(), cluster.is_some()) {
-            (false, _) => faults,
-            (true, false) => kjob_chaos::Fault::ALL.into(),
-            (true, true) => kjob_chaos::Fault::ALL.into_iter().filter(|f| !f.sim_only()).collect(),
-        },
+        faults: if faults.is_empty() { kjob_chaos::Fault::ALL.into() } else { faults },
         cluster: cluster.as_deref().map(kjob_testkit::cluster::ClusterInfo::read).transpose()?,
     };
     let report = run(cfg).await?;
