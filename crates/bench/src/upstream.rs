@@ -71,8 +71,14 @@ pub enum Controller {
         kube_qps: u32,
         /// Each worker's `--kube-burst`.
         kube_burst: u32,
+        /// Each worker's `--concurrency` (syncs in flight).
+        concurrency: usize,
     },
 }
+
+/// kjob-worker's `--concurrency` in the comparison: the syncs in flight of upstream tuned
+/// (`--concurrent-job-syncs=50`), so both sides are tuned alike (kjob's default is upstream's 5).
+pub const KJOB_CONCURRENCY: usize = 50;
 
 /// One configuration of the comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -96,8 +102,12 @@ impl Configuration {
             kube_api_burst: burst,
             content_type: ct.map(str::to_string),
         };
-        let kjob =
-            |workers| Controller::Kjob { workers, kube_qps: worker_qps, kube_burst: worker_burst };
+        let kjob = |workers| Controller::Kjob {
+            workers,
+            kube_qps: worker_qps,
+            kube_burst: worker_burst,
+            concurrency: KJOB_CONCURRENCY,
+        };
         let (label, controller) = match id {
             "a" => ("upstream defaults", upstream(5, 20, 30, None)),
             "b" => ("upstream tuned", upstream(50, 200, 400, None)),
@@ -140,9 +150,13 @@ impl Configuration {
     /// `(workers, worker flags)` of a kjob configuration.
     pub fn kjob_workers(&self) -> Option<(usize, Vec<String>)> {
         match &self.controller {
-            Controller::Kjob { workers, kube_qps, kube_burst } => Some((
+            Controller::Kjob { workers, kube_qps, kube_burst, concurrency } => Some((
                 *workers,
-                vec![format!("--kube-qps={kube_qps}"), format!("--kube-burst={kube_burst}")],
+                vec![
+                    format!("--kube-qps={kube_qps}"),
+                    format!("--kube-burst={kube_burst}"),
+                    format!("--concurrency={concurrency}"),
+                ],
             )),
             Controller::Upstream { .. } => None,
         }
@@ -626,8 +640,8 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     for c in &r.configurations {
         let how = match &c.controller {
             Controller::Upstream { .. } => c.controller_manager_args().join(" "),
-            Controller::Kjob { workers, kube_qps, kube_burst } => format!(
-                "redis + kjob-queue + 1 kjob-watcher + {workers} kjob-worker(s), --kube-qps={kube_qps} --kube-burst={kube_burst}, --manage-all-jobs"
+            Controller::Kjob { workers, kube_qps, kube_burst, concurrency } => format!(
+                "redis + kjob-queue + 1 kjob-watcher + {workers} kjob-worker(s), --kube-qps={kube_qps} --kube-burst={kube_burst} --concurrency={concurrency}, --manage-all-jobs"
             ),
         };
         let _ = writeln!(s, "* **({})** {}: `{}`", c.id, c.label, how);
@@ -821,7 +835,12 @@ mod tests {
         assert!(cfg("c").controller_manager_args().is_empty());
         assert_eq!(
             cfg("d").kjob_workers(),
-            Some((2, vec!["--kube-qps=200".to_string(), "--kube-burst=400".to_string()]))
+            Some((
+                2,
+                ["--kube-qps=200", "--kube-burst=400", "--concurrency=50"]
+                    .map(String::from)
+                    .to_vec()
+            ))
         );
         assert!(cfg("b").kjob_workers().is_none());
         assert!(Configuration::by_id("z", 1, 1).is_none());

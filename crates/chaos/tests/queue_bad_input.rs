@@ -183,7 +183,9 @@ async fn send(
                 .map(drop),
             Req::GetView { key } => {
                 let mut e = e.clone();
-                e.get_job_view(v1::GetJobViewRequest { key }).await.map(drop)
+                e.get_job_view(v1::GetJobViewRequest { key, records: vec!["backoff".into()] })
+                    .await
+                    .map(drop)
             }
             Req::PutView { key, uid, object, rv, handled } => {
                 let mut e = e.clone();

@@ -461,12 +461,15 @@ impl QueueClient {
         Ok(())
     }
 
-    /// Reads the shared view of Job `key`; `None` when it is not trusted.
+    /// Reads the shared view of Job `key` with the per-Job `records` asked for; `None` when it
+    /// is not trusted.
     pub async fn get_job_view(
         &self,
         key: &str,
+        records: &[&str],
     ) -> Result<Option<v1::GetJobViewResponse>, ClientError> {
-        let msg = v1::GetJobViewRequest { key: key.to_string() };
+        let records = records.iter().map(|r| r.to_string()).collect();
+        let msg = v1::GetJobViewRequest { key: key.to_string(), records };
         let resp = rpc!(self, expectations.get_job_view(msg)).await?;
         Ok(resp.trusted.then_some(resp))
     }

@@ -578,7 +578,17 @@ impl QueueService {
         r: v1::GetJobViewRequest,
     ) -> Result<v1::GetJobViewResponse, Status> {
         validate::key(&r.key).map_err(invalid)?;
-        Ok(match self.store.get_job_view(&r.key).await.map_err(store_err)? {
+        if r.records.len() > validate::MAX_VIEW_RECORDS {
+            return Err(invalid(format!(
+                "{} records asked for; the limit is {}",
+                r.records.len(),
+                validate::MAX_VIEW_RECORDS
+            )));
+        }
+        for name in &r.records {
+            validate::id("record name", name, true).map_err(invalid)?;
+        }
+        Ok(match self.store.get_job_view(&r.key, &r.records).await.map_err(store_err)? {
             Some(v) => v1::GetJobViewResponse {
                 trusted: true,
                 job: v.job,
@@ -587,6 +597,11 @@ impl QueueService {
                 orphans_handled: v.orphans_handled,
                 expectations: Some(expectations_reply(v.expectations)),
                 job_uid: v.uid,
+                records: v
+                    .records
+                    .into_iter()
+                    .map(|(name, value)| v1::ViewRecord { name, value })
+                    .collect(),
             },
             None => v1::GetJobViewResponse::default(),
         })

@@ -24,6 +24,8 @@ pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 /// Largest object in a view write: etcd's default request limit (1.5 MiB), which bounds every
 /// object the API server can hold.
 pub const MAX_VIEW_OBJECT_BYTES: usize = 1536 * 1024;
+/// Most records read with one view.
+pub const MAX_VIEW_RECORDS: usize = 16;
 /// Largest gRPC message kjob-queue accepts: an Add of a Job's snapshot (up to 500 items of
 /// pods) and a view of a large Job fit; tonic's 4 MiB default does not.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

@@ -104,15 +104,15 @@ impl Worker {
         let key_str = key.to_string();
         // The shared view (the leading watcher's informer state) when it can be trusted; else
         // consistent reads, as before the view existed.
-        let (job, exp, view_pods) = match self.read_view(&key_str).await? {
-            Some(v) => (v.job, v.expectations, Some((v.pods, v.orphans_pending))),
+        let (job, exp, view_pods, view_backoff) = match self.read_view(&key_str).await? {
+            Some(v) => (v.job, v.expectations, Some((v.pods, v.orphans_pending)), Some(v.backoff)),
             None => {
                 let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
                     // The Job is gone: its expectations, finalizer-removal set and records go.
                     self.queue.delete_expectations(&key_str).await?;
                     return Ok(SyncOutcome::Done);
                 };
-                (job, None, None)
+                (job, None, None, None)
             }
         };
         let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
@@ -153,7 +153,10 @@ impl Worker {
             }
             None => self.pods_for_job(&job).await?,
         };
-        let backoff = self.read_backoff(&key_str, &uid).await?;
+        let backoff = match view_backoff {
+            Some(bytes) => bytes.and_then(|b| decode_backoff(&b, &uid)),
+            None => self.read_backoff(&key_str, &uid).await?,
+        };
         let age = Duration::from_millis(exp.age_ms);
         let satisfied =
             expectations_usable(exp.satisfied, exp.exists, age, self.stale_expectations_after);
@@ -181,7 +184,7 @@ impl Worker {
     /// them), its expectations, and whether orphans wait for adoption. `None` (consistent
     /// reads instead) when the view is not trusted or does not parse.
     async fn read_view(&self, key: &str) -> Result<Option<ViewRead>, SyncError> {
-        let Some(v) = self.queue.get_job_view(key).await? else {
+        let Some(v) = self.queue.get_job_view(key, &[BACKOFF_RECORD]).await? else {
             self.metrics.view_read("untrusted");
             return Ok(None);
         };
@@ -207,8 +210,10 @@ impl Worker {
         }
     }
 
-    /// Writes a Job the API server returned back into the shared view, so the next sync plans
-    /// from it even before the watcher sees it (the view keeps the newest resourceVersion).
+    /// Writes a Job the API server returned back into the shared view (the view keeps the
+    /// newest resourceVersion). Only after a conflict: a status write's own Job comes back
+    /// through the watcher's Job event, which writes the view before it enqueues the next
+    /// sync, so writing each one back too would cost a call per write for nothing.
     async fn write_back(&self, key: &str, job: &Job) {
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let rv = job.metadata.resource_version.as_deref().unwrap_or_default();
@@ -312,7 +317,6 @@ impl Worker {
                     current.status = Some(*status);
                     match self.api.replace_job_status(&current).await {
                         Ok(written) => {
-                            self.write_back(key, &written).await;
                             // Upstream counts `add` when its informer first sees a finished pod
                             // with the finalizer; kjob's watcher reads pod metadata only, so the
                             // worker counts each pod as it records it, once per fenced write.
@@ -620,6 +624,8 @@ struct ViewRead {
     expectations: Option<kjob_queue_client::v1::GetExpectationsResponse>,
     /// `Some(seen)` when orphan notices wait for a LIST to adopt them.
     orphans_pending: Option<u64>,
+    /// The stored pod-failure backoff record, read with the view (not yet checked for the UID).
+    backoff: Option<Vec<u8>>,
 }
 
 /// Decodes a view: the Job, and its pods in name order (the order a LIST returns).
@@ -637,11 +643,13 @@ fn decode_view(v: kjob_queue_client::v1::GetJobViewResponse) -> Result<ViewRead,
     for p in decoded {
         pods.push(p);
     }
+    let backoff = v.records.into_iter().find(|r| r.name == BACKOFF_RECORD).map(|r| r.value);
     Ok(ViewRead {
         job,
         pods,
         expectations: v.expectations,
         orphans_pending: (v.orphans_seen > v.orphans_handled).then_some(v.orphans_seen),
+        backoff,
     })
 }
 

@@ -346,6 +346,13 @@ fn push_observations(args: &mut Vec<Vec<u8>>, observations: &[Observation]) {
     }
 }
 
+/// The value of a stored record (`expiry|value`, expiry 0 = none) unless it expired by `now`.
+pub(crate) fn live_record(stored: &[u8], now: i64) -> Option<Vec<u8>> {
+    let sep = stored.iter().position(|b| *b == b'|')?;
+    let expiry: i64 = std::str::from_utf8(&stored[..sep]).ok()?.parse().ok()?;
+    (expiry == 0 || expiry > now).then(|| stored[sep + 1..].to_vec())
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

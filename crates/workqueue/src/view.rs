@@ -105,6 +105,8 @@ pub struct JobView {
     pub uid: String,
     /// That UID's expectations, read in the same script as the view.
     pub expectations: crate::Expectations,
+    /// The per-Job records asked for that exist, as `(name, value)`.
+    pub records: Vec<(String, Vec<u8>)>,
 }
 
 /// A phase of a watcher's view session.
@@ -224,9 +226,10 @@ end
 }
 pub(crate) use apply_view_fn;
 
-/// KEYS: session, object, pods, record, the Job's expectation record and finalizer set, run →
-/// `{0}` (not trusted) or `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp}` where
-/// `exp` is what EXP_GET returns, read in the same script. Trusted: the record's epoch is the
+/// KEYS: session, object, pods, record, the Job's expectation record and finalizer set, run,
+/// its per-Job records. ARGV: record names → `{0}` (not trusted) or
+/// `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp, {record or ''…}}` where `exp`
+/// is what EXP_GET returns, read in the same script, and records are `expiry|value`. Trusted: the record's epoch is the
 /// current, committed session (a pending session never equals an epoch).
 const GET_VIEW: &str = concat!(
     apply_view_fn!(),
@@ -246,7 +249,10 @@ else
   local r = redis.call('HMGET', KEYS[5], 'uid', 'add', 'del', 'ts')
   exp = {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] or 0), now, fin}
 end
-return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KEYS[3]), m[4] or '', exp}
+local recs = {}
+if #ARGV > 0 then recs = redis.call('HMGET', KEYS[8], unpack(ARGV)) end
+for i = 1, #ARGV do if not recs[i] then recs[i] = '' end end
+return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KEYS[3]), m[4] or '', exp, recs}
 "#
 );
 
@@ -337,19 +343,36 @@ fn blob(v: &Value, what: &str) -> Result<Vec<u8>, WqError> {
 
 impl Store {
     /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
-    pub async fn get_job_view(&self, key: &str) -> Result<Option<JobView>, WqError> {
+    pub async fn get_job_view(
+        &self,
+        key: &str,
+        records: &[String],
+    ) -> Result<Option<JobView>, WqError> {
         let mut keys = vec![view_session_key()];
         keys.extend(view_keys(key));
-        let [exp, _, fin, _] = crate::store::exp_keys(key);
-        keys.extend([exp, fin, view_run_key()]);
-        let v = self.eval("get_job_view", &self.view_scripts().get, &keys, Vec::new()).await?;
+        let [exp, _, fin, rec] = crate::store::exp_keys(key);
+        keys.extend([exp, fin, view_run_key(), rec]);
+        let args = records.iter().map(|r| r.as_bytes().to_vec()).collect();
+        let v = self.eval("get_job_view", &self.view_scripts().get, &keys, args).await?;
         let Value::Array(a) = &v else { return Err(protocol("get_job_view", &v)) };
         if a.first().map(|x| int(x, "trusted")).transpose()? != Some(1) {
             return Ok(None);
         }
-        let [_, job, seen, handled, pods, uid, exp] = a.as_slice() else {
+        let [_, job, seen, handled, pods, uid, exp, recs] = a.as_slice() else {
             return Err(protocol("get_job_view", &v));
         };
+        let now = match exp {
+            Value::Array(e) => e.get(5).map(|x| int(x, "now")).transpose()?.unwrap_or(0),
+            other => return Err(protocol("get_job_view exp", other)),
+        };
+        let mut found = Vec::new();
+        if let Value::Array(rs) = recs {
+            for (name, r) in records.iter().zip(rs) {
+                if let Some(value) = crate::store::live_record(&blob(r, "record")?, now) {
+                    found.push((name.clone(), value));
+                }
+            }
+        }
         let uid = String::from_utf8(blob(uid, "uid")?).map_err(|_| protocol("uid", &v))?;
         let expectations = self.parse_expectations(exp, &uid)?;
         let pods = match pods {
@@ -363,6 +386,7 @@ impl Store {
             orphans_handled: u64::try_from(int(handled, "handled")?).unwrap_or(0),
             uid,
             expectations,
+            records: found,
         }))
     }
 

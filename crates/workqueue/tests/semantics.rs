@@ -554,65 +554,65 @@ async fn job_view_sessions_and_trust(s: Store) {
     };
     // No session: writes are dropped, nothing is trusted.
     s.add(Q, &[item("s1", snapshot("u1", "5", &[("p1", "a")]))]).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
     // Begun but not committed: writes land, nothing is trusted yet.
     assert!(s.view_session("s1", SessionPhase::Begin).await.unwrap());
     s.add(Q, &[item("s1", snapshot("u1", "5", &[("p1", "a"), ("p2", "b")]))]).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
     assert!(!s.view_session("s0", SessionPhase::Commit).await.unwrap(), "not the current one");
     assert!(s.view_session("s1", SessionPhase::Commit).await.unwrap());
-    let v = s.get_job_view(k).await.unwrap().expect("trusted after commit");
+    let v = s.get_job_view(k, &[]).await.unwrap().expect("trusted after commit");
     assert_eq!(v.job, b"job");
     assert_eq!(sorted_pods(&v), ["a", "b"]);
     // Incremental writes in the enqueue script, observations beside them.
     let enq = Enqueue::now(k)
         .writing_view("s1", vec![pod_op("p1", "a2"), ViewOp::DeletePod { name: "p2".into() }]);
     s.add(Q, &[enq]).await.unwrap();
-    assert_eq!(sorted_pods(&s.get_job_view(k).await.unwrap().unwrap()), ["a2"]);
+    assert_eq!(sorted_pods(&s.get_job_view(k, &[]).await.unwrap().unwrap()), ["a2"]);
     assert_eq!(s.stats(Q).await.unwrap().ready, 1, "the item was enqueued too");
     // Older resourceVersions never replace newer ones; a worker's write-back moves it forward.
     s.add(Q, &[item("s1", vec![job_op("u1", "4", "old")])]).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap().unwrap().job, b"job");
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap().unwrap().job, b"job");
     assert!(s.put_job_view(k, "u1", b"mine", "9", 0).await.unwrap());
     assert!(!s.put_job_view(k, "u1", b"older", "7", 0).await.unwrap());
     assert!(!s.put_job_view(k, "other-uid", b"x", "99", 0).await.unwrap());
     s.add(Q, &[item("s1", vec![job_op("u1", "8", "watch")])]).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap().unwrap().job, b"mine");
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap().unwrap().job, b"mine");
     // Orphan notices: seen by the watcher, acknowledged by a worker.
     s.add(Q, &[item("s1", vec![ViewOp::Orphans, ViewOp::Orphans])]).await.unwrap();
-    let v = s.get_job_view(k).await.unwrap().unwrap();
+    let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert_eq!((v.orphans_seen, v.orphans_handled), (2, 0));
     s.put_job_view(k, "u1", b"", "", 2).await.unwrap();
-    let v = s.get_job_view(k).await.unwrap().unwrap();
+    let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert_eq!((v.orphans_seen, v.orphans_handled), (2, 2));
     // A new leader begins: the old view is distrusted at once; the deposed session's writes
     // are dropped; the new snapshot is trusted once committed.
     assert!(s.view_session("s2", SessionPhase::Begin).await.unwrap());
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
     s.add(Q, &[item("s1", vec![pod_op("p9", "stale")])]).await.unwrap();
     s.add(Q, &[item("s2", snapshot("u1", "10", &[("p3", "c")]))]).await.unwrap();
     assert!(s.view_session("s2", SessionPhase::Commit).await.unwrap());
-    let v = s.get_job_view(k).await.unwrap().unwrap();
+    let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert_eq!(sorted_pods(&v), ["c"], "a snapshot replaces every pod; s1's late write dropped");
     // A recreated Job (another UID) is untrusted until its own snapshot.
     s.add(Q, &[item("s2", vec![job_op("u2", "11", "new")])]).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
     s.add(Q, &[item("s2", snapshot("u2", "11", &[]))]).await.unwrap();
-    let v = s.get_job_view(k).await.unwrap().unwrap();
+    let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert!(v.pods.is_empty());
     // Deleted: gone. Deleting the expectations removes the view too.
     s.add(Q, &[item("s2", vec![ViewOp::DeleteJob])]).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
     s.add(Q, &[item("s2", snapshot("u3", "12", &[("p", "d")]))]).await.unwrap();
-    assert!(s.get_job_view(k).await.unwrap().is_some());
+    assert!(s.get_job_view(k, &[]).await.unwrap().is_some());
     s.delete_expectations(k).await.unwrap();
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
     // Ending the session distrusts everything; ending another session changes nothing.
     s.add(Q, &[item("s2", snapshot("u3", "12", &[]))]).await.unwrap();
     assert!(!s.view_session("s1", SessionPhase::End).await.unwrap());
-    assert!(s.get_job_view(k).await.unwrap().is_some());
+    assert!(s.get_job_view(k, &[]).await.unwrap().is_some());
     assert!(s.view_session("s2", SessionPhase::End).await.unwrap());
-    assert_eq!(s.get_job_view(k).await.unwrap(), None);
+    assert_eq!(s.get_job_view(k, &[]).await.unwrap(), None);
 }
 
 /// A pod write and the observation it explains land in one script, pod first: whoever sees the
@@ -632,7 +632,7 @@ async fn view_write_and_observation_in_one_script(s: Store) {
     s.view_session("s", SessionPhase::Commit).await.unwrap();
     s.set_expectations(k, "u", 1, 0).await.unwrap();
     assert!(!s.get_expectations(k, "u").await.unwrap().satisfied);
-    let v = s.get_job_view(k).await.unwrap().unwrap();
+    let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert!(!v.expectations.satisfied, "the view brings its Job's expectations");
     assert_eq!((v.uid.as_str(), v.expectations.record.as_ref().map(|r| r.add)), ("u", Some(1)));
     let obs = Observation::Creation { job_uid: "u".into(), pod_uid: "pu".into() };
@@ -642,13 +642,20 @@ async fn view_write_and_observation_in_one_script(s: Store) {
         .unwrap();
     assert_eq!(r.observed, 1);
     assert!(s.get_expectations(k, "u").await.unwrap().satisfied);
-    let v = s.get_job_view(k).await.unwrap().unwrap();
+    let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert_eq!(sorted_pods(&v), ["x"]);
     assert!(v.expectations.satisfied, "read in the same script as the pod");
+    // Per-Job records come with the view (expired ones do not).
+    s.put_record(k, "backoff", b"b1", None).await.unwrap();
+    s.put_record(k, "gone", b"g", Some(Duration::from_millis(1))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let names = ["backoff", "gone", "absent"].map(String::from);
+    let v = s.get_job_view(k, &names).await.unwrap().unwrap();
+    assert_eq!(v.records, [("backoff".to_string(), b"b1".to_vec())]);
     // Other queues never carry view writes (their script cannot name the job queue's keys).
     let other = Enqueue::now("ns/p").writing_view("s", vec![pod_op("q", "y")]);
     s.add("orphan-pod", &[other]).await.unwrap();
-    assert_eq!(sorted_pods(&s.get_job_view(k).await.unwrap().unwrap()), ["x"]);
+    assert_eq!(sorted_pods(&s.get_job_view(k, &[]).await.unwrap().unwrap()), ["x"]);
 }
 
 fn short_expectations() -> StoreConfig {
@@ -717,12 +724,12 @@ async fn a_restarted_redis_distrusts_every_view() {
     };
     assert!(!s.add(Q, std::slice::from_ref(&snap)).await.unwrap().view_lost);
     s.view_session("s", SessionPhase::Commit).await.unwrap();
-    assert!(s.get_job_view(k).await.unwrap().is_some());
+    assert!(s.get_job_view(k, &[]).await.unwrap().is_some());
     server.kill();
     server.restart().unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let view = loop {
-        match s.get_job_view(k).await {
+        match s.get_job_view(k, &[]).await {
             Ok(v) => break v,
             Err(e) if e.is_unavailable() && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -741,7 +748,7 @@ async fn a_restarted_redis_distrusts_every_view() {
     };
     assert!(!s.add(Q, &[snap]).await.unwrap().view_lost);
     s.view_session("s2", SessionPhase::Commit).await.unwrap();
-    assert!(s.get_job_view(k).await.unwrap().is_some());
+    assert!(s.get_job_view(k, &[]).await.unwrap().is_some());
 }
 
 #[tokio::test]
