@@ -1,8 +1,9 @@
 //! Ships handler decisions to kjob-queue in batches.
 //!
 //! Items arrive over a bounded channel (a full channel stalls the watch streams: backpressure,
-//! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items or
-//! [`LINGER`] after the first), and each batch is retried with backoff until kjob-queue has it.
+//! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items, at
+//! once when one asks for an immediate sync, else [`LINGER`] after the first), and each batch is
+//! retried with backoff until kjob-queue has it.
 //! One batch is in flight at a time, so the queue applies items in the order the handlers made
 //! them: an observation is never applied after a later enqueue of the same key.
 
@@ -130,6 +131,11 @@ pub fn to_proto(e: &Enqueue) -> v1::AddItem {
     }
 }
 
+/// Whether an item asks for a sync now (not after a delay, not only observations).
+fn is_urgent(e: &Enqueue) -> bool {
+    !e.observe_only && e.delay.is_zero()
+}
+
 /// Bytes an item adds to a batch (view objects dominate).
 fn item_size(e: &Enqueue) -> usize {
     128 + e.observations.len() * 96 + e.view.iter().map(ViewWrite::size).sum::<usize>()
@@ -186,21 +192,32 @@ pub async fn run_sender(
             continue;
         }
         let mut bytes = item_size(&first);
+        // A batch holding an immediate enqueue (a Job added or changed) goes at once with what
+        // is already buffered; only batches of delayed items (pod events, batched for 1 s by the
+        // queue anyway) wait for company. Under load batches still fill: items pile up in the
+        // channel while the previous batch is in flight.
+        let mut linger_until =
+            Instant::now() + if is_urgent(&first) { Duration::ZERO } else { LINGER };
         let mut batch = vec![first];
-        let linger_until = Instant::now() + LINGER;
         while batch.len() < MAX_BATCH {
-            match tokio::time::timeout_at(linger_until, rx.recv()).await {
-                Ok(Some(e)) => {
-                    let size = item_size(&e);
-                    if e.control.is_some() || bytes + size > MAX_BATCH_BYTES {
-                        carried = Some(e);
-                        break;
-                    }
-                    bytes += size;
-                    batch.push(e);
-                }
-                Ok(None) | Err(_) => break,
+            let next = match rx.try_recv() {
+                Ok(e) => Some(e),
+                Err(_) => match tokio::time::timeout_at(linger_until, rx.recv()).await {
+                    Ok(e) => e,
+                    Err(_) => None,
+                },
+            };
+            let Some(e) = next else { break };
+            let size = item_size(&e);
+            if e.control.is_some() || bytes + size > MAX_BATCH_BYTES {
+                carried = Some(e);
+                break;
             }
+            if is_urgent(&e) {
+                linger_until = Instant::now();
+            }
+            bytes += size;
+            batch.push(e);
         }
         link.send_batch(coalesce(batch), &rx).await?;
     }
