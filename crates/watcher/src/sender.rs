@@ -202,10 +202,7 @@ pub async fn run_sender(
         while batch.len() < MAX_BATCH {
             let next = match rx.try_recv() {
                 Ok(e) => Some(e),
-                Err(_) => match tokio::time::timeout_at(linger_until, rx.recv()).await {
-                    Ok(e) => e,
-                    Err(_) => None,
-                },
+                Err(_) => tokio::time::timeout_at(linger_until, rx.recv()).await.ok().flatten(),
             };
             let Some(e) = next else { break };
             let size = item_size(&e);
