@@ -258,13 +258,9 @@ return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KE
 
 /// KEYS: object, record. ARGV: uid, resource_version, object ('' = none), orphans_handled,
 /// gc_ms → 1 when the object was stored. Only a view of that UID is touched.
-const PUT_VIEW: &str = r#"
-local function newer(rv, cached)
-  if not cached then return true end
-  local a, b = tonumber(rv), tonumber(cached)
-  if not a or not b then return true end
-  return a > b
-end
+const PUT_VIEW: &str = concat!(
+    apply_view_fn!(),
+    r#"
 local m = redis.call('HMGET', KEYS[2], 'uid', 'rv', 'handled')
 if not m[1] or m[1] ~= ARGV[1] then return 0 end
 local stored = 0
@@ -276,7 +272,8 @@ end
 local handled = tonumber(ARGV[4]) or 0
 if handled > (tonumber(m[3]) or 0) then redis.call('HSET', KEYS[2], 'handled', handled) end
 return stored
-"#;
+"#
+);
 
 /// KEYS: session, run. ARGV: session, phase (1 begin, 2 commit, 3 end) → 1 when applied. A
 /// Begin records the Redis run it happened on (see `view_current`).
