@@ -2,6 +2,7 @@
 //! annotations and finalizers, kjob's queue names, the `namespace/name` key format, and the
 //! limits and periods the services share.
 
+pub mod events;
 pub mod rbac;
 
 use std::time::Duration;

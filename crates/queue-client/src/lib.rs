@@ -504,6 +504,16 @@ impl QueueClient {
         Ok(rpc!(self, expectations.cache_session(msg)).await?.applied)
     }
 
+    /// Passes a batch of events through the shared aggregator and spam filter; one answer per
+    /// event, in order.
+    pub async fn gate_events(
+        &self,
+        events: Vec<v1::GateEvent>,
+    ) -> Result<Vec<v1::GatedEvent>, ClientError> {
+        let msg = v1::GateEventsRequest { events };
+        Ok(rpc!(self, expectations.gate_events(msg)).await?.events)
+    }
+
     /// Reports the depth of each part of `queue`.
     pub async fn stats(&self, queue: &str) -> Result<v1::StatsResponse, ClientError> {
         let msg = v1::StatsRequest { queue: queue.to_string() };

@@ -12,6 +12,7 @@ use kjob_proto::v1;
 use kjob_proto::v1::expectations_server::{self, Expectations};
 use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
+use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, DoneOutcome, DoneResult, Enqueue, Observation, SessionPhase, Store, ViewOp, Waker,
     WqError,
@@ -80,6 +81,8 @@ measured_service!(Expectations, EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS, {
         = "PutJobView" by put_job_view_rpc;
     cache_session(v1::CacheSessionRequest) -> v1::CacheSessionResponse
         = "CacheSession" by cache_session_rpc;
+    gate_events(v1::GateEventsRequest) -> v1::GateEventsResponse
+        = "GateEvents" by gate_events_rpc;
 });
 
 /// Shared state of both services.
@@ -639,5 +642,53 @@ impl QueueService {
         };
         let applied = self.store.view_session(&r.session, phase).await.map_err(store_err)?;
         Ok(v1::CacheSessionResponse { applied })
+    }
+
+    async fn gate_events_rpc(
+        &self,
+        r: v1::GateEventsRequest,
+    ) -> Result<v1::GateEventsResponse, Status> {
+        validate::gate_batch(r.events.len()).map_err(invalid)?;
+        let events = r
+            .events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                validate::gate_event(
+                    i,
+                    &e.object_key,
+                    [
+                        ("spam_key", &e.spam_key),
+                        ("aggregate_key", &e.aggregate_key),
+                        ("event_key", &e.event_key),
+                    ],
+                    &e.message,
+                )
+                .map_err(invalid)?;
+                Ok(GateEvent {
+                    object_key: e.object_key,
+                    spam_key: e.spam_key,
+                    aggregate_key: e.aggregate_key,
+                    event_key: e.event_key,
+                    message: e.message,
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let gated = self
+            .store
+            .gate_events(&events, &EventGateConfig::default())
+            .await
+            .map_err(store_err)?;
+        Ok(v1::GateEventsResponse {
+            events: gated
+                .into_iter()
+                .map(|g| v1::GatedEvent {
+                    dropped: g.dropped,
+                    aggregated: g.aggregated,
+                    key: g.key,
+                    message: g.message,
+                })
+                .collect(),
+        })
     }
 }

@@ -30,6 +30,53 @@ pub const MAX_VIEW_RECORDS: usize = 16;
 /// pods) and a view of a large Job fit; tonic's 4 MiB default does not.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Most events in one GateEvents call (one script call: bounds its run time). The worker's
+/// writer gates at most this many per batch.
+pub const MAX_GATE_EVENTS: usize = 256;
+/// Longest event message gated: 4 KiB, room above the API server's 1 KiB `note` limit for
+/// the messages kjob writes (the writer truncates what it writes, not what it correlates).
+pub const MAX_EVENT_MESSAGE_BYTES: usize = 4096;
+/// Longest correlation key (spam, aggregate or event key): the involved object's namespace,
+/// name and UID with source, type and reason, plus the message for the event key.
+pub const MAX_EVENT_KEY_BYTES: usize = 1024 + MAX_EVENT_MESSAGE_BYTES;
+
+/// Checks the size of a GateEvents batch.
+pub fn gate_batch(len: usize) -> Result<(), String> {
+    if len > MAX_GATE_EVENTS {
+        return Err(format!("{len} events in one GateEvents call; the limit is {MAX_GATE_EVENTS}"));
+    }
+    Ok(())
+}
+
+/// Checks event `i` of a GateEvents batch: the object key is a `namespace/name` key, every
+/// correlation key is present and bounded, the message is bounded.
+pub fn gate_event(
+    i: usize,
+    object_key: &str,
+    keys: [(&str, &str); 3],
+    message: &str,
+) -> Result<(), String> {
+    key(object_key).map_err(|e| format!("events[{i}].object_key: {e}"))?;
+    for (field, v) in keys {
+        if v.is_empty() {
+            return Err(format!("events[{i}].{field} is required"));
+        }
+        if v.len() > MAX_EVENT_KEY_BYTES {
+            return Err(format!(
+                "events[{i}].{field} is {} bytes long; the limit is {MAX_EVENT_KEY_BYTES}",
+                v.len()
+            ));
+        }
+    }
+    if message.len() > MAX_EVENT_MESSAGE_BYTES {
+        return Err(format!(
+            "events[{i}].message is {} bytes long; the limit is {MAX_EVENT_MESSAGE_BYTES}",
+            message.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the object of a view write.
 pub fn view_object(field: &str, v: &[u8], required: bool) -> Result<(), String> {
     if required && v.is_empty() {
@@ -138,5 +185,26 @@ mod tests {
         assert!(done_batch_len(1).is_ok() && done_batch_len(MAX_DONE_BATCH).is_ok());
         assert!(done_batch_len(MAX_DONE_BATCH + 1).is_err());
         assert!(count("add", -1).is_err() && count("add", 3).is_ok());
+    }
+
+    #[test]
+    fn gate_events_table() {
+        let keys = [("spam_key", "s"), ("aggregate_key", "a"), ("event_key", "e")];
+        assert!(gate_batch(MAX_GATE_EVENTS).is_ok() && gate_batch(0).is_ok());
+        assert!(gate_batch(MAX_GATE_EVENTS + 1).unwrap_err().contains("limit is 256"));
+        assert!(gate_event(0, "ns/pi", keys, "m").is_ok());
+        assert!(
+            gate_event(3, "nslash", keys, "m").unwrap_err().starts_with("events[3].object_key")
+        );
+        let no_spam = [("spam_key", ""), keys[1], keys[2]];
+        assert_eq!(
+            gate_event(1, "ns/pi", no_spam, "m").unwrap_err(),
+            "events[1].spam_key is required"
+        );
+        let long = "k".repeat(MAX_EVENT_KEY_BYTES + 1);
+        let long_key = [keys[0], keys[1], ("event_key", long.as_str())];
+        assert!(gate_event(0, "ns/pi", long_key, "m").unwrap_err().contains("event_key is 5121"));
+        let long_msg = "m".repeat(MAX_EVENT_MESSAGE_BYTES + 1);
+        assert!(gate_event(0, "ns/pi", keys, &long_msg).unwrap_err().contains("message is 4097"));
     }
 }

@@ -226,6 +226,25 @@ async fn invalid_arguments_are_refused_with_clear_messages() {
             .contains("lease_ms")
     );
     assert!(bad(c.set_expectations("ns/a", "u", -1, 0).await).contains("add"));
+    let gate = |object_key: &str, spam_key: &str| v1::GateEvent {
+        object_key: object_key.into(),
+        spam_key: spam_key.into(),
+        aggregate_key: "a".into(),
+        event_key: "e".into(),
+        message: "m".into(),
+    };
+    let m = bad(c.gate_events(vec![gate("ns/a", "s"), gate("ns/a", "")]).await.map(|_| ()));
+    assert_eq!(m, "events[1].spam_key is required");
+    assert!(
+        bad(c.gate_events(vec![gate("nope", "s")]).await.map(|_| ()))
+            .contains("events[0].object_key")
+    );
+    let m = bad(c.gate_events(vec![gate("ns/a", "s"); 257]).await.map(|_| ()));
+    assert!(m.contains("the limit is 256"), "{m}");
+    // A good batch is gated: one answer per event, in order.
+    let got = c.gate_events(vec![gate("ns/a", "s"); 26]).await.unwrap();
+    assert_eq!(got.iter().filter(|g| g.dropped).count(), 1, "{got:?}");
+    assert!(got[25].dropped && got.iter().all(|g| g.key == "e" && g.message == "m"));
     // A batch with one bad item applies nothing.
     assert!(c.add(vec![item("ns/ok", 0), item("bad", 0)]).await.is_err());
     assert_eq!(c.stats("job").await.unwrap().ready, 0);
@@ -358,7 +377,7 @@ async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
     // Every RPC, not called yet, is there too.
     let started = body.lines().filter(|l| l.starts_with("grpc_server_started_total{")).count();
     let rpcs: usize = kjob_queue::service::RPCS.iter().map(|(_, methods)| methods.len()).sum();
-    assert_eq!((started, rpcs), (17, 17), "{body}");
+    assert_eq!((started, rpcs), (18, 18), "{body}");
     r.stop().await;
 }
 

@@ -12,6 +12,7 @@
 //! * [`wake`]: prompt wake-ups of waiting lessees across replicas.
 
 pub mod conn;
+pub mod events;
 pub mod expectations;
 pub mod limiter;
 mod scripts;

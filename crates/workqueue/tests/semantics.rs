@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use kjob_testkit::{RedisCluster, RedisServer};
+use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, DoneOutcome, Enqueue, KeyState, Observation, SessionPhase, Store, StoreConfig, ViewOp,
     Waker, WqError,
@@ -658,6 +659,134 @@ async fn view_write_and_observation_in_one_script(s: Store) {
     assert_eq!(sorted_pods(&s.get_job_view(k, &[]).await.unwrap().unwrap()), ["x"]);
 }
 
+// ---- the shared event correlator (client-go's aggregator and spam filter)
+
+/// A second handle on the same Redis, as another kjob-queue replica (serving another
+/// worker) has: its own connection, no shared memory.
+async fn second_store(s: &Store) -> Store {
+    let url = match s.target() {
+        kjob_workqueue::RedisTarget::Single(u) => u.clone(),
+        kjob_workqueue::RedisTarget::Cluster(nodes) => format!(
+            "redis+cluster://{}",
+            nodes.iter().map(|n| n.trim_start_matches("redis://")).collect::<Vec<_>>().join(",")
+        ),
+    };
+    Store::connect(&url, s.config().clone()).await.unwrap()
+}
+
+/// An event of Job `ns/<job>` with reason `reason` and `message`, keyed as the worker keys it.
+fn job_event(job: &str, reason: &str, message: &str) -> GateEvent {
+    let spam = format!("job-controllerJobns{job}uid-{job}batch/v1");
+    GateEvent {
+        object_key: format!("ns/{job}"),
+        aggregate_key: format!("{spam}Normal{reason}kjob"),
+        event_key: format!("{spam}Normal{reason}{message}"),
+        spam_key: spam,
+        message: message.into(),
+    }
+}
+
+/// Gates `events`, returning which were let through.
+async fn allowed(s: &Store, config: &EventGateConfig, events: &[GateEvent]) -> Vec<bool> {
+    s.gate_events(events, config).await.unwrap().iter().map(|g| !g.dropped).collect()
+}
+
+async fn event_spam_filter_burst_then_refill(s: Store) {
+    let config =
+        EventGateConfig { refill_interval: Duration::from_millis(500), ..Default::default() };
+    let same = job_event("a", "FailedCreate", "quota");
+    // 30 at once (one script call): the burst of 25 passes, the rest are dropped.
+    let got = allowed(&s, &config, &vec![same.clone(); 30]).await;
+    assert_eq!(got, [vec![true; 25], vec![false; 5]].concat());
+    // Another Job has its own bucket, in the same batch or not.
+    let b = job_event("b", "FailedCreate", "quota");
+    assert_eq!(allowed(&s, &config, &[same.clone(), b.clone()]).await, [false, true]);
+    // One token per refill interval.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(allowed(&s, &config, &[same.clone(), same.clone()]).await, [true, false]);
+    // A long quiet spell (30 refill intervals) refills up to the burst, never beyond.
+    let fast = EventGateConfig { refill_interval: Duration::from_millis(20), ..config };
+    tokio::time::sleep(Duration::from_millis(20 * 30)).await;
+    let got = allowed(&s, &fast, &vec![same.clone(); 26]).await;
+    assert_eq!(got, [vec![true; 25], vec![false]].concat());
+    // The state is one hash per Job, expiring once it no longer matters (a full refill).
+    if let kjob_workqueue::RedisTarget::Single(url) = s.target() {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let ttl: i64 =
+            redis::cmd("PTTL").arg("{wq:job}:ev:ns/a").query_async(&mut conn).await.unwrap();
+        let want = i64::try_from(fast.state_ttl().as_millis()).unwrap();
+        assert!(ttl > want - 2_000 && ttl <= want, "{ttl} vs {want}");
+    }
+}
+
+async fn event_aggregation_after_ten_similar_messages(s: Store) {
+    let config = EventGateConfig::default();
+    let batch: Vec<GateEvent> = (0..12)
+        .map(|i| job_event("a", "SuccessfulCreate", &format!("Created pod: a-{i}")))
+        .collect();
+    let gated = s.gate_events(&batch, &config).await.unwrap();
+    for (i, g) in gated.iter().enumerate().take(9) {
+        assert!(!g.aggregated && !g.dropped, "event {i} stands alone: {g:?}");
+        assert_eq!(g.key, batch[i].event_key);
+        assert_eq!(g.message, format!("Created pod: a-{i}"));
+    }
+    for (i, g) in gated.iter().enumerate().skip(9) {
+        assert!(g.aggregated, "event {i} is combined: {g:?}");
+        assert_eq!(g.key, batch[i].aggregate_key, "counted under the aggregate key");
+        assert_eq!(g.message, format!("(combined from similar events): Created pod: a-{i}"));
+    }
+    // Another reason, or another Job, has its own record.
+    let del = job_event("a", "SuccessfulDelete", "Deleted pod: a-0");
+    let other = job_event("b", "SuccessfulCreate", "Created pod: b-0");
+    let g = s.gate_events(&[del, other], &config).await.unwrap();
+    assert!(!g[0].aggregated && !g[1].aggregated, "{g:?}");
+    // The record starts over after the aggregation interval without a similar event.
+    let short = EventGateConfig { aggregate_interval: Duration::from_millis(200), ..config };
+    let more: Vec<GateEvent> = (0..10)
+        .map(|i| job_event("c", "SuccessfulCreate", &format!("Created pod: c-{i}")))
+        .collect();
+    let g = s.gate_events(&more, &short).await.unwrap();
+    assert!(g[9].aggregated && !g[8].aggregated, "{g:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = s.gate_events(&more[..1], &short).await.unwrap();
+    assert!(!g[0].aggregated, "a fresh record after the interval: {g:?}");
+}
+
+async fn event_state_is_shared_by_every_store_handle(s: Store) {
+    let other = second_store(&s).await;
+    let config = EventGateConfig::default();
+    let ev = job_event("a", "FailedCreate", "quota");
+    // Two "workers" alternate through two handles: one bucket of 25 between them.
+    let mut passed = 0;
+    for i in 0..20 {
+        let store = if i % 2 == 0 { &s } else { &other };
+        passed +=
+            allowed(store, &config, &[ev.clone(), ev.clone()]).await.iter().filter(|a| **a).count();
+    }
+    assert_eq!(passed, 25, "one bucket per Job, not one per handle");
+    // And one aggregation record: nine messages through one handle, the tenth through the other.
+    let msgs: Vec<GateEvent> = (0..10)
+        .map(|i| job_event("b", "SuccessfulCreate", &format!("Created pod: b-{i}")))
+        .collect();
+    let g = s.gate_events(&msgs[..9], &config).await.unwrap();
+    assert!(g.iter().all(|g| !g.aggregated));
+    let g = other.gate_events(&msgs[9..], &config).await.unwrap();
+    assert_eq!(g[0].message, "(combined from similar events): Created pod: b-9");
+    // Concurrent callers: 40 single-event calls at once, still 25 through.
+    let ev = job_event("c", "FailedCreate", "quota");
+    let calls = (0..40).map(|i| {
+        let store = if i % 2 == 0 { s.clone() } else { other.clone() };
+        let ev = ev.clone();
+        async move { allowed(&store, &config, &[ev]).await[0] }
+    });
+    let got = futures::future::join_all(calls).await;
+    assert_eq!(got.iter().filter(|a| **a).count(), 25);
+}
+
 fn short_expectations() -> StoreConfig {
     StoreConfig { expectations_timeout: Duration::from_millis(400), ..StoreConfig::default() }
 }
@@ -708,6 +837,9 @@ both!(
     large_add_batch,
     job_view_sessions_and_trust,
     view_write_and_observation_in_one_script,
+    event_spam_filter_burst_then_refill,
+    event_aggregation_after_ten_similar_messages,
+    event_state_is_shared_by_every_store_handle,
 );
 
 /// A Redis that restarted may have lost the last view writes: nothing written before is
