@@ -15,3 +15,10 @@ pub const AGGREGATE_MAX_EVENTS: u32 = 10;
 pub const AGGREGATE_INTERVAL: Duration = Duration::from_secs(600);
 /// Prefix of a combined event's message (client-go `EventAggregatorByReasonMessageFunc`).
 pub const AGGREGATE_PREFIX: &str = "(combined from similar events): ";
+/// Most events in one GateEvents call (one script call: bounds its run time); the worker's
+/// event writer gates at most this many at once.
+pub const MAX_GATE_EVENTS: usize = 256;
+/// Longest event message GateEvents accepts: 4 KiB, room above the API server's 1 KiB `note`
+/// limit (the writer truncates what it writes, not what it correlates); an event with a longer
+/// message is correlated by the worker alone.
+pub const MAX_GATED_MESSAGE_BYTES: usize = 4096;

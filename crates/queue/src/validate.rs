@@ -30,12 +30,8 @@ pub const MAX_VIEW_RECORDS: usize = 16;
 /// pods) and a view of a large Job fit; tonic's 4 MiB default does not.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Most events in one GateEvents call (one script call: bounds its run time). The worker's
-/// writer gates at most this many per batch.
-pub const MAX_GATE_EVENTS: usize = 256;
-/// Longest event message gated: 4 KiB, room above the API server's 1 KiB `note` limit for
-/// the messages kjob writes (the writer truncates what it writes, not what it correlates).
-pub const MAX_EVENT_MESSAGE_BYTES: usize = 4096;
+/// Most events in one GateEvents call, and the longest message it accepts.
+pub use kjob_core::events::{MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES as MAX_EVENT_MESSAGE_BYTES};
 /// Longest correlation key (spam, aggregate or event key): the involved object's namespace,
 /// name and UID with source, type and reason, plus the message for the event key.
 pub const MAX_EVENT_KEY_BYTES: usize = 1024 + MAX_EVENT_MESSAGE_BYTES;

@@ -16,12 +16,17 @@
 //! (`<job>.<16 hex digits>`): every worker names the same event the same way, a second worker's
 //! create gets 409 AlreadyExists and turns into a count PATCH of the existing Event, and counts
 //! are written as "what the server had + 1" under a resourceVersion precondition, so concurrent
-//! workers never lose an occurrence. What stays per worker is what client-go keeps in memory
-//! too: the similar-message sets of the aggregator and the spam filter's token buckets.
+//! workers never lose an occurrence. The aggregator's similar-message sets and the spam
+//! filter's token buckets, which client-go keeps in process memory, live in kjob-queue's Redis
+//! (its `GateEvents` call, one script per batch), so every worker sees one bucket and one
+//! aggregation record per Job: a Job gets one burst of 25 events, not 25 per worker. When
+//! kjob-queue does not answer, the writer falls back to its own in-memory correlator state
+//! (counted in `kjob_worker_events_gate_fallback_total`) rather than drop or hold events.
 //!
 //! Syncs never wait for an event: they hand it to a bounded channel drained by one task (which
-//! owns the correlator); when the channel is full the event is dropped and counted, because a
-//! slow events endpoint must not slow down pod creation.
+//! owns the correlator and gates what it finds queued as one batch); when the channel is full
+//! the event is dropped and counted, because a slow events endpoint must not slow down pod
+//! creation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -30,6 +35,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kjob_core::events::{MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES};
+use kjob_proto::v1;
+use kjob_queue_client::{QueueClient, RetryPolicy};
 use tokio::sync::mpsc;
 
 use crate::kube_api::{ApiError, KubeApi};
@@ -41,23 +49,25 @@ const EVENT_QUEUE_CAPACITY: usize = 1024;
 /// (`kubectl describe` shows it under "From").
 pub const SOURCE_COMPONENT: &str = "job-controller";
 /// Events a source may send about one object at once (client-go `defaultSpamBurst`).
-pub const SPAM_BURST: f64 = 25.0;
+pub const SPAM_BURST: f64 = kjob_core::events::SPAM_BURST as f64;
 /// Refill of that allowance: one event every 5 minutes (client-go `defaultSpamQPS`).
-pub const SPAM_REFILL_PERIOD: Duration = Duration::from_secs(300);
+pub const SPAM_REFILL_PERIOD: Duration = kjob_core::events::SPAM_REFILL_PERIOD;
 /// Entries each correlator cache remembers; the least recently used is forgotten beyond this
 /// (client-go `maxLruCacheEntries`).
 pub const SPAM_CACHE_ENTRIES: usize = 4096;
 /// Similar events (differing only by message) seen before they are combined (client-go
 /// `defaultAggregateMaxEvents`).
-pub const AGGREGATE_MAX_EVENTS: usize = 10;
-/// How long similar events are remembered for combining (client-go
-/// `defaultAggregateIntervalInSeconds`).
-pub const AGGREGATE_INTERVAL: Duration = Duration::from_secs(600);
-/// Prefix of a combined event's message (client-go `EventAggregatorByReasonMessageFunc`).
-pub const AGGREGATE_PREFIX: &str = "(combined from similar events): ";
+pub const AGGREGATE_MAX_EVENTS: usize = kjob_core::events::AGGREGATE_MAX_EVENTS as usize;
+pub use kjob_core::events::{AGGREGATE_INTERVAL, AGGREGATE_PREFIX};
 /// Writes tried for one event (create, 409 → read, PATCH, 409 → read, PATCH ...): concurrent
 /// workers bumping one event each win a round, so a few rounds are plenty.
 const MAX_WRITE_ROUNDS: usize = 6;
+/// How long the writer waits for kjob-queue to gate a batch before its own correlator state
+/// decides: events must not pile up behind a slow queue service.
+const GATE_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a gate call failed, batches are gated locally this long without asking again, so a
+/// queue service that is down costs one timeout per period, not one per batch.
+const GATE_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// A string-keyed LRU map of bounded size (client-go's `groupcache/lru`).
 #[derive(Debug)]
@@ -261,6 +271,23 @@ struct EventLog {
     unsent: i32,
 }
 
+/// What the aggregator and the spam filter made of one event (shared or local state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// Correlation key: the event key, or the aggregate key for a combined event.
+    pub key: String,
+    /// Message to write (prefixed for a combined event).
+    pub message: String,
+    /// The spam filter dropped it.
+    pub dropped: bool,
+}
+
+impl From<v1::GatedEvent> for Gate {
+    fn from(g: v1::GatedEvent) -> Self {
+        Self { key: g.key, message: g.message, dropped: g.dropped }
+    }
+}
+
 /// One event to write, after correlation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Correlated {
@@ -301,14 +328,37 @@ impl Correlator {
     }
 
     /// Correlates an event seen at `now` (wall clock, for aggregation) / `mono` (for the spam
-    /// filter): what to write, or `None` when the spam filter drops it.
+    /// filter) with this correlator's own state: what to write, or `None` when the spam filter
+    /// drops it.
     pub fn correlate(
         &mut self,
         ev: &NewEvent,
         now: Timestamp,
         mono: Instant,
     ) -> Option<Correlated> {
-        let object_name = ev.regarding.name.clone().unwrap_or_default();
+        let gate = self.gate(ev, now, mono);
+        self.observe(ev, &gate)
+    }
+
+    /// The shared-state request of `ev` (client-go's keys of it).
+    pub fn gate_request(&self, ev: &NewEvent) -> v1::GateEvent {
+        let o = &ev.regarding;
+        v1::GateEvent {
+            object_key: format!(
+                "{}/{}",
+                o.namespace.as_deref().unwrap_or_default(),
+                o.name.as_deref().unwrap_or_default()
+            ),
+            spam_key: spam_key(&self.component, "", o),
+            aggregate_key: aggregate_key(&self.component, &self.reporting, ev),
+            event_key: event_key(&self.component, ev),
+            message: ev.message.clone(),
+        }
+    }
+
+    /// The aggregator and spam filter over this correlator's own state (client-go's
+    /// `EventAggregate` and `filterFunc`).
+    pub fn gate(&mut self, ev: &NewEvent, now: Timestamp, mono: Instant) -> Gate {
         // EventAggregate.
         let agg_key = aggregate_key(&self.component, &self.reporting, ev);
         let record = self
@@ -332,7 +382,17 @@ impl Correlator {
             }
             (agg_key, format!("{AGGREGATE_PREFIX}{}", ev.message))
         };
-        // eventObserve.
+        // Filter (the aggregation record above counts a dropped event too, as client-go's).
+        let spam = spam_key(&self.component, "", &ev.regarding);
+        let dropped = !self.spam.allow(&spam, mono);
+        Gate { key, message, dropped }
+    }
+
+    /// client-go's `eventObserve` of a gated event: the occurrence counts even when dropped;
+    /// what to write, or `None` when the gate dropped it.
+    pub fn observe(&mut self, ev: &NewEvent, gate: &Gate) -> Option<Correlated> {
+        let object_name = ev.regarding.name.clone().unwrap_or_default();
+        let Gate { key, message, dropped } = gate.clone();
         let log = self.logs.entry(&key, || EventLog {
             name: event_name(&object_name, &key),
             written: None,
@@ -346,9 +406,7 @@ impl Correlator {
             occurrences: log.unsent,
             written: log.written.clone(),
         };
-        // Filter.
-        let spam = spam_key(&self.component, "", &ev.regarding);
-        self.spam.allow(&spam, mono).then_some(out)
+        (!dropped).then_some(out)
     }
 
     /// Records what the server holds after a write of `c` (client-go `UpdateState`): its name,
@@ -444,6 +502,15 @@ pub struct EventWriter {
     component: String,
     reporting: String,
     metrics: Metrics,
+    /// kjob-queue's shared aggregator and spam filter (`None`: this worker's own state only).
+    shared: Option<SharedGate>,
+}
+
+/// The shared correlator state behind kjob-queue, and when to ask it again after a failure.
+struct SharedGate {
+    queue: QueueClient,
+    /// Until then, batches are gated locally (the last call failed).
+    retry_at: Option<Instant>,
 }
 
 impl EventSink {
@@ -465,6 +532,7 @@ impl EventSink {
             component: SOURCE_COMPONENT.to_string(),
             reporting: controller.to_string(),
             metrics: metrics.clone(),
+            shared: None,
         };
         (Self { tx, metrics }, writer)
     }
@@ -495,22 +563,95 @@ impl EventSink {
 }
 
 impl EventWriter {
+    /// Gates events through kjob-queue's shared aggregator and spam filter (one bucket and one
+    /// aggregation record per Job for every worker), falling back to this writer's own state
+    /// when it does not answer.
+    pub fn with_shared_gate(mut self, queue: QueueClient) -> Self {
+        // No retries: a failed call falls back at once, and the next batch asks again.
+        let queue = queue.with_retry_policy(RetryPolicy::no_retries());
+        self.shared = Some(SharedGate { queue, retry_at: None });
+        self
+    }
+
     /// Correlates and writes events until every sink is dropped; failures are logged and
-    /// forgotten.
+    /// forgotten. What is queued when the writer looks is gated as one batch.
     pub async fn run(mut self) {
-        while let Some(ev) = self.rx.recv().await {
-            let Some(c) = self.correlator.correlate(&ev, Timestamp::now(), Instant::now()) else {
-                self.metrics.events_spam_filtered.inc();
-                tracing::debug!(
-                    reason = ev.reason,
-                    "event over the per-object spam limit; dropping it"
-                );
-                continue;
-            };
-            if let Err(e) = self.write(&ev, c).await {
-                tracing::debug!(error = %e, reason = ev.reason, "writing event failed");
+        while let Some(first) = self.rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < MAX_GATE_EVENTS {
+                match self.rx.try_recv() {
+                    Ok(ev) => batch.push(ev),
+                    Err(_) => break,
+                }
+            }
+            let gates = self.gate(&batch).await;
+            for (ev, gate) in batch.iter().zip(gates) {
+                let Some(c) = self.correlator.observe(ev, &gate) else {
+                    self.metrics.events_spam_filtered.inc();
+                    tracing::debug!(
+                        reason = ev.reason,
+                        "event over the per-object spam limit; dropping it"
+                    );
+                    continue;
+                };
+                if let Err(e) = self.write(ev, c).await {
+                    tracing::debug!(error = %e, reason = ev.reason, "writing event failed");
+                }
             }
         }
+    }
+
+    /// Aggregates and spam-filters a batch: with kjob-queue's shared state when it answers,
+    /// else (and for messages too long to gate there) with this writer's own.
+    async fn gate(&mut self, batch: &[NewEvent]) -> Vec<Gate> {
+        let shareable = |ev: &NewEvent| ev.message.len() <= MAX_GATED_MESSAGE_BYTES;
+        let mut remote: Option<Vec<Gate>> = None;
+        if let Some(shared) = &mut self.shared
+            && shared.retry_at.is_none_or(|t| Instant::now() >= t)
+            && batch.iter().any(shareable)
+        {
+            let requests: Vec<v1::GateEvent> = batch
+                .iter()
+                .filter(|ev| shareable(ev))
+                .map(|ev| self.correlator.gate_request(ev))
+                .collect();
+            let sent = requests.len();
+            let answer = tokio::time::timeout(GATE_TIMEOUT, shared.queue.gate_events(requests));
+            match answer.await {
+                Ok(Ok(gated)) if gated.len() == sent => {
+                    shared.retry_at = None;
+                    remote = Some(gated.into_iter().map(Gate::from).collect());
+                }
+                failed => {
+                    let error = match failed {
+                        Ok(Ok(gated)) => format!("{} answers to {sent} events", gated.len()),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("no answer in {GATE_TIMEOUT:?}"),
+                    };
+                    tracing::warn!(
+                        %error,
+                        events = batch.len(),
+                        "kjob-queue did not gate events; using this worker's correlator state"
+                    );
+                    shared.retry_at = Some(Instant::now() + GATE_RETRY_AFTER);
+                }
+            }
+        }
+        let shared = self.shared.is_some();
+        let mut remote = remote.map(Vec::into_iter);
+        let (now, mono) = (Timestamp::now(), Instant::now());
+        batch
+            .iter()
+            .map(|ev| match remote.as_mut().filter(|_| shareable(ev)).and_then(Iterator::next) {
+                Some(gate) => gate,
+                None => {
+                    if shared {
+                        self.metrics.events_gate_fallback.inc();
+                    }
+                    self.correlator.gate(ev, now, mono)
+                }
+            })
+            .collect()
     }
 
     /// Writes one correlated event: a create for a first occurrence, a count PATCH under a
@@ -789,6 +930,32 @@ mod tests {
         let next = c.correlate(&e, at(400), t + SPAM_REFILL_PERIOD).unwrap();
         assert_eq!(next.occurrences, 3, "the two dropped repeats go with the next write");
         assert_eq!(next.written, Some((25, "25".to_string())));
+    }
+
+    #[test]
+    fn a_shared_gate_decides_and_dropped_occurrences_still_count() {
+        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
+        let e = ev("u1", "FailedCreate", "quota");
+        let req = c.gate_request(&e);
+        assert_eq!(req.object_key, "ns/pi");
+        assert_eq!(req.spam_key, spam_key(SOURCE_COMPONENT, "", &e.regarding));
+        assert_eq!(req.aggregate_key, aggregate_key(SOURCE_COMPONENT, CTL, &e));
+        assert_eq!(req.event_key, event_key(SOURCE_COMPONENT, &e));
+        let pass = Gate { key: req.event_key.clone(), message: e.message.clone(), dropped: false };
+        let first = c.observe(&e, &pass).unwrap();
+        c.written(&first, &server(&first, 1, "1"));
+        assert!(c.observe(&e, &Gate { dropped: true, ..pass.clone() }).is_none());
+        let next = c.observe(&e, &pass).unwrap();
+        assert_eq!(next.occurrences, 2, "the dropped occurrence goes with the next write");
+        // A combined answer is counted under the aggregate key, as another event.
+        let combined = Gate {
+            key: req.aggregate_key.clone(),
+            message: format!("{AGGREGATE_PREFIX}quota"),
+            dropped: false,
+        };
+        let out = c.observe(&e, &combined).unwrap();
+        assert_ne!(out.name, first.name);
+        assert_eq!(out.message, "(combined from similar events): quota");
     }
 
     #[test]

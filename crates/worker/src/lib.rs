@@ -72,6 +72,7 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
     let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
     let (events, writer) =
         events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
+    let writer = writer.with_shared_gate(queue.clone());
     let worker = Arc::new(
         Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
             .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN),

@@ -144,6 +144,9 @@ pub struct Metrics {
     pub events_dropped: Counter,
     /// `kjob_worker_events_spam_filtered_total`: events dropped by the per-object spam filter.
     pub events_spam_filtered: Counter,
+    /// `kjob_worker_events_gate_fallback_total`: events aggregated and spam-filtered with this
+    /// worker's own correlator state because kjob-queue's shared one did not answer.
+    pub events_gate_fallback: Counter,
 }
 
 impl Metrics {
@@ -168,6 +171,7 @@ impl Metrics {
             job_view_reads: Family::default(),
             events_dropped: Counter::default(),
             events_spam_filtered: Counter::default(),
+            events_gate_fallback: Counter::default(),
         };
         let jc = registry.sub_registry_with_prefix("job_controller");
         jc.register(
@@ -236,6 +240,12 @@ impl Metrics {
             "events_spam_filtered",
             "Kubernetes events dropped by the per-object spam filter (burst 25, then 1 per 5 min)",
             m.events_spam_filtered.clone(),
+        );
+        w.register(
+            "events_gate_fallback",
+            "Kubernetes events aggregated and spam-filtered with this worker's own state because \
+             kjob-queue's shared correlator did not answer",
+            m.events_gate_fallback.clone(),
         );
         m
     }

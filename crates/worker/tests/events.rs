@@ -2,7 +2,8 @@
 //! and combined by client-go's correlator), with two workers' sinks writing about one Job: a
 //! repeat from the other worker counts up the same Event. On kjob-sim and on the real control
 //! plane, where the sinks write under the worker's ServiceAccount (create and patch on events,
-//! nothing more).
+//! nothing more). With kjob-queue's shared correlator, two workers' events about one Job stay
+//! within one spam-filter burst; without kjob-queue, each falls back to its own.
 
 mod common;
 
@@ -19,14 +20,59 @@ use kube::Api;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn sink(server: &TestServer, id: &str) -> (EventSink, tokio::task::JoinHandle<()>) {
+    let (sink, writer, _) = sink_with(server, id, None).await;
+    (sink, writer)
+}
+
+/// A worker's event sink, gating through kjob-queue at `queue_url` when given; with its
+/// metrics.
+async fn sink_with(
+    server: &TestServer,
+    id: &str,
+    queue_url: Option<&str>,
+) -> (EventSink, tokio::task::JoinHandle<()>, Metrics) {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
     let kc = kube::config::Kubeconfig::read_from(server.worker_kubeconfig()).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
     let client = kube::Client::try_from(config).unwrap();
     let api = KubeApi::new(client, 100.0, 100, metrics.clone());
-    let (sink, writer) = EventSink::new(api, kjob_core::DEFAULT_CONTROLLER_NAME, id, metrics);
-    (sink, tokio::spawn(writer.run()))
+    let (sink, mut writer) =
+        EventSink::new(api, kjob_core::DEFAULT_CONTROLLER_NAME, id, metrics.clone());
+    if let Some(url) = queue_url {
+        writer =
+            writer.with_shared_gate(kjob_queue_client::QueueClient::connect_lazy(url).unwrap());
+    }
+    (sink, tokio::spawn(writer.run()), metrics)
+}
+
+/// kjob-queue in process over a redis-server of its own; stops when dropped.
+struct Queue {
+    url: String,
+    shutdown: kjob_svc::Shutdown,
+    _redis: kjob_testkit::RedisServer,
+}
+
+impl Queue {
+    async fn start() -> Self {
+        let redis = kjob_testkit::RedisServer::start().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = kjob_svc::Shutdown::new();
+        let config = kjob_queue::Config {
+            redis_url: redis.url(),
+            admin_listener: None,
+            store: Default::default(),
+        };
+        tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+        Self { url, shutdown, _redis: redis }
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
 }
 
 /// The Job's events, as `kubectl describe job` finds them (core/v1, by involved object).
@@ -111,5 +157,80 @@ async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combine
     t2.await.unwrap();
 }
 
+/// 30 events from each of two workers about one Job, every one its own Event (another reason
+/// each, so none is counted up or combined): the Job's one token bucket, kept by kjob-queue,
+/// lets 25 through in all (upstream's burst), where two per-process buckets let 50 through.
+async fn two_workers_share_one_spam_burst_per_job(server: TestServer) {
+    let client = server.client();
+    let ns = server.namespace("events-burst");
+    server.create_namespace(&ns).await;
+    let job = common::create_job(
+        &client,
+        &ns,
+        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let queue = Queue::start().await;
+    let (w1, t1, m1) = sink_with(&server, "w1", Some(&queue.url)).await;
+    let (w2, t2, m2) = sink_with(&server, "w2", Some(&queue.url)).await;
+    for i in 0..30 {
+        w1.job_event(&job, EventType::Normal, &format!("FromOne{i}"), "an event of worker 1");
+        w2.job_event(&job, EventType::Normal, &format!("FromTwo{i}"), "an event of worker 2");
+    }
+    common::eventually("35 of 60 events spam-filtered", TIMEOUT, || async {
+        let filtered = m1.events_spam_filtered.get() + m2.events_spam_filtered.get();
+        (filtered == 35).then_some(())
+    })
+    .await;
+    let evs = common::eventually("the 25 events let through are written", TIMEOUT, || async {
+        let evs = job_events(&events, &job).await;
+        (evs.len() >= 25).then_some(evs)
+    })
+    .await;
+    assert_eq!(evs.len(), 25, "one burst for the Job, not one per worker");
+    assert!(evs.iter().all(|e| e.count == Some(1)), "{evs:#?}");
+    assert_eq!(m1.events_gate_fallback.get() + m2.events_gate_fallback.get(), 0);
+    drop((w1, w2));
+    t1.await.unwrap();
+    t2.await.unwrap();
+    // Nothing more arrives later (every writer has finished).
+    assert_eq!(job_events(&events, &job).await.len(), 25);
+}
+
+/// A worker whose kjob-queue does not answer gates with its own state: its events are still
+/// written (the burst of 25, then dropped), and the fallback is counted.
+async fn without_kjob_queue_a_worker_falls_back_to_its_own_correlator(server: TestServer) {
+    let client = server.client();
+    let ns = server.namespace("events-fallback");
+    server.create_namespace(&ns).await;
+    let job = common::create_job(
+        &client,
+        &ns,
+        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    // A port nothing listens on: the gate call is refused at once.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let (w, t, m) = sink_with(&server, "w1", Some(&url)).await;
+    for i in 0..30 {
+        w.job_event(&job, EventType::Normal, &format!("Local{i}"), "an event");
+    }
+    let evs = common::eventually("the local burst is written", TIMEOUT, || async {
+        let evs = job_events(&events, &job).await;
+        (evs.len() >= 25 && m.events_spam_filtered.get() == 5).then_some(evs)
+    })
+    .await;
+    assert_eq!(evs.len(), 25);
+    assert_eq!(m.events_gate_fallback.get(), 30, "every event gated locally, and counted");
+    drop(w);
+    t.await.unwrap();
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
-    repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined);
+    repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined,
+    two_workers_share_one_spam_burst_per_job,
+    without_kjob_queue_a_worker_falls_back_to_its_own_correlator);
