@@ -606,8 +606,13 @@ impl EventWriter {
     async fn gate(&mut self, batch: &[NewEvent]) -> Vec<Gate> {
         let shareable = |ev: &NewEvent| ev.message.len() <= MAX_GATED_MESSAGE_BYTES;
         let mut remote: Option<Vec<Gate>> = None;
+        // Whether kjob-queue should have gated the shareable events but did not.
+        let mut unanswered = false;
         if let Some(shared) = &mut self.shared
-            && shared.retry_at.is_none_or(|t| Instant::now() >= t)
+            && shared.retry_at.is_some_and(|t| Instant::now() < t)
+        {
+            unanswered = true;
+        } else if let Some(shared) = &mut self.shared
             && batch.iter().any(shareable)
         {
             let requests: Vec<v1::GateEvent> = batch
@@ -634,10 +639,10 @@ impl EventWriter {
                         "kjob-queue did not gate events; using this worker's correlator state"
                     );
                     shared.retry_at = Some(Instant::now() + GATE_RETRY_AFTER);
+                    unanswered = true;
                 }
             }
         }
-        let shared = self.shared.is_some();
         let mut remote = remote.map(Vec::into_iter);
         let (now, mono) = (Timestamp::now(), Instant::now());
         batch
@@ -645,7 +650,7 @@ impl EventWriter {
             .map(|ev| match remote.as_mut().filter(|_| shareable(ev)).and_then(Iterator::next) {
                 Some(gate) => gate,
                 None => {
-                    if shared {
+                    if unanswered && shareable(ev) {
                         self.metrics.events_gate_fallback.inc();
                     }
                     self.correlator.gate(ev, now, mono)
