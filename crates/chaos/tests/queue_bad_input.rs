@@ -74,6 +74,12 @@ enum Req {
     Stats {
         queue: String,
     },
+    /// GateEvents of `events` (object key, spam, aggregate and event keys, message) repeated
+    /// `times` (past 256 events, a malformed batch).
+    Gate {
+        events: Vec<(String, String, String, String, String)>,
+        times: usize,
+    },
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -149,6 +155,11 @@ fn req() -> impl Strategy<Value = Req> {
         (text(), proptest::collection::vec(text(), 0..5))
             .prop_map(|(queue, keys)| Req::Inspect { queue, keys }),
         text().prop_map(|queue| Req::Stats { queue }),
+        (
+            proptest::collection::vec((text(), text(), text(), text(), text()), 0..4),
+            prop_oneof![Just(1usize), Just(30), Just(257)],
+        )
+            .prop_map(|(events, times)| Req::Gate { events, times }),
     ]
 }
 
@@ -235,6 +246,24 @@ async fn send(
                 c.inspect(v1::InspectRequest { queue, keys }).await.map(drop)
             }
             Req::Stats { queue } => c.stats(v1::StatsRequest { queue }).await.map(drop),
+            Req::Gate { events, times } => {
+                let one: Vec<v1::GateEvent> = events
+                    .into_iter()
+                    .map(|(object_key, spam_key, aggregate_key, event_key, message)| {
+                        v1::GateEvent { object_key, spam_key, aggregate_key, event_key, message }
+                    })
+                    .collect();
+                let events: Vec<v1::GateEvent> =
+                    one.iter().cycle().take(one.len() * times).cloned().collect();
+                let sent = events.len();
+                let mut e = e.clone();
+                let resp = e.gate_events(v1::GateEventsRequest { events }).await?.into_inner();
+                // An accepted batch answers every event, in order.
+                if resp.events.len() != sent {
+                    return Err(tonic::Status::internal("GateEvents answer count differs"));
+                }
+                Ok(())
+            }
         }
     };
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
