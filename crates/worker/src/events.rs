@@ -555,6 +555,7 @@ impl EventSink {
             reason: reason.to_string(),
             message: message.to_string(),
         };
+        self.metrics.events_recorded.inc();
         if self.tx.try_send(ev).is_err() {
             self.metrics.events_dropped.inc();
             tracing::debug!(reason, "event queue full; dropping event");

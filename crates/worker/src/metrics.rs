@@ -140,6 +140,8 @@ pub struct Metrics {
     pub api_calls: Family<ApiLabels, Counter>,
     /// `kjob_worker_job_view_reads_total`: where each sync read its Job and pods from.
     pub job_view_reads: Family<ViewLabels, Counter>,
+    /// `kjob_worker_events_recorded_total`: events the syncs recorded (before correlation).
+    pub events_recorded: Counter,
     /// `kjob_worker_events_dropped_total`: events dropped because the event sink was full.
     pub events_dropped: Counter,
     /// `kjob_worker_events_spam_filtered_total`: events dropped by the per-object spam filter.
@@ -169,6 +171,7 @@ impl Metrics {
             leases_finished: Family::default(),
             api_calls: Family::default(),
             job_view_reads: Family::default(),
+            events_recorded: Counter::default(),
             events_dropped: Counter::default(),
             events_spam_filtered: Counter::default(),
             events_gate_fallback: Counter::default(),
@@ -231,6 +234,11 @@ impl Metrics {
         for result in ["trusted", "orphans", "untrusted", "undecodable"] {
             drop(m.job_view_reads.get_or_create(&ViewLabels { result: result.into() }));
         }
+        w.register(
+            "events_recorded",
+            "Kubernetes events recorded by syncs, before correlation and spam filtering",
+            m.events_recorded.clone(),
+        );
         w.register(
             "events_dropped",
             "Kubernetes events dropped because the event sink was full",

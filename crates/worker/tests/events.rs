@@ -46,35 +46,6 @@ async fn sink_with(
     (sink, tokio::spawn(writer.run()), metrics)
 }
 
-/// kjob-queue in process over a redis-server of its own; stops when dropped.
-struct Queue {
-    url: String,
-    shutdown: kjob_svc::Shutdown,
-    _redis: kjob_testkit::RedisServer,
-}
-
-impl Queue {
-    async fn start() -> Self {
-        let redis = kjob_testkit::RedisServer::start().unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shutdown = kjob_svc::Shutdown::new();
-        let config = kjob_queue::Config {
-            redis_url: redis.url(),
-            admin_listener: None,
-            store: Default::default(),
-        };
-        tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
-        Self { url, shutdown, _redis: redis }
-    }
-}
-
-impl Drop for Queue {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
 /// The Job's events, as `kubectl describe job` finds them (core/v1, by involved object).
 async fn job_events(events: &Api<Event>, job: &Job) -> Vec<Event> {
     let uid = job.metadata.uid.clone().unwrap();
@@ -171,7 +142,7 @@ async fn two_workers_share_one_spam_burst_per_job(server: TestServer) {
     )
     .await;
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    let queue = Queue::start().await;
+    let queue = common::QueueService::start();
     let (w1, t1, m1) = sink_with(&server, "w1", Some(&queue.url)).await;
     let (w2, t2, m2) = sink_with(&server, "w2", Some(&queue.url)).await;
     for i in 0..30 {
@@ -230,7 +201,68 @@ async fn without_kjob_queue_a_worker_falls_back_to_its_own_correlator(server: Te
     t.await.unwrap();
 }
 
+/// `name` (a counter without labels) on worker `w`'s `/metrics`.
+async fn counter(w: &common::WorkerHandle, name: &str) -> f64 {
+    let (_, text) = w.admin_get("/metrics").await;
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
+}
+
+/// Two kjob-worker runs sync one Job of 40 pods (its syncs go to whichever worker leases it
+/// next): between them the Job's events pass one spam-filter burst of 25, every other recorded
+/// event is filtered.
+async fn two_worker_processes_keep_a_job_within_one_burst(server: TestServer) {
+    let ns = server.namespace("events-workers");
+    server.create_namespace(&ns).await;
+    let queue = common::QueueService::start();
+    let lease = Duration::from_secs(5);
+    let workers: Vec<common::WorkerHandle> = ["w1", "w2"]
+        .iter()
+        .map(|id| {
+            common::WorkerHandle::start_on(
+                &server.worker_kubeconfig(),
+                &queue.url,
+                id,
+                lease,
+                lease,
+            )
+        })
+        .collect();
+    let mut driver = common::Driver::new(server.client(), queue.client(), &ns, "burst");
+    common::create_job(
+        &server.client(),
+        &ns,
+        serde_json::json!({
+            "metadata": {"name": "burst"},
+            "spec": {"completions": 40, "parallelism": 4, "template": common::template("Never")}
+        }),
+    )
+    .await;
+    driver
+        .run_until(Duration::from_secs(120), &mut |_| common::Fate::Succeed, &mut common::finished)
+        .await;
+    let (recorded, filtered) =
+        common::eventually("every recorded event gated", TIMEOUT, || async {
+            let mut recorded = Vec::new();
+            let mut filtered = 0.0;
+            for w in &workers {
+                recorded.push(counter(w, "kjob_worker_events_recorded_total").await);
+                filtered += counter(w, "kjob_worker_events_spam_filtered_total").await;
+            }
+            let total: f64 = recorded.iter().sum();
+            (total >= 41.0 && filtered == total - 25.0).then_some((recorded, filtered))
+        })
+        .await;
+    eprintln!("events recorded per worker: {recorded:?}; spam-filtered in all: {filtered}");
+    for w in &workers {
+        assert_eq!(counter(w, "kjob_worker_events_gate_fallback_total").await, 0.0);
+    }
+    for w in workers {
+        w.stop().await;
+    }
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    two_worker_processes_keep_a_job_within_one_burst,
     repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined,
     two_workers_share_one_spam_burst_per_job,
     without_kjob_queue_a_worker_falls_back_to_its_own_correlator);
