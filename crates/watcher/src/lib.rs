@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use kjob_svc::{AdminState, Shutdown};
 use kube::Api;
@@ -216,8 +215,9 @@ async fn event_loop(
     metrics: Metrics,
     shutdown: Shutdown,
 ) -> Result<(), WatcherError> {
-    // Full pods: the shared Job view the workers plan from needs their statuses.
-    let (jobs_api, pods_api): (Api<Job>, Api<Pod>) = match &namespace {
+    // Full pods (the shared Job view the workers plan from needs their statuses), decoded lean:
+    // container specs, volumes and managedFields are skipped while parsing.
+    let (jobs_api, pods_api): (Api<Job>, Api<view::WatchedPod>) = match &namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
         None => (Api::all(client.clone()), Api::all(client)),
     };
@@ -229,7 +229,7 @@ async fn event_loop(
     // metadata only), so the store never holds whole pods.
     let mut pods = watcher(pods_api, watcher::Config::default())
         .default_backoff()
-        .map(|r| r.map(|ev| map_event(ev, |p| PodInfo::from_pod(&p))))
+        .map(|r| r.map(|ev| map_event(ev, |p| PodInfo::from_watched(&p))))
         .boxed();
     let View { identity, lost: view_lost } = view;
     let mut informer = Informer::new(cfg, metrics.clone()).with_view(identity);

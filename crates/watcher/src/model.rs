@@ -125,6 +125,16 @@ impl PodInfo {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    /// Extracts the slim view from a pod as the watch delivers it, with its view object when it
+    /// has a controller.
+    pub fn from_watched(pod: &crate::view::WatchedPod) -> Self {
+        let mut info = Self::from_meta(&pod.metadata);
+        if info.controller.is_some() {
+            info.view = Some(pod.view_json());
+        }
+        info
+    }
+
     /// Extracts the slim view from a full Pod, with its trimmed object when it has a controller.
     pub fn from_pod(pod: &Pod) -> Self {
         let mut info = Self::from_meta(&pod.metadata);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::model::{JobInfo, PodInfo, Store};
 
@@ -94,6 +95,155 @@ pub fn trim_pod(pod: &Pod) -> Arc<[u8]> {
     metadata.managed_fields = None;
     let trimmed = Pod { metadata, spec, status: pod.status.clone() };
     serde_json::to_vec(&trimmed).unwrap_or_default().into()
+}
+
+/// A pod as the watcher decodes it off the watch stream: the metadata (without managedFields),
+/// the status, and of the spec only what syncJob reads (the node name, each init container's
+/// name and restart policy). serde skips everything else while parsing (container specs,
+/// volumes, managedFields: most of a pod's bytes) instead of allocating it, so a full-pod watch
+/// costs the watcher little more than the metadata-only watch it replaced. Serialized, it is the
+/// pod the shared view keeps (a valid core/v1 Pod: `containers` is written empty).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedPod {
+    /// Always written `v1`, whatever the stream sent (the worker decodes the view as a typed
+    /// Pod, which checks it).
+    #[serde(default, serialize_with = "always_v1")]
+    pub api_version: String,
+    /// Always written `Pod`.
+    #[serde(default, serialize_with = "always_pod")]
+    pub kind: String,
+    /// Metadata without managedFields.
+    #[serde(deserialize_with = "meta_without_managed_fields")]
+    pub metadata: ObjectMeta,
+    /// The parts of the spec syncJob reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<WatchedPodSpec>,
+    /// The status, whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<k8s_openapi::api::core::v1::PodStatus>,
+}
+
+/// The parts of a pod spec syncJob reads.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedPodSpec {
+    /// `spec.nodeName` (pod deletion order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Init containers' names and restart policies (sidecars count for the finish time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_containers: Option<Vec<WatchedContainer>>,
+    /// Never read; written empty so the object is a valid PodSpec (`containers` is required).
+    #[serde(skip_deserializing, default)]
+    pub containers: Vec<WatchedContainer>,
+}
+
+/// A container's name and restart policy.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedContainer {
+    /// Name.
+    pub name: String,
+    /// `restartPolicy` (`Always` for a sidecar).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
+}
+
+/// ObjectMeta's fields but managedFields, which serde then skips without allocating.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaFields {
+    #[serde(default)]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    creation_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    #[serde(default)]
+    deletion_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    #[serde(default)]
+    finalizers: Option<Vec<String>>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    owner_references: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    self_link: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+}
+
+fn always_v1<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("v1")
+}
+
+fn always_pod<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("Pod")
+}
+
+fn meta_without_managed_fields<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<ObjectMeta, D::Error> {
+    let m = <MetaFields as serde::Deserialize>::deserialize(d)?;
+    Ok(ObjectMeta {
+        annotations: m.annotations,
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        finalizers: m.finalizers,
+        generate_name: m.generate_name,
+        generation: m.generation,
+        labels: m.labels,
+        managed_fields: None,
+        name: m.name,
+        namespace: m.namespace,
+        owner_references: m.owner_references,
+        resource_version: m.resource_version,
+        self_link: m.self_link,
+        uid: m.uid,
+    })
+}
+
+impl kube::Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl WatchedPod {
+    /// The view's JSON of this pod.
+    pub fn view_json(&self) -> Arc<[u8]> {
+        serde_json::to_vec(self).unwrap_or_default().into()
+    }
 }
 
 /// Whether the view of `job` is kept: managed, and not finished (a finished Job is never synced
@@ -200,8 +350,24 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
     #[test]
-    fn trimmed_pod_keeps_what_sync_reads() {
-        let pod = Pod {
+    fn a_watched_pod_is_the_trimmed_pod() {
+        let pod = sample_pod();
+        let full = serde_json::to_vec(&pod).unwrap();
+        assert!(full.starts_with(br#"{"apiVersion":"v1","kind":"Pod""#));
+        let watched: WatchedPod = serde_json::from_slice(&full).unwrap();
+        assert_eq!(watched.metadata.managed_fields, None, "skipped while parsing");
+        let a: serde_json::Value = serde_json::from_slice(&watched.view_json()).unwrap();
+        let b: serde_json::Value = serde_json::from_slice(&trim_pod(&pod)).unwrap();
+        assert_eq!(a, b);
+        // The worker decodes it as a core/v1 Pod, also when the stream left out apiVersion/kind.
+        let back: Pod = serde_json::from_slice(&watched.view_json()).unwrap();
+        let bare = WatchedPod { api_version: String::new(), kind: String::new(), ..watched };
+        let _: Pod = serde_json::from_slice(&bare.view_json()).unwrap();
+        assert_eq!(back.metadata.name.as_deref(), Some("p"));
+    }
+
+    fn sample_pod() -> Pod {
+        Pod {
             metadata: ObjectMeta {
                 name: Some("p".into()),
                 annotations: Some([("a".to_string(), "1".to_string())].into()),
@@ -234,7 +400,12 @@ mod tests {
                 }]),
                 ..Default::default()
             }),
-        };
+        }
+    }
+
+    #[test]
+    fn trimmed_pod_keeps_what_sync_reads() {
+        let pod = sample_pod();
         let back: Pod = serde_json::from_slice(&trim_pod(&pod)).unwrap();
         assert_eq!(back.metadata.managed_fields, None);
         assert_eq!(back.metadata.annotations, pod.metadata.annotations);

@@ -211,9 +211,12 @@ impl Worker {
     }
 
     /// Writes a Job the API server returned back into the shared view (the view keeps the
-    /// newest resourceVersion). Only after a conflict: a status write's own Job comes back
-    /// through the watcher's Job event, which writes the view before it enqueues the next
-    /// sync, so writing each one back too would cost a call per write for nothing.
+    /// newest resourceVersion): once per sync, the last status it wrote, before the lease is
+    /// done. The watcher's Job event writes the view too, but a key that became dirty during
+    /// the sync is leased again as soon as this one is done, possibly before that event: the
+    /// next sync must not plan from a Job older than this sync's own writes (it would act on
+    /// a stale status and have its own write refused after acting). After a conflict, the
+    /// fresh GET goes in the same way.
     async fn write_back(&self, key: &str, job: &Job) {
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let rv = job.metadata.resource_version.as_deref().unwrap_or_default();
@@ -240,13 +243,20 @@ impl Worker {
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         // Status writes carry the latest resourceVersion this sync holds (its own last write).
         let mut current = job.clone();
+        // The last status this sync wrote, for the shared view (see `write_back`).
+        let mut wrote_status = false;
         loop {
             let step = plan.next_step();
             for ev in plan.take_events() {
                 self.emit(job, &ev);
             }
             let report = match step {
-                Step::Done(outcome) => return *outcome,
+                Step::Done(outcome) => {
+                    if wrote_status {
+                        self.write_back(key, &current).await;
+                    }
+                    return *outcome;
+                }
                 Step::Expectations(op) => {
                     if let Err(e) = self.apply_expectations(key, uid, op).await {
                         return plan.abort(format!("expectations: {e}"));
@@ -323,6 +333,7 @@ impl Worker {
                             let after = uncounted_uids(current.status.as_ref());
                             self.count_finished_with_finalizer(after.difference(&before).count());
                             current.metadata.resource_version = written.metadata.resource_version;
+                            wrote_status = true;
                             Report::StatusUpdated(Ok(()))
                         }
                         Err(e) => {
