@@ -480,8 +480,9 @@ impl Engine {
                 let key = key_of(&pod);
                 if let Some(cur) = self.pods.get(&key)
                     && uid_of(cur) == uid_of(&pod)
-                    && !not_older(&rv_of(&pod), &rv_of(cur))
+                    && (rv_of(&pod) == rv_of(cur) || !not_older(&rv_of(&pod), &rv_of(cur)))
                 {
+                    // Older, or the version this kubelet's own write already brought: planned.
                     return;
                 }
                 self.pods.insert(key.clone(), pod);
@@ -562,6 +563,21 @@ impl Engine {
                 continue;
             }
             let Some(pod) = self.pods.get(&key).cloned() else { continue };
+            // The pod may have moved on since its timer fired (its key can also be queued twice:
+            // a re-plan while it waited here arms a second timer). Only the transition the pod
+            // is due for now is written; anything else is re-planned, never written twice.
+            let memo = self.memo.get(&uid_of(&pod));
+            let now = Timestamp::now();
+            match stages::plan(&pod, memo, now, &self.cfg) {
+                Some((when, due)) if due == action && when <= now => {}
+                _ => {
+                    self.replan(&key);
+                    continue;
+                }
+            }
+            if self.done.get(&key).is_some_and(|(rv, a)| *rv == rv_of(&pod) && *a == action) {
+                continue;
+            }
             self.in_flight.insert(key.clone());
             let api = self.api.clone();
             let cfg = self.cfg.clone();
@@ -887,6 +903,60 @@ mod tests {
         for name in ["during", "after"] {
             wait_for(&f.pods, name, "Running", |p| phase(p) == "Running").await;
         }
+    }
+
+    /// A backlog of due writes (more pods than writes in flight, watch events arriving while
+    /// they wait) never writes a transition twice: each pod gets Accept, Start and Exit once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backlog_writes_each_transition_once() {
+        let f = fixture().await;
+        let n = super::MAX_IN_FLIGHT * 4;
+        let modified = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+            String,
+            usize,
+        >::new()));
+        let counter = {
+            let (pods, modified) = (f.pods.clone(), modified.clone());
+            tokio::spawn(async move {
+                use futures::{StreamExt, TryStreamExt};
+                let wp = kube::api::WatchParams::default();
+                let mut s = pods.watch(&wp, "0").await.unwrap().boxed();
+                while let Ok(Some(ev)) = s.try_next().await {
+                    if let kube::api::WatchEvent::Modified(p) = ev {
+                        let name = p.metadata.name.unwrap_or_default();
+                        *modified.lock().unwrap().entry(name).or_default() += 1;
+                    }
+                }
+            })
+        };
+        f.kubelet.pause();
+        let pp = PostParams::default();
+        for i in 0..n {
+            let p = pod(&format!("backlog-{i}"), json!({"kjob.io/sim-run-time": "50ms"}), "Never");
+            f.pods.create(&pp, &p).await.unwrap();
+        }
+        f.kubelet.resume();
+        let start = tokio::time::Instant::now();
+        loop {
+            let list = f.pods.list(&ListParams::default()).await.unwrap();
+            let done = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+                .count();
+            if done == n {
+                break;
+            }
+            assert!(start.elapsed() < DEADLINE * 2, "only {done}/{n} pods finished");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        counter.abort();
+        let modified = modified.lock().unwrap();
+        // Bind (this kubelet schedules here), Accept, Start, Exit.
+        let over: Vec<_> = modified.iter().filter(|(_, c)| **c > 4).collect();
+        assert!(over.is_empty(), "pods written more than once per transition: {over:?}");
+        assert_eq!(modified.len(), n);
     }
 
     #[tokio::test]
