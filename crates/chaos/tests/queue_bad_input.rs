@@ -48,6 +48,8 @@ enum Req {
         lease_ms: u64,
         wait_ms: u64,
         worker: String,
+        with_views: bool,
+        view_records: Vec<String>,
     },
     Renew {
         queue: String,
@@ -127,15 +129,23 @@ fn req() -> impl Strategy<Value = Req> {
             |(key, uid, object, rv, handled)| Req::PutView { key, uid, object, rv, handled }
         ),
         (text(), -1i32..5).prop_map(|(session, phase)| Req::Session { session, phase }),
-        (text(), any::<u32>(), count(), 0u64..50, text()).prop_map(
-            |(queue, max_items, lease_ms, wait_ms, worker)| Req::Lease {
-                queue,
-                max_items,
-                lease_ms,
-                wait_ms,
-                worker
-            }
-        ),
+        (
+            (text(), any::<u32>(), count(), 0u64..50, text()),
+            (any::<bool>(), proptest::collection::vec(text(), 0..20))
+        )
+            .prop_map(
+                |((queue, max_items, lease_ms, wait_ms, worker), (with_views, view_records))| {
+                    Req::Lease {
+                        queue,
+                        max_items,
+                        lease_ms,
+                        wait_ms,
+                        worker,
+                        with_views,
+                        view_records,
+                    }
+                }
+            ),
         (text(), text(), text(), count()).prop_map(|(queue, key, lease_id, lease_ms)| Req::Renew {
             queue,
             key,
@@ -214,8 +224,24 @@ async fn send(
                 let mut e = e.clone();
                 e.cache_session(v1::CacheSessionRequest { session, phase }).await.map(drop)
             }
-            Req::Lease { queue, max_items, lease_ms, wait_ms, worker } => c
-                .lease(v1::LeaseRequest { queue, max_items, lease_ms, wait_ms, worker_id: worker })
+            Req::Lease {
+                queue,
+                max_items,
+                lease_ms,
+                wait_ms,
+                worker,
+                with_views,
+                view_records,
+            } => c
+                .lease(v1::LeaseRequest {
+                    queue,
+                    max_items,
+                    lease_ms,
+                    wait_ms,
+                    worker_id: worker,
+                    with_views,
+                    view_records,
+                })
                 .await
                 .map(drop),
             Req::Renew { queue, key, lease_id, lease_ms } => {

@@ -301,7 +301,41 @@ impl QueueClient {
             lease_ms: millis(lease),
             wait_ms: millis(wait),
             worker_id: worker_id.to_string(),
+            ..Default::default()
         };
+        self.lease_request(msg, wait).await
+    }
+
+    /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
+    /// the per-Job `records`), read by the queue service right after granting the lease: the
+    /// lessee can plan without a [`Self::get_job_view`] call. An item without a view (a server
+    /// that predates the field, or a read that failed) needs that call.
+    pub async fn lease_with_views(
+        &self,
+        queue: &str,
+        max_items: u32,
+        lease: Duration,
+        wait: Duration,
+        worker_id: &str,
+        records: &[&str],
+    ) -> Result<Vec<v1::LeasedItem>, ClientError> {
+        let msg = v1::LeaseRequest {
+            queue: queue.to_string(),
+            max_items,
+            lease_ms: millis(lease),
+            wait_ms: millis(wait),
+            worker_id: worker_id.to_string(),
+            with_views: true,
+            view_records: records.iter().map(|r| r.to_string()).collect(),
+        };
+        self.lease_request(msg, wait).await
+    }
+
+    async fn lease_request(
+        &self,
+        msg: v1::LeaseRequest,
+        wait: Duration,
+    ) -> Result<Vec<v1::LeasedItem>, ClientError> {
         let timeout = wait + REQUEST_TIMEOUT;
         let resp = rpc!(self, queue.lease(msg), timeout).await?;
         Ok(resp.items)

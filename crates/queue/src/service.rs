@@ -316,6 +316,10 @@ impl QueueService {
         validate::queue(&r.queue).map_err(invalid)?;
         validate::lease(r.max_items, r.lease_ms, r.wait_ms).map_err(invalid)?;
         validate::id("worker_id", &r.worker_id, false).map_err(invalid)?;
+        let with_views = r.with_views && r.queue == kjob_core::JOB_QUEUE;
+        if with_views {
+            view_records(&r.view_records)?;
+        }
         let batch = tokio::select! {
             res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
                 Some(res.map_err(store_err)?)
@@ -348,9 +352,17 @@ impl QueueService {
                     requeues: it.requeues,
                     deadline_unix_ms: it.deadline_ms,
                     enqueued_unix_ms: it.enqueued_ms,
+                    view: None,
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let mut items = items;
+        if with_views && !items.is_empty() {
+            let views = self.leased_views(&items, &r.view_records).await;
+            for (it, view) in items.iter_mut().zip(views) {
+                it.view = view;
+            }
+        }
         Ok(v1::LeaseResponse { items })
     }
 
@@ -581,33 +593,32 @@ impl QueueService {
         r: v1::GetJobViewRequest,
     ) -> Result<v1::GetJobViewResponse, Status> {
         validate::key(&r.key).map_err(invalid)?;
-        if r.records.len() > validate::MAX_VIEW_RECORDS {
-            return Err(invalid(format!(
-                "{} records asked for; the limit is {}",
-                r.records.len(),
-                validate::MAX_VIEW_RECORDS
-            )));
-        }
-        for name in &r.records {
-            validate::id("record name", name, true).map_err(invalid)?;
-        }
-        Ok(match self.store.get_job_view(&r.key, &r.records).await.map_err(store_err)? {
-            Some(v) => v1::GetJobViewResponse {
-                trusted: true,
-                job: v.job,
-                pods: v.pods,
-                orphans_seen: v.orphans_seen,
-                orphans_handled: v.orphans_handled,
-                expectations: Some(expectations_reply(v.expectations)),
-                job_uid: v.uid,
-                records: v
-                    .records
-                    .into_iter()
-                    .map(|(name, value)| v1::ViewRecord { name, value })
-                    .collect(),
-            },
-            None => v1::GetJobViewResponse::default(),
-        })
+        view_records(&r.records)?;
+        let view = self.store.get_job_view(&r.key, &r.records).await.map_err(store_err)?;
+        Ok(view_reply(view))
+    }
+
+    /// The views of freshly leased Job keys, read concurrently (pipelined on one connection).
+    /// A view that cannot be read is left out: its lessee asks with GetJobView, and the leases
+    /// already granted are returned whatever happens here.
+    async fn leased_views(
+        &self,
+        items: &[v1::LeasedItem],
+        records: &[String],
+    ) -> Vec<Option<v1::GetJobViewResponse>> {
+        let reads = items.iter().map(|it| self.store.get_job_view(&it.key, records));
+        futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .zip(items)
+            .map(|(res, it)| match res {
+                Ok(v) => Some(view_reply(v)),
+                Err(e) => {
+                    tracing::debug!(key = it.key, error = %e, "reading a leased key's view failed");
+                    None
+                }
+            })
+            .collect()
     }
 
     async fn put_job_view_rpc(
@@ -690,5 +701,41 @@ impl QueueService {
                 })
                 .collect(),
         })
+    }
+}
+
+/// Checks the per-Job record names a view read asks for.
+fn view_records(records: &[String]) -> Result<(), Status> {
+    if records.len() > validate::MAX_VIEW_RECORDS {
+        return Err(invalid(format!(
+            "{} records asked for; the limit is {}",
+            records.len(),
+            validate::MAX_VIEW_RECORDS
+        )));
+    }
+    for name in records {
+        validate::id("record name", name, true).map_err(invalid)?;
+    }
+    Ok(())
+}
+
+/// A view read as the wire answers it: untrusted (`None`) is an empty, untrusted reply.
+fn view_reply(view: Option<kjob_workqueue::JobView>) -> v1::GetJobViewResponse {
+    match view {
+        Some(v) => v1::GetJobViewResponse {
+            trusted: true,
+            job: v.job,
+            pods: v.pods,
+            orphans_seen: v.orphans_seen,
+            orphans_handled: v.orphans_handled,
+            expectations: Some(expectations_reply(v.expectations)),
+            job_uid: v.uid,
+            records: v
+                .records
+                .into_iter()
+                .map(|(name, value)| v1::ViewRecord { name, value })
+                .collect(),
+        },
+        None => v1::GetJobViewResponse::default(),
     }
 }

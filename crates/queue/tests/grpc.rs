@@ -193,6 +193,78 @@ async fn promoted_items_count_as_adds_and_poison_items_are_counted() {
     r.task.await.unwrap().unwrap();
 }
 
+/// A Lease of the Job queue asked `with_views` brings each key's shared view, as GetJobView
+/// would answer it, read after the lease: trusted with its pods, expectations and records, or
+/// untrusted; other queues carry none, and bad record names are refused before leasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_bring_the_job_view() {
+    let redis = RedisServer::start().unwrap();
+    let r = start(&redis).await;
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let op = |kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str| v1::CacheOp {
+        kind: kind as i32,
+        name: name.into(),
+        object: object.to_vec(),
+        resource_version: rv.into(),
+    };
+    assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
+    let snapshot = v1::AddItem {
+        queue: "job".into(),
+        key: "ns/viewed".into(),
+        observe_only: true,
+        cache_session: "s1".into(),
+        cache: vec![
+            op(v1::CacheOpKind::Reset, "u1", b"", ""),
+            op(v1::CacheOpKind::Job, "u1", b"{\"job\":1}", "7"),
+            op(v1::CacheOpKind::Pod, "p1", b"{\"pod\":1}", ""),
+            op(v1::CacheOpKind::Trust, "", b"", ""),
+        ],
+        ..Default::default()
+    };
+    c.add(vec![snapshot]).await.unwrap();
+    assert!(c.cache_session("s1", v1::CacheSessionPhase::Commit).await.unwrap());
+    c.put_record("ns/viewed", "backoff", b"rec".to_vec(), None).await.unwrap();
+    c.set_expectations("ns/viewed", "u1", 1, 0).await.unwrap();
+    c.add(vec![item("ns/viewed", 0), item("ns/plain", 0)]).await.unwrap();
+
+    let err = c.lease_with_views("job", 2, LEASE, Duration::ZERO, "w", &[""]).await.unwrap_err();
+    assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
+    let mut got = c
+        .lease_with_views("job", 2, LEASE, Duration::from_secs(5), "w", &["backoff"])
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2, "nothing was leased by the refused call");
+    got.sort_by(|a, b| a.key.cmp(&b.key));
+    let plain = got[0].view.as_ref().expect("a view reply for every Job key");
+    assert!(!plain.trusted && plain.job.is_empty(), "{plain:?}");
+    let v = got[1].view.as_ref().unwrap();
+    assert!(v.trusted);
+    assert_eq!((v.job.as_slice(), v.job_uid.as_str()), (&b"{\"job\":1}"[..], "u1"));
+    assert_eq!(v.pods, vec![b"{\"pod\":1}".to_vec()]);
+    assert_eq!(v.records, vec![v1::ViewRecord { name: "backoff".into(), value: b"rec".to_vec() }]);
+    let e = v.expectations.as_ref().unwrap();
+    assert!(e.exists && !e.satisfied && e.add == 1, "{e:?}");
+    // The same as GetJobView answers.
+    let direct = c.get_job_view("ns/viewed", &["backoff"]).await.unwrap().unwrap();
+    assert_eq!((&direct.job, &direct.pods, &direct.records), (&v.job, &v.pods, &v.records));
+    // Without with_views, and on other queues, no view rides along.
+    c.add(vec![v1::AddItem { queue: "orphan-pod".into(), ..item("ns/pod", 0) }]).await.unwrap();
+    let orphan = c
+        .lease_with_views("orphan-pod", 1, LEASE, Duration::from_secs(5), "w", &["backoff"])
+        .await
+        .unwrap();
+    assert_eq!(orphan.len(), 1);
+    assert_eq!(orphan[0].view, None);
+    for it in &got {
+        c.done("job", &it.key, &it.lease_id, Outcome::Forget).await.unwrap();
+    }
+    c.add(vec![item("ns/viewed", 0)]).await.unwrap();
+    let got = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
+    assert_eq!(got[0].view, None);
+    r.shutdown.cancel();
+    r.task.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_arguments_are_refused_with_clear_messages() {
     let redis = RedisServer::start().unwrap();

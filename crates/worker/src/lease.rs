@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use kjob_core::JOB_QUEUE;
 use kjob_queue_client::{ClientError, Outcome, QueueClient, v1};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::metrics::{Metrics, OutcomeLabels};
+use crate::sync::BACKOFF_RECORD;
 use crate::worker::{SyncOutcome, Worker};
 
 /// Long-poll wait of one Lease call: long enough to keep idle workers quiet, short enough that
@@ -72,8 +74,25 @@ pub async fn lease_loop(
         // Shutdown abandons a waiting Lease call so the drain starts at once. Should the server
         // have leased keys in that instant, they come back when their lease expires: late,
         // never lost.
-        let lease =
-            queue.lease(settings.queue, asked, settings.lease, LEASE_WAIT, &settings.worker_id);
+        let lease = async {
+            if settings.queue == JOB_QUEUE {
+                let records = [BACKOFF_RECORD];
+                queue
+                    .lease_with_views(
+                        settings.queue,
+                        asked,
+                        settings.lease,
+                        LEASE_WAIT,
+                        &settings.worker_id,
+                        &records,
+                    )
+                    .await
+            } else {
+                queue
+                    .lease(settings.queue, asked, settings.lease, LEASE_WAIT, &settings.worker_id)
+                    .await
+            }
+        };
         let res = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = lease => r,
@@ -172,13 +191,14 @@ async fn process(
     worker: Arc<Worker>,
     queue: QueueClient,
     settings: LeaseSettings,
-    item: v1::LeasedItem,
+    mut item: v1::LeasedItem,
     _slot: OwnedSemaphorePermit,
     hand_back: CancellationToken,
 ) {
     let qname = settings.queue;
+    let view = item.view.take();
     let ending = {
-        let sync = worker.sync(qname, &item.key, &hand_back);
+        let sync = worker.sync_leased(qname, &item.key, view, &hand_back);
         let renew = renew_until_lost(&worker, &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;

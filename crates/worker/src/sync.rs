@@ -8,6 +8,7 @@ use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
+use kjob_queue_client::v1;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::{
@@ -98,13 +99,17 @@ impl Worker {
     pub(crate) async fn sync_job(
         &self,
         key: &ObjectKey,
+        leased_view: Option<v1::GetJobViewResponse>,
         wind_down: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let key_str = key.to_string();
         // The shared view (the leading watcher's informer state) when it can be trusted; else
-        // consistent reads, as before the view existed.
-        let (job, exp, view_pods, view_backoff) = match self.read_view(&key_str).await? {
+        // consistent reads, as before the view existed. The Lease reply usually brought it.
+        let (job, exp, view_pods, view_backoff) = match self
+            .read_view(&key_str, leased_view)
+            .await?
+        {
             Some(v) => (v.job, v.expectations, Some((v.pods, v.orphans_pending)), Some(v.backoff)),
             None => {
                 let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
@@ -183,8 +188,16 @@ impl Worker {
     /// Reads the shared view of `key`: the Job, its pods (in name order, as a LIST returns
     /// them), its expectations, and whether orphans wait for adoption. `None` (consistent
     /// reads instead) when the view is not trusted or does not parse.
-    async fn read_view(&self, key: &str) -> Result<Option<ViewRead>, SyncError> {
-        let Some(v) = self.queue.get_job_view(key, &[BACKOFF_RECORD]).await? else {
+    async fn read_view(
+        &self,
+        key: &str,
+        leased: Option<v1::GetJobViewResponse>,
+    ) -> Result<Option<ViewRead>, SyncError> {
+        let v = match leased {
+            Some(v) => v.trusted.then_some(v),
+            None => self.queue.get_job_view(key, &[BACKOFF_RECORD]).await?,
+        };
+        let Some(v) = v else {
             self.metrics.view_read("untrusted");
             return Ok(None);
         };

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE, ObjectKey};
-use kjob_queue_client::{ClientError, QueueClient};
+use kjob_queue_client::{ClientError, QueueClient, v1};
 use tokio_util::sync::CancellationToken;
 
 use crate::events::EventSink;
@@ -108,6 +108,18 @@ impl Worker {
         key: &str,
         wind_down: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
+        self.sync_leased(queue, key, None, wind_down).await
+    }
+
+    /// [`Self::sync`] with the Job's shared view as the Lease reply brought it (`None`: the
+    /// sync reads it itself).
+    pub async fn sync_leased(
+        &self,
+        queue: &str,
+        key: &str,
+        view: Option<v1::GetJobViewResponse>,
+        wind_down: &CancellationToken,
+    ) -> Result<SyncOutcome, SyncError> {
         let key = match ObjectKey::parse(key) {
             Ok(k) => k,
             Err(e) => {
@@ -116,7 +128,7 @@ impl Worker {
             }
         };
         match queue {
-            JOB_QUEUE => self.sync_job(&key, wind_down).await,
+            JOB_QUEUE => self.sync_job(&key, view, wind_down).await,
             ORPHAN_POD_QUEUE => self.sync_orphan_pod(&key).await,
             other => {
                 tracing::error!(queue = other, "no sync for this queue; dropping key");
