@@ -186,6 +186,7 @@ fn name(meta: &ObjectMeta) -> String {
 #[derive(Debug, Default)]
 pub struct Store {
     jobs: HashMap<String, JobInfo>,
+    /// Keys (`namespace/name`) of each namespace's Jobs, in name order.
     jobs_by_namespace: HashMap<String, BTreeSet<String>>,
     pods: HashMap<String, PodInfo>,
     pods_by_controller_uid: HashMap<String, HashSet<String>>,
@@ -213,7 +214,7 @@ impl Store {
             .get(namespace)
             .into_iter()
             .flatten()
-            .filter_map(move |n| self.jobs.get(&format!("{namespace}/{n}")))
+            .filter_map(move |key| self.jobs.get(key))
     }
 
     /// Every Job.
@@ -228,16 +229,17 @@ impl Store {
 
     /// Inserts or replaces a Job; returns the previous version.
     pub fn upsert_job(&mut self, job: JobInfo) -> Option<JobInfo> {
-        self.jobs_by_namespace.entry(job.namespace.clone()).or_default().insert(job.name.clone());
-        self.jobs.insert(job.key(), job)
+        let key = job.key();
+        self.jobs_by_namespace.entry(job.namespace.clone()).or_default().insert(key.clone());
+        self.jobs.insert(key, job)
     }
 
     /// Removes a Job by key; returns it if it was there.
     pub fn remove_job(&mut self, key: &str) -> Option<JobInfo> {
         let job = self.jobs.remove(key)?;
-        if let Some(names) = self.jobs_by_namespace.get_mut(&job.namespace) {
-            names.remove(&job.name);
-            if names.is_empty() {
+        if let Some(keys) = self.jobs_by_namespace.get_mut(&job.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
                 self.jobs_by_namespace.remove(&job.namespace);
             }
         }

@@ -338,8 +338,13 @@ pub fn orphan_notices<'a>(
     pod: &'a PodInfo,
     jobs: impl Iterator<Item = &'a JobInfo> + 'a,
 ) -> impl Iterator<Item = String> + 'a {
+    // Only orphans are looked for: a pod with a controller costs no walk over the Jobs.
     let orphan = pod.controller.is_none() && !pod.deleting && !pod.labels.is_empty();
-    jobs.filter(move |j| orphan && keeps_pods(j) && j.selector.matches(&pod.labels))
+    orphan
+        .then_some(jobs)
+        .into_iter()
+        .flatten()
+        .filter(move |j| keeps_pods(j) && j.selector.matches(&pod.labels))
         .map(|j| j.key())
 }
 
