@@ -61,6 +61,21 @@ async fn empty(c: &QueueClient) -> bool {
     c.stats("job").await.is_ok_and(|s| s.ready + s.delayed + s.leased == 0)
 }
 
+/// Done, retried while the call fails for any reason but a lost lease (which cannot happen
+/// here: leases last 30 s, and a refused Done would show as a key processed twice).
+async fn done_retrying(c: &QueueClient, key: &str, lease_id: &str) {
+    for attempt in 1.. {
+        match c.done("job", key, lease_id, Outcome::Forget).await {
+            Ok(_) => return,
+            Err(e) if attempt < 10 && !matches!(e, ClientError::LeaseLost(_)) => {
+                eprintln!("done of {key} failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("done of {key}: {e}"),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Ledger {
     /// Key → worker currently processing it.
@@ -93,16 +108,19 @@ async fn eight_lessees_two_replicas_ten_thousand_keys() {
             (clients[w % 2].clone(), ledger.clone(), stop.clone(), leases_seen.clone());
         lessees.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                let items = c
-                    .lease(
-                        "job",
-                        10,
-                        Duration::from_secs(30),
-                        Duration::from_millis(300),
-                        &format!("w{w}"),
-                    )
-                    .await
-                    .unwrap();
+                // A call that fails under load (a timeout on a busy machine) is retried as a
+                // worker would; a lessee that died here would strand its keys for a lease.
+                let id = format!("w{w}");
+                let lease =
+                    c.lease("job", 10, Duration::from_secs(30), Duration::from_millis(300), &id);
+                let items = match lease.await {
+                    Ok(items) => items,
+                    Err(e) => {
+                        eprintln!("w{w}: lease failed, retrying: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
                 {
                     let mut l = ledger.lock();
                     for it in &items {
@@ -124,11 +142,8 @@ async fn eight_lessees_two_replicas_ten_thousand_keys() {
                         l.processed += 1;
                     }
                 }
-                let dones =
-                    items.iter().map(|it| c.done("job", &it.key, &it.lease_id, Outcome::Forget));
-                for r in futures::future::join_all(dones).await {
-                    r.unwrap();
-                }
+                let dones = items.iter().map(|it| done_retrying(&c, &it.key, &it.lease_id));
+                futures::future::join_all(dones).await;
             }
         }));
     }
@@ -179,6 +194,7 @@ async fn eight_lessees_two_replicas_ten_thousand_keys() {
         if done && empty(&clients[0]).await {
             break;
         }
+        assert!(!lessees.iter().any(|l| l.is_finished()), "a lessee ended early (see its panic)");
         assert!(Instant::now() < deadline, "not every key was processed after its last add");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
