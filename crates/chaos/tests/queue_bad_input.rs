@@ -63,10 +63,11 @@ enum Req {
         lease_id: String,
         outcome: i32,
         after_ms: u64,
+        write_back: Option<WriteBack>,
     },
     /// DoneBatch of `items` repeated `times` (0 items, or 201 and more, are malformed batches).
     DoneBatch {
-        items: Vec<(String, String, String, i32, u64)>,
+        items: Vec<((String, String, String, i32, u64), Option<WriteBack>)>,
         times: usize,
     },
     Inspect {
@@ -82,6 +83,27 @@ enum Req {
         events: Vec<(String, String, String, String, String)>,
         times: usize,
     },
+}
+
+/// A view write-back riding on a Done: (key, job UID, object length, resourceVersion).
+#[derive(Debug, Clone)]
+struct WriteBack(String, String, usize, String);
+
+impl WriteBack {
+    fn into_proto(self) -> v1::PutJobViewRequest {
+        let WriteBack(key, job_uid, len, resource_version) = self;
+        v1::PutJobViewRequest {
+            key,
+            job_uid,
+            job: vec![b'x'; len],
+            resource_version,
+            orphans_handled: 0,
+        }
+    }
+}
+
+fn write_back() -> impl Strategy<Value = WriteBack> {
+    (text(), text(), object_len(), text()).prop_map(|(k, u, l, rv)| WriteBack(k, u, l, rv))
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -152,13 +174,16 @@ fn req() -> impl Strategy<Value = Req> {
             lease_id,
             lease_ms
         }),
-        (text(), text(), text(), -2i32..6, count()).prop_map(
-            |(queue, key, lease_id, outcome, after_ms)| {
-                Req::Done { queue, key, lease_id, outcome, after_ms }
+        ((text(), text(), text(), -2i32..6, count()), proptest::option::of(write_back())).prop_map(
+            |((queue, key, lease_id, outcome, after_ms), write_back)| {
+                Req::Done { queue, key, lease_id, outcome, after_ms, write_back }
             }
         ),
         (
-            proptest::collection::vec((text(), text(), text(), -2i32..6, count()), 0..5),
+            proptest::collection::vec(
+                ((text(), text(), text(), -2i32..6, count()), proptest::option::of(write_back())),
+                0..5
+            ),
             prop_oneof![Just(1usize), Just(67)],
         )
             .prop_map(|(items, times)| Req::DoneBatch { items, times }),
@@ -247,14 +272,28 @@ async fn send(
             Req::Renew { queue, key, lease_id, lease_ms } => {
                 c.renew(v1::RenewRequest { queue, key, lease_id, lease_ms }).await.map(drop)
             }
-            Req::Done { queue, key, lease_id, outcome, after_ms } => c
-                .done(v1::DoneRequest { queue, key, lease_id, outcome, requeue_after_ms: after_ms })
+            Req::Done { queue, key, lease_id, outcome, after_ms, write_back } => c
+                .done(v1::DoneRequest {
+                    queue,
+                    key,
+                    lease_id,
+                    outcome,
+                    requeue_after_ms: after_ms,
+                    view_write_back: write_back.map(WriteBack::into_proto),
+                })
                 .await
                 .map(drop),
             Req::DoneBatch { items, times } => {
-                let one = items.into_iter().map(|(queue, key, lease_id, outcome, after_ms)| {
-                    v1::DoneRequest { queue, key, lease_id, outcome, requeue_after_ms: after_ms }
-                });
+                let one = items.into_iter().map(
+                    |((queue, key, lease_id, outcome, after_ms), write_back)| v1::DoneRequest {
+                        queue,
+                        key,
+                        lease_id,
+                        outcome,
+                        requeue_after_ms: after_ms,
+                        view_write_back: write_back.map(WriteBack::into_proto),
+                    },
+                );
                 let one: Vec<v1::DoneRequest> = one.collect();
                 let items = one.iter().cycle().take(one.len() * times).cloned().collect();
                 let resp = c.done_batch(v1::DoneBatchRequest { items }).await?.into_inner();

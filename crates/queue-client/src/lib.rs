@@ -169,6 +169,7 @@ impl DoneItem {
             lease_id: self.lease_id.clone(),
             outcome: outcome as i32,
             requeue_after_ms,
+            view_write_back: None,
         }
     }
 }
@@ -367,6 +368,19 @@ impl QueueClient {
         lease_id: &str,
         outcome: Outcome,
     ) -> Result<v1::DoneResponse, ClientError> {
+        self.done_writing_back(queue, key, lease_id, outcome, None).await
+    }
+
+    /// [`Self::done`] that first writes a Job object back into the key's shared view (as
+    /// [`Self::put_job_view`] would; Job queue only), in the same call.
+    pub async fn done_writing_back(
+        &self,
+        queue: &str,
+        key: &str,
+        lease_id: &str,
+        outcome: Outcome,
+        view_write_back: Option<v1::PutJobViewRequest>,
+    ) -> Result<v1::DoneResponse, ClientError> {
         let (outcome, requeue_after_ms) = outcome.to_proto();
         let msg = v1::DoneRequest {
             queue: queue.to_string(),
@@ -374,6 +388,7 @@ impl QueueClient {
             lease_id: lease_id.to_string(),
             outcome: outcome as i32,
             requeue_after_ms,
+            view_write_back,
         };
         rpc!(self, queue.done(msg)).await
     }

@@ -235,6 +235,30 @@ fn done_item(r: &v1::DoneRequest) -> Result<Done, String> {
     Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome })
 }
 
+/// Checks the fields of a view write-back (the key aside).
+fn put_job_view_fields(r: &v1::PutJobViewRequest) -> Result<(), String> {
+    validate::id("job_uid", &r.job_uid, true)?;
+    validate::view_object("job", &r.job, false)?;
+    validate::id("resource_version", &r.resource_version, !r.job.is_empty())
+}
+
+/// The checked view write-back a Done carries, if any.
+fn view_write_back(r: &v1::DoneRequest) -> Result<Option<&v1::PutJobViewRequest>, String> {
+    let Some(v) = &r.view_write_back else { return Ok(None) };
+    if r.queue != kjob_core::JOB_QUEUE {
+        return Err(format!(
+            "view_write_back is for the {:?} queue only, not {:?}",
+            kjob_core::JOB_QUEUE,
+            r.queue
+        ));
+    }
+    if !v.key.is_empty() && v.key != r.key {
+        return Err(format!("view_write_back is for key {:?}, not this Done's {:?}", v.key, r.key));
+    }
+    put_job_view_fields(v).map_err(|e| format!("view_write_back: {e}"))?;
+    Ok(Some(v))
+}
+
 fn stale_done_message(r: &v1::DoneRequest) -> String {
     format!(
         "lease {} of {} is not held any more (expired or superseded); nothing changed",
@@ -386,6 +410,9 @@ impl QueueService {
 
     async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Status> {
         let done = done_item(&r).map_err(invalid)?;
+        if let Some(v) = view_write_back(&r).map_err(invalid)? {
+            self.write_back(&r.key, v).await?;
+        }
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
                 self.done_applied(&r.queue, &d);
@@ -420,6 +447,18 @@ impl QueueService {
                 }
                 None => per_queue.push((it.queue.as_str(), vec![i], vec![done])),
             }
+        }
+        let mut write_backs = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            if let Some(v) =
+                view_write_back(it).map_err(|e| invalid(format!("item {i} ({:?}): {e}", it.key)))?
+            {
+                write_backs.push(self.write_back(&it.key, v));
+            }
+        }
+        // The view write-backs land before any lease of the batch is finished.
+        for r in futures::future::join_all(write_backs).await {
+            r?;
         }
         let mut results = vec![v1::DoneItemResult::default(); items.len()];
         // The queues' batches run concurrently: each goes through its queue's batch loop and
@@ -626,16 +665,17 @@ impl QueueService {
         r: v1::PutJobViewRequest,
     ) -> Result<v1::PutJobViewResponse, Status> {
         validate::key(&r.key).map_err(invalid)?;
-        validate::id("job_uid", &r.job_uid, true).map_err(invalid)?;
-        validate::view_object("job", &r.job, false).map_err(invalid)?;
-        validate::id("resource_version", &r.resource_version, !r.job.is_empty())
-            .map_err(invalid)?;
-        let stored = self
-            .store
-            .put_job_view(&r.key, &r.job_uid, &r.job, &r.resource_version, r.orphans_handled)
-            .await
-            .map_err(store_err)?;
+        put_job_view_fields(&r).map_err(invalid)?;
+        let stored = self.write_back(&r.key, &r).await?;
         Ok(v1::PutJobViewResponse { stored })
+    }
+
+    /// Stores a checked view write-back of `key`; whether the object was stored.
+    async fn write_back(&self, key: &str, r: &v1::PutJobViewRequest) -> Result<bool, Status> {
+        self.store
+            .put_job_view(key, &r.job_uid, &r.job, &r.resource_version, r.orphans_handled)
+            .await
+            .map_err(store_err)
     }
 
     async fn cache_session_rpc(

@@ -165,6 +165,7 @@ async fn bad_done_batches_are_refused_whole() {
         lease_id: id.clone(),
         outcome: v1::DoneOutcome::Unspecified as i32,
         requeue_after_ms: 0,
+        view_write_back: None,
     };
     let e = raw.done_batch(v1::DoneBatchRequest { items: vec![unspecified.clone()] }).await;
     assert!(e.unwrap_err().message().contains("outcome 0"));

@@ -255,9 +255,55 @@ async fn leases_bring_the_job_view() {
         .unwrap();
     assert_eq!(orphan.len(), 1);
     assert_eq!(orphan[0].view, None);
-    for it in &got {
-        c.done("job", &it.key, &it.lease_id, Outcome::Forget).await.unwrap();
+    // A Done can carry the sync's last Job object back into the view, checked first.
+    let wb = |key: &str, rv: &str| v1::PutJobViewRequest {
+        key: key.into(),
+        job_uid: "u1".into(),
+        job: format!("{{\"job\":{rv}}}").into_bytes(),
+        resource_version: rv.into(),
+        orphans_handled: 0,
+    };
+    let viewed = &got[1];
+    for (queue, key, w, want) in [
+        ("job", "ns/viewed", wb("ns/other", "9"), "not this Done's"),
+        ("orphan-pod", "ns/pod", wb("", "9"), "queue only"),
+        (
+            "job",
+            "ns/viewed",
+            v1::PutJobViewRequest { job_uid: "".into(), ..wb("", "9") },
+            "job_uid",
+        ),
+    ] {
+        let lease_id = if queue == "job" { &viewed.lease_id } else { &orphan[0].lease_id };
+        let err =
+            c.done_writing_back(queue, key, lease_id, Outcome::Forget, Some(w)).await.unwrap_err();
+        assert!(matches!(&err, ClientError::InvalidArgument(m) if m.contains(want)), "{err:?}");
     }
+    c.done_writing_back("job", "ns/viewed", &viewed.lease_id, Outcome::Forget, Some(wb("", "9")))
+        .await
+        .unwrap();
+    let v = c.get_job_view("ns/viewed", &[]).await.unwrap().unwrap();
+    assert_eq!(v.job, b"{\"job\":9}", "written back before the Done");
+    c.done("job", &got[0].key, &got[0].lease_id, Outcome::Forget).await.unwrap();
+    c.done("orphan-pod", "ns/pod", &orphan[0].lease_id, Outcome::Forget).await.unwrap();
+    // In a DoneBatch too.
+    c.add(vec![item("ns/viewed", 0)]).await.unwrap();
+    let again = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
+    let mut raw = kjob_proto::v1::queue_client::QueueClient::connect(r.url.clone()).await.unwrap();
+    let batch = v1::DoneBatchRequest {
+        items: vec![v1::DoneRequest {
+            queue: "job".into(),
+            key: "ns/viewed".into(),
+            lease_id: again[0].lease_id.clone(),
+            outcome: v1::DoneOutcome::Forget as i32,
+            requeue_after_ms: 0,
+            view_write_back: Some(wb("ns/viewed", "10")),
+        }],
+    };
+    let res = raw.done_batch(batch).await.unwrap().into_inner();
+    assert_eq!(res.results[0].code, 0, "{res:?}");
+    let v = c.get_job_view("ns/viewed", &[]).await.unwrap().unwrap();
+    assert_eq!(v.job, b"{\"job\":10}");
     c.add(vec![item("ns/viewed", 0)]).await.unwrap();
     let got = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
     assert_eq!(got[0].view, None);

@@ -197,8 +197,9 @@ async fn process(
 ) {
     let qname = settings.queue;
     let view = item.view.take();
+    let mut write_back = None;
     let ending = {
-        let sync = worker.sync_leased(qname, &item.key, view, &hand_back);
+        let sync = worker.sync_leased(qname, &item.key, view, &hand_back, &mut write_back);
         let renew = renew_until_lost(&worker, &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;
@@ -227,7 +228,9 @@ async fn process(
         Ending::HandedBack => "handed_back",
     };
     match ending {
-        Ending::Finished(outcome) => finish(&queue, qname, &item, outcome).await,
+        Ending::Finished(outcome) => {
+            finish_writing_back(&queue, qname, &item, outcome, write_back).await
+        }
         Ending::HandedBack => {
             finish(&queue, qname, &item, Outcome::RequeueAfter(Duration::ZERO)).await
         }
@@ -255,7 +258,19 @@ async fn hand_back_now(worker: &Worker, queue: &QueueClient, qname: &str, item: 
 /// Sends the one Done of a lease. A refused Done means the lease expired meanwhile; the key is
 /// then back in the queue already, so there is nothing more to do.
 async fn finish(queue: &QueueClient, qname: &str, item: &v1::LeasedItem, outcome: Outcome) {
-    match queue.done(qname, &item.key, &item.lease_id, outcome).await {
+    finish_writing_back(queue, qname, item, outcome, None).await
+}
+
+/// [`finish`] that writes the sync's last Job object back into the shared view first, in the
+/// same call.
+async fn finish_writing_back(
+    queue: &QueueClient,
+    qname: &str,
+    item: &v1::LeasedItem,
+    outcome: Outcome,
+    write_back: Option<v1::PutJobViewRequest>,
+) {
+    match queue.done_writing_back(qname, &item.key, &item.lease_id, outcome, write_back).await {
         Ok(_) => tracing::debug!(?outcome, "lease done"),
         Err(ClientError::LeaseLost(msg)) => {
             tracing::warn!(?outcome, %msg, "done refused: the lease had expired")

@@ -101,6 +101,7 @@ impl Worker {
         key: &ObjectKey,
         leased_view: Option<v1::GetJobViewResponse>,
         wind_down: &CancellationToken,
+        write_back: &mut Option<v1::PutJobViewRequest>,
     ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let key_str = key.to_string();
@@ -180,7 +181,7 @@ impl Worker {
             manage_all: self.manage_all,
         };
         let plan = JobSync::with_summaries(input, pods.summaries());
-        let mut outcome = self.drive(&job, &uid, &key_str, plan, wind_down).await;
+        let mut outcome = self.drive(&job, &uid, &key_str, plan, wind_down, write_back).await;
         outcome.requeue_after = earliest(outcome.requeue_after, recheck);
         self.finish_sync(&job, &key_str, outcome, started).await
     }
@@ -231,15 +232,10 @@ impl Worker {
     /// a stale status and have its own write refused after acting). After a conflict, the
     /// fresh GET goes in the same way.
     async fn write_back(&self, key: &str, job: &Job) {
-        let uid = job.metadata.uid.as_deref().unwrap_or_default();
-        let rv = job.metadata.resource_version.as_deref().unwrap_or_default();
-        if uid.is_empty() || rv.is_empty() {
-            return;
-        }
-        let mut trimmed = job.clone();
-        trimmed.metadata.managed_fields = None;
-        let Ok(bytes) = serde_json::to_vec(&trimmed) else { return };
-        if let Err(e) = self.queue.put_job_view(key, uid, bytes, rv, 0).await {
+        let Some(w) = view_write_back(key, job) else { return };
+        if let Err(e) =
+            self.queue.put_job_view(key, &w.job_uid, w.job, &w.resource_version, 0).await
+        {
             tracing::debug!(job = key, error = %e, "could not write the Job back to the shared view");
         }
     }
@@ -252,6 +248,7 @@ impl Worker {
         key: &str,
         mut plan: JobSync<'_>,
         wind_down: &CancellationToken,
+        write_back: &mut Option<v1::PutJobViewRequest>,
     ) -> Outcome {
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         // Status writes carry the latest resourceVersion this sync holds (its own last write).
@@ -265,8 +262,9 @@ impl Worker {
             }
             let report = match step {
                 Step::Done(outcome) => {
+                    // Goes with the lease's Done (see `write_back`).
                     if wrote_status {
-                        self.write_back(key, &current).await;
+                        *write_back = view_write_back(key, &current);
                     }
                     return *outcome;
                 }
@@ -653,6 +651,23 @@ struct ViewRead {
 }
 
 /// Decodes a view: the Job, and its pods in name order (the order a LIST returns).
+/// The view write-back of a Job the API server returned (managedFields left out); `None`
+/// without a UID or resourceVersion.
+fn view_write_back(key: &str, job: &Job) -> Option<v1::PutJobViewRequest> {
+    let uid = job.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
+    let rv = job.metadata.resource_version.as_deref().filter(|r| !r.is_empty())?;
+    let mut trimmed = job.clone();
+    trimmed.metadata.managed_fields = None;
+    let bytes = serde_json::to_vec(&trimmed).ok()?;
+    Some(v1::PutJobViewRequest {
+        key: key.to_string(),
+        job_uid: uid.to_string(),
+        job: bytes,
+        resource_version: rv.to_string(),
+        orphans_handled: 0,
+    })
+}
+
 fn decode_view(v: kjob_queue_client::v1::GetJobViewResponse) -> Result<ViewRead, String> {
     let job: Job = serde_json::from_slice(&v.job).map_err(|e| format!("job: {e}"))?;
     if job.metadata.uid.as_deref() != Some(v.job_uid.as_str()) {

@@ -108,17 +108,28 @@ impl Worker {
         key: &str,
         wind_down: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
-        self.sync_leased(queue, key, None, wind_down).await
+        let mut write_back = None;
+        let result = self.sync_leased(queue, key, None, wind_down, &mut write_back).await;
+        if let Some(w) = write_back {
+            let stored =
+                self.queue.put_job_view(key, &w.job_uid, w.job, &w.resource_version, 0).await;
+            if let Err(e) = stored {
+                tracing::debug!(job = key, error = %e, "could not write the Job back to the shared view");
+            }
+        }
+        result
     }
 
     /// [`Self::sync`] with the Job's shared view as the Lease reply brought it (`None`: the
-    /// sync reads it itself).
+    /// sync reads it itself). The Job object the sync wrote last lands in `write_back`, for the
+    /// lease's Done to write back into the view (which `sync` does itself).
     pub async fn sync_leased(
         &self,
         queue: &str,
         key: &str,
         view: Option<v1::GetJobViewResponse>,
         wind_down: &CancellationToken,
+        write_back: &mut Option<v1::PutJobViewRequest>,
     ) -> Result<SyncOutcome, SyncError> {
         let key = match ObjectKey::parse(key) {
             Ok(k) => k,
@@ -128,7 +139,7 @@ impl Worker {
             }
         };
         match queue {
-            JOB_QUEUE => self.sync_job(&key, view, wind_down).await,
+            JOB_QUEUE => self.sync_job(&key, view, wind_down, write_back).await,
             ORPHAN_POD_QUEUE => self.sync_orphan_pod(&key).await,
             other => {
                 tracing::error!(queue = other, "no sync for this queue; dropping key");

@@ -78,6 +78,10 @@ async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::s
     let asked =
         metric_sum(&queue_text, "grpc_server_handled_total", &["grpc_method=\"GetJobView\""]);
     assert_eq!(asked, 0.0, "GetJobView calls although the leases bring the views");
+    // ... and the Dones carry the write-backs: PutJobView only after a conflict.
+    let puts =
+        metric_sum(&queue_text, "grpc_server_handled_total", &["grpc_method=\"PutJobView\""]);
+    assert!(puts <= 3.0, "{puts} PutJobView calls although the Dones write the views back");
     let lists = metric_sum(&text, "kjob_worker_api_calls_total", &["verb=\"list\""]);
     assert!(
         lists / f64::from(COMPLETIONS) <= MAX_LISTS_PER_POD,
