@@ -31,6 +31,14 @@ enum Req {
     GetView {
         key: String,
     },
+    Forget {
+        key: String,
+        pod_uids: Vec<String>,
+    },
+    DeleteRecord {
+        key: String,
+        name: String,
+    },
     PutView {
         key: String,
         uid: String,
@@ -67,7 +75,7 @@ enum Req {
     },
     /// DoneBatch of `items` repeated `times` (0 items, or 201 and more, are malformed batches).
     DoneBatch {
-        items: Vec<((String, String, String, i32, u64), Option<WriteBack>)>,
+        items: Vec<(DoneFields, Option<WriteBack>)>,
         times: usize,
     },
     Inspect {
@@ -84,6 +92,9 @@ enum Req {
         times: usize,
     },
 }
+
+/// A Done's (queue, key, lease_id, outcome, requeue_after_ms).
+type DoneFields = (String, String, String, i32, u64);
 
 /// A view write-back riding on a Done: (key, job UID, object length, resourceVersion).
 #[derive(Debug, Clone)]
@@ -147,6 +158,9 @@ fn req() -> impl Strategy<Value = Req> {
                 session
             }),
         text().prop_map(|key| Req::GetView { key }),
+        (text(), proptest::collection::vec(text(), 0..5))
+            .prop_map(|(key, pod_uids)| Req::Forget { key, pod_uids }),
+        (text(), text()).prop_map(|(key, name)| Req::DeleteRecord { key, name }),
         (text(), text(), object_len(), text(), count()).prop_map(
             |(key, uid, object, rv, handled)| Req::PutView { key, uid, object, rv, handled }
         ),
@@ -232,6 +246,16 @@ async fn send(
                 e.get_job_view(v1::GetJobViewRequest { key, records: vec!["backoff".into()] })
                     .await
                     .map(drop)
+            }
+            Req::Forget { key, pod_uids } => {
+                let mut e = e.clone();
+                e.forget_finalizer_removals(v1::ForgetFinalizerRemovalsRequest { key, pod_uids })
+                    .await
+                    .map(drop)
+            }
+            Req::DeleteRecord { key, name } => {
+                let mut e = e.clone();
+                e.delete_record(v1::DeleteRecordRequest { key, name }).await.map(drop)
             }
             Req::PutView { key, uid, object, rv, handled } => {
                 let mut e = e.clone();

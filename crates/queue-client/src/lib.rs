@@ -523,6 +523,23 @@ impl QueueClient {
         Ok(resp.trusted.then_some(resp))
     }
 
+    /// Drops pod UIDs from Job `key`'s in-flight finalizer-removal set (their removals failed);
+    /// returns how many were in it.
+    pub async fn forget_finalizer_removals(
+        &self,
+        key: &str,
+        pod_uids: Vec<String>,
+    ) -> Result<u32, ClientError> {
+        let msg = v1::ForgetFinalizerRemovalsRequest { key: key.to_string(), pod_uids };
+        Ok(rpc!(self, expectations.forget_finalizer_removals(msg)).await?.forgotten)
+    }
+
+    /// Removes record `name` of Job `key`; whether it existed.
+    pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, ClientError> {
+        let msg = v1::DeleteRecordRequest { key: key.to_string(), name: name.to_string() };
+        Ok(rpc!(self, expectations.delete_record(msg)).await?.deleted)
+    }
+
     /// Writes back a Job object (as the API server returned it) into the shared view of `key`,
     /// and acknowledges `orphans_handled` orphan notices; returns whether the object was stored.
     pub async fn put_job_view(

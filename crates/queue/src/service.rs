@@ -73,8 +73,13 @@ measured_service!(Expectations, EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS, {
     expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest)
         -> v1::ExpectFinalizerRemovalsResponse
         = "ExpectFinalizerRemovals" by expect_finalizer_removals_rpc;
+    forget_finalizer_removals(v1::ForgetFinalizerRemovalsRequest)
+        -> v1::ForgetFinalizerRemovalsResponse
+        = "ForgetFinalizerRemovals" by forget_finalizer_removals_rpc;
     get_record(v1::GetRecordRequest) -> v1::GetRecordResponse = "GetRecord" by get_record_rpc;
     put_record(v1::PutRecordRequest) -> v1::PutRecordResponse = "PutRecord" by put_record_rpc;
+    delete_record(v1::DeleteRecordRequest) -> v1::DeleteRecordResponse
+        = "DeleteRecord" by delete_record_rpc;
     get_job_view(v1::GetJobViewRequest) -> v1::GetJobViewResponse
         = "GetJobView" by get_job_view_rpc;
     put_job_view(v1::PutJobViewRequest) -> v1::PutJobViewResponse
@@ -579,18 +584,34 @@ impl QueueService {
         Ok(v1::DeleteExpectationsResponse {})
     }
 
+    async fn forget_finalizer_removals_rpc(
+        &self,
+        r: v1::ForgetFinalizerRemovalsRequest,
+    ) -> Result<v1::ForgetFinalizerRemovalsResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        pod_uids(&r.pod_uids)?;
+        let forgotten =
+            self.store.forget_finalizer_removals(&r.key, &r.pod_uids).await.map_err(store_err)?;
+        Ok(v1::ForgetFinalizerRemovalsResponse { forgotten })
+    }
+
+    async fn delete_record_rpc(
+        &self,
+        r: v1::DeleteRecordRequest,
+    ) -> Result<v1::DeleteRecordResponse, Status> {
+        validate::key(&r.key).map_err(invalid)?;
+        validate::id("name", &r.name, true).map_err(invalid)?;
+        let deleted = self.store.delete_record(&r.key, &r.name).await.map_err(store_err)?;
+        Ok(v1::DeleteRecordResponse { deleted })
+    }
+
     async fn expect_finalizer_removals_rpc(
         &self,
         r: v1::ExpectFinalizerRemovalsRequest,
     ) -> Result<v1::ExpectFinalizerRemovalsResponse, Status> {
         validate::key(&r.key).map_err(invalid)?;
         validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
-        if r.pod_uids.len() > validate::MAX_LIST {
-            return Err(invalid(format!("at most {} pod UIDs per call", validate::MAX_LIST)));
-        }
-        for p in &r.pod_uids {
-            validate::id("pod_uid", p, true).map_err(invalid)?;
-        }
+        pod_uids(&r.pod_uids)?;
         self.store
             .expect_finalizer_removals(&r.key, &r.job_uid, &r.pod_uids)
             .await
@@ -742,6 +763,17 @@ impl QueueService {
                 .collect(),
         })
     }
+}
+
+/// Checks a list of pod UIDs.
+fn pod_uids(uids: &[String]) -> Result<(), Status> {
+    if uids.len() > validate::MAX_LIST {
+        return Err(invalid(format!("at most {} pod UIDs per call", validate::MAX_LIST)));
+    }
+    for p in uids {
+        validate::id("pod_uid", p, true).map_err(invalid)?;
+    }
+    Ok(())
 }
 
 /// Checks the per-Job record names a view read asks for.

@@ -193,6 +193,33 @@ async fn promoted_items_count_as_adds_and_poison_items_are_counted() {
     r.task.await.unwrap().unwrap();
 }
 
+/// Records are deleted and in-flight finalizer removals forgotten by their own calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_deleted_and_finalizer_removals_forgotten() {
+    let redis = RedisServer::start().unwrap();
+    let r = start(&redis).await;
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    c.put_record("ns/j", "backoff", b"r".to_vec(), None).await.unwrap();
+    c.put_record("ns/j", "other", b"o".to_vec(), None).await.unwrap();
+    assert!(c.delete_record("ns/j", "backoff").await.unwrap());
+    assert!(!c.delete_record("ns/j", "backoff").await.unwrap(), "already gone");
+    assert_eq!(c.get_record("ns/j", "backoff").await.unwrap(), None);
+    assert_eq!(c.get_record("ns/j", "other").await.unwrap(), Some(b"o".to_vec()));
+    let err = c.delete_record("ns/j", "").await.unwrap_err();
+    assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
+
+    c.set_expectations("ns/j", "u1", 0, 0).await.unwrap();
+    let uids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    c.expect_finalizer_removals("ns/j", "u1", uids(&["p1", "p2", "p3"])).await.unwrap();
+    assert_eq!(c.forget_finalizer_removals("ns/j", uids(&["p1", "p3", "p9"])).await.unwrap(), 2);
+    let e = c.get_expectations("ns/j", "u1").await.unwrap();
+    assert_eq!(e.finalizer_removals, vec!["p2".to_string()]);
+    let err = c.forget_finalizer_removals("ns/j", uids(&[""])).await.unwrap_err();
+    assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
+    r.shutdown.cancel();
+    r.task.await.unwrap().unwrap();
+}
+
 /// A Lease of the Job queue asked `with_views` brings each key's shared view, as GetJobView
 /// would answer it, read after the lease: trusted with its pods, expectations and records, or
 /// untrusted; other queues carry none, and bad record names are refused before leasing.
@@ -495,7 +522,7 @@ async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
     // Every RPC, not called yet, is there too.
     let started = body.lines().filter(|l| l.starts_with("grpc_server_started_total{")).count();
     let rpcs: usize = kjob_queue::service::RPCS.iter().map(|(_, methods)| methods.len()).sum();
-    assert_eq!((started, rpcs), (18, 18), "{body}");
+    assert_eq!((started, rpcs), (20, 20), "{body}");
     r.stop().await;
 }
 

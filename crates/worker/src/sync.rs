@@ -28,8 +28,6 @@ use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// Name of the per-Job record holding the pod-failure backoff state in the queue service.
 pub const BACKOFF_RECORD: &str = "backoff";
-/// Lifetime given to a record being removed (the queue has no delete for single records).
-const RECORD_REMOVAL_TTL: Duration = Duration::from_millis(1);
 /// Default age after which unsatisfied expectations count as satisfied: upstream's 5-minute
 /// expectations timeout. `kjob-worker` lowers it to one lease plus [`STALE_EXPECTATIONS_MARGIN`].
 pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = kjob_core::EXPECTATIONS_TIMEOUT;
@@ -388,24 +386,7 @@ impl Worker {
                 self.queue.expect_finalizer_removals(key, uid, pod_uids).await
             }
             Expectations::FinalizerRemovalsFailed { pod_uids } => {
-                // The store has no "forget one UID" call; an observe-only Add of a
-                // finalizer-removal observation drops the UID from the in-flight set.
-                let observations = pod_uids
-                    .into_iter()
-                    .map(|pod_uid| kjob_queue_client::v1::Observation {
-                        kind: kjob_queue_client::v1::ObservationKind::FinalizerRemoval as i32,
-                        job_uid: uid.to_string(),
-                        pod_uid,
-                    })
-                    .collect();
-                let item = kjob_queue_client::v1::AddItem {
-                    queue: kjob_core::JOB_QUEUE.to_string(),
-                    key: key.to_string(),
-                    observations,
-                    observe_only: true,
-                    ..Default::default()
-                };
-                self.queue.add(vec![item]).await.map(|_| ())
+                self.queue.forget_finalizer_removals(key, pod_uids).await.map(drop)
             }
         }
     }
@@ -457,9 +438,7 @@ impl Worker {
                 self.queue.put_record(key, BACKOFF_RECORD, bytes, None).await?;
             }
             BackoffUpdate::Remove => {
-                self.queue
-                    .put_record(key, BACKOFF_RECORD, Vec::new(), Some(RECORD_REMOVAL_TTL))
-                    .await?;
+                self.queue.delete_record(key, BACKOFF_RECORD).await?;
             }
         }
         Ok(())

@@ -552,6 +552,14 @@ return string.sub(v, sep + 1)
 "#
 );
 
+/// ARGV: name → 1 if the record existed, else 0.
+pub(crate) const REC_DEL: &str = concat!(
+    exp_prelude!(),
+    r#"
+return redis.call('HDEL', REC, ARGV[1])
+"#
+);
+
 /// ARGV: name, ttl_ms (0 = none), gc_ms, value.
 pub(crate) const REC_PUT: &str = concat!(
     exp_prelude!(),

@@ -285,6 +285,7 @@ struct Scripts {
     exp_fin_add: Script,
     rec_get: Script,
     rec_put: Script,
+    rec_del: Script,
     view: crate::view::ViewScripts,
 }
 
@@ -307,6 +308,7 @@ impl Scripts {
             exp_fin_add: Script::new(scripts::EXP_FIN_ADD),
             rec_get: Script::new(scripts::REC_GET),
             rec_put: Script::new(scripts::REC_PUT),
+            rec_del: Script::new(scripts::REC_DEL),
             view: crate::view::ViewScripts::new(),
         }
     }
@@ -906,6 +908,33 @@ impl Store {
         self.eval("expect_finalizer_removals", &self.scripts.exp_fin_add, &exp_keys(key), args)
             .await?;
         Ok(())
+    }
+
+    /// Drops pod UIDs from Job `key`'s in-flight finalizer-removal set (their removals failed);
+    /// returns how many were in it.
+    pub async fn forget_finalizer_removals(
+        &self,
+        key: &str,
+        pod_uids: &[String],
+    ) -> Result<u32, WqError> {
+        let observations: Vec<Observation> = pod_uids
+            .iter()
+            .map(|p| Observation::FinalizerRemoval { job_uid: String::new(), pod_uid: p.clone() })
+            .collect();
+        self.observe(key, &observations).await
+    }
+
+    /// Removes record `name` of Job `key`; whether it existed.
+    pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, WqError> {
+        let v = self
+            .eval(
+                "delete_record",
+                &self.scripts.rec_del,
+                &exp_keys(key),
+                vec![name.as_bytes().to_vec()],
+            )
+            .await?;
+        Ok(matches!(v, Value::Int(1)))
     }
 
     /// Reads record `name` of Job `key` (`None` if absent or expired).
