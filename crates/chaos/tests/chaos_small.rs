@@ -67,7 +67,14 @@ async fn run_small(
         faults: kinds.to_vec(),
         cluster,
     };
-    let report = run(cfg).await.unwrap();
+    let report = match run(cfg).await {
+        Ok(r) => r,
+        Err(e) => {
+            // A service that died mid-run: keep its logs, they say why.
+            let kept = run_dir.keep();
+            panic!("{e:#}\nlogs kept in {}", kept.join("logs").display());
+        }
+    };
     eprint!("{report}");
     let logs = tails(run_dir.path());
     if !report.violations.is_empty() {
