@@ -18,6 +18,7 @@ pub mod indexes;
 mod leaf;
 pub mod metrics;
 pub mod pod_failure_policy;
+pub mod selector;
 pub mod success_policy;
 pub mod summary;
 pub mod sync;

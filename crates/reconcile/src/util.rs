@@ -8,16 +8,17 @@
 //! `pkg/controller/job`.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kjob_core::JOB_TRACKING_FINALIZER;
 
 use crate::indexes::{completion_index, split_duplicated_indexes};
+use crate::selector::Selector;
 
 /// Pod phase `Pending`.
 pub const PHASE_PENDING: &str = "Pending";
@@ -217,53 +218,67 @@ pub enum Claim {
     Ignore,
 }
 
-/// Classifies a pod for a Job as upstream `PodControllerRefManager.ClaimPods` does; adoption
-/// additionally needs the caller to confirm the Job still exists and is not being deleted.
-pub fn claim(job: &Job, pod: &Pod) -> Claim {
-    let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
-    let matches = selector.is_some_and(|sel| selector_matches(sel, pod.metadata.labels.as_ref()));
-    let job_deleting = job.metadata.deletion_timestamp.is_some();
-    match controller_ref(pod) {
-        // Upstream compares the UID only here.
-        Some(r) if Some(r.uid.as_str()) != job.metadata.uid.as_deref() => Claim::Ignore,
-        Some(_) if matches => Claim::Owned,
-        // A Job being deleted neither releases nor keeps pods that stopped matching.
-        Some(_) if job_deleting => Claim::Ignore,
-        Some(_) => Claim::Release,
-        None if !matches || job_deleting || is_deleting(pod) => Claim::Ignore,
-        None if pod.metadata.namespace != job.metadata.namespace => Claim::Ignore,
-        None => Claim::Adopt,
+/// How a pod's controllerRef relates to one Job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// No controllerRef: an orphan.
+    Nobody,
+    /// The controllerRef carries the Job's UID (upstream compares the UID only).
+    ThisJob,
+    /// Controlled by something else.
+    Other,
+}
+
+/// What upstream `BaseControllerRefManager.ClaimObject` reads of a pod and a Job, so callers
+/// that hold other shapes of the two (the watcher's cache) reach the same [`Claim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimFacts {
+    /// The pod's controllerRef against the Job.
+    pub owner: Owner,
+    /// The Job's selector matches the pod's labels.
+    pub matches: bool,
+    /// The Job has a deletionTimestamp.
+    pub job_deleting: bool,
+    /// The pod has a deletionTimestamp.
+    pub pod_deleting: bool,
+}
+
+impl ClaimFacts {
+    /// The claim decision; adoption additionally needs the caller to confirm with a fresh read
+    /// that the Job still exists and is not being deleted (upstream `RecheckDeletionTimestamp`).
+    pub fn decide(self) -> Claim {
+        match self.owner {
+            Owner::Other => Claim::Ignore,
+            Owner::ThisJob if self.matches => Claim::Owned,
+            // A Job being deleted neither releases nor keeps pods that stopped matching.
+            Owner::ThisJob if self.job_deleting => Claim::Ignore,
+            Owner::ThisJob => Claim::Release,
+            Owner::Nobody if !self.matches || self.job_deleting || self.pod_deleting => {
+                Claim::Ignore
+            }
+            Owner::Nobody => Claim::Adopt,
+        }
     }
 }
 
-/// Whether `labels` satisfy a LabelSelector (`metav1.LabelSelectorAsSelector` semantics: an
-/// empty selector matches everything, an unknown operator matches nothing).
-pub fn selector_matches(
-    selector: &LabelSelector,
-    labels: Option<&BTreeMap<String, String>>,
-) -> bool {
-    let empty = BTreeMap::new();
-    let labels = labels.unwrap_or(&empty);
-    let labels_ok = selector
-        .match_labels
-        .as_ref()
-        .is_none_or(|ml| ml.iter().all(|(k, v)| labels.get(k) == Some(v)));
-    if !labels_ok {
-        return false;
+/// Classifies a pod for a Job with the Job's compiled selector, as upstream
+/// `PodControllerRefManager.ClaimPods` does (orphans of other namespaces are never adopted).
+pub fn claim(job: &Job, selector: &Selector, pod: &Pod) -> Claim {
+    let owner = match controller_ref(pod) {
+        None => Owner::Nobody,
+        Some(r) if Some(r.uid.as_str()) == job.metadata.uid.as_deref() => Owner::ThisJob,
+        Some(_) => Owner::Other,
+    };
+    if owner == Owner::Nobody && pod.metadata.namespace != job.metadata.namespace {
+        return Claim::Ignore;
     }
-    selector.match_expressions.as_ref().is_none_or(|exprs| {
-        exprs.iter().all(|e| {
-            let values = e.values.as_deref().unwrap_or(&[]);
-            let got = labels.get(&e.key);
-            match e.operator.as_str() {
-                "In" => got.is_some_and(|v| values.contains(v)),
-                "NotIn" => got.is_none_or(|v| !values.contains(v)),
-                "Exists" => got.is_some(),
-                "DoesNotExist" => got.is_none(),
-                _ => false,
-            }
-        })
-    })
+    ClaimFacts {
+        owner,
+        matches: selector.matches_pod(pod),
+        job_deleting: is_job_deleting(job),
+        pod_deleting: is_deleting(pod),
+    }
+    .decide()
 }
 
 /// Terminating pods (upstream `controller.FilterTerminatingPods`).
@@ -467,6 +482,8 @@ fn finish_time_from_containers(pod: &Pod) -> Option<Timestamp> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::testutil::{
         active_pods_for_removal, active_pods_order, at, count_ready, mk_job, mk_pod,
@@ -801,39 +818,47 @@ mod tests {
     #[test]
     fn claim_table() {
         let job = mk_job("j").build();
+        let sel = |j: &Job| Selector::compile(j.spec.as_ref().unwrap().selector.as_ref()).unwrap();
+        let selector = sel(&job);
         let other = mk_job("k").build();
         let owned = mk_pod(&job, "owned").build();
-        assert_eq!(claim(&job, &owned), Claim::Owned);
         let orphan = mk_pod(&job, "orphan").orphan().build();
-        assert_eq!(claim(&job, &orphan), Claim::Adopt);
-        assert_eq!(
-            claim(&job, &mk_pod(&job, "o2").orphan().deleting(at(1)).build()),
-            Claim::Ignore
-        );
         let foreign = mk_pod(&other, "foreign").build();
-        assert_eq!(claim(&job, &foreign), Claim::Ignore);
         let relabelled = mk_pod(&job, "rl").with(|p| p.metadata.labels = None).build();
-        assert_eq!(claim(&job, &relabelled), Claim::Release);
+        let deleting_job = mk_job("j").deleting(at(1)).build();
+        let cases = [
+            ("owned", &job, &owned, Claim::Owned),
+            ("orphan", &job, &orphan, Claim::Adopt),
+            (
+                "deleting orphan",
+                &job,
+                &mk_pod(&job, "o").orphan().deleting(at(1)).build(),
+                Claim::Ignore,
+            ),
+            (
+                "orphan of another namespace",
+                &job,
+                &mk_pod(&job, "o")
+                    .orphan()
+                    .with(|p| p.metadata.namespace = Some("x".into()))
+                    .build(),
+                Claim::Ignore,
+            ),
+            ("foreign", &job, &foreign, Claim::Ignore),
+            ("relabelled", &job, &relabelled, Claim::Release),
+            ("owned, Job deleting", &deleting_job, &owned, Claim::Owned),
+            ("relabelled, Job deleting", &deleting_job, &relabelled, Claim::Ignore),
+            ("orphan, Job deleting", &deleting_job, &orphan, Claim::Ignore),
+        ];
+        for (what, job, pod, want) in cases {
+            assert_eq!(claim(job, &sel(job), pod), want, "{what}");
+        }
         assert_eq!(pods_for_job(&job, [&owned, &orphan, &foreign]).len(), 1);
-    }
-
-    #[test]
-    fn selector_operators() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-        let labels = BTreeMap::from([("a".to_string(), "1".to_string())]);
-        let req = |op: &str, vals: &[&str]| LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "a".into(),
-                operator: op.into(),
-                values: Some(vals.iter().map(|s| s.to_string()).collect()),
-            }]),
-            ..Default::default()
-        };
-        assert!(selector_matches(&LabelSelector::default(), Some(&labels)));
-        assert!(selector_matches(&req("In", &["1", "2"]), Some(&labels)));
-        assert!(!selector_matches(&req("NotIn", &["1"]), Some(&labels)));
-        assert!(selector_matches(&req("Exists", &[]), Some(&labels)));
-        assert!(!selector_matches(&req("DoesNotExist", &[]), Some(&labels)));
-        assert!(!selector_matches(&req("Bogus", &[]), Some(&labels)));
+        // `selector: {}` claims every pod of the namespace; a nil selector none.
+        let every = Selector::compile(Some(&Default::default())).unwrap();
+        assert_eq!(claim(&job, &every, &relabelled), Claim::Owned);
+        assert_eq!(claim(&job, &Selector::nothing(), &owned), Claim::Release);
+        assert_eq!(claim(&job, &Selector::nothing(), &orphan), Claim::Ignore);
+        assert_eq!(claim(&job, &selector, &owned), Claim::Owned);
     }
 }

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kjob_core::DEFAULT_CONTROLLER_NAME;
 
 use super::*;
-use crate::selector::Selector;
+use kjob_reconcile::selector::Selector;
 
 const ME: &str = DEFAULT_CONTROLLER_NAME;
 const BATCH: Duration = SYNC_JOB_BATCH_PERIOD;
@@ -31,6 +31,7 @@ fn mk_job(name: &str) -> JobInfo {
         active_deadline_seconds: None,
         start_time: None,
         finished: false,
+        deleting: false,
         view: None,
     }
 }
@@ -367,6 +368,15 @@ fn owned_pods_whose_labels_stop_matching_are_released() {
     assert_eq!(
         on_pod_update(&cfg(), &store, &owned, &bump(&owned)),
         vec![job_q("ns/a", BATCH, vec![])]
+    );
+    // A Job being deleted releases nothing (upstream ClaimObject).
+    let mut deleting_job = mk_job("d");
+    deleting_job.deleting = true;
+    let store = store_with(&[&deleting_job], &[]);
+    let of_deleting = mk_pod("s", Some(&deleting_job));
+    assert_eq!(
+        on_pod_update(&cfg(), &store, &of_deleting, &unmatch(&of_deleting)),
+        vec![job_q("ns/d", BATCH, vec![])]
     );
 }
 
