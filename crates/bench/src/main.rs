@@ -15,7 +15,9 @@ use kjob_bench::{plot, stats};
 use tokio::task::JoinSet;
 
 use crate::stack::StackOpts;
-use crate::workload::{Phase, Recorder, job, measure_limit, run_phase};
+use kjob_bench::harness::Recorder;
+
+use crate::workload::{NAMESPACE, Phase, job, measure_limit, run_phase};
 
 /// Timeouts of the harness's own kube client (watches keep the client's long read timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -329,7 +331,7 @@ async fn run_on_fresh_stack(
     let client = kube_client(&stack.sim_url).await?;
     let rec = Recorder::default();
     let mut watches = JoinSet::new();
-    rec.start(client.clone(), &mut watches).await?;
+    rec.start(client.clone(), NAMESPACE, &mut watches).await?;
     let out = run_phase(&mut stack, &client, &rec, http, ticks, phase).await;
     watches.abort_all();
     out
