@@ -14,10 +14,14 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
 
 use crate::stats::summarize;
 use crate::upstream::Latency;
 use tokio::task::JoinSet;
+
+/// Namespace every benchmark object lives in.
+pub const NAMESPACE: &str = "default";
 
 /// How long the two watches may take to list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -271,6 +275,40 @@ impl Recorder {
     }
 }
 
+/// A benchmark Job in [`NAMESPACE`]: `completions` pods that each run for `run_time` (on
+/// kjob-sim's kubelet and kjob-node-agent alike), `spec.managedBy` set to `managed_by` (unset:
+/// upstream takes it, and kjob too with `--manage-all-jobs`).
+pub fn job(
+    name: &str,
+    managed_by: Option<&str>,
+    completions: i32,
+    parallelism: i32,
+    indexed: bool,
+    run_time: Duration,
+) -> Job {
+    let mut spec = json!({
+        "completions": completions,
+        "parallelism": parallelism,
+        "template": {
+            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+        }
+    });
+    if let Some(controller) = managed_by {
+        spec["managedBy"] = json!(controller);
+    }
+    if indexed {
+        spec["completionMode"] = json!("Indexed");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
+        "spec": spec
+    }))
+    .expect("a literal Job decodes")
+}
+
 /// Creates Jobs through one namespaced API, noting each create in a [`Recorder`].
 #[derive(Clone)]
 pub struct Creator {
@@ -344,7 +382,6 @@ async fn join_creators(set: &mut JoinSet<anyhow::Result<()>>) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn pod(uid: &str, job: &str, phase: &str, finished_at: Option<&str>) -> Pod {
         let mut v = json!({

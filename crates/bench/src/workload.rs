@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::batch::v1::Job;
-use kjob_bench::harness::{Creator, Recorder};
+use kjob_bench::harness::{Creator, NAMESPACE, Recorder};
 use kjob_bench::procfs::{Usage, read_usage};
 use kjob_bench::promtext;
 use kjob_bench::redisinfo;
@@ -21,41 +21,10 @@ use crate::stack::{Stack, redis_url, worker_admin_urls};
 
 /// Timeout of every single API, metrics or Redis call the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
-/// Namespace every benchmark object lives in.
-pub const NAMESPACE: &str = "default";
 /// How often the harness checks whether a phase is done.
 const POLL: Duration = Duration::from_millis(200);
 /// Redis commands the harness itself sends when taking a snapshot.
 const HARNESS_REDIS_COMMANDS: [&str; 3] = ["info", "hello", "client|setinfo"];
-
-/// A Job for the benchmark: `completions` pods that each run for `run_time`.
-pub fn job(
-    name: &str,
-    controller: &str,
-    completions: i32,
-    parallelism: i32,
-    indexed: bool,
-    run_time: Duration,
-) -> anyhow::Result<Job> {
-    let mut spec = json!({
-        "managedBy": controller,
-        "completions": completions,
-        "parallelism": parallelism,
-        "template": {
-            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
-        }
-    });
-    if indexed {
-        spec["completionMode"] = json!("Indexed");
-    }
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
-        "spec": spec
-    }))?)
-}
 
 /// Counters and resource use at one moment.
 pub struct Snapshot {

@@ -16,10 +16,9 @@ use kjob_bench::upstream::{
 use kjob_testkit::cluster::{ClusterInfo, ClusterOptions, ControlPlane, JobController};
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 use kube::api::Api;
-use serde_json::json;
 use tokio::task::JoinSet;
 
-use kjob_bench::harness::{Creator, Observed, Recorder};
+use kjob_bench::harness::{Creator, NAMESPACE, Observed, Recorder, job};
 
 /// Timeout of every single API call and scrape the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,7 +30,6 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// How long kjob's watcher may take to win its Lease.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Namespace of the benchmark's Jobs.
-pub const NAMESPACE: &str = "default";
 /// Control-plane processes whose CPU is measured (names of their pid files).
 const CONTROL_PLANE: [&str; 3] = [APISERVER, ETCD, CONTROLLER_MANAGER];
 
@@ -76,35 +74,6 @@ pub struct Env {
     pub service_log: String,
     /// `CLK_TCK`.
     pub ticks: f64,
-}
-
-/// A Job of `completions` pods that each run for `run_time`, for whichever controller runs
-/// (no `managedBy`: upstream takes it, and kjob runs with `--manage-all-jobs`).
-pub fn job(
-    name: &str,
-    completions: i32,
-    parallelism: i32,
-    indexed: bool,
-    run_time: Duration,
-) -> Job {
-    let mut spec = json!({
-        "completions": completions,
-        "parallelism": parallelism,
-        "template": {
-            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
-        }
-    });
-    if indexed {
-        spec["completionMode"] = json!("Indexed");
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
-        "spec": spec
-    }))
-    .expect("a literal Job decodes")
 }
 
 /// Counters and process usage at one moment.
@@ -161,7 +130,7 @@ async fn create(
     let creator =
         Creator::new(Api::namespaced(client.clone(), NAMESPACE), rec.clone(), CALL_TIMEOUT);
     let single = |n: usize, prefix: &str| -> Vec<Job> {
-        (0..n).map(|i| job(&format!("{prefix}-{i:05}"), 1, 1, false, run_time)).collect()
+        (0..n).map(|i| job(&format!("{prefix}-{i:05}"), None, 1, 1, false, run_time)).collect()
     };
     let jobs = match spec {
         Spec::Burst { jobs, creators } => {
@@ -170,7 +139,7 @@ async fn create(
             list
         }
         Spec::Indexed { completions, parallelism } => {
-            let j = job("indexed", completions, parallelism, true, run_time);
+            let j = job("indexed", None, completions, parallelism, true, run_time);
             creator.one(&j).await?;
             vec![j]
         }
