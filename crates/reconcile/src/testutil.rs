@@ -585,6 +585,26 @@ pub fn condition_rule(action: &str, patterns: &[(&str, &str)]) -> PodFailurePoli
     }
 }
 
+/// A sync of `job` over `pods` at `now` with expectations satisfied, no backoff record, kjob's
+/// default controller name and every Job managed; change the other fields on the result.
+pub fn sync_input<'a>(
+    job: &'a Job,
+    pods: &'a [Pod],
+    now: Timestamp,
+    finalizer_removals_in_flight: &'a BTreeSet<String>,
+) -> crate::SyncInput<'a> {
+    crate::SyncInput {
+        job,
+        pods,
+        now,
+        expectations_satisfied: true,
+        finalizer_removals_in_flight,
+        backoff: None,
+        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
+        manage_all: true,
+    }
+}
+
 // Upstream helpers the engine does not call (it works over pod summaries and positions), kept
 // as the plain Pod-level references the unit tests check the engine's pieces against.
 
