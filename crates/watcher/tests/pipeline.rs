@@ -10,7 +10,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::{Outcome, QueueClient, v1};
 use kjob_sim::testing::TestSim;
-use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+use kjob_testkit::{ChildGuard, RedisServer, free_port};
 use kjob_watcher::WatcherConfig;
 use kjob_watcher::leader::LeaseConfig;
 use kube::Api;
@@ -26,18 +26,7 @@ const CONTROLLER: &str = kjob_core::DEFAULT_CONTROLLER_NAME;
 // ------------------------------------------------------------------ harness
 
 fn start_queue(redis: &RedisServer, port: u16) -> ChildGuard {
-    let bin = bin_path("kjob-queue").expect("build kjob-queue first: cargo build -p kjob-queue");
-    let mut cmd = Command::new(bin);
-    cmd.arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--redis-url")
-        .arg(redis.url())
-        .arg("--admin-listen")
-        .arg("127.0.0.1:0")
-        .stdout(std::process::Stdio::null());
-    let child = ChildGuard::spawn("kjob-queue", &mut cmd).unwrap();
-    wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10)).unwrap();
-    child
+    kjob_testkit::process::start_queue(&redis.url(), port).expect("kjob-queue (cargo build --bins)")
 }
 
 struct Stack {
