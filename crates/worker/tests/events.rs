@@ -33,9 +33,8 @@ async fn sink_with(
 ) -> (EventSink, tokio::task::JoinHandle<()>, Metrics) {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let kc = kube::config::Kubeconfig::read_from(server.worker_kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+    let client =
+        kjob_testkit::server::kube_client(&server.worker_kubeconfig(), None).await.unwrap();
     let api = KubeApi::new(client, 100.0, 100, metrics.clone());
     let (sink, mut writer) =
         EventSink::new(api, kjob_core::DEFAULT_CONTROLLER_NAME, id, metrics.clone());

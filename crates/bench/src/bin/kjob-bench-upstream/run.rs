@@ -83,11 +83,8 @@ struct Snapshot {
 }
 
 async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await?;
+    // Watches keep kube's long read timeout.
+    let mut config = kjob_testkit::server::kube_config(kubeconfig).await?;
     config.connect_timeout = Some(CALL_TIMEOUT);
     config.write_timeout = Some(CALL_TIMEOUT);
     Ok(kube::Client::try_from(config)?)
