@@ -397,6 +397,21 @@ pub async fn create_job(client: &kube::Client, ns: &str, mut manifest: serde_jso
         .expect("create job")
 }
 
+/// Creates a NonIndexed Job `name` of `completions` pods, `parallelism` at a time, that never
+/// restart.
+pub async fn create_plain_job(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    completions: i32,
+    parallelism: i32,
+) -> Job {
+    let spec = serde_json::json!({
+        "completions": completions, "parallelism": parallelism, "template": template("Never")
+    });
+    create_job(client, ns, serde_json::json!({"metadata": {"name": name}, "spec": spec})).await
+}
+
 /// A condition of the Job with status True.
 pub fn condition<'a>(
     job: &'a Job,
