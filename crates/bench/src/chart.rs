@@ -6,6 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::plot::{PlotError, SERIES_COLOURS};
@@ -70,6 +73,47 @@ fn axis_max(max: f64) -> f64 {
     if max > 0.0 && max.is_finite() { max * 1.15 } else { 1.0 }
 }
 
+type Canvas<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+type Chart<'a, X> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, RangedCoordf64>>;
+
+/// A white canvas for a chart at `path`, with the font registered.
+fn canvas(path: &Path) -> Result<Canvas<'_>, PlotError> {
+    ensure_font()?;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw_err(path)(&e))?;
+    Ok(root)
+}
+
+/// The chart builder every chart starts from: the title and the label areas (x, y) in pixels.
+fn builder<'a, 'b>(
+    root: &'a Canvas<'b>,
+    title: &str,
+    areas: (u32, u32),
+) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut b = ChartBuilder::on(root);
+    b.caption(title, (FAMILY, 24)).margin(16).x_label_area_size(areas.0).y_label_area_size(areas.1);
+    b
+}
+
+/// Draws the legend at `position` and writes the PNG.
+fn legend_and_present<X: Ranged<ValueType = f64>>(
+    root: &Canvas<'_>,
+    mut chart: Chart<'_, X>,
+    position: SeriesLabelPosition,
+    err: impl Fn(&dyn std::fmt::Display) -> PlotError,
+) -> Result<(), PlotError> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FAMILY, 15))
+        .position(position)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
 /// One bar per `(label, value)`, each its own colour and legend entry, the value written above
 /// it. `y_desc` names the quantity with its unit.
 pub fn bar_chart(
@@ -78,17 +122,11 @@ pub fn bar_chart(
     y_desc: &str,
     bars: &[(String, f64)],
 ) -> Result<(), PlotError> {
-    ensure_font()?;
     let err = draw_err(path);
     let n = bars.len().max(1);
     let y_max = axis_max(bars.iter().map(|b| b.1).fold(0.0, f64::max));
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FAMILY, 24))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(80)
+    let root = canvas(path)?;
+    let mut chart = builder(&root, title, (40, 80))
         .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
         .map_err(|e| err(&e))?;
     chart
@@ -116,16 +154,46 @@ pub fn bar_chart(
             )])
             .map_err(|e| err(&e))?;
     }
+    legend_and_present(&root, chart, SeriesLabelPosition::UpperRight, err)
+}
+
+/// The mesh (axes named `(x_desc, y_desc)`) and one line per `(legend, points)` of a line or
+/// CDF chart, the legend at `position`; with `x_floor` (a log axis' left end), points left of
+/// it are drawn on it.
+fn lines<X>(
+    path: &Path,
+    root: &Canvas<'_>,
+    mut chart: Chart<'_, X>,
+    (x_desc, y_desc): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+    x_floor: Option<f64>,
+    position: SeriesLabelPosition,
+) -> Result<(), PlotError>
+where
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let err = draw_err(path);
     chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FAMILY, 15))
-        .position(SeriesLabelPosition::UpperRight)
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style((FAMILY, 15))
+        .axis_desc_style((FAMILY, 17))
         .draw()
         .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = colour(i);
+        let pts: Vec<(f64, f64)> = match x_floor {
+            Some(floor) => points.iter().map(|&(x, y)| (x.max(floor), y)).collect(),
+            None => points.clone(),
+        };
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    }
+    legend_and_present(root, chart, position, err)
 }
 
 /// Lines with points, one per `(legend, points)`, on linear axes from 0; `x_desc` and `y_desc`
@@ -137,46 +205,14 @@ pub fn line_chart(
     y_desc: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> Result<(), PlotError> {
-    ensure_font()?;
-    let err = draw_err(path);
     let pts = || series.iter().flat_map(|s| s.1.iter());
     let x_max = axis_max(pts().map(|p| p.0).fold(0.0, f64::max));
     let y_max = axis_max(pts().map(|p| p.1).fold(0.0, f64::max));
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FAMILY, 24))
-        .margin(16)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let chart = builder(&root, title, (50, 70))
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .label_style((FAMILY, 15))
-        .axis_desc_style((FAMILY, 17))
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (i, (name, points)) in series.iter().enumerate() {
-        let c = colour(i);
-        chart
-            .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FAMILY, 15))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+        .map_err(|e| draw_err(path)(&e))?;
+    lines(path, &root, chart, (x_desc, y_desc), series, None, SeriesLabelPosition::LowerRight)
 }
 
 /// Cumulative distributions, one line per `(legend, points)` of `(value, fraction)`, on a
@@ -188,48 +224,25 @@ pub fn cdf_chart(
     x_desc: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> Result<(), PlotError> {
-    ensure_font()?;
-    let err = draw_err(path);
     let xs = || series.iter().flat_map(|s| s.1.iter()).map(|p| p.0);
     let x_min = xs().filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
     let x_min = if x_min.is_finite() { x_min / 2.0 } else { 1e-3 };
     let x_max = xs().fold(0.0, f64::max).max(x_min * 10.0) * 1.5;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FAMILY, 24))
-        .margin(16)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let chart = builder(&root, title, (50, 70))
         .build_cartesian_2d((x_min..x_max).log_scale(), 0.0..1.05)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc(format!("{x_desc}, log scale"))
-        .y_desc("fraction of samples")
-        .label_style((FAMILY, 15))
-        .axis_desc_style((FAMILY, 17))
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (i, (name, points)) in series.iter().enumerate() {
-        let c = colour(i);
-        let pts: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (x.max(x_min), y)).collect();
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FAMILY, 15))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+        .map_err(|e| draw_err(path)(&e))?;
+    let x_desc = format!("{x_desc}, log scale");
+    let y_desc = "fraction of samples";
+    lines(
+        path,
+        &root,
+        chart,
+        (&x_desc, y_desc),
+        series,
+        Some(x_min),
+        SeriesLabelPosition::UpperLeft,
+    )
 }
 
 /// A value with three significant figures at most, for bar labels.

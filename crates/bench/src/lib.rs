@@ -1,11 +1,13 @@
-//! kjob-bench: the pure parts of the whole-stack benchmark and of the side-by-side benchmark
+//! kjob-bench: the shared parts of the whole-stack benchmark and of the side-by-side benchmark
 //! against upstream — statistics, parsers for the text the processes expose (Prometheus
 //! counters, kube-apiserver's `/metrics`, Redis `INFO commandstats`, `/proc`), the Markdown
-//! reports and the PNG plots. The binaries (`src/main.rs`, `src/bin/kjob-bench-upstream`) do
-//! the I/O around them.
+//! reports and the PNG plots, and the harness both measure with (Job creators, the Job and Pod
+//! watches). The binaries (`src/main.rs`, `src/bin/kjob-bench-upstream`) do the rest of the
+//! I/O around them.
 
 pub mod apiserver;
 pub mod chart;
+pub mod harness;
 pub mod plot;
 pub mod procfs;
 pub mod promtext;

@@ -15,7 +15,9 @@ use kjob_bench::{plot, stats};
 use tokio::task::JoinSet;
 
 use crate::stack::StackOpts;
-use crate::workload::{Phase, Recorder, job, measure_limit, run_phase};
+use kjob_bench::harness::{NAMESPACE, Recorder, job};
+
+use crate::workload::{Phase, measure_limit, run_phase};
 
 /// Timeouts of the harness's own kube client (watches keep the client's long read timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -218,8 +220,10 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     let mut main_phases: Vec<(&str, Phase)> = Vec::new();
     if jobs > 0 {
         let list = (0..jobs)
-            .map(|i| job(&format!("single-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .map(|i| {
+                job(&format!("single-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time)
+            })
+            .collect::<Vec<_>>();
         let phase = Phase {
             name: format!("{jobs} single-pod Jobs"),
             jobs: list,
@@ -232,12 +236,12 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     if indexed_completions > 0 {
         let j = job(
             "indexed",
-            &controller_name,
+            Some(&controller_name),
             indexed_completions,
             indexed_parallelism,
             true,
             pod_run_time,
-        )?;
+        );
         let phase = Phase {
             name: format!(
                 "Indexed Job, {indexed_completions} completions, parallelism {indexed_parallelism}"
@@ -271,8 +275,10 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         };
         report.latency_rate = rate;
         let list = (0..latency_jobs)
-            .map(|i| job(&format!("paced-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .map(|i| {
+                job(&format!("paced-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time)
+            })
+            .collect::<Vec<_>>();
         let phase = Phase {
             name: format!("{latency_jobs} single-pod Jobs at {rate:.1}/s"),
             jobs: list,
@@ -292,8 +298,10 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     for &w in &scale_workers.0 {
         tracing::info!(workers = w, ?write_latency, "scale-out run");
         let list = (0..scale_jobs)
-            .map(|i| job(&format!("scale-{i:05}"), &controller_name, 1, 1, false, pod_run_time))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .map(|i| {
+                job(&format!("scale-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time)
+            })
+            .collect::<Vec<_>>();
         let phase = Phase {
             name: format!("scale-out: {scale_jobs} Jobs, {w} worker(s)"),
             jobs: list,
@@ -329,7 +337,7 @@ async fn run_on_fresh_stack(
     let client = kube_client(&stack.sim_url).await?;
     let rec = Recorder::default();
     let mut watches = JoinSet::new();
-    rec.start(client.clone(), &mut watches).await?;
+    rec.start(client.clone(), NAMESPACE, &mut watches).await?;
     let out = run_phase(&mut stack, &client, &rec, http, ticks, phase).await;
     watches.abort_all();
     out

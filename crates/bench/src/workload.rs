@@ -1,21 +1,19 @@
 //! The harness side of a run: creating Jobs, watching Jobs and Pods (timestamps taken when
 //! events arrive), snapshots of counters before and after a phase, and the sim-limit loop.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use kjob_bench::harness::{Creator, NAMESPACE, Recorder};
 use kjob_bench::procfs::{Usage, read_usage};
 use kjob_bench::promtext;
 use kjob_bench::redisinfo;
 use kjob_bench::report::{LimitResult, PhaseResult, ProcessUsage};
 use kjob_bench::stats::summarize;
-use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::Api;
 use serde_json::json;
 use tokio::task::JoinSet;
 
@@ -23,294 +21,10 @@ use crate::stack::{Stack, redis_url, worker_admin_urls};
 
 /// Timeout of every single API, metrics or Redis call the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
-/// Namespace every benchmark object lives in.
-pub const NAMESPACE: &str = "default";
 /// How often the harness checks whether a phase is done.
 const POLL: Duration = Duration::from_millis(200);
 /// Redis commands the harness itself sends when taking a snapshot.
 const HARNESS_REDIS_COMMANDS: [&str; 3] = ["info", "hello", "client|setinfo"];
-
-/// Per-Job observations.
-#[derive(Debug, Default)]
-struct JobTrack {
-    created: Option<Instant>,
-    first_pod: Option<Instant>,
-    last_pod: Option<Instant>,
-    pods: u64,
-    finished: Option<Instant>,
-    counted: u64,
-    finished_pods: VecDeque<Instant>,
-    counted_latency: Vec<f64>,
-}
-
-/// Watches Jobs and Pods and keeps what the latency figures need.
-#[derive(Clone, Default)]
-pub struct Recorder {
-    jobs: Arc<Mutex<HashMap<String, JobTrack>>>,
-    pods: Arc<Mutex<(HashSet<String>, HashSet<String>)>>,
-    watch_errors: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Recorder {
-    /// Notes that the create call of `job` returned at `at`.
-    pub fn submitted(&self, job: &str, at: Instant) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let t = jobs.entry(job.to_string()).or_default();
-        t.created = Some(t.created.map_or(at, |c| c.min(at)));
-    }
-
-    fn on_job(&self, job: &Job, now: Instant) {
-        let Some(name) = job.metadata.name.clone() else { return };
-        let status = job.status.clone().unwrap_or_default();
-        let counted = (status.succeeded.unwrap_or(0) + status.failed.unwrap_or(0)).max(0) as u64;
-        let done = status
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let t = jobs.entry(name).or_default();
-        t.created.get_or_insert(now);
-        if counted > t.counted {
-            // Pods are matched to counts in the order they were seen finishing.
-            for _ in t.counted..counted {
-                match t.finished_pods.pop_front() {
-                    Some(f) => t.counted_latency.push(now.duration_since(f).as_secs_f64()),
-                    None => break,
-                }
-            }
-            t.counted = counted;
-        }
-        if done && t.finished.is_none() {
-            t.finished = Some(now);
-        }
-    }
-
-    fn on_pod(&self, pod: &Pod, now: Instant) {
-        let (Some(uid), Some(job)) = (
-            pod.metadata.uid.clone(),
-            pod.metadata.labels.as_ref().and_then(|l| l.get(kjob_core::JOB_NAME_LABEL)).cloned(),
-        ) else {
-            return;
-        };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let terminal = matches!(phase, Some("Succeeded" | "Failed"));
-        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        let new = pods.0.insert(uid.clone());
-        let newly_finished = terminal && pods.1.insert(uid);
-        drop(pods);
-        if !new && !newly_finished {
-            return;
-        }
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let t = jobs.entry(job).or_default();
-        if new {
-            t.pods += 1;
-            t.first_pod.get_or_insert(now);
-            t.last_pod = Some(now);
-        }
-        if newly_finished {
-            t.finished_pods.push_back(now);
-        }
-    }
-
-    /// Starts the Job and Pod watches; returns once both have listed.
-    pub async fn start(
-        &self,
-        client: kube::Client,
-        tasks: &mut JoinSet<anyhow::Result<()>>,
-    ) -> anyhow::Result<()> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(2);
-        let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-        let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
-        let (r, t) = (self.clone(), tx.clone());
-        tasks.spawn(async move {
-            let mut s = watcher(jobs, watcher::Config::default()).default_backoff().boxed();
-            while let Some(ev) = s.next().await {
-                let now = Instant::now();
-                match ev {
-                    Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
-                        r.on_job(&j, now)
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        let _ = t.try_send(());
-                    }
-                    Ok(_) => {}
-                    Err(e) => r.watch_failed("jobs", &e),
-                }
-            }
-            Ok(())
-        });
-        let r = self.clone();
-        tasks.spawn(async move {
-            let mut s = watcher(pods, watcher::Config::default()).default_backoff().boxed();
-            while let Some(ev) = s.next().await {
-                let now = Instant::now();
-                match ev {
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                        r.on_pod(&p, now)
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        let _ = tx.try_send(());
-                    }
-                    Ok(_) => {}
-                    Err(e) => r.watch_failed("pods", &e),
-                }
-            }
-            Ok(())
-        });
-        for _ in 0..2 {
-            tokio::time::timeout(CALL_TIMEOUT, rx.recv()).await.context("watches did not sync")?;
-        }
-        Ok(())
-    }
-
-    // A watch error (a 410 after a cut stream, a refused request) is not fatal: kube's watcher
-    // re-lists after a backoff and the uid sets make replayed objects harmless. Counted so the
-    // report shows that the harness's own view was interrupted.
-    fn watch_failed(&self, what: &str, e: &watcher::Error) {
-        self.watch_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::warn!(watch = what, error = %e, "harness watch failed; it re-lists");
-    }
-
-    /// Watch errors the harness has seen (each followed by a re-list).
-    pub fn watch_errors(&self) -> u64 {
-        self.watch_errors.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// How many of `names` have finished.
-    pub fn finished(&self, names: &[String]) -> usize {
-        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        names.iter().filter(|n| jobs.get(*n).is_some_and(|t| t.finished.is_some())).count()
-    }
-
-    /// Fills the throughput and latency figures of `out` for the Jobs `names`, submitted from
-    /// `t0`; the phase ended at `end`.
-    fn fill(
-        &self,
-        names: &[String],
-        t0: Instant,
-        end: Instant,
-        out: &mut PhaseResult,
-    ) -> (Vec<f64>, Vec<f64>) {
-        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut first, mut counted) = (Vec::new(), Vec::new());
-        let mut last_finish = None::<Instant>;
-        let mut last_pod = None::<Instant>;
-        for t in names.iter().filter_map(|n| jobs.get(n)) {
-            out.pods_created += t.pods;
-            if let (Some(c), Some(p)) = (t.created, t.first_pod) {
-                first.push(p.saturating_duration_since(c).as_secs_f64());
-            }
-            counted.extend_from_slice(&t.counted_latency);
-            if let Some(f) = t.finished {
-                out.jobs_finished += 1;
-                last_finish = last_finish.max(Some(f));
-            }
-            last_pod = last_pod.max(t.last_pod);
-        }
-        let finish = if out.timed_out { end } else { last_finish.unwrap_or(end) };
-        out.elapsed_secs = finish.duration_since(t0).as_secs_f64();
-        out.pods_window_secs = last_pod.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
-        out.first_pod_latency = summarize(&mut first);
-        out.counted_latency = summarize(&mut counted);
-        (first, counted)
-    }
-}
-
-/// A Job for the benchmark: `completions` pods that each run for `run_time`.
-pub fn job(
-    name: &str,
-    controller: &str,
-    completions: i32,
-    parallelism: i32,
-    indexed: bool,
-    run_time: Duration,
-) -> anyhow::Result<Job> {
-    let mut spec = json!({
-        "managedBy": controller,
-        "completions": completions,
-        "parallelism": parallelism,
-        "template": {
-            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
-        }
-    });
-    if indexed {
-        spec["completionMode"] = json!("Indexed");
-    }
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
-        "spec": spec
-    }))?)
-}
-
-/// Creates one Job (bounded by [`CALL_TIMEOUT`]) and notes when it was submitted.
-async fn create_one(api: &Api<Job>, rec: &Recorder, job: &Job) -> anyhow::Result<()> {
-    let name = job.metadata.name.clone().unwrap_or_default();
-    tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), job))
-        .await
-        .with_context(|| format!("creating Job {name} timed out"))?
-        .with_context(|| format!("creating Job {name}"))?;
-    rec.submitted(&name, Instant::now());
-    Ok(())
-}
-
-/// Creates `jobs` with `clients` concurrent creators, noting each in `rec`.
-pub async fn create_jobs(
-    client: &kube::Client,
-    rec: &Recorder,
-    jobs: Vec<Job>,
-    clients: usize,
-) -> anyhow::Result<()> {
-    let api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-    let queue = Arc::new(Mutex::new(jobs));
-    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
-    for _ in 0..clients.max(1) {
-        let (api, queue, rec) = (api.clone(), queue.clone(), rec.clone());
-        set.spawn(async move {
-            loop {
-                let Some(j) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
-                    return Ok(());
-                };
-                create_one(&api, &rec, &j).await?;
-            }
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.context("creator task")??;
-    }
-    Ok(())
-}
-
-/// Creates `jobs` at `rate` per second (open loop: each on its schedule, however long earlier
-/// creates take), noting each in `rec`.
-pub async fn create_jobs_paced(
-    client: &kube::Client,
-    rec: &Recorder,
-    jobs: Vec<Job>,
-    rate: f64,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(rate > 0.0, "pace must be positive, got {rate}");
-    let api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-    let t0 = tokio::time::Instant::now();
-    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
-    for (i, j) in jobs.into_iter().enumerate() {
-        tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
-        let (api, rec) = (api.clone(), rec.clone());
-        set.spawn(async move { create_one(&api, &rec, &j).await });
-        // Reap finished creates as we go so the set stays small.
-        while let Some(r) = set.try_join_next() {
-            r.context("creator task")??;
-        }
-    }
-    while let Some(r) = set.join_next().await {
-        r.context("creator task")??;
-    }
-    Ok(())
-}
 
 /// Counters and resource use at one moment.
 pub struct Snapshot {
@@ -409,9 +123,11 @@ pub async fn run_phase(
     let watch_errors = rec.watch_errors();
     let t0 = Instant::now();
     let deadline = t0 + phase.timeout;
+    let creator =
+        Creator::new(Api::namespaced(client.clone(), NAMESPACE), rec.clone(), CALL_TIMEOUT);
     match phase.pace {
-        Some(rate) => create_jobs_paced(client, rec, phase.jobs, rate).await?,
-        None => create_jobs(client, rec, phase.jobs, phase.creators).await?,
+        Some(rate) => creator.paced(phase.jobs, rate).await?,
+        None => creator.burst(phase.jobs, phase.creators).await?,
     }
     tracing::info!(phase = %phase.name, secs = t0.elapsed().as_secs_f64(), "all Jobs created");
     let mut timed_out = false;
@@ -439,7 +155,14 @@ pub async fn run_phase(
         watch_errors: rec.watch_errors() - watch_errors,
         ..Default::default()
     };
-    let (first, counted) = rec.fill(&names, t0, end, &mut out);
+    let observed = rec.observed(&names, t0, end);
+    out.pods_created = observed.pods_created;
+    out.jobs_finished = observed.jobs_finished;
+    out.elapsed_secs = observed.elapsed_secs;
+    out.pods_window_secs = observed.pods_window_secs;
+    out.first_pod_latency = summarize(&mut observed.first_pod.clone());
+    out.counted_latency = summarize(&mut observed.counted.clone());
+    let (first, counted) = (observed.first_pod, observed.counted);
     out.api_all = diff(&before.sim, &after.sim);
     out.api_workers = diff(&before.workers, &after.workers);
     out.syncs = (after.syncs - before.syncs).max(0.0) as u64;
@@ -509,55 +232,4 @@ pub async fn measure_limit(
         errors += e;
     }
     Ok(LimitResult { clients, pods: created, errors, secs: t0.elapsed().as_secs_f64() })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(uid: &str, job: &str, phase: &str) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": uid, "uid": uid, "labels": {kjob_core::JOB_NAME_LABEL: job}},
-            "status": {"phase": phase}
-        }))
-        .unwrap()
-    }
-
-    fn job_status(name: &str, succeeded: i32, complete: bool) -> Job {
-        let conditions =
-            if complete { json!([{"type": "Complete", "status": "True"}]) } else { json!([]) };
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "status": {"succeeded": succeeded, "conditions": conditions}
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn recorder_measures_first_pod_and_counting_latency() {
-        let rec = Recorder::default();
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        rec.submitted("a", at(0));
-        rec.on_pod(&pod("p1", "a", "Pending"), at(300));
-        rec.on_pod(&pod("p2", "a", "Pending"), at(400));
-        // Repeated events of a known pod change nothing.
-        rec.on_pod(&pod("p1", "a", "Running"), at(500));
-        rec.on_pod(&pod("p1", "a", "Succeeded"), at(1000));
-        rec.on_pod(&pod("p1", "a", "Succeeded"), at(1100));
-        rec.on_pod(&pod("p2", "a", "Succeeded"), at(1200));
-        rec.on_job(&job_status("a", 1, false), at(1500));
-        assert_eq!(rec.finished(&["a".into()]), 0);
-        rec.on_job(&job_status("a", 2, true), at(2000));
-        assert_eq!(rec.finished(&["a".into()]), 1);
-
-        let mut out = PhaseResult::default();
-        let (first, counted) = rec.fill(&["a".into(), "missing".into()], t0, at(5000), &mut out);
-        assert_eq!(first, vec![0.3]);
-        assert_eq!(counted, vec![0.5, 0.8]);
-        assert_eq!((out.pods_created, out.jobs_finished), (2, 1));
-        assert!((out.elapsed_secs - 2.0).abs() < 1e-9);
-        assert!((out.pods_window_secs - 0.4).abs() < 1e-9);
-        assert_eq!(out.counted_latency.map(|s| s.p99), Some(0.8));
-    }
 }

@@ -352,13 +352,7 @@ fn job_name(i: usize) -> String {
 }
 
 async fn kube_client(stack: &Stack) -> anyhow::Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig)
-        .with_context(|| format!("reading {}", stack.kubeconfig.display()))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    config.connect_timeout = Some(API_TIMEOUT);
-    config.read_timeout = Some(API_TIMEOUT);
-    config.write_timeout = Some(API_TIMEOUT);
-    Ok(Client::try_from(config)?)
+    kjob_testkit::server::kube_client(&stack.kubeconfig, Some(API_TIMEOUT)).await
 }
 
 /// Creates an object, retrying injected errors; "already exists" (an earlier try that timed

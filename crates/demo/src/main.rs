@@ -182,13 +182,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn client(stack: &Stack) -> anyhow::Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig)
-        .with_context(|| format!("reading {}", stack.kubeconfig.display()))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    config.connect_timeout = Some(API_TIMEOUT);
-    config.read_timeout = Some(API_TIMEOUT);
-    config.write_timeout = Some(API_TIMEOUT);
-    Ok(Client::try_from(config)?)
+    kjob_testkit::server::kube_client(&stack.kubeconfig, Some(API_TIMEOUT)).await
 }
 
 async fn timed<T>(

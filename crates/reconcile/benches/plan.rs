@@ -22,8 +22,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
-use kjob_reconcile::testutil::{at, mk_job, mk_pod};
-use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods, SyncInput};
+use kjob_reconcile::testutil::{at, mk_job, mk_pod, sync_input};
+use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods};
 
 /// Pod counts benched side by side.
 const SIZES: [i32; 3] = [1_000, 10_000, 20_000];
@@ -148,16 +148,7 @@ fn plan_one_sync(
     summaries: Option<&[PodSummary]>,
     in_flight: &BTreeSet<String>,
 ) -> usize {
-    let input = SyncInput {
-        job,
-        pods,
-        now: at(100),
-        expectations_satisfied: true,
-        finalizer_removals_in_flight: in_flight,
-        backoff: None,
-        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
-        manage_all: true,
-    };
+    let input = sync_input(job, pods, at(100), in_flight);
     let mut sync = match summaries {
         Some(s) => JobSync::with_summaries(input, s),
         None => JobSync::new(input),

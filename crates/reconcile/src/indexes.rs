@@ -13,7 +13,7 @@ use kjob_core::{
 };
 
 use crate::pod_failure_policy::{PodFailurePolicyAction, match_pod_failure_policy};
-use crate::pod_util::{
+use crate::util::{
     RemovalKey, completions, finished_time, has_tracking_finalizer, is_pod_failed,
     is_valid_tracked_pod, only_replace_failed_pods, removal_key, terminating_pods,
 };
@@ -205,14 +205,14 @@ pub fn calculate_succeeded_indexes<'a>(
     job: &Job,
     pods: impl IntoIterator<Item = &'a Pod>,
 ) -> (OrderedIntervals, OrderedIntervals) {
-    let completions = completions(job);
+    let completions = completions(job).unwrap_or(0);
     let prev = OrderedIntervals::parse_opt(
         job.status.as_ref().and_then(|s| s.completed_indexes.as_deref()),
         completions,
     );
     let new = pods.into_iter().filter_map(|p| {
         let ix = completion_index(p)?;
-        (crate::pod_util::is_succeeded(p) && ix < completions && has_tracking_finalizer(p))
+        (crate::util::is_succeeded(p) && ix < completions && has_tracking_finalizer(p))
             .then_some(ix)
     });
     let current = prev.with_indexes(new);
@@ -225,7 +225,7 @@ pub fn calculate_failed_indexes<'a>(
     job: &Job,
     pods: impl IntoIterator<Item = &'a Pod>,
 ) -> OrderedIntervals {
-    let completions = completions(job);
+    let completions = completions(job).unwrap_or(0);
     let prev = OrderedIntervals::parse_opt(
         job.status.as_ref().and_then(|s| s.failed_indexes.as_deref()),
         completions,
@@ -272,7 +272,7 @@ pub fn first_pending_indexes<'a>(
     if count == 0 {
         return Vec::new();
     }
-    let completions = completions(job);
+    let completions = completions(job).unwrap_or(0);
     let mut non_pending = succeeded.with_indexes(indexes_of(active));
     if only_replace_failed_pods(job) {
         non_pending = non_pending.with_indexes(indexes_of(terminating_pods(all_pods)));
@@ -311,7 +311,7 @@ pub(crate) fn first_pending_outside(
 
 /// Splits active pods of an Indexed Job into (to remove, to keep): pods without a valid index or
 /// with index ≥ `completions` are removed, and of each duplicated index all but the pod that sorts
-/// last in [`crate::pod_util::active_pods_order`] (the most advanced one) (upstream
+/// last in [`crate::util::active_pods_order`] (the most advanced one) (upstream
 /// `appendDuplicatedIndexPodsForRemoval`).
 pub fn duplicated_index_pods_for_removal<'a>(
     pods: &[&'a Pod],
@@ -766,7 +766,7 @@ mod tests {
                 .as_ref()
                 .and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION).cloned())
                 .unwrap_or_else(|| "-".to_string());
-            (ix, crate::pod_util::phase(p).to_string())
+            (ix, crate::util::phase(p).to_string())
         };
         let sorted = |mut v: Vec<(String, String)>| {
             v.sort();
@@ -823,7 +823,7 @@ mod tests {
         assert_eq!(succeeded.total(), 2500);
         let failed = calculate_failed_indexes(&job, &pods);
         assert!(failed.is_empty(), "failure count 0 < limit 1: retried, not failed");
-        let active = crate::pod_util::active_pods(&pods);
+        let active = crate::testutil::active_pods(&pods);
         assert_eq!(active.len(), 5000);
         let pending = first_pending_indexes(
             &job,
@@ -912,7 +912,7 @@ mod tests {
             mk_pod(&job, "i2-succ-idx").index(2).failed(1, at(5)).build(),
             mk_pod(&job, "i3-counted").index(3).failed(1, at(5)).no_finalizer().build(),
         ];
-        let active: Vec<&Pod> = crate::pod_util::active_pods(&pods);
+        let active: Vec<&Pod> = crate::testutil::active_pods(&pods);
         let succeeded = OrderedIntervals::parse("2", 4);
         let got = pods_with_delayed_deletion_per_index(
             &job,

@@ -15,17 +15,17 @@ pub mod backoff;
 pub mod conditions;
 pub mod events;
 pub mod indexes;
-pub mod job_util;
 mod leaf;
 pub mod metrics;
 pub mod pod_failure_policy;
-pub mod pod_util;
+pub mod selector;
 pub mod success_policy;
 pub mod summary;
 pub mod sync;
 pub mod template;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
+pub mod util;
 pub mod validation;
 
 pub use backoff::BackoffRecord;

@@ -15,7 +15,7 @@ use kjob_core::{
 };
 
 use crate::indexes::new_index_failure_counts;
-use crate::pod_util::{POD_REPLACEMENT_POLICY_FAILED, has_backoff_limit_per_index, is_indexed_job};
+use crate::util::{POD_REPLACEMENT_POLICY_FAILED, has_backoff_limit_per_index, is_indexed};
 
 /// Longest generateName prefix the API server keeps whole (upstream `names.MaxGeneratedNameLength`:
 /// 63 minus the 5 random characters).
@@ -46,7 +46,7 @@ pub fn controller_ref(job: &Job) -> OwnerReference {
 /// lacks it, read from the index label (upstream `manageJob` before the create loop).
 pub fn base_pod_template(job: &Job) -> PodTemplateSpec {
     let mut template = job.spec.as_ref().map(|s| s.template.clone()).unwrap_or_default();
-    if is_indexed_job(job) {
+    if is_indexed(job) {
         let spec = template.spec.get_or_insert_with(PodSpec::default);
         for c in spec.init_containers.iter_mut().flatten() {
             add_completion_index_env(c);

@@ -5,8 +5,16 @@
 //! by that Job, carrying the tracking finalizer, in phase Running. Chain the setters to change
 //! anything; every setter takes `self` and returns it so tables stay one line per case.
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 
+use crate::indexes::completion_index;
+use crate::util::{
+    PHASE_PENDING, PHASE_RUNNING, RemovalKey, active_pods_for_removal_with, controller_ref,
+    is_active, is_indexed, is_pod_failed, is_ready, is_succeeded, is_valid_tracked_pod,
+    max_container_restarts, node_name, phase, phase_rank, ready_since, removal_key,
+    restarts_on_failure, restarts_past_backoff_limit, total_restarts, uid,
+};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::{
     Job, JobCondition, JobSpec, JobStatus, PodFailurePolicy, PodFailurePolicyRule, SuccessPolicy,
@@ -575,6 +583,162 @@ pub fn condition_rule(action: &str, patterns: &[(&str, &str)]) -> PodFailurePoli
                 .collect(),
         ),
     }
+}
+
+/// A sync of `job` over `pods` at `now` with expectations satisfied, no backoff record, kjob's
+/// default controller name and every Job managed; change the other fields on the result.
+pub fn sync_input<'a>(
+    job: &'a Job,
+    pods: &'a [Pod],
+    now: Timestamp,
+    finalizer_removals_in_flight: &'a BTreeSet<String>,
+) -> crate::SyncInput<'a> {
+    crate::SyncInput {
+        job,
+        pods,
+        now,
+        expectations_satisfied: true,
+        finalizer_removals_in_flight,
+        backoff: None,
+        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
+        manage_all: true,
+    }
+}
+
+// Upstream helpers the engine does not call (it works over pod summaries and positions), kept
+// as the plain Pod-level references the unit tests check the engine's pieces against.
+
+/// `afterOrZero`: a missing time sorts first, otherwise the later time sorts first.
+fn after_or_zero(a: Option<Timestamp>, b: Option<Timestamp>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(a), Some(b)) => b.cmp(&a),
+    }
+}
+
+/// The pod's controller is this Job (kind Job, group batch, same UID).
+pub fn is_controlled_by(pod: &Pod, job: &Job) -> bool {
+    let Some(job_uid) = job.metadata.uid.as_deref() else { return false };
+    controller_ref(pod)
+        .is_some_and(|r| r.uid == job_uid && r.kind == "Job" && r.api_version.starts_with("batch/"))
+}
+
+/// Pods whose controllerRef is this Job (the ones `getPodsForJob` keeps without adopting).
+pub fn pods_for_job<'a>(job: &Job, pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+    pods.into_iter().filter(|p| is_controlled_by(p, job)).collect()
+}
+
+/// Active pods (upstream `controller.FilterActivePods`).
+pub fn active_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+    pods.into_iter().filter(|p| is_active(p)).collect()
+}
+
+/// Number of Ready pods (upstream `countReadyPods`).
+pub fn count_ready<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> i32 {
+    pods.into_iter().filter(|p| is_ready(p)).count() as i32
+}
+
+/// Deletion preference order of upstream `controller.ActivePods` (`Less`): `Less` means "delete
+/// first". Unassigned < assigned; Pending < Unknown < Running; not Ready < Ready; Ready for less
+/// time first; more restarts first; newer (or no creationTimestamp) first.
+pub fn active_pods_order(a: &Pod, b: &Pod) -> Ordering {
+    let (na, nb) = (node_name(a), node_name(b));
+    if na != nb && (na.is_empty() || nb.is_empty()) {
+        return if na.is_empty() { Ordering::Less } else { Ordering::Greater };
+    }
+    let by_phase = phase_rank(a).cmp(&phase_rank(b));
+    if by_phase != Ordering::Equal {
+        return by_phase;
+    }
+    let (ra, rb) = (is_ready(a), is_ready(b));
+    if ra != rb {
+        return if ra { Ordering::Greater } else { Ordering::Less };
+    }
+    if ra && rb {
+        let (ta, tb) = (ready_since(a), ready_since(b));
+        if ta != tb {
+            return after_or_zero(ta, tb);
+        }
+    }
+    let by_restarts = max_container_restarts(b).cmp(&max_container_restarts(a));
+    if by_restarts != Ordering::Equal {
+        return by_restarts;
+    }
+    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    after_or_zero(created(a), created(b))
+}
+
+/// Sorts pods so the ones to delete first come first (upstream `sort.Sort(controller.ActivePods)`).
+/// Stable: pods that compare equal keep their order.
+pub fn sort_for_removal(pods: &mut [&Pod]) {
+    let mut keyed: Vec<(RemovalKey, &Pod)> = pods.iter().map(|p| (removal_key(p), *p)).collect();
+    keyed.sort_by_key(|k| k.0);
+    for (slot, (_, p)) in pods.iter_mut().zip(keyed) {
+        *slot = p;
+    }
+}
+
+/// Active pods to delete, first to last: for Indexed Jobs every pod with a missing or
+/// out-of-range index and all but the most advanced pod of each duplicated index, then, if fewer
+/// than `rm_at_least`, the first pods in [`active_pods_order`] (upstream `activePodsForRemoval`).
+pub fn active_pods_for_removal<'a>(
+    job: &Job,
+    active: &[&'a Pod],
+    rm_at_least: usize,
+) -> Vec<&'a Pod> {
+    let indexes: Option<Vec<Option<i32>>> =
+        is_indexed(job).then(|| active.iter().map(|p| completion_index(p)).collect());
+    let keys: Vec<RemovalKey> = active.iter().map(|p| removal_key(p)).collect();
+    active_pods_for_removal_with(job, keys.len(), |i| keys[i], indexes.as_deref(), rm_at_least)
+        .into_iter()
+        .map(|i| active[i])
+        .collect()
+}
+
+/// Finished pods not yet accounted for: tracked (finalizer), not in `uncounted`, not awaiting a
+/// finalizer removal, with a valid index for Indexed Jobs; split into (succeeded, failed) where
+/// failed follows [`is_pod_failed`](crate::util::is_pod_failed) (upstream `getNewFinishedPods` / `getValidPodsWithFilter`).
+pub fn new_finished_pods<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    uncounted_succeeded: &BTreeSet<String>,
+    uncounted_failed: &BTreeSet<String>,
+    finalizer_removals_in_flight: &BTreeSet<String>,
+) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
+    let mut succeeded = Vec::new();
+    let mut failed = Vec::new();
+    for p in pods {
+        if !is_valid_tracked_pod(job, p, finalizer_removals_in_flight) {
+            continue;
+        }
+        let uid = uid(p);
+        if is_succeeded(p) && !uncounted_succeeded.contains(uid) {
+            succeeded.push(p);
+        }
+        if is_pod_failed(p, job) && !uncounted_failed.contains(uid) {
+            failed.push(p);
+        }
+    }
+    (succeeded, failed)
+}
+
+/// With restartPolicy OnFailure, the summed restart counts of Running/Pending pods reached
+/// backoffLimit (> 0 when the limit is 0) (upstream `pastBackoffLimitOnFailure`).
+pub fn past_backoff_limit_on_failure<'a>(
+    job: &Job,
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> bool {
+    if !restarts_on_failure(job) {
+        return false;
+    }
+    let total: i64 = pods
+        .into_iter()
+        .filter(|p| matches!(phase(p), PHASE_RUNNING | PHASE_PENDING))
+        .map(total_restarts)
+        .sum();
+    restarts_past_backoff_limit(job, total)
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use std::fmt::Write as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
-use kjob_reconcile::testutil::{at, exit_code_rule, mk_job, mk_pod};
-use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods, SyncInput};
+use kjob_reconcile::testutil::{at, exit_code_rule, mk_job, mk_pod, sync_input};
+use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/plan_transcripts.txt");
 
@@ -228,16 +228,7 @@ fn transcript(
     in_flight: &BTreeSet<String>,
 ) -> String {
     let mut t = format!("== {name}\n");
-    let input = SyncInput {
-        job,
-        pods,
-        now: at(100),
-        expectations_satisfied: true,
-        finalizer_removals_in_flight: in_flight,
-        backoff: None,
-        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
-        manage_all: true,
-    };
+    let input = sync_input(job, pods, at(100), in_flight);
     let mut sync = match summaries {
         Some(s) => JobSync::with_summaries(input, s),
         None => JobSync::new(input),

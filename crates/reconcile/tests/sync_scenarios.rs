@@ -732,19 +732,11 @@ fn success_policy_by_count() {
 
 #[test]
 fn protocol_misuse_is_refused_and_abort_keeps_what_was_earned() {
-    use kjob_reconcile::{JobSync, Report, Step, SyncInput};
+    use kjob_reconcile::testutil::sync_input;
+    use kjob_reconcile::{JobSync, Report, Step};
     let job = mk_job("pm").parallelism(2).completions(Some(2)).build();
     let in_flight = Default::default();
-    let input = SyncInput {
-        job: &job,
-        pods: &[],
-        now: at(0),
-        expectations_satisfied: true,
-        finalizer_removals_in_flight: &in_flight,
-        backoff: None,
-        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
-        manage_all: true,
-    };
+    let input = sync_input(&job, &[], at(0), &in_flight);
     let mut sync = JobSync::new(input);
     assert!(sync.report(Report::StatusUpdated(Ok(()))).is_err(), "nothing asked yet");
     assert!(matches!(sync.next_step(), Step::Expectations(_)));

@@ -682,6 +682,8 @@ mod tests {
     use serde_json::{Value, json};
     use tokio_util::sync::CancellationToken;
 
+    use super::stages::pod_condition;
+
     use super::{KubeletConfig, KubeletHandle, spawn};
     use crate::testing::TestSim;
 
@@ -754,10 +756,6 @@ mod tests {
         p.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default()
     }
 
-    fn condition<'a>(p: &'a Value, ty: &str) -> Option<&'a Value> {
-        p.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == ty)
-    }
-
     #[tokio::test]
     async fn pods_run_to_completion_with_real_shapes() {
         let f = fixture().await;
@@ -777,9 +775,9 @@ mod tests {
             assert_eq!(cs["state"]["terminated"]["reason"], "Completed");
             assert_eq!(cs["ready"], false);
         }
-        assert_eq!(condition(&ok, "Ready").unwrap()["reason"], "PodCompleted");
-        assert_eq!(condition(&ok, "PodScheduled").unwrap()["status"], "True");
-        assert_eq!(condition(&ok, "Initialized").unwrap()["status"], "True");
+        assert_eq!(pod_condition(&ok, "Ready").unwrap()["reason"], "PodCompleted");
+        assert_eq!(pod_condition(&ok, "PodScheduled").unwrap()["status"], "True");
+        assert_eq!(pod_condition(&ok, "Initialized").unwrap()["status"], "True");
 
         let bad = wait_for(&f.pods, "bad", "Failed", |p| phase(p) == "Failed").await;
         let side = bad["status"]["containerStatuses"]
@@ -790,7 +788,7 @@ mod tests {
             .unwrap();
         assert_eq!(side["state"]["terminated"]["exitCode"], 42);
         assert_eq!(side["state"]["terminated"]["reason"], "Error");
-        assert_eq!(condition(&bad, "Ready").unwrap()["reason"], "PodFailed");
+        assert_eq!(pod_condition(&bad, "Ready").unwrap()["reason"], "PodFailed");
     }
 
     #[tokio::test]
@@ -819,7 +817,7 @@ mod tests {
             .await
             .unwrap();
         let running = wait_for(&f.pods, "forever", "Running", |p| phase(p) == "Running").await;
-        assert_eq!(condition(&running, "Ready").unwrap()["status"], "True");
+        assert_eq!(pod_condition(&running, "Ready").unwrap()["status"], "True");
         assert_eq!(running["status"]["containerStatuses"][0]["started"], true);
         tokio::time::sleep(Duration::from_millis(600)).await;
         let still = wait_for(&f.pods, "forever", "Running", |p| phase(p) == "Running").await;
@@ -869,7 +867,7 @@ mod tests {
         wait_for(&f.pods, "victim", "Running", |p| phase(p) == "Running").await;
         f.kubelet.evict("default", "victim").await.unwrap();
         let gone = wait_for(&f.pods, "victim", "Failed", |p| phase(p) == "Failed").await;
-        let dt = condition(&gone, "DisruptionTarget").expect("DisruptionTarget condition");
+        let dt = pod_condition(&gone, "DisruptionTarget").expect("DisruptionTarget condition");
         assert_eq!(dt["status"], "True");
         assert_eq!(dt["reason"], "EvictionByEvictionAPI");
     }

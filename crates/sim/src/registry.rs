@@ -851,17 +851,31 @@ mod tests {
         kind.resource()
     }
 
+    /// `create` in namespace `ns` (none for cluster-scoped kinds) with default options, at
+    /// [`now`].
+    fn create_in(
+        store: &Store,
+        kind: StoreKind,
+        ns: Option<&str>,
+        body: Value,
+    ) -> Result<Arc<Obj>, ApiError> {
+        create(store, res(kind), ns, body, &WriteOpts::default(), now())
+    }
+
+    /// `update` of `name` in namespace `ns` with default options, at [`now`].
+    fn update_in(
+        store: &Store,
+        kind: StoreKind,
+        name: &str,
+        body: Value,
+        part: Part,
+    ) -> Result<(Arc<Obj>, bool), ApiError> {
+        update(store, res(kind), Some("ns"), name, body, part, &WriteOpts::default(), now())
+    }
+
     fn setup() -> Store {
         let store = Store::new(1000);
-        create(
-            &store,
-            res(StoreKind::Namespace),
-            None,
-            json!({"metadata": {"name": "ns"}}),
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap();
+        create_in(&store, StoreKind::Namespace, None, json!({"metadata": {"name": "ns"}})).unwrap();
         store
     }
 
@@ -873,7 +887,7 @@ mod tests {
         if !finalizers.is_empty() {
             body["metadata"]["finalizers"] = json!(finalizers);
         }
-        create(store, res(StoreKind::Pod), Some("ns"), body, &WriteOpts::default(), now()).unwrap()
+        create_in(store, StoreKind::Pod, Some("ns"), body).unwrap()
     }
 
     #[test]
@@ -884,9 +898,7 @@ mod tests {
         assert_eq!(p["metadata"]["uid"].as_str().unwrap().len(), 36);
         assert_eq!(p["status"]["phase"], "Pending");
         let body = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
-        let err =
-            create(&store, res(StoreKind::Pod), Some("ns"), body, &WriteOpts::default(), now())
-                .unwrap_err();
+        let err = create_in(&store, StoreKind::Pod, Some("ns"), body).unwrap_err();
         assert_eq!((err.code, err.reason), (409, "AlreadyExists"));
         assert_eq!(err.message, "pods \"p\" already exists");
     }
@@ -895,21 +907,11 @@ mod tests {
     fn create_in_missing_or_terminating_namespace() {
         let store = setup();
         let body = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
-        let err = create(
-            &store,
-            res(StoreKind::Pod),
-            Some("nope"),
-            body.clone(),
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap_err();
+        let err = create_in(&store, StoreKind::Pod, Some("nope"), body.clone()).unwrap_err();
         assert_eq!(err.code, 404);
         delete(&store, res(StoreKind::Namespace), None, "ns", &DeleteOpts::default(), now())
             .unwrap();
-        let err =
-            create(&store, res(StoreKind::Pod), Some("ns"), body, &WriteOpts::default(), now())
-                .unwrap_err();
+        let err = create_in(&store, StoreKind::Pod, Some("ns"), body).unwrap_err();
         assert_eq!((err.code, err.reason), (403, "Forbidden"));
     }
 
@@ -917,8 +919,7 @@ mod tests {
     fn generate_name_uses_base_and_suffix() {
         let store = setup();
         let body = json!({"metadata": {"generateName": "pi-"}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
-        let p = create(&store, res(StoreKind::Pod), Some("ns"), body, &WriteOpts::default(), now())
-            .unwrap();
+        let p = create_in(&store, StoreKind::Pod, Some("ns"), body).unwrap();
         let name = p["metadata"]["name"].as_str().unwrap();
         assert!(name.starts_with("pi-") && name.len() == 8, "{name}");
         assert!(name[3..].bytes().all(|b| NAME_ALPHABET.contains(&b)));
@@ -931,45 +932,15 @@ mod tests {
         let mut stale = (*p).clone();
         stale["metadata"]["labels"] = json!({"a": "b"});
         stale["status"]["phase"] = json!("Running");
-        let (u, _) = update(
-            &store,
-            res(StoreKind::Pod),
-            Some("ns"),
-            "p",
-            stale.clone(),
-            Part::Main,
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap();
+        let (u, _) = update_in(&store, StoreKind::Pod, "p", stale.clone(), Part::Main).unwrap();
         assert_eq!(u["metadata"]["labels"]["a"], "b");
         assert_eq!(u["status"]["phase"], "Pending", "main-resource writes keep the stored status");
-        let err = update(
-            &store,
-            res(StoreKind::Pod),
-            Some("ns"),
-            "p",
-            stale.clone(),
-            Part::Main,
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap_err();
+        let err = update_in(&store, StoreKind::Pod, "p", stale.clone(), Part::Main).unwrap_err();
         assert_eq!((err.code, err.reason), (409, "Conflict"));
         let mut s = (*u).clone();
         s["status"]["phase"] = json!("Running");
         s["spec"]["nodeName"] = json!("ignored");
-        let (u2, _) = update(
-            &store,
-            res(StoreKind::Pod),
-            Some("ns"),
-            "p",
-            s,
-            Part::Status,
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap();
+        let (u2, _) = update_in(&store, StoreKind::Pod, "p", s, Part::Status).unwrap();
         assert_eq!(u2["status"]["phase"], "Running");
         assert!(u2["spec"].get("nodeName").is_none(), "status writes keep the stored spec");
     }
@@ -978,41 +949,19 @@ mod tests {
     fn noop_update_keeps_rv() {
         let store = setup();
         let p = pod(&store, "p", None, &[]);
-        let (u, _) = update(
-            &store,
-            res(StoreKind::Pod),
-            Some("ns"),
-            "p",
-            (*p).clone(),
-            Part::Main,
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap();
+        let (u, _) = update_in(&store, StoreKind::Pod, "p", (*p).clone(), Part::Main).unwrap();
         assert_eq!(rv_of(&u), rv_of(&p));
     }
 
     #[test]
     fn lease_put_creates_and_requires_rv() {
         let store = setup();
-        let lease = res(StoreKind::Lease);
         let body = json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}});
-        let (l, created) = update(
-            &store,
-            lease,
-            Some("ns"),
-            "l",
-            body.clone(),
-            Part::Main,
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap();
+        let (l, created) =
+            update_in(&store, StoreKind::Lease, "l", body.clone(), Part::Main).unwrap();
         assert!(created);
         assert_eq!(l["spec"]["holderIdentity"], "a");
-        let err =
-            update(&store, lease, Some("ns"), "l", body, Part::Main, &WriteOpts::default(), now())
-                .unwrap_err();
+        let err = update_in(&store, StoreKind::Lease, "l", body, Part::Main).unwrap_err();
         assert_eq!(err.code, 422);
     }
 
@@ -1100,17 +1049,7 @@ mod tests {
             .unwrap();
         let mut body = (*store.get(StoreKind::Pod, &("ns".into(), "p".into())).unwrap()).clone();
         body["metadata"]["finalizers"] = json!(["a.io/x", "b.io/y"]);
-        let err = update(
-            &store,
-            res(StoreKind::Pod),
-            Some("ns"),
-            "p",
-            body,
-            Part::Main,
-            &WriteOpts::default(),
-            now(),
-        )
-        .unwrap_err();
+        let err = update_in(&store, StoreKind::Pod, "p", body, Part::Main).unwrap_err();
         assert_eq!(err.code, 422);
         let _ = p;
     }

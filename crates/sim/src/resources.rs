@@ -159,20 +159,17 @@ impl Resource {
 
     /// `jobs.batch`, `pods`: the name used in error messages.
     pub fn qualified(&self) -> String {
-        if self.group.is_empty() {
-            self.plural.to_owned()
-        } else {
-            format!("{}.{}", self.plural, self.group)
-        }
+        self.dotted(self.plural)
     }
 
     /// `Job.batch`, `Pod`: the kind as used in Invalid messages.
     pub fn qualified_kind(&self) -> String {
-        if self.group.is_empty() {
-            self.kind.to_owned()
-        } else {
-            format!("{}.{}", self.kind, self.group)
-        }
+        self.dotted(self.kind)
+    }
+
+    /// `name.group`, or `name` alone in the core group.
+    fn dotted(&self, name: &str) -> String {
+        if self.group.is_empty() { name.to_owned() } else { format!("{name}.{}", self.group) }
     }
 
     /// Finds the resource served at `group/version/plural`.

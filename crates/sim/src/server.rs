@@ -376,24 +376,15 @@ async fn dispatch(
                 registry::create(store, res, ns, parse_body(&body, false)?, &q.write_opts(), now)?;
             Ok(render_one(res, &obj, Format::Full, StatusCode::CREATED))
         }
-        ("create", Some(name), Some("binding")) if res.store == StoreKind::Pod => {
-            crate::subresources::bind(
-                store,
-                ns.unwrap_or_default(),
-                name,
-                &parse_body(&body, false)?,
-                now,
-            )?;
-            Ok(json_response(StatusCode::CREATED, &success_status(None), "application/json"))
-        }
-        ("create", Some(name), Some("eviction")) if res.store == StoreKind::Pod => {
-            crate::subresources::evict(
-                store,
-                ns.unwrap_or_default(),
-                name,
-                &parse_body(&body, false)?,
-                now,
-            )?;
+        ("create", Some(name), Some(sub @ ("binding" | "eviction")))
+            if res.store == StoreKind::Pod =>
+        {
+            let post = if sub == "binding" {
+                crate::subresources::bind
+            } else {
+                crate::subresources::evict
+            };
+            post(store, ns.unwrap_or_default(), name, &parse_body(&body, false)?, now)?;
             Ok(json_response(StatusCode::CREATED, &success_status(None), "application/json"))
         }
         ("update", Some(name), None | Some("status")) => {

@@ -50,10 +50,31 @@ impl std::fmt::Debug for TestServer {
     }
 }
 
-async fn client_for(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+/// The client configuration of a kubeconfig file (one a harness wrote).
+pub async fn kube_config(kubeconfig: &Path) -> anyhow::Result<kube::Config> {
+    use anyhow::Context as _;
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
+}
+
+/// A client of a kubeconfig file; with `timeout`, every connect, read and write is bounded by
+/// it (harnesses that must not hang on a stalled server; not for long watches).
+pub async fn kube_client(
+    kubeconfig: &Path,
+    timeout: Option<std::time::Duration>,
+) -> anyhow::Result<kube::Client> {
+    let mut config = kube_config(kubeconfig).await?;
+    if timeout.is_some() {
+        config.connect_timeout = timeout;
+        config.read_timeout = timeout;
+        config.write_timeout = timeout;
+    }
     Ok(kube::Client::try_from(config)?)
+}
+
+async fn client_for(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    kube_client(kubeconfig, None).await
 }
 
 impl TestServer {

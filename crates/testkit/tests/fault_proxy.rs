@@ -12,9 +12,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams, WatchParams};
 
 async fn client_on(kubeconfig: &std::path::Path) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-    kube::Client::try_from(config).unwrap()
+    kjob_testkit::server::kube_client(kubeconfig, None).await.unwrap()
 }
 
 fn config_map(name: &str) -> ConfigMap {

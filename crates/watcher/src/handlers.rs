@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
+use kjob_reconcile::util::{Claim, ClaimFacts, Owner};
 
 use crate::model::{ControllerRef, JobInfo, PodInfo, Store};
 use crate::view::ViewWrite;
@@ -162,13 +163,19 @@ fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, out: &mut Vec<Enqueue>) 
     out.extend(pods.into_iter().map(Enqueue::orphan));
 }
 
-/// Orphan-queue entry releasing `pod` when its labels no longer match the selector of `job`,
-/// its controller (upstream `ClaimPods` releases such pods at the Job's next sync; kjob's
-/// workers list pods by selector and would never see it, so the watcher points it out and the
-/// orphan worker re-checks and releases it). Pods being deleted and pods of finished Jobs are
-/// left alone, as upstream.
+/// Orphan-queue entry releasing `pod` when `job`, its controller, would release it (upstream
+/// `ClaimPods` releases such pods at the Job's next sync; kjob's workers list pods by selector
+/// and would never see it, so the watcher points it out and the orphan worker re-checks and
+/// releases it). Finished Jobs no longer claim (upstream's sync stops before `ClaimPods`), and
+/// pods being deleted are left alone.
 fn release_if_unmatched(job: &JobInfo, pod: &PodInfo, out: &mut Vec<Enqueue>) {
-    if !pod.deleting && !job.finished && !job.selector.matches(&pod.labels) {
+    let facts = ClaimFacts {
+        owner: Owner::ThisJob,
+        matches: job.selector.matches(&pod.labels),
+        job_deleting: job.deleting,
+        pod_deleting: pod.deleting,
+    };
+    if !pod.deleting && !job.finished && facts.decide() == Claim::Release {
         out.push(Enqueue::orphan(pod));
     }
 }

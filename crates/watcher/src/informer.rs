@@ -241,73 +241,55 @@ impl Informer {
 
     /// Applies a Job event; returns what to enqueue when `leading` and synced.
     pub fn job_event(&mut self, ev: Event<JobInfo>, leading: bool, now: Timestamp) -> Vec<Enqueue> {
+        self.event(ev, leading, now)
+    }
+
+    /// Applies a Pod event; returns what to enqueue when `leading` and synced.
+    pub fn pod_event(&mut self, ev: Event<PodInfo>, leading: bool) -> Vec<Enqueue> {
+        self.event(ev, leading, Timestamp::now())
+    }
+
+    /// The watch-and-tombstone machine of every kind: applies one event to the cache and its
+    /// list state, and returns the kind's handler calls when `leading` and synced.
+    fn event<K: Cached>(&mut self, ev: Event<K>, leading: bool, now: Timestamp) -> Vec<Enqueue> {
         let emit = leading && self.synced();
         let out = match ev {
             Event::Init => {
-                self.jobs.relist = Some(HashSet::new());
+                K::lists(self).relist = Some(HashSet::new());
                 self.end_view()
             }
             Event::InitApply(info) | Event::Apply(info) => {
-                if let Some(seen) = self.jobs.relist.as_mut() {
+                if let Some(seen) = K::lists(self).relist.as_mut() {
                     seen.insert(info.key());
                 }
-                let old = self.store.upsert_job(info.clone());
-                let mut out =
-                    if old.as_ref().is_some_and(|o| o.resource_version == info.resource_version) {
-                        vec![]
-                    } else {
-                        self.job_view(old.as_ref(), &info)
-                    };
-                out.extend(match old {
-                    None => {
-                        self.count("job", "add");
+                match K::upsert(&mut self.store, info.clone()) {
+                    Some(old) if old.resource_version() == info.resource_version() => vec![],
+                    old => {
+                        let mut out = K::view(self, old.as_ref(), &info);
+                        self.count(K::KIND, if old.is_none() { "add" } else { "update" });
                         if emit {
-                            self.count_if_external(&info);
-                            handlers::on_job_add(&self.cfg, &info)
-                        } else {
-                            vec![]
+                            out.extend(K::changed(self, old.as_ref(), &info, now));
                         }
+                        out
                     }
-                    Some(old) if old.resource_version == info.resource_version => vec![],
-                    Some(old) => {
-                        self.count("job", "update");
-                        if emit {
-                            handlers::on_job_update(&self.cfg, &self.store, &old, &info, now)
-                        } else {
-                            vec![]
-                        }
-                    }
-                });
-                out
+                }
             }
             Event::Delete(info) => {
-                self.store.remove_job(&info.key());
-                self.count("job", "delete");
-                let mut out = match &self.view.session {
-                    Some(session) if self.cfg.manages(&info) => vec![Enqueue::view_only(
-                        info.key(),
-                        session.clone(),
-                        vec![ViewWrite::DeleteJob],
-                    )],
-                    _ => vec![],
-                };
-                if emit {
-                    out.extend(handlers::on_job_delete(&self.cfg, &self.store, &info));
-                }
-                out
+                self.count(K::KIND, "delete");
+                K::deleted(self, info, emit)
             }
             Event::InitDone => {
-                let seen = self.jobs.relist.take().unwrap_or_default();
-                let was_synced = self.jobs.synced;
-                self.jobs.synced = true;
+                let lists = K::lists(self);
+                let seen = lists.relist.take().unwrap_or_default();
+                let was_synced = std::mem::replace(&mut lists.synced, true);
                 let gone: Vec<String> =
-                    self.store.job_keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                    K::keys(&self.store).filter(|k| !seen.contains(*k)).cloned().collect();
                 let mut out = vec![];
                 for key in gone {
-                    if let Some(last) = self.store.remove_job(&key) {
-                        self.count("job", "tombstone");
+                    if let Some(last) = K::remove(&mut self.store, &key) {
+                        self.count(K::KIND, "tombstone");
                         if emit && was_synced {
-                            out.extend(handlers::on_job_delete(&self.cfg, &self.store, &last));
+                            out.extend(K::tombstone(self, &last));
                         }
                     }
                 }
@@ -317,89 +299,155 @@ impl Informer {
         self.update_gauges();
         out
     }
+}
 
-    /// Applies a Pod event; returns what to enqueue when `leading` and synced.
-    pub fn pod_event(&mut self, ev: Event<PodInfo>, leading: bool) -> Vec<Enqueue> {
-        let emit = leading && self.synced();
-        let out = match ev {
-            Event::Init => {
-                self.pods.relist = Some(HashSet::new());
-                self.end_view()
+/// What the relist machine ([`Informer::event`]) needs of one kind: its cache and list state,
+/// and the handlers and view writes of its add / update / delete / tombstone.
+trait Cached: Clone + Sized {
+    /// The `kind` label of the event metrics.
+    const KIND: &'static str;
+    fn key(&self) -> String;
+    fn resource_version(&self) -> &str;
+    fn lists(informer: &mut Informer) -> &mut ListState;
+    fn upsert(store: &mut Store, info: Self) -> Option<Self>;
+    fn remove(store: &mut Store, key: &str) -> Option<Self>;
+    fn keys(store: &Store) -> impl Iterator<Item = &String>;
+    /// View writes for an add (`old` is `None`) or an update.
+    fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue>;
+    /// Handlers of an add or an update, already applied to the store.
+    fn changed(informer: &Informer, old: Option<&Self>, new: &Self, now: Timestamp)
+    -> Vec<Enqueue>;
+    /// A delete event: removes the object and returns its view writes and (when `emit`) its
+    /// handlers.
+    fn deleted(informer: &mut Informer, info: Self, emit: bool) -> Vec<Enqueue>;
+    /// Handlers of an object a relist no longer lists (`last` is its last known state).
+    fn tombstone(informer: &Informer, last: &Self) -> Vec<Enqueue>;
+}
+
+impl Cached for JobInfo {
+    const KIND: &'static str = "job";
+
+    fn key(&self) -> String {
+        JobInfo::key(self)
+    }
+
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+
+    fn lists(informer: &mut Informer) -> &mut ListState {
+        &mut informer.jobs
+    }
+
+    fn upsert(store: &mut Store, info: Self) -> Option<Self> {
+        store.upsert_job(info)
+    }
+
+    fn remove(store: &mut Store, key: &str) -> Option<Self> {
+        store.remove_job(key)
+    }
+
+    fn keys(store: &Store) -> impl Iterator<Item = &String> {
+        store.job_keys()
+    }
+
+    fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue> {
+        informer.job_view(old, new)
+    }
+
+    fn changed(
+        informer: &Informer,
+        old: Option<&Self>,
+        new: &Self,
+        now: Timestamp,
+    ) -> Vec<Enqueue> {
+        let cfg = &informer.cfg;
+        match old {
+            None => {
+                informer.count_if_external(new);
+                handlers::on_job_add(cfg, new)
             }
-            Event::InitApply(info) | Event::Apply(info) => {
-                if let Some(seen) = self.pods.relist.as_mut() {
-                    seen.insert(info.key());
-                }
-                let old = self.store.upsert_pod(info.clone());
-                let mut out =
-                    if old.as_ref().is_some_and(|o| o.resource_version == info.resource_version) {
-                        vec![]
-                    } else {
-                        self.pod_view(old.as_ref(), Some(&info))
-                    };
-                out.extend(match old {
-                    None => {
-                        self.count("pod", "add");
-                        if emit {
-                            handlers::on_pod_add(&self.cfg, &self.store, &info)
-                        } else {
-                            vec![]
-                        }
-                    }
-                    Some(old) if old.resource_version == info.resource_version => vec![],
-                    Some(old) => {
-                        self.count("pod", "update");
-                        if emit {
-                            handlers::on_pod_update(&self.cfg, &self.store, &old, &info)
-                        } else {
-                            vec![]
-                        }
-                    }
-                });
-                out
+            Some(old) => handlers::on_job_update(cfg, &informer.store, old, new, now),
+        }
+    }
+
+    fn deleted(informer: &mut Informer, info: Self, emit: bool) -> Vec<Enqueue> {
+        informer.store.remove_job(&info.key());
+        let mut out = match &informer.view.session {
+            Some(session) if informer.cfg.manages(&info) => {
+                vec![Enqueue::view_only(info.key(), session.clone(), vec![ViewWrite::DeleteJob])]
             }
-            Event::Delete(info) => {
-                let mut out = self.pod_view(self.store.pod(&info.key()), None);
-                let old = self.store.remove_pod(&info.key());
-                // A delete whose object UID differs from the cached one is for a pod we never
-                // saw; the cached namesake's state must not decide whether deletion was seen.
-                let was_deleting = old.filter(|o| o.uid == info.uid).is_some_and(|o| o.deleting);
-                self.count("pod", "delete");
-                if emit {
-                    out.extend(handlers::on_pod_delete(
-                        &self.cfg,
-                        &self.store,
-                        &info,
-                        was_deleting,
-                    ));
-                }
-                out
-            }
-            Event::InitDone => {
-                let seen = self.pods.relist.take().unwrap_or_default();
-                let was_synced = self.pods.synced;
-                self.pods.synced = true;
-                let gone: Vec<String> =
-                    self.store.pod_keys().filter(|k| !seen.contains(*k)).cloned().collect();
-                let mut out = vec![];
-                for key in gone {
-                    if let Some(last) = self.store.remove_pod(&key) {
-                        self.count("pod", "tombstone");
-                        if emit && was_synced {
-                            out.extend(handlers::on_pod_delete(
-                                &self.cfg,
-                                &self.store,
-                                &last,
-                                last.deleting,
-                            ));
-                        }
-                    }
-                }
-                out
-            }
+            _ => vec![],
         };
-        self.update_gauges();
+        if emit {
+            out.extend(handlers::on_job_delete(&informer.cfg, &informer.store, &info));
+        }
         out
+    }
+
+    fn tombstone(informer: &Informer, last: &Self) -> Vec<Enqueue> {
+        handlers::on_job_delete(&informer.cfg, &informer.store, last)
+    }
+}
+
+impl Cached for PodInfo {
+    const KIND: &'static str = "pod";
+
+    fn key(&self) -> String {
+        PodInfo::key(self)
+    }
+
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+
+    fn lists(informer: &mut Informer) -> &mut ListState {
+        &mut informer.pods
+    }
+
+    fn upsert(store: &mut Store, info: Self) -> Option<Self> {
+        store.upsert_pod(info)
+    }
+
+    fn remove(store: &mut Store, key: &str) -> Option<Self> {
+        store.remove_pod(key)
+    }
+
+    fn keys(store: &Store) -> impl Iterator<Item = &String> {
+        store.pod_keys()
+    }
+
+    fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue> {
+        informer.pod_view(old, Some(new))
+    }
+
+    fn changed(informer: &Informer, old: Option<&Self>, new: &Self, _: Timestamp) -> Vec<Enqueue> {
+        let (cfg, store) = (&informer.cfg, &informer.store);
+        match old {
+            None => handlers::on_pod_add(cfg, store, new),
+            Some(old) => handlers::on_pod_update(cfg, store, old, new),
+        }
+    }
+
+    fn deleted(informer: &mut Informer, info: Self, emit: bool) -> Vec<Enqueue> {
+        let mut out = informer.pod_view(informer.store.pod(&info.key()), None);
+        let old = informer.store.remove_pod(&info.key());
+        // A delete whose object UID differs from the cached one is for a pod we never saw; the
+        // cached namesake's state must not decide whether deletion was seen.
+        let was_deleting = old.filter(|o| o.uid == info.uid).is_some_and(|o| o.deleting);
+        if emit {
+            out.extend(handlers::on_pod_delete(
+                &informer.cfg,
+                &informer.store,
+                &info,
+                was_deleting,
+            ));
+        }
+        out
+    }
+
+    fn tombstone(informer: &Informer, last: &Self) -> Vec<Enqueue> {
+        handlers::on_pod_delete(&informer.cfg, &informer.store, last, last.deleting)
     }
 }
 

@@ -11,7 +11,6 @@ pub mod informer;
 pub mod leader;
 pub mod metrics;
 pub mod model;
-pub mod selector;
 pub mod sender;
 pub mod view;
 

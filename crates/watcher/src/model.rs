@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kjob_core::JOB_TRACKING_FINALIZER;
 
-use crate::selector::Selector;
+use kjob_reconcile::selector::Selector;
 
 /// The controller owner reference of a pod (the one with `controller: true`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +50,8 @@ pub struct JobInfo {
     pub start_time: Option<Timestamp>,
     /// Whether a Complete or Failed condition is True (`IsJobFinished`).
     pub finished: bool,
+    /// Whether metadata.deletionTimestamp is set.
+    pub deleting: bool,
     /// The Job as the shared view keeps it ([`crate::view::trim_job`]); `None` in views built
     /// without the object.
     pub view: Option<Arc<[u8]>>,
@@ -66,9 +68,6 @@ impl JobInfo {
         let meta = &job.metadata;
         let spec = job.spec.as_ref();
         let status = job.status.as_ref();
-        let finished = status.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-            cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-        });
         let selector = match Selector::compile(spec.and_then(|s| s.selector.as_ref())) {
             Ok(s) => s,
             Err(e) => {
@@ -86,7 +85,8 @@ impl JobInfo {
             selector,
             active_deadline_seconds: spec.and_then(|s| s.active_deadline_seconds),
             start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
-            finished,
+            finished: kjob_reconcile::conditions::is_finished(job),
+            deleting: meta.deletion_timestamp.is_some(),
             view: Some(crate::view::trim_job(job)),
         }
     }

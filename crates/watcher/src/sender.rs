@@ -176,20 +176,43 @@ pub async fn run_sender(
     shutdown: CancellationToken,
 ) -> Result<(), SendError> {
     let mut link = Link { client, metrics, queue_ok, view_lost, shutdown, give_up_at: None };
-    // An item taken from the channel that belongs to the next batch (a session phase, or one
-    // that would overflow the byte budget).
-    let mut carried: Option<Enqueue> = None;
+    let mut batcher = Batcher::default();
     loop {
-        let first = match carried.take() {
+        match batcher.next(&mut rx).await {
+            None => return Ok(()),
+            Some(Next::Session(control)) => link.send_session(control, &rx).await?,
+            Some(Next::Batch(batch)) => link.send_batch(coalesce(batch), &rx).await?,
+        }
+    }
+}
+
+/// What the sender ships next.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// A view session phase, alone (it orders the items around it).
+    Session(SessionControl),
+    /// Items for one Add, not yet coalesced.
+    Batch(Vec<Enqueue>),
+}
+
+/// Groups the channel's items into what the sender ships: the batching and linger rules,
+/// apart from the client so they are tested on tokio's paused clock.
+#[derive(Debug, Default)]
+struct Batcher {
+    /// An item taken from the channel that belongs to the next batch (a session phase, or one
+    /// that would overflow the byte budget).
+    carried: Option<Enqueue>,
+}
+
+impl Batcher {
+    /// The next session phase or batch; `None` once the channel is closed and drained.
+    async fn next(&mut self, rx: &mut mpsc::Receiver<Enqueue>) -> Option<Next> {
+        let first = match self.carried.take() {
             Some(e) => e,
-            None => match rx.recv().await {
-                Some(e) => e,
-                None => return Ok(()),
-            },
+            None => rx.recv().await?,
         };
         if let Some(control) = first.control {
-            link.send_session(control, &rx).await?;
-            continue;
+            return Some(Next::Session(control));
         }
         let mut bytes = item_size(&first);
         // A batch holding an immediate enqueue (a Job added or changed) goes at once with what
@@ -207,7 +230,7 @@ pub async fn run_sender(
             let Some(e) = next else { break };
             let size = item_size(&e);
             if e.control.is_some() || bytes + size > MAX_BATCH_BYTES {
-                carried = Some(e);
+                self.carried = Some(e);
                 break;
             }
             if is_urgent(&e) {
@@ -216,7 +239,7 @@ pub async fn run_sender(
             bytes += size;
             batch.push(e);
         }
-        link.send_batch(coalesce(batch), &rx).await?;
+        Some(Next::Batch(batch))
     }
 }
 
@@ -392,5 +415,120 @@ mod tests {
         assert!(!p.observe_only);
         assert_eq!(p.observations[0].kind, v1::ObservationKind::FinalizerRemoval as i32);
         assert_eq!(p.observations[0].pod_uid, "p1");
+    }
+
+    /// The batching rules on tokio's paused clock: the clock only moves when every task waits,
+    /// so each wait below is exact.
+    mod batching {
+        use super::*;
+        use std::sync::Arc;
+
+        fn delayed(key: &str) -> Enqueue {
+            e(JOB_QUEUE, key, 1000, &[])
+        }
+
+        fn urgent(key: &str) -> Enqueue {
+            e(JOB_QUEUE, key, 0, &[])
+        }
+
+        fn keys(next: Option<Next>) -> Vec<String> {
+            match next {
+                Some(Next::Batch(b)) => b.into_iter().map(|e| e.key).collect(),
+                other => panic!("expected a batch, got {other:?}"),
+            }
+        }
+
+        /// Sends `items` into `tx`, each after its delay from the previous one.
+        fn feed(tx: mpsc::Sender<Enqueue>, items: Vec<(u64, Enqueue)>) {
+            tokio::spawn(async move {
+                for (ms, item) in items {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    tx.send(item).await.unwrap();
+                }
+            });
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_delayed_item_waits_the_linger_for_company() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            // One item 3 ms into the linger joins; one after it goes in the next batch.
+            feed(tx.clone(), vec![(0, delayed("a")), (3, delayed("b")), (10, delayed("c"))]);
+            let t0 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await), ["a", "b"]);
+            assert_eq!(t0.elapsed(), LINGER);
+            assert_eq!(keys(b.next(&mut rx).await), ["c"]);
+            assert_eq!(t0.elapsed(), Duration::from_millis(13) + LINGER);
+            // A closed channel ends the linger at once, and then the sender.
+            tx.send(delayed("d")).await.unwrap();
+            drop(tx);
+            let t1 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await), ["d"]);
+            assert_eq!(t1.elapsed(), Duration::ZERO);
+            assert_eq!(b.next(&mut rx).await, None, "closed and drained");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_urgent_item_goes_at_once_with_what_is_buffered() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            tx.send(urgent("a")).await.unwrap();
+            tx.send(delayed("b")).await.unwrap();
+            let t0 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await), ["a", "b"]);
+            assert_eq!(t0.elapsed(), Duration::ZERO);
+            // Mid-linger, an urgent item cuts the wait short.
+            feed(tx, vec![(0, delayed("c")), (2, urgent("d")), (1, delayed("e"))]);
+            let t0 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await), ["c", "d"]);
+            assert_eq!(t0.elapsed(), Duration::from_millis(2));
+            assert_eq!(keys(b.next(&mut rx).await), ["e"]);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_full_batch_goes_without_lingering() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            for i in 0..=MAX_BATCH {
+                tx.send(delayed(&format!("k{i}"))).await.unwrap();
+            }
+            drop(tx);
+            let t0 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await).len(), MAX_BATCH);
+            assert_eq!(t0.elapsed(), Duration::ZERO);
+            // The last one goes alone.
+            assert_eq!(keys(b.next(&mut rx).await), [format!("k{MAX_BATCH}")]);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn session_phases_and_the_byte_budget_cut_batches() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            let session: Arc<str> = "s-1".into();
+            let big = |key: &str| {
+                let object: Arc<[u8]> = vec![0u8; MAX_BATCH_BYTES / 2].into();
+                Enqueue::view_only(
+                    key.into(),
+                    session.clone(),
+                    vec![ViewWrite::Pod { name: key.into(), object }],
+                )
+            };
+            tx.send(delayed("a")).await.unwrap();
+            tx.send(Enqueue::session(SessionControl::Begin(session.clone()))).await.unwrap();
+            tx.send(big("b")).await.unwrap();
+            tx.send(big("c")).await.unwrap();
+            tx.send(big("d")).await.unwrap();
+            drop(tx);
+            let t0 = Instant::now();
+            // The phase ends the batch before it (at once) and goes alone, in order.
+            assert_eq!(keys(b.next(&mut rx).await), ["a"]);
+            assert_eq!(t0.elapsed(), Duration::ZERO);
+            assert_eq!(b.next(&mut rx).await, Some(Next::Session(SessionControl::Begin(session))));
+            // Two halves of the budget do not fit in one Add with the item overhead.
+            assert_eq!(keys(b.next(&mut rx).await), ["b"]);
+            assert_eq!(keys(b.next(&mut rx).await), ["c"]);
+            assert_eq!(keys(b.next(&mut rx).await), ["d"]);
+            assert_eq!(b.next(&mut rx).await, None);
+        }
     }
 }

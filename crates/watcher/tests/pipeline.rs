@@ -10,7 +10,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::{Outcome, QueueClient, v1};
 use kjob_sim::testing::TestSim;
-use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+use kjob_testkit::{ChildGuard, RedisServer, free_port};
 use kjob_watcher::WatcherConfig;
 use kjob_watcher::leader::LeaseConfig;
 use kube::Api;
@@ -26,18 +26,7 @@ const CONTROLLER: &str = kjob_core::DEFAULT_CONTROLLER_NAME;
 // ------------------------------------------------------------------ harness
 
 fn start_queue(redis: &RedisServer, port: u16) -> ChildGuard {
-    let bin = bin_path("kjob-queue").expect("build kjob-queue first: cargo build -p kjob-queue");
-    let mut cmd = Command::new(bin);
-    cmd.arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--redis-url")
-        .arg(redis.url())
-        .arg("--admin-listen")
-        .arg("127.0.0.1:0")
-        .stdout(std::process::Stdio::null());
-    let child = ChildGuard::spawn("kjob-queue", &mut cmd).unwrap();
-    wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10)).unwrap();
-    child
+    kjob_testkit::process::start_queue(&redis.url(), port).expect("kjob-queue (cargo build --bins)")
 }
 
 struct Stack {
@@ -226,6 +215,18 @@ async fn key_state(q: &QueueClient, k: &str) -> v1::KeyState {
     q.inspect("job", vec![k.to_string()]).await.unwrap().keys.remove(0)
 }
 
+/// Waits (up to `limit`, as [`poll`]) until the state of Job `name`'s key satisfies `ok`.
+async fn wait_key(
+    stack: &Stack,
+    what: &str,
+    name: &str,
+    limit: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> Duration {
+    let k = key(name);
+    poll(what, limit, || async { ok(&key_state(&stack.queue, &k).await.state) }).await
+}
+
 async fn expectations(q: &QueueClient, k: &str, job_uid: &str) -> v1::GetExpectationsResponse {
     q.get_expectations(k, job_uid).await.unwrap()
 }
@@ -234,10 +235,7 @@ async fn expectations(q: &QueueClient, k: &str, job_uid: &str) -> v1::GetExpecta
 /// takes it out again.
 async fn settle(stack: &Stack, name: &str) {
     let k = key(name);
-    poll("job key enqueued", Duration::from_secs(10), || async {
-        key_state(&stack.queue, &k).await.state != "absent"
-    })
-    .await;
+    wait_key(stack, "job key enqueued", name, Duration::from_secs(10), |s| s != "absent").await;
     // Ready immediately (delay 0): lease it out and forget it.
     poll("job key drained", Duration::from_secs(5), || async {
         drain(&stack.queue).await;
@@ -266,10 +264,7 @@ async fn a_pod_creation_is_observed_once_and_enqueued_within_the_batch_window() 
     let st = key_state(&stack.queue, &key("j1")).await;
     assert!(st.state == "delayed" || st.state == "ready", "{st:?}");
     // Ready one batch period after the event, not before.
-    let took = poll("key ready", Duration::from_secs(5), || async {
-        key_state(&stack.queue, &key("j1")).await.state == "ready"
-    })
-    .await;
+    let took = wait_key(&stack, "key ready", "j1", Duration::from_secs(5), |s| s == "ready").await;
     assert!(created_at.elapsed() >= Duration::from_millis(900), "ready too early: {took:?}");
     let e = expectations(&stack.queue, &key("j1"), &uid(&job)).await;
     assert_eq!((e.add, e.del), (0, 0), "exactly one creation observation: {e:?}");
@@ -301,10 +296,7 @@ async fn a_burst_of_pod_updates_makes_one_queue_entry() {
         w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"update\"}").await >= 100.0
     })
     .await;
-    poll("key ready", Duration::from_secs(5), || async {
-        key_state(&stack.queue, &key("burst")).await.state == "ready"
-    })
-    .await;
+    wait_key(&stack, "key ready", "burst", Duration::from_secs(5), |s| s == "ready").await;
     let stats = stack.queue.stats("job").await.unwrap();
     assert_eq!((stats.ready, stats.delayed), (1, 0), "{stats:?}");
     assert_eq!(drain(&stack.queue).await, vec![key("burst")]);
@@ -379,10 +371,7 @@ async fn nothing_is_lost_while_the_queue_is_down() {
     .await;
     let e = expectations(&stack.queue, &key("down"), &uid(&job)).await;
     assert_eq!((e.add, e.del), (0, 0), "{e:?}");
-    poll("key ready", Duration::from_secs(5), || async {
-        key_state(&stack.queue, &key("down")).await.state == "ready"
-    })
-    .await;
+    wait_key(&stack, "key ready", "down", Duration::from_secs(5), |s| s == "ready").await;
     w.stop().await;
 }
 
@@ -397,10 +386,8 @@ async fn foreign_jobs_are_never_enqueued_and_managed_ones_are_resynced() {
     create_job(&client, "ours").await;
     settle(&stack, "ours").await;
     // The periodic resync puts the managed Job back; the foreign one never shows up.
-    poll("resync re-enqueues the managed job", Duration::from_secs(5), || async {
-        key_state(&stack.queue, &key("ours")).await.state != "absent"
-    })
-    .await;
+    let what = "resync re-enqueues the managed job";
+    wait_key(&stack, what, "ours", Duration::from_secs(5), |s| s != "absent").await;
     assert!(
         w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"add\"}").await >= 1.0,
         "the foreign pod was seen"
@@ -512,10 +499,7 @@ async fn failover_takes_over_within_the_lease_duration_without_double_observatio
     .await;
     assert!(took <= Duration::from_secs(3) + Duration::from_millis(1500), "takeover took {took:?}");
     // The new leader enqueues every Job once it leads.
-    poll("takeover resync", Duration::from_secs(10), || async {
-        key_state(&stack.queue, &key("fo")).await.state != "absent"
-    })
-    .await;
+    wait_key(&stack, "takeover resync", "fo", Duration::from_secs(10), |s| s != "absent").await;
     let e = expectations(&stack.queue, &key("fo"), &uid(&job)).await;
     assert_eq!(e.add, 0, "the new leader observed an old creation again: {e:?}");
 

@@ -4,6 +4,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
+use kjob_reconcile::util::{Claim, claim};
 
 use crate::kube_api::ApiError;
 use crate::worker::{SyncError, SyncOutcome, Worker};
@@ -67,27 +68,19 @@ pub fn controller_of(pod: &Pod) -> Controller {
 
 /// Whether a Job has a `Complete` or `Failed` condition with status True (upstream
 /// `IsJobFinished`).
-pub fn is_job_finished(job: &Job) -> bool {
-    job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-        cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-    })
-}
+pub use kjob_reconcile::conditions::is_finished as is_job_finished;
 
 /// Whether upstream `ClaimPods` would release `pod` from `job` (its controller): the Job is
-/// running and not being deleted, the pod is not being deleted, and the Job's selector no
-/// longer matches the pod's labels. A Job whose selector cannot be compiled never releases (its
-/// syncs refuse to run at all); one whose selector is empty matches, so keeps, every pod.
+/// running (upstream's sync of a finished Job stops before claiming) and not being deleted,
+/// the pod is not being deleted, and the Job's selector no longer matches the pod's labels. A
+/// Job whose selector cannot be compiled never releases (its syncs refuse to run at all); one
+/// whose selector is empty matches, so keeps, every pod.
 pub fn should_release(pod: &Pod, job: &Job) -> bool {
-    if pod.metadata.deletion_timestamp.is_some()
-        || job.metadata.deletion_timestamp.is_some()
-        || is_job_finished(job)
-    {
+    if pod.metadata.deletion_timestamp.is_some() || is_job_finished(job) {
         return false;
     }
-    use kube::core::SelectorExt as _;
     let Ok(selector) = crate::sync::job_selector(job) else { return false };
-    let empty = Default::default();
-    !selector.matches(pod.metadata.labels.as_ref().unwrap_or(&empty))
+    claim(job, &selector, pod) == Claim::Release
 }
 
 /// Pure decision of upstream `syncOrphanPod`, plus the release of owned pods whose labels

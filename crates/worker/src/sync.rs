@@ -11,11 +11,12 @@ use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
 use kjob_queue_client::v1;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
+use kjob_reconcile::selector::Selector;
+use kjob_reconcile::util::{Claim, claim};
 use kjob_reconcile::{
     BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
     SummarizedPods, SyncInput,
 };
-use kube::core::{Selector, SelectorExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::events::EventType;
@@ -561,28 +562,23 @@ impl Worker {
 
     /// LISTs the Job's pods by its selector and claims them as upstream `ClaimPods`: owned pods
     /// are kept, matching orphans adopted (ownerReference + tracking finalizer, after a fresh GET
-    /// confirms the Job), pods controlled by others ignored.
+    /// confirms the Job), pods controlled by others ignored. Listed by the selector, no pod
+    /// comes up for release: the watcher sends owned pods that stop matching to the orphan
+    /// queue, which releases them.
     async fn pods_for_job(&self, job: &Job) -> Result<SummarizedPods, SyncError> {
         let ns = job.metadata.namespace.clone().unwrap_or_default();
-        let uid = job.metadata.uid.clone().unwrap_or_default();
         let selector = job_selector(job)?;
-        let listed = self.api.list_pods(&ns, &selector.to_string()).await?;
+        // `job_selector` refuses the nil selector, the one no query expresses.
+        let query = selector.api_query().unwrap_or_default();
+        let listed = self.api.list_pods(&ns, &query).await?;
         let mut claimed = SummarizedPods::with_capacity(listed.len());
         let mut can_adopt: Option<bool> = None;
         let (listed, summaries) = listed.into_parts();
         for (pod, summary) in listed.into_iter().zip(summaries) {
-            let controller =
-                pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
-            match controller {
-                Some(o) if o.uid == uid => claimed.push_summarized(pod, summary),
-                Some(_) => {}
-                None => {
-                    if pod.metadata.deletion_timestamp.is_some()
-                        || !selector
-                            .matches(pod.metadata.labels.as_ref().unwrap_or(&Default::default()))
-                    {
-                        continue;
-                    }
+            match claim(job, &selector, &pod) {
+                Claim::Owned => claimed.push_summarized(pod, summary),
+                Claim::Release | Claim::Ignore => {}
+                Claim::Adopt => {
                     let adopt = match can_adopt {
                         Some(v) => v,
                         None => {
@@ -682,10 +678,10 @@ fn job_name(job: &Job) -> &str {
 /// (`spec.selector` is required), and a Job that can claim none of the pods it creates would
 /// create pods without end.
 pub(crate) fn job_selector(job: &Job) -> Result<Selector, SyncError> {
-    let Some(ls) = job.spec.as_ref().and_then(|s| s.selector.clone()) else {
+    let Some(ls) = job.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
         return Err(SyncError::InvalidJob("no selector".into()));
     };
-    Selector::try_from(ls).map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))
+    Selector::compile(Some(ls)).map_err(|e| SyncError::InvalidJob(format!("invalid selector: {e}")))
 }
 
 /// Strategic merge patch adopting a pod (upstream `ownerRefControllerPatch` with the tracking
@@ -784,13 +780,25 @@ mod tests {
         };
         // `manualSelector: true` with `selector: {}`: selects every pod, no error.
         let every = job_selector(&with(LabelSelector::default())).unwrap();
-        assert!(every.selects_all());
-        assert_eq!(every.to_string(), "");
+        assert!(every.matches_pod(&Pod::default()));
+        assert_eq!(every.api_query().as_deref(), Some(""));
         job = with(LabelSelector {
             match_labels: Some([("a".to_string(), "b".to_string())].into()),
             ..Default::default()
         });
-        assert_eq!(job_selector(&job).unwrap().to_string(), "a=b");
+        assert_eq!(job_selector(&job).unwrap().api_query().as_deref(), Some("a=b"));
+        // Invalid, as the API server would never store it: an error, not a selector.
+        let in_without_values = with(LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "a".into(),
+                    operator: "In".into(),
+                    values: Some(vec![]),
+                },
+            ]),
+            ..Default::default()
+        });
+        assert!(job_selector(&in_without_values).is_err());
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Driver, Fate, QueueService, create_job, finished, template};
+use common::{Driver, Fate, QueueService, create_plain_job, finished};
 use kjob_testkit::server::TestServer;
 use kjob_testkit::{ChildGuard, bin_path, free_port};
 
@@ -38,15 +38,7 @@ async fn binary_syncs_reports_ready_and_drains_on_sigterm(server: TestServer) {
         }
     })
     .await;
-    create_job(
-        &client,
-        &ns,
-        serde_json::json!({
-            "metadata": {"name": "b"},
-            "spec": {"completions": 2, "parallelism": 2, "template": template("Never")}
-        }),
-    )
-    .await;
+    create_plain_job(&client, &ns, "b", 2, 2).await;
     let mut d = Driver::new(client, queue.client(), &ns, "b");
     let job = d.run_until(Duration::from_secs(20), &mut |_| Fate::Succeed, &mut finished).await;
     assert!(common::condition(&job, "Complete").is_some());

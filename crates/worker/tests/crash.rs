@@ -8,7 +8,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Driver, Fate, QueueService, WorkerHandle, create_job, finished, template};
+use common::{
+    Driver, Fate, QueueService, WorkerHandle, create_job, create_plain_job, finished, template,
+};
 use k8s_openapi::api::batch::v1::Job;
 use kjob_testkit::faults::ApiFaults;
 use kjob_testkit::server::TestServer;
@@ -49,15 +51,7 @@ async fn a_worker_killed_after_creating_pods_leaves_no_duplicates(server: TestSe
     let queue = QueueService::start();
     let a = worker(&server, &queue, "a", Duration::from_secs(2));
     let mut d = Driver::new(client.clone(), queue.client(), &ns, "cj");
-    create_job(
-        &client,
-        &ns,
-        serde_json::json!({
-            "metadata": {"name": "cj"},
-            "spec": {"completions": 3, "parallelism": 3, "template": template("Never")}
-        }),
-    )
-    .await;
+    create_plain_job(&client, &ns, "cj", 3, 3).await;
     d.queue
         .add(vec![kjob_queue_client::v1::AddItem {
             queue: kjob_core::JOB_QUEUE.into(),
@@ -170,15 +164,7 @@ async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs(serv
     let b = worker(&server, &queue, "b", Duration::from_secs(1));
     let names = ["r0", "r1", "r2"];
     for n in names {
-        create_job(
-            &client,
-            &ns,
-            serde_json::json!({
-                "metadata": {"name": n},
-                "spec": {"completions": 4, "parallelism": 4, "template": template("Never")}
-            }),
-        )
-        .await;
+        create_plain_job(&client, &ns, n, 4, 4).await;
     }
     let mut drivers: Vec<Driver> =
         names.iter().map(|n| Driver::new(client.clone(), queue.client(), &ns, n)).collect();
@@ -226,15 +212,7 @@ async fn shutdown_hands_back_syncs_that_outlive_the_grace(server: TestServer) {
         Duration::from_millis(200),
     );
     let mut d = Driver::new(client.clone(), queue.client(), &ns, "dr");
-    create_job(
-        &client,
-        &ns,
-        serde_json::json!({
-            "metadata": {"name": "dr"},
-            "spec": {"completions": 4, "parallelism": 4, "template": template("Never")}
-        }),
-    )
-    .await;
+    create_plain_job(&client, &ns, "dr", 4, 4).await;
     d.step(&mut |_| Fate::Run).await;
     // Wait until A is mid-sync (its first pod exists; three more creates in two slow-start
     // batches and a status write, 400 ms each, are still to come), then drain with a 200 ms

@@ -33,9 +33,8 @@ async fn sink_with(
 ) -> (EventSink, tokio::task::JoinHandle<()>, Metrics) {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let kc = kube::config::Kubeconfig::read_from(server.worker_kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+    let client =
+        kjob_testkit::server::kube_client(&server.worker_kubeconfig(), None).await.unwrap();
     let api = KubeApi::new(client, 100.0, 100, metrics.clone());
     let (sink, mut writer) =
         EventSink::new(api, kjob_core::DEFAULT_CONTROLLER_NAME, id, metrics.clone());
@@ -44,6 +43,20 @@ async fn sink_with(
             writer.with_shared_gate(kjob_queue_client::QueueClient::connect_lazy(url).unwrap());
     }
     (sink, tokio::spawn(writer.run()), metrics)
+}
+
+/// A Job `cnt` in a fresh namespace `ns`, and the namespace's Events.
+async fn job_cnt(server: &TestServer, ns: &str) -> (Job, Api<Event>) {
+    let client = server.client();
+    let ns = server.namespace(ns);
+    server.create_namespace(&ns).await;
+    let job = common::create_job(
+        &client,
+        &ns,
+        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
+    )
+    .await;
+    (job, Api::namespaced(client, &ns))
 }
 
 /// The Job's events, as `kubectl describe job` finds them (core/v1, by involved object).
@@ -64,16 +77,7 @@ fn count_of(evs: &[Event], message: &str) -> Option<i32> {
 async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combined(
     server: TestServer,
 ) {
-    let client = server.client();
-    let ns = server.namespace("events");
-    server.create_namespace(&ns).await;
-    let job = common::create_job(
-        &client,
-        &ns,
-        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
-    )
-    .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let (job, events) = job_cnt(&server, "events").await;
     let (w1, t1) = sink(&server, "w1").await;
     let (w2, t2) = sink(&server, "w2").await;
 
@@ -132,16 +136,7 @@ async fn repeats_from_any_worker_count_up_one_event_and_similar_ones_are_combine
 /// each, so none is counted up or combined): the Job's one token bucket, kept by kjob-queue,
 /// lets 25 through in all (upstream's burst), where two per-process buckets let 50 through.
 async fn two_workers_share_one_spam_burst_per_job(server: TestServer) {
-    let client = server.client();
-    let ns = server.namespace("events-burst");
-    server.create_namespace(&ns).await;
-    let job = common::create_job(
-        &client,
-        &ns,
-        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
-    )
-    .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let (job, events) = job_cnt(&server, "events-burst").await;
     let queue = common::QueueService::start();
     let (w1, t1, m1) = sink_with(&server, "w1", Some(&queue.url)).await;
     let (w2, t2, m2) = sink_with(&server, "w2", Some(&queue.url)).await;
@@ -172,16 +167,7 @@ async fn two_workers_share_one_spam_burst_per_job(server: TestServer) {
 /// A worker whose kjob-queue does not answer gates with its own state: its events are still
 /// written (the burst of 25, then dropped), and the fallback is counted.
 async fn without_kjob_queue_a_worker_falls_back_to_its_own_correlator(server: TestServer) {
-    let client = server.client();
-    let ns = server.namespace("events-fallback");
-    server.create_namespace(&ns).await;
-    let job = common::create_job(
-        &client,
-        &ns,
-        serde_json::json!({"metadata": {"name": "cnt"}, "spec": {"template": common::template("Never")}}),
-    )
-    .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let (job, events) = job_cnt(&server, "events-fallback").await;
     // A port nothing listens on: the gate call is refused at once.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", dead.local_addr().unwrap());

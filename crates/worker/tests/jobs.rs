@@ -7,7 +7,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{Driver, Fate, QueueService, WorkerHandle, condition, create_job, finished, template};
+use common::{
+    Driver, Fate, QueueService, WorkerHandle, condition, create_job, create_plain_job, finished,
+    template,
+};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_testkit::server::TestServer;
@@ -110,15 +113,7 @@ async fn check_pods(d: &Driver, job: &Job, want_total: usize) -> Vec<Pod> {
 
 async fn non_indexed_completes(server: TestServer) {
     let mut e = env(server, "nonindexed", "pi").await;
-    create_job(
-        &e.server.client(),
-        &e.ns,
-        serde_json::json!({
-            "metadata": {"name": "pi"},
-            "spec": {"completions": 3, "parallelism": 2, "template": template("Never")}
-        }),
-    )
-    .await;
+    create_plain_job(&e.server.client(), &e.ns, "pi", 3, 2).await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
     let s = status(&job);
     assert_eq!(counts(&job), (3, 0, 0));

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
 use k8s_openapi::api::core::v1::Pod;
+use kjob_reconcile::testutil::sync_input;
 use kjob_reconcile::{CallError, Expectations, JobSync, Outcome, Report, Step, SyncInput};
 
 /// Scripted failures.
@@ -89,14 +90,9 @@ impl Env {
 /// Runs one sync to its end.
 pub fn run(job: &Job, pods: &[Pod], env: &Env, api: &Api) -> Trace {
     let input = SyncInput {
-        job,
-        pods,
-        now: env.now,
         expectations_satisfied: env.satisfied,
-        finalizer_removals_in_flight: &env.in_flight,
         backoff: env.backoff.as_ref(),
-        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
-        manage_all: true,
+        ..sync_input(job, pods, env.now, &env.in_flight)
     };
     let mut sync = JobSync::new(input);
     let mut trace = Trace::default();

@@ -111,6 +111,21 @@ async fn call(
     Ok(call_body(http, method, url, ct, body).await?.0)
 }
 
+/// Sends one request; an answer other than `want` is an error saying `what` answered it.
+async fn expect(
+    http: &Http,
+    (method, url, ct): (&str, &str, &str),
+    body: Vec<u8>,
+    want: u16,
+    what: &str,
+) -> anyhow::Result<()> {
+    let code = call(http, method, url, ct, body).await?;
+    if code != want {
+        bail!("{what} answered {code}");
+    }
+    Ok(())
+}
+
 /// Sends one request and returns its code and whole body.
 async fn call_body(
     http: &Http,
@@ -221,12 +236,14 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
                 // Pods are named p-0, p-1, ... so later phases can address any stored pod.
                 let n = created.fetch_add(1, Ordering::Relaxed);
                 let _ = (w, seq);
-                let code =
-                    call(&http, "POST", &url, "application/json", pod_body(&format!("p-{n}")))
-                        .await?;
-                if code != 201 {
-                    bail!("create answered {code}");
-                }
+                expect(
+                    &http,
+                    ("POST", &url, "application/json"),
+                    pod_body(&format!("p-{n}")),
+                    201,
+                    "create",
+                )
+                .await?;
                 Ok(())
             }
         })
@@ -248,12 +265,14 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
                     if i >= pods {
                         return anyhow::Ok(());
                     }
-                    let code =
-                        call(&http, "POST", &url, "application/json", pod_body(&format!("p-{i}")))
-                            .await?;
-                    if code != 201 {
-                        bail!("create answered {code}");
-                    }
+                    expect(
+                        &http,
+                        ("POST", &url, "application/json"),
+                        pod_body(&format!("p-{i}")),
+                        201,
+                        "create",
+                    )
+                    .await?;
                 }
             }));
         }
@@ -280,17 +299,7 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
                 let body = serde_json::to_vec(
                     &json!({"status": {"phase": "Running", "message": format!("u{clients}-{w}-{seq}")}}),
                 )?;
-                let code = call(
-                    &http,
-                    "PATCH",
-                    &format!("{url}/p-{i}/status"),
-                    "application/merge-patch+json",
-                    body,
-                )
-                .await?;
-                if code != 200 {
-                    bail!("status patch answered {code}");
-                }
+                expect(&http, ("PATCH", &format!("{url}/p-{i}/status"), "application/merge-patch+json"), body, 200, "status patch").await?;
                 Ok(())
             }
         })
@@ -434,17 +443,10 @@ async fn fill(
                 let job: serde_json::Value = serde_json::from_slice(&body)?;
                 let uid = job["metadata"]["uid"].as_str().context("job uid")?.to_owned();
                 for p in 0..per_job {
-                    let code = call(
-                        &http,
-                        "POST",
-                        &format!("{base}/api/v1/namespaces/{ns}/pods"),
-                        "application/json",
-                        job_pod_body(&format!("{name}-{p}"), &name, &uid),
-                    )
-                    .await?;
-                    if code != 201 {
-                        bail!("pod create answered {code}");
-                    }
+                    let url = format!("{base}/api/v1/namespaces/{ns}/pods");
+                    let body = job_pod_body(&format!("{name}-{p}"), &name, &uid);
+                    expect(&http, ("POST", &url, "application/json"), body, 201, "pod create")
+                        .await?;
                 }
                 made.push(StoredJob { ns, name, uid });
             }
@@ -555,10 +557,14 @@ async fn measure_mix(
             let body = serde_json::to_vec(
                 &json!({"status": {"phase": "Running", "message": format!("s-{w}-{seq}")}}),
             )?;
-            let code = call(&http, "PATCH", &url, "application/merge-patch+json", body).await?;
-            if code != 200 {
-                bail!("status patch answered {code}");
-            }
+            expect(
+                &http,
+                ("PATCH", &url, "application/merge-patch+json"),
+                body,
+                200,
+                "status patch",
+            )
+            .await?;
             Ok(())
         }
     })
@@ -573,10 +579,7 @@ async fn measure_mix(
             let i = made.fetch_add(1, Ordering::Relaxed);
             let url = format!("{base}/api/v1/namespaces/{}/pods", job.ns);
             let body = job_pod_body(&format!("{}-x{i}", job.name), &job.name, &job.uid);
-            let code = call(&http, "POST", &url, "application/json", body).await?;
-            if code != 201 {
-                bail!("create answered {code}");
-            }
+            expect(&http, ("POST", &url, "application/json"), body, 201, "create").await?;
             Ok(())
         }
     })

@@ -191,9 +191,7 @@ pub fn plan(
         }
         if annotation(pod, SCHEDULABLE_ANNOTATION) == Some("false") {
             let already =
-                pod.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| {
-                    cs.iter().any(|c| c["type"] == "PodScheduled" && c["status"] == "False")
-                });
+                pod_condition(pod, "PodScheduled").is_some_and(|c| c["status"] == "False");
             return (!already).then_some((now, Action::Unschedulable));
         }
         return Some((now, Action::Bind));
@@ -338,6 +336,11 @@ fn condition(
         c["message"] = json!(m);
     }
     c
+}
+
+/// The pod's condition of type `ty`.
+pub(crate) fn pod_condition<'a>(pod: &'a Value, ty: &str) -> Option<&'a Value> {
+    pod.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == ty)
 }
 
 /// Replaces (by type) conditions in the pod status, keeping the transition time of those
@@ -802,19 +805,9 @@ mod tests {
         assert!(cs["containerID"].as_str().unwrap().starts_with("containerd://"));
         assert!(cs["imageID"].as_str().unwrap().contains("@sha256:"));
         assert_eq!(cs["state"]["running"]["startedAt"], "2025-01-01T00:00:01Z");
-        let ready = run["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap();
+        let ready = pod_condition(&run, "Ready").unwrap();
         assert_eq!(ready["status"], "True");
-        let sched = run["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "PodScheduled")
-            .unwrap();
+        let sched = pod_condition(&run, "PodScheduled").unwrap();
         assert_eq!(
             sched["lastTransitionTime"], "2025-01-01T00:00:00Z",
             "unchanged conditions keep their time"
@@ -834,12 +827,7 @@ mod tests {
         assert_eq!(term["finishedAt"], "2025-01-01T00:00:03Z");
         assert_eq!(term["startedAt"], "2025-01-01T00:00:01Z");
         assert_eq!(done["status"]["containerStatuses"][0]["ready"], false);
-        let ready = done["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap();
+        let ready = pod_condition(&done, "Ready").unwrap();
         assert_eq!(ready["reason"], "PodCompleted");
         assert_eq!(plan(&done, None, t2, &c), None, "terminal pods wait");
     }
@@ -858,12 +846,7 @@ mod tests {
             done["status"]["containerStatuses"][1]["state"]["terminated"]["reason"],
             "Error"
         );
-        let ready = done["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap();
+        let ready = pod_condition(&done, "Ready").unwrap();
         assert_eq!(ready["reason"], "PodFailed");
     }
 

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kjob_core::DEFAULT_CONTROLLER_NAME;
 
 use super::*;
-use crate::selector::Selector;
+use kjob_reconcile::selector::Selector;
 
 const ME: &str = DEFAULT_CONTROLLER_NAME;
 const BATCH: Duration = SYNC_JOB_BATCH_PERIOD;
@@ -31,6 +31,7 @@ fn mk_job(name: &str) -> JobInfo {
         active_deadline_seconds: None,
         start_time: None,
         finished: false,
+        deleting: false,
         view: None,
     }
 }
@@ -157,6 +158,14 @@ fn job_update_table() {
         j
     };
     let started = |j: &mut JobInfo| j.start_time = Some(ts("2026-01-01T00:00:00Z"));
+    // A Job started a minute before `now` at resourceVersion `rv` with this deadline.
+    let running = |rv: &str, ads: Option<i64>| {
+        with(&|j| {
+            started(j);
+            j.resource_version = rv.into();
+            j.active_deadline_seconds = ads;
+        })
+    };
 
     struct Case {
         name: &'static str,
@@ -180,13 +189,8 @@ fn job_update_table() {
         },
         Case {
             name: "deadline set on started job",
-            old: with(&|j| started(j)),
-            new: with(&|j| {
-                started(j);
-                j.resource_version = "3".into();
-                j.generation = 2;
-                j.active_deadline_seconds = Some(100);
-            }),
+            old: running("2", None),
+            new: JobInfo { generation: 2, ..running("3", Some(100)) },
             want: vec![
                 job_q("ns/a", Duration::ZERO, vec![]),
                 job_q("ns/a", Duration::from_secs(40), vec![]),
@@ -194,15 +198,8 @@ fn job_update_table() {
         },
         Case {
             name: "deadline changed",
-            old: with(&|j| {
-                started(j);
-                j.active_deadline_seconds = Some(100);
-            }),
-            new: with(&|j| {
-                started(j);
-                j.resource_version = "3".into();
-                j.active_deadline_seconds = Some(90);
-            }),
+            old: running("2", Some(100)),
+            new: running("3", Some(90)),
             want: vec![
                 job_q("ns/a", BATCH, vec![]),
                 job_q("ns/a", Duration::from_secs(30), vec![]),
@@ -210,25 +207,14 @@ fn job_update_table() {
         },
         Case {
             name: "deadline already passed fires now",
-            old: with(&|j| started(j)),
-            new: with(&|j| {
-                started(j);
-                j.resource_version = "3".into();
-                j.active_deadline_seconds = Some(10);
-            }),
+            old: running("2", None),
+            new: running("3", Some(10)),
             want: vec![job_q("ns/a", BATCH, vec![]), job_q("ns/a", Duration::ZERO, vec![])],
         },
         Case {
             name: "deadline unchanged is not re-armed",
-            old: with(&|j| {
-                started(j);
-                j.active_deadline_seconds = Some(100);
-            }),
-            new: with(&|j| {
-                started(j);
-                j.resource_version = "3".into();
-                j.active_deadline_seconds = Some(100);
-            }),
+            old: running("2", Some(100)),
+            new: running("3", Some(100)),
             want: vec![job_q("ns/a", BATCH, vec![])],
         },
         Case {
@@ -367,6 +353,15 @@ fn owned_pods_whose_labels_stop_matching_are_released() {
     assert_eq!(
         on_pod_update(&cfg(), &store, &owned, &bump(&owned)),
         vec![job_q("ns/a", BATCH, vec![])]
+    );
+    // A Job being deleted releases nothing (upstream ClaimObject).
+    let mut deleting_job = mk_job("d");
+    deleting_job.deleting = true;
+    let store = store_with(&[&deleting_job], &[]);
+    let of_deleting = mk_pod("s", Some(&deleting_job));
+    assert_eq!(
+        on_pod_update(&cfg(), &store, &of_deleting, &unmatch(&of_deleting)),
+        vec![job_q("ns/d", BATCH, vec![])]
     );
 }
 

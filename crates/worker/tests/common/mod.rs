@@ -6,14 +6,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kjob_queue_client::{QueueClient, v1};
 use kjob_sim::testing::TestSim;
-use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+use kjob_testkit::{ChildGuard, RedisServer, free_port};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use tokio::task::JoinHandle;
@@ -63,20 +62,8 @@ impl QueueService {
     pub fn start() -> QueueService {
         let redis = RedisServer::start().expect("redis-server");
         let port = free_port();
-        let admin = free_port();
-        let bin = bin_path("kjob-queue").expect("kjob-queue binary (cargo build -p kjob-queue)");
-        let mut cmd = Command::new(bin);
-        cmd.arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--redis-url")
-            .arg(redis.url())
-            .arg("--admin-listen")
-            .arg(format!("127.0.0.1:{admin}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let proc = ChildGuard::spawn("kjob-queue", &mut cmd).expect("spawn kjob-queue");
-        wait_for_tcp(([127, 0, 0, 1], port).into(), Duration::from_secs(15))
-            .expect("kjob-queue up");
+        let proc = kjob_testkit::process::start_queue(&redis.url(), port)
+            .expect("kjob-queue (cargo build --bins)");
         QueueService { url: format!("http://127.0.0.1:{port}"), _redis: redis, _proc: proc }
     }
 
@@ -408,6 +395,21 @@ pub async fn create_job(client: &kube::Client, ns: &str, mut manifest: serde_jso
         .create(&PostParams::default(), &job)
         .await
         .expect("create job")
+}
+
+/// Creates a NonIndexed Job `name` of `completions` pods, `parallelism` at a time, that never
+/// restart.
+pub async fn create_plain_job(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    completions: i32,
+    parallelism: i32,
+) -> Job {
+    let spec = serde_json::json!({
+        "completions": completions, "parallelism": parallelism, "template": template("Never")
+    });
+    create_job(client, ns, serde_json::json!({"metadata": {"name": name}, "spec": spec})).await
 }
 
 /// A condition of the Job with status True.

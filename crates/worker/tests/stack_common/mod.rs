@@ -57,12 +57,7 @@ pub async fn start_stack_on(
 
 /// A kube client of the stack's sim with timeouts.
 pub async fn client(stack: &Stack) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(&stack.kubeconfig).unwrap();
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
-    config.connect_timeout = Some(API_TIMEOUT);
-    config.read_timeout = Some(API_TIMEOUT);
-    config.write_timeout = Some(API_TIMEOUT);
-    kube::Client::try_from(config).unwrap()
+    kjob_testkit::server::kube_client(&stack.kubeconfig, Some(API_TIMEOUT)).await.unwrap()
 }
 
 /// Creates a namespace.

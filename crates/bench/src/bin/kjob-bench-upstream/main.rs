@@ -3,7 +3,6 @@
 //! control plane; configurations interleave and the second pass runs them in reverse. Writes
 //! `upstream.md`, `upstream.json` and PNG charts into `--out`.
 
-mod recorder;
 mod run;
 
 use std::collections::BTreeMap;
@@ -19,8 +18,8 @@ use kjob_bench::{chart, stats};
 use serde_json::json;
 use tracing::Instrument;
 
-use crate::recorder::Observed;
 use crate::run::{Env, Spec};
+use kjob_bench::harness::Observed;
 
 /// Most points drawn per CDF line.
 const CDF_POINTS: usize = 300;

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -16,11 +15,10 @@ use kjob_bench::upstream::{
 };
 use kjob_testkit::cluster::{ClusterInfo, ClusterOptions, ControlPlane, JobController};
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
-use kube::api::{Api, PostParams};
-use serde_json::json;
+use kube::api::Api;
 use tokio::task::JoinSet;
 
-use crate::recorder::{Observed, Recorder};
+use kjob_bench::harness::{Creator, NAMESPACE, Observed, Recorder, job};
 
 /// Timeout of every single API call and scrape the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,7 +30,6 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// How long kjob's watcher may take to win its Lease.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Namespace of the benchmark's Jobs.
-pub const NAMESPACE: &str = "default";
 /// Control-plane processes whose CPU is measured (names of their pid files).
 const CONTROL_PLANE: [&str; 3] = [APISERVER, ETCD, CONTROLLER_MANAGER];
 
@@ -79,35 +76,6 @@ pub struct Env {
     pub ticks: f64,
 }
 
-/// A Job of `completions` pods that each run for `run_time`, for whichever controller runs
-/// (no `managedBy`: upstream takes it, and kjob runs with `--manage-all-jobs`).
-pub fn job(
-    name: &str,
-    completions: i32,
-    parallelism: i32,
-    indexed: bool,
-    run_time: Duration,
-) -> Job {
-    let mut spec = json!({
-        "completions": completions,
-        "parallelism": parallelism,
-        "template": {
-            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
-        }
-    });
-    if indexed {
-        spec["completionMode"] = json!("Indexed");
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
-        "spec": spec
-    }))
-    .expect("a literal Job decodes")
-}
-
 /// Counters and process usage at one moment.
 struct Snapshot {
     api: Counters,
@@ -115,11 +83,8 @@ struct Snapshot {
 }
 
 async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await?;
+    // Watches keep kube's long read timeout.
+    let mut config = kjob_testkit::server::kube_config(kubeconfig).await?;
     config.connect_timeout = Some(CALL_TIMEOUT);
     config.write_timeout = Some(CALL_TIMEOUT);
     Ok(kube::Client::try_from(config)?)
@@ -152,16 +117,6 @@ async fn snapshot(
     Ok(Snapshot { api: Counters::parse(&text), usage })
 }
 
-async fn create_one(api: &Api<Job>, rec: &Recorder, job: &Job) -> anyhow::Result<()> {
-    let name = job.metadata.name.clone().unwrap_or_default();
-    tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), job))
-        .await
-        .with_context(|| format!("creating Job {name} timed out"))?
-        .with_context(|| format!("creating Job {name}"))?;
-    rec.submitted(&name, Instant::now());
-    Ok(())
-}
-
 /// Creates the Jobs of `spec`; returns their names.
 async fn create(
     client: &kube::Client,
@@ -169,52 +124,28 @@ async fn create(
     spec: Spec,
     run_time: Duration,
 ) -> anyhow::Result<Vec<String>> {
-    let api: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let creator =
+        Creator::new(Api::namespaced(client.clone(), NAMESPACE), rec.clone(), CALL_TIMEOUT);
     let single = |n: usize, prefix: &str| -> Vec<Job> {
-        (0..n).map(|i| job(&format!("{prefix}-{i:05}"), 1, 1, false, run_time)).collect()
+        (0..n).map(|i| job(&format!("{prefix}-{i:05}"), None, 1, 1, false, run_time)).collect()
     };
-    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
     let jobs = match spec {
         Spec::Burst { jobs, creators } => {
             let list = single(jobs, "burst");
-            let queue = Arc::new(Mutex::new(list.clone()));
-            for _ in 0..creators.max(1) {
-                let (api, queue, rec) = (api.clone(), queue.clone(), rec.clone());
-                set.spawn(async move {
-                    loop {
-                        let Some(j) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
-                            return Ok(());
-                        };
-                        create_one(&api, &rec, &j).await?;
-                    }
-                });
-            }
+            creator.burst(list.clone(), creators).await?;
             list
         }
         Spec::Indexed { completions, parallelism } => {
-            let j = job("indexed", completions, parallelism, true, run_time);
-            create_one(&api, rec, &j).await?;
+            let j = job("indexed", None, completions, parallelism, true, run_time);
+            creator.one(&j).await?;
             vec![j]
         }
         Spec::Steady { jobs, rate } => {
-            anyhow::ensure!(rate > 0.0, "steady rate must be positive, got {rate}");
             let list = single(jobs, "steady");
-            // Open loop: each Job on its schedule, however long earlier creates take.
-            let t0 = tokio::time::Instant::now();
-            for (i, j) in list.iter().cloned().enumerate() {
-                tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
-                let (api, rec) = (api.clone(), rec.clone());
-                set.spawn(async move { create_one(&api, &rec, &j).await });
-                while let Some(r) = set.try_join_next() {
-                    r.context("creator task")??;
-                }
-            }
+            creator.paced(list.clone(), rate).await?;
             list
         }
     };
-    while let Some(r) = set.join_next().await {
-        r.context("creator task")??;
-    }
     Ok(jobs.iter().filter_map(|j| j.metadata.name.clone()).collect())
 }
 

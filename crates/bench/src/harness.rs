@@ -1,6 +1,7 @@
-//! The harness's view of a run: a watch on Jobs and one on Pods of the benchmark namespace,
-//! with the moment each event arrived. Both configurations are observed the same way, through
-//! the same admin client, so the figures compare.
+//! The harness side of both benchmarks: creating Jobs (noting when each create returned) and
+//! watching Jobs and Pods of the benchmark namespace, with the moment each event arrived. Every
+//! configuration is observed the same way, through the harness's own client, so the figures
+//! compare.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,11 +12,16 @@ use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kjob_bench::stats::summarize;
-use kjob_bench::upstream::Latency;
-use kube::Api;
+use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+use crate::stats::summarize;
+use crate::upstream::Latency;
 use tokio::task::JoinSet;
+
+/// Namespace every benchmark object lives in.
+pub const NAMESPACE: &str = "default";
 
 /// How long the two watches may take to list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -269,10 +275,113 @@ impl Recorder {
     }
 }
 
+/// A benchmark Job in [`NAMESPACE`]: `completions` pods that each run for `run_time` (on
+/// kjob-sim's kubelet and kjob-node-agent alike), `spec.managedBy` set to `managed_by` (unset:
+/// upstream takes it, and kjob too with `--manage-all-jobs`).
+pub fn job(
+    name: &str,
+    managed_by: Option<&str>,
+    completions: i32,
+    parallelism: i32,
+    indexed: bool,
+    run_time: Duration,
+) -> Job {
+    let mut spec = json!({
+        "completions": completions,
+        "parallelism": parallelism,
+        "template": {
+            "metadata": {"annotations": {"kjob.io/sim-run-time": format!("{}ms", run_time.as_millis())}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+        }
+    });
+    if let Some(controller) = managed_by {
+        spec["managedBy"] = json!(controller);
+    }
+    if indexed {
+        spec["completionMode"] = json!("Indexed");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kjob-bench"}},
+        "spec": spec
+    }))
+    .expect("a literal Job decodes")
+}
+
+/// Creates Jobs through one namespaced API, noting each create in a [`Recorder`].
+#[derive(Clone)]
+pub struct Creator {
+    api: Api<Job>,
+    rec: Recorder,
+    /// Bound of each create call.
+    timeout: Duration,
+}
+
+impl Creator {
+    /// Creates through `api`, each call bounded by `timeout`, noting the creates in `rec`.
+    pub fn new(api: Api<Job>, rec: Recorder, timeout: Duration) -> Self {
+        Self { api, rec, timeout }
+    }
+
+    /// Creates one Job and notes when the create returned.
+    pub async fn one(&self, job: &Job) -> anyhow::Result<()> {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        tokio::time::timeout(self.timeout, self.api.create(&PostParams::default(), job))
+            .await
+            .with_context(|| format!("creating Job {name} timed out"))?
+            .with_context(|| format!("creating Job {name}"))?;
+        self.rec.submitted(&name, Instant::now());
+        Ok(())
+    }
+
+    /// Creates `jobs` with `clients` concurrent creators (a burst).
+    pub async fn burst(&self, jobs: Vec<Job>, clients: usize) -> anyhow::Result<()> {
+        let queue = Arc::new(Mutex::new(jobs));
+        let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+        for _ in 0..clients.max(1) {
+            let (me, queue) = (self.clone(), queue.clone());
+            set.spawn(async move {
+                loop {
+                    let Some(j) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+                        return Ok(());
+                    };
+                    me.one(&j).await?;
+                }
+            });
+        }
+        join_creators(&mut set).await
+    }
+
+    /// Creates `jobs` at `rate` per second (open loop: each on its schedule, however long
+    /// earlier creates take).
+    pub async fn paced(&self, jobs: Vec<Job>, rate: f64) -> anyhow::Result<()> {
+        anyhow::ensure!(rate > 0.0, "pace must be positive, got {rate}");
+        let t0 = tokio::time::Instant::now();
+        let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+        for (i, j) in jobs.into_iter().enumerate() {
+            tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
+            let me = self.clone();
+            set.spawn(async move { me.one(&j).await });
+            // Reap finished creates as we go so the set stays small.
+            while let Some(r) = set.try_join_next() {
+                r.context("creator task")??;
+            }
+        }
+        join_creators(&mut set).await
+    }
+}
+
+async fn join_creators(set: &mut JoinSet<anyhow::Result<()>>) -> anyhow::Result<()> {
+    while let Some(r) = set.join_next().await {
+        r.context("creator task")??;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn pod(uid: &str, job: &str, phase: &str, finished_at: Option<&str>) -> Pod {
         let mut v = json!({

@@ -1,8 +1,12 @@
 //! Evaluation of `metav1.LabelSelector` (matchLabels + matchExpressions), as
-//! `metav1.LabelSelectorAsSelector` does, for finding the Jobs that may adopt an orphan pod.
+//! `metav1.LabelSelectorAsSelector` does: a nil selector matches nothing, an empty one (`{}`)
+//! everything, an invalid one is an error. The one matcher of kjob: the worker's claim of a
+//! Job's pods, the orphan worker's release and the watcher's `getPodJobs` all use it.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// Why a label selector cannot be turned into a matcher.
@@ -32,6 +36,8 @@ pub enum SelectorError {
 /// One requirement of a compiled selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Requirement {
+    /// From matchLabels (upstream `selection.Equals`).
+    Equals(String, String),
     In(String, Vec<String>),
     NotIn(String, Vec<String>),
     Exists(String),
@@ -41,6 +47,7 @@ enum Requirement {
 impl Requirement {
     fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         match self {
+            Self::Equals(k, want) => labels.get(k) == Some(want),
             Self::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
             // Upstream: a missing key satisfies NotIn.
             Self::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
@@ -58,15 +65,18 @@ pub struct Selector {
 }
 
 impl Selector {
-    /// Compiles an optional `LabelSelector`; `None` becomes [`Selector::Nothing`].
+    /// Compiles an optional `LabelSelector`; `None` becomes [`Selector::nothing`].
     pub fn compile(sel: Option<&LabelSelector>) -> Result<Self, SelectorError> {
         let Some(sel) = sel else { return Ok(Self::nothing()) };
         let mut reqs = Vec::new();
         for (k, v) in sel.match_labels.iter().flatten() {
-            reqs.push(Requirement::In(k.clone(), vec![v.clone()]));
+            reqs.push(Requirement::Equals(k.clone(), v.clone()));
         }
         for e in sel.match_expressions.iter().flatten() {
-            let values = e.values.clone().unwrap_or_default();
+            let mut values = e.values.clone().unwrap_or_default();
+            // As a set, the way the API server reads the query.
+            values.sort();
+            values.dedup();
             let key = e.key.clone();
             let req = match e.operator.as_str() {
                 "In" | "NotIn" if values.is_empty() => {
@@ -97,6 +107,33 @@ impl Selector {
             None => false,
             Some(reqs) => reqs.iter().all(|r| r.matches(labels)),
         }
+    }
+
+    /// Whether the pod's labels (none when unset) satisfy the selector.
+    pub fn matches_pod(&self, pod: &Pod) -> bool {
+        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        self.matches(pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS))
+    }
+
+    /// The selector as a `labelSelector` query parameter (`a=b,c in (d,e),!f`); `""` selects
+    /// everything. `None` for [`Selector::nothing`], which no query can express.
+    pub fn api_query(&self) -> Option<String> {
+        let reqs = self.reqs.as_ref()?;
+        let mut q = String::new();
+        for (i, r) in reqs.iter().enumerate() {
+            if i > 0 {
+                q.push(',');
+            }
+            // Writing to a String cannot fail.
+            let _ = match r {
+                Requirement::Equals(k, v) => write!(q, "{k}={v}"),
+                Requirement::In(k, vs) => write!(q, "{k} in ({})", vs.join(",")),
+                Requirement::NotIn(k, vs) => write!(q, "{k} notin ({})", vs.join(",")),
+                Requirement::Exists(k) => write!(q, "{k}"),
+                Requirement::DoesNotExist(k) => write!(q, "!{k}"),
+            };
+        }
+        Some(q)
     }
 }
 
@@ -160,6 +197,43 @@ mod tests {
             let compiled = Selector::compile(Some(&s)).unwrap();
             assert_eq!(compiled.matches(&l), want, "case {i}: {s:?}");
         }
+    }
+
+    #[test]
+    fn pods_without_labels() {
+        let pod = Pod::default();
+        assert!(Selector::compile(Some(&LabelSelector::default())).unwrap().matches_pod(&pod));
+        assert!(!Selector::compile(None).unwrap().matches_pod(&pod));
+        let dne = sel(&[], vec![expr("a", "DoesNotExist", &[])]);
+        assert!(Selector::compile(Some(&dne)).unwrap().matches_pod(&pod));
+        let ml = sel(&[("a", "b")], vec![]);
+        assert!(!Selector::compile(Some(&ml)).unwrap().matches_pod(&pod));
+    }
+
+    /// Empty lists count as unset: `matchLabels: {}` and `matchExpressions: []` select all.
+    #[test]
+    fn empty_lists_match_everything() {
+        let s =
+            LabelSelector { match_labels: Some(BTreeMap::new()), match_expressions: Some(vec![]) };
+        let compiled = Selector::compile(Some(&s)).unwrap();
+        assert!(compiled.matches(&labels(&[])));
+        assert_eq!(compiled.api_query().as_deref(), Some(""));
+    }
+
+    #[test]
+    fn api_query_as_the_api_server_reads_it() {
+        let s = sel(
+            &[("app", "web")],
+            vec![
+                expr("tier", "In", &["front", "back", "front"]),
+                expr("zone", "NotIn", &["b", "a"]),
+                expr("x", "Exists", &[]),
+                expr("y", "DoesNotExist", &[]),
+            ],
+        );
+        let q = Selector::compile(Some(&s)).unwrap().api_query();
+        assert_eq!(q.as_deref(), Some("app=web,tier in (back,front),zone notin (a,b),x,!y"));
+        assert_eq!(Selector::nothing().api_query(), None);
     }
 
     #[test]

@@ -1,20 +1,24 @@
-//! Pod classification and selection helpers with upstream parity.
+//! Job and pod helpers with upstream parity.
 //!
-//! Mirrors `controller.IsPodActive` / `IsPodTerminating` / `ActivePods` from
-//! `pkg/controller/controller_utils.go`, and `isPodFailed`, `onlyReplaceFailedPods`,
-//! `getNewFinishedPods`, `activePodsForRemoval`, `pastBackoffLimitOnFailure`, `getFinishedTime`
-//! and `ClaimPods` decisions from `pkg/controller/job`.
+//! Job side: spec defaults as the API server applies them, suspension, the deadline and
+//! `onlyReplaceFailedPods` (upstream `pkg/controller/job/util.go` and `job_controller.go`).
+//! Pod side: `controller.IsPodActive` / `IsPodTerminating` / `ActivePods` from
+//! `pkg/controller/controller_utils.go`, and `isPodFailed`, `activePodsForRemoval`,
+//! `pastBackoffLimitOnFailure`, `getFinishedTime` and the `ClaimPods` decision from
+//! `pkg/controller/job`.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kjob_core::JOB_TRACKING_FINALIZER;
 
 use crate::indexes::{completion_index, split_duplicated_indexes};
+use crate::selector::Selector;
 
 /// Pod phase `Pending`.
 pub const PHASE_PENDING: &str = "Pending";
@@ -30,9 +34,91 @@ pub const PHASE_UNKNOWN: &str = "Unknown";
 /// `spec.podReplacementPolicy` value that waits for pods to be fully terminal.
 pub const POD_REPLACEMENT_POLICY_FAILED: &str = "Failed";
 /// `spec.completionMode` value of Indexed Jobs.
-pub const INDEXED_COMPLETION: &str = "Indexed";
+pub const INDEXED: &str = "Indexed";
 /// `spec.completionMode` value of NonIndexed Jobs (also the default).
-pub const NON_INDEXED_COMPLETION: &str = "NonIndexed";
+pub const NON_INDEXED: &str = "NonIndexed";
+/// API-server default of `spec.backoffLimit` without backoffLimitPerIndex.
+pub const DEFAULT_BACKOFF_LIMIT: i32 = 6;
+
+fn spec(job: &Job) -> Option<&JobSpec> {
+    job.spec.as_ref()
+}
+
+/// Whether the Job is Indexed (upstream `isIndexedJob`).
+pub fn is_indexed(job: &Job) -> bool {
+    spec(job).and_then(|s| s.completion_mode.as_deref()) == Some(INDEXED)
+}
+
+/// `Indexed` or `NonIndexed`, the `completion_mode` metric label (upstream `getCompletionMode`).
+pub fn completion_mode_label(job: &Job) -> &'static str {
+    if is_indexed(job) { INDEXED } else { NON_INDEXED }
+}
+
+/// Whether `spec.completionMode` is set to something neither NonIndexed nor Indexed.
+pub fn has_unknown_completion_mode(job: &Job) -> bool {
+    matches!(spec(job).and_then(|s| s.completion_mode.as_deref()), Some(m) if m != INDEXED && m != NON_INDEXED)
+}
+
+/// `spec.completions`; `None` means a work-queue Job (Indexed Jobs always set it).
+pub fn completions(job: &Job) -> Option<i32> {
+    spec(job).and_then(|s| s.completions)
+}
+
+/// `spec.parallelism` as defaulted by the API server (1).
+pub fn parallelism(job: &Job) -> i32 {
+    spec(job).and_then(|s| s.parallelism).unwrap_or(1)
+}
+
+/// Whether `spec.backoffLimitPerIndex` is set (upstream `hasBackoffLimitPerIndex`).
+pub fn has_backoff_limit_per_index(job: &Job) -> bool {
+    spec(job).is_some_and(|s| s.backoff_limit_per_index.is_some())
+}
+
+/// `spec.backoffLimit` as defaulted by the API server (6, or MaxInt32 with backoffLimitPerIndex).
+pub fn backoff_limit(job: &Job) -> i32 {
+    let default = if has_backoff_limit_per_index(job) { i32::MAX } else { DEFAULT_BACKOFF_LIMIT };
+    spec(job).and_then(|s| s.backoff_limit).unwrap_or(default)
+}
+
+/// Whether `spec.suspend` is true (upstream `jobSuspended`).
+pub fn is_suspended(job: &Job) -> bool {
+    spec(job).and_then(|s| s.suspend).unwrap_or(false)
+}
+
+/// Whether the Job is being deleted.
+pub fn is_job_deleting(job: &Job) -> bool {
+    job.metadata.deletion_timestamp.is_some()
+}
+
+/// Terminating pods are neither failures nor replaced until terminal: podReplacementPolicy=Failed,
+/// or any podFailurePolicy (upstream `onlyReplaceFailedPods`).
+pub fn only_replace_failed_pods(job: &Job) -> bool {
+    let Some(spec) = spec(job) else { return false };
+    spec.pod_replacement_policy.as_deref() == Some(POD_REPLACEMENT_POLICY_FAILED)
+        || spec.pod_failure_policy.is_some()
+}
+
+/// `spec.activeDeadlineSeconds` as a duration (negative values read as zero).
+pub fn active_deadline(job: &Job) -> Option<Duration> {
+    spec(job)
+        .and_then(|s| s.active_deadline_seconds)
+        .map(|s| Duration::from_secs(s.max(0).unsigned_abs()))
+}
+
+/// Time since `start` (zero if `start` is in the future).
+pub fn elapsed_since(start: Timestamp, now: Timestamp) -> Duration {
+    let d = now.duration_since(start);
+    if d.is_negative() { Duration::ZERO } else { d.unsigned_abs() }
+}
+
+/// Whether the Job ran longer than `activeDeadlineSeconds` since `start_time` (upstream
+/// `pastActiveDeadline`: never while suspended, `>=` comparison).
+pub fn past_active_deadline(job: &Job, start_time: Option<Timestamp>, now: Timestamp) -> bool {
+    match (active_deadline(job), start_time) {
+        (Some(ads), Some(start)) if !is_suspended(job) => elapsed_since(start, now) >= ads,
+        _ => false,
+    }
+}
 
 /// The pod's phase, `""` when unset.
 pub fn phase(pod: &Pod) -> &str {
@@ -102,29 +188,6 @@ pub fn has_tracking_finalizer(pod: &Pod) -> bool {
     pod.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == JOB_TRACKING_FINALIZER))
 }
 
-/// Whether the Job is Indexed (upstream `isIndexedJob`).
-pub fn is_indexed_job(job: &Job) -> bool {
-    job.spec.as_ref().and_then(|s| s.completion_mode.as_deref()) == Some(INDEXED_COMPLETION)
-}
-
-/// Whether `spec.backoffLimitPerIndex` is set (upstream `hasBackoffLimitPerIndex`).
-pub fn has_backoff_limit_per_index(job: &Job) -> bool {
-    job.spec.as_ref().is_some_and(|s| s.backoff_limit_per_index.is_some())
-}
-
-/// `spec.completions`, 0 when unset (only meaningful for Indexed Jobs, which always set it).
-pub fn completions(job: &Job) -> i32 {
-    job.spec.as_ref().and_then(|s| s.completions).unwrap_or(0)
-}
-
-/// Terminating pods are neither failures nor replaced until terminal: podReplacementPolicy=Failed,
-/// or any podFailurePolicy (upstream `onlyReplaceFailedPods`).
-pub fn only_replace_failed_pods(job: &Job) -> bool {
-    let Some(spec) = job.spec.as_ref() else { return false };
-    spec.pod_replacement_policy.as_deref() == Some(POD_REPLACEMENT_POLICY_FAILED)
-        || spec.pod_failure_policy.is_some()
-}
-
 /// Phase Failed; or, unless [`only_replace_failed_pods`], being deleted and not Succeeded, so
 /// orphaned pods that never reach a terminal phase still count (upstream `isPodFailed`).
 pub fn is_pod_failed(pod: &Pod, job: &Job) -> bool {
@@ -142,13 +205,6 @@ pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
     pod.metadata.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true))
 }
 
-/// The pod's controller is this Job (kind Job, group batch, same UID).
-pub fn is_controlled_by(pod: &Pod, job: &Job) -> bool {
-    let Some(job_uid) = job.metadata.uid.as_deref() else { return false };
-    controller_ref(pod)
-        .is_some_and(|r| r.uid == job_uid && r.kind == "Job" && r.api_version.starts_with("batch/"))
-}
-
 /// What `ClaimPods` would do with one pod for a Job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
@@ -162,73 +218,72 @@ pub enum Claim {
     Ignore,
 }
 
-/// Classifies a pod for a Job as upstream `PodControllerRefManager.ClaimPods` does; adoption
-/// additionally needs the caller to confirm the Job still exists and is not being deleted.
-pub fn claim(job: &Job, pod: &Pod) -> Claim {
-    let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
-    let matches = selector.is_some_and(|sel| selector_matches(sel, pod.metadata.labels.as_ref()));
-    let job_deleting = job.metadata.deletion_timestamp.is_some();
-    match controller_ref(pod) {
-        // Upstream compares the UID only here.
-        Some(r) if Some(r.uid.as_str()) != job.metadata.uid.as_deref() => Claim::Ignore,
-        Some(_) if matches => Claim::Owned,
-        // A Job being deleted neither releases nor keeps pods that stopped matching.
-        Some(_) if job_deleting => Claim::Ignore,
-        Some(_) => Claim::Release,
-        None if !matches || job_deleting || is_deleting(pod) => Claim::Ignore,
-        None if pod.metadata.namespace != job.metadata.namespace => Claim::Ignore,
-        None => Claim::Adopt,
-    }
+/// How a pod's controllerRef relates to one Job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// No controllerRef: an orphan.
+    Nobody,
+    /// The controllerRef carries the Job's UID (upstream compares the UID only).
+    ThisJob,
+    /// Controlled by something else.
+    Other,
 }
 
-/// Pods whose controllerRef is this Job (the ones `getPodsForJob` keeps without adopting).
-pub fn pods_for_job<'a>(job: &Job, pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
-    pods.into_iter().filter(|p| is_controlled_by(p, job)).collect()
+/// What upstream `BaseControllerRefManager.ClaimObject` reads of a pod and a Job, so callers
+/// that hold other shapes of the two (the watcher's cache) reach the same [`Claim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimFacts {
+    /// The pod's controllerRef against the Job.
+    pub owner: Owner,
+    /// The Job's selector matches the pod's labels.
+    pub matches: bool,
+    /// The Job has a deletionTimestamp.
+    pub job_deleting: bool,
+    /// The pod has a deletionTimestamp.
+    pub pod_deleting: bool,
 }
 
-/// Whether `labels` satisfy a LabelSelector (`metav1.LabelSelectorAsSelector` semantics: an
-/// empty selector matches everything, an unknown operator matches nothing).
-pub fn selector_matches(
-    selector: &LabelSelector,
-    labels: Option<&BTreeMap<String, String>>,
-) -> bool {
-    let empty = BTreeMap::new();
-    let labels = labels.unwrap_or(&empty);
-    let labels_ok = selector
-        .match_labels
-        .as_ref()
-        .is_none_or(|ml| ml.iter().all(|(k, v)| labels.get(k) == Some(v)));
-    if !labels_ok {
-        return false;
-    }
-    selector.match_expressions.as_ref().is_none_or(|exprs| {
-        exprs.iter().all(|e| {
-            let values = e.values.as_deref().unwrap_or(&[]);
-            let got = labels.get(&e.key);
-            match e.operator.as_str() {
-                "In" => got.is_some_and(|v| values.contains(v)),
-                "NotIn" => got.is_none_or(|v| !values.contains(v)),
-                "Exists" => got.is_some(),
-                "DoesNotExist" => got.is_none(),
-                _ => false,
+impl ClaimFacts {
+    /// The claim decision; adoption additionally needs the caller to confirm with a fresh read
+    /// that the Job still exists and is not being deleted (upstream `RecheckDeletionTimestamp`).
+    pub fn decide(self) -> Claim {
+        match self.owner {
+            Owner::Other => Claim::Ignore,
+            Owner::ThisJob if self.matches => Claim::Owned,
+            // A Job being deleted neither releases nor keeps pods that stopped matching.
+            Owner::ThisJob if self.job_deleting => Claim::Ignore,
+            Owner::ThisJob => Claim::Release,
+            Owner::Nobody if !self.matches || self.job_deleting || self.pod_deleting => {
+                Claim::Ignore
             }
-        })
-    })
+            Owner::Nobody => Claim::Adopt,
+        }
+    }
 }
 
-/// Active pods (upstream `controller.FilterActivePods`).
-pub fn active_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
-    pods.into_iter().filter(|p| is_active(p)).collect()
+/// Classifies a pod for a Job with the Job's compiled selector, as upstream
+/// `PodControllerRefManager.ClaimPods` does (orphans of other namespaces are never adopted).
+pub fn claim(job: &Job, selector: &Selector, pod: &Pod) -> Claim {
+    let owner = match controller_ref(pod) {
+        None => Owner::Nobody,
+        Some(r) if Some(r.uid.as_str()) == job.metadata.uid.as_deref() => Owner::ThisJob,
+        Some(_) => Owner::Other,
+    };
+    if owner == Owner::Nobody && pod.metadata.namespace != job.metadata.namespace {
+        return Claim::Ignore;
+    }
+    ClaimFacts {
+        owner,
+        matches: selector.matches_pod(pod),
+        job_deleting: is_job_deleting(job),
+        pod_deleting: is_deleting(pod),
+    }
+    .decide()
 }
 
 /// Terminating pods (upstream `controller.FilterTerminatingPods`).
 pub fn terminating_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
     pods.into_iter().filter(|p| is_terminating(p)).collect()
-}
-
-/// Number of Ready pods (upstream `countReadyPods`).
-pub fn count_ready<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> i32 {
-    pods.into_iter().filter(|p| is_ready(p)).count() as i32
 }
 
 /// Highest restart count over the regular containers (upstream `maxContainerRestarts`).
@@ -244,22 +299,12 @@ fn init_container_statuses(pod: &Pod) -> &[ContainerStatus] {
     pod.status.as_ref().and_then(|s| s.init_container_statuses.as_deref()).unwrap_or(&[])
 }
 
-fn node_name(p: &Pod) -> &str {
+pub(crate) fn node_name(p: &Pod) -> &str {
     // Borrowed, not cloned: this runs O(n log n) times when sorting thousands of pods.
     p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("")
 }
 
-/// `afterOrZero`: a missing time sorts first, otherwise the later time sorts first.
-fn after_or_zero(a: Option<Timestamp>, b: Option<Timestamp>) -> Ordering {
-    match (a, b) {
-        (None, None) => Ordering::Equal,
-        (None, Some(_)) => Ordering::Less,
-        (Some(_), None) => Ordering::Greater,
-        (Some(a), Some(b)) => b.cmp(&a),
-    }
-}
-
-fn phase_rank(pod: &Pod) -> u8 {
+pub(crate) fn phase_rank(pod: &Pod) -> u8 {
     // Upstream uses a map lookup, so any other phase ranks like Pending (0).
     match phase(pod) {
         PHASE_UNKNOWN => 1,
@@ -268,37 +313,7 @@ fn phase_rank(pod: &Pod) -> u8 {
     }
 }
 
-/// Deletion preference order of upstream `controller.ActivePods` (`Less`): `Less` means "delete
-/// first". Unassigned < assigned; Pending < Unknown < Running; not Ready < Ready; Ready for less
-/// time first; more restarts first; newer (or no creationTimestamp) first.
-pub fn active_pods_order(a: &Pod, b: &Pod) -> Ordering {
-    let (na, nb) = (node_name(a), node_name(b));
-    if na != nb && (na.is_empty() || nb.is_empty()) {
-        return if na.is_empty() { Ordering::Less } else { Ordering::Greater };
-    }
-    let by_phase = phase_rank(a).cmp(&phase_rank(b));
-    if by_phase != Ordering::Equal {
-        return by_phase;
-    }
-    let (ra, rb) = (is_ready(a), is_ready(b));
-    if ra != rb {
-        return if ra { Ordering::Greater } else { Ordering::Less };
-    }
-    if ra && rb {
-        let (ta, tb) = (ready_since(a), ready_since(b));
-        if ta != tb {
-            return after_or_zero(ta, tb);
-        }
-    }
-    let by_restarts = max_container_restarts(b).cmp(&max_container_restarts(a));
-    if by_restarts != Ordering::Equal {
-        return by_restarts;
-    }
-    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    after_or_zero(created(a), created(b))
-}
-
-/// The [`active_pods_order`] of one pod as a plain value: comparing two keys gives exactly what
+/// The deletion order of upstream `controller.ActivePods` (`Less`) of one pod as a plain value: comparing two keys gives exactly what
 /// comparing the two pods gives (`Equal` included), so sorts and selections over keys pick the
 /// same pods in the same order, without re-reading conditions and container statuses of the
 /// Pod objects at every comparison.
@@ -337,33 +352,6 @@ pub fn removal_key(pod: &Pod) -> RemovalKey {
     }
 }
 
-/// Sorts pods so the ones to delete first come first (upstream `sort.Sort(controller.ActivePods)`).
-/// Stable: pods that compare equal keep their order.
-pub fn sort_for_removal(pods: &mut [&Pod]) {
-    let mut keyed: Vec<(RemovalKey, &Pod)> = pods.iter().map(|p| (removal_key(p), *p)).collect();
-    keyed.sort_by_key(|k| k.0);
-    for (slot, (_, p)) in pods.iter_mut().zip(keyed) {
-        *slot = p;
-    }
-}
-
-/// Active pods to delete, first to last: for Indexed Jobs every pod with a missing or
-/// out-of-range index and all but the most advanced pod of each duplicated index, then, if fewer
-/// than `rm_at_least`, the first pods in [`active_pods_order`] (upstream `activePodsForRemoval`).
-pub fn active_pods_for_removal<'a>(
-    job: &Job,
-    active: &[&'a Pod],
-    rm_at_least: usize,
-) -> Vec<&'a Pod> {
-    let indexes: Option<Vec<Option<i32>>> =
-        is_indexed_job(job).then(|| active.iter().map(|p| completion_index(p)).collect());
-    let keys: Vec<RemovalKey> = active.iter().map(|p| removal_key(p)).collect();
-    active_pods_for_removal_with(job, keys.len(), |i| keys[i], indexes.as_deref(), rm_at_least)
-        .into_iter()
-        .map(|i| active[i])
-        .collect()
-}
-
 /// [`active_pods_for_removal`] over positions `0..len` in the active pod list, with each pod's
 /// [`RemovalKey`] (`key(position)`) and (exactly for Indexed Jobs) completion index already
 /// computed.
@@ -375,7 +363,7 @@ pub(crate) fn active_pods_for_removal_with(
     rm_at_least: usize,
 ) -> Vec<usize> {
     let (mut rm, left) = match indexes {
-        Some(indexes) => split_duplicated_indexes(indexes, completions(job), &key),
+        Some(indexes) => split_duplicated_indexes(indexes, completions(job).unwrap_or(0), &key),
         None => (Vec::new(), (0..len).collect()),
     };
     if rm.len() < rm_at_least {
@@ -394,33 +382,6 @@ pub(crate) fn active_pods_for_removal_with(
     rm
 }
 
-/// Finished pods not yet accounted for: tracked (finalizer), not in `uncounted`, not awaiting a
-/// finalizer removal, with a valid index for Indexed Jobs; split into (succeeded, failed) where
-/// failed follows [`is_pod_failed`] (upstream `getNewFinishedPods` / `getValidPodsWithFilter`).
-pub fn new_finished_pods<'a>(
-    job: &Job,
-    pods: impl IntoIterator<Item = &'a Pod>,
-    uncounted_succeeded: &BTreeSet<String>,
-    uncounted_failed: &BTreeSet<String>,
-    finalizer_removals_in_flight: &BTreeSet<String>,
-) -> (Vec<&'a Pod>, Vec<&'a Pod>) {
-    let mut succeeded = Vec::new();
-    let mut failed = Vec::new();
-    for p in pods {
-        if !is_valid_tracked_pod(job, p, finalizer_removals_in_flight) {
-            continue;
-        }
-        let uid = uid(p);
-        if is_succeeded(p) && !uncounted_succeeded.contains(uid) {
-            succeeded.push(p);
-        }
-        if is_pod_failed(p, job) && !uncounted_failed.contains(uid) {
-            failed.push(p);
-        }
-    }
-    (succeeded, failed)
-}
-
 /// Tracked (finalizer present), not awaiting finalizer removal, and, for Indexed Jobs, with an
 /// index in `[0, completions)` — the common filter of upstream `getValidPodsWithFilter`.
 pub fn is_valid_tracked_pod(
@@ -431,33 +392,16 @@ pub fn is_valid_tracked_pod(
     if !has_tracking_finalizer(pod) || finalizer_removals_in_flight.contains(uid(pod)) {
         return false;
     }
-    if is_indexed_job(job) {
-        return completion_index(pod).is_some_and(|ix| ix < completions(job));
+    if is_indexed(job) {
+        return completion_index(pod).is_some_and(|ix| ix < completions(job).unwrap_or(0));
     }
     true
 }
 
-/// With restartPolicy OnFailure, the summed restart counts of Running/Pending pods reached
-/// backoffLimit (> 0 when the limit is 0) (upstream `pastBackoffLimitOnFailure`).
-pub fn past_backoff_limit_on_failure<'a>(
-    job: &Job,
-    pods: impl IntoIterator<Item = &'a Pod>,
-) -> bool {
-    if !restarts_on_failure(job) {
-        return false;
-    }
-    let total: i64 = pods
-        .into_iter()
-        .filter(|p| matches!(phase(p), PHASE_RUNNING | PHASE_PENDING))
-        .map(total_restarts)
-        .sum();
-    restarts_past_backoff_limit(job, total)
-}
-
 /// Whether `total` restarts of Running/Pending pods reach the Job's backoffLimit (> 0 when the
-/// limit is 0): the test of [`past_backoff_limit_on_failure`].
+/// limit is 0): the test of upstream `pastBackoffLimitOnFailure`.
 pub(crate) fn restarts_past_backoff_limit(job: &Job, total: i64) -> bool {
-    let limit = i64::from(job.spec.as_ref().and_then(|s| s.backoff_limit).unwrap_or(6));
+    let limit = i64::from(backoff_limit(job));
     if limit == 0 { total > 0 } else { total >= limit }
 }
 
@@ -538,8 +482,35 @@ fn finish_time_from_containers(pod: &Pod) -> Option<Timestamp> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
-    use crate::testutil::{at, mk_job, mk_pod};
+    use crate::testutil::{
+        active_pods_for_removal, active_pods_order, at, count_ready, mk_job, mk_pod,
+        new_finished_pods, past_backoff_limit_on_failure, pods_for_job, sort_for_removal,
+    };
+
+    #[test]
+    fn deadline_is_inclusive_and_off_while_suspended() {
+        let job = mk_job("j").active_deadline_seconds(10).build();
+        assert!(!past_active_deadline(&job, Some(at(0)), at(9)));
+        assert!(past_active_deadline(&job, Some(at(0)), at(10)));
+        assert!(!past_active_deadline(&job, None, at(100)));
+        let suspended = mk_job("j").active_deadline_seconds(10).suspend(true).build();
+        assert!(!past_active_deadline(&suspended, Some(at(0)), at(100)));
+    }
+
+    #[test]
+    fn defaults() {
+        let job = mk_job("j")
+            .backoff_limit_per_index(1)
+            .with(|j| j.spec.as_mut().unwrap().backoff_limit = None)
+            .build();
+        assert_eq!(backoff_limit(&job), i32::MAX);
+        let unknown = mk_job("j").completion_mode("Weird").build();
+        assert!(has_unknown_completion_mode(&unknown));
+        assert!(!has_unknown_completion_mode(&mk_job("j").indexed().build()));
+    }
 
     #[test]
     fn classification_table() {
@@ -707,12 +678,12 @@ mod tests {
         /// The selection as it was before deletion keys and sorted grouping: a map of per-index
         /// vectors and the Pod comparator at every comparison.
         fn reference<'a>(job: &Job, active: &[&'a Pod], rm_at_least: usize) -> Vec<&'a Pod> {
-            let (mut rm, mut left) = if is_indexed_job(job) {
+            let (mut rm, mut left) = if is_indexed(job) {
                 let mut rm = Vec::new();
                 let mut by_index: BTreeMap<i32, Vec<&'a Pod>> = BTreeMap::new();
                 for &p in active {
                     match completion_index(p) {
-                        Some(ix) if ix < completions(job) => {
+                        Some(ix) if ix < completions(job).unwrap_or(0) => {
                             by_index.entry(ix).or_default().push(p)
                         }
                         _ => rm.push(p),
@@ -847,39 +818,47 @@ mod tests {
     #[test]
     fn claim_table() {
         let job = mk_job("j").build();
+        let sel = |j: &Job| Selector::compile(j.spec.as_ref().unwrap().selector.as_ref()).unwrap();
+        let selector = sel(&job);
         let other = mk_job("k").build();
         let owned = mk_pod(&job, "owned").build();
-        assert_eq!(claim(&job, &owned), Claim::Owned);
         let orphan = mk_pod(&job, "orphan").orphan().build();
-        assert_eq!(claim(&job, &orphan), Claim::Adopt);
-        assert_eq!(
-            claim(&job, &mk_pod(&job, "o2").orphan().deleting(at(1)).build()),
-            Claim::Ignore
-        );
         let foreign = mk_pod(&other, "foreign").build();
-        assert_eq!(claim(&job, &foreign), Claim::Ignore);
         let relabelled = mk_pod(&job, "rl").with(|p| p.metadata.labels = None).build();
-        assert_eq!(claim(&job, &relabelled), Claim::Release);
+        let deleting_job = mk_job("j").deleting(at(1)).build();
+        let cases = [
+            ("owned", &job, &owned, Claim::Owned),
+            ("orphan", &job, &orphan, Claim::Adopt),
+            (
+                "deleting orphan",
+                &job,
+                &mk_pod(&job, "o").orphan().deleting(at(1)).build(),
+                Claim::Ignore,
+            ),
+            (
+                "orphan of another namespace",
+                &job,
+                &mk_pod(&job, "o")
+                    .orphan()
+                    .with(|p| p.metadata.namespace = Some("x".into()))
+                    .build(),
+                Claim::Ignore,
+            ),
+            ("foreign", &job, &foreign, Claim::Ignore),
+            ("relabelled", &job, &relabelled, Claim::Release),
+            ("owned, Job deleting", &deleting_job, &owned, Claim::Owned),
+            ("relabelled, Job deleting", &deleting_job, &relabelled, Claim::Ignore),
+            ("orphan, Job deleting", &deleting_job, &orphan, Claim::Ignore),
+        ];
+        for (what, job, pod, want) in cases {
+            assert_eq!(claim(job, &sel(job), pod), want, "{what}");
+        }
         assert_eq!(pods_for_job(&job, [&owned, &orphan, &foreign]).len(), 1);
-    }
-
-    #[test]
-    fn selector_operators() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-        let labels = BTreeMap::from([("a".to_string(), "1".to_string())]);
-        let req = |op: &str, vals: &[&str]| LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "a".into(),
-                operator: op.into(),
-                values: Some(vals.iter().map(|s| s.to_string()).collect()),
-            }]),
-            ..Default::default()
-        };
-        assert!(selector_matches(&LabelSelector::default(), Some(&labels)));
-        assert!(selector_matches(&req("In", &["1", "2"]), Some(&labels)));
-        assert!(!selector_matches(&req("NotIn", &["1"]), Some(&labels)));
-        assert!(selector_matches(&req("Exists", &[]), Some(&labels)));
-        assert!(!selector_matches(&req("DoesNotExist", &[]), Some(&labels)));
-        assert!(!selector_matches(&req("Bogus", &[]), Some(&labels)));
+        // `selector: {}` claims every pod of the namespace; a nil selector none.
+        let every = Selector::compile(Some(&Default::default())).unwrap();
+        assert_eq!(claim(&job, &every, &relabelled), Claim::Owned);
+        assert_eq!(claim(&job, &Selector::nothing(), &owned), Claim::Release);
+        assert_eq!(claim(&job, &Selector::nothing(), &orphan), Claim::Ignore);
+        assert_eq!(claim(&job, &selector, &owned), Claim::Owned);
     }
 }
