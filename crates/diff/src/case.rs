@@ -61,12 +61,18 @@ pub struct Fate {
     /// Its exit code.
     #[serde(default)]
     pub exit_code: i64,
+    /// Exit codes of named containers that differ from `exit_code`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub container_exit_codes: BTreeMap<String, i64>,
     /// Evict it through the Eviction API this long after it started running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evict_after_ms: Option<u64>,
     /// A user deletes it (gracefully) this long after it started running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_after_ms: Option<u64>,
+    /// Once deleted (by anyone), it takes this long to terminate (0: at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_ms: Option<u64>,
 }
 
 fn default_run_ms() -> u64 {
@@ -75,17 +81,28 @@ fn default_run_ms() -> u64 {
 
 impl Default for Fate {
     fn default() -> Self {
-        Self { run_ms: default_run_ms(), exit_code: 0, evict_after_ms: None, delete_after_ms: None }
+        Self {
+            run_ms: default_run_ms(),
+            exit_code: 0,
+            container_exit_codes: BTreeMap::new(),
+            evict_after_ms: None,
+            delete_after_ms: None,
+            termination_ms: None,
+        }
     }
 }
 
-/// A merge patch to the Job at a fixed time.
+/// A user's change to the Job at a fixed time: a merge patch, a deletion, or both.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct UserAction {
     /// Time after the Job's creation.
     pub after_ms: u64,
-    /// JSON merge patch applied to the Job.
+    /// JSON merge patch applied to the Job (none when null).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub patch: Value,
+    /// Delete the Job with this propagation policy (`Foreground`, `Background`, `Orphan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete: Option<String>,
 }
 
 /// Where a pod stands among the Job's pods, independent of the controller that made it.
@@ -148,53 +165,276 @@ pub fn generate(seed: u64, n: usize) -> Vec<Case> {
 /// pod's end, so which pod ends first never depends on the controller's speed (pods of one
 /// wave start within tens of milliseconds of each other).
 const RUN_TIMES_MS: [u64; 3] = [300, 2300, 4300];
+/// Run time of pods meant to outlive a case's timed events (deadline, eviction, deletion).
+const LONG_RUN_MS: u64 = 30_000;
+/// When a generated user action (or the first of two) happens: between the ends of the first
+/// wave's 300 ms and 2300 ms pods, well clear of both.
+const ACTION_AT_MS: u64 = 1500;
+/// `activeDeadlineSeconds` of generated Jobs that have one: seconds after the third wave of
+/// short pods (their only run times are 300 ms and long), well before any long pod ends.
+const ACTIVE_DEADLINE_S: u64 = 10;
+/// When a generated pod is evicted or deleted, after it started running.
+const DISRUPT_AFTER_MS: u64 = 500;
+/// How long a slow-to-stop pod takes to terminate once deleted.
+const TERMINATION_MS: u64 = 2000;
+/// The second container of templates with two (so `containerName` picks one of them).
+const SIDECAR: &str = "side";
+/// Exit codes pods end with (0 most often); 3 and 42 are the ones generated rules name.
+const CODES: [i64; 6] = [0, 0, 0, 1, 3, 42];
 
-fn random_fate(rng: &mut StdRng) -> Fate {
-    const CODES: [i64; 6] = [0, 0, 0, 1, 3, 42];
-    Fate {
-        run_ms: RUN_TIMES_MS[rng.random_range(0..RUN_TIMES_MS.len())],
-        exit_code: CODES[rng.random_range(0..CODES.len())],
-        evict_after_ms: None,
-        delete_after_ms: None,
-    }
+/// The shape of a generated Job that its pods' fates depend on.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    sidecar: bool,
+    on_failure: bool,
+    deadline: bool,
 }
 
+fn pick<T: Copy>(rng: &mut StdRng, xs: &[T]) -> T {
+    xs[rng.random_range(0..xs.len())]
+}
+
+fn random_fate(rng: &mut StdRng, shape: Shape) -> Fate {
+    let mut f =
+        Fate { run_ms: pick(rng, &RUN_TIMES_MS), exit_code: pick(rng, &CODES), ..Fate::default() };
+    if shape.sidecar && rng.random_bool(0.4) {
+        f.container_exit_codes.insert(SIDECAR.into(), pick(rng, &CODES));
+    }
+    if shape.deadline {
+        f.run_ms = if rng.random_bool(0.4) { LONG_RUN_MS } else { RUN_TIMES_MS[0] };
+    }
+    // Slow to stop now and then, so `terminating` and podReplacementPolicy have something to see.
+    if rng.random_bool(0.25) {
+        f.termination_ms = Some(TERMINATION_MS);
+    }
+    // Disruptions only under restartPolicy Never: a restarting pod's start time moves.
+    if !shape.on_failure {
+        match rng.random_range(0..20) {
+            0 | 1 => {
+                f.run_ms = LONG_RUN_MS;
+                f.evict_after_ms = Some(DISRUPT_AFTER_MS);
+            }
+            2 => {
+                f.run_ms = LONG_RUN_MS;
+                f.delete_after_ms = Some(DISRUPT_AFTER_MS);
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
+/// An `onExitCodes` requirement, naming a container now and then.
+fn on_exit_codes(rng: &mut StdRng, shape: Shape, operator: &str, values: &[i64]) -> Value {
+    let mut r = json!({"operator": operator, "values": values});
+    if rng.random_bool(0.4) {
+        r["containerName"] =
+            json!(if shape.sidecar && rng.random_bool(0.5) { SIDECAR } else { "main" });
+    }
+    r
+}
+
+/// One to three podFailurePolicy rules; FailIndex only with `backoffLimitPerIndex` (the API
+/// server's rule).
+fn random_rules(rng: &mut StdRng, shape: Shape, per_index: bool) -> Vec<Value> {
+    let n = rng.random_range(1..=3);
+    let mut kinds: Vec<u32> = Vec::new();
+    while kinds.len() < n {
+        let k = rng.random_range(0..8);
+        if (k >= 6 && !per_index) || kinds.contains(&k) {
+            continue;
+        }
+        kinds.push(k);
+    }
+    let cond = |action: &str| {
+        json!({"action": action,
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]})
+    };
+    kinds
+        .into_iter()
+        .map(|k| match k {
+            0 => json!({"action": "FailJob", "onExitCodes": on_exit_codes(rng, shape, "In", &[42])}),
+            1 => json!({"action": "Ignore", "onExitCodes": on_exit_codes(rng, shape, "In", &[3])}),
+            2 => json!({"action": "Count", "onExitCodes": on_exit_codes(rng, shape, "NotIn", &[0, 3])}),
+            3 => json!({"action": "FailJob", "onExitCodes": on_exit_codes(rng, shape, "NotIn", &[0, 1, 3])}),
+            4 => cond("Ignore"),
+            5 => cond("FailJob"),
+            6 => json!({"action": "FailIndex", "onExitCodes": on_exit_codes(rng, shape, "In", &[1, 42])}),
+            _ => cond("FailIndex"),
+        })
+        .collect()
+}
+
+/// `0..n` as an index list in the API's interval syntax, from a random non-empty subset.
+fn random_indexes(rng: &mut StdRng, n: u32) -> (String, u32) {
+    let set: Vec<u32> = loop {
+        let s: Vec<u32> = (0..n).filter(|_| rng.random_bool(0.5)).collect();
+        if !s.is_empty() {
+            break s;
+        }
+    };
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < set.len() {
+        let mut j = i;
+        while j + 1 < set.len() && set[j + 1] == set[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { set[i].to_string() } else { format!("{}-{}", set[i], set[j]) });
+        i = j + 1;
+    }
+    (parts.join(","), set.len() as u32)
+}
+
+/// A random valid Job (by the API server's validation rules: per-index limits and success
+/// policies only for Indexed Jobs, FailIndex only with per-index limits, podFailurePolicy only
+/// with restartPolicy Never and podReplacementPolicy Failed, elastic changes only while
+/// completions equal parallelism), its pods' fates and at most one kind of user action.
 fn generate_one(seed: u64, i: usize) -> Case {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
+    let rng = &mut rng;
     let indexed = rng.random_bool(0.5);
-    let completions: u32 = rng.random_range(1..=3);
+    // Non-indexed without completions now and then: done when any pod succeeds.
+    let completions: Option<u32> =
+        if !indexed && rng.random_bool(0.15) { None } else { Some(rng.random_range(1..=3)) };
     // Parallelism 0 now and then: nothing runs, compared at the horizon.
-    let parallelism: u32 = if rng.random_bool(0.1) { 0 } else { rng.random_range(1..=3) };
-    // Pod-failure back-off is 10 s, 20 s, ...: small limits keep a case under a minute.
-    let backoff_limit: u32 = rng.random_range(0..=1);
+    let mut parallelism: u32 = if rng.random_bool(0.08) { 0 } else { rng.random_range(1..=3) };
+    let shape = Shape {
+        sidecar: rng.random_bool(0.3),
+        on_failure: rng.random_bool(0.12),
+        deadline: rng.random_bool(0.12),
+    };
     let mut spec = json!({
-        "completions": completions, "parallelism": parallelism, "backoffLimit": backoff_limit,
+        "parallelism": parallelism,
         "completionMode": if indexed { "Indexed" } else { "NonIndexed" },
     });
-    if rng.random_bool(0.3) {
-        let rule = match rng.random_range(0..3) {
-            0 => json!({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}),
-            1 => json!({"action": "Ignore", "onExitCodes": {"containerName": "main",
-                "operator": "In", "values": [3]}}),
-            _ => json!({"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [0, 3]}}),
-        };
-        spec["podFailurePolicy"] = json!({"rules": [rule]});
+    if let Some(c) = completions {
+        spec["completions"] = json!(c);
+    }
+    let mut containers = vec![json!({"name": "main", "image": "busybox"})];
+    if shape.sidecar {
+        containers.push(json!({"name": SIDECAR, "image": "busybox"}));
+    }
+    let restart = if shape.on_failure { "OnFailure" } else { "Never" };
+    spec["template"] = json!({"spec": {"restartPolicy": restart, "containers": containers}});
+    // Pod-failure back-off is 10 s, 20 s, ...: small limits keep a case under a minute.
+    let per_index = indexed && !shape.on_failure && rng.random_bool(0.35);
+    if per_index {
+        let c = completions.unwrap_or(1);
+        spec["backoffLimitPerIndex"] = json!(rng.random_range(0..=1));
+        if rng.random_bool(0.5) {
+            spec["maxFailedIndexes"] = json!(rng.random_range(0..c));
+        }
+        // Unset, the limit of the whole Job is MaxInt32 (only the per-index ones count).
+        if rng.random_bool(0.5) {
+            spec["backoffLimit"] = json!(rng.random_range(0..=2));
+        }
+    } else {
+        spec["backoffLimit"] = json!(rng.random_range(0..=1));
+    }
+    let pfp = !shape.on_failure && rng.random_bool(0.4);
+    if pfp {
+        spec["podFailurePolicy"] = json!({"rules": random_rules(rng, shape, per_index)});
+        if rng.random_bool(0.3) {
+            spec["podReplacementPolicy"] = json!("Failed");
+        }
+    } else if rng.random_bool(0.3) {
+        spec["podReplacementPolicy"] = json!(pick(rng, &["Failed", "TerminatingOrFailed"]));
+    }
+    let success_policy = indexed && rng.random_bool(0.25);
+    if success_policy {
+        let c = completions.unwrap_or(1);
+        let mut rule = serde_json::Map::new();
+        let mut max_count = c;
+        if rng.random_bool(0.7) {
+            let (list, n) = random_indexes(rng, c);
+            rule.insert("succeededIndexes".into(), json!(list));
+            max_count = n;
+        }
+        if !rule.contains_key("succeededIndexes") || rng.random_bool(0.5) {
+            rule.insert("succeededCount".into(), json!(rng.random_range(1..=max_count)));
+        }
+        spec["successPolicy"] = json!({"rules": [Value::Object(rule)]});
+    }
+    if shape.deadline {
+        spec["activeDeadlineSeconds"] = json!(ACTIVE_DEADLINE_S);
+    }
+    let mut actions = Vec::new();
+    // Whether the Job ends up with parallelism 0 (it then never finishes by itself).
+    let mut stalls = parallelism == 0;
+    match rng.random_range(0..16) {
+        0 => {
+            spec["suspend"] = json!(true);
+            actions.push(UserAction {
+                after_ms: 3000,
+                patch: json!({"spec": {"suspend": false}}),
+                delete: None,
+            });
+        }
+        1 => {
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS,
+                patch: json!({"spec": {"suspend": true}}),
+                delete: None,
+            });
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS + 3000,
+                patch: json!({"spec": {"suspend": false}}),
+                delete: None,
+            });
+        }
+        2 => {
+            let p = rng.random_range(u32::from(parallelism == 0)..=3);
+            stalls = p == 0;
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS,
+                patch: json!({"spec": {"parallelism": p}}),
+                delete: None,
+            });
+        }
+        3 if indexed && !per_index && !success_policy => {
+            // Elastic Indexed: completions may change only together with an equal parallelism.
+            parallelism = completions.unwrap_or(1);
+            spec["parallelism"] = json!(parallelism);
+            stalls = false;
+            let n = rng.random_range(1..=4);
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS,
+                patch: json!({"spec": {"completions": n, "parallelism": n}}),
+                delete: None,
+            });
+        }
+        4 => {
+            let policy = pick(rng, &["Foreground", "Background", "Orphan"]);
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS,
+                patch: Value::Null,
+                delete: Some(policy.into()),
+            });
+        }
+        _ => {}
     }
     let mut fates = Fates::default();
     if indexed {
-        for index in 0..completions {
+        for index in 0..4 {
             let tries = rng.random_range(0..=2);
-            let list: Vec<Fate> = (0..tries).map(|_| random_fate(&mut rng)).collect();
+            let list: Vec<Fate> = (0..tries).map(|_| random_fate(rng, shape)).collect();
             if !list.is_empty() {
                 fates.by_index.insert(index, list);
             }
         }
     } else {
-        let n = rng.random_range(0..=(completions + backoff_limit) as usize);
-        fates.by_order = (0..n).map(|_| random_fate(&mut rng)).collect();
+        let n = rng.random_range(0..=4);
+        fates.by_order = (0..n).map(|_| random_fate(rng, shape)).collect();
     }
-    let horizon_s = if parallelism == 0 { 6 } else { DEFAULT_HORIZON_S };
-    Case { name: format!("gen-{seed}-{i}"), spec, fates, actions: Vec::new(), horizon_s }
+    // A stalled Job is compared 6 s after the last action (or its deadline, when it has one).
+    let last_s = actions.iter().map(|a| a.after_ms.div_ceil(1000)).max().unwrap_or(0);
+    let horizon_s = if stalls {
+        (last_s + 6).max(if shape.deadline { ACTIVE_DEADLINE_S + 4 } else { 0 })
+    } else {
+        DEFAULT_HORIZON_S
+    };
+    Case { name: format!("gen-{seed}-{i}"), spec, fates, actions, horizon_s }
 }
 
 /// The cases to run: built-ins then `generated` random ones, or only the one named `only`.

@@ -211,6 +211,12 @@ fn with_fate(pod: &Value, fate: &Fate) -> Value {
     let a = &mut v["metadata"]["annotations"];
     a[stages::RUN_TIME_ANNOTATION] = json!(format!("{}ms", fate.run_ms));
     a[stages::EXIT_CODE_ANNOTATION] = json!(fate.exit_code.to_string());
+    if let Some(ms) = fate.termination_ms {
+        a[stages::TERMINATION_TIME_ANNOTATION] = json!(format!("{ms}ms"));
+    }
+    for (c, code) in &fate.container_exit_codes {
+        a[format!("{}{c}", stages::EXIT_CODE_CONTAINER_PREFIX)] = json!(code.to_string());
+    }
     v
 }
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
+use futures::StreamExt;
 use kjob_diff::{case, compare, report, run};
 use kjob_testkit::cluster::JobController;
 
@@ -19,6 +20,9 @@ struct Args {
     /// Run only this case (built-in or generated, `gen-<seed>-<i>`).
     #[arg(long)]
     case: Option<String>,
+    /// Cases in flight at once (each on both control planes at the same time).
+    #[arg(long, default_value_t = 12)]
+    parallel: usize,
     /// Folder of the reports.
     #[arg(long, default_value = "target/diff")]
     out: PathBuf,
@@ -33,33 +37,61 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let Args { seed, cases, case, out, bin_dir } = Args::parse();
+    let Args { seed, cases, case, parallel, out, bin_dir } = Args::parse();
     let bin_dir = std::fs::canonicalize(&bin_dir)?;
     let cases = case::select(seed, cases, case.as_deref())?;
-    let mut observed = Vec::new();
-    for mode in [JobController::Upstream, JobController::Kjob] {
-        let name = run::mode_name(mode);
-        eprintln!("diff-upstream: starting a control plane with the {name} Job controller");
-        let bench = run::Bench::start(mode, &bin_dir).await?;
-        let mut runs = Vec::new();
-        for c in &cases {
+    let t0 = Instant::now();
+    eprintln!("diff-upstream: starting a control plane per Job controller (upstream, kjob)");
+    let (upstream_bench, kjob_bench) = tokio::try_join!(
+        run::Bench::start(JobController::Upstream, bin_dir.clone()),
+        run::Bench::start(JobController::Kjob, bin_dir.clone()),
+    )?;
+    eprintln!(
+        "diff-upstream: control planes up in {:.0} s; {} cases, {parallel} at a time",
+        t0.elapsed().as_secs_f64(),
+        cases.len()
+    );
+    let (upstream, kjob) = (&upstream_bench, &kjob_bench);
+    let total = cases.len();
+    let mut raws = futures::stream::iter(cases.iter().enumerate())
+        .map(|(i, c)| async move {
             let t = Instant::now();
-            let raw = bench.run_case(c).await?;
-            let secs = t.elapsed().as_secs_f64();
-            eprintln!("diff-upstream: {name}: {} in {secs:.1} s", c.name);
-            runs.push((compare::observe(&raw), secs));
-        }
-        observed.push(runs);
+            let (u, k) = tokio::join!(
+                async { (upstream.run_case(c).await, t.elapsed().as_secs_f64()) },
+                async { (kjob.run_case(c).await, t.elapsed().as_secs_f64()) },
+            );
+            eprintln!(
+                "diff-upstream: [{}/{total}] {}: upstream {:.1} s, kjob {:.1} s",
+                i + 1,
+                c.name,
+                u.1,
+                k.1
+            );
+            anyhow::Ok(((u.0?, u.1), (k.0?, k.1)))
+        })
+        .buffered(parallel.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Every case's writes, read once all ran: later writes to a finished case (a controller
+    // that keeps writing) count too.
+    let (uw, kw) = (upstream.writes()?, kjob.writes()?);
+    // Stop both control planes now: the exit below runs no destructors.
+    tokio::task::block_in_place(|| drop((upstream_bench, kjob_bench)));
+    for (c, ((u, _), (k, _))) in cases.iter().zip(raws.iter_mut()) {
+        let ns = c.namespace();
+        u.writes = uw.get(&ns).cloned().unwrap_or_default();
+        k.writes = kw.get(&ns).cloned().unwrap_or_default();
     }
-    let kjob = observed.pop().unwrap_or_default();
-    let upstream = observed.pop().unwrap_or_default();
     let results: Vec<_> = cases
         .iter()
-        .zip(upstream)
-        .zip(kjob)
-        .map(|((c, (u, us)), (k, ks))| report::judge(c, u, k, (us, ks)))
+        .zip(raws)
+        .map(|(c, ((u, us), (k, ks)))| {
+            report::judge(c, compare::observe(&u), compare::observe(&k), (us, ks))
+        })
         .collect();
-    report::write(&out, &results, seed)?;
+    report::write(&out, &results, seed, t0.elapsed().as_secs_f64())?;
     for r in results.iter().filter(|r| r.verdict == report::Verdict::Different) {
         for (d, _) in r.differences.iter().filter(|(_, a)| a.is_none()) {
             eprintln!(
@@ -68,7 +100,11 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    eprintln!("diff-upstream: report in {}", out.join("report.md").display());
+    eprintln!(
+        "diff-upstream: report in {} ({:.0} s in all)",
+        out.join("report.md").display(),
+        t0.elapsed().as_secs_f64()
+    );
     println!("{}", report::summary(&results));
     let (_, _, different, _) = report::counts(&results);
     std::process::exit(if different > 0 { 1 } else { 0 });
