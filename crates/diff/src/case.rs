@@ -75,6 +75,10 @@ pub struct Fate {
     pub termination_ms: Option<u64>,
 }
 
+fn is_created(s: &Since) -> bool {
+    *s == Since::Created
+}
+
 fn default_run_ms() -> u64 {
     500
 }
@@ -92,11 +96,27 @@ impl Default for Fate {
     }
 }
 
+/// What a user action's time counts from.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Since {
+    /// The Job's creation.
+    #[default]
+    Created,
+    /// The start of the Job's first running container (as the scripted kubelet started it):
+    /// a mid-run action then meets every pod at the same point of its fate, however long the
+    /// controller took to create the first pods. Never reached, the action never happens.
+    FirstPodRunning,
+}
+
 /// A user's change to the Job at a fixed time: a merge patch, a deletion, or both.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct UserAction {
-    /// Time after the Job's creation.
+    /// Time after `since`.
     pub after_ms: u64,
+    /// What `after_ms` counts from.
+    #[serde(default, skip_serializing_if = "is_created")]
+    pub since: Since,
     /// JSON merge patch applied to the Job (none when null).
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub patch: Value,
@@ -161,22 +181,27 @@ pub fn generate(seed: u64, n: usize) -> Vec<Case> {
     (0..n).map(|i| generate_one(seed, i)).collect()
 }
 
-/// Run times of generated pods: 2 s apart, more than either controller takes to react to a
-/// pod's end, so which pod ends first never depends on the controller's speed (pods of one
-/// wave start within tens of milliseconds of each other).
-const RUN_TIMES_MS: [u64; 3] = [300, 2300, 4300];
+/// Run times of generated pods: 3 s apart, more than either controller takes to react to a
+/// pod's end on a loaded machine, so which pod ends first never depends on the controller's
+/// speed (pods of one wave start within tens of milliseconds of each other). Every timed
+/// event of a generated case sits on this grid, at least 1.5 s from any other kind.
+const RUN_TIMES_MS: [u64; 3] = [300, 3300, 6300];
 /// Run time of pods meant to outlive a case's timed events (deadline, eviction, deletion).
 const LONG_RUN_MS: u64 = 30_000;
-/// When a generated user action (or the first of two) happens: between the ends of the first
-/// wave's 300 ms and 2300 ms pods, well clear of both.
-const ACTION_AT_MS: u64 = 1500;
-/// `activeDeadlineSeconds` of generated Jobs that have one: seconds after the third wave of
-/// short pods (their only run times are 300 ms and long), well before any long pod ends.
-const ACTIVE_DEADLINE_S: u64 = 10;
-/// When a generated pod is evicted or deleted, after it started running.
-const DISRUPT_AFTER_MS: u64 = 500;
+/// When a generated mid-run user action (or the first of two) happens, after the first pod
+/// started running: 2 s after the first wave's 300 ms pods end (time for the controller to act
+/// on them, even to finish the Job), 1 s before its 3300 ms pods end.
+const ACTION_AT_MS: u64 = 2300;
+/// `activeDeadlineSeconds` of generated Jobs that have one. Such Jobs get no user action but a
+/// deletion and only 300 ms and long pods, so the deadline (counted from a `startTime`
+/// truncated to the second: it fires 6 to 7 s after the Job started) comes seconds after
+/// three waves of short pods and seconds before a failed pod's replacement (10 s back-off).
+const ACTIVE_DEADLINE_S: u64 = 7;
+/// When a generated pod is evicted or deleted, after it started running: between the ends of
+/// 3300 ms and 6300 ms pods.
+const DISRUPT_AFTER_MS: u64 = 4800;
 /// How long a slow-to-stop pod takes to terminate once deleted.
-const TERMINATION_MS: u64 = 2000;
+const TERMINATION_MS: u64 = 1000;
 /// The second container of templates with two (so `containerName` picks one of them).
 const SIDECAR: &str = "side";
 /// Exit codes pods end with (0 most often); 3 and 42 are the ones generated rules name.
@@ -359,62 +384,10 @@ fn generate_one(seed: u64, i: usize) -> Case {
     if shape.deadline {
         spec["activeDeadlineSeconds"] = json!(ACTIVE_DEADLINE_S);
     }
-    let mut actions = Vec::new();
-    // Whether the Job ends up with parallelism 0 (it then never finishes by itself).
-    let mut stalls = parallelism == 0;
-    match rng.random_range(0..16) {
-        0 => {
-            spec["suspend"] = json!(true);
-            actions.push(UserAction {
-                after_ms: 3000,
-                patch: json!({"spec": {"suspend": false}}),
-                delete: None,
-            });
-        }
-        1 => {
-            actions.push(UserAction {
-                after_ms: ACTION_AT_MS,
-                patch: json!({"spec": {"suspend": true}}),
-                delete: None,
-            });
-            actions.push(UserAction {
-                after_ms: ACTION_AT_MS + 3000,
-                patch: json!({"spec": {"suspend": false}}),
-                delete: None,
-            });
-        }
-        2 => {
-            let p = rng.random_range(u32::from(parallelism == 0)..=3);
-            stalls = p == 0;
-            actions.push(UserAction {
-                after_ms: ACTION_AT_MS,
-                patch: json!({"spec": {"parallelism": p}}),
-                delete: None,
-            });
-        }
-        3 if indexed && !per_index && !success_policy => {
-            // Elastic Indexed: completions may change only together with an equal parallelism.
-            parallelism = completions.unwrap_or(1);
-            spec["parallelism"] = json!(parallelism);
-            stalls = false;
-            let n = rng.random_range(1..=4);
-            actions.push(UserAction {
-                after_ms: ACTION_AT_MS,
-                patch: json!({"spec": {"completions": n, "parallelism": n}}),
-                delete: None,
-            });
-        }
-        4 => {
-            let policy = pick(rng, &["Foreground", "Background", "Orphan"]);
-            actions.push(UserAction {
-                after_ms: ACTION_AT_MS,
-                patch: Value::Null,
-                delete: Some(policy.into()),
-            });
-        }
-        _ => {}
-    }
-    let mut fates = Fates::default();
+    // Pods the lists below do not name end on the grid too.
+    let default_run = if shape.deadline { RUN_TIMES_MS[0] } else { RUN_TIMES_MS[1] };
+    let mut fates =
+        Fates { default: Fate { run_ms: default_run, ..Fate::default() }, ..Fates::default() };
     if indexed {
         for index in 0..4 {
             let tries = rng.random_range(0..=2);
@@ -427,14 +400,111 @@ fn generate_one(seed: u64, i: usize) -> Case {
         let n = rng.random_range(0..=4);
         fates.by_order = (0..n).map(|_| random_fate(rng, shape)).collect();
     }
-    // A stalled Job is compared 6 s after the last action (or its deadline, when it has one).
+    untangle(&mut fates, parallelism as usize);
+    // First-wave pods still running when a mid-run action comes.
+    let running_at_action = (0..parallelism as usize)
+        .filter(|&n| {
+            let slot =
+                if indexed { Slot::Index { index: n as u32, attempt: 0 } } else { Slot::Order(n) };
+            fates.of(slot).run_ms > ACTION_AT_MS
+        })
+        .count() as u32;
+    let mut actions = Vec::new();
+    // Whether the Job ends up with parallelism 0 (it then never finishes by itself).
+    let mut stalls = parallelism == 0;
+    let act = |after_ms, since, patch: Value| UserAction { after_ms, since, patch, delete: None };
+    let mid_run = Since::FirstPodRunning;
+    match rng.random_range(0..16) {
+        0 if !shape.deadline => {
+            spec["suspend"] = json!(true);
+            actions.push(act(3000, Since::Created, json!({"spec": {"suspend": false}})));
+        }
+        1 if !shape.deadline => {
+            actions.push(act(ACTION_AT_MS, mid_run, json!({"spec": {"suspend": true}})));
+            actions.push(act(ACTION_AT_MS + 3000, mid_run, json!({"spec": {"suspend": false}})));
+        }
+        2 if !shape.deadline => {
+            // Never below the pods running then: which of equal pods a controller deletes
+            // depends on their Ready times, to the second, so on the run, not the controller.
+            let low = running_at_action.max(u32::from(parallelism == 0));
+            let p = rng.random_range(low..=3.max(low));
+            // From 0 no pod runs before the change: count from the Job's creation.
+            let since = if parallelism == 0 { Since::Created } else { mid_run };
+            stalls = p == 0;
+            actions.push(act(ACTION_AT_MS, since, json!({"spec": {"parallelism": p}})));
+        }
+        3 if indexed && !per_index && !success_policy && !shape.deadline => {
+            // Elastic Indexed: completions may change only together with an equal parallelism.
+            parallelism = completions.unwrap_or(1);
+            spec["parallelism"] = json!(parallelism);
+            stalls = false;
+            let n = rng.random_range(1..=4);
+            actions.push(act(
+                ACTION_AT_MS,
+                mid_run,
+                json!({"spec": {"completions": n, "parallelism": n}}),
+            ));
+        }
+        4 => {
+            let policy = pick(rng, &["Foreground", "Background", "Orphan"]);
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS,
+                since: mid_run,
+                patch: Value::Null,
+                delete: Some(policy.into()),
+            });
+        }
+        _ => {}
+    }
+    // A stalled Job is compared 8 s after the last action (or its deadline, when it has one).
     let last_s = actions.iter().map(|a| a.after_ms.div_ceil(1000)).max().unwrap_or(0);
+    let orphaned_restarts = shape.on_failure && actions.iter().any(|a| a.delete.is_some());
     let horizon_s = if stalls {
-        (last_s + 6).max(if shape.deadline { ACTIVE_DEADLINE_S + 4 } else { 0 })
+        (last_s + 8).max(if shape.deadline { ACTIVE_DEADLINE_S + 4 } else { 0 })
+    } else if orphaned_restarts {
+        // A failing OnFailure pod of a deleted Job restarts for ever: look a while, then stop.
+        20
     } else {
         DEFAULT_HORIZON_S
     };
     Case { name: format!("gen-{seed}-{i}"), spec, fates, actions, horizon_s }
+}
+
+/// Keeps fates from racing each other where even upstream alone is not deterministic: two
+/// pods of the first wave failing at the same moment (a FailJob message names whichever of
+/// them the controller's sync looks at first, in its cache's order), or two pods disrupted
+/// at once. The second such pod succeeds instead; only the first disruption stays.
+fn untangle(fates: &mut Fates, parallelism: usize) {
+    let mut failing_at = std::collections::BTreeSet::new();
+    let mut disrupted = false;
+    let first_wave: Vec<&mut Fate> = if fates.by_order.is_empty() {
+        fates
+            .by_index
+            .iter_mut()
+            .filter(|(i, _)| (**i as usize) < parallelism)
+            .filter_map(|(_, v)| v.first_mut())
+            .collect()
+    } else {
+        fates.by_order.iter_mut().take(parallelism).collect()
+    };
+    for f in first_wave {
+        let fails = f.exit_code != 0 || f.container_exit_codes.values().any(|c| *c != 0);
+        if fails && !failing_at.insert(f.run_ms) {
+            f.exit_code = 0;
+            f.container_exit_codes.clear();
+        }
+    }
+    let all = fates.by_order.iter_mut().chain(fates.by_index.values_mut().flatten());
+    for f in all {
+        if f.evict_after_ms.is_some() || f.delete_after_ms.is_some() {
+            if disrupted {
+                f.evict_after_ms = None;
+                f.delete_after_ms = None;
+                f.run_ms = RUN_TIMES_MS[2];
+            }
+            disrupted = true;
+        }
+    }
 }
 
 /// The cases to run: built-ins then `generated` random ones, or only the one named `only`.

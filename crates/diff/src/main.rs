@@ -67,22 +67,28 @@ async fn main() -> anyhow::Result<()> {
                 u.1,
                 k.1
             );
-            anyhow::Ok(((u.0?, u.1), (k.0?, k.1)))
+            anyhow::Ok((i, (u.0?, u.1), (k.0?, k.1)))
         })
-        .buffered(parallel.max(1))
+        // Unordered: a long case does not hold back the start of the ones after it.
+        .buffer_unordered(parallel.max(1))
         .collect::<Vec<_>>()
         .await
         .into_iter()
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // Every case's writes, read once all ran: later writes to a finished case (a controller
-    // that keeps writing) count too.
+    raws.sort_by_key(|(i, _, _)| *i);
+    let mut raws: Vec<_> = raws.into_iter().map(|(_, u, k)| (u, k)).collect();
+    // Every case's writes and events, read once all ran: later ones of a finished case (a
+    // controller that keeps writing, an event recorder still flushing) count too.
     let (uw, kw) = (upstream.writes()?, kjob.writes()?);
+    let (ue, ke) = tokio::try_join!(upstream.events(), kjob.events())?;
     // Stop both control planes now: the exit below runs no destructors.
     tokio::task::block_in_place(|| drop((upstream_bench, kjob_bench)));
     for (c, ((u, _), (k, _))) in cases.iter().zip(raws.iter_mut()) {
         let ns = c.namespace();
         u.writes = uw.get(&ns).cloned().unwrap_or_default();
         k.writes = kw.get(&ns).cloned().unwrap_or_default();
+        u.events = ue.get(&ns).cloned().unwrap_or_default();
+        k.events = ke.get(&ns).cloned().unwrap_or_default();
     }
     let results: Vec<_> = cases
         .iter()

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, ServiceAccount};
 use kjob_testkit::cluster::{
@@ -23,16 +24,23 @@ use kjob_testkit::cluster::{
 };
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
-use crate::case::{Case, JOB_NAME};
+use crate::case::{Case, JOB_NAME, Since, UserAction};
 use crate::compare::RawRun;
 use crate::kubelet::ScriptedKubelet;
 
 /// After a Job turns terminal: time for the last finalizer removals and events to land.
 const SETTLE: Duration = Duration::from_secs(2);
-/// How often a case's Job is read while waiting.
-const POLL: Duration = Duration::from_millis(200);
+/// How often a case's progress is looked at while waiting (from the Job watch and the
+/// kubelet's records, both local: no request to the server).
+const TICK: Duration = Duration::from_millis(100);
+/// kube-controller-manager's client rate limit in diff runs. Its default (20 QPS, burst 30,
+/// for each controller's client) is shared by every Job of a run, so with many cases at once
+/// upstream's writes would queue behind a throttle that one Job alone never meets, and its
+/// timing (hence which pod ends first) would move; kjob's clients have no such limit.
+const KCM_API_QPS: u32 = 500;
 /// kjob's workers for the run (the setting: one watcher, two workers).
 const KJOB_WORKERS: usize = 2;
 /// How long a new namespace may take to get its `default` ServiceAccount.
@@ -138,6 +146,10 @@ impl Bench {
             opts.nodes = 1;
             opts.kubelet = false;
             opts.job_controller = mode;
+            opts.controller_manager_args = vec![
+                format!("--kube-api-qps={KCM_API_QPS}"),
+                format!("--kube-api-burst={}", 2 * KCM_API_QPS),
+            ];
             let cp = ControlPlane::start(opts)?;
             let info = ClusterInfo::read(&cluster_dir)?;
             let stack = match mode {
@@ -175,6 +187,18 @@ impl Bench {
         Ok(writes_by_namespace(self.mode, &text))
     }
 
+    /// Every namespace's core/v1 Events, read once every case ran: both controllers' event
+    /// recorders write asynchronously, so an event of a case just settled may still be queued.
+    pub async fn events(&self) -> anyhow::Result<BTreeMap<String, Vec<Value>>> {
+        let api: Api<Event> = Api::all(self.client.clone());
+        let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for e in api.list(&ListParams::default()).await?.items {
+            let ns = e.metadata.namespace.clone().unwrap_or_default();
+            out.entry(ns).or_default().push(serde_json::to_value(e)?);
+        }
+        Ok(out)
+    }
+
     /// Creates `ns` and waits for its `default` ServiceAccount (the ServiceAccount admission
     /// plugin refuses pods until the serviceaccount controller made it).
     async fn create_namespace(&self, ns: &str) -> anyhow::Result<()> {
@@ -193,25 +217,33 @@ impl Bench {
         Ok(())
     }
 
-    /// Runs one case in its own namespace and returns what it left (its writes come later,
-    /// from the audit log, once every case ran).
+    /// Runs one case in its own namespace and returns what it left (its events and writes
+    /// come later, once every case ran).
     pub async fn run_case(&self, case: &Case) -> anyhow::Result<RawRun> {
         let ns = case.namespace();
         self.create_namespace(&ns).await?;
         let kubelet = ScriptedKubelet::start(self.client.clone(), &ns, case.fates.clone());
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+        let (job_watch, mut job_rx) = watch_job(jobs.clone());
         let job: Job = serde_json::from_value(case.job())?;
         jobs.create(&PostParams::default(), &job).await.context("creating the Job")?;
         let started = Instant::now();
         let horizon = Duration::from_secs(case.horizon_s);
-        let mut actions = case.actions.clone();
-        actions.sort_by_key(|a| a.after_ms);
-        let mut actions = actions.into_iter().peekable();
+        // In the case's order: each waits for the one before it.
+        let mut actions = case.actions.clone().into_iter().peekable();
         let mut terminal_at: Option<Instant> = None;
         let mut milestones = Milestones::default();
         loop {
             let elapsed = started.elapsed();
-            while let Some(a) = actions.next_if(|a| Duration::from_millis(a.after_ms) <= elapsed) {
+            let first_start = kubelet.first_start();
+            let due = |a: &UserAction| {
+                let from = match a.since {
+                    Since::Created => Some(started),
+                    Since::FirstPodRunning => first_start,
+                };
+                from.is_some_and(|t| t.elapsed() >= Duration::from_millis(a.after_ms))
+            };
+            while let Some(a) = actions.next_if(due) {
                 if !a.patch.is_null() {
                     jobs.patch(JOB_NAME, &PatchParams::default(), &Patch::Merge(&a.patch))
                         .await
@@ -228,8 +260,17 @@ impl Bench {
                     jobs.delete(JOB_NAME, &dp).await.context("deleting the Job")?;
                 }
             }
-            let now = jobs.get_opt(JOB_NAME).await?.map(serde_json::to_value).transpose()?;
-            let now = now.unwrap_or(Value::Null);
+            // Not seen yet counts as there (it was created before the watch could tell).
+            let Some(now) = job_rx.borrow_and_update().clone() else {
+                if elapsed >= horizon {
+                    break;
+                }
+                tokio::select! {
+                    _ = job_rx.changed() => {}
+                    _ = tokio::time::sleep(TICK) => {}
+                }
+                continue;
+            };
             let pods = kubelet.records();
             milestones.see(&now, &pods, elapsed);
             if actions.peek().is_none() && is_settled(&now, &pods) {
@@ -243,26 +284,53 @@ impl Bench {
             if elapsed >= horizon {
                 break;
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = job_rx.changed() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
         }
+        job_watch.abort();
         let job = jobs.get_opt(JOB_NAME).await?.map(serde_json::to_value).transpose()?;
         let pods = kubelet.stop().await;
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &ns);
-        let events = events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<Value>, _>>()?;
         Ok(RawRun {
             job: job.unwrap_or(Value::Null),
             pods,
-            events,
+            events: Vec::new(),
             writes: BTreeMap::new(),
             milestones: milestones.0,
         })
     }
+}
+
+/// Watches the case's Job: `None` until first seen, then the latest version (`Null` once
+/// deleted).
+fn watch_job(
+    jobs: Api<Job>,
+) -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Receiver<Option<Value>>) {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let task = tokio::spawn(async move {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={JOB_NAME}"));
+        // kube-runtime's default backoff between failed list/watch attempts (no hot loop).
+        let stream = watcher(jobs, cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let v = match ev {
+                Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
+                    serde_json::to_value(j).unwrap_or(Value::Null)
+                }
+                Ok(watcher::Event::Delete(_)) => Value::Null,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "diff-upstream: Job watch error");
+                    continue;
+                }
+            };
+            if tx.send(Some(v)).is_err() {
+                return;
+            }
+        }
+    });
+    (task, rx)
 }
 
 /// When each kind of state change was first seen, in seconds after the Job's creation.
