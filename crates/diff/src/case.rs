@@ -165,6 +165,11 @@ impl Case {
         j
     }
 
+    /// The same case again under another name (so in fresh namespaces): attempt `n`.
+    pub fn rerun(&self, n: usize) -> Case {
+        Case { name: format!("{}-r{n}", self.name), ..self.clone() }
+    }
+
     /// Namespace the case runs in (the same in both runs, so messages match).
     pub fn namespace(&self) -> String {
         format!("diff-{}", self.name)
@@ -548,6 +553,139 @@ mod tests {
         assert_eq!(generate(7, 20), generate(7, 20));
         assert_ne!(generate(7, 20), generate(8, 20));
         assert_eq!(select(7, 0, Some("gen-7-13")).unwrap()[0], generate(7, 20)[13]);
+    }
+
+    /// The API server's validation rules the generator must keep (a case whose Job the
+    /// server refuses stops the whole run).
+    #[test]
+    fn generated_jobs_keep_the_validation_rules() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in generate(3, 3000) {
+            let s = &c.spec;
+            let indexed = s["completionMode"] == "Indexed";
+            let rules = s["podFailurePolicy"]["rules"].as_array().cloned().unwrap_or_default();
+            let containers: Vec<&str> = s["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap())
+                .collect();
+            if indexed {
+                assert!(s["completions"].is_u64(), "{}", c.name);
+            } else {
+                for k in ["backoffLimitPerIndex", "maxFailedIndexes", "successPolicy"] {
+                    assert!(s.get(k).is_none(), "{}: {k} needs Indexed", c.name);
+                }
+            }
+            if s.get("maxFailedIndexes").is_some() {
+                assert!(s.get("backoffLimitPerIndex").is_some(), "{}", c.name);
+                assert!(s["maxFailedIndexes"].as_u64() <= s["completions"].as_u64());
+            }
+            if !rules.is_empty() {
+                assert_eq!(s["template"]["spec"]["restartPolicy"], "Never", "{}", c.name);
+                assert!(s.get("podReplacementPolicy").is_none_or(|p| p == "Failed"), "{}", c.name);
+            }
+            for r in &rules {
+                seen.insert(r["action"].as_str().unwrap().to_string());
+                if r["action"] == "FailIndex" {
+                    assert!(s.get("backoffLimitPerIndex").is_some(), "{}", c.name);
+                }
+                if let Some(e) = r.get("onExitCodes") {
+                    let v: Vec<i64> = e["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_i64().unwrap())
+                        .collect();
+                    assert!(v.windows(2).all(|w| w[0] < w[1]), "{}: values sorted, unique", c.name);
+                    if e["operator"] == "In" {
+                        assert!(!v.contains(&0), "{}: In may not name 0", c.name);
+                    }
+                    if let Some(n) = e["containerName"].as_str() {
+                        assert!(containers.contains(&n), "{}: no container {n}", c.name);
+                    }
+                }
+            }
+            if let Some(sp) = s["successPolicy"]["rules"].as_array() {
+                let n = s["completions"].as_u64().unwrap();
+                for r in sp {
+                    assert!(
+                        r.get("succeededIndexes").is_some() || r.get("succeededCount").is_some()
+                    );
+                    if let Some(k) = r["succeededCount"].as_u64() {
+                        assert!(k >= 1 && k <= n, "{}", c.name);
+                    }
+                    if let Some(list) = r["succeededIndexes"].as_str() {
+                        let last = list.rsplit([',', '-']).next().unwrap().parse::<u64>().unwrap();
+                        assert!(last < n, "{}: index {last} out of range", c.name);
+                    }
+                }
+            }
+            for a in &c.actions {
+                if let Some(n) = a.patch["spec"].get("completions") {
+                    // Elastic Indexed: completions change only with an equal parallelism, from
+                    // a Job whose completions equal its parallelism.
+                    assert!(indexed);
+                    assert_eq!(a.patch["spec"]["parallelism"], *n);
+                    assert_eq!(s["parallelism"], s["completions"], "{}", c.name);
+                }
+            }
+        }
+        for action in ["FailJob", "FailIndex", "Ignore", "Count"] {
+            assert!(seen.contains(action), "no {action} rule generated");
+        }
+    }
+
+    /// A CI-sized run (300 cases of seed 1) has every dimension of the list.
+    #[test]
+    fn a_ci_sized_run_covers_every_dimension() {
+        let cases = generate(1, 300);
+        let has = |what: &str, f: &dyn Fn(&Case) -> bool| {
+            let n = cases.iter().filter(|c| f(c)).count();
+            assert!(n > 0, "no generated case has {what}");
+        };
+        let spec = |k: &'static str| move |c: &Case| c.spec.get(k).is_some();
+        let text = |c: &Case| serde_json::to_string(c).unwrap();
+        for k in [
+            "backoffLimitPerIndex",
+            "maxFailedIndexes",
+            "successPolicy",
+            "podFailurePolicy",
+            "activeDeadlineSeconds",
+            "suspend",
+        ] {
+            has(k, &spec(k));
+        }
+        has("parallelism 0", &|c| c.spec["parallelism"] == 0);
+        has("NonIndexed without completions", &|c| c.spec.get("completions").is_none());
+        for p in ["Failed", "TerminatingOrFailed"] {
+            has(p, &|c| c.spec["podReplacementPolicy"] == p);
+        }
+        for k in ["succeededIndexes", "succeededCount", "onPodConditions", "containerName"] {
+            has(k, &|c| text(c).contains(k));
+        }
+        for a in ["FailJob", "FailIndex", "Ignore", "Count", "\"NotIn\"", "\"In\""] {
+            has(a, &|c| serde_json::to_string(&c.spec["podFailurePolicy"]).unwrap().contains(a));
+        }
+        has("OnFailure", &|c| c.spec["template"]["spec"]["restartPolicy"] == "OnFailure");
+        has("a sidecar exit code", &|c| text(c).contains("container_exit_codes"));
+        has("an eviction", &|c| text(c).contains("evict_after_ms"));
+        has("a user's pod deletion", &|c| text(c).contains("delete_after_ms"));
+        has("a slow termination", &|c| text(c).contains("termination_ms"));
+        for p in ["Foreground", "Background", "Orphan"] {
+            has(p, &|c| c.actions.iter().any(|a| a.delete.as_deref() == Some(p)));
+        }
+        has("a resume", &|c| c.actions.iter().any(|a| a.patch["spec"]["suspend"] == false));
+        has("a mid-run suspend", &|c| c.actions.iter().any(|a| a.patch["spec"]["suspend"] == true));
+        has("an elastic change", &|c| {
+            c.actions.iter().any(|a| a.patch["spec"].get("completions").is_some())
+        });
+        has("a parallelism change", &|c| {
+            c.actions.iter().any(|a| {
+                a.patch["spec"].get("parallelism").is_some()
+                    && a.patch["spec"].get("completions").is_none()
+            })
+        });
     }
 
     #[test]

@@ -211,7 +211,9 @@ fn pod(r: &PodRecord) -> Value {
             // removal let it go (the server sends the last stored version), depending only
             // on whether the controller or the kubelet's final delete came second.
             "finalizers": if r.gone { &Value::Null } else { finalizers(last) },
-            "deletedByController": !r.disrupted_by_script
+            // By the controller, or by the garbage collector once the Job is deleted (which
+            // pods the controller deleted, the writes part counts).
+            "deleted": !r.disrupted_by_script
                 && last.pointer("/metadata/deletionTimestamp").is_some_and(|d| !d.is_null())
                 && r.first.pointer("/metadata/deletionTimestamp").is_none(),
         },

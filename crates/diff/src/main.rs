@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use futures::StreamExt;
+use kjob_diff::compare::RawRun;
 use kjob_diff::{case, compare, report, run};
 use kjob_testkit::cluster::JobController;
 
@@ -23,6 +24,10 @@ struct Args {
     /// Cases in flight at once (each on both control planes at the same time).
     #[arg(long, default_value_t = 12)]
     parallel: usize,
+    /// Runs a different case gets again (in fresh namespaces): a difference that does not
+    /// come back is a race of the machine's timing, reported but not counted.
+    #[arg(long, default_value_t = 2)]
+    reruns: usize,
     /// Folder of the reports.
     #[arg(long, default_value = "target/diff")]
     out: PathBuf,
@@ -31,27 +36,15 @@ struct Args {
     bin_dir: PathBuf,
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    let Args { seed, cases, case, parallel, out, bin_dir } = Args::parse();
-    let bin_dir = std::fs::canonicalize(&bin_dir)?;
-    let cases = case::select(seed, cases, case.as_deref())?;
-    let t0 = Instant::now();
-    eprintln!("diff-upstream: starting a control plane per Job controller (upstream, kjob)");
-    let (upstream_bench, kjob_bench) = tokio::try_join!(
-        run::Bench::start(JobController::Upstream, bin_dir.clone()),
-        run::Bench::start(JobController::Kjob, bin_dir.clone()),
-    )?;
-    eprintln!(
-        "diff-upstream: control planes up in {:.0} s; {} cases, {parallel} at a time",
-        t0.elapsed().as_secs_f64(),
-        cases.len()
-    );
-    let (upstream, kjob) = (&upstream_bench, &kjob_bench);
+/// Runs `cases` on both benches, `parallel` at a time; each case's two runs with their
+/// events and writes (read once all ran: later ones of a finished case, from a controller
+/// that keeps writing or an event recorder still flushing, count too) and seconds.
+async fn run_all(
+    upstream: &run::Bench,
+    kjob: &run::Bench,
+    cases: &[case::Case],
+    parallel: usize,
+) -> anyhow::Result<Vec<((RawRun, f64), (RawRun, f64))>> {
     let total = cases.len();
     let mut raws = futures::stream::iter(cases.iter().enumerate())
         .map(|(i, c)| async move {
@@ -76,27 +69,77 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .collect::<anyhow::Result<Vec<_>>>()?;
     raws.sort_by_key(|(i, _, _)| *i);
-    let mut raws: Vec<_> = raws.into_iter().map(|(_, u, k)| (u, k)).collect();
-    // Every case's writes and events, read once all ran: later ones of a finished case (a
-    // controller that keeps writing, an event recorder still flushing) count too.
     let (uw, kw) = (upstream.writes()?, kjob.writes()?);
     let (ue, ke) = tokio::try_join!(upstream.events(), kjob.events())?;
-    // Stop both control planes now: the exit below runs no destructors.
-    tokio::task::block_in_place(|| drop((upstream_bench, kjob_bench)));
-    for (c, ((u, _), (k, _))) in cases.iter().zip(raws.iter_mut()) {
-        let ns = c.namespace();
-        u.writes = uw.get(&ns).cloned().unwrap_or_default();
-        k.writes = kw.get(&ns).cloned().unwrap_or_default();
-        u.events = ue.get(&ns).cloned().unwrap_or_default();
-        k.events = ke.get(&ns).cloned().unwrap_or_default();
-    }
-    let results: Vec<_> = cases
+    Ok(raws
+        .into_iter()
+        .zip(cases)
+        .map(|((_, (mut u, us), (mut k, ks)), c)| {
+            let ns = c.namespace();
+            u.writes = uw.get(&ns).cloned().unwrap_or_default();
+            k.writes = kw.get(&ns).cloned().unwrap_or_default();
+            u.events = ue.get(&ns).cloned().unwrap_or_default();
+            k.events = ke.get(&ns).cloned().unwrap_or_default();
+            ((u, us), (k, ks))
+        })
+        .collect())
+}
+
+fn judge_all(
+    cases: &[case::Case],
+    raws: Vec<((RawRun, f64), (RawRun, f64))>,
+) -> Vec<report::CaseResult> {
+    cases
         .iter()
         .zip(raws)
         .map(|(c, ((u, us), (k, ks)))| {
             report::judge(c, compare::observe(&u), compare::observe(&k), (us, ks))
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let Args { seed, cases, case, parallel, reruns, out, bin_dir } = Args::parse();
+    let bin_dir = std::fs::canonicalize(&bin_dir)?;
+    let cases = case::select(seed, cases, case.as_deref())?;
+    let t0 = Instant::now();
+    eprintln!("diff-upstream: starting a control plane per Job controller (upstream, kjob)");
+    let (upstream_bench, kjob_bench) = tokio::try_join!(
+        run::Bench::start(JobController::Upstream, bin_dir.clone()),
+        run::Bench::start(JobController::Kjob, bin_dir.clone()),
+    )?;
+    eprintln!(
+        "diff-upstream: control planes up in {:.0} s; {} cases, {parallel} at a time",
+        t0.elapsed().as_secs_f64(),
+        cases.len()
+    );
+    let (upstream, kjob) = (&upstream_bench, &kjob_bench);
+    let mut results = judge_all(&cases, run_all(upstream, kjob, &cases, parallel).await?);
+    for attempt in 1..=reruns {
+        let again: Vec<usize> = (0..results.len())
+            .filter(|&i| results[i].verdict == report::Verdict::Different)
+            .collect();
+        if again.is_empty() {
+            break;
+        }
+        eprintln!("diff-upstream: re-running {} different case(s), attempt {attempt}", again.len());
+        let rerun: Vec<case::Case> = again.iter().map(|&i| cases[i].rerun(attempt)).collect();
+        let judged = judge_all(&rerun, run_all(upstream, kjob, &rerun, parallel).await?);
+        for (i, mut r) in again.into_iter().zip(judged) {
+            let earlier = std::mem::take(&mut results[i].earlier);
+            r.earlier = earlier;
+            r.earlier.push(report::Attempt::of(&results[i]));
+            r.case = cases[i].clone();
+            results[i] = r;
+        }
+    }
+    // Stop both control planes now: the exit below runs no destructors.
+    tokio::task::block_in_place(|| drop((upstream_bench, kjob_bench)));
     report::write(&out, &results, seed, t0.elapsed().as_secs_f64())?;
     for r in results.iter().filter(|r| r.verdict == report::Verdict::Different) {
         for (d, _) in r.differences.iter().filter(|(_, a)| a.is_none()) {

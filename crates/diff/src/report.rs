@@ -39,6 +39,24 @@ pub struct CaseResult {
     pub kjob: Observed,
     /// Seconds each run took (timing is reported, never a difference).
     pub seconds: (f64, f64),
+    /// Earlier attempts of a case that was different and ran again, oldest first.
+    pub earlier: Vec<Attempt>,
+}
+
+/// An earlier attempt of a case: what differed then.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// Its verdict.
+    pub verdict: Verdict,
+    /// Its differences.
+    pub differences: Vec<(Difference, Option<String>)>,
+}
+
+impl Attempt {
+    /// The attempt `r` was.
+    pub fn of(r: &CaseResult) -> Self {
+        Self { verdict: r.verdict, differences: r.differences.clone() }
+    }
 }
 
 fn verdict_of<'a>(ds: impl Iterator<Item = &'a (Difference, Option<String>)>) -> Verdict {
@@ -60,7 +78,16 @@ pub fn judge(case: &Case, upstream: Observed, kjob: Observed, seconds: (f64, f64
         .map(|p| (p.to_string(), verdict_of(differences.iter().filter(|(d, _)| d.part == *p))))
         .collect();
     let verdict = verdict_of(differences.iter());
-    CaseResult { case: case.clone(), parts, verdict, differences, upstream, kjob, seconds }
+    CaseResult {
+        case: case.clone(),
+        parts,
+        verdict,
+        differences,
+        upstream,
+        kjob,
+        seconds,
+        earlier: Vec::new(),
+    }
 }
 
 /// `(N, I, D, A)`: cases, identical, different, accepted.
@@ -181,6 +208,38 @@ pub fn markdown(results: &[CaseResult], seed: u64, seconds: f64) -> String {
     for (k, (u, kj)) in write_totals(results) {
         let _ = writeln!(md, "| {k} | {u} | {kj} |");
     }
+    let reran: Vec<&CaseResult> = results.iter().filter(|r| !r.earlier.is_empty()).collect();
+    if !reran.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Re-run after a difference\n\nA different case runs again in fresh namespaces; \
+             one whose difference does not come back lost a race of the machine's timing (its \
+             verdict is the last attempt's). Differences of the earlier attempts:\n"
+        );
+        for r in reran {
+            let _ = writeln!(
+                md,
+                "* **{}**: {} earlier attempt(s), now {:?}",
+                r.case.name,
+                r.earlier.len(),
+                r.verdict
+            );
+            for (n, a) in r.earlier.iter().enumerate() {
+                for (d, acc) in a.differences.iter().filter(|(_, acc)| acc.is_none()).take(12) {
+                    let _ = writeln!(
+                        md,
+                        "  * attempt {}: {} {}: upstream {} kjob {}{}",
+                        n + 1,
+                        d.part,
+                        d.path,
+                        short(&d.upstream),
+                        short(&d.kjob),
+                        acc.as_deref().map(|a| format!(" ({a})")).unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
     let _ = writeln!(md, "\n## Cases\n");
     let _ = writeln!(md, "| case | {} | verdict | upstream s | kjob s |", PARTS.join(" | "));
     let _ = writeln!(md, "|---|{}---|---|---|", "---|".repeat(PARTS.len()));
@@ -225,7 +284,8 @@ pub fn write(dir: &Path, results: &[CaseResult], seed: u64, seconds: f64) -> any
         .map(|(k, (u, kj))| (k, json!({"upstream": u, "kjob": kj})))
         .collect();
     let j = json!({"seed": seed, "cases": n, "identical": i, "different": d, "accepted": a,
-        "seconds": seconds, "parts": PARTS, "timing": timings(results), "writes": writes,
+        "seconds": seconds, "parts": PARTS,
+        "reran": results.iter().filter(|r| !r.earlier.is_empty()).count(), "timing": timings(results), "writes": writes,
         "results": results});
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&j)?)?;
     Ok(())

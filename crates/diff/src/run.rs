@@ -36,11 +36,12 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// How often a case's progress is looked at while waiting (from the Job watch and the
 /// kubelet's records, both local: no request to the server).
 const TICK: Duration = Duration::from_millis(100);
-/// kube-controller-manager's client rate limit in diff runs. Its default (20 QPS, burst 30,
-/// for each controller's client) is shared by every Job of a run, so with many cases at once
-/// upstream's writes would queue behind a throttle that one Job alone never meets, and its
-/// timing (hence which pod ends first) would move; kjob's clients have no such limit.
-const KCM_API_QPS: u32 = 500;
+/// Client rate limit of both controllers in diff runs (kube-controller-manager's
+/// `--kube-api-qps`, kjob-worker's `--kube-qps`; bursts twice that). The defaults (20 QPS per
+/// kube-controller-manager controller, 100 per kjob worker) are shared by every Job of a run,
+/// so with many cases at once a controller's writes would queue behind a throttle one Job
+/// alone never meets, and its timing (hence which pod ends first) would move.
+const CLIENT_QPS: u32 = 500;
 /// kjob's workers for the run (the setting: one watcher, two workers).
 const KJOB_WORKERS: usize = 2;
 /// How long a new namespace may take to get its `default` ServiceAccount.
@@ -147,8 +148,8 @@ impl Bench {
             opts.kubelet = false;
             opts.job_controller = mode;
             opts.controller_manager_args = vec![
-                format!("--kube-api-qps={KCM_API_QPS}"),
-                format!("--kube-api-burst={}", 2 * KCM_API_QPS),
+                format!("--kube-api-qps={CLIENT_QPS}"),
+                format!("--kube-api-burst={}", 2 * CLIENT_QPS),
             ];
             let cp = ControlPlane::start(opts)?;
             let info = ClusterInfo::read(&cluster_dir)?;
@@ -164,6 +165,8 @@ impl Bench {
                     cfg.real = Some(real);
                     cfg.watcher_args.push("--manage-all-jobs".into());
                     cfg.worker_args.push("--manage-all-jobs".into());
+                    cfg.worker_args.push(format!("--kube-qps={CLIENT_QPS}"));
+                    cfg.worker_args.push(format!("--kube-burst={}", 2 * CLIENT_QPS));
                     Some(Stack::start(cfg)?)
                 }
             };
