@@ -405,7 +405,6 @@ fn generate_one(seed: u64, i: usize) -> Case {
         let n = rng.random_range(0..=4);
         fates.by_order = (0..n).map(|_| random_fate(rng, shape)).collect();
     }
-    untangle(&mut fates, parallelism as usize);
     // First-wave pods still running when a mid-run action comes.
     let running_at_action = (0..parallelism as usize)
         .filter(|&n| {
@@ -461,6 +460,8 @@ fn generate_one(seed: u64, i: usize) -> Case {
         }
         _ => {}
     }
+    // With the final parallelism (an elastic change sets it).
+    untangle(&mut fates, indexed, parallelism as usize);
     // A stalled Job is compared 8 s after the last action (or its deadline, when it has one).
     let last_s = actions.iter().map(|a| a.after_ms.div_ceil(1000)).max().unwrap_or(0);
     let orphaned_restarts = shape.on_failure && actions.iter().any(|a| a.delete.is_some());
@@ -475,30 +476,20 @@ fn generate_one(seed: u64, i: usize) -> Case {
     Case { name: format!("gen-{seed}-{i}"), spec, fates, actions, horizon_s }
 }
 
-/// Keeps fates from racing each other where even upstream alone is not deterministic: two
-/// pods of the first wave failing at the same moment (a FailJob message names whichever of
-/// them the controller's sync looks at first, in its cache's order), or two pods disrupted
-/// at once. The second such pod succeeds instead; only the first disruption stays.
-fn untangle(fates: &mut Fates, parallelism: usize) {
-    let mut failing_at = std::collections::BTreeSet::new();
+fn fails(f: &Fate) -> bool {
+    f.exit_code != 0 || f.container_exit_codes.values().any(|c| *c != 0)
+}
+
+/// Keeps fates from racing each other where even upstream alone is not deterministic: a pod
+/// of the first wave failing at the same moment as another one ends (a FailJob message names
+/// whichever failure the controller's sync looks at first, in its cache's order; upstream syncs
+/// at once on a failure but batches a success for 1 s, so a success in the same moment may be
+/// counted or its pod deleted), or two pods disrupted at once. Such a failing pod moves to a
+/// run time no other first-wave pod has, or succeeds when there is none; only the first
+/// disruption stays. Later waves start when the controller has reacted to the first, so
+/// their ends are not aligned with it; what races remain are what `--reruns` is for.
+fn untangle(fates: &mut Fates, indexed: bool, parallelism: usize) {
     let mut disrupted = false;
-    let first_wave: Vec<&mut Fate> = if fates.by_order.is_empty() {
-        fates
-            .by_index
-            .iter_mut()
-            .filter(|(i, _)| (**i as usize) < parallelism)
-            .filter_map(|(_, v)| v.first_mut())
-            .collect()
-    } else {
-        fates.by_order.iter_mut().take(parallelism).collect()
-    };
-    for f in first_wave {
-        let fails = f.exit_code != 0 || f.container_exit_codes.values().any(|c| *c != 0);
-        if fails && !failing_at.insert(f.run_ms) {
-            f.exit_code = 0;
-            f.container_exit_codes.clear();
-        }
-    }
     let all = fates.by_order.iter_mut().chain(fates.by_index.values_mut().flatten());
     for f in all {
         if f.evict_after_ms.is_some() || f.delete_after_ms.is_some() {
@@ -510,6 +501,40 @@ fn untangle(fates: &mut Fates, parallelism: usize) {
             disrupted = true;
         }
     }
+    let slot = |n: usize| {
+        if indexed { Slot::Index { index: n as u32, attempt: 0 } } else { Slot::Order(n) }
+    };
+    let mut ends: BTreeMap<u64, usize> = BTreeMap::new();
+    for n in 0..parallelism {
+        *ends.entry(end_of(&fates.of(slot(n)))).or_default() += 1;
+    }
+    for n in 0..parallelism {
+        let f = if indexed {
+            fates.by_index.get_mut(&(n as u32)).and_then(|v| v.first_mut())
+        } else {
+            fates.by_order.get_mut(n)
+        };
+        // The default fate never fails, so every failing pod of the wave is listed; the one
+        // disrupted pod ends at a time of its own.
+        let Some(f) = f.filter(|f| fails(f) && end_of(f) == f.run_ms) else { continue };
+        if ends.get(&f.run_ms).copied().unwrap_or(0) <= 1 {
+            continue;
+        }
+        *ends.entry(f.run_ms).or_default() -= 1;
+        match RUN_TIMES_MS.into_iter().find(|t| ends.get(t).copied().unwrap_or(0) == 0) {
+            Some(t) => f.run_ms = t,
+            None => {
+                f.exit_code = 0;
+                f.container_exit_codes.clear();
+            }
+        }
+        *ends.entry(f.run_ms).or_default() += 1;
+    }
+}
+
+/// When a pod's fate ends it, after it started: its disruption, else its exit.
+fn end_of(f: &Fate) -> u64 {
+    f.evict_after_ms.or(f.delete_after_ms).unwrap_or(f.run_ms)
 }
 
 /// The cases to run: built-ins then `generated` random ones, or only the one named `only`.
@@ -686,6 +711,32 @@ mod tests {
                     && a.patch["spec"].get("completions").is_none()
             })
         });
+    }
+
+    #[test]
+    fn no_first_wave_failure_ends_with_another_pod() {
+        for c in generate(5, 2000) {
+            let indexed = c.spec["completionMode"] == "Indexed";
+            // At most `completions` pods run at once.
+            let cap = c.spec["completions"].as_u64().unwrap_or(u64::MAX);
+            let p = c.spec["parallelism"].as_u64().unwrap().min(cap) as usize;
+            let wave: Vec<Fate> = (0..p)
+                .map(|n| {
+                    c.fates.of(if indexed {
+                        Slot::Index { index: n as u32, attempt: 0 }
+                    } else {
+                        Slot::Order(n)
+                    })
+                })
+                .collect();
+            for (i, f) in wave.iter().enumerate().filter(|(_, f)| fails(f)) {
+                let same =
+                    wave.iter().enumerate().filter(|(j, g)| *j != i && end_of(g) == end_of(f));
+                assert_eq!(same.count(), 0, "{}: a failure ends with another pod", c.name);
+            }
+            let disruptions = serde_json::to_string(&c.fates).unwrap().matches("_after_ms").count();
+            assert!(disruptions <= 1, "{}", c.name);
+        }
     }
 
     #[test]

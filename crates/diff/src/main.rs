@@ -26,7 +26,7 @@ struct Args {
     parallel: usize,
     /// Runs a different case gets again (in fresh namespaces): a difference that does not
     /// come back is a race of the machine's timing, reported but not counted.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     reruns: usize,
     /// Folder of the reports.
     #[arg(long, default_value = "target/diff")]
