@@ -12,7 +12,7 @@ CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
 .PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
 	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-up cluster-down \
-	diff-upstream
+	diff-upstream test-diff-run
 
 all: build
 
@@ -34,10 +34,12 @@ lint:
 
 ## test: what CI runs. Installs what a fresh machine lacks (redis-server, cargo-nextest, the
 ## Python client, the Go-built control plane), then lint + every test suite, the real-server
-## ones on one control plane started for the run (scripts/with-cluster.sh).
+## ones on one control plane started for the run (scripts/with-cluster.sh), then the
+## differential suite at CI size (test-diff-run).
 test: setup lint
 	$(CARGO) build --workspace --bins
 	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-rust-run test-python-run
+	$(MAKE) --no-print-directory test-diff-run
 
 test-rust:
 	$(CARGO) build --workspace --bins
@@ -49,6 +51,19 @@ test-python:
 
 test-rust-run:
 	$(CARGO) nextest run --workspace --profile $(NEXTEST_PROFILE)
+
+## test-diff-run: the differential suite at CI size (the built-in cases and DIFF_CI_CASES generated
+## ones of seed DIFF_CI_SEED) on its own two control planes (it needs KUBELET=off and one with
+## upstream's Job controller, which the shared test cluster is not); binaries from make build.
+DIFF_CI_SEED ?= 1
+DIFF_CI_CASES ?= 300
+test-diff-run:
+	@if ! command -v go >/dev/null 2>&1; then \
+	  echo "SKIP diff-upstream: no Go toolchain on PATH, so the real control plane cannot be built" >&2; \
+	else \
+	  $(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff \
+	    --seed $(DIFF_CI_SEED) --cases $(DIFF_CI_CASES); \
+	fi
 
 test-python-run:
 	KJOB_SIM_BIN=$(TARGET_DIR)/debug/kjob-sim python3 -m pytest -q tests/python
@@ -101,9 +116,9 @@ chaos:
 	$(CARGO) build --workspace --bins
 	$(TARGET_DIR)/debug/kjob-chaos --bin-dir $(TARGET_DIR)/debug $(CHAOS_ARGS)
 
-## diff-upstream: every case under kube-controller-manager's Job controller and under kjob (fresh
-## control planes, KUBELET=off, a scripted kubelet), compared; report in target/diff/
-## (DIFF_ARGS: --seed N --cases N --case NAME)
+## diff-upstream: every case under kube-controller-manager's Job controller and under kjob (two
+## fresh control planes up at once, KUBELET=off, a scripted kubelet), compared; report in
+## target/diff/ (DIFF_ARGS: --seed N --cases N --case NAME --parallel N --reruns N)
 diff-upstream: cluster-build
 	$(CARGO) build -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim -p kjob-diff --bins
 	$(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff $(DIFF_ARGS)

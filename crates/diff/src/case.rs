@@ -61,12 +61,22 @@ pub struct Fate {
     /// Its exit code.
     #[serde(default)]
     pub exit_code: i64,
+    /// Exit codes of named containers that differ from `exit_code`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub container_exit_codes: BTreeMap<String, i64>,
     /// Evict it through the Eviction API this long after it started running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evict_after_ms: Option<u64>,
     /// A user deletes it (gracefully) this long after it started running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_after_ms: Option<u64>,
+    /// Once deleted (by anyone), it takes this long to terminate (0: at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_ms: Option<u64>,
+}
+
+fn is_created(s: &Since) -> bool {
+    *s == Since::Created
 }
 
 fn default_run_ms() -> u64 {
@@ -75,17 +85,44 @@ fn default_run_ms() -> u64 {
 
 impl Default for Fate {
     fn default() -> Self {
-        Self { run_ms: default_run_ms(), exit_code: 0, evict_after_ms: None, delete_after_ms: None }
+        Self {
+            run_ms: default_run_ms(),
+            exit_code: 0,
+            container_exit_codes: BTreeMap::new(),
+            evict_after_ms: None,
+            delete_after_ms: None,
+            termination_ms: None,
+        }
     }
 }
 
-/// A merge patch to the Job at a fixed time.
+/// What a user action's time counts from.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Since {
+    /// The Job's creation.
+    #[default]
+    Created,
+    /// The start of the Job's first running container (as the scripted kubelet started it):
+    /// a mid-run action then meets every pod at the same point of its fate, however long the
+    /// controller took to create the first pods. Never reached, the action never happens.
+    FirstPodRunning,
+}
+
+/// A user's change to the Job at a fixed time: a merge patch, a deletion, or both.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct UserAction {
-    /// Time after the Job's creation.
+    /// Time after `since`.
     pub after_ms: u64,
-    /// JSON merge patch applied to the Job.
+    /// What `after_ms` counts from.
+    #[serde(default, skip_serializing_if = "is_created")]
+    pub since: Since,
+    /// JSON merge patch applied to the Job (none when null).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub patch: Value,
+    /// Delete the Job with this propagation policy (`Foreground`, `Background`, `Orphan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete: Option<String>,
 }
 
 /// Where a pod stands among the Job's pods, independent of the controller that made it.
@@ -128,6 +165,11 @@ impl Case {
         j
     }
 
+    /// The same case again under another name (so in fresh namespaces): attempt `n`.
+    pub fn rerun(&self, n: usize) -> Case {
+        Case { name: format!("{}-r{n}", self.name), ..self.clone() }
+    }
+
     /// Namespace the case runs in (the same in both runs, so messages match).
     pub fn namespace(&self) -> String {
         format!("diff-{}", self.name)
@@ -144,57 +186,355 @@ pub fn generate(seed: u64, n: usize) -> Vec<Case> {
     (0..n).map(|i| generate_one(seed, i)).collect()
 }
 
-/// Run times of generated pods: 2 s apart, more than either controller takes to react to a
-/// pod's end, so which pod ends first never depends on the controller's speed (pods of one
-/// wave start within tens of milliseconds of each other).
-const RUN_TIMES_MS: [u64; 3] = [300, 2300, 4300];
+/// Run times of generated pods: 3 s apart, more than either controller takes to react to a
+/// pod's end on a loaded machine, so which pod ends first never depends on the controller's
+/// speed (pods of one wave start within tens of milliseconds of each other). Every timed
+/// event of a generated case sits on this grid, at least 1.5 s from any other kind.
+const RUN_TIMES_MS: [u64; 3] = [300, 3300, 6300];
+/// Run time of pods meant to outlive a case's timed events (deadline, eviction, deletion).
+const LONG_RUN_MS: u64 = 30_000;
+/// When a generated mid-run user action (or the first of two) happens, after the first pod
+/// started running: 2 s after the first wave's 300 ms pods end (time for the controller to act
+/// on them, even to finish the Job), 1 s before its 3300 ms pods end.
+const ACTION_AT_MS: u64 = 2300;
+/// `activeDeadlineSeconds` of generated Jobs that have one. Such Jobs get no user action but a
+/// deletion and only 300 ms and long pods, so the deadline (counted from a `startTime`
+/// truncated to the second: it fires 6 to 7 s after the Job started) comes seconds after
+/// three waves of short pods and seconds before a failed pod's replacement (10 s back-off).
+const ACTIVE_DEADLINE_S: u64 = 7;
+/// When a generated pod is evicted or deleted, after it started running: between the ends of
+/// 3300 ms and 6300 ms pods.
+const DISRUPT_AFTER_MS: u64 = 4800;
+/// How long a slow-to-stop pod takes to terminate once deleted.
+const TERMINATION_MS: u64 = 1000;
+/// The second container of templates with two (so `containerName` picks one of them).
+const SIDECAR: &str = "side";
+/// Exit codes pods end with (0 most often); 3 and 42 are the ones generated rules name.
+const CODES: [i64; 6] = [0, 0, 0, 1, 3, 42];
 
-fn random_fate(rng: &mut StdRng) -> Fate {
-    const CODES: [i64; 6] = [0, 0, 0, 1, 3, 42];
-    Fate {
-        run_ms: RUN_TIMES_MS[rng.random_range(0..RUN_TIMES_MS.len())],
-        exit_code: CODES[rng.random_range(0..CODES.len())],
-        evict_after_ms: None,
-        delete_after_ms: None,
-    }
+/// The shape of a generated Job that its pods' fates depend on.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    sidecar: bool,
+    on_failure: bool,
+    deadline: bool,
 }
 
+fn pick<T: Copy>(rng: &mut StdRng, xs: &[T]) -> T {
+    xs[rng.random_range(0..xs.len())]
+}
+
+fn random_fate(rng: &mut StdRng, shape: Shape) -> Fate {
+    let mut f =
+        Fate { run_ms: pick(rng, &RUN_TIMES_MS), exit_code: pick(rng, &CODES), ..Fate::default() };
+    if shape.sidecar && rng.random_bool(0.4) {
+        f.container_exit_codes.insert(SIDECAR.into(), pick(rng, &CODES));
+    }
+    if shape.deadline {
+        f.run_ms = if rng.random_bool(0.4) { LONG_RUN_MS } else { RUN_TIMES_MS[0] };
+    }
+    // Slow to stop now and then, so `terminating` and podReplacementPolicy have something to see.
+    if rng.random_bool(0.25) {
+        f.termination_ms = Some(TERMINATION_MS);
+    }
+    // Disruptions only under restartPolicy Never: a restarting pod's start time moves.
+    if !shape.on_failure {
+        match rng.random_range(0..20) {
+            0 | 1 => {
+                f.run_ms = LONG_RUN_MS;
+                f.evict_after_ms = Some(DISRUPT_AFTER_MS);
+            }
+            2 => {
+                f.run_ms = LONG_RUN_MS;
+                f.delete_after_ms = Some(DISRUPT_AFTER_MS);
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
+/// An `onExitCodes` requirement, naming a container now and then.
+fn on_exit_codes(rng: &mut StdRng, shape: Shape, operator: &str, values: &[i64]) -> Value {
+    let mut r = json!({"operator": operator, "values": values});
+    if rng.random_bool(0.4) {
+        r["containerName"] =
+            json!(if shape.sidecar && rng.random_bool(0.5) { SIDECAR } else { "main" });
+    }
+    r
+}
+
+/// One to three podFailurePolicy rules; FailIndex only with `backoffLimitPerIndex` (the API
+/// server's rule).
+fn random_rules(rng: &mut StdRng, shape: Shape, per_index: bool) -> Vec<Value> {
+    let n = rng.random_range(1..=3);
+    let mut kinds: Vec<u32> = Vec::new();
+    while kinds.len() < n {
+        let k = rng.random_range(0..8);
+        if (k >= 6 && !per_index) || kinds.contains(&k) {
+            continue;
+        }
+        kinds.push(k);
+    }
+    let cond = |action: &str| {
+        json!({"action": action,
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]})
+    };
+    kinds
+        .into_iter()
+        .map(|k| match k {
+            0 => json!({"action": "FailJob", "onExitCodes": on_exit_codes(rng, shape, "In", &[42])}),
+            1 => json!({"action": "Ignore", "onExitCodes": on_exit_codes(rng, shape, "In", &[3])}),
+            2 => json!({"action": "Count", "onExitCodes": on_exit_codes(rng, shape, "NotIn", &[0, 3])}),
+            3 => json!({"action": "FailJob", "onExitCodes": on_exit_codes(rng, shape, "NotIn", &[0, 1, 3])}),
+            4 => cond("Ignore"),
+            5 => cond("FailJob"),
+            6 => json!({"action": "FailIndex", "onExitCodes": on_exit_codes(rng, shape, "In", &[1, 42])}),
+            _ => cond("FailIndex"),
+        })
+        .collect()
+}
+
+/// `0..n` as an index list in the API's interval syntax, from a random non-empty subset.
+fn random_indexes(rng: &mut StdRng, n: u32) -> (String, u32) {
+    let set: Vec<u32> = loop {
+        let s: Vec<u32> = (0..n).filter(|_| rng.random_bool(0.5)).collect();
+        if !s.is_empty() {
+            break s;
+        }
+    };
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < set.len() {
+        let mut j = i;
+        while j + 1 < set.len() && set[j + 1] == set[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { set[i].to_string() } else { format!("{}-{}", set[i], set[j]) });
+        i = j + 1;
+    }
+    (parts.join(","), set.len() as u32)
+}
+
+/// A random valid Job (by the API server's validation rules: per-index limits and success
+/// policies only for Indexed Jobs, FailIndex only with per-index limits, podFailurePolicy only
+/// with restartPolicy Never and podReplacementPolicy Failed, elastic changes only while
+/// completions equal parallelism), its pods' fates and at most one kind of user action.
 fn generate_one(seed: u64, i: usize) -> Case {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
+    let rng = &mut rng;
     let indexed = rng.random_bool(0.5);
-    let completions: u32 = rng.random_range(1..=3);
+    // Non-indexed without completions now and then: done when any pod succeeds.
+    let completions: Option<u32> =
+        if !indexed && rng.random_bool(0.15) { None } else { Some(rng.random_range(1..=3)) };
     // Parallelism 0 now and then: nothing runs, compared at the horizon.
-    let parallelism: u32 = if rng.random_bool(0.1) { 0 } else { rng.random_range(1..=3) };
-    // Pod-failure back-off is 10 s, 20 s, ...: small limits keep a case under a minute.
-    let backoff_limit: u32 = rng.random_range(0..=1);
+    let mut parallelism: u32 = if rng.random_bool(0.08) { 0 } else { rng.random_range(1..=3) };
+    let shape = Shape {
+        sidecar: rng.random_bool(0.3),
+        on_failure: rng.random_bool(0.12),
+        deadline: rng.random_bool(0.12),
+    };
     let mut spec = json!({
-        "completions": completions, "parallelism": parallelism, "backoffLimit": backoff_limit,
+        "parallelism": parallelism,
         "completionMode": if indexed { "Indexed" } else { "NonIndexed" },
     });
-    if rng.random_bool(0.3) {
-        let rule = match rng.random_range(0..3) {
-            0 => json!({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}),
-            1 => json!({"action": "Ignore", "onExitCodes": {"containerName": "main",
-                "operator": "In", "values": [3]}}),
-            _ => json!({"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [0, 3]}}),
-        };
-        spec["podFailurePolicy"] = json!({"rules": [rule]});
+    if let Some(c) = completions {
+        spec["completions"] = json!(c);
     }
-    let mut fates = Fates::default();
+    let mut containers = vec![json!({"name": "main", "image": "busybox"})];
+    if shape.sidecar {
+        containers.push(json!({"name": SIDECAR, "image": "busybox"}));
+    }
+    let restart = if shape.on_failure { "OnFailure" } else { "Never" };
+    spec["template"] = json!({"spec": {"restartPolicy": restart, "containers": containers}});
+    // Pod-failure back-off is 10 s, 20 s, ...: small limits keep a case under a minute.
+    let per_index = indexed && !shape.on_failure && rng.random_bool(0.35);
+    if per_index {
+        let c = completions.unwrap_or(1);
+        spec["backoffLimitPerIndex"] = json!(rng.random_range(0..=1));
+        if rng.random_bool(0.5) {
+            spec["maxFailedIndexes"] = json!(rng.random_range(0..c));
+        }
+        // Unset, the limit of the whole Job is MaxInt32 (only the per-index ones count).
+        if rng.random_bool(0.5) {
+            spec["backoffLimit"] = json!(rng.random_range(0..=2));
+        }
+    } else {
+        spec["backoffLimit"] = json!(rng.random_range(0..=1));
+    }
+    let pfp = !shape.on_failure && rng.random_bool(0.4);
+    if pfp {
+        spec["podFailurePolicy"] = json!({"rules": random_rules(rng, shape, per_index)});
+        if rng.random_bool(0.3) {
+            spec["podReplacementPolicy"] = json!("Failed");
+        }
+    } else if rng.random_bool(0.3) {
+        spec["podReplacementPolicy"] = json!(pick(rng, &["Failed", "TerminatingOrFailed"]));
+    }
+    let success_policy = indexed && rng.random_bool(0.25);
+    if success_policy {
+        let c = completions.unwrap_or(1);
+        let mut rule = serde_json::Map::new();
+        let mut max_count = c;
+        if rng.random_bool(0.7) {
+            let (list, n) = random_indexes(rng, c);
+            rule.insert("succeededIndexes".into(), json!(list));
+            max_count = n;
+        }
+        if !rule.contains_key("succeededIndexes") || rng.random_bool(0.5) {
+            rule.insert("succeededCount".into(), json!(rng.random_range(1..=max_count)));
+        }
+        spec["successPolicy"] = json!({"rules": [Value::Object(rule)]});
+    }
+    if shape.deadline {
+        spec["activeDeadlineSeconds"] = json!(ACTIVE_DEADLINE_S);
+    }
+    // Pods the lists below do not name end on the grid too.
+    let default_run = if shape.deadline { RUN_TIMES_MS[0] } else { RUN_TIMES_MS[1] };
+    let mut fates =
+        Fates { default: Fate { run_ms: default_run, ..Fate::default() }, ..Fates::default() };
     if indexed {
-        for index in 0..completions {
+        for index in 0..4 {
             let tries = rng.random_range(0..=2);
-            let list: Vec<Fate> = (0..tries).map(|_| random_fate(&mut rng)).collect();
+            let list: Vec<Fate> = (0..tries).map(|_| random_fate(rng, shape)).collect();
             if !list.is_empty() {
                 fates.by_index.insert(index, list);
             }
         }
     } else {
-        let n = rng.random_range(0..=(completions + backoff_limit) as usize);
-        fates.by_order = (0..n).map(|_| random_fate(&mut rng)).collect();
+        let n = rng.random_range(0..=4);
+        fates.by_order = (0..n).map(|_| random_fate(rng, shape)).collect();
     }
-    let horizon_s = if parallelism == 0 { 6 } else { DEFAULT_HORIZON_S };
-    Case { name: format!("gen-{seed}-{i}"), spec, fates, actions: Vec::new(), horizon_s }
+    // First-wave pods still running when a mid-run action comes.
+    let running_at_action = (0..parallelism as usize)
+        .filter(|&n| {
+            let slot =
+                if indexed { Slot::Index { index: n as u32, attempt: 0 } } else { Slot::Order(n) };
+            fates.of(slot).run_ms > ACTION_AT_MS
+        })
+        .count() as u32;
+    let mut actions = Vec::new();
+    // Whether the Job ends up with parallelism 0 (it then never finishes by itself).
+    let mut stalls = parallelism == 0;
+    let act = |after_ms, since, patch: Value| UserAction { after_ms, since, patch, delete: None };
+    let mid_run = Since::FirstPodRunning;
+    match rng.random_range(0..16) {
+        0 if !shape.deadline => {
+            spec["suspend"] = json!(true);
+            actions.push(act(3000, Since::Created, json!({"spec": {"suspend": false}})));
+        }
+        1 if !shape.deadline => {
+            actions.push(act(ACTION_AT_MS, mid_run, json!({"spec": {"suspend": true}})));
+            actions.push(act(ACTION_AT_MS + 3000, mid_run, json!({"spec": {"suspend": false}})));
+        }
+        2 if !shape.deadline => {
+            // Never below the pods running then: which of equal pods a controller deletes
+            // depends on their Ready times, to the second, so on the run, not the controller.
+            let low = running_at_action.max(u32::from(parallelism == 0));
+            let p = rng.random_range(low..=3.max(low));
+            // From 0 no pod runs before the change: count from the Job's creation.
+            let since = if parallelism == 0 { Since::Created } else { mid_run };
+            stalls = p == 0;
+            actions.push(act(ACTION_AT_MS, since, json!({"spec": {"parallelism": p}})));
+        }
+        3 if indexed && !per_index && !success_policy && !shape.deadline => {
+            // Elastic Indexed: completions may change only together with an equal parallelism.
+            parallelism = completions.unwrap_or(1);
+            spec["parallelism"] = json!(parallelism);
+            stalls = false;
+            let n = rng.random_range(1..=4);
+            actions.push(act(
+                ACTION_AT_MS,
+                mid_run,
+                json!({"spec": {"completions": n, "parallelism": n}}),
+            ));
+        }
+        4 => {
+            let policy = pick(rng, &["Foreground", "Background", "Orphan"]);
+            actions.push(UserAction {
+                after_ms: ACTION_AT_MS,
+                since: mid_run,
+                patch: Value::Null,
+                delete: Some(policy.into()),
+            });
+        }
+        _ => {}
+    }
+    // With the final parallelism (an elastic change sets it).
+    untangle(&mut fates, indexed, parallelism as usize);
+    // A stalled Job is compared 8 s after the last action (or its deadline, when it has one).
+    let last_s = actions.iter().map(|a| a.after_ms.div_ceil(1000)).max().unwrap_or(0);
+    let orphaned_restarts = shape.on_failure && actions.iter().any(|a| a.delete.is_some());
+    let horizon_s = if stalls {
+        (last_s + 8).max(if shape.deadline { ACTIVE_DEADLINE_S + 4 } else { 0 })
+    } else if orphaned_restarts {
+        // A failing OnFailure pod of a deleted Job restarts for ever: look a while, then stop.
+        20
+    } else {
+        DEFAULT_HORIZON_S
+    };
+    Case { name: format!("gen-{seed}-{i}"), spec, fates, actions, horizon_s }
+}
+
+fn fails(f: &Fate) -> bool {
+    f.exit_code != 0 || f.container_exit_codes.values().any(|c| *c != 0)
+}
+
+/// Keeps fates from racing each other where even upstream alone is not deterministic: a pod
+/// of the first wave failing at the same moment as another one ends (a FailJob message names
+/// whichever failure the controller's sync looks at first, in its cache's order; upstream syncs
+/// at once on a failure but batches a success for 1 s, so a success in the same moment may be
+/// counted or its pod deleted), or two pods disrupted at once. Such a failing pod moves to a
+/// run time no other first-wave pod has, or succeeds when there is none; only the first
+/// disruption stays. Later waves start when the controller has reacted to the first, so
+/// their ends are not aligned with it; what races remain are what `--reruns` is for.
+fn untangle(fates: &mut Fates, indexed: bool, parallelism: usize) {
+    let mut disrupted = false;
+    let all = fates.by_order.iter_mut().chain(fates.by_index.values_mut().flatten());
+    for f in all {
+        if f.evict_after_ms.is_some() || f.delete_after_ms.is_some() {
+            if disrupted {
+                f.evict_after_ms = None;
+                f.delete_after_ms = None;
+                f.run_ms = RUN_TIMES_MS[2];
+            }
+            disrupted = true;
+        }
+    }
+    let slot = |n: usize| {
+        if indexed { Slot::Index { index: n as u32, attempt: 0 } } else { Slot::Order(n) }
+    };
+    let mut ends: BTreeMap<u64, usize> = BTreeMap::new();
+    for n in 0..parallelism {
+        *ends.entry(end_of(&fates.of(slot(n)))).or_default() += 1;
+    }
+    for n in 0..parallelism {
+        let f = if indexed {
+            fates.by_index.get_mut(&(n as u32)).and_then(|v| v.first_mut())
+        } else {
+            fates.by_order.get_mut(n)
+        };
+        // The default fate never fails, so every failing pod of the wave is listed; the one
+        // disrupted pod ends at a time of its own.
+        let Some(f) = f.filter(|f| fails(f) && end_of(f) == f.run_ms) else { continue };
+        if ends.get(&f.run_ms).copied().unwrap_or(0) <= 1 {
+            continue;
+        }
+        *ends.entry(f.run_ms).or_default() -= 1;
+        match RUN_TIMES_MS.into_iter().find(|t| ends.get(t).copied().unwrap_or(0) == 0) {
+            Some(t) => f.run_ms = t,
+            None => {
+                f.exit_code = 0;
+                f.container_exit_codes.clear();
+            }
+        }
+        *ends.entry(f.run_ms).or_default() += 1;
+    }
+}
+
+/// When a pod's fate ends it, after it started: its disruption, else its exit.
+fn end_of(f: &Fate) -> u64 {
+    f.evict_after_ms.or(f.delete_after_ms).unwrap_or(f.run_ms)
 }
 
 /// The cases to run: built-ins then `generated` random ones, or only the one named `only`.
@@ -238,6 +578,165 @@ mod tests {
         assert_eq!(generate(7, 20), generate(7, 20));
         assert_ne!(generate(7, 20), generate(8, 20));
         assert_eq!(select(7, 0, Some("gen-7-13")).unwrap()[0], generate(7, 20)[13]);
+    }
+
+    /// The API server's validation rules the generator must keep (a case whose Job the
+    /// server refuses stops the whole run).
+    #[test]
+    fn generated_jobs_keep_the_validation_rules() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in generate(3, 3000) {
+            let s = &c.spec;
+            let indexed = s["completionMode"] == "Indexed";
+            let rules = s["podFailurePolicy"]["rules"].as_array().cloned().unwrap_or_default();
+            let containers: Vec<&str> = s["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap())
+                .collect();
+            if indexed {
+                assert!(s["completions"].is_u64(), "{}", c.name);
+            } else {
+                for k in ["backoffLimitPerIndex", "maxFailedIndexes", "successPolicy"] {
+                    assert!(s.get(k).is_none(), "{}: {k} needs Indexed", c.name);
+                }
+            }
+            if s.get("maxFailedIndexes").is_some() {
+                assert!(s.get("backoffLimitPerIndex").is_some(), "{}", c.name);
+                assert!(s["maxFailedIndexes"].as_u64() <= s["completions"].as_u64());
+            }
+            if !rules.is_empty() {
+                assert_eq!(s["template"]["spec"]["restartPolicy"], "Never", "{}", c.name);
+                assert!(s.get("podReplacementPolicy").is_none_or(|p| p == "Failed"), "{}", c.name);
+            }
+            for r in &rules {
+                seen.insert(r["action"].as_str().unwrap().to_string());
+                if r["action"] == "FailIndex" {
+                    assert!(s.get("backoffLimitPerIndex").is_some(), "{}", c.name);
+                }
+                if let Some(e) = r.get("onExitCodes") {
+                    let v: Vec<i64> = e["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_i64().unwrap())
+                        .collect();
+                    assert!(v.windows(2).all(|w| w[0] < w[1]), "{}: values sorted, unique", c.name);
+                    if e["operator"] == "In" {
+                        assert!(!v.contains(&0), "{}: In may not name 0", c.name);
+                    }
+                    if let Some(n) = e["containerName"].as_str() {
+                        assert!(containers.contains(&n), "{}: no container {n}", c.name);
+                    }
+                }
+            }
+            if let Some(sp) = s["successPolicy"]["rules"].as_array() {
+                let n = s["completions"].as_u64().unwrap();
+                for r in sp {
+                    assert!(
+                        r.get("succeededIndexes").is_some() || r.get("succeededCount").is_some()
+                    );
+                    if let Some(k) = r["succeededCount"].as_u64() {
+                        assert!(k >= 1 && k <= n, "{}", c.name);
+                    }
+                    if let Some(list) = r["succeededIndexes"].as_str() {
+                        let last = list.rsplit([',', '-']).next().unwrap().parse::<u64>().unwrap();
+                        assert!(last < n, "{}: index {last} out of range", c.name);
+                    }
+                }
+            }
+            for a in &c.actions {
+                if let Some(n) = a.patch["spec"].get("completions") {
+                    // Elastic Indexed: completions change only with an equal parallelism, from
+                    // a Job whose completions equal its parallelism.
+                    assert!(indexed);
+                    assert_eq!(a.patch["spec"]["parallelism"], *n);
+                    assert_eq!(s["parallelism"], s["completions"], "{}", c.name);
+                }
+            }
+        }
+        for action in ["FailJob", "FailIndex", "Ignore", "Count"] {
+            assert!(seen.contains(action), "no {action} rule generated");
+        }
+    }
+
+    /// A CI-sized run (300 cases of seed 1) has every dimension of the list.
+    #[test]
+    fn a_ci_sized_run_covers_every_dimension() {
+        let cases = generate(1, 300);
+        let has = |what: &str, f: &dyn Fn(&Case) -> bool| {
+            let n = cases.iter().filter(|c| f(c)).count();
+            assert!(n > 0, "no generated case has {what}");
+        };
+        let spec = |k: &'static str| move |c: &Case| c.spec.get(k).is_some();
+        let text = |c: &Case| serde_json::to_string(c).unwrap();
+        for k in [
+            "backoffLimitPerIndex",
+            "maxFailedIndexes",
+            "successPolicy",
+            "podFailurePolicy",
+            "activeDeadlineSeconds",
+            "suspend",
+        ] {
+            has(k, &spec(k));
+        }
+        has("parallelism 0", &|c| c.spec["parallelism"] == 0);
+        has("NonIndexed without completions", &|c| c.spec.get("completions").is_none());
+        for p in ["Failed", "TerminatingOrFailed"] {
+            has(p, &|c| c.spec["podReplacementPolicy"] == p);
+        }
+        for k in ["succeededIndexes", "succeededCount", "onPodConditions", "containerName"] {
+            has(k, &|c| text(c).contains(k));
+        }
+        for a in ["FailJob", "FailIndex", "Ignore", "Count", "\"NotIn\"", "\"In\""] {
+            has(a, &|c| serde_json::to_string(&c.spec["podFailurePolicy"]).unwrap().contains(a));
+        }
+        has("OnFailure", &|c| c.spec["template"]["spec"]["restartPolicy"] == "OnFailure");
+        has("a sidecar exit code", &|c| text(c).contains("container_exit_codes"));
+        has("an eviction", &|c| text(c).contains("evict_after_ms"));
+        has("a user's pod deletion", &|c| text(c).contains("delete_after_ms"));
+        has("a slow termination", &|c| text(c).contains("termination_ms"));
+        for p in ["Foreground", "Background", "Orphan"] {
+            has(p, &|c| c.actions.iter().any(|a| a.delete.as_deref() == Some(p)));
+        }
+        has("a resume", &|c| c.actions.iter().any(|a| a.patch["spec"]["suspend"] == false));
+        has("a mid-run suspend", &|c| c.actions.iter().any(|a| a.patch["spec"]["suspend"] == true));
+        has("an elastic change", &|c| {
+            c.actions.iter().any(|a| a.patch["spec"].get("completions").is_some())
+        });
+        has("a parallelism change", &|c| {
+            c.actions.iter().any(|a| {
+                a.patch["spec"].get("parallelism").is_some()
+                    && a.patch["spec"].get("completions").is_none()
+            })
+        });
+    }
+
+    #[test]
+    fn no_first_wave_failure_ends_with_another_pod() {
+        for c in generate(5, 2000) {
+            let indexed = c.spec["completionMode"] == "Indexed";
+            // At most `completions` pods run at once.
+            let cap = c.spec["completions"].as_u64().unwrap_or(u64::MAX);
+            let p = c.spec["parallelism"].as_u64().unwrap().min(cap) as usize;
+            let wave: Vec<Fate> = (0..p)
+                .map(|n| {
+                    c.fates.of(if indexed {
+                        Slot::Index { index: n as u32, attempt: 0 }
+                    } else {
+                        Slot::Order(n)
+                    })
+                })
+                .collect();
+            for (i, f) in wave.iter().enumerate().filter(|(_, f)| fails(f)) {
+                let same =
+                    wave.iter().enumerate().filter(|(j, g)| *j != i && end_of(g) == end_of(f));
+                assert_eq!(same.count(), 0, "{}: a failure ends with another pod", c.name);
+            }
+            let disruptions = serde_json::to_string(&c.fates).unwrap().matches("_after_ms").count();
+            assert!(disruptions <= 1, "{}", c.name);
+        }
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct RawRun {
     pub pods: Vec<PodRecord>,
     /// The namespace's core/v1 Events.
     pub events: Vec<Value>,
+    /// The Job controller's successful writes in the namespace, `"<verb> <resource>"` → count.
+    pub writes: BTreeMap<String, u64>,
+    /// When each kind of state change was first seen, seconds after the Job's creation.
+    pub milestones: BTreeMap<String, f64>,
 }
 
 /// A run as compared: normalised and ordered.
@@ -34,10 +38,36 @@ pub struct Observed {
     pub pods: Vec<Value>,
     /// One `[type, reason, message, source.component, reportingComponent]` per event occurrence, sorted (a multiset).
     pub events: Vec<Value>,
+    /// The controller's writes as compared: exact counts for pod writes, presence for the rest
+    /// (see [`writes`]).
+    pub writes: Value,
+    /// Every write count, reported beside the comparison (not compared).
+    pub write_counts: BTreeMap<String, u64>,
+    /// See [`RawRun::milestones`] (reported, not compared).
+    pub milestones: BTreeMap<String, f64>,
 }
 
 /// The compared parts, in report order.
-pub const PARTS: [&str; 3] = ["status", "pods", "events"];
+pub const PARTS: [&str; 4] = ["status", "pods", "events", "writes"];
+
+/// Writes compared by exact count: the pods a controller creates, and how many distinct pods
+/// it deletes and patches (the tracking finalizer's removal), are what a user sees of its
+/// work. Other writes are compared by presence: how many status updates carry the same end
+/// state depends on how a controller batches pod events (upstream waits 1 s per Job);
+/// upstream patches some pods more than once, and a second delete of a terminating pod
+/// succeeds too, so raw pod patch and delete counts are reported, distinct pods compared;
+/// event occurrences are compared in `events` already.
+const EXACT_WRITES: [&str; 3] = ["create pods", "pods deleted", "pods patched"];
+
+/// The compared form of a run's writes.
+fn writes(w: &BTreeMap<String, u64>) -> Value {
+    let mut out = serde_json::Map::new();
+    for (k, n) in w.iter().filter(|(_, n)| **n > 0) {
+        let v = if EXACT_WRITES.contains(&k.as_str()) { json!(n) } else { json!("<some>") };
+        out.insert(k.clone(), v);
+    }
+    Value::Object(out)
+}
 
 /// One difference in one part.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -102,11 +132,19 @@ fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
 }
 
 /// The substitutions of a run: pod names → stripped, the Job's and pods' uids → placeholders.
+/// The Job's uid comes from the Job, or, once it is gone (deleted in the case), from its
+/// pods' controller references.
 fn substitutions(raw: &RawRun) -> Vec<(String, String)> {
     let mut subst: Vec<(String, String)> = Vec::new();
-    let job_uid = str_at(&raw.job, "/metadata/uid");
-    if !job_uid.is_empty() {
-        subst.push((job_uid.to_string(), "<job-uid>".into()));
+    let owner_uids = raw.pods.iter().filter_map(|r| {
+        r.first.pointer("/metadata/ownerReferences")?.as_array()?.iter().find_map(|o| {
+            (o["kind"] == "Job" && o["controller"] == true).then(|| o["uid"].as_str()).flatten()
+        })
+    });
+    let job_uids: std::collections::BTreeSet<&str> =
+        std::iter::once(str_at(&raw.job, "/metadata/uid")).chain(owner_uids).collect();
+    for uid in job_uids.into_iter().filter(|u| !u.is_empty()) {
+        subst.push((uid.to_string(), "<job-uid>".into()));
     }
     for r in &raw.pods {
         let name = str_at(&r.first, "/metadata/name");
@@ -174,7 +212,9 @@ fn pod(r: &PodRecord) -> Value {
             // removal let it go (the server sends the last stored version), depending only
             // on whether the controller or the kubelet's final delete came second.
             "finalizers": if r.gone { &Value::Null } else { finalizers(last) },
-            "deletedByController": !r.disrupted_by_script
+            // By the controller, or by the garbage collector once the Job is deleted (which
+            // pods the controller deleted, the writes part counts).
+            "deleted": !r.disrupted_by_script
                 && last.pointer("/metadata/deletionTimestamp").is_some_and(|d| !d.is_null())
                 && r.first.pointer("/metadata/deletionTimestamp").is_none(),
         },
@@ -211,7 +251,14 @@ pub fn observe(raw: &RawRun) -> Observed {
             events.push(t.clone());
         }
     }
-    Observed { status, pods: sorted(pods), events: sorted(events) }
+    Observed {
+        status,
+        pods: sorted(pods),
+        events: sorted(events),
+        writes: writes(&raw.writes),
+        write_counts: raw.writes.clone(),
+        milestones: raw.milestones.clone(),
+    }
 }
 
 /// Path-wise differences of two JSON values.
@@ -290,6 +337,7 @@ pub fn compare(a: &Observed, b: &Observed) -> Vec<Difference> {
     json_diff("status", "", &a.status, &b.status, &mut out);
     multiset_diff("pods", "name", &a.pods, &b.pods, &mut out);
     multiset_diff("events", "", &a.events, &b.events, &mut out);
+    json_diff("writes", "", &a.writes, &b.writes, &mut out);
     out
 }
 
@@ -394,6 +442,17 @@ mod tests {
                     "source": {"component": "job-controller"},
                     "reportingComponent": "job-controller", "count": 1, "lastTimestamp": t}),
             ],
+            writes: [
+                ("create pods", 1),
+                ("patch pods", 1),
+                ("pods patched", 1),
+                ("update jobs/status", 3),
+                ("create events", 2),
+            ]
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect(),
+            milestones: [("pod 1 created".to_string(), 0.5)].into(),
         }
     }
 
@@ -457,6 +516,28 @@ mod tests {
         differs_in("events", |r| r.events[0]["reason"] = json!("Created"));
         differs_in("events", |r| r.events[0]["source"]["component"] = json!("kjob"));
         differs_in("events", |r| r.events[0]["count"] = json!(2));
+        differs_in("writes", |r| *r.writes.get_mut("create pods").unwrap() = 2);
+        differs_in("writes", |r| *r.writes.get_mut("pods patched").unwrap() = 0);
+        differs_in("writes", |r| {
+            r.writes.insert("pods deleted".into(), 1);
+        });
+        differs_in("writes", |r| {
+            r.writes.insert("update jobs".into(), 1);
+        });
+        differs_in("writes", |r| {
+            r.writes.remove("update jobs/status");
+        });
+    }
+
+    #[test]
+    fn status_write_counts_and_timing_are_reported_not_compared() {
+        let mut b = kjob();
+        *b.writes.get_mut("update jobs/status").unwrap() = 5;
+        *b.writes.get_mut("patch pods").unwrap() = 3;
+        b.milestones.insert("condition Complete".into(), 9.5);
+        let (oa, ob) = (observe(&upstream()), observe(&b));
+        assert_eq!(compare(&oa, &ob), vec![]);
+        assert_eq!(ob.write_counts["update jobs/status"], 5);
     }
 
     #[test]
@@ -472,6 +553,16 @@ mod tests {
         a.pods[0].gone = true;
         b.pods[0].gone = true;
         assert_eq!(compare(&observe(&a), &observe(&b)), vec![]);
+    }
+
+    #[test]
+    fn a_deleted_job_is_known_by_its_pods_owner_reference() {
+        let (mut a, mut b) = (upstream(), kjob());
+        a.job = Value::Null;
+        b.job = Value::Null;
+        assert_eq!(compare(&observe(&a), &observe(&b)), vec![]);
+        b.pods[0].first["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] = json!("x");
+        assert!(!compare(&observe(&a), &observe(&b)).is_empty());
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! It also records every pod it saw: its first and last version.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -47,6 +47,8 @@ pub struct PodRecord {
 }
 
 type Records = Arc<Mutex<Vec<PodRecord>>>;
+/// When the kubelet first started a container of the namespace.
+type FirstStart = Arc<OnceLock<Instant>>;
 
 /// A running scripted kubelet; [`ScriptedKubelet::stop`] returns what it saw.
 #[derive(Debug)]
@@ -54,6 +56,7 @@ pub struct ScriptedKubelet {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     records: Records,
+    first_start: FirstStart,
 }
 
 /// The kubelet's settings: every pod goes to node `kjob-node-0`; exit 143 on deletion.
@@ -77,8 +80,15 @@ impl ScriptedKubelet {
         let api: Api<Pod> = Api::namespaced(client, ns);
         let stop = CancellationToken::new();
         let records: Records = Arc::default();
-        let task = tokio::spawn(run(api, fates, stop.clone(), records.clone()));
-        Self { stop, task, records }
+        let first_start: FirstStart = Arc::default();
+        let task =
+            tokio::spawn(run(api, fates, stop.clone(), records.clone(), first_start.clone()));
+        Self { stop, task, records, first_start }
+    }
+
+    /// When the first container of the namespace started running, if one did.
+    pub fn first_start(&self) -> Option<Instant> {
+        self.first_start.get().copied()
     }
 
     /// A copy of the records so far.
@@ -128,7 +138,13 @@ fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Slot {
     }
 }
 
-async fn run(api: Api<Pod>, fates: Fates, stop: CancellationToken, records: Records) {
+async fn run(
+    api: Api<Pod>,
+    fates: Fates,
+    stop: CancellationToken,
+    records: Records,
+    first_start: FirstStart,
+) {
     let mut pods: HashMap<String, (watch::Sender<Option<Value>>, usize)> = HashMap::new();
     let mut seen = HashMap::new();
     let mut players = JoinSet::new();
@@ -176,7 +192,13 @@ async fn run(api: Api<Pod>, fates: Fates, stop: CancellationToken, records: Reco
         }
         let (tx, rx) = watch::channel(Some(pod));
         pods.insert(uid, (tx, i));
-        let player = Player { api: api.clone(), fate, records: records.clone(), index: i };
+        let player = Player {
+            api: api.clone(),
+            fate,
+            records: records.clone(),
+            index: i,
+            first_start: first_start.clone(),
+        };
         let stop = stop.clone();
         players.spawn(async move {
             tokio::select! {
@@ -200,6 +222,7 @@ struct Player {
     fate: Fate,
     records: Records,
     index: usize,
+    first_start: FirstStart,
 }
 
 /// The pod as the sim kubelet's stages read it: the fate in its annotations (never written).
@@ -211,6 +234,12 @@ fn with_fate(pod: &Value, fate: &Fate) -> Value {
     let a = &mut v["metadata"]["annotations"];
     a[stages::RUN_TIME_ANNOTATION] = json!(format!("{}ms", fate.run_ms));
     a[stages::EXIT_CODE_ANNOTATION] = json!(fate.exit_code.to_string());
+    if let Some(ms) = fate.termination_ms {
+        a[stages::TERMINATION_TIME_ANNOTATION] = json!(format!("{ms}ms"));
+    }
+    for (c, code) in &fate.container_exit_codes {
+        a[format!("{}{c}", stages::EXIT_CODE_CONTAINER_PREFIX)] = json!(code.to_string());
+    }
     v
 }
 
@@ -277,7 +306,10 @@ impl Player {
                         done = Some((rv_of(&pod), a));
                         match a {
                             Action::Accept => memo.accepted_at = Some(at),
-                            Action::Start => memo.started_at = Some(at),
+                            Action::Start => {
+                                memo.started_at = Some(at);
+                                let _ = self.first_start.set(Instant::now());
+                            }
                             Action::Exit => memo.exited_at = Some(at),
                             _ => {}
                         }

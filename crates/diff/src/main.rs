@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
+use futures::StreamExt;
+use kjob_diff::compare::RawRun;
 use kjob_diff::{case, compare, report, run};
 use kjob_testkit::cluster::JobController;
 
@@ -19,6 +21,13 @@ struct Args {
     /// Run only this case (built-in or generated, `gen-<seed>-<i>`).
     #[arg(long)]
     case: Option<String>,
+    /// Cases in flight at once (each on both control planes at the same time).
+    #[arg(long, default_value_t = 12)]
+    parallel: usize,
+    /// Runs a different case gets again (in fresh namespaces): a difference that does not
+    /// come back is a race of the machine's timing, reported but not counted.
+    #[arg(long, default_value_t = 3)]
+    reruns: usize,
     /// Folder of the reports.
     #[arg(long, default_value = "target/diff")]
     out: PathBuf,
@@ -27,39 +36,111 @@ struct Args {
     bin_dir: PathBuf,
 }
 
+/// Runs `cases` on both benches, `parallel` at a time; each case's two runs with their
+/// events and writes (read once all ran: later ones of a finished case, from a controller
+/// that keeps writing or an event recorder still flushing, count too) and seconds.
+async fn run_all(
+    upstream: &run::Bench,
+    kjob: &run::Bench,
+    cases: &[case::Case],
+    parallel: usize,
+) -> anyhow::Result<Vec<((RawRun, f64), (RawRun, f64))>> {
+    let total = cases.len();
+    let mut raws = futures::stream::iter(cases.iter().enumerate())
+        .map(|(i, c)| async move {
+            let t = Instant::now();
+            let (u, k) = tokio::join!(
+                async { (upstream.run_case(c).await, t.elapsed().as_secs_f64()) },
+                async { (kjob.run_case(c).await, t.elapsed().as_secs_f64()) },
+            );
+            eprintln!(
+                "diff-upstream: [{}/{total}] {}: upstream {:.1} s, kjob {:.1} s",
+                i + 1,
+                c.name,
+                u.1,
+                k.1
+            );
+            anyhow::Ok((i, (u.0?, u.1), (k.0?, k.1)))
+        })
+        // Unordered: a long case does not hold back the start of the ones after it.
+        .buffer_unordered(parallel.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    raws.sort_by_key(|(i, _, _)| *i);
+    let (uw, kw) = (upstream.writes()?, kjob.writes()?);
+    let (ue, ke) = tokio::try_join!(upstream.events(), kjob.events())?;
+    Ok(raws
+        .into_iter()
+        .zip(cases)
+        .map(|((_, (mut u, us), (mut k, ks)), c)| {
+            let ns = c.namespace();
+            u.writes = uw.get(&ns).cloned().unwrap_or_default();
+            k.writes = kw.get(&ns).cloned().unwrap_or_default();
+            u.events = ue.get(&ns).cloned().unwrap_or_default();
+            k.events = ke.get(&ns).cloned().unwrap_or_default();
+            ((u, us), (k, ks))
+        })
+        .collect())
+}
+
+fn judge_all(
+    cases: &[case::Case],
+    raws: Vec<((RawRun, f64), (RawRun, f64))>,
+) -> Vec<report::CaseResult> {
+    cases
+        .iter()
+        .zip(raws)
+        .map(|(c, ((u, us), (k, ks)))| {
+            report::judge(c, compare::observe(&u), compare::observe(&k), (us, ks))
+        })
+        .collect()
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let Args { seed, cases, case, out, bin_dir } = Args::parse();
+    let Args { seed, cases, case, parallel, reruns, out, bin_dir } = Args::parse();
     let bin_dir = std::fs::canonicalize(&bin_dir)?;
     let cases = case::select(seed, cases, case.as_deref())?;
-    let mut observed = Vec::new();
-    for mode in [JobController::Upstream, JobController::Kjob] {
-        let name = run::mode_name(mode);
-        eprintln!("diff-upstream: starting a control plane with the {name} Job controller");
-        let bench = run::Bench::start(mode, &bin_dir).await?;
-        let mut runs = Vec::new();
-        for c in &cases {
-            let t = Instant::now();
-            let raw = bench.run_case(c).await?;
-            let secs = t.elapsed().as_secs_f64();
-            eprintln!("diff-upstream: {name}: {} in {secs:.1} s", c.name);
-            runs.push((compare::observe(&raw), secs));
+    let t0 = Instant::now();
+    eprintln!("diff-upstream: starting a control plane per Job controller (upstream, kjob)");
+    let (upstream_bench, kjob_bench) = tokio::try_join!(
+        run::Bench::start(JobController::Upstream, bin_dir.clone()),
+        run::Bench::start(JobController::Kjob, bin_dir.clone()),
+    )?;
+    eprintln!(
+        "diff-upstream: control planes up in {:.0} s; {} cases, {parallel} at a time",
+        t0.elapsed().as_secs_f64(),
+        cases.len()
+    );
+    let (upstream, kjob) = (&upstream_bench, &kjob_bench);
+    let mut results = judge_all(&cases, run_all(upstream, kjob, &cases, parallel).await?);
+    for attempt in 1..=reruns {
+        let again: Vec<usize> = (0..results.len())
+            .filter(|&i| results[i].verdict == report::Verdict::Different)
+            .collect();
+        if again.is_empty() {
+            break;
         }
-        observed.push(runs);
+        eprintln!("diff-upstream: re-running {} different case(s), attempt {attempt}", again.len());
+        let rerun: Vec<case::Case> = again.iter().map(|&i| cases[i].rerun(attempt)).collect();
+        let judged = judge_all(&rerun, run_all(upstream, kjob, &rerun, parallel).await?);
+        for (i, mut r) in again.into_iter().zip(judged) {
+            let earlier = std::mem::take(&mut results[i].earlier);
+            r.earlier = earlier;
+            r.earlier.push(report::Attempt::of(&results[i]));
+            r.case = cases[i].clone();
+            results[i] = r;
+        }
     }
-    let kjob = observed.pop().unwrap_or_default();
-    let upstream = observed.pop().unwrap_or_default();
-    let results: Vec<_> = cases
-        .iter()
-        .zip(upstream)
-        .zip(kjob)
-        .map(|((c, (u, us)), (k, ks))| report::judge(c, u, k, (us, ks)))
-        .collect();
-    report::write(&out, &results, seed)?;
+    // Stop both control planes now: the exit below runs no destructors.
+    tokio::task::block_in_place(|| drop((upstream_bench, kjob_bench)));
+    report::write(&out, &results, seed, t0.elapsed().as_secs_f64())?;
     for r in results.iter().filter(|r| r.verdict == report::Verdict::Different) {
         for (d, _) in r.differences.iter().filter(|(_, a)| a.is_none()) {
             eprintln!(
@@ -68,7 +149,11 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    eprintln!("diff-upstream: report in {}", out.join("report.md").display());
+    eprintln!(
+        "diff-upstream: report in {} ({:.0} s in all)",
+        out.join("report.md").display(),
+        t0.elapsed().as_secs_f64()
+    );
     println!("{}", report::summary(&results));
     let (_, _, different, _) = report::counts(&results);
     std::process::exit(if different > 0 { 1 } else { 0 });

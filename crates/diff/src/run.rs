@@ -1,31 +1,51 @@
-//! Running cases on a control plane: one per controller, each case in its own namespace.
+//! Running cases: one control plane per controller, both up at once, each case in its own
+//! namespace on each, several cases at a time.
 //!
-//! Reusing one control plane per controller across cases is sound because every case has its
-//! own namespace and a Job named alike in both runs: a Job controller keeps its state (pod
-//! expectations, pod-failure back-off, rate limiter) per Job key `namespace/name`, events are
-//! namespaced, and cases run one after another, so one case cannot see another's objects.
+//! Reusing one control plane per controller across cases, and running cases side by side on
+//! it, is sound because every case has its own namespace and a Job named alike in both runs:
+//! a Job controller keeps its state (pod expectations, pod-failure back-off, rate limiter,
+//! orphan-pod cleanup) per Job key `namespace/name` or per pod, events are namespaced, and the
+//! scripted kubelet plays only its case's namespace, so one case never sees another's objects.
+//! What cases share is the machine's load, which moves timing (reported, never compared); the
+//! fates keep pod endings seconds apart so that load does not change their order. Each
+//! control plane runs one Job controller, so no pod is ever touched by both.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Event;
-use kjob_testkit::cluster::{ClusterInfo, ClusterOptions, ControlPlane, JobController};
+use k8s_openapi::api::core::v1::{Event, Namespace, ServiceAccount};
+use kjob_testkit::cluster::{
+    ClusterInfo, ClusterOptions, ControlPlane, JobController, KJOB_NAMESPACE,
+    UPSTREAM_JOB_CONTROLLER_USER,
+};
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use serde_json::Value;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
 
-use crate::case::{Case, JOB_NAME};
+use crate::case::{Case, JOB_NAME, Since, UserAction};
 use crate::compare::RawRun;
 use crate::kubelet::ScriptedKubelet;
 
 /// After a Job turns terminal: time for the last finalizer removals and events to land.
 const SETTLE: Duration = Duration::from_secs(2);
-/// How often a case's Job is read while waiting.
-const POLL: Duration = Duration::from_millis(200);
+/// How often a case's progress is looked at while waiting (from the Job watch and the
+/// kubelet's records, both local: no request to the server).
+const TICK: Duration = Duration::from_millis(100);
+/// Client rate limit of both controllers in diff runs (kube-controller-manager's
+/// `--kube-api-qps`, kjob-worker's `--kube-qps`; bursts twice that). The defaults (20 QPS per
+/// kube-controller-manager controller, 100 per kjob worker) are shared by every Job of a run,
+/// so with many cases at once a controller's writes would queue behind a throttle one Job
+/// alone never meets, and its timing (hence which pod ends first) would move.
+const CLIENT_QPS: u32 = 500;
 /// kjob's workers for the run (the issue's setting: one watcher, two workers).
 const KJOB_WORKERS: usize = 2;
+/// How long a new namespace may take to get its `default` ServiceAccount.
+const NAMESPACE_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A control plane with one Job controller, ready for cases.
 pub struct Bench {
@@ -52,42 +72,107 @@ async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(cfg)?)
 }
 
+/// Whether an audit entry's user is the Job controller of `mode`: upstream's ServiceAccount in
+/// kube-system, or any of kjob's ServiceAccounts (watcher and workers).
+fn is_controller(mode: JobController, user: &str) -> bool {
+    match mode {
+        JobController::Upstream => user == UPSTREAM_JOB_CONTROLLER_USER,
+        JobController::Kjob => user
+            .strip_prefix("system:serviceaccount:")
+            .is_some_and(|u| u.starts_with(&format!("{KJOB_NAMESPACE}:"))),
+    }
+}
+
+/// The controller's writes per namespace from an audit log: `"<verb> <resource>[/<sub>]"` →
+/// count, for successful write requests only (a refused or conflicting write changes nothing
+/// a user sees; retries are a controller's own business); and `"pods deleted"` / `"pods
+/// patched"`: how many distinct pods got a delete or a patch (a second delete of a
+/// terminating pod, or a finalizer patch of a pod that has none left, succeeds too and
+/// changes nothing).
+pub fn writes_by_namespace(
+    mode: JobController,
+    audit_log: &str,
+) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut distinct: BTreeMap<(String, &'static str), std::collections::BTreeSet<String>> =
+        BTreeMap::new();
+    for e in audit_log.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()) {
+        let verb = e["verb"].as_str().unwrap_or_default();
+        if !matches!(verb, "create" | "update" | "patch" | "delete" | "deletecollection") {
+            continue;
+        }
+        if !is_controller(mode, e["user"]["username"].as_str().unwrap_or_default()) {
+            continue;
+        }
+        let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
+        if !(200..300).contains(&code) {
+            continue;
+        }
+        let o = &e["objectRef"];
+        let Some(ns) = o["namespace"].as_str() else { continue };
+        let resource = match o["subresource"].as_str() {
+            Some(s) => format!("{}/{s}", o["resource"].as_str().unwrap_or_default()),
+            None => o["resource"].as_str().unwrap_or_default().to_string(),
+        };
+        *out.entry(ns.to_string()).or_default().entry(format!("{verb} {resource}")).or_default() +=
+            1;
+        let kind = match (verb, resource.as_str()) {
+            ("delete", "pods") => "pods deleted",
+            ("patch", "pods") => "pods patched",
+            _ => continue,
+        };
+        let name = o["name"].as_str().unwrap_or_default().to_string();
+        distinct.entry((ns.to_string(), kind)).or_default().insert(name);
+    }
+    for ((ns, kind), names) in distinct {
+        out.entry(ns).or_default().insert(kind.to_string(), names.len() as u64);
+    }
+    out
+}
+
 impl Bench {
     /// Starts a fresh control plane with `mode`'s Job controller (and, for kjob, its stack:
     /// redis, queue, one watcher, two workers, all taking Jobs without `spec.managedBy`).
-    pub async fn start(mode: JobController, kjob_bin: &Path) -> anyhow::Result<Self> {
+    pub async fn start(mode: JobController, kjob_bin: PathBuf) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("kjob-diff-{}-", mode_name(mode)))
             .tempdir()?;
-        let bin_dir = kjob_testkit::cluster::build_binaries()?;
-        let mut opts =
-            ClusterOptions::new(dir.path().join("cluster"), kjob_bin.join("kjob-node-agent"));
-        opts.bin_dir = Some(bin_dir);
-        opts.nodes = 1;
-        opts.kubelet = false;
-        opts.job_controller = mode;
-        let cp = tokio::task::block_in_place(|| ControlPlane::start(opts))?;
-        let info = ClusterInfo::read(&dir.path().join("cluster"))?;
-        let stack = match mode {
-            JobController::Upstream => None,
-            JobController::Kjob => {
-                let redis = kjob_testkit::redis::redis_server_binary()?;
-                let mut cfg = StackConfig::new(
-                    kjob_bin.to_path_buf(),
-                    redis,
-                    dir.path().join("stack"),
-                    KJOB_WORKERS,
-                );
-                let mut real = RealServer::from_cluster(&info, "unused");
-                // Every case namespace: the watcher lists Jobs and pods cluster-wide.
-                real.namespace = None;
-                real.lease_name = "kjob-watcher-diff".into();
-                cfg.real = Some(real);
-                cfg.watcher_args.push("--manage-all-jobs".into());
-                cfg.worker_args.push("--manage-all-jobs".into());
-                Some(tokio::task::block_in_place(|| Stack::start(cfg))?)
-            }
-        };
+        let cluster_dir = dir.path().join("cluster");
+        let stack_dir = dir.path().join("stack");
+        let (cp, info, stack) = tokio::task::spawn_blocking(move || {
+            let bin_dir = kjob_testkit::cluster::build_binaries()?;
+            let mut opts =
+                ClusterOptions::new(cluster_dir.clone(), kjob_bin.join("kjob-node-agent"));
+            opts.bin_dir = Some(bin_dir);
+            opts.nodes = 1;
+            opts.kubelet = false;
+            opts.job_controller = mode;
+            opts.controller_manager_args = vec![
+                format!("--kube-api-qps={CLIENT_QPS}"),
+                format!("--kube-api-burst={}", 2 * CLIENT_QPS),
+            ];
+            let cp = ControlPlane::start(opts)?;
+            let info = ClusterInfo::read(&cluster_dir)?;
+            let stack = match mode {
+                JobController::Upstream => None,
+                JobController::Kjob => {
+                    let redis = kjob_testkit::redis::redis_server_binary()?;
+                    let mut cfg = StackConfig::new(kjob_bin, redis, stack_dir, KJOB_WORKERS);
+                    let mut real = RealServer::from_cluster(&info, "unused");
+                    // Every case namespace: the watcher lists Jobs and pods cluster-wide.
+                    real.namespace = None;
+                    real.lease_name = "kjob-watcher-diff".into();
+                    cfg.real = Some(real);
+                    cfg.watcher_args.push("--manage-all-jobs".into());
+                    cfg.worker_args.push("--manage-all-jobs".into());
+                    cfg.worker_args.push(format!("--kube-qps={CLIENT_QPS}"));
+                    cfg.worker_args.push(format!("--kube-burst={}", 2 * CLIENT_QPS));
+                    Some(Stack::start(cfg)?)
+                }
+            };
+            anyhow::Ok((cp, info, stack))
+        })
+        .await??;
         let client = admin_client(&info.kubeconfig).await?;
         Ok(Self { mode, _cp: cp, info, client, _stack: stack, _dir: dir })
     }
@@ -97,29 +182,100 @@ impl Bench {
         self._stack.as_ref().map(|s| s.log_dir.clone())
     }
 
-    /// Runs one case in its own namespace and returns what it left.
+    /// The Job controller's successful writes per namespace so far (from the audit log, which
+    /// the API server writes before answering).
+    pub fn writes(&self) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u64>>> {
+        let text = std::fs::read_to_string(&self.info.audit_log)
+            .with_context(|| format!("reading {}", self.info.audit_log.display()))?;
+        Ok(writes_by_namespace(self.mode, &text))
+    }
+
+    /// Every namespace's core/v1 Events, read once every case ran: both controllers' event
+    /// recorders write asynchronously, so an event of a case just settled may still be queued.
+    pub async fn events(&self) -> anyhow::Result<BTreeMap<String, Vec<Value>>> {
+        let api: Api<Event> = Api::all(self.client.clone());
+        let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for e in api.list(&ListParams::default()).await?.items {
+            let ns = e.metadata.namespace.clone().unwrap_or_default();
+            out.entry(ns).or_default().push(serde_json::to_value(e)?);
+        }
+        Ok(out)
+    }
+
+    /// Creates `ns` and waits for its `default` ServiceAccount (the ServiceAccount admission
+    /// plugin refuses pods until the serviceaccount controller made it).
+    async fn create_namespace(&self, ns: &str) -> anyhow::Result<()> {
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        let n: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        nss.create(&PostParams::default(), &n).await.with_context(|| format!("creating {ns}"))?;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), ns);
+        let t = Instant::now();
+        while sas.get_opt("default").await?.is_none() {
+            anyhow::ensure!(
+                t.elapsed() < NAMESPACE_READY_TIMEOUT,
+                "namespace {ns} got no default ServiceAccount within {NAMESPACE_READY_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Runs one case in its own namespace and returns what it left (its events and writes
+    /// come later, once every case ran).
     pub async fn run_case(&self, case: &Case) -> anyhow::Result<RawRun> {
         let ns = case.namespace();
-        tokio::task::block_in_place(|| self.info.create_namespace(&ns))?;
+        self.create_namespace(&ns).await?;
         let kubelet = ScriptedKubelet::start(self.client.clone(), &ns, case.fates.clone());
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+        let (job_watch, mut job_rx) = watch_job(jobs.clone());
         let job: Job = serde_json::from_value(case.job())?;
         jobs.create(&PostParams::default(), &job).await.context("creating the Job")?;
         let started = Instant::now();
         let horizon = Duration::from_secs(case.horizon_s);
-        let mut actions = case.actions.clone();
-        actions.sort_by_key(|a| a.after_ms);
-        let mut actions = actions.into_iter().peekable();
+        // In the case's order: each waits for the one before it.
+        let mut actions = case.actions.clone().into_iter().peekable();
         let mut terminal_at: Option<Instant> = None;
+        let mut milestones = Milestones::default();
         loop {
             let elapsed = started.elapsed();
-            while let Some(a) = actions.next_if(|a| Duration::from_millis(a.after_ms) <= elapsed) {
-                jobs.patch(JOB_NAME, &PatchParams::default(), &Patch::Merge(&a.patch))
-                    .await
-                    .context("patching the Job")?;
+            let first_start = kubelet.first_start();
+            let due = |a: &UserAction| {
+                let from = match a.since {
+                    Since::Created => Some(started),
+                    Since::FirstPodRunning => first_start,
+                };
+                from.is_some_and(|t| t.elapsed() >= Duration::from_millis(a.after_ms))
+            };
+            while let Some(a) = actions.next_if(due) {
+                if !a.patch.is_null() {
+                    jobs.patch(JOB_NAME, &PatchParams::default(), &Patch::Merge(&a.patch))
+                        .await
+                        .context("patching the Job")?;
+                }
+                if let Some(p) = &a.delete {
+                    let policy = match p.as_str() {
+                        "Foreground" => PropagationPolicy::Foreground,
+                        "Orphan" => PropagationPolicy::Orphan,
+                        _ => PropagationPolicy::Background,
+                    };
+                    let dp =
+                        DeleteParams { propagation_policy: Some(policy), ..Default::default() };
+                    jobs.delete(JOB_NAME, &dp).await.context("deleting the Job")?;
+                }
             }
-            let now = serde_json::to_value(jobs.get(JOB_NAME).await?)?;
+            // Not seen yet counts as there (it was created before the watch could tell).
+            let Some(now) = job_rx.borrow_and_update().clone() else {
+                if elapsed >= horizon {
+                    break;
+                }
+                tokio::select! {
+                    _ = job_rx.changed() => {}
+                    _ = tokio::time::sleep(TICK) => {}
+                }
+                continue;
+            };
             let pods = kubelet.records();
+            milestones.see(&now, &pods, elapsed);
             if actions.peek().is_none() && is_settled(&now, &pods) {
                 let t = *terminal_at.get_or_insert_with(Instant::now);
                 if t.elapsed() >= SETTLE {
@@ -131,29 +287,98 @@ impl Bench {
             if elapsed >= horizon {
                 break;
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = job_rx.changed() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
         }
-        let job = serde_json::to_value(jobs.get(JOB_NAME).await?)?;
+        job_watch.abort();
+        let job = jobs.get_opt(JOB_NAME).await?.map(serde_json::to_value).transpose()?;
         let pods = kubelet.stop().await;
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &ns);
-        let events = events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<Value>, _>>()?;
-        Ok(RawRun { job, pods, events })
+        Ok(RawRun {
+            job: job.unwrap_or(Value::Null),
+            pods,
+            events: Vec::new(),
+            writes: BTreeMap::new(),
+            milestones: milestones.0,
+        })
     }
 }
 
-/// Terminal Job (Complete or Failed) whose pods are all finished and untracked.
+/// Watches the case's Job: `None` until first seen, then the latest version (`Null` once
+/// deleted).
+fn watch_job(
+    jobs: Api<Job>,
+) -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Receiver<Option<Value>>) {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let task = tokio::spawn(async move {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={JOB_NAME}"));
+        // kube-runtime's default backoff between failed list/watch attempts (no hot loop).
+        let stream = watcher(jobs, cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let v = match ev {
+                Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
+                    serde_json::to_value(j).unwrap_or(Value::Null)
+                }
+                Ok(watcher::Event::Delete(_)) => Value::Null,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "diff-upstream: Job watch error");
+                    continue;
+                }
+            };
+            if tx.send(Some(v)).is_err() {
+                return;
+            }
+        }
+    });
+    (task, rx)
+}
+
+/// When each kind of state change was first seen, in seconds after the Job's creation.
+#[derive(Debug, Default)]
+struct Milestones(BTreeMap<String, f64>);
+
+impl Milestones {
+    fn mark(&mut self, kind: String, at: Duration) {
+        self.0.entry(kind).or_insert(at.as_secs_f64());
+    }
+
+    fn see(&mut self, job: &Value, pods: &[crate::kubelet::PodRecord], at: Duration) {
+        let s = &job["status"];
+        if let Some(cs) = s["conditions"].as_array() {
+            for c in cs.iter().filter(|c| c["status"] == "True") {
+                self.mark(format!("condition {}", c["type"].as_str().unwrap_or_default()), at);
+            }
+        }
+        for (i, _) in pods.iter().enumerate() {
+            self.mark(format!("pod {} created", i + 1), at);
+        }
+        if s["succeeded"].as_i64().unwrap_or(0) > 0 {
+            self.mark("first success counted".into(), at);
+        }
+        if s["failed"].as_i64().unwrap_or(0) > 0 {
+            self.mark("first failure counted".into(), at);
+        }
+        if job.is_null() {
+            self.mark("Job gone".into(), at);
+        }
+        if is_settled(job, pods) {
+            self.mark("settled".into(), at);
+        }
+    }
+}
+
+/// Terminal (Complete or Failed) or gone Job whose pods are all finished and untracked.
 fn is_settled(job: &Value, pods: &[crate::kubelet::PodRecord]) -> bool {
     let s = &job["status"];
-    let terminal = s["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
-    });
+    let terminal = job.is_null()
+        || s["conditions"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"
+            })
+        });
     let uncounted = s["uncountedTerminatedPods"]
         .as_object()
         .is_some_and(|u| u.values().any(|v| v.as_array().is_some_and(|a| !a.is_empty())));
@@ -170,4 +395,43 @@ fn is_settled(job: &Value, pods: &[crate::kubelet::PodRecord]) -> bool {
                 .is_none_or(Vec::is_empty))
     });
     terminal && !uncounted && active == 0 && pods_done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_counted_per_namespace_for_the_controller_only() {
+        let line = |user: &str, verb: &str, res: &str, sub: Option<&str>, ns: &str, code: i64| {
+            json!({"user": {"username": user}, "verb": verb,
+                "objectRef": {"resource": res, "subresource": sub, "namespace": ns,
+                    "name": if verb == "create" { "" } else { "p1" }},
+                "responseStatus": {"code": code}})
+            .to_string()
+        };
+        let up = UPSTREAM_JOB_CONTROLLER_USER;
+        let kw = "system:serviceaccount:kjob-system:kjob-worker";
+        let log = [
+            line(up, "create", "pods", None, "a", 201),
+            line(up, "create", "pods", None, "a", 201),
+            line(up, "update", "jobs", Some("status"), "a", 200),
+            line(up, "update", "jobs", Some("status"), "a", 409),
+            line(up, "get", "jobs", None, "a", 200),
+            line(up, "patch", "pods", None, "a", 200),
+            line(up, "patch", "pods", None, "a", 200),
+            line(kw, "create", "pods", None, "a", 201),
+            line(kw, "update", "leases", None, "kjob-system", 200),
+        ]
+        .join("\n");
+        let u = writes_by_namespace(JobController::Upstream, &log);
+        assert_eq!(u["a"]["create pods"], 2);
+        assert_eq!(u["a"]["update jobs/status"], 1);
+        assert_eq!(u["a"]["patch pods"], 2);
+        assert_eq!(u["a"]["pods patched"], 1);
+        assert_eq!(u["a"].len(), 4);
+        let k = writes_by_namespace(JobController::Kjob, &log);
+        assert_eq!(k["a"]["create pods"], 1);
+        assert_eq!(k["kjob-system"]["update leases"], 1);
+    }
 }

@@ -34,6 +34,9 @@ pub const KJOB_NAMESPACE: &str = "kjob-system";
 /// The upstream binaries a control plane needs.
 pub const CONTROL_PLANE_BINARIES: [&str; 5] =
     ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"];
+/// The user kube-controller-manager's Job controller acts as (`--use-service-account-credentials`);
+/// the audit log records its writes, so `make diff-upstream` can count them beside kjob's.
+pub const UPSTREAM_JOB_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:job-controller";
 /// How long the whole start may take (a cold apiserver on a loaded 2-core machine).
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long each process gets after SIGTERM before SIGKILL.
@@ -351,6 +354,7 @@ impl ControlPlane {
             format!(
                 "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
                  - level: Metadata\n  userGroups: [\"system:serviceaccounts:{KJOB_NAMESPACE}\"]\n\
+                 - level: Metadata\n  users: [\"{UPSTREAM_JOB_CONTROLLER_USER}\"]\n  verbs: [create, update, patch, delete, deletecollection]\n\
                  - level: None\n"
             ),
         )?;
@@ -679,8 +683,19 @@ pub fn forbidden_in_audit_log(path: &Path) -> anyhow::Result<Vec<Value>> {
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["annotations"]["authorization.k8s.io/decision"] == "forbid")
+        .filter(|e| {
+            is_kjob_user(e) && e["annotations"]["authorization.k8s.io/decision"] == "forbid"
+        })
         .collect())
+}
+
+/// Whether an audit entry is a request by one of kjob's ServiceAccounts (the log also holds
+/// the upstream Job controller's writes).
+fn is_kjob_user(e: &Value) -> bool {
+    e["user"]["username"]
+        .as_str()
+        .and_then(|u| u.strip_prefix("system:serviceaccount:"))
+        .is_some_and(|u| u.starts_with(&format!("{KJOB_NAMESPACE}:")))
 }
 
 /// What kjob's ServiceAccounts did, from an audit log.
@@ -698,7 +713,8 @@ pub struct AuditSummary {
 pub fn audit_summary(path: &Path) -> anyhow::Result<AuditSummary> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = AuditSummary::default();
-    for e in text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()) {
+    for e in text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(is_kjob_user)
+    {
         out.requests += 1;
         let o = &e["objectRef"];
         let line = format!(
