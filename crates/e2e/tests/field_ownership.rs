@@ -213,6 +213,26 @@ async fn creates_and_status_writes_are_updates(server: TestServer) {
     prober["subresource"] = json!("status");
     let got = owners(&status);
     assert_eq!(got, [entry("maker", "Update", "v1", fields), prober], "{got:#?}");
+
+    // An events.k8s.io Event owns its fields under that version's names.
+    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "p.1"},
+        "eventTime": "2025-01-01T00:00:00.000000Z", "action": "Test", "reason": "Tested",
+        "note": "hi", "type": "Normal", "reportingController": "example.com/test",
+        "reportingInstance": "i", "regarding": {"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                                "namespace": ns}});
+    let (code, recorded) = call(
+        &client,
+        "POST",
+        &format!("/apis/events.k8s.io/v1/namespaces/{ns}/events?fieldManager=recorder"),
+        JSON,
+        &event,
+    )
+    .await;
+    assert_eq!(code, 201, "{recorded}");
+    let fields = json!({"f:action": {}, "f:eventTime": {}, "f:note": {}, "f:reason": {},
+        "f:regarding": {}, "f:reportingController": {}, "f:reportingInstance": {}, "f:type": {}});
+    let got = owners(&recorded);
+    assert_eq!(got, [entry("recorder", "Update", "events.k8s.io/v1", fields)], "{got:#?}");
 }
 
 async fn kubectl_takeover_and_capped_updaters(server: TestServer) {

@@ -277,12 +277,22 @@ fn created_managed_fields(
     };
     let api_version = res.api_version();
     let id = Id::new(&opts.field_manager, Operation::Update, &api_version, Part::Main);
-    let zero = ownership::zero_object(res.store);
-    let defaulted = admit::create_defaults(res, obj);
+    let (zero, defaulted) = (ownership::zero_object(res.store), admit::create_defaults(res, obj));
+    let (zero, defaulted) = (owned_shape(res, &zero), owned_shape(res, &defaulted));
     let now = format_time(now);
     let write = ownership::Write { kind: res.store, part: Part::Main, id, now: &now };
     ownership::record_update(&write, &zero, &defaulted, &mut entries, true);
     ownership::encode(entries)
+}
+
+// The object in the version it is written in, whose field names the managedFields entry uses
+// (only events.k8s.io Events differ from the stored core shape).
+fn owned_shape<'a>(res: &Resource, obj: &'a Value) -> std::borrow::Cow<'a, Value> {
+    if res.events_v1 {
+        std::borrow::Cow::Owned(resources::to_view(res, obj))
+    } else {
+        std::borrow::Cow::Borrowed(obj)
+    }
 }
 
 fn create_prepared(
@@ -567,7 +577,8 @@ fn decide_update(
             let id = Id::new(&opts.field_manager, Operation::Update, &api_version, part);
             let now = format_time(now);
             let write = ownership::Write { kind: res.store, part, id, now: &now };
-            ownership::record_update(&write, cur, &merged, &mut entries, false);
+            let (live, new) = (owned_shape(res, cur), owned_shape(res, &merged));
+            ownership::record_update(&write, &live, &new, &mut entries, false);
             ownership::encode(entries)
         }
     };

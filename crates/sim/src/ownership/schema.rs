@@ -59,7 +59,6 @@ pub fn null_fields(kind: StoreKind, path: &[String]) -> &'static [&'static str] 
     match (kind, p.as_slice()) {
         (StoreKind::Job, ["status", "conditions"]) => &["lastProbeTime", "lastTransitionTime"],
         (StoreKind::Namespace, ["status", "conditions"]) => &["lastTransitionTime"],
-        (StoreKind::Event, []) => &["firstTimestamp", "lastTimestamp", "eventTime"],
         _ => &[],
     }
 }
