@@ -275,7 +275,7 @@ pub fn record_update(
     if entries.is_empty() && !create {
         return;
     }
-    let cmp = compare(kind, live, new).without(reset_fields(kind, part));
+    let cmp = compare_except(kind, live, new, reset_fields(kind, part));
     let changed = cmp.added.union(&cmp.modified);
     for e in entries.iter_mut() {
         e.fields = e.fields.difference(&changed).difference(&cmp.removed);
@@ -382,7 +382,7 @@ pub fn record_apply(
     }
     let zero = zero_object(kind);
     let base = live.unwrap_or(&zero);
-    let cmp = compare(kind, base, &merged).without(reset);
+    let cmp = compare_except(kind, base, &merged, reset);
     let changed = cmp.added.union(&cmp.modified);
     let mut conflicts = Vec::new();
     for e in entries.iter().filter(|e| !e.is(&id)) {
@@ -573,7 +573,7 @@ fn item_pe(lt: ListType, item: &Value, index: usize) -> Pe {
     }
 }
 
-fn is_managed_fields(path: &[String], key: &str) -> bool {
+fn is_managed_fields(path: &[&str], key: &str) -> bool {
     key == "managedFields" && path.len() == 1 && path[0] == "metadata"
 }
 
@@ -585,7 +585,12 @@ pub fn to_field_set(kind: StoreKind, v: &Value) -> Set {
     }
 }
 
-fn fs_object(kind: StoreKind, path: &mut Vec<String>, m: &Map<String, Value>, ty: ObjType) -> Set {
+fn fs_object<'a>(
+    kind: StoreKind,
+    path: &mut Vec<&'a str>,
+    m: &'a Map<String, Value>,
+    ty: ObjType,
+) -> Set {
     let mut out = Set::default();
     for (k, v) in m {
         if is_managed_fields(path, k) {
@@ -596,7 +601,7 @@ fn fs_object(kind: StoreKind, path: &mut Vec<String>, m: &Map<String, Value>, ty
             out.insert(pe, true, Set::default());
             continue;
         }
-        path.push(k.clone());
+        path.push(k);
         let (member, children) = fs_value(kind, path, v);
         path.pop();
         out.insert(pe, member, children);
@@ -604,7 +609,7 @@ fn fs_object(kind: StoreKind, path: &mut Vec<String>, m: &Map<String, Value>, ty
     out
 }
 
-fn fs_value(kind: StoreKind, path: &mut Vec<String>, v: &Value) -> (bool, Set) {
+fn fs_value<'a>(kind: StoreKind, path: &mut Vec<&'a str>, v: &'a Value) -> (bool, Set) {
     match v {
         Value::Object(m) => match obj_type(path) {
             ObjType::Atomic => (true, Set::default()),
@@ -644,16 +649,6 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    fn without(mut self, top: &[&str]) -> Self {
-        for f in top {
-            let pe = Pe::Field((*f).to_owned());
-            self.added.remove_subtree(&pe);
-            self.modified.remove_subtree(&pe);
-            self.removed.remove_subtree(&pe);
-        }
-        self
-    }
-
     fn put(&mut self, pe: Pe, sub: Comparison, mark: Mark) {
         self.added.insert(pe.clone(), mark == Mark::Added, sub.added);
         self.modified.insert(pe.clone(), mark == Mark::Modified, sub.modified);
@@ -671,7 +666,27 @@ enum Mark {
 
 /// Compares two documents of `kind` (their managedFields left out).
 pub fn compare(kind: StoreKind, old: &Value, new: &Value) -> Comparison {
-    cmp_value(kind, &mut Vec::new(), Some(old), Some(new), false).0
+    compare_except(kind, old, new, &[])
+}
+
+// Compares two documents but their top-level fields `skip` (the reset fields, which are nobody's:
+// a pod's status write does not walk its spec).
+fn compare_except(kind: StoreKind, old: &Value, new: &Value, skip: &[&str]) -> Comparison {
+    let (Some(lm), Some(rm)) = (old.as_object(), new.as_object()) else {
+        return cmp_value(kind, &mut Vec::new(), Some(old), Some(new), false).0;
+    };
+    let mut out = Comparison::default();
+    let mut path = Vec::new();
+    for k in lm.keys().chain(rm.keys().filter(|k| !lm.contains_key(*k))) {
+        if skip.contains(&k.as_str()) {
+            continue;
+        }
+        path.push(k.as_str());
+        let (sub, mark) = cmp_value(kind, &mut path, lm.get(k), rm.get(k), false);
+        path.pop();
+        out.put(Pe::Field(k.clone()), sub, mark);
+    }
+    out
 }
 
 fn leaf(l: Option<&Value>, r: Option<&Value>) -> Mark {
@@ -695,7 +710,7 @@ static EMPTY_LIST: Value = Value::Array(Vec::new());
 
 fn cmp_value<'v>(
     kind: StoreKind,
-    path: &mut Vec<String>,
+    path: &mut Vec<&'v str>,
     l: Option<&'v Value>,
     r: Option<&'v Value>,
     atomic: bool,
@@ -739,7 +754,7 @@ fn cmp_value<'v>(
                 let (sub, mark) = if ty == ObjType::Map {
                     (Comparison::default(), leaf(lv, rv))
                 } else {
-                    path.push(k.to_owned());
+                    path.push(k);
                     let res = cmp_value(kind, path, lv, rv, false);
                     path.pop();
                     res
@@ -790,12 +805,12 @@ fn index_items(lt: ListType, a: Option<&Vec<Value>>) -> Vec<(Pe, &Value)> {
 
 // Named fields of structs count as members (structured-merge-diff's
 // `EnsureNamedFieldsAreMembers`), so pruning a struct field removes it as a whole.
-fn ensure_named(set: &Set, path: &mut Vec<String>, parent: ObjType) -> Set {
+fn ensure_named<'s>(set: &'s Set, path: &mut Vec<&'s str>, parent: ObjType) -> Set {
     let mut out = Set::default();
     for (pe, node) in set.nodes() {
         let (member, children) = match pe {
             Pe::Field(name) => {
-                path.push(name.clone());
+                path.push(name);
                 let ty = obj_type(path);
                 let children = ensure_named(&node.children, path, ty);
                 path.pop();
@@ -824,7 +839,7 @@ fn remove_items(kind: StoreKind, path: &mut Vec<String>, v: &mut Value, set: &Se
             }
         }
         Value::Array(a) => {
-            let lt = list_type(kind, path);
+            let lt = list_type(kind, &path.iter().map(String::as_str).collect::<Vec<_>>());
             if lt == ListType::Atomic {
                 return;
             }

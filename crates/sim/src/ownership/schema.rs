@@ -47,16 +47,15 @@ const ATOMIC_STRUCTS: [&str; 12] = [
 /// Fields of the object at `path` that the Go types never omit (a `metav1.Time` that is not a
 /// pointer, a list without `omitempty`): the typed object the real server compares carries
 /// them as `null` when unset, so a new element owns them too.
-pub fn null_fields(kind: StoreKind, path: &[String]) -> &'static [&'static str] {
-    let p: Vec<&str> = path.iter().map(String::as_str).collect();
-    if let Some(rest) = pod_path(kind, &p) {
+pub fn null_fields(kind: StoreKind, path: &[&str]) -> &'static [&'static str] {
+    if let Some(rest) = pod_path(kind, path) {
         return match rest {
             ["spec"] => &["containers"],
             ["status", "conditions"] => &["lastProbeTime", "lastTransitionTime"],
             _ => &[],
         };
     }
-    match (kind, p.as_slice()) {
+    match (kind, path) {
         (StoreKind::Job, ["status", "conditions"]) => &["lastProbeTime", "lastTransitionTime"],
         (StoreKind::Namespace, ["status", "conditions"]) => &["lastTransitionTime"],
         _ => &[],
@@ -70,8 +69,8 @@ pub fn key_default(field: &str) -> Option<&'static str> {
 
 /// The type of the object at `path` (field names from the root; list elements and map keys
 /// left out).
-pub fn obj_type(path: &[String]) -> ObjType {
-    match path.last().map(String::as_str) {
+pub fn obj_type(path: &[&str]) -> ObjType {
+    match path.last().copied() {
         Some(f) if MAP_FIELDS.contains(&f) => ObjType::Map,
         Some(f) if ATOMIC_STRUCTS.contains(&f) => ObjType::Atomic,
         _ => ObjType::Struct,
@@ -79,31 +78,29 @@ pub fn obj_type(path: &[String]) -> ObjType {
 }
 
 /// Whether the elements of the list at `path` are atomic structs (LocalObjectReference).
-pub fn atomic_elements(kind: StoreKind, path: &[String]) -> bool {
-    let p: Vec<&str> = path.iter().map(String::as_str).collect();
-    matches!(pod_path(kind, &p), Some(["spec", "imagePullSecrets"]))
+pub fn atomic_elements(kind: StoreKind, path: &[&str]) -> bool {
+    matches!(pod_path(kind, path), Some(["spec", "imagePullSecrets"]))
 }
 
 /// The list type of the list at `path`.
-pub fn list_type(kind: StoreKind, path: &[String]) -> ListType {
-    let p: Vec<&str> = path.iter().map(String::as_str).collect();
-    if let Some(t) = metadata_list(&p) {
+pub fn list_type(kind: StoreKind, path: &[&str]) -> ListType {
+    if let Some(t) = metadata_list(path) {
         return t;
     }
-    if let Some(rest) = pod_path(kind, &p) {
+    if let Some(rest) = pod_path(kind, path) {
         if let Some(t) = metadata_list(rest) {
             return t;
         }
         return pod_list(rest);
     }
-    match (kind, p.as_slice()) {
+    match (kind, path) {
         (StoreKind::Namespace, ["status", "conditions"]) => ListType::Map(&["type"]),
         _ => ListType::Atomic,
     }
 }
 
 // The part of `path` inside a pod (the whole path for pods, below `spec.template` for jobs).
-fn pod_path<'a>(kind: StoreKind, path: &'a [&'a str]) -> Option<&'a [&'a str]> {
+fn pod_path<'a, 'b>(kind: StoreKind, path: &'a [&'b str]) -> Option<&'a [&'b str]> {
     match kind {
         StoreKind::Pod => Some(path),
         StoreKind::Job => match path {
@@ -155,8 +152,8 @@ fn pod_list(path: &[&str]) -> ListType {
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> Vec<String> {
-        s.split('.').map(str::to_owned).collect()
+    fn p(s: &str) -> Vec<&str> {
+        s.split('.').collect()
     }
 
     #[test]

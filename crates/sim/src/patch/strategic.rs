@@ -9,7 +9,7 @@ use crate::resources::StoreKind;
 
 // The list semantics of server-side apply (`+listType` of the Go types) in terms of the merger.
 // Lists keyed by several fields (container ports) merge by their first key.
-fn apply_strategy(kind: &str, path: &[String]) -> ListStrategy {
+fn apply_strategy(kind: &str, path: &[&str]) -> ListStrategy {
     let Some(store) = StoreKind::ALL.into_iter().find(|k| {
         let r = k.resource();
         kind.eq_ignore_ascii_case(r.kind) || kind.eq_ignore_ascii_case(r.plural)
@@ -88,7 +88,7 @@ impl Merger<'_> {
         self.path.push(field.to_string());
         let s = match self.mode {
             Mode::Strategic => list_strategy(self.kind, &self.path_refs()),
-            Mode::Apply => apply_strategy(self.kind, &self.path),
+            Mode::Apply => apply_strategy(self.kind, &self.path_refs()),
         };
         self.path.pop();
         s
@@ -96,8 +96,11 @@ impl Merger<'_> {
 
     // An atomic struct (a label selector, an object reference) is replaced by an apply.
     fn atomic_struct(&mut self, field: &str) -> bool {
+        if self.mode != Mode::Apply {
+            return false;
+        }
         self.path.push(field.to_string());
-        let atomic = self.mode == Mode::Apply && obj_type(&self.path) == ObjType::Atomic;
+        let atomic = obj_type(&self.path_refs()) == ObjType::Atomic;
         self.path.pop();
         atomic
     }
