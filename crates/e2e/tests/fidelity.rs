@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use http::Request;
 use kjob_testkit::cluster::test_cluster;
+use kjob_testkit::raw::send;
 use serde_json::{Value, json};
 
 /// One request of a case: method, path (with `{ns}` for the namespace), body, content type,
@@ -196,24 +196,7 @@ async fn run_case(client: &kube::Client, ns: &str, steps: &[Step]) -> Vec<Value>
     let mut out = Vec::new();
     for s in steps {
         let path = s.path.replace("{ns}", ns);
-        let body = if s.body.is_null() { Vec::new() } else { s.body.to_string().into_bytes() };
-        let req = Request::builder()
-            .method(s.method)
-            .uri(&path)
-            .header("Content-Type", s.content_type)
-            .header("Accept", JSON)
-            .body(body)
-            .unwrap();
-        let resp = tokio::time::timeout(
-            Duration::from_secs(20),
-            client.send(req.map(kube::client::Body::from)),
-        )
-        .await
-        .expect("answer within 20 s")
-        .expect("request sent");
-        let code = resp.status().as_u16();
-        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let (code, v) = send(client, s.method, &path, s.content_type, &s.body).await;
         let mut obs = json!({"code": code});
         if v["kind"] == "Status" {
             obs["reason"] = v["reason"].clone();

@@ -73,6 +73,30 @@ pub fn on_create(res: &Resource, obj: &mut Value) -> Result<(), Vec<Cause>> {
     Ok(())
 }
 
+/// The object of a create as the real server's field manager sees it: decoded with the API
+/// defaults applied, before the strategy (generated selector and labels, status reset) and the
+/// admission plugins (service account, priority, tolerations) add what nobody owns.
+pub fn create_defaults(res: &Resource, obj: &Value) -> Value {
+    let mut out = obj.clone();
+    match res.store {
+        StoreKind::Pod => {
+            if let Some(spec) = out.get_mut("spec") {
+                pod::default_pod_spec(spec);
+                if let Some(m) = spec.as_object_mut() {
+                    m.entry("enableServiceLinks").or_insert(json!(true));
+                }
+            }
+        }
+        StoreKind::Job => job::default_job(&mut out),
+        StoreKind::Namespace => {
+            let name = out["metadata"]["name"].clone();
+            out["metadata"]["labels"]["kubernetes.io/metadata.name"] = name;
+        }
+        StoreKind::Event | StoreKind::Lease => {}
+    }
+    out
+}
+
 fn text<'a>(v: &'a Value, key: &str) -> &'a str {
     v.get(key).and_then(Value::as_str).unwrap_or_default()
 }

@@ -98,6 +98,12 @@ impl ApiError {
         )
     }
 
+    /// 409 of a server-side apply whose fields other managers own: only `causes` (type
+    /// FieldManagerConflict) in the details, as `NewApplyConflict` answers.
+    pub fn apply_conflict(message: String, causes: Vec<Value>) -> Self {
+        Self { details: Some(json!({"causes": causes})), ..Self::new(409, "Conflict", message) }
+    }
+
     /// 409 with a free cause (precondition failures).
     pub fn conflict(res: &Resource, name: &str, cause: &str) -> Self {
         Self {

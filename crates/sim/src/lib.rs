@@ -13,6 +13,7 @@ pub mod error;
 pub mod gc;
 pub mod hooks;
 pub mod kubeconfig;
+pub mod ownership;
 pub mod registry;
 pub mod resources;
 pub mod server;

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::admit;
 use crate::error::{ApiError, Cause};
+use crate::ownership::{self, Id, Incoming, Operation};
 use crate::resources::{self, NormalizeError, Resource, StoreKind};
 use crate::selector::{dns1123_label_error, dns1123_subdomain_error};
 use crate::store::{Key, Mutation, Obj, Store, View, Written, rv_of, should_delete_during_update};
@@ -27,6 +28,18 @@ pub struct WriteOpts {
     pub dry_run: bool,
     /// `fieldValidation=Strict`: unknown fields are an error.
     pub strict: bool,
+    /// The field manager the write is recorded under (`fieldManager`, else the User-Agent's
+    /// prefix; empty: `unknown`).
+    pub field_manager: String,
+}
+
+/// How a write records field ownership in `metadata.managedFields`.
+#[derive(Debug, Clone)]
+enum Track {
+    /// An Update by the request's field manager, with what the body said about managedFields.
+    Update(Incoming),
+    /// A server-side apply: the object carries the managedFields it computed.
+    Applied,
 }
 
 /// Deletion propagation.
@@ -234,12 +247,52 @@ pub fn create(
     store: &Store,
     res: &Resource,
     ns: Option<&str>,
-    body: Value,
+    mut body: Value,
     opts: &WriteOpts,
     now: Timestamp,
 ) -> Result<Arc<Obj>, ApiError> {
+    let incoming = ownership::take_incoming(&mut body);
     let obj = prepare_body(res, ns, body, opts.strict)?;
-    create_prepared(store, res, ns, obj, opts, now)
+    create_prepared(store, res, ns, obj, opts, now, Track::Update(incoming))
+}
+
+// The managedFields of a created object: the computed ones of an apply, else an Update by the
+// request's manager of every field it set (with the API defaults, as the field manager sees
+// the decoded object), starting from the entries the body brought.
+fn created_managed_fields(
+    res: &Resource,
+    obj: &mut Value,
+    opts: &WriteOpts,
+    now: Timestamp,
+    track: Track,
+) -> Option<Value> {
+    let given = meta_mut(obj).remove("managedFields");
+    let incoming = match track {
+        Track::Applied => return given,
+        Track::Update(incoming) => incoming,
+    };
+    let mut entries = match incoming {
+        Incoming::Given(v) => ownership::decode(&v),
+        Incoming::Absent | Incoming::Reset => Vec::new(),
+    };
+    let api_version = res.api_version();
+    let id = Id::new(&opts.field_manager, Operation::Update, &api_version, Part::Main);
+    let (zero, defaulted) = (ownership::zero_object(res.store), admit::create_defaults(res, obj));
+    let (zero, defaulted) = (owned_shape(res, &zero), owned_shape(res, &defaulted));
+    let now = format_time(now);
+    let write = ownership::Write { kind: res.store, part: Part::Main, id, now: &now };
+    ownership::record_update(&write, &zero, &defaulted, &mut entries, true);
+    ownership::encode(entries)
+}
+
+// The object in the version it is written in, whose field names the managedFields entry uses
+// (only events.k8s.io Events differ from the stored core shape).
+fn owned_shape<'a>(res: &Resource, obj: &'a Value) -> std::borrow::Cow<'a, Value> {
+    if res.events_v1 {
+        std::borrow::Cow::Owned(resources::to_view(res, obj))
+    } else {
+        std::borrow::Cow::Borrowed(obj)
+    }
 }
 
 fn create_prepared(
@@ -249,6 +302,7 @@ fn create_prepared(
     mut obj: Value,
     opts: &WriteOpts,
     now: Timestamp,
+    track: Track,
 ) -> Result<Arc<Obj>, ApiError> {
     if !meta(&obj).get("resourceVersion").and_then(Value::as_str).unwrap_or_default().is_empty() {
         return Err(ApiError::bad_request(
@@ -278,13 +332,13 @@ fn create_prepared(
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
             "generation",
-            "managedFields",
         ] {
             md.remove(k);
         }
         md.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         md.insert("creationTimestamp".into(), json!(format_time(now)));
     }
+    let managed = created_managed_fields(res, &mut obj, opts, now, track);
     // RetryGenerateName: a collision picks a fresh suffix a few times before giving up.
     let attempts = if given.is_empty() { 8 } else { 1 };
     let mut last_err = None;
@@ -297,6 +351,7 @@ fn create_prepared(
             return Err(ApiError::invalid(res, &name, causes));
         }
         admit::on_create(res, &mut candidate).map_err(|c| ApiError::invalid(res, &name, c))?;
+        ownership::set_managed(&mut candidate, managed.clone());
         let key: Key = (ns.unwrap_or_default().to_owned(), name.clone());
         if opts.dry_run {
             return check_create(store, res, ns, &key, candidate);
@@ -468,10 +523,11 @@ fn same_ignoring_rv(a: &Value, b: &Value) -> bool {
 fn decide_update(
     res: &Resource,
     cur: &Value,
-    new: Value,
-    part: Part,
-    require_rv: bool,
+    mut new: Value,
+    track: Track,
+    w: &UpdateCtx<'_>,
 ) -> Result<Mutation, ApiError> {
+    let UpdateCtx { part, require_rv, opts, now } = *w;
     let name = meta(cur).get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let body_rv =
         meta(&new).get("resourceVersion").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -502,7 +558,31 @@ fn decide_update(
             ),
         ));
     }
-    let merged = update_rules(res, cur, new, part)?;
+    let applied = meta_mut(&mut new).remove("managedFields");
+    let mut merged = update_rules(res, cur, new, part)?;
+    let managed = match track {
+        Track::Applied => applied,
+        Track::Update(incoming) => {
+            // A write to the main resource may replace the entries (`[]` clears them); a
+            // subresource write never does.
+            let mut entries = match (part, incoming) {
+                (Part::Main, Incoming::Reset) => Vec::new(),
+                (Part::Main, Incoming::Given(v)) => {
+                    let given = ownership::decode(&v);
+                    if given.is_empty() { ownership::entries_of(cur) } else { given }
+                }
+                _ => ownership::entries_of(cur),
+            };
+            let api_version = res.api_version();
+            let id = Id::new(&opts.field_manager, Operation::Update, &api_version, part);
+            let now = format_time(now);
+            let write = ownership::Write { kind: res.store, part, id, now: &now };
+            let (live, new) = (owned_shape(res, cur), owned_shape(res, &merged));
+            ownership::record_update(&write, &live, &new, &mut entries, false);
+            ownership::encode(entries)
+        }
+    };
+    ownership::set_managed(&mut merged, managed);
     if same_ignoring_rv(&merged, cur) {
         return Ok(Mutation::Unchanged);
     }
@@ -523,11 +603,12 @@ pub fn update(
     res: &Resource,
     ns: Option<&str>,
     name: &str,
-    body: Value,
+    mut body: Value,
     part: Part,
     opts: &WriteOpts,
     now: Timestamp,
 ) -> Result<(Arc<Obj>, bool), ApiError> {
+    let incoming = ownership::take_incoming(&mut body);
     let obj = prepare_body(res, ns, body, opts.strict)?;
     let body_name = meta(&obj).get("name").and_then(Value::as_str).unwrap_or_default();
     if body_name != name {
@@ -539,10 +620,21 @@ pub fn update(
     if store.get(res.store, &key).is_none() && res.store == StoreKind::Lease && part == Part::Main {
         let mut obj = obj;
         meta_mut(&mut obj).remove("resourceVersion");
-        return create_prepared(store, res, ns, obj, opts, now).map(|o| (o, true));
+        return create_prepared(store, res, ns, obj, opts, now, Track::Update(incoming))
+            .map(|o| (o, true));
     }
-    write_with(store, res, &key, part, opts, |_| Ok(obj), res.store == StoreKind::Lease)
-        .map(|o| (o, false))
+    let ctx = UpdateCtx { part, require_rv: res.store == StoreKind::Lease, opts, now };
+    write_with(store, res, &key, &ctx, |_| Ok((obj, Track::Update(incoming)))).map(|o| (o, false))
+}
+
+/// What an update needs besides the objects: the part written, whether the body must name a
+/// resourceVersion, the request's options and the time.
+#[derive(Debug, Clone, Copy)]
+struct UpdateCtx<'a> {
+    part: Part,
+    require_rv: bool,
+    opts: &'a WriteOpts,
+    now: Timestamp,
 }
 
 // Runs `make_new(current)` and the update decision under the store lock.
@@ -550,15 +642,14 @@ fn write_with(
     store: &Store,
     res: &Resource,
     key: &Key,
-    part: Part,
-    opts: &WriteOpts,
-    make_new: impl FnOnce(&Value) -> Result<Value, ApiError>,
-    require_rv: bool,
+    ctx: &UpdateCtx<'_>,
+    make_new: impl FnOnce(&Value) -> Result<(Value, Track), ApiError>,
 ) -> Result<Arc<Obj>, ApiError> {
+    let opts = ctx.opts;
     let (written, ()) = store.mutate(res.store, key, |cur, _| {
         let cur = cur.ok_or_else(|| ApiError::not_found(res, &key.1))?;
-        let new = make_new(cur)?;
-        let m = decide_update(res, cur, new, part, require_rv)?;
+        let (new, track) = make_new(cur)?;
+        let m = decide_update(res, cur, new, track, ctx)?;
         if opts.dry_run {
             return match m {
                 Mutation::Put(_) => Ok((Mutation::Unchanged, ())),
@@ -625,32 +716,30 @@ pub fn patch(
             ));
         }
         if store.get(res.store, &key).is_none() && part == Part::Main {
-            let applied =
-                admit::apply_patch(res, None, patch_body, field_manager.unwrap_or_default(), force)
-                    .map_err(|e| e.into_api_error(res, name))?;
-            let obj = prepare_body(res, ns, applied, opts.strict)?;
-            return create_prepared(store, res, ns, obj, opts, now).map(|o| (o, true));
+            let manager = field_manager.unwrap_or_default();
+            let obj = applied_object(res, None, patch_body, manager, part, force, now)?;
+            let obj = prepare_body(res, ns, obj, opts.strict)?;
+            return create_prepared(store, res, ns, obj, opts, now, Track::Applied)
+                .map(|o| (o, true));
         }
     }
-    let obj = write_with(
-        store,
-        res,
-        &key,
-        part,
-        opts,
-        |cur| {
+    let obj =
+        write_with(store, res, &key, &UpdateCtx { part, require_rv: false, opts, now }, |cur| {
             let view = resources::to_view(res, cur);
-            let patched = match ptype {
-                PatchType::Apply => admit::apply_patch(
-                    res,
-                    Some(&view),
-                    patch_body,
-                    field_manager.unwrap_or_default(),
-                    force,
-                ),
-                other => admit::patch_object(res, &view, other, patch_body),
-            }
-            .map_err(|e| e.into_api_error(res, name))?;
+            let (patched, track) = match ptype {
+                PatchType::Apply => {
+                    let manager = field_manager.unwrap_or_default();
+                    let obj =
+                        applied_object(res, Some(&view), patch_body, manager, part, force, now)?;
+                    (obj, Track::Applied)
+                }
+                other => {
+                    let mut patched = admit::patch_object(res, &view, other, patch_body)
+                        .map_err(|e| e.into_api_error(res, name))?;
+                    let incoming = ownership::take_incoming(&mut patched);
+                    (patched, Track::Update(incoming))
+                }
+            };
             let mut new = prepare_body(res, ns, patched, opts.strict)?;
             // A patch that does not name a resourceVersion is last-writer-wins.
             if meta(&new)
@@ -661,11 +750,37 @@ pub fn patch(
             {
                 meta_mut(&mut new).insert("resourceVersion".into(), json!(rv_of(cur).to_string()));
             }
-            Ok(new)
-        },
-        false,
-    )?;
+            Ok((new, track))
+        })?;
     Ok((obj, false))
+}
+
+// A server-side apply of `config` by `fieldManager` onto `live` (as served; `None` to create):
+// the merged object with the fields the manager gave up removed and its managedFields
+// recorded, or the conflicts as the real server's 409.
+fn applied_object(
+    res: &Resource,
+    live: Option<&Value>,
+    config: &Value,
+    field_manager: &str,
+    part: Part,
+    force: bool,
+    now: Timestamp,
+) -> Result<Value, ApiError> {
+    let name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let mut merged = admit::apply_patch(res, live, config, field_manager, force)
+        .map_err(|e| e.into_api_error(res, name))?;
+    meta_mut(&mut merged).remove("managedFields");
+    let mut entries = live.map(ownership::entries_of).unwrap_or_default();
+    let api_version = res.api_version();
+    let id = Id::new(field_manager, Operation::Apply, &api_version, part);
+    let now = format_time(now);
+    let write = ownership::Write { kind: res.store, part, id, now: &now };
+    let mut obj = ownership::record_apply(&write, live, merged, config, &mut entries, force)
+        .map_err(|c| ownership::conflict_error(&c))?;
+    ownership::set_managed(&mut obj, ownership::encode(entries));
+    ownership::update_last_applied(&mut obj, config, field_manager);
+    Ok(obj)
 }
 
 /// Deletes an object following the generic registry's algorithm.

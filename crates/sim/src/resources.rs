@@ -288,9 +288,11 @@ fn unknown_fields(input: &Value, out: &Value, path: &str, acc: &mut Vec<String>)
     }
 }
 
-// Map-typed fields whose empty value Go omits (`omitempty` on a map). Empty structs such as
-// `emptyDir: {}` or `securityContext: {}` must stay, so objects are not pruned in general.
-const MAP_FIELDS: [&str; 8] = [
+/// Map-typed fields of the served kinds (string keys to scalars, not structs): their empty value
+/// Go omits (`omitempty` on a map), and server-side apply owns each key on its own. Empty
+/// structs such as `emptyDir: {}` or `securityContext: {}` must stay, so objects are not pruned
+/// in general.
+pub const MAP_FIELDS: [&str; 8] = [
     "labels",
     "annotations",
     "matchLabels",

@@ -128,10 +128,12 @@ impl Query {
         matches!(self.get(key), Some("true" | "1" | "True"))
     }
 
-    fn write_opts(&self) -> WriteOpts {
+    fn write_opts(&self, headers: &HeaderMap) -> WriteOpts {
+        let user_agent = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok());
         WriteOpts {
             dry_run: self.get("dryRun") == Some("All"),
             strict: self.get("fieldValidation") == Some("Strict"),
+            field_manager: crate::ownership::manager_name(self.get("fieldManager"), user_agent),
         }
     }
 }
@@ -372,8 +374,14 @@ async fn dispatch(
             Ok(render_one(res, &obj, format, StatusCode::OK))
         }
         ("create", None, None) => {
-            let obj =
-                registry::create(store, res, ns, parse_body(&body, false)?, &q.write_opts(), now)?;
+            let obj = registry::create(
+                store,
+                res,
+                ns,
+                parse_body(&body, false)?,
+                &q.write_opts(headers),
+                now,
+            )?;
             Ok(render_one(res, &obj, Format::Full, StatusCode::CREATED))
         }
         ("create", Some(name), Some(sub @ ("binding" | "eviction")))
@@ -399,7 +407,7 @@ async fn dispatch(
                 name,
                 parse_body(&body, false)?,
                 part,
-                &q.write_opts(),
+                &q.write_opts(headers),
                 now,
             )?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
@@ -430,7 +438,7 @@ async fn dispatch(
                 part,
                 q.get("fieldManager"),
                 q.flag("force"),
-                &q.write_opts(),
+                &q.write_opts(headers),
                 now,
             )?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod faults;
 pub mod process;
 pub mod proxy;
+pub mod raw;
 pub mod redis;
 pub mod redis_cluster;
 pub mod server;

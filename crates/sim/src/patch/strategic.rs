@@ -4,6 +4,24 @@ use serde_json::{Map, Value};
 
 use super::PatchError;
 use super::strategy::{ListStrategy, list_strategy};
+use crate::ownership::schema::{ListType, ObjType, list_type, obj_type};
+use crate::resources::StoreKind;
+
+// The list semantics of server-side apply (`+listType` of the Go types) in terms of the merger.
+// Lists keyed by several fields (container ports) merge by their first key.
+fn apply_strategy(kind: &str, path: &[&str]) -> ListStrategy {
+    let Some(store) = StoreKind::ALL.into_iter().find(|k| {
+        let r = k.resource();
+        kind.eq_ignore_ascii_case(r.kind) || kind.eq_ignore_ascii_case(r.plural)
+    }) else {
+        return ListStrategy::Replace;
+    };
+    match list_type(store, path) {
+        ListType::Atomic => ListStrategy::Replace,
+        ListType::Set => ListStrategy::MergePrimitives,
+        ListType::Map(keys) => ListStrategy::MergeByKey(keys[0]),
+    }
+}
 
 const DIRECTIVE: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
@@ -68,9 +86,23 @@ impl Merger<'_> {
 
     fn strategy_for(&mut self, field: &str) -> ListStrategy {
         self.path.push(field.to_string());
-        let s = list_strategy(self.kind, &self.path_refs());
+        let s = match self.mode {
+            Mode::Strategic => list_strategy(self.kind, &self.path_refs()),
+            Mode::Apply => apply_strategy(self.kind, &self.path_refs()),
+        };
         self.path.pop();
         s
+    }
+
+    // An atomic struct (a label selector, an object reference) is replaced by an apply.
+    fn atomic_struct(&mut self, field: &str) -> bool {
+        if self.mode != Mode::Apply {
+            return false;
+        }
+        self.path.push(field.to_string());
+        let atomic = obj_type(&self.path_refs()) == ObjType::Atomic;
+        self.path.pop();
+        atomic
     }
 
     fn merge_map(
@@ -140,6 +172,9 @@ impl Merger<'_> {
                 continue;
             }
             match v {
+                Value::Object(_) if self.atomic_struct(k) => {
+                    orig.insert(k.clone(), v.clone());
+                }
                 Value::Object(p) => {
                     self.path.push(k.clone());
                     let mut fresh = Map::new();
@@ -357,13 +392,13 @@ pub fn strategic_merge_patch(doc: &mut Value, patch: &Value, kind: &str) -> Resu
     Ok(())
 }
 
-/// Server-side apply, minimum viable: with no live object the applied configuration is the
-/// object to create; otherwise the applied configuration is merged into `live` with the same
-/// list semantics as strategic merge patch (keyed lists by merge key, finalizers as a set,
-/// other lists atomic). Field ownership is not tracked, so there are no manager conflicts and
-/// fields dropped from a later apply are kept (`force` is accepted for parity). A
-/// `metadata.resourceVersion` in the applied configuration that differs from the live one is
-/// a 409 Conflict; a missing `field_manager` is a 422.
+/// The merge step of server-side apply: with no live object the applied configuration is the
+/// object to create; otherwise the applied configuration is merged into `live` with the list
+/// semantics of server-side apply (keyed lists by their list-map keys, sets such as finalizers
+/// as sets, other lists and atomic structs replaced). Ownership (conflicts, `force`, removing
+/// what a manager no longer applies) is [`crate::ownership`]'s. A `metadata.resourceVersion`
+/// in the applied configuration that differs from the live one is a 409 Conflict; a missing
+/// `field_manager` is a 422; applied `metadata.managedFields` are a 400.
 pub fn apply(
     live: Option<&Value>,
     applied: &Value,
@@ -380,6 +415,9 @@ pub fn apply(
         return Err(PatchError::BadRequest("apply patch must be an object".into()));
     };
     tracing::debug!(field_manager, force, kind, "server-side apply");
+    if applied.pointer("/metadata/managedFields").is_some_and(|m| !m.is_null()) {
+        return Err(PatchError::BadRequest("metadata.managedFields must be nil".into()));
+    }
     let Some(live) = live else {
         return Ok(applied.clone());
     };
