@@ -1404,7 +1404,13 @@ impl<'a> JobSync<'a> {
         self.outcome.status_written = Some(Box::new(self.status.clone()));
         match kind {
             WriteKind::Flush => {
-                if let Some(record) = self.new_backoff.take() {
+                // Upstream keeps its records in memory and stores every one; kjob's live in
+                // kjob-queue, so a record equal to the one this sync started from (an absent
+                // record reads as the default: no failures since the last success) is not
+                // written again: a Job whose pods all succeed never writes one.
+                if let Some(record) = self.new_backoff.take()
+                    && record != self.input.backoff.cloned().unwrap_or_default()
+                {
                     self.outcome.backoff = BackoffUpdate::Put(record);
                 }
                 self.record_pods_finished();

@@ -203,6 +203,22 @@ fn ignored_failure_still_delays_recreation() {
 }
 
 #[test]
+fn a_backoff_record_is_written_only_when_it_changes() {
+    let job = mk_job("rec").parallelism(2).completions(Some(4)).start_time(at(0)).build();
+    let done = |name: &str| mk_pod(&job, name).succeeded(at(50)).build();
+    // Only successes, no record yet: the record would be the default, which absent reads as.
+    let t = run(&job, &[done("a"), done("b")], &Env::at(at(100)), &Api::default());
+    assert!(t.last_status().is_some(), "the successes are counted");
+    assert_eq!(t.outcome.backoff, BackoffUpdate::Keep);
+    // A success after recorded failures resets the record: that is written.
+    let mut env = Env::at(at(100));
+    env.backoff =
+        Some(BackoffRecord { failures_after_last_success: 2, last_failure_time: Some(at(40)) });
+    let t = run(&job, &[done("c")], &env, &Api::default());
+    assert_eq!(t.outcome.backoff, BackoffUpdate::Put(BackoffRecord::default()));
+}
+
+#[test]
 fn global_backoff_from_persisted_record() {
     let job = mk_job("bo").parallelism(1).completions(Some(3)).start_time(at(0)).build();
     let mut env = Env::at(at(100));

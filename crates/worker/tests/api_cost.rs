@@ -82,6 +82,10 @@ async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::s
     let puts =
         metric_sum(&queue_text, "grpc_server_handled_total", &["grpc_method=\"PutJobView\""]);
     assert!(puts <= 3.0, "{puts} PutJobView calls although the Dones write the views back");
+    // Every pod succeeds, so the pod-failure backoff record never changes from absent.
+    let records =
+        metric_sum(&queue_text, "grpc_server_handled_total", &["grpc_method=\"PutRecord\""]);
+    assert_eq!(records, 0.0, "backoff records written for a Job without failures");
     let lists = metric_sum(&text, "kjob_worker_api_calls_total", &["verb=\"list\""]);
     assert!(
         lists / f64::from(COMPLETIONS) <= MAX_LISTS_PER_POD,
