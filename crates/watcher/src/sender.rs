@@ -6,7 +6,12 @@
 //! retried with backoff until kjob-queue has it.
 //! One batch is in flight at a time, so the queue applies items in the order the handlers made
 //! them: an observation is never applied after a later enqueue of the same key.
+//! While a batch is in flight (or waits to be retried) the sender keeps taking items off the
+//! channel into its stage, up to [`STAGE_LIMIT_BYTES`]: kube-apiserver closes a watch whose client
+//! stops reading for a fraction of a second, so the watch streams must not wait on an Add.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -23,6 +28,9 @@ use crate::view::ViewWrite;
 /// Items buffered between the informer and the sender: enough for a burst of events while one
 /// batch is in flight, small enough that a stuck queue stalls the watches quickly.
 pub const SEND_BUFFER: usize = 4096;
+/// Most bytes (as [`item_size`] counts them) the sender stages beyond the channel while a batch
+/// is in flight; past it the channel fills and the watch streams wait (backpressure).
+pub const STAGE_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 /// Largest Add batch: keeps one Redis script run short (upstream caps per-sync work at 500 too).
 pub const MAX_BATCH: usize = 500;
 /// Largest Add batch in bytes (view objects): well under kjob-queue's message limit, and one
@@ -180,8 +188,12 @@ pub async fn run_sender(
     loop {
         match batcher.next(&mut rx).await {
             None => return Ok(()),
-            Some(Next::Session(control)) => link.send_session(control, &rx).await?,
-            Some(Next::Batch(batch)) => link.send_batch(coalesce(batch), &rx).await?,
+            Some(Next::Session(control)) => {
+                link.send_session(control, &mut batcher, &mut rx).await?
+            }
+            Some(Next::Batch(batch)) => {
+                link.send_batch(coalesce(batch), &mut batcher, &mut rx).await?
+            }
         }
     }
 }
@@ -195,22 +207,99 @@ enum Next {
     Batch(Vec<Enqueue>),
 }
 
-/// Groups the channel's items into what the sender ships: the batching and linger rules,
-/// apart from the client so they are tested on tokio's paused clock.
+/// Groups the channel's items into what the sender ships: the batching and linger rules, and
+/// the stage that keeps the channel flowing while a batch is in flight; apart from the client
+/// so they are tested on tokio's paused clock.
 #[derive(Debug, Default)]
 struct Batcher {
-    /// An item taken from the channel that belongs to the next batch (a session phase, or one
-    /// that would overflow the byte budget).
-    carried: Option<Enqueue>,
+    /// Items taken off the channel, in order, not yet in a batch: staged while a batch was in
+    /// flight, or one that ended a batch (a session phase, or one over the byte budget).
+    staged: VecDeque<Enqueue>,
+    /// Their [`item_size`]s, summed.
+    staged_bytes: usize,
+    /// The channel said it is closed (every sender gone).
+    closed: bool,
 }
 
 impl Batcher {
+    fn stage(&mut self, e: Enqueue) {
+        self.staged_bytes += item_size(&e);
+        self.staged.push_back(e);
+    }
+
+    fn unstage(&mut self) -> Option<Enqueue> {
+        let e = self.staged.pop_front()?;
+        self.staged_bytes -= item_size(&e);
+        Some(e)
+    }
+
+    /// Puts an item taken for a batch back at the head of the stage.
+    fn put_back(&mut self, e: Enqueue) {
+        self.staged_bytes += item_size(&e);
+        self.staged.push_front(e);
+    }
+
+    /// Items held beyond the channel.
+    fn staged_len(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Runs `work` (an Add, a retry's wait) to its end while moving the channel's items onto the
+    /// stage, so the informer never waits on the call, until the stage is full.
+    async fn while_staging<F: Future>(
+        &mut self,
+        rx: &mut mpsc::Receiver<Enqueue>,
+        work: F,
+    ) -> F::Output {
+        let mut work = std::pin::pin!(work);
+        loop {
+            let room = !self.closed && self.staged_bytes < STAGE_LIMIT_BYTES;
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                item = rx.recv(), if room => match item {
+                    Some(e) => self.stage(e),
+                    None => self.closed = true,
+                },
+            }
+        }
+    }
+
+    /// The next item: staged ones first, then the channel's; `None` once both are empty and
+    /// the channel is closed, or (with `until`) when nothing arrives before it.
+    async fn take(
+        &mut self,
+        rx: &mut mpsc::Receiver<Enqueue>,
+        until: Option<Instant>,
+    ) -> Option<Enqueue> {
+        if let Some(e) = self.unstage() {
+            return Some(e);
+        }
+        if self.closed {
+            return None;
+        }
+        let got = match until {
+            None => rx.recv().await,
+            Some(t) => match rx.try_recv() {
+                Ok(e) => Some(e),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    match tokio::time::timeout_at(t, rx.recv()).await {
+                        Ok(got) => got,
+                        Err(_) => return None,
+                    }
+                }
+            },
+        };
+        if got.is_none() {
+            self.closed = true;
+        }
+        got
+    }
+
     /// The next session phase or batch; `None` once the channel is closed and drained.
     async fn next(&mut self, rx: &mut mpsc::Receiver<Enqueue>) -> Option<Next> {
-        let first = match self.carried.take() {
-            Some(e) => e,
-            None => rx.recv().await?,
-        };
+        let first = self.take(rx, None).await?;
         if let Some(control) = first.control {
             return Some(Next::Session(control));
         }
@@ -223,14 +312,10 @@ impl Batcher {
             Instant::now() + if is_urgent(&first) { Duration::ZERO } else { LINGER };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
-            let next = match rx.try_recv() {
-                Ok(e) => Some(e),
-                Err(_) => tokio::time::timeout_at(linger_until, rx.recv()).await.ok().flatten(),
-            };
-            let Some(e) = next else { break };
+            let Some(e) = self.take(rx, Some(linger_until)).await else { break };
             let size = item_size(&e);
             if e.control.is_some() || bytes + size > MAX_BATCH_BYTES {
-                self.carried = Some(e);
+                self.put_back(e);
                 break;
             }
             if is_urgent(&e) {
@@ -248,7 +333,8 @@ impl Link {
     async fn send_session(
         &mut self,
         control: SessionControl,
-        rx: &mpsc::Receiver<Enqueue>,
+        batcher: &mut Batcher,
+        rx: &mut mpsc::Receiver<Enqueue>,
     ) -> Result<(), SendError> {
         let (session, phase) = match &control {
             SessionControl::Begin(s) => (s, v1::CacheSessionPhase::Begin),
@@ -257,7 +343,7 @@ impl Link {
         };
         let mut attempt = 0u32;
         loop {
-            match self.client.cache_session(session, phase).await {
+            match batcher.while_staging(rx, self.client.cache_session(session, phase)).await {
                 Ok(applied) => {
                     tracing::info!(session = %session, ?phase, applied, "view session");
                     self.queue_ok.store(true, Ordering::Relaxed);
@@ -271,7 +357,7 @@ impl Link {
                 Err(e) => {
                     self.metrics.send_errors.inc();
                     self.queue_ok.store(false, Ordering::Relaxed);
-                    self.wait_to_retry(&mut attempt, &e, 1, rx).await?;
+                    self.wait_to_retry(&mut attempt, &e, 1, batcher, rx).await?;
                 }
             }
         }
@@ -283,7 +369,8 @@ impl Link {
         attempt: &mut u32,
         e: &ClientError,
         items: usize,
-        rx: &mpsc::Receiver<Enqueue>,
+        batcher: &mut Batcher,
+        rx: &mut mpsc::Receiver<Enqueue>,
     ) -> Result<(), SendError> {
         let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(*attempt);
         tracing::warn!(error = %e, attempt = *attempt, ?delay, items, "sending to kjob-queue failed; retrying");
@@ -294,28 +381,34 @@ impl Link {
         if let Some(limit) = self.give_up_at
             && Instant::now() >= limit
         {
-            return Err(SendError::Abandoned(items + rx.len()));
+            return Err(SendError::Abandoned(items + batcher.staged_len() + rx.len()));
         }
         let shutdown = self.shutdown.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled(), if self.give_up_at.is_none() => {
-                self.give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
-            }
-        }
+        let give_up_at = &mut self.give_up_at;
+        batcher
+            .while_staging(rx, async {
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled(), if give_up_at.is_none() => {
+                        *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+                    }
+                }
+            })
+            .await;
         Ok(())
     }
 
     async fn send_batch(
         &mut self,
         batch: Vec<Enqueue>,
-        rx: &mpsc::Receiver<Enqueue>,
+        batcher: &mut Batcher,
+        rx: &mut mpsc::Receiver<Enqueue>,
     ) -> Result<(), SendError> {
         let items: Vec<v1::AddItem> = batch.iter().map(to_proto).collect();
         let mut attempt = 0u32;
         loop {
             let started = Instant::now();
-            match self.client.add(items.clone()).await {
+            match batcher.while_staging(rx, self.client.add(items.clone())).await {
                 Ok(resp) => {
                     if resp.view_session_lost {
                         tracing::warn!(
@@ -343,7 +436,7 @@ impl Link {
                     tracing::warn!(error = %msg, items = items.len(), "kjob-queue refused a batch; sending its items one by one");
                     self.metrics.send_errors.inc();
                     for e in batch {
-                        Box::pin(self.send_batch(vec![e], rx)).await?;
+                        Box::pin(self.send_batch(vec![e], batcher, rx)).await?;
                     }
                     return Ok(());
                 }
@@ -357,7 +450,7 @@ impl Link {
                 Err(e) => {
                     self.metrics.send_errors.inc();
                     self.queue_ok.store(false, Ordering::Relaxed);
-                    self.wait_to_retry(&mut attempt, &e, items.len(), rx).await?;
+                    self.wait_to_retry(&mut attempt, &e, items.len(), batcher, rx).await?;
                 }
             }
         }
@@ -528,6 +621,57 @@ mod tests {
             assert_eq!(keys(b.next(&mut rx).await), ["b"]);
             assert_eq!(keys(b.next(&mut rx).await), ["c"]);
             assert_eq!(keys(b.next(&mut rx).await), ["d"]);
+            assert_eq!(b.next(&mut rx).await, None);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_channel_keeps_flowing_while_a_batch_is_in_flight() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            // Twice what the channel holds arrives while one Add takes a second.
+            let n = 2 * SEND_BUFFER;
+            let fed = tokio::spawn(async move {
+                for i in 0..n {
+                    tx.send(delayed(&format!("k{i}"))).await.unwrap();
+                }
+                Instant::now()
+            });
+            let t0 = Instant::now();
+            b.while_staging(&mut rx, tokio::time::sleep(Duration::from_secs(1))).await;
+            assert_eq!(t0.elapsed(), Duration::from_secs(1));
+            // The informer never waited on the Add.
+            assert_eq!(fed.await.unwrap(), t0);
+            assert_eq!(b.staged_len() + rx.len(), n);
+            // Staged items come out first and in order, without lingering, then the channel.
+            let mut seen = Vec::new();
+            while seen.len() < n {
+                seen.extend(keys(b.next(&mut rx).await));
+            }
+            assert_eq!(t0.elapsed(), Duration::from_secs(1));
+            assert_eq!(seen, (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>());
+            assert_eq!(b.next(&mut rx).await, None, "closed and drained");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_full_stage_holds_the_channel() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            // Each item counts half the stage's budget (one shared buffer, so no real memory).
+            let object: Arc<[u8]> = vec![0u8; STAGE_LIMIT_BYTES / 2].into();
+            let session: Arc<str> = "s-1".into();
+            for key in ["a", "b", "c", "d"] {
+                let write = ViewWrite::Pod { name: key.into(), object: object.clone() };
+                tx.send(Enqueue::view_only(key.into(), session.clone(), vec![write]))
+                    .await
+                    .unwrap();
+            }
+            b.while_staging(&mut rx, tokio::time::sleep(Duration::from_secs(1))).await;
+            // Two fill the stage; the rest wait in the channel, as the watch streams then do.
+            assert_eq!((b.staged_len(), rx.len()), (2, 2));
+            drop(tx);
+            for key in ["a", "b", "c", "d"] {
+                assert_eq!(keys(b.next(&mut rx).await), [key]);
+            }
             assert_eq!(b.next(&mut rx).await, None);
         }
     }
