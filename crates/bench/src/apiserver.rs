@@ -1,6 +1,7 @@
 //! kube-apiserver's own counters, read out of its `/metrics` text: requests by verb and
 //! resource (`apiserver_request_total`), bytes of responses (`apiserver_response_sizes_sum`)
-//! and of watch events (`apiserver_watch_events_sizes_sum`).
+//! and of watch events (`apiserver_watch_events_sizes_sum`), and the watches it closed because
+//! their client read too slowly (`apiserver_terminated_watchers_total`).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,9 @@ pub const REQUESTS: &str = "apiserver_request_total";
 pub const RESPONSE_BYTES: &str = "apiserver_response_sizes_sum";
 /// Sum of the bytes of every watch event kube-apiserver sent (a histogram's `_sum`).
 pub const WATCH_EVENT_BYTES: &str = "apiserver_watch_events_sizes_sum";
+/// Watches kube-apiserver's watch cache closed because their client did not take events fast
+/// enough (the client then re-watches, and misses nothing only if it resumes in time).
+pub const TERMINATED_WATCHERS: &str = "apiserver_terminated_watchers_total";
 
 /// The counters of one scrape (or the difference of two).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -23,6 +27,8 @@ pub struct Counters {
     pub response_bytes: f64,
     /// Bytes of watch events.
     pub watch_event_bytes: f64,
+    /// Watches closed as unresponsive.
+    pub terminated_watchers: f64,
 }
 
 impl Counters {
@@ -45,6 +51,7 @@ impl Counters {
             requests,
             response_bytes: promtext::total(text, RESPONSE_BYTES),
             watch_event_bytes: promtext::total(text, WATCH_EVENT_BYTES),
+            terminated_watchers: promtext::total(text, TERMINATED_WATCHERS),
         }
     }
 
@@ -62,6 +69,7 @@ impl Counters {
             requests,
             response_bytes: (self.response_bytes - before.response_bytes).max(0.0),
             watch_event_bytes: (self.watch_event_bytes - before.watch_event_bytes).max(0.0),
+            terminated_watchers: (self.terminated_watchers - before.terminated_watchers).max(0.0),
         }
     }
 
@@ -82,6 +90,7 @@ impl Counters {
         }
         self.response_bytes += other.response_bytes;
         self.watch_event_bytes += other.watch_event_bytes;
+        self.terminated_watchers += other.terminated_watchers;
     }
 }
 
@@ -99,6 +108,7 @@ apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scop
 apiserver_response_sizes_count{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 10
 apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 1000
 apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500.5
+apiserver_terminated_watchers_total{group="",resource="pods",version="v1"} 1
 "#;
 
     const AFTER: &str = r#"apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 30
@@ -108,6 +118,8 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
 apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 75000
 apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 3000
 apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500.5
+apiserver_terminated_watchers_total{group="",resource="pods",version="v1"} 4
+apiserver_terminated_watchers_total{group="batch",resource="jobs",version="v1"} 2
 "#;
 
     #[test]
@@ -134,6 +146,8 @@ apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500
         assert_eq!(d.response_bytes, 50_000.0);
         assert_eq!(d.watch_event_bytes, 2000.0);
         assert_eq!(d.bytes_sent(), 52_000.0);
+        // Watches closed as too slow, over every resource: 3 more of pods, 2 new of jobs.
+        assert_eq!(d.terminated_watchers, 5.0);
         assert_eq!(d.total_requests(), 27.0);
         let mut sum = d.clone();
         sum.add(&d);

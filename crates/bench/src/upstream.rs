@@ -281,6 +281,8 @@ pub struct RunFigures {
     pub processes: Vec<ProcessFigures>,
     /// Errors of the harness's own watches (each followed by a re-list).
     pub watch_errors: u64,
+    /// Watches (of any client) kube-apiserver closed because they read too slowly.
+    pub terminated_watchers: f64,
 }
 
 impl RunFigures {
@@ -369,6 +371,8 @@ pub struct ConfigFigures {
     pub controller_manager_cpu_per_1k_pods: Option<f64>,
     /// Largest peak RSS of the Job controller over the runs, bytes (kjob: sum over processes).
     pub controller_peak_rss: Option<u64>,
+    /// Watches kube-apiserver closed as too slow, over every run.
+    pub terminated_watchers: f64,
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
@@ -433,6 +437,7 @@ pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures
             1000.0,
         ),
         controller_peak_rss: mine.iter().map(|r| r.controller_peak_rss()).max(),
+        terminated_watchers: sum(&|r| r.terminated_watchers),
     }
 }
 
@@ -699,6 +704,11 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             " {} |",
             fmt_opt(f.controller_peak_rss.map(|b| b as f64 / (1 << 20) as f64), 0)
         );
+    }
+    let _ = writeln!(s, "{line}");
+    let mut line = "| watches kube-apiserver closed as too slow |".to_string();
+    for f in &r.figures {
+        let _ = write!(line, " {} |", f.terminated_watchers);
     }
     let _ = writeln!(s, "{line}");
     let mut line = "| runs (timed out) |".to_string();

@@ -90,6 +90,34 @@ async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+/// Keeps every kjob process's `/metrics` at the end of a run beside its log
+/// (`<run>/kjob/metrics/<name>.prom`): queue durations, sync latencies and RPC counts explain a
+/// figure after the fact. A process that does not answer is skipped with a warning.
+async fn save_metrics(stack: &Stack) {
+    let http = reqwest::Client::new();
+    for name in stack.names() {
+        let Some(url) = stack.admin_url(&name) else { continue };
+        let Some(dir) =
+            stack.log_path(&name).parent().and_then(Path::parent).map(|d| d.join("metrics"))
+        else {
+            continue;
+        };
+        let text = match http.get(format!("{url}/metrics")).timeout(CALL_TIMEOUT).send().await {
+            Ok(r) => r.text().await,
+            Err(e) => Err(e),
+        };
+        let saved = match text {
+            Ok(t) => std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join(format!("{name}.prom")), t))
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = saved {
+            tracing::warn!(process = name, error = %e, "could not keep the process's metrics");
+        }
+    }
+}
+
 fn control_plane_pids(dir: &Path) -> Vec<(String, u32)> {
     CONTROL_PLANE
         .iter()
@@ -243,6 +271,9 @@ async fn measure(
     tokio::time::sleep(SETTLE).await;
     let after = snapshot(&client, &pids, env.ticks).await?;
     watches.abort_all();
+    if let Some(s) = &stack {
+        save_metrics(s).await;
+    }
     if let Some(s) = stack.take() {
         tokio::task::block_in_place(|| drop(s));
     }
@@ -293,6 +324,7 @@ async fn measure(
         watch_event_bytes: api.watch_event_bytes,
         processes,
         watch_errors: rec.watch_errors(),
+        terminated_watchers: api.terminated_watchers,
     };
     Ok((figures, observed))
 }
