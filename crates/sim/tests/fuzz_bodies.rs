@@ -438,10 +438,7 @@ async fn check_sound(h: &Harness) {
 fn random_bodies_get_4xx_statuses_and_leave_the_store_sound() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let h = rt.block_on(async {
-        let h = Harness::seeded().await;
-        h
-    });
+    let h = rt.block_on(Harness::seeded());
     // KJOB_FUZZ_CASES runs a longer search by hand; the default keeps the test a few seconds.
     let cases = std::env::var("KJOB_FUZZ_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(160);
     let cfg = ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() };
