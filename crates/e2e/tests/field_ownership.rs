@@ -66,12 +66,17 @@ fn applied_fields(labels: &[&str]) -> Value {
     fields
 }
 
-async fn apply_put_conflict_force_and_replace(server: TestServer) {
-    let ns = server.namespace("field-ownership");
+/// A fresh namespace named after `name`: the client, its Jobs collection and the path of Job `j`.
+async fn jobs_in(server: &TestServer, name: &str) -> (kube::Client, String, String) {
+    let ns = server.namespace(name);
     server.create_namespace(&ns).await;
-    let client = server.client();
     let jobs = format!("/apis/batch/v1/namespaces/{ns}/jobs");
     let j = format!("{jobs}/j");
+    (server.client(), jobs, j)
+}
+
+async fn apply_put_conflict_force_and_replace(server: TestServer) {
+    let (client, jobs, j) = jobs_in(&server, "field-ownership").await;
 
     // An apply creates the Job; its applier owns exactly what it applied.
     let (code, created) = call(
@@ -231,11 +236,7 @@ async fn creates_and_status_writes_are_updates(server: TestServer) {
 }
 
 async fn kubectl_takeover_and_capped_updaters(server: TestServer) {
-    let ns = server.namespace("field-ownership-takeover");
-    server.create_namespace(&ns).await;
-    let client = server.client();
-    let jobs = format!("/apis/batch/v1/namespaces/{ns}/jobs");
-    let j = format!("{jobs}/j");
+    let (client, jobs, j) = jobs_in(&server, "field-ownership-takeover").await;
 
     // A Job as kubectl's client-side apply creates it: its manager and the annotation.
     let mut body = job(json!({"a": "1"}));
