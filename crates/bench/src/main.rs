@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use k8s_openapi::api::batch::v1::Job;
 use kjob_bench::cli::RunArgs;
-use kjob_bench::report::{BenchReport, PhaseResult, Plot, render_markdown};
+use kjob_bench::report::{BenchReport, PhaseResult, Plot, Provenance, render_markdown};
 use kjob_bench::{plot, stats};
 use tokio::task::JoinSet;
 
@@ -162,12 +162,7 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let ticks = kjob_bench::procfs::clock_ticks();
     let http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?;
-    let mut report = BenchReport {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        started: jiff::Timestamp::now().to_string(),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        ..Default::default()
-    };
+    let mut report = BenchReport { run: Provenance::now(), ..Default::default() };
     let opts = |workers: usize, latency: Duration, dir: &str| StackOpts {
         bin_dir: bin_dir.clone(),
         redis_server: redis_server.clone(),

@@ -97,15 +97,33 @@ pub struct Plot {
     pub caption: String,
 }
 
-/// Everything one benchmark run measured.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BenchReport {
+/// Which run produced a report: its command line, start and machine.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Provenance {
     /// The command line that produced the report.
     pub command: String,
     /// When the run started (RFC 3339).
     pub started: String,
     /// CPUs the machine has.
     pub cpus: usize,
+}
+
+impl Provenance {
+    /// This process's command line, started now, on this machine.
+    pub fn now() -> Self {
+        Self {
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            started: jiff::Timestamp::now().to_string(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// Everything one benchmark run measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BenchReport {
+    /// Which run this is.
+    pub run: Provenance,
     /// Wall-clock seconds of the whole run.
     pub total_secs: f64,
     /// kjob-sim's raw write throughput.
@@ -231,11 +249,11 @@ pub fn render_markdown(r: &BenchReport) -> String {
     let mut md = String::new();
     // Writing into a String cannot fail; `let _` keeps clippy quiet about the Result.
     let _ = writeln!(md, "# kjob benchmark\n");
-    let _ = writeln!(md, "* command: `{}`", r.command);
+    let _ = writeln!(md, "* command: `{}`", r.run.command);
     let _ = writeln!(
         md,
         "* started: {}; {} CPUs; whole run {:.0} s\n",
-        r.started, r.cpus, r.total_secs
+        r.run.started, r.run.cpus, r.total_secs
     );
 
     let _ = writeln!(
@@ -486,7 +504,7 @@ mod tests {
     #[test]
     fn markdown_has_every_section() {
         let r = BenchReport {
-            command: "kjob-bench --quick".into(),
+            run: Provenance { command: "kjob-bench --quick".into(), ..Default::default() },
             limit: Some(LimitResult { clients: 8, pods: 1000, errors: 0, secs: 2.0 }),
             single: Some(phase("single", 2, 50, 50, 5.0)),
             scale: vec![phase("s1", 1, 10, 10, 2.0), phase("s2", 2, 10, 10, 1.0)],

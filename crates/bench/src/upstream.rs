@@ -9,6 +9,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::harness::Counts;
+use crate::report::Provenance;
 use crate::stats::Summary;
 
 /// Id of the configuration every ratio divides by: upstream tuned as operators tune it.
@@ -573,12 +574,9 @@ pub struct Chart {
 /// Everything `upstream.json` holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct UpstreamReport {
-    /// Command line.
-    pub command: String,
-    /// Start time (RFC 3339).
-    pub started: String,
-    /// CPUs of the machine.
-    pub cpus: usize,
+    /// Which run this is.
+    #[serde(flatten)]
+    pub run: Provenance,
     /// Version of the upstream binaries.
     pub kubernetes_version: String,
     /// Passes over the configurations.
@@ -620,7 +618,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
         "`{}` — started {}, {} CPUs, Kubernetes {}, {} pass(es), {:.0} s in all. Every run on a \
          fresh control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, \
          kjob-node-agent); ratios in parentheses are ÷ (b) upstream tuned from the same run.\n",
-        r.command, r.started, r.cpus, r.kubernetes_version, r.passes, r.total_secs
+        r.run.command, r.run.started, r.run.cpus, r.kubernetes_version, r.passes, r.total_secs
     );
     let _ = writeln!(s, "## Configurations\n");
     for c in &r.configurations {

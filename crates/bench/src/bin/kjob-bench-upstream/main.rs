@@ -179,9 +179,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
     };
     let started = Instant::now();
     let mut report = UpstreamReport {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        started: jiff::Timestamp::now().to_string(),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        run: kjob_bench::report::Provenance::now(),
         kubernetes_version: kjob_testkit::cluster::KUBERNETES_VERSION.into(),
         passes: sz.passes,
         configurations: configs.clone(),
