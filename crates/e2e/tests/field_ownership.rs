@@ -76,7 +76,7 @@ async fn jobs_in(server: &TestServer, name: &str) -> (kube::Client, String, Stri
 }
 
 async fn apply_put_conflict_force_and_replace(server: TestServer) {
-    let (client, jobs, j) = jobs_in(&server, "field-ownership").await;
+    let (client, _, j) = jobs_in(&server, "field-ownership").await;
 
     // An apply creates the Job; its applier owns exactly what it applied.
     let (code, created) = call(
