@@ -108,9 +108,14 @@ async function throughput(o, connection) {
   console.log('ready');
   await nextLine();
   const ms = await run('bench', o.items);
+  await finish({ items: o.items, elapsed_ms: ms }, ledger, queue, worker);
+}
+
+// Prints a run's figures with the ledger's and what is left in the queue, then closes once
+// stdin does.
+async function finish(figures, ledger, queue, worker) {
   const result = {
-    items: o.items,
-    elapsed_ms: ms,
+    ...figures,
     unique: ledger.seen.size,
     overlaps: ledger.overlaps,
     left: await drained(queue),
@@ -161,19 +166,13 @@ async function latency(o, connection) {
   }
   await done;
   lat.sort((a, b) => a - b);
-  const result = {
+  const figures = {
     items: o.items,
     p50_ms: percentile(lat, 0.5),
     p99_ms: percentile(lat, 0.99),
     max_ms: lat[lat.length - 1] || 0,
-    unique: ledger.seen.size,
-    overlaps: ledger.overlaps,
-    left: await drained(queue),
   };
-  console.log(JSON.stringify(result));
-  await stdinClosed;
-  await worker.close();
-  await queue.close();
+  await finish(figures, ledger, queue, worker);
 }
 
 async function main() {

@@ -95,6 +95,29 @@ fn builder<'a, 'b>(
     b
 }
 
+/// Draws the mesh in the charts' fonts, the y axis named `y_desc`; the x axis named `x_desc`,
+/// or without x axis and vertical lines when `None` (bars carry their own legend).
+fn draw_mesh<X>(
+    chart: &mut Chart<'_, X>,
+    x_desc: Option<&str>,
+    y_desc: &str,
+    err: &impl Fn(&dyn std::fmt::Display) -> PlotError,
+) -> Result<(), PlotError>
+where
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let mut mesh = chart.configure_mesh();
+    match x_desc {
+        Some(d) => mesh.x_desc(d),
+        None => mesh.disable_x_mesh().disable_x_axis(),
+    };
+    mesh.y_desc(y_desc)
+        .label_style((FAMILY, 15))
+        .axis_desc_style((FAMILY, 17))
+        .draw()
+        .map_err(|e| err(&e))
+}
+
 /// Draws the legend at `position` and writes the PNG.
 fn legend_and_present<X: Ranged<ValueType = f64>>(
     root: &Canvas<'_>,
@@ -129,15 +152,7 @@ pub fn bar_chart(
     let mut chart = builder(&root, title, (40, 80))
         .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
         .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .disable_x_axis()
-        .y_desc(y_desc)
-        .label_style((FAMILY, 15))
-        .axis_desc_style((FAMILY, 17))
-        .draw()
-        .map_err(|e| err(&e))?;
+    draw_mesh(&mut chart, None, y_desc, &err)?;
     for (i, (label, value)) in bars.iter().enumerate() {
         let c = colour(i);
         let (x0, x1) = (i as f64 + 0.15, i as f64 + 0.85);
@@ -173,14 +188,7 @@ where
     X: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
     let err = draw_err(path);
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .label_style((FAMILY, 15))
-        .axis_desc_style((FAMILY, 17))
-        .draw()
-        .map_err(|e| err(&e))?;
+    draw_mesh(&mut chart, Some(x_desc), y_desc, &err)?;
     for (i, (name, points)) in series.iter().enumerate() {
         let c = colour(i);
         let pts: Vec<(f64, f64)> = match x_floor {
@@ -265,10 +273,8 @@ mod tests {
 
     #[test]
     fn value_labels_keep_three_figures() {
-        assert_eq!(format_value(1234.5), "1234");
-        assert_eq!(format_value(12.345), "12.3");
-        assert_eq!(format_value(1.2345), "1.23");
-        assert_eq!(format_value(0.012345), "0.012");
+        let labels = [1234.5, 12.345, 1.2345, 0.012345].map(format_value);
+        assert_eq!(labels, ["1234", "12.3", "1.23", "0.012"]);
     }
 
     #[test]

@@ -14,9 +14,10 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::Serialize;
 use serde_json::json;
 
-use crate::stats::summarize;
+use crate::stats::{rate, summarize};
 use crate::upstream::Latency;
 use tokio::task::JoinSet;
 
@@ -25,6 +26,10 @@ pub const NAMESPACE: &str = "default";
 
 /// How long the two watches may take to list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a run waiting for its Jobs checks whether they are done.
+const POLL: Duration = Duration::from_millis(200);
+/// How often a waiting run says how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// A pod seen finished: when its terminal phase arrived, and its container's `finishedAt`.
 #[derive(Debug, Clone, Copy)]
@@ -47,17 +52,41 @@ struct JobTrack {
     counted_from_finished_at: Vec<f64>,
 }
 
+/// What a run counted of its Jobs and pods, and in how long: the figures both benchmarks'
+/// rates come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Counts {
+    /// Jobs created.
+    pub jobs: u64,
+    /// Jobs that reached Complete or Failed.
+    pub jobs_finished: u64,
+    /// Pods seen created.
+    pub pods_created: u64,
+    /// Seconds from the first Job created to the last one finished (the run's end when some
+    /// did not).
+    pub elapsed_secs: f64,
+    /// Seconds from the first Job created to the last pod seen.
+    pub pods_window_secs: f64,
+    /// Whether the run hit its deadline before every Job finished.
+    pub timed_out: bool,
+}
+
+impl Counts {
+    /// Pods created per second.
+    pub fn pods_per_sec(&self) -> f64 {
+        rate(self.pods_created, self.pods_window_secs)
+    }
+    /// Jobs finished per second.
+    pub fn jobs_per_sec(&self) -> f64 {
+        rate(self.jobs_finished, self.elapsed_secs)
+    }
+}
+
 /// What a run measured of its Jobs.
 #[derive(Debug, Default)]
 pub struct Observed {
-    /// Pods seen created.
-    pub pods_created: u64,
-    /// Jobs that reached Complete or Failed.
-    pub jobs_finished: u64,
-    /// Seconds from `t0` to the last Job finished (the run's end when some did not).
-    pub elapsed_secs: f64,
-    /// Seconds from `t0` to the last pod seen.
-    pub pods_window_secs: f64,
+    /// The Jobs and pods counted (`timed_out` is the caller's to set).
+    pub counts: Counts,
     /// Job created → first pod, seconds, sorted.
     pub first_pod: Vec<f64>,
     /// Pod seen finished → counted, seconds, sorted.
@@ -235,10 +264,35 @@ impl Recorder {
         names.iter().filter(|n| jobs.get(*n).is_some_and(|t| t.finished.is_some())).count()
     }
 
+    /// Waits until every Job of `names` has finished, calling `alive` (which fails when the
+    /// system under test died) at every poll; `Ok(true)` when `deadline` passed first.
+    pub async fn wait_finished(
+        &self,
+        names: &[String],
+        deadline: Instant,
+        mut alive: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<bool> {
+        let mut last_report = Instant::now();
+        while self.finished(names) < names.len() {
+            alive()?;
+            if Instant::now() > deadline {
+                tracing::warn!(finished = self.finished(names), of = names.len(), "run timed out");
+                return Ok(true);
+            }
+            if last_report.elapsed() > PROGRESS_EVERY {
+                tracing::info!(finished = self.finished(names), of = names.len(), "waiting");
+                last_report = Instant::now();
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(false)
+    }
+
     /// The figures of the Jobs `names`, created from `t0`; the run ended at `end`.
     pub fn observed(&self, names: &[String], t0: Instant, end: Instant) -> Observed {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Observed::default();
+        out.counts.jobs = names.len() as u64;
         let (mut last_finish, mut last_pod) = (None::<Instant>, None::<Instant>);
         let mut all_finished = true;
         for (i, n) in names.iter().enumerate() {
@@ -246,7 +300,7 @@ impl Recorder {
                 all_finished = false;
                 continue;
             };
-            out.pods_created += t.pods;
+            out.counts.pods_created += t.pods;
             if let (Some(c), Some(p)) = (t.created, t.first_pod) {
                 out.first_pod.push(p.saturating_duration_since(c).as_secs_f64());
             }
@@ -254,7 +308,7 @@ impl Recorder {
             out.counted_from_finished_at.extend_from_slice(&t.counted_from_finished_at);
             match t.finished {
                 Some(f) => {
-                    out.jobs_finished += 1;
+                    out.counts.jobs_finished += 1;
                     last_finish = last_finish.max(Some(f));
                     if i == 0 {
                         out.time_to_complete_secs =
@@ -266,8 +320,9 @@ impl Recorder {
             last_pod = last_pod.max(t.last_pod);
         }
         let finish = if all_finished { last_finish.unwrap_or(end) } else { end };
-        out.elapsed_secs = finish.saturating_duration_since(t0).as_secs_f64();
-        out.pods_window_secs = last_pod.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
+        out.counts.elapsed_secs = finish.saturating_duration_since(t0).as_secs_f64();
+        out.counts.pods_window_secs =
+            last_pod.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
         for v in [&mut out.first_pod, &mut out.counted, &mut out.counted_from_finished_at] {
             v.sort_by(f64::total_cmp);
         }
@@ -430,12 +485,12 @@ mod tests {
         assert_eq!(o.counted, vec![0.5, 0.8]);
         // Only p1 had a finishedAt: 1 s before the count arrived.
         assert_eq!(o.counted_from_finished_at, vec![1.0]);
-        assert_eq!((o.pods_created, o.jobs_finished), (2, 1));
+        assert_eq!((o.counts.jobs, o.counts.pods_created, o.counts.jobs_finished), (1, 2, 1));
         assert_eq!(o.time_to_complete_secs, Some(2.0));
-        assert!((o.elapsed_secs - 2.0).abs() < 1e-9);
-        assert!((o.pods_window_secs - 0.4).abs() < 1e-9);
+        assert!((o.counts.elapsed_secs - 2.0).abs() < 1e-9);
+        assert!((o.counts.pods_window_secs - 0.4).abs() < 1e-9);
         // A Job that never finished stretches the run to its end.
         let o = rec.observed(&["a".into(), "missing".into()], t0, at(5000));
-        assert!((o.elapsed_secs - 5.0).abs() < 1e-9);
+        assert!((o.counts.elapsed_secs - 5.0).abs() < 1e-9);
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod chart;
+pub mod cli;
 pub mod harness;
 pub mod plot;
 pub mod procfs;

@@ -5,12 +5,13 @@
 mod stack;
 mod workload;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use kjob_bench::report::{BenchReport, PhaseResult, Plot, render_markdown};
+use k8s_openapi::api::batch::v1::Job;
+use kjob_bench::cli::RunArgs;
+use kjob_bench::report::{BenchReport, PhaseResult, Plot, Provenance, render_markdown};
 use kjob_bench::{plot, stats};
 use tokio::task::JoinSet;
 
@@ -28,15 +29,8 @@ const CDF_POINTS: usize = 400;
 #[derive(Debug, Parser)]
 #[command(name = "kjob-bench", version)]
 struct Args {
-    /// Folder holding release builds of kjob-sim, kjob-queue, kjob-watcher and kjob-worker.
-    #[arg(long, default_value = "target/release")]
-    bin_dir: PathBuf,
-    /// The redis-server executable.
-    #[arg(long, env = "KJOB_REDIS_SERVER", default_value = "redis-server")]
-    redis_server: PathBuf,
-    /// Where the report, plots and process logs go.
-    #[arg(long, default_value = "target/bench")]
-    out: PathBuf,
+    #[command(flatten)]
+    run: RunArgs,
     /// A small run for smoke tests (overrides every size flag).
     #[arg(long)]
     quick: bool,
@@ -97,17 +91,12 @@ struct Args {
     /// `--kube-burst` of every kjob-worker.
     #[arg(long, default_value_t = 2000)]
     worker_kube_burst: u32,
-    /// `RUST_LOG` of the kjob services (their logs go to `<out>/run/<phase>/logs/`).
-    #[arg(long, default_value = "warn")]
-    service_log: String,
-    #[command(flatten)]
-    log: kjob_svc::LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
-    kjob_svc::init_logging(&args.log)?;
+    kjob_svc::init_logging(&args.run.log)?;
     if args.quick {
         args.jobs = 100;
         args.indexed_completions = 400;
@@ -140,16 +129,6 @@ fn parse_counts(s: &str) -> Result<Counts, String> {
         .map(Counts)
 }
 
-/// `CLK_TCK` from getconf; 100 (the Linux default) if it cannot be asked.
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
 async fn kube_client(sim_url: &str) -> anyhow::Result<kube::Client> {
     let mut config = kube::Config::new(sim_url.parse().context("sim URL")?);
     config.connect_timeout = Some(CONNECT_TIMEOUT);
@@ -159,9 +138,7 @@ async fn kube_client(sim_url: &str) -> anyhow::Result<kube::Client> {
 
 async fn run(args: Args) -> anyhow::Result<BenchReport> {
     let Args {
-        bin_dir,
-        redis_server,
-        out,
+        run: RunArgs { bin_dir, redis_server, out, service_log, log: _ },
         quick: _,
         workers,
         jobs,
@@ -178,21 +155,14 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         phase_timeout,
         scale_timeout,
         controller_name,
-        service_log,
         worker_kube_qps,
         worker_kube_burst,
-        log: _,
     } = args;
     let started = Instant::now();
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let ticks = clock_ticks();
+    let ticks = kjob_bench::procfs::clock_ticks();
     let http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?;
-    let mut report = BenchReport {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        started: jiff::Timestamp::now().to_string(),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        ..Default::default()
-    };
+    let mut report = BenchReport { run: Provenance::now(), ..Default::default() };
     let opts = |workers: usize, latency: Duration, dir: &str| StackOpts {
         bin_dir: bin_dir.clone(),
         redis_server: redis_server.clone(),
@@ -218,19 +188,15 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
     // (phase label, first-pod latencies, counted latencies) for the CDF plot.
     let mut samples: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     let mut main_phases: Vec<(&str, Phase)> = Vec::new();
+    // `n` single-pod Jobs named `<prefix>-00000`, `<prefix>-00001`, ….
+    let single_pod_jobs = |prefix: &str, n: usize| -> Vec<Job> {
+        let make =
+            |i| job(&format!("{prefix}-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time);
+        (0..n).map(make).collect()
+    };
     if jobs > 0 {
-        let list = (0..jobs)
-            .map(|i| {
-                job(&format!("single-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time)
-            })
-            .collect::<Vec<_>>();
-        let phase = Phase {
-            name: format!("{jobs} single-pod Jobs"),
-            jobs: list,
-            creators: clients,
-            timeout: phase_timeout,
-            pace: None,
-        };
+        let name = format!("{jobs} single-pod Jobs");
+        let phase = Phase::burst(name, single_pod_jobs("single", jobs), clients, phase_timeout);
         main_phases.push(("main-single", phase));
     }
     if indexed_completions > 0 {
@@ -242,15 +208,10 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
             true,
             pod_run_time,
         );
-        let phase = Phase {
-            name: format!(
-                "Indexed Job, {indexed_completions} completions, parallelism {indexed_parallelism}"
-            ),
-            jobs: vec![j],
-            creators: 1,
-            timeout: phase_timeout,
-            pace: None,
-        };
+        let name = format!(
+            "Indexed Job, {indexed_completions} completions, parallelism {indexed_parallelism}"
+        );
+        let phase = Phase::burst(name, vec![j], 1, phase_timeout);
         main_phases.push(("main-indexed", phase));
     }
     for (dir, phase) in main_phases {
@@ -271,22 +232,14 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
         let rate = if latency_rate > 0.0 {
             latency_rate
         } else {
-            report.single.as_ref().map_or(1.0, |s| (s.jobs_per_sec() / 2.0).max(1.0))
+            report.single.as_ref().map_or(1.0, |s| (s.counts.jobs_per_sec() / 2.0).max(1.0))
         };
         report.latency_rate = rate;
-        let list = (0..latency_jobs)
-            .map(|i| {
-                job(&format!("paced-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time)
-            })
-            .collect::<Vec<_>>();
-        let phase = Phase {
-            name: format!("{latency_jobs} single-pod Jobs at {rate:.1}/s"),
-            jobs: list,
-            creators: clients,
-            // The creation alone takes jobs/rate; the deadline covers it plus the drain.
-            timeout: phase_timeout + Duration::from_secs_f64(latency_jobs as f64 / rate),
-            pace: Some(rate),
-        };
+        let name = format!("{latency_jobs} single-pod Jobs at {rate:.1}/s");
+        // The creation alone takes jobs/rate; the deadline covers it plus the drain.
+        let timeout = phase_timeout + Duration::from_secs_f64(latency_jobs as f64 / rate);
+        let list = single_pod_jobs("paced", latency_jobs);
+        let phase = Phase { pace: Some(rate), ..Phase::burst(name, list, clients, timeout) };
         tracing::info!(workers, phase = %phase.name, "main stack: latency at a steady rate");
         let o = opts(workers, Duration::ZERO, "main-latency");
         let (mut r, first, counted) = run_on_fresh_stack(&o, &http, ticks, phase).await?;
@@ -297,18 +250,9 @@ async fn run(args: Args) -> anyhow::Result<BenchReport> {
 
     for &w in &scale_workers.0 {
         tracing::info!(workers = w, ?write_latency, "scale-out run");
-        let list = (0..scale_jobs)
-            .map(|i| {
-                job(&format!("scale-{i:05}"), Some(&controller_name), 1, 1, false, pod_run_time)
-            })
-            .collect::<Vec<_>>();
-        let phase = Phase {
-            name: format!("scale-out: {scale_jobs} Jobs, {w} worker(s)"),
-            jobs: list,
-            creators: clients,
-            timeout: scale_timeout,
-            pace: None,
-        };
+        let name = format!("scale-out: {scale_jobs} Jobs, {w} worker(s)");
+        let phase =
+            Phase::burst(name, single_pod_jobs("scale", scale_jobs), clients, scale_timeout);
         let o = opts(w, write_latency, &format!("scale-{w}"));
         let (mut r, _, _) = run_on_fresh_stack(&o, &http, ticks, phase).await?;
         r.workers = w;
@@ -351,8 +295,8 @@ fn draw_plots(
     let mut plots = Vec::new();
     if !r.scale.is_empty() {
         let measured: Vec<(f64, f64)> =
-            r.scale.iter().map(|p| (p.workers as f64, p.jobs_per_sec())).collect();
-        let base = r.scale.iter().find(|p| p.workers == 1).map(PhaseResult::jobs_per_sec);
+            r.scale.iter().map(|p| (p.workers as f64, p.counts.jobs_per_sec())).collect();
+        let base = r.scale.iter().find(|p| p.workers == 1).map(|p| p.counts.jobs_per_sec());
         let ideal: Vec<(f64, f64)> =
             base.map(|b| measured.iter().map(|&(w, _)| (w, w * b)).collect()).unwrap_or_default();
         let x_max = measured.iter().map(|p| p.0).fold(0.0, f64::max) + 1.0;

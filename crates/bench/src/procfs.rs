@@ -20,6 +20,16 @@ pub fn status_bytes(status: &str, field: &str) -> Option<u64> {
     })
 }
 
+/// `CLK_TCK` from getconf; 100 (the Linux default) if it cannot be asked.
+pub fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
 /// One sample of a process's resource use.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Usage {

@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use crate::harness::Counts;
 use crate::stats::{Summary, rate};
 
 /// Resource use of one process over a run.
@@ -25,18 +26,8 @@ pub struct PhaseResult {
     pub workers: usize,
     /// Latency kjob-sim added before every write, in milliseconds.
     pub write_latency_ms: u64,
-    /// Jobs submitted.
-    pub jobs: u64,
-    /// Jobs that reached Complete or Failed.
-    pub jobs_finished: u64,
-    /// Pods seen created.
-    pub pods_created: u64,
-    /// Seconds from the first Job submitted to the last Job finished (or the timeout).
-    pub elapsed_secs: f64,
-    /// Seconds from the first Job submitted to the last pod created.
-    pub pods_window_secs: f64,
-    /// Whether the phase hit its deadline before every Job finished.
-    pub timed_out: bool,
+    /// Jobs submitted and finished, pods created, and in how long.
+    pub counts: Counts,
     /// Job created → its first pod created, seconds.
     pub first_pod_latency: Option<Summary>,
     /// Pod finished → counted in its Job's status, seconds.
@@ -57,17 +48,9 @@ pub struct PhaseResult {
 }
 
 impl PhaseResult {
-    /// Pods created per second.
-    pub fn pods_per_sec(&self) -> f64 {
-        rate(self.pods_created, self.pods_window_secs)
-    }
-    /// Jobs finished per second.
-    pub fn jobs_per_sec(&self) -> f64 {
-        rate(self.jobs_finished, self.elapsed_secs)
-    }
     /// Worker API calls per pod created.
     pub fn worker_calls_per_pod(&self) -> f64 {
-        rate(self.api_workers.iter().map(|a| a.2).sum(), self.pods_created as f64)
+        rate(self.api_workers.iter().map(|a| a.2).sum(), self.counts.pods_created as f64)
     }
     /// Redis commands per Job sync (commandstats also counts commands run inside scripts).
     pub fn redis_per_sync(&self) -> f64 {
@@ -114,15 +97,33 @@ pub struct Plot {
     pub caption: String,
 }
 
-/// Everything one benchmark run measured.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BenchReport {
+/// Which run produced a report: its command line, start and machine.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Provenance {
     /// The command line that produced the report.
     pub command: String,
     /// When the run started (RFC 3339).
     pub started: String,
     /// CPUs the machine has.
     pub cpus: usize,
+}
+
+impl Provenance {
+    /// This process's command line, started now, on this machine.
+    pub fn now() -> Self {
+        Self {
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            started: jiff::Timestamp::now().to_string(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// Everything one benchmark run measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BenchReport {
+    /// Which run this is.
+    pub run: Provenance,
     /// Wall-clock seconds of the whole run.
     pub total_secs: f64,
     /// kjob-sim's raw write throughput.
@@ -163,8 +164,9 @@ pub const RUN_BUDGET_SECS: f64 = 600.0;
 pub fn targets(r: &BenchReport) -> Vec<Target> {
     let main: Vec<&PhaseResult> = r.single.iter().chain(r.indexed.iter()).collect();
     let mut out = Vec::new();
-    let (pods, secs) =
-        main.iter().fold((0, 0.0), |(p, s), ph| (p + ph.pods_created, s + ph.pods_window_secs));
+    let (pods, secs) = main
+        .iter()
+        .fold((0, 0.0), |(p, s), ph| (p + ph.counts.pods_created, s + ph.counts.pods_window_secs));
     let pods_rate = rate(pods, secs);
     out.push(Target {
         what: "pods created/s, both throughput phases, main stack",
@@ -175,8 +177,8 @@ pub fn targets(r: &BenchReport) -> Vec<Target> {
     out.push(Target {
         what: "single-pod Jobs finished/s, main stack",
         goal: ">= 50",
-        actual: r.single.as_ref().map_or("-".into(), |s| format!("{:.1}", s.jobs_per_sec())),
-        met: r.single.as_ref().map(|s| s.jobs_per_sec() >= 50.0),
+        actual: r.single.as_ref().map_or("-".into(), |s| format!("{:.1}", s.counts.jobs_per_sec())),
+        met: r.single.as_ref().map(|s| s.counts.jobs_per_sec() >= 50.0),
     });
     // The paced phase when it ran: p99 under a burst only measures the burst's backlog.
     let p99 =
@@ -197,7 +199,7 @@ pub fn targets(r: &BenchReport) -> Vec<Target> {
         None => main.clone(),
     };
     let calls: u64 = steady.iter().flat_map(|p| p.api_workers.iter()).map(|a| a.2).sum();
-    let pods: u64 = steady.iter().map(|p| p.pods_created).sum();
+    let pods: u64 = steady.iter().map(|p| p.counts.pods_created).sum();
     let per_pod = rate(calls, pods as f64);
     out.push(Target {
         what: "worker API calls per pod, steady path (Indexed Job)",
@@ -205,7 +207,8 @@ pub fn targets(r: &BenchReport) -> Vec<Target> {
         actual: if pods == 0 { "-".into() } else { format!("{per_pod:.2}") },
         met: (pods > 0).then_some(per_pod <= 2.5),
     });
-    let by_workers = |n: usize| r.scale.iter().find(|p| p.workers == n).map(|p| p.jobs_per_sec());
+    let by_workers =
+        |n: usize| r.scale.iter().find(|p| p.workers == n).map(|p| p.counts.jobs_per_sec());
     let ratio = match (by_workers(1), by_workers(4)) {
         (Some(one), Some(four)) if one > 0.0 => Some(four / one),
         _ => None,
@@ -246,11 +249,11 @@ pub fn render_markdown(r: &BenchReport) -> String {
     let mut md = String::new();
     // Writing into a String cannot fail; `let _` keeps clippy quiet about the Result.
     let _ = writeln!(md, "# kjob benchmark\n");
-    let _ = writeln!(md, "* command: `{}`", r.command);
+    let _ = writeln!(md, "* command: `{}`", r.run.command);
     let _ = writeln!(
         md,
         "* started: {}; {} CPUs; whole run {:.0} s\n",
-        r.started, r.cpus, r.total_secs
+        r.run.started, r.run.cpus, r.total_secs
     );
 
     let _ = writeln!(
@@ -277,9 +280,8 @@ pub fn render_markdown(r: &BenchReport) -> String {
                 md,
                 "* {}: {:.1} pods/s = {:.1}% of the limit",
                 p.name,
-                p.pods_per_sec(),
-                100.0 * rate(p.pods_created, p.pods_window_secs)
-                    / l.pods_per_sec().max(f64::MIN_POSITIVE)
+                p.counts.pods_per_sec(),
+                100.0 * p.counts.pods_per_sec() / l.pods_per_sec().max(f64::MIN_POSITIVE)
             );
         }
     }
@@ -315,13 +317,13 @@ pub fn render_markdown(r: &BenchReport) -> String {
                 p.name,
                 p.workers,
                 p.write_latency_ms,
-                p.jobs_finished,
-                p.jobs,
-                if p.timed_out { " (timed out)" } else { "" },
-                p.pods_created,
-                p.elapsed_secs,
-                p.pods_per_sec(),
-                p.jobs_per_sec(),
+                p.counts.jobs_finished,
+                p.counts.jobs,
+                if p.counts.timed_out { " (timed out)" } else { "" },
+                p.counts.pods_created,
+                p.counts.elapsed_secs,
+                p.counts.pods_per_sec(),
+                p.counts.jobs_per_sec(),
                 latency_cell(p.first_pod_latency),
                 latency_cell(p.counted_latency),
             );
@@ -356,8 +358,8 @@ pub fn render_markdown(r: &BenchReport) -> String {
                 p.syncs,
                 p.redis_per_sync(),
                 p.scripts_per_sync(),
-                fmt_calls(&p.api_workers, p.pods_created),
-                fmt_calls(&p.api_all, p.pods_created),
+                fmt_calls(&p.api_workers, p.counts.pods_created),
+                fmt_calls(&p.api_all, p.counts.pods_created),
             );
         }
         let _ = writeln!(
@@ -383,7 +385,7 @@ pub fn render_markdown(r: &BenchReport) -> String {
                     p.name,
                     u.name,
                     u.cpu_secs,
-                    100.0 * u.cpu_secs / p.elapsed_secs.max(f64::MIN_POSITIVE),
+                    100.0 * u.cpu_secs / p.counts.elapsed_secs.max(f64::MIN_POSITIVE),
                     mib(u.peak_rss)
                 );
             }
@@ -392,16 +394,16 @@ pub fn render_markdown(r: &BenchReport) -> String {
 
     if !r.scale.is_empty() {
         let _ = writeln!(md, "\n## Scale-out\n");
-        let base = r.scale.iter().find(|p| p.workers == 1).map(|p| p.jobs_per_sec());
+        let base = r.scale.iter().find(|p| p.workers == 1).map(|p| p.counts.jobs_per_sec());
         for p in &r.scale {
-            let speedup = base.filter(|b| *b > 0.0).map(|b| p.jobs_per_sec() / b);
+            let speedup = base.filter(|b| *b > 0.0).map(|b| p.counts.jobs_per_sec() / b);
             let _ = writeln!(
                 md,
                 "* {} workers, {} ms write latency: {:.1} Jobs/s, {:.1} pods/s{}",
                 p.workers,
                 p.write_latency_ms,
-                p.jobs_per_sec(),
-                p.pods_per_sec(),
+                p.counts.jobs_per_sec(),
+                p.counts.pods_per_sec(),
                 speedup.map_or(String::new(), |s| format!(" ({s:.2}x of 1 worker)"))
             );
         }
@@ -424,11 +426,14 @@ mod tests {
         PhaseResult {
             name: name.into(),
             workers,
-            jobs,
-            jobs_finished: jobs,
-            pods_created: pods,
-            elapsed_secs: secs,
-            pods_window_secs: secs,
+            counts: Counts {
+                jobs,
+                jobs_finished: jobs,
+                pods_created: pods,
+                elapsed_secs: secs,
+                pods_window_secs: secs,
+                timed_out: false,
+            },
             api_workers: vec![
                 ("create".into(), "pods".into(), pods),
                 ("get".into(), "jobs".into(), pods),
@@ -488,8 +493,8 @@ mod tests {
     #[test]
     fn phase_rates() {
         let p = phase("x", 2, 100, 400, 8.0);
-        assert_eq!(p.pods_per_sec(), 50.0);
-        assert_eq!(p.jobs_per_sec(), 12.5);
+        assert_eq!(p.counts.pods_per_sec(), 50.0);
+        assert_eq!(p.counts.jobs_per_sec(), 12.5);
         assert_eq!(p.worker_calls_per_pod(), 2.0);
         assert_eq!(p.redis_per_sync(), 4.0);
         assert_eq!(p.scripts_per_sync(), 4.0);
@@ -499,7 +504,7 @@ mod tests {
     #[test]
     fn markdown_has_every_section() {
         let r = BenchReport {
-            command: "kjob-bench --quick".into(),
+            run: Provenance { command: "kjob-bench --quick".into(), ..Default::default() },
             limit: Some(LimitResult { clients: 8, pods: 1000, errors: 0, secs: 2.0 }),
             single: Some(phase("single", 2, 50, 50, 5.0)),
             scale: vec![phase("s1", 1, 10, 10, 2.0), phase("s2", 2, 10, 10, 1.0)],

@@ -8,7 +8,9 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::stats::{Summary, rate};
+use crate::harness::Counts;
+use crate::report::Provenance;
+use crate::stats::Summary;
 
 /// Id of the configuration every ratio divides by: upstream tuned as operators tune it.
 pub const BASELINE: &str = "b";
@@ -246,18 +248,9 @@ pub struct RunFigures {
     pub workload: String,
     /// Pass number from 1.
     pub pass: usize,
-    /// Jobs created.
-    pub jobs: u64,
-    /// Jobs that reached Complete or Failed.
-    pub jobs_finished: u64,
-    /// Pods seen created.
-    pub pods_created: u64,
-    /// Seconds from the first Job created to the last finished (or the deadline).
-    pub elapsed_secs: f64,
-    /// Seconds from the first Job created to the last pod created.
-    pub pods_window_secs: f64,
-    /// Whether the run hit its deadline.
-    pub timed_out: bool,
+    /// Jobs created and finished, pods created, and in how long.
+    #[serde(flatten)]
+    pub counts: Counts,
     /// Jobs/s offered (steady workload).
     pub offered_rate: Option<f64>,
     /// Job created → its first pod seen.
@@ -286,14 +279,6 @@ pub struct RunFigures {
 }
 
 impl RunFigures {
-    /// Pods created per second.
-    pub fn pods_per_sec(&self) -> f64 {
-        rate(self.pods_created, self.pods_window_secs)
-    }
-    /// Jobs finished per second.
-    pub fn jobs_per_sec(&self) -> f64 {
-        rate(self.jobs_finished, self.elapsed_secs)
-    }
     fn cpu_of(&self, name: &str) -> f64 {
         self.processes.iter().filter(|p| p.name == name).map(|p| p.cpu_secs).sum()
     }
@@ -388,7 +373,7 @@ fn per(x: f64, pods: u64, scale: f64) -> Option<f64> {
 pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures {
     let mine: Vec<&RunFigures> = runs.iter().filter(|r| r.config == c.id).collect();
     let of = |w: Workload| mine.iter().copied().filter(move |r| r.workload == w.name());
-    let pods: u64 = mine.iter().map(|r| r.pods_created).sum();
+    let pods: u64 = mine.iter().map(|r| r.counts.pods_created).sum();
     let mut requests: BTreeMap<String, f64> = BTreeMap::new();
     for r in &mine {
         for (k, v) in &r.requests {
@@ -405,12 +390,14 @@ pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures
         id: c.id.clone(),
         label: c.label.clone(),
         runs: mine.len(),
-        timed_out_runs: mine.iter().filter(|r| r.timed_out).count(),
-        pods_per_s: mean(of(Workload::Burst).map(RunFigures::pods_per_sec)),
-        jobs_per_s: mean(of(Workload::Burst).map(RunFigures::jobs_per_sec)),
-        indexed_pods_per_s: mean(of(Workload::Indexed).map(RunFigures::pods_per_sec)),
+        timed_out_runs: mine.iter().filter(|r| r.counts.timed_out).count(),
+        pods_per_s: mean(of(Workload::Burst).map(|r| r.counts.pods_per_sec())),
+        jobs_per_s: mean(of(Workload::Burst).map(|r| r.counts.jobs_per_sec())),
+        indexed_pods_per_s: mean(of(Workload::Indexed).map(|r| r.counts.pods_per_sec())),
         indexed_time_to_complete_secs: mean(
-            of(Workload::Indexed).filter(|r| !r.timed_out).filter_map(|r| r.time_to_complete_secs),
+            of(Workload::Indexed)
+                .filter(|r| !r.counts.timed_out)
+                .filter_map(|r| r.time_to_complete_secs),
         ),
         first_pod_p50: mean(of(Workload::Steady).filter_map(|r| r.first_pod.map(|l| l.p50))),
         first_pod_p99: mean(of(Workload::Steady).filter_map(|r| r.first_pod.map(|l| l.p99))),
@@ -592,12 +579,9 @@ pub struct Chart {
 /// Everything `upstream.json` holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct UpstreamReport {
-    /// Command line.
-    pub command: String,
-    /// Start time (RFC 3339).
-    pub started: String,
-    /// CPUs of the machine.
-    pub cpus: usize,
+    /// Which run this is.
+    #[serde(flatten)]
+    pub run: Provenance,
     /// Version of the upstream binaries.
     pub kubernetes_version: String,
     /// Passes over the configurations.
@@ -639,7 +623,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
         "`{}` — started {}, {} CPUs, Kubernetes {}, {} pass(es), {:.0} s in all. Every run on a \
          fresh control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, \
          kjob-node-agent); ratios in parentheses are ÷ (b) upstream tuned from the same run.\n",
-        r.command, r.started, r.cpus, r.kubernetes_version, r.passes, r.total_secs
+        r.run.command, r.run.started, r.run.cpus, r.kubernetes_version, r.passes, r.total_secs
     );
     let _ = writeln!(s, "## Configurations\n");
     for c in &r.configurations {
@@ -774,12 +758,12 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             run.pass,
             run.workload,
             run.config,
-            run.jobs,
-            run.jobs_finished,
-            run.pods_created,
-            run.elapsed_secs,
-            run.pods_per_sec(),
-            run.jobs_per_sec(),
+            run.counts.jobs,
+            run.counts.jobs_finished,
+            run.counts.pods_created,
+            run.counts.elapsed_secs,
+            run.counts.pods_per_sec(),
+            run.counts.jobs_per_sec(),
             fmt_opt(run.first_pod.map(|l| l.p99), 3),
             fmt_opt(run.counted.map(|l| l.p99), 3),
             run.requests.values().sum::<f64>(),
@@ -787,7 +771,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             run.cpu_of(APISERVER),
             run.cpu_of(ETCD),
             run.controller_cpu_secs(),
-            if run.timed_out { "yes" } else { "no" },
+            if run.counts.timed_out { "yes" } else { "no" },
         );
     }
     s
@@ -817,11 +801,14 @@ mod tests {
             config: config.into(),
             workload: workload.name().into(),
             pass: 1,
-            jobs: pods,
-            jobs_finished: pods,
-            pods_created: pods,
-            elapsed_secs: secs,
-            pods_window_secs: secs / 2.0,
+            counts: Counts {
+                jobs: pods,
+                jobs_finished: pods,
+                pods_created: pods,
+                elapsed_secs: secs,
+                pods_window_secs: secs / 2.0,
+                timed_out: false,
+            },
             first_pod: Some(Latency { count: 1, p50: 0.1, p99: secs / 100.0, max: 1.0, mean: 0.1 }),
             time_to_complete_secs: (workload == Workload::Indexed).then_some(secs),
             requests: [("POST pods".to_string(), pods as f64)].into(),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::batch::v1::Job;
-use kjob_bench::harness::{Creator, NAMESPACE, Recorder};
+use kjob_bench::harness::{Counts, Creator, NAMESPACE, Recorder};
 use kjob_bench::procfs::{Usage, read_usage};
 use kjob_bench::promtext;
 use kjob_bench::redisinfo;
@@ -16,13 +16,12 @@ use kjob_bench::stats::summarize;
 use kube::api::Api;
 use serde_json::json;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::stack::{Stack, redis_url, worker_admin_urls};
 
 /// Timeout of every single API, metrics or Redis call the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
-/// How often the harness checks whether a phase is done.
-const POLL: Duration = Duration::from_millis(200);
 /// Redis commands the harness itself sends when taking a snapshot.
 const HARNESS_REDIS_COMMANDS: [&str; 3] = ["info", "hello", "client|setinfo"];
 
@@ -108,6 +107,13 @@ pub struct Phase {
     pub pace: Option<f64>,
 }
 
+impl Phase {
+    /// A phase that creates `jobs` as fast as `creators` can and waits `timeout` for them.
+    pub fn burst(name: String, jobs: Vec<Job>, creators: usize, timeout: Duration) -> Self {
+        Self { name, jobs, creators, timeout, pace: None }
+    }
+}
+
 /// Runs `phase` on `stack` and returns its figures and the raw latency samples
 /// (first-pod, counted).
 pub async fn run_phase(
@@ -130,36 +136,19 @@ pub async fn run_phase(
         None => creator.burst(phase.jobs, phase.creators).await?,
     }
     tracing::info!(phase = %phase.name, secs = t0.elapsed().as_secs_f64(), "all Jobs created");
-    let mut timed_out = false;
-    let mut last_report = Instant::now();
-    while rec.finished(&names) < names.len() {
-        stack.check_alive()?;
-        if Instant::now() > deadline {
-            timed_out = true;
-            break;
-        }
-        if last_report.elapsed() > Duration::from_secs(10) {
-            tracing::info!(phase = %phase.name, finished = rec.finished(&names), of = names.len(), "waiting");
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let waiting = rec.wait_finished(&names, deadline, || stack.check_alive());
+    let timed_out = waiting.instrument(tracing::info_span!("phase", phase = %phase.name)).await?;
     let end = Instant::now();
     // Let the last status writes' syncs settle into the counters before reading them.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = snapshot(stack, http, ticks).await?;
+    let observed = rec.observed(&names, t0, end);
     let mut out = PhaseResult {
         name: phase.name,
-        jobs: names.len() as u64,
-        timed_out,
+        counts: Counts { timed_out, ..observed.counts },
         watch_errors: rec.watch_errors() - watch_errors,
         ..Default::default()
     };
-    let observed = rec.observed(&names, t0, end);
-    out.pods_created = observed.pods_created;
-    out.jobs_finished = observed.jobs_finished;
-    out.elapsed_secs = observed.elapsed_secs;
-    out.pods_window_secs = observed.pods_window_secs;
     out.first_pod_latency = summarize(&mut observed.first_pod.clone());
     out.counted_latency = summarize(&mut observed.counted.clone());
     let (first, counted) = (observed.first_pod, observed.counted);

@@ -28,7 +28,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::plan::{Expected, Shape};
+use crate::plan::{Expected, Shape, terminal};
 
 /// Timeout of each API call the harness makes.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -392,13 +392,6 @@ where
 }
 
 /// The Job's terminal condition type and reason, once it has one.
-fn terminal(job: &Job) -> Option<(String, String)> {
-    job.status.as_ref()?.conditions.as_ref()?.iter().find_map(|c| {
-        ((c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-            .then(|| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
-    })
-}
-
 async fn inject(stack: &mut Stack, rng: &mut StdRng, fault: Fault) -> anyhow::Result<()> {
     match fault {
         Fault::KillWorker => {
@@ -463,34 +456,7 @@ async fn check_jobs(
         };
         let exp: Expected = shape.expected();
         let npods = pods_per_job.get(&name).copied().unwrap_or(0);
-        let status = job.status.clone().unwrap_or_default();
-        let (succeeded, failed) = (status.succeeded.unwrap_or(0), status.failed.unwrap_or(0));
-        let want_succeeded = exp.succeeded.unwrap_or(npods);
-        let mut wrong = Vec::new();
-        match terminal(job) {
-            None => wrong.push("not finished".to_string()),
-            Some((cond, reason)) => {
-                if cond != exp.condition || reason != exp.reason {
-                    wrong.push(format!(
-                        "ended {cond}/{reason}, expected {}/{}",
-                        exp.condition, exp.reason
-                    ));
-                }
-            }
-        }
-        if succeeded != want_succeeded || failed != exp.failed {
-            wrong.push(format!(
-                "succeeded/failed {succeeded}/{failed}, expected {want_succeeded}/{}",
-                exp.failed
-            ));
-        }
-        if let Some(u) = &status.uncounted_terminated_pods {
-            let n =
-                u.succeeded.as_ref().map_or(0, Vec::len) + u.failed.as_ref().map_or(0, Vec::len);
-            if n > 0 {
-                wrong.push(format!("{n} uncounted terminated pods left"));
-            }
-        }
+        let mut wrong = exp.mismatches(job, npods);
         if npods > exp.max_pods {
             report.duplicates += (npods - exp.max_pods) as u64;
             wrong.push(format!("{npods} pods, upstream creates at most {}", exp.max_pods));

@@ -76,6 +76,47 @@ pub struct Expected {
     pub max_pods: i32,
 }
 
+/// The terminal condition of `job` (`Complete` or `Failed`) and its reason, once it has one.
+pub fn terminal(job: &Job) -> Option<(String, String)> {
+    job.status.as_ref()?.conditions.as_ref()?.iter().find_map(|c| {
+        ((c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            .then(|| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
+    })
+}
+
+impl Expected {
+    /// How `job`, which `npods` pods ran for, differs from this outcome in its terminal
+    /// condition, its succeeded/failed counts and pods left uncounted; empty when it does not.
+    /// Pod counts are the caller's to judge.
+    pub fn mismatches(&self, job: &Job, npods: i32) -> Vec<String> {
+        let status = job.status.clone().unwrap_or_default();
+        let (succeeded, failed) = (status.succeeded.unwrap_or(0), status.failed.unwrap_or(0));
+        let want_succeeded = self.succeeded.unwrap_or(npods);
+        let mut wrong = Vec::new();
+        match terminal(job) {
+            None => wrong.push("not finished".to_string()),
+            Some((c, r)) if c != self.condition || r != self.reason => {
+                wrong.push(format!("ended {c}/{r}, expected {}/{}", self.condition, self.reason))
+            }
+            Some(_) => {}
+        }
+        if (succeeded, failed) != (want_succeeded, self.failed) {
+            wrong.push(format!(
+                "succeeded/failed {succeeded}/{failed}, expected {want_succeeded}/{}",
+                self.failed
+            ));
+        }
+        if let Some(u) = &status.uncounted_terminated_pods {
+            let n =
+                u.succeeded.as_ref().map_or(0, Vec::len) + u.failed.as_ref().map_or(0, Vec::len);
+            if n > 0 {
+                wrong.push(format!("{n} uncounted terminated pods left"));
+            }
+        }
+        wrong
+    }
+}
+
 impl Shape {
     /// Draws a shape; the mix is weighted toward the common successful kinds.
     pub fn random(rng: &mut StdRng) -> Self {
@@ -235,6 +276,43 @@ impl Shape {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn mismatches_name_what_differs() {
+        let exp = Expected {
+            condition: "Complete",
+            reason: "CompletionsReached",
+            succeeded: Some(2),
+            failed: 0,
+            min_pods: 2,
+            max_pods: 2,
+        };
+        let job = |status: serde_json::Value| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": "j"}, "status": status})).unwrap()
+        };
+        let cond =
+            |ty: &str, reason: &str| json!([{"type": ty, "status": "True", "reason": reason}]);
+        let done = json!({"succeeded": 2, "conditions": cond("Complete", "CompletionsReached")});
+        assert!(exp.mismatches(&job(done), 2).is_empty());
+        assert_eq!(
+            exp.mismatches(&job(json!({"succeeded": 1})), 1),
+            ["not finished", "succeeded/failed 1/0, expected 2/0"]
+        );
+        let failed = json!({"failed": 1, "conditions": cond("Failed", "BackoffLimitExceeded"),
+                            "uncountedTerminatedPods": {"failed": ["u1"]}});
+        assert_eq!(
+            exp.mismatches(&job(failed), 1),
+            [
+                "ended Failed/BackoffLimitExceeded, expected Complete/CompletionsReached",
+                "succeeded/failed 0/1, expected 2/0",
+                "1 uncounted terminated pods left",
+            ]
+        );
+        // A work queue's succeeded count is the pods it ran.
+        let queue = Expected { succeeded: None, ..exp };
+        let done = json!({"succeeded": 3, "conditions": cond("Complete", "CompletionsReached")});
+        assert!(queue.mismatches(&job(done), 3).is_empty());
+    }
 
     #[test]
     fn same_seed_same_shapes() {

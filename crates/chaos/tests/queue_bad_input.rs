@@ -50,32 +50,18 @@ enum Req {
         session: String,
         phase: i32,
     },
-    Lease {
-        queue: String,
-        max_items: u32,
-        lease_ms: u64,
-        wait_ms: u64,
-        worker: String,
-        with_views: bool,
-        view_records: Vec<String>,
-    },
+    /// Sent as it is.
+    Lease(v1::LeaseRequest),
     Renew {
         queue: String,
         key: String,
         lease_id: String,
         lease_ms: u64,
     },
-    Done {
-        queue: String,
-        key: String,
-        lease_id: String,
-        outcome: i32,
-        after_ms: u64,
-        write_back: Option<WriteBack>,
-    },
+    Done(Done),
     /// DoneBatch of `items` repeated `times` (0 items, or 201 and more, are malformed batches).
     DoneBatch {
-        items: Vec<(DoneFields, Option<WriteBack>)>,
+        items: Vec<Done>,
         times: usize,
     },
     Inspect {
@@ -93,8 +79,28 @@ enum Req {
     },
 }
 
-/// A Done's (queue, key, lease_id, outcome, requeue_after_ms).
-type DoneFields = (String, String, String, i32, u64);
+/// A Done's (queue, key, lease_id, outcome, requeue_after_ms), and its view write-back.
+#[derive(Debug, Clone)]
+struct Done((String, String, String, i32, u64), Option<WriteBack>);
+
+impl Done {
+    fn into_proto(self) -> v1::DoneRequest {
+        let Done((queue, key, lease_id, outcome, requeue_after_ms), write_back) = self;
+        v1::DoneRequest {
+            queue,
+            key,
+            lease_id,
+            outcome,
+            requeue_after_ms,
+            view_write_back: write_back.map(WriteBack::into_proto),
+        }
+    }
+}
+
+fn done() -> impl Strategy<Value = Done> {
+    ((text(), text(), text(), -2i32..6, count()), proptest::option::of(write_back()))
+        .prop_map(|(fields, write_back)| Done(fields, write_back))
+}
 
 /// A view write-back riding on a Done: (key, job UID, object length, resourceVersion).
 #[derive(Debug, Clone)]
@@ -170,16 +176,16 @@ fn req() -> impl Strategy<Value = Req> {
             (any::<bool>(), proptest::collection::vec(text(), 0..20))
         )
             .prop_map(
-                |((queue, max_items, lease_ms, wait_ms, worker), (with_views, view_records))| {
-                    Req::Lease {
+                |((queue, max_items, lease_ms, wait_ms, worker_id), (with_views, view_records))| {
+                    Req::Lease(v1::LeaseRequest {
                         queue,
                         max_items,
                         lease_ms,
                         wait_ms,
-                        worker,
+                        worker_id,
                         with_views,
                         view_records,
-                    }
+                    })
                 }
             ),
         (text(), text(), text(), count()).prop_map(|(queue, key, lease_id, lease_ms)| Req::Renew {
@@ -188,18 +194,8 @@ fn req() -> impl Strategy<Value = Req> {
             lease_id,
             lease_ms
         }),
-        ((text(), text(), text(), -2i32..6, count()), proptest::option::of(write_back())).prop_map(
-            |((queue, key, lease_id, outcome, after_ms), write_back)| {
-                Req::Done { queue, key, lease_id, outcome, after_ms, write_back }
-            }
-        ),
-        (
-            proptest::collection::vec(
-                ((text(), text(), text(), -2i32..6, count()), proptest::option::of(write_back())),
-                0..5
-            ),
-            prop_oneof![Just(1usize), Just(67)],
-        )
+        done().prop_map(Req::Done),
+        (proptest::collection::vec(done(), 0..5), prop_oneof![Just(1usize), Just(67)])
             .prop_map(|(items, times)| Req::DoneBatch { items, times }),
         (text(), proptest::collection::vec(text(), 0..5))
             .prop_map(|(queue, keys)| Req::Inspect { queue, keys }),
@@ -273,52 +269,13 @@ async fn send(
                 let mut e = e.clone();
                 e.cache_session(v1::CacheSessionRequest { session, phase }).await.map(drop)
             }
-            Req::Lease {
-                queue,
-                max_items,
-                lease_ms,
-                wait_ms,
-                worker,
-                with_views,
-                view_records,
-            } => c
-                .lease(v1::LeaseRequest {
-                    queue,
-                    max_items,
-                    lease_ms,
-                    wait_ms,
-                    worker_id: worker,
-                    with_views,
-                    view_records,
-                })
-                .await
-                .map(drop),
+            Req::Lease(lease) => c.lease(lease).await.map(drop),
             Req::Renew { queue, key, lease_id, lease_ms } => {
                 c.renew(v1::RenewRequest { queue, key, lease_id, lease_ms }).await.map(drop)
             }
-            Req::Done { queue, key, lease_id, outcome, after_ms, write_back } => c
-                .done(v1::DoneRequest {
-                    queue,
-                    key,
-                    lease_id,
-                    outcome,
-                    requeue_after_ms: after_ms,
-                    view_write_back: write_back.map(WriteBack::into_proto),
-                })
-                .await
-                .map(drop),
+            Req::Done(done) => c.done(done.into_proto()).await.map(drop),
             Req::DoneBatch { items, times } => {
-                let one = items.into_iter().map(
-                    |((queue, key, lease_id, outcome, after_ms), write_back)| v1::DoneRequest {
-                        queue,
-                        key,
-                        lease_id,
-                        outcome,
-                        requeue_after_ms: after_ms,
-                        view_write_back: write_back.map(WriteBack::into_proto),
-                    },
-                );
-                let one: Vec<v1::DoneRequest> = one.collect();
+                let one: Vec<v1::DoneRequest> = items.into_iter().map(Done::into_proto).collect();
                 let items = one.iter().cycle().take(one.len() * times).cloned().collect();
                 let resp = c.done_batch(v1::DoneBatchRequest { items }).await?.into_inner();
                 // Every accepted batch answers each item with OK or FAILED_PRECONDITION.

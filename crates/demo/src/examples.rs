@@ -10,6 +10,17 @@ use crate::expect::{
     self, ExpectError, Expectation, FIRST_POD_EXIT_CODE_ANNOTATION, RESUME_AFTER_ANNOTATION,
 };
 
+/// The example Jobs (by file name) the demo shows, one per behaviour it demonstrates.
+pub const DEMO_CASES: [&str; 7] = [
+    "plain",
+    "indexed",
+    "work-queue",
+    "pod-failure-policy",
+    "backoff-limit",
+    "suspended",
+    "active-deadline",
+];
+
 /// Errors loading the examples.
 #[derive(Debug, thiserror::Error)]
 pub enum ExampleError {
@@ -221,15 +232,7 @@ spec:
         let dir = kjob_testkit::workspace_root().join("examples");
         let ex = load_dir(&dir).unwrap();
         let names: Vec<_> = ex.iter().map(Example::name).collect();
-        for want in [
-            "plain",
-            "indexed",
-            "work-queue",
-            "pod-failure-policy",
-            "backoff-limit",
-            "suspended",
-            "active-deadline",
-        ] {
+        for want in DEMO_CASES {
             assert!(names.contains(&want), "examples/ lacks {want}: {names:?}");
         }
         for e in &ex {

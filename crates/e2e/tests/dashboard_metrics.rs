@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
+use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, require_bins, wait_for_tcp};
 
 /// How long a freshly started debug binary may take to serve its admin port.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -133,13 +133,8 @@ fn wait_for_file(path: &Path, timeout: Duration) {
 
 #[test]
 fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
-    let bins = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
-    let missing: Vec<&str> = bins.into_iter().filter(|b| bin_path(b).is_err()).collect();
-    assert!(
-        missing.is_empty(),
-        "binaries not built: {} (run `cargo build --bins`)",
-        missing.join(", ")
-    );
+    require_bins(&["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"])
+        .unwrap_or_else(|e| panic!("{e}"));
     let redis = RedisServer::start().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let kubeconfig = tmp.path().join("kubeconfig");

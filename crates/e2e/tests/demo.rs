@@ -7,7 +7,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kjob_testkit::bin_path;
+use kjob_testkit::{bin_path, require_bins};
+
+/// The binaries a demo run starts.
+const DEMO_BINS: [&str; 5] = ["kjob-demo", "kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
 
 /// Whole-run limit handed to the demo: the slowest example (backoff-limit) needs ~15 s of
 /// upstream pod-failure backoff; the rest is slack for a loaded 2-core machine.
@@ -15,13 +18,7 @@ const DEMO_TIMEOUT: &str = "60s";
 
 #[test]
 fn every_example_job_reaches_its_expected_terminal_condition() {
-    let bins = ["kjob-demo", "kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
-    let missing: Vec<&str> = bins.into_iter().filter(|b| bin_path(b).is_err()).collect();
-    assert!(
-        missing.is_empty(),
-        "cannot run the demo lifecycle test: binaries not built: {} (run `cargo build --bins`)",
-        missing.join(", ")
-    );
+    require_bins(&DEMO_BINS).unwrap_or_else(|e| panic!("cannot run the demo lifecycle test: {e}"));
     let demo = bin_path("kjob-demo").unwrap();
     let bin_dir = bin_path("kjob-sim").unwrap().parent().unwrap().to_path_buf();
     let run_dir = tempfile::tempdir().unwrap();
@@ -53,15 +50,7 @@ fn every_example_job_reaches_its_expected_terminal_condition() {
         );
     }
     assert!(stdout.contains("every Job ended as expected"), "{stdout}");
-    for name in [
-        "plain",
-        "indexed",
-        "work-queue",
-        "pod-failure-policy",
-        "backoff-limit",
-        "suspended",
-        "active-deadline",
-    ] {
+    for name in kjob_demo::examples::DEMO_CASES {
         assert!(
             stdout.lines().any(|l| l.contains(" ok ") && l.contains(name)),
             "{name} not ok:\n{stdout}"
@@ -84,13 +73,7 @@ const PHASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[test]
 fn ctrl_c_stops_every_process_the_demo_started() {
-    let bins = ["kjob-demo", "kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
-    let missing: Vec<&str> = bins.into_iter().filter(|b| bin_path(b).is_err()).collect();
-    assert!(
-        missing.is_empty(),
-        "binaries not built: {} (run `cargo build --bins`)",
-        missing.join(", ")
-    );
+    require_bins(&DEMO_BINS).unwrap_or_else(|e| panic!("{e}"));
     let examples = tempfile::tempdir().unwrap();
     std::fs::write(
         examples.path().join("forever.yaml"),

@@ -37,6 +37,22 @@ fn job(labels: Value) -> Value {
                     "containers": [{"name": "main", "image": "busybox"}]}}}})
 }
 
+/// Requests by one field manager (the client, the manager's name).
+struct Manager<'a>(&'a kube::Client, &'a str);
+
+impl Manager<'_> {
+    /// Creates `body` in `collection`.
+    async fn create(&self, collection: &str, body: &Value) -> (u16, Value) {
+        call(self.0, "POST", &format!("{collection}?fieldManager={}", self.1), JSON, body).await
+    }
+
+    /// Merge-patches `labels` into the labels of the object at `path`.
+    async fn label(&self, path: &str, labels: Value) -> (u16, Value) {
+        let body = json!({"metadata": {"labels": labels}});
+        call(self.0, "PATCH", &format!("{path}?fieldManager={}", self.1), MERGE, &body).await
+    }
+}
+
 /// The fields of `job(labels)` as its applier owns them.
 fn applied_fields(labels: &[&str]) -> Value {
     let labels: serde_json::Map<String, Value> =
@@ -50,12 +66,17 @@ fn applied_fields(labels: &[&str]) -> Value {
     fields
 }
 
-async fn apply_put_conflict_force_and_replace(server: TestServer) {
-    let ns = server.namespace("field-ownership");
+/// A fresh namespace named after `name`: the client, its Jobs collection and the path of Job `j`.
+async fn jobs_in(server: &TestServer, name: &str) -> (kube::Client, String, String) {
+    let ns = server.namespace(name);
     server.create_namespace(&ns).await;
-    let client = server.client();
     let jobs = format!("/apis/batch/v1/namespaces/{ns}/jobs");
     let j = format!("{jobs}/j");
+    (server.client(), jobs, j)
+}
+
+async fn apply_put_conflict_force_and_replace(server: TestServer) {
+    let (client, _, j) = jobs_in(&server, "field-ownership").await;
 
     // An apply creates the Job; its applier owns exactly what it applied.
     let (code, created) = call(
@@ -124,14 +145,7 @@ async fn apply_put_conflict_force_and_replace(server: TestServer) {
         ]
     );
     // An Update by bob of the label alice dropped to nobody: no conflict for an Update.
-    let (code, _) = call(
-        &client,
-        "PATCH",
-        &format!("{j}?fieldManager=carol"),
-        MERGE,
-        &json!({"metadata": {"labels": {"a": "3"}}}),
-    )
-    .await;
+    let (code, _) = Manager(&client, "carol").label(&j, json!({"a": "3"})).await;
     assert_eq!(code, 200);
 
     // A request that sets managedFields replaces them as given.
@@ -154,14 +168,7 @@ async fn apply_put_conflict_force_and_replace(server: TestServer) {
         call(&client, "PATCH", &j, MERGE, &json!({"metadata": {"managedFields": []}})).await;
     assert_eq!(code, 200, "{cleared}");
     assert_eq!(owners(&cleared), Vec::<Value>::new());
-    let (code, untracked) = call(
-        &client,
-        "PATCH",
-        &format!("{j}?fieldManager=erin"),
-        MERGE,
-        &json!({"metadata": {"labels": {"e": "1"}}}),
-    )
-    .await;
+    let (code, untracked) = Manager(&client, "erin").label(&j, json!({"e": "1"})).await;
     assert_eq!(code, 200, "{untracked}");
     assert_eq!(owners(&untracked), Vec::<Value>::new());
 }
@@ -180,8 +187,7 @@ async fn creates_and_status_writes_are_updates(server: TestServer) {
 
     // A create is an Update of every field set, the API defaults included; what admission and
     // the strategy add (service account, tolerations, priority, status) is nobody's.
-    let (code, created) =
-        call(&client, "POST", &format!("{pods}?fieldManager=maker"), JSON, &pod()).await;
+    let (code, created) = Manager(&client, "maker").create(&pods, &pod()).await;
     assert_eq!(code, 201, "{created}");
     let container = json!({".": {}, "f:image": {}, "f:imagePullPolicy": {}, "f:name": {},
         "f:resources": {}, "f:terminationMessagePath": {}, "f:terminationMessagePolicy": {}});
@@ -220,14 +226,8 @@ async fn creates_and_status_writes_are_updates(server: TestServer) {
         "note": "hi", "type": "Normal", "reportingController": "example.com/test",
         "reportingInstance": "i", "regarding": {"apiVersion": "v1", "kind": "Pod", "name": "p",
                                                 "namespace": ns}});
-    let (code, recorded) = call(
-        &client,
-        "POST",
-        &format!("/apis/events.k8s.io/v1/namespaces/{ns}/events?fieldManager=recorder"),
-        JSON,
-        &event,
-    )
-    .await;
+    let events = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
+    let (code, recorded) = Manager(&client, "recorder").create(&events, &event).await;
     assert_eq!(code, 201, "{recorded}");
     let fields = json!({"f:action": {}, "f:eventTime": {}, "f:note": {}, "f:reason": {},
         "f:regarding": {}, "f:reportingController": {}, "f:reportingInstance": {}, "f:type": {}});
@@ -236,25 +236,14 @@ async fn creates_and_status_writes_are_updates(server: TestServer) {
 }
 
 async fn kubectl_takeover_and_capped_updaters(server: TestServer) {
-    let ns = server.namespace("field-ownership-takeover");
-    server.create_namespace(&ns).await;
-    let client = server.client();
-    let jobs = format!("/apis/batch/v1/namespaces/{ns}/jobs");
-    let j = format!("{jobs}/j");
+    let (client, jobs, j) = jobs_in(&server, "field-ownership-takeover").await;
 
     // A Job as kubectl's client-side apply creates it: its manager and the annotation.
     let mut body = job(json!({"a": "1"}));
     let last = body.to_string();
     body["metadata"]["annotations"] =
         json!({"kubectl.kubernetes.io/last-applied-configuration": last});
-    let (code, created) = call(
-        &client,
-        "POST",
-        &format!("{jobs}?fieldManager=kubectl-client-side-apply"),
-        JSON,
-        &body,
-    )
-    .await;
+    let (code, created) = Manager(&client, "kubectl-client-side-apply").create(&jobs, &body).await;
     assert_eq!(code, 201, "{created}");
 
     // Changing what the client-side apply set, unchanged since, is a conflict for anyone but

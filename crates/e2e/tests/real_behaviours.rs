@@ -45,6 +45,11 @@ fn job(name: &str, run_time: &str, spec: serde_json::Value) -> Job {
     serde_json::from_value(j).unwrap()
 }
 
+/// Creates `job(name, run_time, spec)` through `jobs`.
+async fn create_job(jobs: &Api<Job>, name: &str, run_time: &str, spec: serde_json::Value) -> Job {
+    jobs.create(&PostParams::default(), &job(name, run_time, spec)).await.unwrap()
+}
+
 async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
@@ -110,12 +115,7 @@ async fn quota_refuses_creates_until_raised(server: TestServer) {
         assert_eq!(code, 200);
     }
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    jobs.create(
-        &PostParams::default(),
-        &job("q", "500ms", json!({"completions": 3, "parallelism": 3})),
-    )
-    .await
-    .unwrap();
+    create_job(&jobs, "q", "500ms", json!({"completions": 3, "parallelism": 3})).await;
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
     let refused = eventually("a FailedCreate event", || async {
         let list = events.list(&ListParams::default()).await.ok()?;
@@ -156,7 +156,7 @@ async fn eviction_is_ignored_by_pod_failure_policy(server: TestServer) {
     let spec = json!({"backoffLimit": 0, "podFailurePolicy": {"rules": [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     ]}});
-    jobs.create(&PostParams::default(), &job("ev", "4s", spec)).await.unwrap();
+    create_job(&jobs, "ev", "4s", spec).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let first = eventually("a running pod", || async {
         pods.list(&job_pods("ev"))
@@ -191,12 +191,7 @@ async fn job_deletion_propagates(server: TestServer) {
         ("fg", DeleteParams::foreground()),
         ("orphan", DeleteParams::orphan()),
     ] {
-        jobs.create(
-            &PostParams::default(),
-            &job(name, "never", json!({"parallelism": 2, "completions": 2})),
-        )
-        .await
-        .unwrap();
+        create_job(&jobs, name, "never", json!({"parallelism": 2, "completions": 2})).await;
         wait_running(&pods, name, 2).await;
         jobs.delete(name, &dp).await.unwrap();
         eventually("the Job gone", || async {
@@ -234,12 +229,7 @@ async fn pods_of_a_job_deleted_while_no_watcher_led_are_released(server: TestSer
     let (mut kjob, client, _dir) = stack(&server, &ns).await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    jobs.create(
-        &PostParams::default(),
-        &job("gone", "never", json!({"parallelism": 2, "completions": 2})),
-    )
-    .await
-    .unwrap();
+    create_job(&jobs, "gone", "never", json!({"parallelism": 2, "completions": 2})).await;
     wait_running(&pods, "gone", 2).await;
     let watcher = kjob.watchers()[0].clone();
     tokio::task::block_in_place(|| kjob.kill(&watcher)).unwrap();
@@ -274,7 +264,7 @@ async fn label_only_index_pod_is_replaced(server: TestServer) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let spec =
         json!({"completionMode": "Indexed", "completions": 1, "parallelism": 1, "suspend": true});
-    let created = jobs.create(&PostParams::default(), &job("li", "500ms", spec)).await.unwrap();
+    let created = create_job(&jobs, "li", "500ms", spec).await;
     let uid = created.metadata.uid.clone().unwrap();
     let owner = kube::Resource::controller_owner_ref(&created, &()).unwrap();
     let stray: Pod = serde_json::from_value(json!({

@@ -212,21 +212,12 @@ pub fn patch_object(
         PatchType::Json => patch::json_patch(&mut doc, body),
         PatchType::Merge => patch::merge_patch(&mut doc, body),
         PatchType::Strategic => patch::strategic_merge_patch(&mut doc, body, res.kind),
-        PatchType::Apply => return apply_patch(res, Some(view), body, "", false),
+        PatchType::Apply => {
+            return patch::apply(Some(view), body, "", false, res.kind).map_err(PatchFailure);
+        }
     }
     .map_err(PatchFailure)?;
     Ok(doc)
-}
-
-/// Server-side apply of `applied` onto `live` (absent: the object to create).
-pub fn apply_patch(
-    res: &Resource,
-    live: Option<&Value>,
-    applied: &Value,
-    field_manager: &str,
-    force: bool,
-) -> Result<Value, PatchFailure> {
-    patch::apply(live, applied, field_manager, force, res.kind).map_err(PatchFailure)
 }
 
 #[cfg(test)]

@@ -53,12 +53,21 @@ impl ApiError {
         Self { code, reason, message: message.into(), details: None }
     }
 
+    /// An error about one object, whose details name it.
+    fn about(
+        res: &Resource,
+        name: &str,
+        code: u16,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self { details: Some(details(res, name)), ..Self::new(code, reason, message) }
+    }
+
     /// 404 for a missing object.
     pub fn not_found(res: &Resource, name: &str) -> Self {
-        Self {
-            details: Some(details(res, name)),
-            ..Self::new(404, "NotFound", format!("{} \"{name}\" not found", res.qualified()))
-        }
+        let message = format!("{} \"{name}\" not found", res.qualified());
+        Self::about(res, name, 404, "NotFound", message)
     }
 
     /// 404 for a missing namespace (creating inside it).
@@ -79,14 +88,8 @@ impl ApiError {
 
     /// 409 on create of an existing name.
     pub fn already_exists(res: &Resource, name: &str) -> Self {
-        Self {
-            details: Some(details(res, name)),
-            ..Self::new(
-                409,
-                "AlreadyExists",
-                format!("{} \"{name}\" already exists", res.qualified()),
-            )
-        }
+        let message = format!("{} \"{name}\" already exists", res.qualified());
+        Self::about(res, name, 409, "AlreadyExists", message)
     }
 
     /// 409 on a stale resourceVersion.
@@ -106,14 +109,20 @@ impl ApiError {
 
     /// 409 with a free cause (precondition failures).
     pub fn conflict(res: &Resource, name: &str, cause: &str) -> Self {
-        Self {
-            details: Some(details(res, name)),
-            ..Self::new(
-                409,
-                "Conflict",
-                format!("Operation cannot be fulfilled on {} \"{name}\": {cause}", res.qualified()),
-            )
-        }
+        let message =
+            format!("Operation cannot be fulfilled on {} \"{name}\": {cause}", res.qualified());
+        Self::about(res, name, 409, "Conflict", message)
+    }
+
+    /// 422 with the one cause `Cause::new(reason, message, field)`.
+    pub fn invalid_field(
+        res: &Resource,
+        name: &str,
+        reason: &str,
+        message: &str,
+        field: &str,
+    ) -> Self {
+        Self::invalid(res, name, vec![Cause::new(reason, message, field)])
     }
 
     /// 422 with field causes; `kind` is the Kind (`Job`), as in the real server's details.

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::registry::{self, DeleteOpts, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Propagation};
 use crate::resources::{RESOURCES, StoreKind};
-use crate::store::{EventType, Key, ListAt, Mutation, Store, StoreEvent, uid_of};
+use crate::store::{EventType, Key, ListQuery, Mutation, Store, StoreEvent, uid_of};
 
 /// Period of the full sweep that repairs anything an event-driven step missed (a lagging
 /// subscription, an owner deleted while its dependents were being created).
@@ -210,7 +210,7 @@ fn collect_if_orphaned(store: &Store, kind: StoreKind, key: &Key, now: Timestamp
 fn namespace_sweep(store: &Store, ns: &str, now: Timestamp) {
     let mut left = 0;
     for kind in StoreKind::ALL.into_iter().filter(|k| k.namespaced()) {
-        let Ok(page) = store.list(kind, Some(ns), None, None, ListAt::Latest, &|_| true) else {
+        let Ok(page) = store.list(ListQuery::of(kind, Some(ns)), &|_| true) else {
             continue;
         };
         left += page.items.len();
@@ -266,7 +266,7 @@ fn namespace_sweep(store: &Store, ns: &str, now: Timestamp) {
 pub fn sweep(store: &Store, now: Timestamp) {
     for kind in StoreKind::ALL {
         let keep = |o: &Value| deleting(o);
-        let Ok(page) = store.list(kind, None, None, None, ListAt::Latest, &keep) else { continue };
+        let Ok(page) = store.list(ListQuery::of(kind, None), &keep) else { continue };
         for obj in page.items {
             handle_deleting(store, kind, &obj, now);
         }

@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::resources::StoreKind;
 use crate::server::App;
+use crate::subresources::PodCall;
 
 /// Injected faults: shares of 429 / 500 answers and per-request latencies.
 #[derive(Debug)]
@@ -309,8 +310,8 @@ pub fn handle(app: &App, method: &Method, segs: &[&str], body: &[u8]) -> Respons
             None => Err(ApiError::bad_request("the kubelet is off (--kubelet off)")),
         },
         ("POST", ["evict", ns, name]) => {
-            crate::subresources::evict(&app.store, ns, name, &json!({}), jiff::Timestamp::now())
-                .map(|()| json!({"evicted": name}))
+            let pod = PodCall { store: &app.store, ns, name, now: jiff::Timestamp::now() };
+            pod.evict(&json!({})).map(|()| json!({"evicted": name}))
         }
         ("GET", ["state"]) => {
             let counts: serde_json::Map<String, Value> = StoreKind::ALL

@@ -23,6 +23,7 @@ use std::time::Duration;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use jiff::Timestamp;
+use kjob_svc::Backoff;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
@@ -39,9 +40,8 @@ const EVENT_CHANNEL_CAPACITY: usize = 4096;
 const WATCH_TIMEOUT_SECONDS: u64 = 60;
 /// Silence on a watch stream after which it is considered dead (server timeout + slack).
 const WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 10);
-/// First and largest back-off between failed list/watch attempts.
-const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(200);
-const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Back-off between failed list/watch attempts: from 200 ms, doubling up to 5 s.
+const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 /// Delay before re-planning a pod whose write failed (conflict, 5xx, timeout).
 const WRITE_RETRY_DELAY: Duration = Duration::from_millis(250);
 
@@ -302,7 +302,8 @@ pub fn spawn_with_client(
 
 /// Lists then watches all pods, forwarding events; relists after a 410 or a broken list.
 async fn watch_pods(api: Api, tx: mpsc::Sender<PodEvent>, shutdown: CancellationToken) {
-    let mut backoff = RETRY_BACKOFF_MIN;
+    // Failed attempts since the last watch that opened.
+    let mut failures = 0;
     'relist: while !shutdown.is_cancelled() {
         let list = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -312,7 +313,7 @@ async fn watch_pods(api: Api, tx: mpsc::Sender<PodEvent>, shutdown: Cancellation
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "kubelet: listing pods failed");
-                sleep_or_shutdown(&shutdown, &mut backoff).await;
+                sleep_or_shutdown(&shutdown, &mut failures).await;
                 continue;
             }
         };
@@ -338,16 +339,16 @@ async fn watch_pods(api: Api, tx: mpsc::Sender<PodEvent>, shutdown: Cancellation
                 Ok(r) if r.status() == StatusCode::GONE => continue 'relist,
                 Ok(r) => {
                     tracing::warn!(status = %r.status(), "kubelet: watch refused");
-                    sleep_or_shutdown(&shutdown, &mut backoff).await;
+                    sleep_or_shutdown(&shutdown, &mut failures).await;
                     continue;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "kubelet: watch failed");
-                    sleep_or_shutdown(&shutdown, &mut backoff).await;
+                    sleep_or_shutdown(&shutdown, &mut failures).await;
                     continue;
                 }
             };
-            backoff = RETRY_BACKOFF_MIN;
+            failures = 0;
             let mut body = resp.into_body();
             let mut buf: Vec<u8> = Vec::new();
             loop {
@@ -394,12 +395,12 @@ async fn watch_pods(api: Api, tx: mpsc::Sender<PodEvent>, shutdown: Cancellation
     }
 }
 
-async fn sleep_or_shutdown(shutdown: &CancellationToken, backoff: &mut Duration) {
+async fn sleep_or_shutdown(shutdown: &CancellationToken, failures: &mut u32) {
     tokio::select! {
         _ = shutdown.cancelled() => {}
-        _ = tokio::time::sleep(*backoff) => {}
+        _ = tokio::time::sleep(RETRY_BACKOFF.delay(*failures)) => {}
     }
-    *backoff = (*backoff * 2).min(RETRY_BACKOFF_MAX);
+    *failures = failures.saturating_add(1);
 }
 
 /// Result of one write: the pod key, the action, the RV it acted on, and the outcome.
@@ -717,6 +718,16 @@ mod tests {
         Fixture { sim, kubelet, pods, stop }
     }
 
+    impl Fixture {
+        /// Creates `pod(name, annotations, restart)`.
+        async fn create(&self, name: &str, annotations: Value, restart: &str) {
+            self.pods
+                .create(&PostParams::default(), &pod(name, annotations, restart))
+                .await
+                .unwrap();
+        }
+    }
+
     fn pod(name: &str, annotations: Value, restart: &str) -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": annotations},
@@ -752,6 +763,28 @@ mod tests {
         }
     }
 
+    /// Polls until `n` pods have Succeeded; fails once `deadline` has passed since `start`.
+    async fn all_succeeded(
+        pods: &Api<Pod>,
+        n: usize,
+        start: tokio::time::Instant,
+        deadline: Duration,
+    ) {
+        loop {
+            let list = pods.list(&ListParams::default()).await.unwrap();
+            let done = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+                .count();
+            if done == n {
+                return;
+            }
+            assert!(start.elapsed() < deadline, "only {done}/{n} pods finished");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn phase(p: &Value) -> &str {
         p.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default()
     }
@@ -759,12 +792,8 @@ mod tests {
     #[tokio::test]
     async fn pods_run_to_completion_with_real_shapes() {
         let f = fixture().await;
-        let pp = PostParams::default();
-        f.pods.create(&pp, &pod("ok", json!({}), "Never")).await.unwrap();
-        f.pods
-            .create(&pp, &pod("bad", json!({"kjob.io/sim-exit-code.side": "42"}), "Never"))
-            .await
-            .unwrap();
+        f.create("ok", json!({}), "Never").await;
+        f.create("bad", json!({"kjob.io/sim-exit-code.side": "42"}), "Never").await;
 
         let ok = wait_for(&f.pods, "ok", "Succeeded", |p| phase(p) == "Succeeded").await;
         assert!(ok["spec"]["nodeName"].as_str().unwrap().starts_with("sim-node-"));
@@ -794,11 +823,7 @@ mod tests {
     #[tokio::test]
     async fn on_failure_restarts_and_never_runs_until_deleted() {
         let f = fixture().await;
-        let pp = PostParams::default();
-        f.pods
-            .create(&pp, &pod("crash", json!({"kjob.io/sim-exit-code": "2"}), "OnFailure"))
-            .await
-            .unwrap();
+        f.create("crash", json!({"kjob.io/sim-exit-code": "2"}), "OnFailure").await;
         let crashed = wait_for(&f.pods, "crash", "a restart", |p| {
             p.pointer("/status/containerStatuses/0/restartCount")
                 .and_then(Value::as_i64)
@@ -812,10 +837,7 @@ mod tests {
             2
         );
 
-        f.pods
-            .create(&pp, &pod("forever", json!({"kjob.io/sim-run-time": "never"}), "Never"))
-            .await
-            .unwrap();
+        f.create("forever", json!({"kjob.io/sim-run-time": "never"}), "Never").await;
         let running = wait_for(&f.pods, "forever", "Running", |p| phase(p) == "Running").await;
         assert_eq!(pod_condition(&running, "Ready").unwrap()["status"], "True");
         assert_eq!(running["status"]["containerStatuses"][0]["started"], true);
@@ -829,7 +851,7 @@ mod tests {
         let f = fixture().await;
         let pp = PostParams::default();
         let annotations = json!({"kjob.io/sim-run-time": "never"});
-        f.pods.create(&pp, &pod("plain", annotations.clone(), "Never")).await.unwrap();
+        f.create("plain", annotations.clone(), "Never").await;
         let mut held = pod("held", annotations, "Never");
         held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
         f.pods.create(&pp, &held).await.unwrap();
@@ -877,7 +899,7 @@ mod tests {
         let f = fixture().await;
         f.kubelet.pause();
         assert!(f.kubelet.is_paused());
-        f.pods.create(&PostParams::default(), &pod("waiting", json!({}), "Never")).await.unwrap();
+        f.create("waiting", json!({}), "Never").await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let p = f.pods.get("waiting").await.unwrap();
         assert!(p.spec.unwrap().node_name.is_none(), "a paused kubelet binds nothing");
@@ -888,16 +910,15 @@ mod tests {
     #[tokio::test]
     async fn recovers_from_closed_watches_and_compaction() {
         let f = fixture().await;
-        let pp = PostParams::default();
         let never = json!({"kjob.io/sim-run-time": "never"});
-        f.pods.create(&pp, &pod("before", never.clone(), "Never")).await.unwrap();
+        f.create("before", never.clone(), "Never").await;
         wait_for(&f.pods, "before", "Running", |p| phase(p) == "Running").await;
         // Writes the kubelet misses while its watch is down, then a history it cannot resume.
         f.sim.close_watches();
-        f.pods.create(&pp, &pod("during", never.clone(), "Never")).await.unwrap();
+        f.create("during", never.clone(), "Never").await;
         f.sim.compact();
         f.sim.close_watches();
-        f.pods.create(&pp, &pod("after", never, "Never")).await.unwrap();
+        f.create("after", never, "Never").await;
         for name in ["during", "after"] {
             wait_for(&f.pods, name, "Running", |p| phase(p) == "Running").await;
         }
@@ -934,20 +955,7 @@ mod tests {
             f.pods.create(&pp, &p).await.unwrap();
         }
         f.kubelet.resume();
-        let start = tokio::time::Instant::now();
-        loop {
-            let list = f.pods.list(&ListParams::default()).await.unwrap();
-            let done = list
-                .items
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
-                .count();
-            if done == n {
-                break;
-            }
-            assert!(start.elapsed() < DEADLINE * 2, "only {done}/{n} pods finished");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        all_succeeded(&f.pods, n, tokio::time::Instant::now(), DEADLINE * 2).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         counter.abort();
         let modified = modified.lock().unwrap();
@@ -961,36 +969,14 @@ mod tests {
     async fn keeps_up_with_many_pods() {
         let f = fixture().await;
         const N: usize = 100;
-        let pp = PostParams::default();
         let start = tokio::time::Instant::now();
         for i in 0..N {
-            f.pods
-                .create(
-                    &pp,
-                    &pod(&format!("bulk-{i}"), json!({"kjob.io/sim-run-time": "0s"}), "Never"),
-                )
-                .await
-                .unwrap();
+            f.create(&format!("bulk-{i}"), json!({"kjob.io/sim-run-time": "0s"}), "Never").await;
         }
         let created = start.elapsed();
-        loop {
-            let list = f.pods.list(&ListParams::default()).await.unwrap();
-            let done = list
-                .items
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
-                .count();
-            if done == N {
-                // The kubelet must not lag far behind the creations.
-                let lag = start.elapsed() - created;
-                assert!(
-                    lag < Duration::from_secs(10),
-                    "kubelet lagged {lag:?} behind {N} creations"
-                );
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(20), "only {done}/{N} pods finished");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        all_succeeded(&f.pods, N, start, Duration::from_secs(20)).await;
+        // The kubelet must not lag far behind the creations.
+        let lag = start.elapsed() - created;
+        assert!(lag < Duration::from_secs(10), "kubelet lagged {lag:?} behind {N} creations");
     }
 }

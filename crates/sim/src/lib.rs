@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod error;
 pub mod gc;
 pub mod hooks;
+pub mod image;
 pub mod kubeconfig;
 pub mod ownership;
 pub mod registry;

@@ -21,6 +21,11 @@ pub const ORPHAN_FINALIZER: &str = "orphan";
 /// Finalizer the GC honours to delete dependents first.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 
+/// Metadata the server sets and keeps: a create drops what the client sent, an update keeps the
+/// stored values (with `namespace` and `name`, which identify the object).
+const SERVER_OWNED_METADATA: [&str; 5] =
+    ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"];
+
 /// Options common to writes.
 #[derive(Debug, Clone, Default)]
 pub struct WriteOpts {
@@ -313,26 +318,18 @@ fn create_prepared(
     let generate =
         meta(&obj).get("generateName").and_then(Value::as_str).unwrap_or_default().to_owned();
     if given.is_empty() && generate.is_empty() {
-        return Err(ApiError::invalid(
+        return Err(ApiError::invalid_field(
             res,
             "",
-            vec![Cause::new(
-                "FieldValueRequired",
-                "Required value: name or generateName is required",
-                "metadata.name",
-            )],
+            "FieldValueRequired",
+            "Required value: name or generateName is required",
+            "metadata.name",
         ));
     }
     // Reset what clients may not set; the server owns these.
     {
         let md = meta_mut(&mut obj);
-        for k in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "generation",
-        ] {
+        for k in SERVER_OWNED_METADATA {
             md.remove(k);
         }
         md.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
@@ -427,15 +424,7 @@ pub fn update_rules(
     {
         let cm = meta(cur).as_object().cloned().unwrap_or_default();
         let nm = meta_mut(&mut new);
-        for k in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "generation",
-            "namespace",
-            "name",
-        ] {
+        for k in SERVER_OWNED_METADATA.into_iter().chain(["namespace", "name"]) {
             match cm.get(k) {
                 Some(v) => nm.insert(k.to_owned(), v.clone()),
                 None => nm.remove(k),
@@ -474,14 +463,12 @@ pub fn update_rules(
     if is_deleting(cur) {
         let old = finalizers(cur);
         if finalizers(&new).iter().any(|f| !old.contains(f)) {
-            return Err(ApiError::invalid(
+            return Err(ApiError::invalid_field(
                 res,
                 &name,
-                vec![Cause::new(
-                    "FieldValueForbidden",
-                    "Forbidden: no new finalizers can be added if the object is being deleted",
-                    "metadata.finalizers",
-                )],
+                "FieldValueForbidden",
+                "Forbidden: no new finalizers can be added if the object is being deleted",
+                "metadata.finalizers",
             ));
         }
     }
@@ -533,14 +520,12 @@ fn decide_update(
         meta(&new).get("resourceVersion").and_then(Value::as_str).unwrap_or_default().to_owned();
     if body_rv.is_empty() {
         if require_rv {
-            return Err(ApiError::invalid(
+            return Err(ApiError::invalid_field(
                 res,
                 &name,
-                vec![Cause::new(
-                    "FieldValueInvalid",
-                    "Invalid value: 0x0: must be specified for an update",
-                    "metadata.resourceVersion",
-                )],
+                "FieldValueInvalid",
+                "Invalid value: 0x0: must be specified for an update",
+                "metadata.resourceVersion",
             ));
         }
     } else if body_rv != rv_of(cur).to_string() {
@@ -705,14 +690,12 @@ pub fn patch(
     let key: Key = (ns.unwrap_or_default().to_owned(), name.to_owned());
     if ptype == PatchType::Apply {
         if field_manager.is_none_or(str::is_empty) {
-            return Err(ApiError::invalid(
+            return Err(ApiError::invalid_field(
                 res,
                 name,
-                vec![Cause::new(
-                    "FieldValueRequired",
-                    "Required value: is required for apply patch",
-                    "fieldManager",
-                )],
+                "FieldValueRequired",
+                "Required value: is required for apply patch",
+                "fieldManager",
             ));
         }
         if store.get(res.store, &key).is_none() && part == Part::Main {
@@ -768,8 +751,8 @@ fn applied_object(
     now: Timestamp,
 ) -> Result<Value, ApiError> {
     let name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-    let mut merged = admit::apply_patch(res, live, config, field_manager, force)
-        .map_err(|e| e.into_api_error(res, name))?;
+    let mut merged = crate::patch::apply(live, config, field_manager, force, res.kind)
+        .map_err(|e| admit::PatchFailure(e).into_api_error(res, name))?;
     meta_mut(&mut merged).remove("managedFields");
     let mut entries = live.map(ownership::entries_of).unwrap_or_default();
     let api_version = res.api_version();

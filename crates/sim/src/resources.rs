@@ -68,9 +68,41 @@ pub struct Resource {
     pub events_v1: bool,
 }
 
+/// The verb kube-apiserver names a request by (in RBAC, audit and metrics): from its method,
+/// whether its path names one object, and whether it is a watch; `None` for other methods.
+pub fn request_verb(method: &str, named: bool, watch: bool) -> Option<&'static str> {
+    Some(match (method, named) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    })
+}
+
 /// Verbs every resource supports.
 pub const VERBS: [&str; 8] =
     ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+/// Events, served from one store under two groups: core v1 and events.k8s.io/v1 (converted to
+/// that group's shape on the way out when `events_v1`).
+const fn events_in(group: &'static str, events_v1: bool) -> Resource {
+    Resource {
+        group,
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        short_names: &["ev"],
+        subresources: &[],
+        store: StoreKind::Event,
+        events_v1,
+    }
+}
 
 /// Every served resource.
 pub static RESOURCES: [Resource; 6] = [
@@ -107,28 +139,8 @@ pub static RESOURCES: [Resource; 6] = [
         store: StoreKind::Job,
         events_v1: false,
     },
-    Resource {
-        group: "",
-        version: "v1",
-        plural: "events",
-        singular: "event",
-        kind: "Event",
-        short_names: &["ev"],
-        subresources: &[],
-        store: StoreKind::Event,
-        events_v1: false,
-    },
-    Resource {
-        group: "events.k8s.io",
-        version: "v1",
-        plural: "events",
-        singular: "event",
-        kind: "Event",
-        short_names: &["ev"],
-        subresources: &[],
-        store: StoreKind::Event,
-        events_v1: true,
-    },
+    events_in("", false),
+    events_in("events.k8s.io", true),
     Resource {
         group: "coordination.k8s.io",
         version: "v1",

@@ -468,28 +468,24 @@ pub fn label_value_errors(v: &str) -> Vec<String> {
     errs
 }
 
-fn validate_label_key(key: &str) -> Result<(), SelectorError> {
-    let errs = qualified_name_errors(key);
+/// The parse error of a requirement whose `part` (`key`, `values[0][k]`) is the invalid `value`
+/// for `errs`; `Ok` when there are none.
+fn requirement_errors(part: &str, value: &str, errs: Vec<String>) -> Result<(), SelectorError> {
     if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(SelectorError::InvalidValue(format!(
-            "unable to parse requirement: key: Invalid value: \"{key}\": {}",
-            errs.join("; ")
-        )))
+        return Ok(());
     }
+    Err(SelectorError::InvalidValue(format!(
+        "unable to parse requirement: {part}: Invalid value: \"{value}\": {}",
+        errs.join("; ")
+    )))
+}
+
+fn validate_label_key(key: &str) -> Result<(), SelectorError> {
+    requirement_errors("key", key, qualified_name_errors(key))
 }
 
 fn validate_label_value(key: &str, v: &str) -> Result<(), SelectorError> {
-    let errs = label_value_errors(v);
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(SelectorError::InvalidValue(format!(
-            "unable to parse requirement: values[0][{key}]: Invalid value: \"{v}\": {}",
-            errs.join("; ")
-        )))
-    }
+    requirement_errors(&format!("values[0][{key}]"), v, label_value_errors(v))
 }
 
 impl LabelSelector {
@@ -919,42 +915,49 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    /// Each selector parses and matches `l` as its case says.
+    fn assert_matches(l: &BTreeMap<String, String>, cases: &[(&str, bool)]) {
+        for (sel, want) in cases {
+            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
+            assert_eq!(s.matches(l), *want, "selector {sel:?}");
+        }
+    }
+
     #[test]
     fn label_grammar_table() {
         let l = labels(&[("app", "web"), ("tier", "front"), ("n", "7"), ("empty", "")]);
-        let cases: &[(&str, bool)] = &[
-            ("", true),
-            ("app=web", true),
-            ("app==web", true),
-            ("app=db", false),
-            ("app!=db", true),
-            ("app!=web", false),
-            ("missing!=x", true),
-            ("app in (web,db)", true),
-            ("app in (db)", false),
-            ("app notin (db)", true),
-            ("app notin (web)", false),
-            ("missing notin (x)", true),
-            ("missing in (x)", false),
-            ("app", true),
-            ("missing", false),
-            ("!missing", true),
-            ("!app", false),
-            ("app=web,tier=front", true),
-            ("app=web,tier=back", false),
-            (" app = web , tier in ( front , back ) ", true),
-            ("n>5", true),
-            ("n<5", false),
-            ("n>7", false),
-            ("missing>1", false),
-            ("empty=", true),
-            ("app=", false),
-            ("example.com/key!=x", true),
-        ];
-        for (sel, want) in cases {
-            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
-            assert_eq!(s.matches(&l), *want, "selector {sel:?}");
-        }
+        assert_matches(
+            &l,
+            &[
+                ("", true),
+                ("app=web", true),
+                ("app==web", true),
+                ("app=db", false),
+                ("app!=db", true),
+                ("app!=web", false),
+                ("missing!=x", true),
+                ("app in (web,db)", true),
+                ("app in (db)", false),
+                ("app notin (db)", true),
+                ("app notin (web)", false),
+                ("missing notin (x)", true),
+                ("missing in (x)", false),
+                ("app", true),
+                ("missing", false),
+                ("!missing", true),
+                ("!app", false),
+                ("app=web,tier=front", true),
+                ("app=web,tier=back", false),
+                (" app = web , tier in ( front , back ) ", true),
+                ("n>5", true),
+                ("n<5", false),
+                ("n>7", false),
+                ("missing>1", false),
+                ("empty=", true),
+                ("app=", false),
+                ("example.com/key!=x", true),
+            ],
+        );
     }
 
     #[test]
@@ -1063,24 +1066,23 @@ mod tests {
     #[test]
     fn in_and_notin_as_words_match() {
         let l = labels(&[("grp", "in"), ("in", "notin")]);
-        let cases: &[(&str, bool)] = &[
-            ("grp=in", true),
-            ("grp=notin", false),
-            ("grp!=in", false),
-            ("grp in (in,notin)", true),
-            ("grp notin (in)", false),
-            ("in", true),
-            ("!in", false),
-            ("!notin", true),
-            ("in=notin", true),
-            ("in in (notin)", true),
-            ("in notin (notin)", false),
-            ("a in (x,y,notin, z,in),grp", false),
-        ];
-        for (sel, want) in cases {
-            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
-            assert_eq!(s.matches(&l), *want, "selector {sel:?}");
-        }
+        assert_matches(
+            &l,
+            &[
+                ("grp=in", true),
+                ("grp=notin", false),
+                ("grp!=in", false),
+                ("grp in (in,notin)", true),
+                ("grp notin (in)", false),
+                ("in", true),
+                ("!in", false),
+                ("!notin", true),
+                ("in=notin", true),
+                ("in in (notin)", true),
+                ("in notin (notin)", false),
+                ("a in (x,y,notin, z,in),grp", false),
+            ],
+        );
         let set = LabelSelector::parse("a in (x,y,notin, z,in)").unwrap();
         let values = &set.requirements().unwrap()[0].values;
         assert_eq!(values, &["in", "notin", "x", "y", "z"].map(String::from).into());

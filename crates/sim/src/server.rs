@@ -17,7 +17,8 @@ use crate::hooks::{Faults, Metrics};
 use crate::registry::{self, DeleteOpts, Deleted, Part, PatchType, WriteOpts};
 use crate::resources::{self, RESOURCES, Resource, StoreKind};
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{Key, ListAt, Obj, Store};
+use crate::store::{Key, ListAt, ListQuery, Obj, Store};
+use crate::subresources::PodCall;
 use crate::watch::{self, Filter, Render, WatchSpec};
 use crate::{SimConfig, discovery, table};
 
@@ -280,17 +281,9 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
 }
 
 fn verb_of(method: &Method, t: &Target, q: &Query) -> &'static str {
-    match (method.as_str(), t.name.is_some()) {
-        ("GET", false) if q.flag("watch") => "watch",
-        ("GET", false) => "list",
-        ("GET", true) => "get",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", false) => "deletecollection",
-        ("DELETE", true) => "delete",
-        _ => "other",
-    }
+    // A watch parameter on a named GET is a get, as in the real server.
+    let named = t.name.is_some();
+    resources::request_verb(method.as_str(), named, !named && q.flag("watch")).unwrap_or("other")
 }
 
 fn json_response(code: StatusCode, v: &Value, content_type: &'static str) -> Response {
@@ -387,12 +380,9 @@ async fn dispatch(
         ("create", Some(name), Some(sub @ ("binding" | "eviction")))
             if res.store == StoreKind::Pod =>
         {
-            let post = if sub == "binding" {
-                crate::subresources::bind
-            } else {
-                crate::subresources::evict
-            };
-            post(store, ns.unwrap_or_default(), name, &parse_body(&body, false)?, now)?;
+            let pod = PodCall { store, ns: ns.unwrap_or_default(), name, now };
+            let body = parse_body(&body, false)?;
+            if sub == "binding" { pod.bind(&body) } else { pod.evict(&body) }?;
             Ok(json_response(StatusCode::CREATED, &success_status(None), "application/json"))
         }
         ("update", Some(name), None | Some("status")) => {
@@ -452,7 +442,7 @@ async fn dispatch(
         ("deletecollection", None, None) => {
             let opts = delete_opts(q, &body)?;
             let filter = make_filter(res, q, t.ns.clone())?;
-            let page = store.list(res.store, ns, None, None, ListAt::Latest, &*filter)?;
+            let page = store.list(ListQuery::of(res.store, ns), &*filter)?;
             let mut deleted = Vec::new();
             for obj in page.items {
                 let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_owned();
@@ -751,18 +741,8 @@ async fn list(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<R
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
             ));
         }
-        (
-            store.list_labeled(
-                res.store,
-                ns,
-                Some(&key),
-                limit,
-                ListAt::Latest,
-                required,
-                &*filter,
-            )?,
-            crv,
-        )
+        let q = ListQuery::of(res.store, ns).after(Some(&key)).limit(limit).labeled(required);
+        (store.list(q, &*filter)?, crv)
     } else {
         let at = if rv.is_empty() || rv == "0" {
             if rv == "0" {
@@ -781,7 +761,8 @@ async fn list(app: &Arc<App>, q: &Query, t: &Target, format: Format) -> Result<R
                 ListAt::Latest
             }
         };
-        let page = store.list_labeled(res.store, ns, None, limit, at, required, &*filter)?;
+        let q = ListQuery::of(res.store, ns).limit(limit).at(at).labeled(required);
+        let page = store.list(q, &*filter)?;
         let rv = page.rv;
         (page, rv)
     };

@@ -133,6 +133,52 @@ pub enum ListAt {
     Exact(u64),
 }
 
+/// What one list reads: a kind, in one namespace or all, after a key (exclusive), at most
+/// `limit` objects, at a revision; with `required`, only objects carrying that label
+/// (`(key, value)`), read from the label index instead of a scan.
+#[derive(Debug, Clone, Copy)]
+pub struct ListQuery<'a> {
+    /// The kind listed.
+    pub kind: StoreKind,
+    /// One namespace, or all when `None`.
+    pub ns: Option<&'a str>,
+    /// Continue after this key.
+    pub after: Option<&'a Key>,
+    /// Most objects in the page.
+    pub limit: Option<usize>,
+    /// Which revision the list reads.
+    pub at: ListAt,
+    /// A label every object `keep` accepts carries.
+    pub required: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> ListQuery<'a> {
+    /// Every object of `kind` in `ns` (all namespaces when `None`), at the latest revision.
+    pub fn of(kind: StoreKind, ns: Option<&'a str>) -> Self {
+        Self { kind, ns, after: None, limit: None, at: ListAt::Latest, required: None }
+    }
+
+    /// Continues after `key`.
+    pub fn after(self, after: Option<&'a Key>) -> Self {
+        Self { after, ..self }
+    }
+
+    /// At most `limit` objects.
+    pub fn limit(self, limit: Option<usize>) -> Self {
+        Self { limit, ..self }
+    }
+
+    /// Reads at `at`.
+    pub fn at(self, at: ListAt) -> Self {
+        Self { at, ..self }
+    }
+
+    /// Only objects labelled `required` (which `keep` must also demand).
+    pub fn labeled(self, required: Option<(&'a str, &'a str)>) -> Self {
+        Self { required, ..self }
+    }
+}
+
 /// A page of a list.
 #[derive(Debug)]
 pub struct ListPage {
@@ -371,33 +417,13 @@ impl Store {
         }
     }
 
-    /// Lists one page of objects in key order, from `after` (exclusive), keeping those `keep`
-    /// accepts, at most `limit` of them.
+    /// Lists one page of the objects `q` names in key order, keeping those `keep` accepts.
     pub fn list(
         &self,
-        kind: StoreKind,
-        ns: Option<&str>,
-        after: Option<&Key>,
-        limit: Option<usize>,
-        at: ListAt,
+        q: ListQuery<'_>,
         keep: &dyn Fn(&Value) -> bool,
     ) -> Result<ListPage, ApiError> {
-        self.list_labeled(kind, ns, after, limit, at, None, keep)
-    }
-
-    /// Like [`Store::list`], but every object `keep` accepts carries the label `required`
-    /// (`(key, value)`), so only objects with that label are considered (from the index).
-    #[allow(clippy::too_many_arguments)]
-    pub fn list_labeled(
-        &self,
-        kind: StoreKind,
-        ns: Option<&str>,
-        after: Option<&Key>,
-        limit: Option<usize>,
-        at: ListAt,
-        required: Option<(&str, &str)>,
-        keep: &dyn Fn(&Value) -> bool,
-    ) -> Result<ListPage, ApiError> {
+        let ListQuery { kind, ns, after, limit, at, required } = q;
         let inner = self.inner.lock();
         // Only keys changed after an exact revision differ from the latest state: their state
         // at that revision is overlaid on the latest candidates instead of copying the table.
@@ -684,6 +710,15 @@ mod tests {
         (ns.to_owned(), name.to_owned())
     }
 
+    /// A store keeping `window` events, after `writes` of `(namespace, name, v)` in order.
+    fn store_with(window: usize, writes: &[(&str, &str, i64)]) -> Store {
+        let store = Store::new(window);
+        for (ns, name, v) in writes {
+            put(&store, ns, name, *v);
+        }
+        store
+    }
+
     fn put(store: &Store, ns: &str, name: &str, v: i64) -> Written {
         store
             .mutate(StoreKind::Pod, &key(ns, name), |_, _| {
@@ -710,41 +745,33 @@ mod tests {
             put(&store, "a", &format!("p{i}"), i);
         }
         put(&store, "b", "q", 0);
-        let p = store
-            .list(StoreKind::Pod, Some("a"), None, Some(2), ListAt::Latest, &|_| true)
-            .unwrap();
+        let p =
+            store.list(ListQuery::of(StoreKind::Pod, Some("a")).limit(Some(2)), &|_| true).unwrap();
         assert_eq!(p.items.len(), 2);
         assert_eq!(p.next, Some(key("a", "p1")));
-        let p2 = store
-            .list(StoreKind::Pod, Some("a"), p.next.as_ref(), Some(10), ListAt::Latest, &|_| true)
-            .unwrap();
+        let q = ListQuery::of(StoreKind::Pod, Some("a")).after(p.next.as_ref()).limit(Some(10));
+        let p2 = store.list(q, &|_| true).unwrap();
         assert_eq!(p2.items.len(), 3);
         assert!(p2.next.is_none());
-        let all = store.list(StoreKind::Pod, None, None, None, ListAt::Latest, &|_| true).unwrap();
+        let all = store.list(ListQuery::of(StoreKind::Pod, None), &|_| true).unwrap();
         assert_eq!(all.items.len(), 6);
     }
 
     #[test]
     fn exact_list_reads_history_and_expires() {
-        let store = Store::new(100);
-        put(&store, "a", "x", 1);
-        put(&store, "a", "y", 1);
-        put(&store, "a", "x", 2);
-        let p = store.list(StoreKind::Pod, None, None, None, ListAt::Exact(1), &|_| true).unwrap();
+        let store = store_with(100, &[("a", "x", 1), ("a", "y", 1), ("a", "x", 2)]);
+        let at_1 = ListQuery::of(StoreKind::Pod, None).at(ListAt::Exact(1));
+        let p = store.list(at_1, &|_| true).unwrap();
         assert_eq!(p.items.len(), 1);
         assert_eq!(p.items[0]["v"], 1);
         store.compact();
-        let err =
-            store.list(StoreKind::Pod, None, None, None, ListAt::Exact(1), &|_| true).unwrap_err();
+        let err = store.list(at_1, &|_| true).unwrap_err();
         assert_eq!(err.code, 410);
     }
 
     #[test]
     fn watch_replays_after_rv_and_expires_beyond_window() {
-        let store = Store::new(2);
-        put(&store, "a", "x", 1);
-        put(&store, "a", "x", 2);
-        put(&store, "a", "x", 3);
+        let store = store_with(2, &[("a", "x", 1), ("a", "x", 2), ("a", "x", 3)]);
         assert_eq!(store.watch(StoreKind::Pod, None, Some(0)).unwrap_err(), 1);
         let w = store.watch(StoreKind::Pod, None, Some(1)).unwrap();
         assert_eq!(w.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![2, 3]);
@@ -787,54 +814,25 @@ mod tests {
             for ns in [None, Some("a"), Some("b"), Some("c"), Some("bb")] {
                 for v in ["0", "1", "2", "9"] {
                     let keep = has(v);
-                    let scan = store.list(StoreKind::Pod, ns, None, None, at, &keep).unwrap();
-                    let idx = store
-                        .list_labeled(StoreKind::Pod, ns, None, None, at, Some(("u", v)), &keep)
-                        .unwrap();
+                    let q = ListQuery::of(StoreKind::Pod, ns).at(at);
+                    let scan = store.list(q, &keep).unwrap();
+                    let idx = store.list(q.labeled(Some(("u", v))), &keep).unwrap();
                     assert_eq!(names(&idx), names(&scan), "{at:?} {ns:?} u={v}");
                     assert_eq!(idx.rv, scan.rv);
                 }
             }
         }
-        let now = store
-            .list_labeled(
-                StoreKind::Pod,
-                Some("b"),
-                None,
-                None,
-                ListAt::Latest,
-                Some(("u", "0")),
-                &has("0"),
-            )
-            .unwrap();
+        let u0 = ListQuery::of(StoreKind::Pod, Some("b")).labeled(Some(("u", "0")));
+        let now = store.list(u0, &has("0")).unwrap();
         assert_eq!(names(&now), vec!["p9"]);
-        let then = store
-            .list_labeled(
-                StoreKind::Pod,
-                Some("b"),
-                None,
-                None,
-                ListAt::Exact(before),
-                Some(("u", "0")),
-                &has("0"),
-            )
-            .unwrap();
+        let then = store.list(u0.at(ListAt::Exact(before)), &has("0")).unwrap();
         assert_eq!(names(&then), vec!["p0", "p3"]);
         // Paging through the index: two at a time, continuing after the last key.
         let mut seen = Vec::new();
         let mut after = None;
         loop {
-            let p = store
-                .list_labeled(
-                    StoreKind::Pod,
-                    None,
-                    after.as_ref(),
-                    Some(2),
-                    ListAt::Latest,
-                    Some(("u", "1")),
-                    &has("1"),
-                )
-                .unwrap();
+            let q = ListQuery::of(StoreKind::Pod, None).labeled(Some(("u", "1")));
+            let p = store.list(q.after(after.as_ref()).limit(Some(2)), &has("1")).unwrap();
             seen.extend(names(&p));
             match p.next {
                 Some(k) => after = Some(k),
@@ -846,16 +844,14 @@ mod tests {
 
     #[test]
     fn namespace_scans_stop_at_the_namespace_end() {
-        let store = Store::new(100);
-        put(&store, "a", "x", 1);
-        put(&store, "b", "y", 1);
-        put(&store, "b", "z", 1);
+        let store = store_with(100, &[("a", "x", 1), ("b", "y", 1), ("b", "z", 1)]);
         assert_eq!(store.count(StoreKind::Pod, Some("a")), 1);
         assert_eq!(store.count(StoreKind::Pod, Some("b")), 2);
         assert_eq!(store.count(StoreKind::Pod, Some("c")), 0);
         // A continue key from an earlier namespace still lists the whole namespace.
+        let from_a = key("a", "x");
         let p = store
-            .list(StoreKind::Pod, Some("b"), Some(&key("a", "x")), None, ListAt::Latest, &|_| true)
+            .list(ListQuery::of(StoreKind::Pod, Some("b")).after(Some(&from_a)), &|_| true)
             .unwrap();
         assert_eq!(names(&p), vec!["y", "z"]);
         let w = store.watch(StoreKind::Pod, Some("a"), None).unwrap();

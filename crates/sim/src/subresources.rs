@@ -19,77 +19,93 @@ fn set_condition(pod: &mut Value, cond: Value) {
     pod["status"]["conditions"] = Value::Array(out);
 }
 
-/// `POST pods/{name}/binding`: assigns the node (once) and marks the pod scheduled.
-pub fn bind(
-    store: &Store,
-    ns: &str,
-    name: &str,
-    body: &Value,
-    now: Timestamp,
-) -> Result<(), ApiError> {
-    let res = StoreKind::Pod.resource();
-    let node = body.pointer("/target/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-    if node.is_empty() {
-        return Err(ApiError::invalid(
-            res,
-            name,
-            vec![crate::error::Cause::new("FieldValueRequired", "Required value", "target.name")],
-        ));
-    }
-    let key: Key = (ns.to_owned(), name.to_owned());
-    store.mutate(StoreKind::Pod, &key, |cur, _| {
-        let cur = cur.ok_or_else(|| ApiError::not_found(res, name))?;
-        if cur["metadata"].get("deletionTimestamp").is_some() {
-            return Err(ApiError::conflict(res, name, "pod is being deleted, cannot be assigned to a host"));
-        }
-        if let Some(existing) = cur.pointer("/spec/nodeName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-            return Err(ApiError::conflict(res, name, &format!("pod {name} is already assigned to node \"{existing}\"")));
-        }
-        let mut pod = (**cur).clone();
-        pod["spec"]["nodeName"] = json!(node);
-        set_condition(
-            &mut pod,
-            json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": format_time(now)}),
-        );
-        Ok((Mutation::Put(pod), ()))
-    })?;
-    Ok(())
+/// A `POST` on a subresource of one pod (`binding`, `eviction`), and when it arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct PodCall<'a> {
+    /// The store holding the pod.
+    pub store: &'a Store,
+    /// The pod's namespace.
+    pub ns: &'a str,
+    /// The pod's name.
+    pub name: &'a str,
+    /// When the call arrived.
+    pub now: Timestamp,
 }
 
-/// `POST pods/{name}/eviction`: marks the pod `DisruptionTarget` and deletes it gracefully.
-pub fn evict(
-    store: &Store,
-    ns: &str,
-    name: &str,
-    body: &Value,
-    now: Timestamp,
-) -> Result<(), ApiError> {
-    let res = StoreKind::Pod.resource();
-    let key: Key = (ns.to_owned(), name.to_owned());
-    let opts = match body.get("deleteOptions") {
-        Some(o) if o.is_object() => DeleteOpts::from_json(o)?,
-        _ => DeleteOpts::default(),
-    };
-    store.mutate(StoreKind::Pod, &key, |cur, _| {
-        let cur = cur.ok_or_else(|| ApiError::not_found(res, name))?;
-        let phase = cur.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default();
-        if cur["metadata"].get("deletionTimestamp").is_some()
-            || phase == "Succeeded"
-            || phase == "Failed"
-        {
-            return Ok((Mutation::Unchanged, ()));
+impl PodCall<'_> {
+    /// Applies `change` to the stored pod (not found when it is absent); `None` from `change`
+    /// leaves it as it is.
+    fn mutate(
+        self,
+        change: impl FnOnce(&Value) -> Result<Option<Value>, ApiError>,
+    ) -> Result<(), ApiError> {
+        let res = StoreKind::Pod.resource();
+        let key: Key = (self.ns.to_owned(), self.name.to_owned());
+        self.store.mutate(StoreKind::Pod, &key, |cur, _| {
+            let cur = cur.ok_or_else(|| ApiError::not_found(res, self.name))?;
+            Ok((change(cur.value())?.map_or(Mutation::Unchanged, Mutation::Put), ()))
+        })?;
+        Ok(())
+    }
+
+    /// `POST pods/{name}/binding`: assigns the node (once) and marks the pod scheduled.
+    pub fn bind(self, body: &Value) -> Result<(), ApiError> {
+        let (res, name, now) = (StoreKind::Pod.resource(), self.name, self.now);
+        let node =
+            body.pointer("/target/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if node.is_empty() {
+            return Err(ApiError::invalid_field(
+                res,
+                name,
+                "FieldValueRequired",
+                "Required value",
+                "target.name",
+            ));
         }
-        let mut pod = (**cur).clone();
-        set_condition(
-            &mut pod,
-            json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
-                   "lastTransitionTime": format_time(now), "reason": "EvictionByEvictionAPI",
-                   "message": "Eviction API: evicting"}),
-        );
-        Ok((Mutation::Put(pod), ()))
-    })?;
-    registry::delete(store, res, Some(ns), name, &opts, now)?;
-    Ok(())
+        self.mutate(|cur| {
+            if cur["metadata"].get("deletionTimestamp").is_some() {
+                return Err(ApiError::conflict(res, name, "pod is being deleted, cannot be assigned to a host"));
+            }
+            if let Some(existing) = cur.pointer("/spec/nodeName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+                return Err(ApiError::conflict(res, name, &format!("pod {name} is already assigned to node \"{existing}\"")));
+            }
+            let mut pod = cur.clone();
+            pod["spec"]["nodeName"] = json!(node);
+            set_condition(
+                &mut pod,
+                json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": format_time(now)}),
+            );
+            Ok(Some(pod))
+        })
+    }
+
+    /// `POST pods/{name}/eviction`: marks the pod `DisruptionTarget` and deletes it gracefully.
+    pub fn evict(self, body: &Value) -> Result<(), ApiError> {
+        let opts = match body.get("deleteOptions") {
+            Some(o) if o.is_object() => DeleteOpts::from_json(o)?,
+            _ => DeleteOpts::default(),
+        };
+        self.mutate(|cur| {
+            let phase = cur.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default();
+            if cur["metadata"].get("deletionTimestamp").is_some()
+                || phase == "Succeeded"
+                || phase == "Failed"
+            {
+                return Ok(None);
+            }
+            let mut pod = cur.clone();
+            set_condition(
+                &mut pod,
+                json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
+                       "lastTransitionTime": format_time(self.now), "reason": "EvictionByEvictionAPI",
+                       "message": "Eviction API: evicting"}),
+            );
+            Ok(Some(pod))
+        })?;
+        let res = StoreKind::Pod.resource();
+        registry::delete(self.store, res, Some(self.ns), self.name, &opts, self.now)?;
+        Ok(())
+    }
 }
 
 /// `PUT namespaces/{name}/finalize`: replaces `spec.finalizers`; a terminating namespace with

@@ -322,14 +322,9 @@ mod tests {
 
     #[test]
     fn human_durations_match_apimachinery() {
-        assert_eq!(human_duration(5), "5s");
-        assert_eq!(human_duration(119), "119s");
-        assert_eq!(human_duration(125), "2m5s");
-        assert_eq!(human_duration(600), "10m");
-        assert_eq!(human_duration(3 * 3600 + 60), "3h1m");
-        assert_eq!(human_duration(10 * 3600), "10h");
-        assert_eq!(human_duration(3 * 86400 + 3600), "3d1h");
-        assert_eq!(human_duration(100 * 86400), "100d");
+        let secs = [5, 119, 125, 600, 3 * 3600 + 60, 10 * 3600, 3 * 86400 + 3600, 100 * 86400];
+        let want = ["5s", "119s", "2m5s", "10m", "3h1m", "10h", "3d1h", "100d"];
+        assert_eq!(secs.map(human_duration), want);
     }
 
     #[test]

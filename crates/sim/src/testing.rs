@@ -105,3 +105,13 @@ impl Drop for TestSim {
         self.shutdown.cancel();
     }
 }
+
+/// The string `field` of every element of the array `list`, for assertions; panics when `list`
+/// is not an array or an element has no such string.
+pub fn field_of_each<'a>(list: &'a serde_json::Value, field: &str) -> Vec<&'a str> {
+    let items = list.as_array().unwrap_or_else(|| panic!("not an array: {list}"));
+    items
+        .iter()
+        .map(|item| item[field].as_str().unwrap_or_else(|| panic!("no string {field}: {item}")))
+        .collect()
+}

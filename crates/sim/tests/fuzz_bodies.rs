@@ -5,16 +5,15 @@
 //! accepted write is visible.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use futures::StreamExt;
-use kjob_sim::testing::TestSim;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 use serde_json::{Map, Value, json};
+use wire::{WAIT, Wire};
 
-/// Bound of every request and stream read: a hung handler fails the test instead of hanging it.
-const WAIT: Duration = Duration::from_secs(10);
+mod wire;
+
 /// Names the strategies address; `a` exists for every resource before the run.
 const NAMES: [&str; 3] = ["a", "b", "c-1"];
 
@@ -264,39 +263,32 @@ fn render(r: &Req) -> Vec<u8> {
 }
 
 struct Harness {
-    sim: TestSim,
-    http: reqwest::Client,
+    wire: Wire,
     /// Fuzzed requests the server accepted and refused (both must happen for the run to mean
     /// anything).
     accepted: AtomicU64,
     refused: AtomicU64,
 }
 
-impl Harness {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.sim.url())
-    }
+impl std::ops::Deref for Harness {
+    type Target = Wire;
 
-    /// Sends one request; `Err` for a transport failure (dropped connection, timeout).
-    async fn send(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        ct: &str,
-        body: Vec<u8>,
-    ) -> Result<(u16, Vec<u8>), String> {
-        let mut req = self.http.request(method, self.url(path)).body(body);
-        if !ct.is_empty() {
-            req = req.header("content-type", ct);
-        }
-        let resp = req.send().await.map_err(|e| format!("transport: {e}"))?;
-        let code = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(|e| format!("reading body: {e}"))?;
-        Ok((code, bytes.to_vec()))
+    fn deref(&self) -> &Wire {
+        &self.wire
+    }
+}
+
+impl Harness {
+    /// A simulator with `a` of every resource stored.
+    async fn seeded() -> Harness {
+        let wire = Wire::start(Default::default()).await;
+        let h = Harness { wire, accepted: AtomicU64::new(0), refused: AtomicU64::new(0) };
+        seed(&h).await;
+        h
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {
-        let (code, b) = self.send(reqwest::Method::GET, path, "", Vec::new()).await.unwrap();
+        let (code, b) = self.send(reqwest::Method::GET, path, "", Some(Vec::new())).await.unwrap();
         (code, serde_json::from_slice(&b).unwrap_or(Value::Null))
     }
 
@@ -347,7 +339,7 @@ async fn run_case(h: &Harness, reqs: Vec<Req>) -> Result<(), TestCaseError> {
         let what = format!("{method} {path} [{}] {:?}", r.content_type, r.body);
         let before = h.list_rv(t.collection).await;
         let (code, body) = h
-            .send(method, &path, r.content_type, render(&r))
+            .send(method, &path, r.content_type, Some(render(&r)))
             .await
             .map_err(|e| TestCaseError::fail(format!("{what}: {e}")))?;
         let Some(obj) = check_answer(&what, code, &body)? else {
@@ -387,7 +379,7 @@ async fn seed(h: &Harness) {
     for t in &TARGETS {
         let (code, body) = h
             .send(reqwest::Method::POST, t.collection, "application/json", {
-                serde_json::to_vec(&(t.valid)("a")).unwrap()
+                Some(serde_json::to_vec(&(t.valid)("a")).unwrap())
             })
             .await
             .unwrap();
@@ -415,7 +407,7 @@ async fn check_sound(h: &Harness) {
                 reqwest::Method::POST,
                 t.collection,
                 "application/json",
-                serde_json::to_vec(&(t.valid)(&name)).unwrap(),
+                Some(serde_json::to_vec(&(t.valid)(&name)).unwrap()),
             )
             .await
             .unwrap();
@@ -446,13 +438,7 @@ async fn check_sound(h: &Harness) {
 fn random_bodies_get_4xx_statuses_and_leave_the_store_sound() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let h = rt.block_on(async {
-        let sim = TestSim::start(Default::default()).await;
-        let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
-        let h = Harness { sim, http, accepted: AtomicU64::new(0), refused: AtomicU64::new(0) };
-        seed(&h).await;
-        h
-    });
+    let h = rt.block_on(Harness::seeded());
     // KJOB_FUZZ_CASES runs a longer search by hand; the default keeps the test a few seconds.
     let cases = std::env::var("KJOB_FUZZ_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(160);
     let cfg = ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() };
@@ -472,10 +458,7 @@ fn empty_huge_and_mistyped_bodies_are_rejected_with_statuses() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let sim = TestSim::start(Default::default()).await;
-        let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
-        let h = Harness { sim, http, accepted: AtomicU64::new(0), refused: AtomicU64::new(0) };
-        seed(&h).await;
+        let h = Harness::seeded().await;
         // Over the 3 MiB request limit: 413, as a Status.
         let huge = vec![b' '; 4 * 1024 * 1024];
         for t in &TARGETS {
@@ -490,18 +473,22 @@ fn empty_huge_and_mistyped_bodies_are_rejected_with_statuses() {
                     "application/json"
                 };
                 let what = format!("{method} {path}");
-                let (code, body) = h.send(method.clone(), &path, ct, huge.clone()).await.unwrap();
+                let (code, body) =
+                    h.send(method.clone(), &path, ct, Some(huge.clone())).await.unwrap();
                 assert_eq!(code, 413, "{what}");
                 check_answer(&what, code, &body).unwrap();
-                let (code, body) = h.send(method.clone(), &path, ct, Vec::new()).await.unwrap();
+                let (code, body) =
+                    h.send(method.clone(), &path, ct, Some(Vec::new())).await.unwrap();
                 assert_eq!(code, 400, "{what} (empty)");
                 check_answer(&what, code, &body).unwrap();
                 // A large but allowed body: a 1 MiB annotation is accepted or refused, never a
                 // crash.
                 let mut big = (t.valid)("a");
                 big["metadata"]["annotations"] = json!({"big": "x".repeat(1 << 20)});
-                let (code, body) =
-                    h.send(method, &path, ct, serde_json::to_vec(&big).unwrap()).await.unwrap();
+                let (code, body) = h
+                    .send(method, &path, ct, Some(serde_json::to_vec(&big).unwrap()))
+                    .await
+                    .unwrap();
                 check_answer(&what, code, &body).unwrap();
             }
             // A patch with a content type no patch engine takes: 415.
@@ -510,7 +497,7 @@ fn empty_huge_and_mistyped_bodies_are_rejected_with_statuses() {
                     reqwest::Method::PATCH,
                     &format!("{}/a", t.collection),
                     "text/plain",
-                    b"{}".to_vec(),
+                    Some(b"{}".to_vec()),
                 )
                 .await
                 .unwrap();

@@ -5,51 +5,46 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kjob_sim::SimConfig;
-use kjob_sim::testing::TestSim;
 use serde_json::{Value, json};
+use wire::{WAIT, Wire};
 
-/// Bound of every request and stream read.
-const WAIT: Duration = Duration::from_secs(10);
+mod wire;
 
-struct H {
-    sim: TestSim,
-    http: reqwest::Client,
+struct H(Wire);
+
+impl std::ops::Deref for H {
+    type Target = Wire;
+
+    fn deref(&self) -> &Wire {
+        &self.0
+    }
 }
 
 impl H {
     async fn start(config: SimConfig) -> H {
-        let sim = TestSim::start(config).await;
-        let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
-        H { sim, http }
+        H(Wire::start(config).await)
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.sim.url())
-    }
-
-    async fn send(
+    /// Sends `body` (JSON, with its content type) when given; the answer as JSON, or as a
+    /// string when it is not JSON.
+    async fn json(
         &self,
         method: reqwest::Method,
         path: &str,
-        ct: &str,
-        body: Option<Value>,
+        body: Option<(&str, Value)>,
     ) -> (u16, Value) {
-        let mut req = self.http.request(method, self.url(path));
-        if let Some(b) = body {
-            req = req.header("content-type", ct).body(b.to_string());
-        }
-        let resp = req.send().await.unwrap();
-        let code = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
+        let (ct, body) = body.map_or(("", None), |(ct, b)| (ct, Some(b.to_string().into_bytes())));
+        let (code, bytes) = self.send(method, path, ct, body).await.unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
         (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(reqwest::Method::GET, path, "", None).await
+        self.json(reqwest::Method::GET, path, None).await
     }
 
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.send(reqwest::Method::POST, path, "application/json", Some(body)).await
+        self.json(reqwest::Method::POST, path, Some(("application/json", body))).await
     }
 
     async fn pod(&self, ns: &str, name: &str) -> Value {
@@ -189,11 +184,10 @@ async fn error_shapes_and_body_rules() {
     );
     h.pod("default", "a").await;
     let (code, v) = h
-        .send(
+        .json(
             reqwest::Method::PATCH,
             "/api/v1/namespaces/default/pods/a",
-            "text/plain",
-            Some(json!({})),
+            Some(("text/plain", json!({}))),
         )
         .await;
     assert_eq!((code, v["reason"].as_str()), (415, Some("UnsupportedMediaType")));
@@ -215,27 +209,28 @@ async fn error_shapes_and_body_rules() {
     // A JSON patch whose test fails is 422 Invalid; a test of null on a missing key passes.
     let jp = "application/json-patch+json";
     let (code, _) = h
-        .send(
+        .json(
             reqwest::Method::PATCH,
             "/api/v1/namespaces/default/pods/a",
-            jp,
-            Some(json!([{"op": "test", "path": "/metadata/labels", "value": {"x": "y"}}])),
+            Some((jp, json!([{"op": "test", "path": "/metadata/labels", "value": {"x": "y"}}]))),
         )
         .await;
     assert_eq!(code, 422);
     let (code, v) = h
-        .send(
+        .json(
             reqwest::Method::PATCH,
             "/api/v1/namespaces/default/pods/a",
-            jp,
-            Some(json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
-                           {"op": "add", "path": "/metadata/finalizers", "value": ["a.io/b"]}])),
+            Some((
+                jp,
+                json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+                           {"op": "add", "path": "/metadata/finalizers", "value": ["a.io/b"]}]),
+            )),
         )
         .await;
     assert_eq!(code, 200, "{v}");
     // Deleting a pod returns the pod; deleting a job returns a Status.
     let (code, v) =
-        h.send(reqwest::Method::DELETE, "/api/v1/namespaces/default/pods/a", "", None).await;
+        h.json(reqwest::Method::DELETE, "/api/v1/namespaces/default/pods/a", None).await;
     assert_eq!(code, 200);
     assert_eq!(v["kind"], "Pod");
     assert!(v["metadata"]["deletionTimestamp"].is_string());
@@ -259,13 +254,13 @@ async fn events_share_one_store_and_leases_create_on_put() {
     let lease = json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15}});
     let path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/l";
     let (code, v) =
-        h.send(reqwest::Method::PUT, path, "application/json", Some(lease.clone())).await;
+        h.json(reqwest::Method::PUT, path, Some(("application/json", lease.clone()))).await;
     assert_eq!(code, 201, "{v}");
-    let (code, _) = h.send(reqwest::Method::PUT, path, "application/json", Some(lease)).await;
+    let (code, _) = h.json(reqwest::Method::PUT, path, Some(("application/json", lease))).await;
     assert_eq!(code, 422, "leases refuse unconditional updates");
     let mut stale = v.clone();
     stale["metadata"]["resourceVersion"] = json!("1");
-    let (code, v) = h.send(reqwest::Method::PUT, path, "application/json", Some(stale)).await;
+    let (code, v) = h.json(reqwest::Method::PUT, path, Some(("application/json", stale))).await;
     assert_eq!((code, v["reason"].as_str()), (409, Some("Conflict")));
 }
 

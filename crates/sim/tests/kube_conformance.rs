@@ -24,6 +24,19 @@ async fn namespace(client: &kube::Client, name: &str) {
     api.create(&PostParams::default(), &ns).await.expect("create namespace");
 }
 
+/// A simulator started with `config`, with namespace `ns` made, and a client of it.
+async fn sim_with(config: SimConfig, ns: &str) -> (TestSim, kube::Client) {
+    let sim = TestSim::start(config).await;
+    let client = sim.client();
+    namespace(&client, ns).await;
+    (sim, client)
+}
+
+/// Merge-patches pod `name` with `patch`.
+async fn merge(pods: &Api<Pod>, name: &str, patch: serde_json::Value) {
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+}
+
 fn pod(name: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -70,22 +83,14 @@ where
 
 #[tokio::test]
 async fn watcher_sees_init_then_apply_and_delete() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w1").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "w1").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w1");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     let mut stream = watcher(pods.clone(), watcher::Config::default()).boxed();
     expect_labels(&mut stream, &["Init", "InitApply:a", "InitDone"]).await;
     pods.create(&PostParams::default(), &pod("b")).await.unwrap();
     expect_labels(&mut stream, &["Apply:b"]).await;
-    pods.patch(
-        "b",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
-    )
-    .await
-    .unwrap();
+    merge(&pods, "b", json!({"metadata": {"labels": {"x": "y"}}})).await;
     expect_labels(&mut stream, &["Apply:b"]).await;
     // Unscheduled pods skip the grace period: MODIFIED (deletionTimestamp) then DELETED.
     pods.delete("b", &DeleteParams::default()).await.unwrap();
@@ -94,9 +99,7 @@ async fn watcher_sees_init_then_apply_and_delete() {
 
 #[tokio::test]
 async fn compaction_mid_watch_gives_one_410_and_one_relist() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w2").await;
+    let (sim, client) = sim_with(SimConfig::default(), "w2").await;
     namespace(&client, "other").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w2");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
@@ -121,9 +124,7 @@ async fn compaction_mid_watch_gives_one_410_and_one_relist() {
 
 #[tokio::test]
 async fn streaming_lists_end_on_the_initial_events_bookmark() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w3").await;
+    let (sim, client) = sim_with(SimConfig::default(), "w3").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w3");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     pods.create(&PostParams::default(), &pod("b")).await.unwrap();
@@ -136,17 +137,15 @@ async fn streaming_lists_end_on_the_initial_events_bookmark() {
 
 #[tokio::test]
 async fn selector_transitions_are_added_and_deleted() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w4").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "w4").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w4");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     let mut stream = watcher(pods.clone(), watcher::Config::default().labels("app=x")).boxed();
     expect_labels(&mut stream, &["Init", "InitDone"]).await;
-    let set = |v: serde_json::Value| Patch::Merge(json!({"metadata": {"labels": {"app": v}}}));
-    pods.patch("a", &PatchParams::default(), &set(json!("x"))).await.unwrap();
+    let set = |v: serde_json::Value| json!({"metadata": {"labels": {"app": v}}});
+    merge(&pods, "a", set(json!("x"))).await;
     expect_labels(&mut stream, &["Apply:a"]).await;
-    pods.patch("a", &PatchParams::default(), &set(json!("y"))).await.unwrap();
+    merge(&pods, "a", set(json!("y"))).await;
     expect_labels(&mut stream, &["Delete:a"]).await;
     // Field selectors transition the same way: unscheduled pods have an empty nodeName.
     let mut by_field =
@@ -159,9 +158,7 @@ async fn finalizer_helper_adds_and_removes_its_finalizer() {
     use kube::runtime::controller::Action;
     use kube::runtime::finalizer::{Event as FEvent, finalizer};
 
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w5").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "w5").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w5");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     const NAME: &str = "kjob.io/test-finalizer";
@@ -199,9 +196,7 @@ async fn recorder_creates_then_series_patches_an_event() {
     use k8s_openapi::api::events::v1::Event as NewEvent;
     use kube::runtime::events::{Event as REvent, EventType, Recorder, Reporter};
 
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w6").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "w6").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w6");
     let p = pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     let reporter = Reporter { controller: "kjob.io/test".into(), instance: Some("t-1".into()) };
@@ -232,22 +227,14 @@ async fn recorder_creates_then_series_patches_an_event() {
 
 #[tokio::test]
 async fn write_errors_have_the_real_status_shapes() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w7").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "w7").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w7");
     let created = pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     let err = pods.create(&PostParams::default(), &pod("a")).await.unwrap_err();
     let kube::Error::Api(s) = err else { panic!("api error expected") };
     assert!(s.is_already_exists(), "{s:?}");
     let mut stale = created.clone();
-    pods.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"v": "1"}}})),
-    )
-    .await
-    .unwrap();
+    merge(&pods, "a", json!({"metadata": {"labels": {"v": "1"}}})).await;
     stale.metadata.labels = Some([("v".to_owned(), "2".to_owned())].into());
     let kube::Error::Api(s) = pods.replace("a", &PostParams::default(), &stale).await.unwrap_err()
     else {
@@ -272,9 +259,7 @@ async fn write_errors_have_the_real_status_shapes() {
 
 #[tokio::test]
 async fn lists_page_with_the_first_pages_revision() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "w8").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "w8").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "w8");
     for i in 0..5 {
         pods.create(&PostParams::default(), &pod(&format!("p{i}"))).await.unwrap();
@@ -316,9 +301,7 @@ fn job(name: &str, restart_policy: &str) -> k8s_openapi::api::batch::v1::Job {
 async fn jobs_are_defaulted_and_invalid_jobs_get_causes() {
     use k8s_openapi::api::batch::v1::Job;
 
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "j1").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "j1").await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "j1");
     let j = jobs.create(&PostParams::default(), &job("pi", "Never")).await.unwrap();
     let uid = j.metadata.uid.clone().unwrap();
@@ -396,9 +379,7 @@ fn owned_pod(name: &str, owner: &k8s_openapi::api::batch::v1::Job) -> Pod {
 async fn job_deletion_orphans_by_default_and_collects_in_background() {
     use k8s_openapi::api::batch::v1::Job;
 
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "g1").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "g1").await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "g1");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "g1");
 
@@ -433,21 +414,13 @@ async fn job_deletion_orphans_by_default_and_collects_in_background() {
     .await;
     let j = jobs.get("c").await.expect("owner waits for its dependent");
     assert_eq!(j.metadata.finalizers.as_deref(), Some(&["foregroundDeletion".to_owned()][..]));
-    pods.patch(
-        "c-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
+    merge(&pods, "c-1", json!({"metadata": {"finalizers": null}})).await;
     wait_until("owner released", || async { jobs.get_opt("c").await.unwrap().is_none() }).await;
 }
 
 #[tokio::test]
 async fn namespace_deletion_empties_then_removes_the_namespace() {
-    let sim = TestSim::start(SimConfig::default()).await;
-    let client = sim.client();
-    namespace(&client, "doomed").await;
+    let (_sim, client) = sim_with(SimConfig::default(), "doomed").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "doomed");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     let nss: Api<Namespace> = Api::all(client.clone());
@@ -479,9 +452,7 @@ async fn kubelet_auto_runs_pods_to_completion() {
         },
         ..Default::default()
     };
-    let sim = TestSim::start(config).await;
-    let client = sim.client();
-    namespace(&client, "k1").await;
+    let (sim, client) = sim_with(config, "k1").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "k1");
     pods.create(&PostParams::default(), &pod("a")).await.unwrap();
     let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::process::{free_port, wait_for_tcp, workspace_root};
+use crate::process::{free_port, reap_by, send_sigterm, wait_for_tcp, workspace_root};
 
 /// Version of the upstream binaries `cluster/build.sh` builds.
 pub const KUBERNETES_VERSION: &str = "v1.37.2";
@@ -655,13 +655,8 @@ impl ControlPlane {
     /// Stops every process (newest first) and removes etcd's data.
     pub fn stop(&mut self) {
         while let Some(mut p) = self.procs.pop() {
-            let _ = Command::new("kill").arg("-TERM").arg(p.child.id().to_string()).status();
-            let deadline = Instant::now() + STOP_GRACE;
-            while Instant::now() < deadline && matches!(p.child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = p.child.kill();
-            let _ = p.child.wait();
+            send_sigterm(p.child.id());
+            reap_by(&mut p.child, Instant::now() + STOP_GRACE);
             let _ = fs::remove_file(self.dir.join("pids").join(&p.name));
         }
         let _ = fs::remove_dir_all(&self.etcd_data);

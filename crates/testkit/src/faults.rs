@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use kjob_sim::resources::request_verb;
+
 /// Faults an API server injects, set all at once (a field left at its default turns that fault
 /// off). The same semantics as kjob-sim's `/sim/faults`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -110,17 +112,7 @@ pub fn classify(method: &str, path: &str, query: &str) -> Option<ApiRequest> {
         [res, name, sub, ..] => (*res, Some(*name), Some(sub.to_string())),
     };
     let watch_param = query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
-    let verb = match (method, name.is_some()) {
-        ("GET", _) if watch_path || watch_param => "watch",
-        ("GET", true) => "get",
-        ("GET", false) => "list",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", true) => "delete",
-        ("DELETE", false) => "deletecollection",
-        _ => return None,
-    };
+    let verb = request_verb(method, name.is_some(), watch_path || watch_param)?;
     let resource =
         if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
     Some(ApiRequest { verb, resource, subresource })

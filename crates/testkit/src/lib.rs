@@ -13,7 +13,7 @@ pub mod redis_cluster;
 pub mod server;
 pub mod stack;
 
-pub use process::{ChildGuard, bin_path, free_port, wait_for_tcp, workspace_root};
+pub use process::{ChildGuard, bin_path, free_port, require_bins, wait_for_tcp, workspace_root};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
 pub use stack::{Stack, StackConfig};

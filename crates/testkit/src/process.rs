@@ -2,7 +2,7 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// A free TCP port on 127.0.0.1 (bound then released; the OS will not hand it out again soon).
@@ -30,6 +30,33 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
 }
 
+/// How often a process being stopped is checked for its exit.
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
+/// Sends SIGTERM to the process `pid` (nothing happens when it is gone).
+pub fn send_sigterm(pid: u32) {
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+}
+
+/// Kills `child` with SIGKILL and reaps it.
+pub fn kill_and_reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Waits until `deadline` for `child` to exit, then kills and reaps it. Returns the exit
+/// status if it exited by itself.
+pub fn reap_by(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(EXIT_POLL);
+    }
+    kill_and_reap(child);
+    None
+}
+
 /// A child process killed (SIGKILL) and reaped on drop.
 #[derive(Debug)]
 pub struct ChildGuard {
@@ -53,26 +80,16 @@ impl ChildGuard {
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            kill_and_reap(&mut c);
         }
     }
 
     /// Sends SIGTERM and waits up to `timeout` for the process to exit; SIGKILL after that.
     /// Returns the exit status if it exited by itself.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = c.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        None
+        send_sigterm(c.id());
+        reap_by(&mut c, Instant::now() + timeout)
     }
 
     /// Whether the process has exited (without reaping a running one).
@@ -111,6 +128,15 @@ pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
         "binary {name} not found under {}: run `cargo build --bins` first",
         target.display()
     )
+}
+
+/// Fails, naming them, when any of the workspace binaries `names` is not built.
+pub fn require_bins(names: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = names.iter().copied().filter(|b| bin_path(b).is_err()).collect();
+    if !missing.is_empty() {
+        anyhow::bail!("binaries not built: {} (run `cargo build --bins`)", missing.join(", "));
+    }
+    Ok(())
 }
 
 /// How long a test's kjob-queue may take to listen.

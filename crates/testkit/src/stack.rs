@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::faults::ApiFaults;
-use crate::process::{free_port, wait_for_tcp};
+use crate::process::{free_port, kill_and_reap, reap_by, send_sigterm, wait_for_tcp};
 use crate::proxy::FaultProxy;
 
 /// How long a process may take to listen on its port: cold debug binaries on a loaded 2-core
@@ -189,8 +189,7 @@ impl Proc {
 
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            kill_and_reap(&mut c);
         }
     }
 
@@ -198,22 +197,13 @@ impl Proc {
         if let Some(c) = self.child.as_mut()
             && matches!(c.try_wait(), Ok(None))
         {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            send_sigterm(c.id());
         }
     }
 
     /// Waits for exit until `deadline`, then SIGKILL. Returns the status if it exited itself.
     fn reap_by(&mut self, deadline: Instant) -> Option<ExitStatus> {
-        let mut c = self.child.take()?;
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = c.try_wait() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        None
+        reap_by(&mut self.child.take()?, deadline)
     }
 }
 

@@ -39,6 +39,22 @@ const POD_REPLACEMENT_POLICIES: [&str; 2] = ["Failed", "TerminatingOrFailed"];
 const EXIT_CODE_OPERATORS: [&str; 2] = ["In", "NotIn"];
 const CONDITION_STATUSES: [&str; 3] = ["False", "True", "Unknown"];
 
+/// Checks a required field that takes one of `valid`: `Required value` naming them (in Go's
+/// `%q` list form) when it is empty, `Unsupported value` when it is none of them. Whether
+/// `value` is one of them.
+fn check_one_of(out: &mut Vec<FieldCause>, field: &str, value: &str, valid: &[&str]) -> bool {
+    if value.is_empty() {
+        let list: Vec<String> = valid.iter().map(|v| format!("{v:?}")).collect();
+        out.push(FieldCause::required(field, &format!("valid values: [{}]", list.join(" "))));
+        false
+    } else if !valid.contains(&value) {
+        out.push(FieldCause::not_supported(field, &json!(value), valid));
+        false
+    } else {
+        true
+    }
+}
+
 fn int(v: &Value, ptr: &str) -> Option<i64> {
     v.pointer(ptr).and_then(Value::as_i64)
 }
@@ -276,18 +292,8 @@ fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
     for (i, rule) in rules.iter().enumerate() {
         let rp = format!("spec.podFailurePolicy.rules[{i}]");
         let action = rule.get("action").and_then(Value::as_str).unwrap_or_default();
-        if action.is_empty() {
-            out.push(FieldCause::required(
-                &format!("{rp}.action"),
-                "valid values: [\"Count\" \"FailIndex\" \"FailJob\" \"Ignore\"]",
-            ));
-        } else if !POD_FAILURE_ACTIONS.contains(&action) {
-            out.push(FieldCause::not_supported(
-                &format!("{rp}.action"),
-                &json!(action),
-                &POD_FAILURE_ACTIONS,
-            ));
-        } else if action == "FailIndex" && !per_index {
+        let known = check_one_of(out, &format!("{rp}.action"), action, &POD_FAILURE_ACTIONS);
+        if known && action == "FailIndex" && !per_index {
             out.push(FieldCause::invalid(
                 &format!("{rp}.action"),
                 &json!(action),
@@ -319,18 +325,7 @@ fn validate_pod_failure_policy(spec: &Value, out: &mut Vec<FieldCause>) {
                 ));
             }
             let op = codes.get("operator").and_then(Value::as_str).unwrap_or_default();
-            if op.is_empty() {
-                out.push(FieldCause::required(
-                    &format!("{cp}.operator"),
-                    "valid values: [\"In\" \"NotIn\"]",
-                ));
-            } else if !EXIT_CODE_OPERATORS.contains(&op) {
-                out.push(FieldCause::not_supported(
-                    &format!("{cp}.operator"),
-                    &json!(op),
-                    &EXIT_CODE_OPERATORS,
-                ));
-            }
+            check_one_of(out, &format!("{cp}.operator"), op, &EXIT_CODE_OPERATORS);
             let values: Vec<i64> = codes
                 .get("values")
                 .and_then(Value::as_array)
@@ -1198,134 +1193,118 @@ mod tests {
         validate_job_create(&created(j))
     }
 
+    /// Causes of creating the test Job with `patch` (a JSON merge patch) applied.
+    fn causes_with(patch: Value) -> Vec<FieldCause> {
+        causes_for(|j| crate::patch::merge_patch(j, &patch).expect("a valid merge patch"))
+    }
+
     #[test]
     fn spec_validation_table() {
-        let cases: Vec<(Mutation, &str, &str)> = vec![
+        let indexed = |mut spec: Value| {
+            spec["completionMode"] = json!("Indexed");
+            json!({"spec": spec})
+        };
+        let pod_spec = |pod: Value| json!({"spec": {"template": {"spec": pod}}});
+        let cases: Vec<(Value, &str, &str)> = vec![
             (
-                Box::new(|j| j["spec"]["parallelism"] = json!(-1)),
+                json!({"spec": {"parallelism": -1}}),
                 "spec.parallelism",
                 "Invalid value: -1: must be greater than or equal to 0",
             ),
             (
-                Box::new(|j| j["spec"]["backoffLimit"] = json!(-2)),
+                json!({"spec": {"backoffLimit": -2}}),
                 "spec.backoffLimit",
                 "Invalid value: -2: must be greater than or equal to 0",
             ),
             (
-                Box::new(|j| j["spec"]["template"]["spec"]["restartPolicy"] = json!("Always")),
+                pod_spec(json!({"restartPolicy": "Always"})),
                 "spec.template.spec.restartPolicy",
                 "Required value: valid values: \"OnFailure\", \"Never\"",
             ),
             (
-                Box::new(|j| j["spec"]["completionMode"] = json!("Sometimes")),
+                json!({"spec": {"completionMode": "Sometimes"}}),
                 "spec.completionMode",
                 "Unsupported value: \"Sometimes\": supported values: \"NonIndexed\", \"Indexed\"",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["completionMode"] = json!("Indexed");
-                    j["spec"]["parallelism"] = json!(2);
-                }),
+                indexed(json!({"parallelism": 2})),
                 "spec.completions",
                 "Required value: when completion mode is Indexed",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["completionMode"] = json!("Indexed");
-                    j["spec"]["completions"] = json!(200_000);
-                    j["spec"]["parallelism"] = json!(100_001);
-                }),
+                indexed(json!({"completions": 200_000, "parallelism": 100_001})),
                 "spec.parallelism",
                 "Invalid value: 100001: must be less than or equal to 100000 when completion mode is Indexed",
             ),
             (
-                Box::new(|j| j["spec"]["template"]["spec"]["restartPolicy"] = json!("Sometimes")),
+                pod_spec(json!({"restartPolicy": "Sometimes"})),
                 "spec.template.spec.restartPolicy",
                 "Unsupported value: \"Sometimes\": supported values: \"OnFailure\", \"Never\"",
             ),
             (
-                Box::new(|j| j["spec"]["backoffLimitPerIndex"] = json!(1)),
+                json!({"spec": {"backoffLimitPerIndex": 1}}),
                 "spec.backoffLimitPerIndex",
                 "Invalid value: 1: requires indexed completion mode",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["completionMode"] = json!("Indexed");
-                    j["spec"]["completions"] = json!(3);
-                    j["spec"]["maxFailedIndexes"] = json!(1);
-                }),
+                indexed(json!({"completions": 3, "maxFailedIndexes": 1})),
                 "spec.backoffLimitPerIndex",
                 "Required value: when maxFailedIndexes is specified",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["completionMode"] = json!("Indexed");
-                    j["spec"]["completions"] = json!(3);
-                    j["spec"]["backoffLimitPerIndex"] = json!(1);
-                    j["spec"]["maxFailedIndexes"] = json!(4);
-                }),
+                indexed(
+                    json!({"completions": 3, "backoffLimitPerIndex": 1, "maxFailedIndexes": 4}),
+                ),
                 "spec.maxFailedIndexes",
                 "Invalid value: 4: must be less than or equal to completions",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["completionMode"] = json!("Indexed");
-                    j["spec"]["completions"] = json!(200_000);
-                    j["spec"]["parallelism"] = json!(10);
-                    j["spec"]["backoffLimitPerIndex"] = json!(1);
-                }),
+                indexed(
+                    json!({"completions": 200_000, "parallelism": 10, "backoffLimitPerIndex": 1}),
+                ),
                 "spec.maxFailedIndexes",
                 "Required value: must be specified when completions is above 100000",
             ),
             (
-                Box::new(|j| {
-                    j["metadata"]["name"] = json!("a".repeat(62));
-                    j["spec"]["completionMode"] = json!("Indexed");
-                    j["spec"]["completions"] = json!(10);
-                }),
+                json!({"metadata": {"name": "a".repeat(62)},
+                       "spec": {"completionMode": "Indexed", "completions": 10}}),
                 "metadata.name",
                 "will not able to create pod with invalid DNS label",
             ),
             (
-                Box::new(|j| j["spec"]["podReplacementPolicy"] = json!("Sometimes")),
+                json!({"spec": {"podReplacementPolicy": "Sometimes"}}),
                 "spec.podReplacementPolicy",
                 "Unsupported value: \"Sometimes\"",
             ),
             (
-                Box::new(|j| j["spec"]["managedBy"] = json!("nodomain")),
+                json!({"spec": {"managedBy": "nodomain"}}),
                 "spec.managedBy",
                 "must be a domain-prefixed path",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["managedBy"] = json!(format!("example.com/{}", "a".repeat(60)))
-                }),
+                json!({"spec": {"managedBy": format!("example.com/{}", "a".repeat(60))}}),
                 "spec.managedBy",
                 "Too long: may not be more than 63 bytes",
             ),
             (
-                Box::new(|j| j["spec"]["template"]["spec"]["containers"] = json!([])),
+                pod_spec(json!({"containers": []})),
                 "spec.template.spec.containers",
                 "Required value",
             ),
             (
-                Box::new(|j| {
-                    j["spec"]["template"]["metadata"] = json!({"labels": {"bad key!": "x"}})
-                }),
+                json!({"spec": {"template": {"metadata": {"labels": {"bad key!": "x"}}}}}),
                 "spec.template.metadata.labels",
                 "Invalid value: \"bad key!\"",
             ),
         ];
-        for (mutate, field, msg) in cases {
-            let c = causes_for(mutate);
+        for (patch, field, msg) in cases {
+            let c = causes_with(patch);
             assert!(
                 c.iter().any(|c| c.field == field && c.message.contains(msg)),
                 "want {field}: {msg}; got {c:?}"
             );
         }
-        assert!(
-            causes_for(|j| j["spec"]["managedBy"] = json!("kjob.io/job-controller")).is_empty()
-        );
+        assert!(causes_with(json!({"spec": {"managedBy": "kjob.io/job-controller"}})).is_empty());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value, json};
 
 use super::FieldCause;
+use crate::image::default_pull_policy;
 use crate::selector::{dns1123_label_error, qualified_name_errors};
 
 /// Default `terminationGracePeriodSeconds` of a pod.
@@ -18,19 +19,6 @@ const RESTART_POLICIES: [&str; 3] = ["Always", "OnFailure", "Never"];
 fn set_default(m: &mut Map<String, Value>, key: &str, value: Value) {
     if m.get(key).is_none_or(Value::is_null) {
         m.insert(key.to_string(), value);
-    }
-}
-
-/// `imagePullPolicy` default: `Always` for `:latest` or untagged images, else `IfNotPresent`
-/// (digest references count as tagged).
-pub fn default_pull_policy(image: &str) -> &'static str {
-    if image.contains('@') {
-        return "IfNotPresent";
-    }
-    let last = image.rsplit('/').next().unwrap_or(image);
-    match last.split_once(':') {
-        Some((_, tag)) if tag != "latest" => "IfNotPresent",
-        _ => "Always",
     }
 }
 
@@ -369,16 +357,6 @@ mod tests {
                 {"name": "d", "image": "nginx:1.27"}
             ]}
         })
-    }
-
-    #[test]
-    fn pull_policy_by_tag() {
-        assert_eq!(default_pull_policy("busybox"), "Always");
-        assert_eq!(default_pull_policy("busybox:latest"), "Always");
-        assert_eq!(default_pull_policy("busybox:1.36"), "IfNotPresent");
-        assert_eq!(default_pull_policy("localhost:5000/busybox"), "Always");
-        assert_eq!(default_pull_policy("localhost:5000/busybox:1"), "IfNotPresent");
-        assert_eq!(default_pull_policy("busybox@sha256:abc"), "IfNotPresent");
     }
 
     #[test]

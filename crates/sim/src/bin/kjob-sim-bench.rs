@@ -151,6 +151,18 @@ async fn call_body(
     Ok(resp)
 }
 
+/// Creates pod `p-{n}` at `pods_url`: stored pods are named so that later phases can address
+/// any of them.
+async fn create_pod(http: &Http, pods_url: &str, n: u64) -> anyhow::Result<()> {
+    let body = pod_body(&format!("p-{n}"));
+    expect(http, ("POST", pods_url, "application/json"), body, 201, "create").await
+}
+
+/// The item (of `n`) client `w` addresses in its call `seq`: spread over all of them.
+fn spread(w: u64, seq: u64, n: u64) -> u64 {
+    (w * 7919 + seq * 104_729) % n
+}
+
 fn pod_body(name: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"metadata": {"name": name, "labels": {"app": "bench"}},
         "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox:1.36"}]}}))
@@ -234,17 +246,8 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
             let (http, url, created) = (http.clone(), url.clone(), created.clone());
             async move {
                 // Pods are named p-0, p-1, ... so later phases can address any stored pod.
-                let n = created.fetch_add(1, Ordering::Relaxed);
                 let _ = (w, seq);
-                expect(
-                    &http,
-                    ("POST", &url, "application/json"),
-                    pod_body(&format!("p-{n}")),
-                    201,
-                    "create",
-                )
-                .await?;
-                Ok(())
+                create_pod(&http, &url, created.fetch_add(1, Ordering::Relaxed)).await
             }
         })
         .await?;
@@ -265,14 +268,7 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
                     if i >= pods {
                         return anyhow::Ok(());
                     }
-                    expect(
-                        &http,
-                        ("POST", &url, "application/json"),
-                        pod_body(&format!("p-{i}")),
-                        201,
-                        "create",
-                    )
-                    .await?;
+                    create_pod(&http, &url, i).await?;
                 }
             }));
         }
@@ -295,7 +291,7 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
         let rate = phase(clients, seconds, move |w, seq| {
             let (http, url) = (http.clone(), url.clone());
             async move {
-                let i = (w * 7919 + seq * 104_729) % stored;
+                let i = spread(w, seq, stored);
                 let body = serde_json::to_vec(
                     &json!({"status": {"phase": "Running", "message": format!("u{clients}-{w}-{seq}")}}),
                 )?;
@@ -323,30 +319,15 @@ async fn classic(pods: u64, seconds: Duration, sim_bin: &PathBuf) -> anyhow::Res
                 let v: serde_json::Value = serde_json::from_slice(&body)?;
                 v["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_owned()
             };
-            let req = http::Request::builder()
-                .uri(format!("{pods_url}?watch=true&resourceVersion={list_rv}"))
-                .body(Full::new(Bytes::new()))?;
-            let resp = http.request(req).await?;
-            let (received, stop) = (received.clone(), stop.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut body = resp.into_body().into_data_stream();
-                loop {
-                    tokio::select! {
-                        chunk = body.next() => match chunk {
-                            Some(Ok(b)) => { received.fetch_add(b.iter().filter(|c| **c == b'\n').count() as u64, Ordering::Relaxed); }
-                            _ => return,
-                        },
-                        _ = stop.cancelled() => return,
-                    }
-                }
-            }));
+            let url = format!("{pods_url}?watch=true&resourceVersion={list_rv}");
+            tasks.push(open_watch(&http, &url, received.clone(), stop.clone()).await?);
         }
         let (http2, url) = (http.clone(), pods_url.clone());
         let start = Instant::now();
         let writes = phase(16, seconds, move |w, seq| {
             let (http, url) = (http2.clone(), url.clone());
             async move {
-                let i = (w * 7919 + seq * 104_729) % stored;
+                let i = spread(w, seq, stored);
                 let body = serde_json::to_vec(
                     &json!({"status": {"message": format!("w{watchers}-{w}-{seq}")}}),
                 )?;
@@ -459,16 +440,14 @@ async fn fill(
     Ok(all)
 }
 
-/// Opens a watch and counts the lines it delivers until `stop`.
+/// Opens the watch `url` (with its query) and counts the lines it delivers until `stop`.
 async fn open_watch(
     http: &Http,
     url: &str,
     received: Arc<AtomicU64>,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let req = http::Request::builder()
-        .uri(format!("{url}?watch=true&allowWatchBookmarks=true"))
-        .body(Full::new(Bytes::new()))?;
+    let req = http::Request::builder().uri(url).body(Full::new(Bytes::new()))?;
     let resp = tokio::time::timeout(REQUEST_TIMEOUT, http.request(req)).await??;
     if resp.status() != 200 {
         bail!("watch {url} answered {}", resp.status());
@@ -496,6 +475,36 @@ struct Mix {
     create: f64,
 }
 
+/// Where the mix sends its requests: the server, and the Jobs it addresses.
+#[derive(Clone)]
+struct Target {
+    http: Http,
+    base: String,
+    jobs: Arc<Vec<StoredJob>>,
+}
+
+impl Target {
+    /// The Job client `w` addresses in its call `seq`, spread over all of them.
+    fn pick(&self, w: u64, seq: u64) -> &StoredJob {
+        &self.jobs[spread(w, seq, self.jobs.len() as u64) as usize]
+    }
+}
+
+/// [`phase`] against `target`: every call gets its own handle on it.
+async fn target_phase<F, Fut>(
+    target: &Target,
+    clients: u64,
+    dur: Duration,
+    op: F,
+) -> anyhow::Result<f64>
+where
+    F: Fn(Target, u64, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let target = target.clone();
+    phase(clients, dur, move |w, seq| op(target.clone(), w, seq)).await
+}
+
 /// Measures the mix against the Jobs in `jobs` (their pods exist), `clients` at a time.
 async fn measure_mix(
     http: &Http,
@@ -505,81 +514,61 @@ async fn measure_mix(
     clients: u64,
     seconds: Duration,
 ) -> anyhow::Result<Mix> {
-    let pick = |w: u64, seq: u64, n: usize| ((w * 7919 + seq * 104_729) % n as u64) as usize;
-    let n = jobs.len();
-    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
-    let get = phase(clients, seconds, move |w, seq| {
-        let (http, base, jobs) = (h.clone(), b.clone(), j.clone());
-        async move {
-            let job = &jobs[pick(w, seq, n)];
-            let url = format!("{base}/api/v1/namespaces/{}/pods/{}-0", job.ns, job.name);
-            let code = call(&http, "GET", &url, "application/json", Vec::new()).await?;
-            if code != 200 {
-                bail!("get answered {code}");
-            }
-            Ok(())
+    let target = Target { http: http.clone(), base: base.to_owned(), jobs };
+    let get = target_phase(&target, clients, seconds, |t, w, seq| async move {
+        let job = t.pick(w, seq);
+        let url = format!("{}/api/v1/namespaces/{}/pods/{}-0", t.base, job.ns, job.name);
+        let code = call(&t.http, "GET", &url, "application/json", Vec::new()).await?;
+        if code != 200 {
+            bail!("get answered {code}");
         }
+        Ok(())
     })
     .await?;
-    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
-    let list = phase(clients, seconds, move |w, seq| {
-        let (http, base, jobs) = (h.clone(), b.clone(), j.clone());
-        async move {
-            let job = &jobs[pick(w, seq, n)];
-            let url = format!(
-                "{base}/api/v1/namespaces/{}/pods?labelSelector=batch.kubernetes.io%2Fcontroller-uid%3D{}",
-                job.ns, job.uid
-            );
-            let (code, body) = call_body(&http, "GET", &url, "application/json", Vec::new()).await?;
-            if code != 200 {
-                bail!("list answered {code}");
-            }
-            // The client shares the machine's cores with the server: decode one answer in
-            // eight to check it, not all of them.
-            if seq % 8 != 0 {
-                return Ok(());
-            }
-            let v: serde_json::Value = serde_json::from_slice(&body)?;
-            let got = v["items"].as_array().map_or(0, Vec::len) as u64;
-            if got < per_job {
-                bail!("list of {} returned {got} pods, want at least {per_job}", job.name);
-            }
-            Ok(())
+    let list = target_phase(&target, clients, seconds, move |t, w, seq| async move {
+        let job = t.pick(w, seq);
+        let url = format!(
+            "{}/api/v1/namespaces/{}/pods?labelSelector=batch.kubernetes.io%2Fcontroller-uid%3D{}",
+            t.base, job.ns, job.uid
+        );
+        let (code, body) = call_body(&t.http, "GET", &url, "application/json", Vec::new()).await?;
+        if code != 200 {
+            bail!("list answered {code}");
         }
+        // The client shares the machine's cores with the server: decode one answer in
+        // eight to check it, not all of them.
+        if seq % 8 != 0 {
+            return Ok(());
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        let got = v["items"].as_array().map_or(0, Vec::len) as u64;
+        if got < per_job {
+            bail!("list of {} returned {got} pods, want at least {per_job}", job.name);
+        }
+        Ok(())
     })
     .await?;
-    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
-    let status = phase(clients, seconds, move |w, seq| {
-        let (http, base, jobs) = (h.clone(), b.clone(), j.clone());
-        async move {
-            let job = &jobs[pick(w, seq, n)];
-            let url = format!("{base}/api/v1/namespaces/{}/pods/{}-0/status", job.ns, job.name);
-            let body = serde_json::to_vec(
-                &json!({"status": {"phase": "Running", "message": format!("s-{w}-{seq}")}}),
-            )?;
-            expect(
-                &http,
-                ("PATCH", &url, "application/merge-patch+json"),
-                body,
-                200,
-                "status patch",
-            )
+    let status = target_phase(&target, clients, seconds, |t, w, seq| async move {
+        let job = t.pick(w, seq);
+        let url = format!("{}/api/v1/namespaces/{}/pods/{}-0/status", t.base, job.ns, job.name);
+        let body = serde_json::to_vec(
+            &json!({"status": {"phase": "Running", "message": format!("s-{w}-{seq}")}}),
+        )?;
+        expect(&t.http, ("PATCH", &url, "application/merge-patch+json"), body, 200, "status patch")
             .await?;
-            Ok(())
-        }
+        Ok(())
     })
     .await?;
     // Creates last: they add pods, and the other phases should see the store as filled.
     let made = Arc::new(AtomicU64::new(0));
-    let (h, b, j) = (http.clone(), base.to_owned(), jobs.clone());
-    let create = phase(clients, seconds, move |w, seq| {
-        let (http, base, jobs, made) = (h.clone(), b.clone(), j.clone(), made.clone());
+    let create = target_phase(&target, clients, seconds, move |t, w, seq| {
+        let made = made.clone();
         async move {
-            let job = &jobs[pick(w, seq, n)];
+            let job = t.pick(w, seq);
             let i = made.fetch_add(1, Ordering::Relaxed);
-            let url = format!("{base}/api/v1/namespaces/{}/pods", job.ns);
+            let url = format!("{}/api/v1/namespaces/{}/pods", t.base, job.ns);
             let body = job_pod_body(&format!("{}-x{i}", job.name), &job.name, &job.uid);
-            expect(&http, ("POST", &url, "application/json"), body, 201, "create").await?;
+            expect(&t.http, ("POST", &url, "application/json"), body, 201, "create").await?;
             Ok(())
         }
     })
@@ -609,6 +598,7 @@ async fn run_store(args: &Args, sim_bin: &PathBuf, jobs: u64) -> anyhow::Result<
         format!("{base}/api/v1/pods"),
         format!("{base}/apis/batch/v1/jobs"),
     ] {
+        let url = format!("{url}?watch=true&allowWatchBookmarks=true");
         watches.push(open_watch(&http, &url, received.clone(), stop.clone()).await?);
     }
     let fill_start = Instant::now();

@@ -8,6 +8,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use super::KubeletConfig;
+use crate::image::qualified_image;
 
 /// Annotation: how long containers run before exiting (`2s`, `500ms`; `never` runs until
 /// deleted).
@@ -277,28 +278,6 @@ fn hex64(seed: &str) -> String {
     out
 }
 
-/// Fully qualified image reference, as the kubelet reports it (`docker.io/library/x:latest`).
-pub fn qualified_image(image: &str) -> String {
-    let (name, tagged) = match image.rsplit_once('@') {
-        Some(_) => (image.to_string(), true),
-        None => {
-            let last = image.rsplit('/').next().unwrap_or(image);
-            (image.to_string(), last.contains(':'))
-        }
-    };
-    let name = if tagged { name } else { format!("{name}:latest") };
-    let first = name.split('/').next().unwrap_or_default();
-    let has_registry =
-        name.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
-    if has_registry {
-        name
-    } else if name.contains('/') {
-        format!("docker.io/{name}")
-    } else {
-        format!("docker.io/library/{name}")
-    }
-}
-
 fn image_id(image: &str) -> String {
     let q = qualified_image(image);
     let repo = match q.rsplit_once('@') {
@@ -431,34 +410,41 @@ pub fn accepted(pod: &Value, now: Timestamp) -> Value {
             condition("PodScheduled", true, None, None, &t),
         ],
     );
-    let statuses: Vec<Value> = containers(pod)
-        .iter()
-        .map(|c| {
-            json!({
-                "name": c["name"],
-                "image": qualified_image(c["image"].as_str().unwrap_or_default()),
-                "imageID": "",
-                "ready": false,
-                "restartCount": 0,
-                "started": false,
-                "state": {"waiting": {"reason": "ContainerCreating"}},
-                "lastState": {}
-            })
-        })
-        .collect();
-    p["status"]["containerStatuses"] = Value::Array(statuses);
-    if let Some(inits) = pod.pointer("/spec/initContainers").and_then(Value::as_array) {
-        let s: Vec<Value> = inits
-            .iter()
-            .map(|c| {
-                json!({"name": c["name"], "image": qualified_image(c["image"].as_str().unwrap_or_default()),
-                       "imageID": "", "ready": false, "restartCount": 0, "started": false,
-                       "state": {"waiting": {"reason": "PodInitializing"}}, "lastState": {}})
-            })
-            .collect();
-        p["status"]["initContainerStatuses"] = Value::Array(s);
-    }
+    set_statuses(
+        &mut p,
+        pod,
+        |c| waiting_status(c, "ContainerCreating"),
+        |c| waiting_status(c, "PodInitializing"),
+    );
     p
+}
+
+/// A container not started yet, waiting for `reason`.
+fn waiting_status(c: &Value, reason: &str) -> Value {
+    json!({
+        "name": c["name"],
+        "image": qualified_image(c["image"].as_str().unwrap_or_default()),
+        "imageID": "",
+        "ready": false,
+        "restartCount": 0,
+        "started": false,
+        "state": {"waiting": {"reason": reason}},
+        "lastState": {}
+    })
+}
+
+/// Writes the status of every container of `pod` into `p`: `main` for each of
+/// `spec.containers`, `init` for each of `spec.initContainers` (when the pod has any).
+fn set_statuses(
+    p: &mut Value,
+    pod: &Value,
+    main: impl Fn(&Value) -> Value,
+    init: impl Fn(&Value) -> Value,
+) {
+    p["status"]["containerStatuses"] = containers(pod).iter().map(main).collect();
+    if let Some(inits) = pod.pointer("/spec/initContainers").and_then(Value::as_array) {
+        p["status"]["initContainerStatuses"] = inits.iter().map(init).collect();
+    }
 }
 
 fn running_status(pod: &Value, c: &Value, restarts: i64, last: Value, t: &str) -> Value {
@@ -483,35 +469,29 @@ pub fn started(pod: &Value, now: Timestamp) -> Value {
     let mut p = pod.clone();
     let t = format_time(now);
     let old = container_statuses(pod);
-    let statuses: Vec<Value> = containers(pod)
-        .iter()
-        .map(|c| {
+    set_statuses(
+        &mut p,
+        pod,
+        |c| {
             let prev = old.iter().find(|o| o["name"] == c["name"]);
             let restarts = prev.and_then(|o| o["restartCount"].as_i64()).unwrap_or(0);
             let last =
                 prev.map(|o| o["lastState"].clone()).filter(|l| !l.is_null()).unwrap_or(json!({}));
             running_status(pod, c, restarts, last, &t)
-        })
-        .collect();
-    p["status"]["containerStatuses"] = Value::Array(statuses);
-    if let Some(inits) = pod.pointer("/spec/initContainers").and_then(Value::as_array) {
-        let s: Vec<Value> = inits
-            .iter()
-            .map(|c| {
-                if c["restartPolicy"] == "Always" {
-                    return running_status(pod, c, 0, json!({}), &t);
-                }
-                let name = c["name"].as_str().unwrap_or_default();
-                let image = c["image"].as_str().unwrap_or_default();
-                json!({"name": name, "image": qualified_image(image), "imageID": image_id(image),
-                       "containerID": container_id(pod, name, 0), "ready": false, "restartCount": 0, "started": false,
-                       "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": t, "finishedAt": t,
-                                                "containerID": container_id(pod, name, 0)}},
-                       "lastState": {}})
-            })
-            .collect();
-        p["status"]["initContainerStatuses"] = Value::Array(s);
-    }
+        },
+        |c| {
+            if c["restartPolicy"] == "Always" {
+                return running_status(pod, c, 0, json!({}), &t);
+            }
+            let name = c["name"].as_str().unwrap_or_default();
+            let image = c["image"].as_str().unwrap_or_default();
+            json!({"name": name, "image": qualified_image(image), "imageID": image_id(image),
+                   "containerID": container_id(pod, name, 0), "ready": false, "restartCount": 0, "started": false,
+                   "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": t, "finishedAt": t,
+                                            "containerID": container_id(pod, name, 0)}},
+                   "lastState": {}})
+        },
+    );
     p["status"]["phase"] = json!("Running");
     set_conditions(
         &mut p,
@@ -699,6 +679,7 @@ pub fn unschedulable(pod: &Value, now: Timestamp, cfg: &KubeletConfig) -> Value 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::field_of_each;
 
     fn cfg() -> KubeletConfig {
         KubeletConfig {
@@ -741,11 +722,7 @@ mod tests {
     }
 
     #[test]
-    fn image_names() {
-        assert_eq!(qualified_image("busybox"), "docker.io/library/busybox:latest");
-        assert_eq!(qualified_image("perl:5.34"), "docker.io/library/perl:5.34");
-        assert_eq!(qualified_image("bitnami/redis:7"), "docker.io/bitnami/redis:7");
-        assert_eq!(qualified_image("registry.k8s.io/pause:3.10"), "registry.k8s.io/pause:3.10");
+    fn image_ids() {
         let id = image_id("perl:5.34");
         assert!(id.starts_with("docker.io/library/perl@sha256:"), "{id}");
         assert_eq!(id.len(), "docker.io/library/perl@sha256:".len() + 64);
@@ -771,14 +748,8 @@ mod tests {
             "ContainerCreating"
         );
         assert_eq!(acc["status"]["containerStatuses"][0]["imageID"], "");
-        let conds: Vec<&str> = acc["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["type"].as_str().unwrap())
-            .collect();
         assert_eq!(
-            conds,
+            field_of_each(&acc["status"]["conditions"], "type"),
             [
                 "PodReadyToStartContainers",
                 "Initialized",

@@ -708,6 +708,16 @@ fn presence(l: Option<&Value>, r: Option<&Value>) -> Mark {
 
 static EMPTY_LIST: Value = Value::Array(Vec::new());
 
+/// Both sides read as a `T` (an absent side stays `None`); `None` when a present side is not one.
+fn both_as<'v, T: ?Sized>(
+    l: Option<&'v Value>,
+    r: Option<&'v Value>,
+    read: impl Fn(&'v Value) -> Option<&'v T>,
+) -> Option<(Option<&'v T>, Option<&'v T>)> {
+    let side = |v: Option<&'v Value>| v.map_or(Some(None), |v| read(v).map(Some));
+    Some((side(l)?, side(r)?))
+}
+
 fn cmp_value<'v>(
     kind: StoreKind,
     path: &mut Vec<&'v str>,
@@ -727,10 +737,7 @@ fn cmp_value<'v>(
     };
     match (l.or(r), l, r) {
         (Some(Value::Object(_)), _, _) => {
-            let (lm, rm) = (l.map(Value::as_object), r.map(Value::as_object));
-            let (Some(lm), Some(rm)) =
-                (lm.map_or(Some(None), |m| m.map(Some)), rm.map_or(Some(None), |m| m.map(Some)))
-            else {
+            let Some((lm, rm)) = both_as(l, r, Value::as_object) else {
                 return (out, leaf(l, r));
             };
             let ty = obj_type(path);
@@ -764,10 +771,7 @@ fn cmp_value<'v>(
             (out, presence(l, r))
         }
         (Some(Value::Array(_)), _, _) => {
-            let (la, ra) = (l.map(Value::as_array), r.map(Value::as_array));
-            let (Some(la), Some(ra)) =
-                (la.map_or(Some(None), |a| a.map(Some)), ra.map_or(Some(None), |a| a.map(Some)))
-            else {
+            let Some((la, ra)) = both_as(l, r, Value::as_array) else {
                 return (out, leaf(l, r));
             };
             let lt = list_type(kind, path);

@@ -82,35 +82,35 @@ fn updates_take_fields_from_others_and_untracked_objects_stay_untracked() {
     assert!(none.is_empty());
 }
 
+/// An applied configuration of pod `p` setting one label, and `live` with that label merged in.
+fn label_apply(live: &Value, key: &str, value: &str) -> (Value, Value) {
+    let cfg = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {key: value}}});
+    let mut merged = live.clone();
+    merged["metadata"]["labels"][key] = json!(value);
+    (cfg, merged)
+}
+
+/// Records an apply by `manager` over `live` of a `(configuration, merged result)` pair.
+fn apply(
+    manager: &str,
+    live: Option<&Value>,
+    (cfg, merged): (Value, Value),
+    entries: &mut Vec<Entry>,
+    force: bool,
+) -> Result<Value, Vec<Conflict>> {
+    record_apply(&w(id(manager, Operation::Apply)), live, merged, &cfg, entries, force)
+}
+
 #[test]
 fn apply_conflicts_force_and_prune() {
     let mut entries = Vec::new();
     let cfg1 = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "1", "b": "1"}}});
-    let live = record_apply(
-        &w(id("one", Operation::Apply)),
-        None,
-        cfg1.clone(),
-        &cfg1,
-        &mut entries,
-        false,
-    )
-    .unwrap();
+    let live = apply("one", None, (cfg1.clone(), cfg1), &mut entries, false).unwrap();
     assert_eq!(entries[0].operation, Operation::Apply);
     assert_eq!(entries[0].time.as_deref(), Some(NOW));
     // Another applier changing `a` conflicts.
-    let cfg2 =
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "2"}}});
-    let mut merged = live.clone();
-    merged["metadata"]["labels"]["a"] = json!("2");
-    let err = record_apply(
-        &w(id("two", Operation::Apply)),
-        Some(&live),
-        merged.clone(),
-        &cfg2,
-        &mut entries.clone(),
-        false,
-    )
-    .unwrap_err();
+    let change = label_apply(&live, "a", "2");
+    let err = apply("two", Some(&live), change.clone(), &mut entries.clone(), false).unwrap_err();
     assert_eq!(
         err,
         vec![Conflict { manager: "\"one\"".into(), path: ".metadata.labels.a".into() }]
@@ -125,31 +125,12 @@ fn apply_conflicts_force_and_prune() {
         json!({"reason": "FieldManagerConflict", "message": "conflict with \"one\"", "field": ".metadata.labels.a"})
     );
     // Forced, it takes the field.
-    let live2 = record_apply(
-        &w(id("two", Operation::Apply)),
-        Some(&live),
-        merged,
-        &cfg2,
-        &mut entries,
-        true,
-    )
-    .unwrap();
+    let live2 = apply("two", Some(&live), change, &mut entries, true).unwrap();
     let one = entries.iter().find(|e| e.manager == "one").unwrap();
     assert_eq!(one.fields.to_fields_v1(), json!({"f:metadata": {"f:labels": {"f:b": {}}}}));
     // `one` drops `b`, which nobody else owns: it goes.
-    let cfg3 =
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"c": "1"}}});
-    let mut merged = live2.clone();
-    merged["metadata"]["labels"]["c"] = json!("1");
-    let out = record_apply(
-        &w(id("one", Operation::Apply)),
-        Some(&live2),
-        merged,
-        &cfg3,
-        &mut entries,
-        false,
-    )
-    .unwrap();
+    let out =
+        apply("one", Some(&live2), label_apply(&live2, "c", "1"), &mut entries, false).unwrap();
     assert_eq!(out["metadata"]["labels"], json!({"a": "2", "c": "1"}));
 }
 

@@ -177,46 +177,29 @@ pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
             ));
         }
         let kind = op.get("op").and_then(Value::as_str).unwrap_or("unknown");
+        let value = || op.get("value").cloned().unwrap_or(Value::Null);
         match kind {
-            "add" => {
-                let path = str_field(op, "path", kind)?;
-                let value = op.get("value").cloned().unwrap_or(Value::Null);
-                add(doc, path, value)?;
-            }
+            "add" => add(doc, str_field(op, "path", kind)?, value())?,
             "remove" => {
-                let path = str_field(op, "path", kind)?;
-                remove(doc, path)?;
+                remove(doc, str_field(op, "path", kind)?)?;
             }
-            "replace" => {
-                let path = str_field(op, "path", kind)?;
-                let value = op.get("value").cloned().unwrap_or(Value::Null);
-                replace(doc, path, value)?;
-            }
-            "move" => {
+            "replace" => replace(doc, str_field(op, "path", kind)?, value())?,
+            "move" | "copy" => {
                 let from = str_field(op, "from", kind)?;
                 let path = str_field(op, "path", kind)?;
-                let v = remove(doc, from).map_err(|_| {
+                let found = if kind == "move" {
+                    remove(doc, from).ok()
+                } else {
+                    get(doc, &tokens(from)?).cloned()
+                };
+                let v = found.ok_or_else(|| {
                     invalid(format!(
-                        "move operation does not apply: doc is missing from path: {from}"
+                        "{kind} operation does not apply: doc is missing from path: {from}"
                     ))
                 })?;
                 add(doc, path, v)?;
             }
-            "copy" => {
-                let from = str_field(op, "from", kind)?;
-                let path = str_field(op, "path", kind)?;
-                let v = get(doc, &tokens(from)?).cloned().ok_or_else(|| {
-                    invalid(format!(
-                        "copy operation does not apply: doc is missing from path: {from}"
-                    ))
-                })?;
-                add(doc, path, v)?;
-            }
-            "test" => {
-                let path = str_field(op, "path", kind)?;
-                let value = op.get("value").cloned().unwrap_or(Value::Null);
-                test(doc, path, &value)?;
-            }
+            "test" => test(doc, str_field(op, "path", kind)?, &value())?,
             other => {
                 return Err(PatchError::BadRequest(format!("Unexpected kind: {other}")));
             }

@@ -452,6 +452,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::testing::field_of_each;
 
     fn smp(mut doc: Value, patch: Value, kind: &str) -> Value {
         strategic_merge_patch(&mut doc, &patch, kind).unwrap_or_else(|e| panic!("{patch}: {e}"));
@@ -579,13 +580,7 @@ mod tests {
             }}),
             "pods",
         );
-        let names: Vec<&str> = out["spec"]["containers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(names, ["c2", "c1"]);
+        assert_eq!(field_of_each(&out["spec"]["containers"], "name"), ["c2", "c1"]);
         assert!(
             out["spec"].get("$setElementOrder/containers").is_none(),
             "directives are not stored"

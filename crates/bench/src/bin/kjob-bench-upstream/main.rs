@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use kjob_bench::cli::RunArgs;
 use kjob_bench::upstream::{
-    self, BASELINE, Chart, ConfigFigures, Configuration, RunFigures, UpstreamReport, Workload,
+    self, BASELINE, Chart, ConfigFigures, Configuration, UpstreamReport, Workload,
 };
 use kjob_bench::{chart, stats};
 use serde_json::json;
@@ -28,20 +29,12 @@ const CDF_POINTS: usize = 300;
 #[derive(Debug, Parser)]
 #[command(name = "kjob-bench-upstream", version)]
 struct Args {
-    /// Folder of the release builds of kjob-queue, kjob-watcher, kjob-worker, kjob-sim and
-    /// kjob-node-agent.
-    #[arg(long, default_value = "target/release")]
-    bin_dir: PathBuf,
+    #[command(flatten)]
+    run: RunArgs,
     /// Folder of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl;
     /// unset runs cluster/build.sh (which builds them once and caches them).
     #[arg(long)]
     cluster_bin_dir: Option<PathBuf>,
-    /// The redis-server executable.
-    #[arg(long, env = "KJOB_REDIS_SERVER", default_value = "redis-server")]
-    redis_server: PathBuf,
-    /// Where upstream.md, upstream.json, the charts and the runs' folders go.
-    #[arg(long, default_value = "target/bench")]
-    out: PathBuf,
     /// One pass with small workloads (200 burst Jobs, an Indexed Job of 500 with parallelism
     /// 50, 60 steady Jobs); explicit size flags still win.
     #[arg(long)]
@@ -91,11 +84,6 @@ struct Args {
     /// `--kube-burst` of each kjob-worker.
     #[arg(long, default_value_t = 400)]
     worker_kube_burst: u32,
-    /// `RUST_LOG` of the kjob services (logs under `<out>/upstream-runs/<run>/kjob/logs/`).
-    #[arg(long, default_value = "warn")]
-    service_log: String,
-    #[command(flatten)]
-    log: kjob_svc::LogArgs,
 }
 
 /// Sizes after `--quick` and the explicit flags.
@@ -124,30 +112,18 @@ fn sizes(a: &Args) -> Sizes {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    kjob_svc::init_logging(&args.log)?;
+    kjob_svc::init_logging(&args.run.log)?;
     let report = bench(args).await?;
     // The binary's product on stdout: the figures and the verdicts.
     println!("{}", summary(&report));
     Ok(())
 }
 
-/// `CLK_TCK` from getconf; 100 (the Linux default) if it cannot be asked.
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
 async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
     let sz = sizes(&args);
     let Args {
-        bin_dir,
+        run: RunArgs { bin_dir, redis_server, out, service_log, log: _ },
         cluster_bin_dir,
-        redis_server,
-        out,
         quick: _,
         configs,
         passes: _,
@@ -163,8 +139,6 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         run_timeout: _,
         worker_kube_qps,
         worker_kube_burst,
-        service_log,
-        log: _,
     } = args;
     let configs: Vec<Configuration> = configs
         .iter()
@@ -201,13 +175,11 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         pod_run_time,
         timeout: sz.timeout,
         service_log,
-        ticks: clock_ticks(),
+        ticks: kjob_bench::procfs::clock_ticks(),
     };
     let started = Instant::now();
     let mut report = UpstreamReport {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        started: jiff::Timestamp::now().to_string(),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        run: kjob_bench::report::Provenance::now(),
         kubernetes_version: kjob_testkit::cluster::KUBERNETES_VERSION.into(),
         passes: sz.passes,
         configurations: configs.clone(),
@@ -253,7 +225,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
                             .runs
                             .iter()
                             .filter(|r| r.workload == "burst" && id.is_none_or(|id| r.config == id))
-                            .map(RunFigures::jobs_per_sec)
+                            .map(|r| r.counts.jobs_per_sec())
                             .collect()
                     };
                     let base = bursts(Some(BASELINE)).first().copied();
@@ -271,9 +243,9 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
             Ok((fig, obs)) => {
                 tracing::info!(
                     parent: &span,
-                    pods_per_s = fig.pods_per_sec(),
-                    jobs_per_s = fig.jobs_per_sec(),
-                    timed_out = fig.timed_out,
+                    pods_per_s = fig.counts.pods_per_sec(),
+                    jobs_per_s = fig.counts.jobs_per_sec(),
+                    timed_out = fig.counts.timed_out,
                     "done"
                 );
                 report.runs.push(fig);

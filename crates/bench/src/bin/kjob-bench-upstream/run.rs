@@ -18,12 +18,10 @@ use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 use kube::api::Api;
 use tokio::task::JoinSet;
 
-use kjob_bench::harness::{Creator, NAMESPACE, Observed, Recorder, job};
+use kjob_bench::harness::{Counts, Creator, NAMESPACE, Observed, Recorder, job};
 
 /// Timeout of every single API call and scrape the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often the harness checks whether a run is done.
-const POLL: Duration = Duration::from_millis(200);
 /// Pause after the last Job finished before the final scrape, so the last status writes and
 /// the watch events they cause are in the counters.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -250,23 +248,11 @@ async fn measure(
     let deadline = t0 + env.timeout;
     let names = create(&client, &rec, spec, env.pod_run_time).await?;
     tracing::info!(jobs = names.len(), secs = t0.elapsed().as_secs_f64(), "all Jobs created");
-    let mut timed_out = false;
-    let mut last_report = Instant::now();
-    while rec.finished(&names) < names.len() {
-        if let Some(s) = stack.as_mut() {
-            tokio::task::block_in_place(|| s.check_alive())?;
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            tracing::warn!(finished = rec.finished(&names), of = names.len(), "run timed out");
-            break;
-        }
-        if last_report.elapsed() > Duration::from_secs(10) {
-            tracing::info!(finished = rec.finished(&names), of = names.len(), "waiting");
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let alive = || match stack.as_mut() {
+        Some(s) => tokio::task::block_in_place(|| s.check_alive()),
+        None => Ok(()),
+    };
+    let timed_out = rec.wait_finished(&names, deadline, alive).await?;
     let end = Instant::now();
     tokio::time::sleep(SETTLE).await;
     let after = snapshot(&client, &pids, env.ticks).await?;
@@ -302,12 +288,7 @@ async fn measure(
         config: cfg.id.clone(),
         workload: spec.workload().name().into(),
         pass,
-        jobs: names.len() as u64,
-        jobs_finished: observed.jobs_finished,
-        pods_created: observed.pods_created,
-        elapsed_secs: observed.elapsed_secs,
-        pods_window_secs: observed.pods_window_secs,
-        timed_out,
+        counts: Counts { timed_out, ..observed.counts },
         offered_rate: match spec {
             Spec::Steady { rate, .. } => Some(rate),
             _ => None,
