@@ -89,6 +89,18 @@ enum Attempt {
     Retry(String, Option<Duration>),
 }
 
+impl Attempt {
+    /// A call that got no answer (transport error, timeout): retried if resending is safe,
+    /// else unavailable (it may or may not have been applied).
+    fn unanswered(idempotent: bool, what: &str, message: String) -> Self {
+        if idempotent {
+            Attempt::Retry(message, None)
+        } else {
+            Attempt::Final(ApiError::Unavailable { what: what.to_string(), message })
+        }
+    }
+}
+
 /// Delay before retry number `attempt` (1 for the first retry): exponential from
 /// [`RETRY_BASE`], never shorter than the server's `retryAfterSeconds` (client-go honours it the
 /// same way), and capped at [`RETRY_MAX`] so one throttled call cannot stall a sync for long.
@@ -182,28 +194,11 @@ impl KubeApi {
                     (label, outcome)
                 }
                 Ok(Err(e)) => {
-                    let msg = e.to_string();
-                    let outcome = if idempotent {
-                        Attempt::Retry(msg, None)
-                    } else {
-                        Attempt::Final(ApiError::Unavailable {
-                            what: what.to_string(),
-                            message: msg,
-                        })
-                    };
-                    ("transport".to_string(), outcome)
+                    ("transport".to_string(), Attempt::unanswered(idempotent, what, e.to_string()))
                 }
                 Err(_) => {
                     let msg = format!("timed out after {API_CALL_TIMEOUT:?}");
-                    let outcome = if idempotent {
-                        Attempt::Retry(msg, None)
-                    } else {
-                        Attempt::Final(ApiError::Unavailable {
-                            what: what.to_string(),
-                            message: msg,
-                        })
-                    };
-                    ("timeout".to_string(), outcome)
+                    ("timeout".to_string(), Attempt::unanswered(idempotent, what, msg))
                 }
             };
             self.metrics.api_call(verb, resource, &result_label);
@@ -303,10 +298,15 @@ impl KubeApi {
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
     pub async fn remove_tracking_finalizer(&self, ns: &str, name: &str) -> Result<(), ApiError> {
-        match self.patch_pod(ns, name, &remove_tracking_finalizer_patch()).await {
-            Ok(_) | Err(ApiError::NotFound(_)) => Ok(()),
+        match self.patch_out_tracking_finalizer(ns, name).await {
+            Ok(()) | Err(ApiError::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Removes the Job tracking finalizer from a pod; a missing pod is NotFound.
+    pub async fn patch_out_tracking_finalizer(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        self.patch_pod(ns, name, &remove_tracking_finalizer_patch()).await.map(drop)
     }
 
     /// Writes a Job's status with its resourceVersion (PUT /status); 409 on a stale version.

@@ -297,17 +297,12 @@ impl Worker {
                 Step::DeletePods { pods, remove_finalizer } => {
                     let calls = pods.iter().map(|p| async {
                         if remove_finalizer {
-                            self.api
-                                .patch_pod(
-                                    &ns,
-                                    &p.name,
-                                    &crate::kube_api::remove_tracking_finalizer_patch(),
-                                )
-                                .await
-                                .map_err(|e| match e {
+                            self.api.patch_out_tracking_finalizer(&ns, &p.name).await.map_err(
+                                |e| match e {
                                     ApiError::NotFound(_) => CallError::NotFound,
                                     e => CallError::FinalizerPatch(e.to_string()),
-                                })?;
+                                },
+                            )?;
                         }
                         self.api.delete_pod(&ns, &p.name).await.map_err(call_error)
                     });
@@ -316,13 +311,8 @@ impl Worker {
                 Step::RemoveFinalizers { pods } => {
                     let calls = pods.iter().map(|p| async {
                         self.api
-                            .patch_pod(
-                                &ns,
-                                &p.name,
-                                &crate::kube_api::remove_tracking_finalizer_patch(),
-                            )
+                            .patch_out_tracking_finalizer(&ns, &p.name)
                             .await
-                            .map(|_| ())
                             .map_err(call_error)
                     });
                     let results = join_all(calls).await;
