@@ -185,14 +185,7 @@ async fn create_pod(client: &kube::Client, name: &str, job: &Job, finalizer: boo
             "namespace": NS,
             "labels": labels,
             "finalizers": finalizers,
-            "ownerReferences": [{
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "name": job.metadata.name,
-                "uid": job.metadata.uid,
-                "controller": true,
-                "blockOwnerDeletion": true
-            }]
+            "ownerReferences": [kjob_reconcile::template::controller_ref(job)]
         },
         "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
     }))

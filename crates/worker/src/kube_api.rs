@@ -101,6 +101,15 @@ impl Attempt {
     }
 }
 
+/// A read or write whose NotFound is an answer (`None`), not an error.
+fn found<T>(r: Result<T, ApiError>) -> Result<Option<T>, ApiError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(ApiError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Delay before retry number `attempt` (1 for the first retry): exponential from
 /// [`RETRY_BASE`], never shorter than the server's `retryAfterSeconds` (client-go honours it the
 /// same way), and capped at [`RETRY_MAX`] so one throttled call cannot stall a sync for long.
@@ -221,22 +230,14 @@ impl KubeApi {
     pub async fn get_job(&self, ns: &str, name: &str) -> Result<Option<Job>, ApiError> {
         let api = self.jobs(ns);
         let what = format!("job {ns}/{name}");
-        match self.call("get", "jobs", &what, true, || api.get(name)).await {
-            Ok(j) => Ok(Some(j)),
-            Err(ApiError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        found(self.call("get", "jobs", &what, true, || api.get(name)).await)
     }
 
     /// GETs a Pod (consistent read); `None` when it does not exist.
     pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
         let api = self.pods(ns);
         let what = format!("pod {ns}/{name}");
-        match self.call("get", "pods", &what, true, || api.get(name)).await {
-            Ok(p) => Ok(Some(p)),
-            Err(ApiError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        found(self.call("get", "pods", &what, true, || api.get(name)).await)
     }
 
     /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion). Each
@@ -298,10 +299,7 @@ impl KubeApi {
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
     pub async fn remove_tracking_finalizer(&self, ns: &str, name: &str) -> Result<(), ApiError> {
-        match self.patch_out_tracking_finalizer(ns, name).await {
-            Ok(()) | Err(ApiError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        found(self.patch_out_tracking_finalizer(ns, name).await).map(drop)
     }
 
     /// Removes the Job tracking finalizer from a pod; a missing pod is NotFound.

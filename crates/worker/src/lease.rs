@@ -106,25 +106,13 @@ impl LeaseSource for QueueClient {
 /// What the lease loop runs for each leased key.
 pub trait Syncer: Send + Sync + 'static {
     /// Syncs `key` of `queue`; once `wind_down` fires it makes no more pod calls.
-    fn sync_lease(
-        &self,
-        queue: &str,
-        key: &str,
-        view: View,
-        wind_down: &Shutdown,
-    ) -> impl SyncFuture;
+    fn run(&self, queue: &str, key: &str, view: View, wind_down: &Shutdown) -> impl SyncFuture;
     /// Where the loop counts leases and renewals.
     fn metrics(&self) -> &Metrics;
 }
 
 impl Syncer for Worker {
-    fn sync_lease(
-        &self,
-        queue: &str,
-        key: &str,
-        view: View,
-        wind_down: &Shutdown,
-    ) -> impl SyncFuture {
+    fn run(&self, queue: &str, key: &str, view: View, wind_down: &Shutdown) -> impl SyncFuture {
         async move {
             let mut write_back = None;
             let result = self.sync_leased(queue, key, view, wind_down, &mut write_back).await;
@@ -272,7 +260,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
     let qname = settings.queue;
     let view = item.view.take();
     let ending = {
-        let sync = worker.sync_lease(qname, &item.key, view, &hand_back);
+        let sync = worker.run(qname, &item.key, view, &hand_back);
         let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;
@@ -510,7 +498,7 @@ mod tests {
     }
 
     impl Syncer for FakeSync {
-        fn sync_lease(&self, _: &str, key: &str, _: View, wind_down: &Shutdown) -> impl SyncFuture {
+        fn run(&self, _: &str, key: &str, _: View, wind_down: &Shutdown) -> impl SyncFuture {
             let mut guard = DropGuard(Some((self.log.clone(), self.start, key.to_string())));
             let polite = key.starts_with("polite");
             async move {
