@@ -13,6 +13,7 @@ pub mod identity;
 pub mod incoming;
 pub mod kube_client;
 pub mod logging;
+pub mod metrics;
 pub mod shutdown;
 pub mod vital;
 
