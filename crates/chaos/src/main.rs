@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use kjob_chaos::{ChaosConfig, run};
 
-use kjob_svc::{LogArgs, parse_duration};
+use kjob_svc::parse_duration;
 
 /// Runs mixed Jobs through the real kjob processes under seeded faults; exits 1 on any violation.
 #[derive(Debug, Parser)]
@@ -48,12 +48,13 @@ struct Args {
     /// API-error and cut-watch faults then come from a fault proxy in front of kube-apiserver).
     #[arg(long)]
     cluster: Option<PathBuf>,
-    #[command(flatten)]
-    log: LogArgs,
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    kjob_svc::main(chaos)
+}
+
+async fn chaos(args: Args) -> anyhow::Result<()> {
     let Args {
         seed,
         jobs,
@@ -66,9 +67,7 @@ async fn main() -> anyhow::Result<()> {
         converge_timeout,
         pod_run_time,
         cluster,
-        log,
-    } = Args::parse();
-    kjob_svc::init_logging(&log)?;
+    } = args;
     let bin_dir = match bin_dir {
         Some(d) => d,
         None => std::env::current_exe()?.parent().context("binary folder")?.to_path_buf(),

@@ -3,7 +3,10 @@
 //! limits and periods the services share.
 
 pub mod events;
+pub mod queue;
 pub mod rbac;
+
+pub use queue::{LeaseOutcome, Observation, ObservationKind};
 
 use std::time::Duration;
 

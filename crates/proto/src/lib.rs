@@ -1,8 +1,10 @@
-//! Generated tonic/prost code for the kjob queue contract (`proto/kjob/queue/v1/queue.proto`).
+//! Generated tonic/prost code for the kjob queue contract (`proto/kjob/queue/v1/queue.proto`),
+//! and [`convert`], its one conversion edge with kjob's queue vocabulary.
 
-#![allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod convert;
 
 /// `kjob.queue.v1`: the workqueue and expectations services.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("kjob.queue.v1");
 }

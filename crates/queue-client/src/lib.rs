@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use kjob_proto::convert::{millis, outcome_to_wire};
 pub use kjob_proto::v1;
 use kjob_proto::v1::expectations_client::ExpectationsClient;
 use kjob_proto::v1::queue_client::QueueClient as RawQueueClient;
@@ -123,26 +124,8 @@ fn from_status(status: Status) -> ClientError {
     }
 }
 
-/// How a finished lease ends (see `DoneOutcome` in the proto).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Success: reset the failure count.
-    Forget,
-    /// Error: requeue after the per-item exponential backoff.
-    RateLimited,
-    /// Success asking for another sync after the given delay.
-    RequeueAfter(Duration),
-}
-
-impl Outcome {
-    fn to_proto(self) -> (v1::DoneOutcome, u64) {
-        match self {
-            Outcome::Forget => (v1::DoneOutcome::Forget, 0),
-            Outcome::RateLimited => (v1::DoneOutcome::RateLimited, 0),
-            Outcome::RequeueAfter(d) => (v1::DoneOutcome::RequeueAfter, millis(d)),
-        }
-    }
-}
+/// How a finished lease ends (kjob's one lease outcome; `DoneOutcome` on the wire).
+pub use kjob_core::LeaseOutcome as Outcome;
 
 /// Most items one [`QueueClient::done_many`] call takes (the server's DoneBatch limit).
 pub use kjob_core::MAX_DONE_BATCH;
@@ -162,15 +145,7 @@ pub struct DoneItem {
 
 impl DoneItem {
     fn to_proto(&self) -> v1::DoneRequest {
-        let (outcome, requeue_after_ms) = self.outcome.to_proto();
-        v1::DoneRequest {
-            queue: self.queue.clone(),
-            key: self.key.clone(),
-            lease_id: self.lease_id.clone(),
-            outcome: outcome as i32,
-            requeue_after_ms,
-            view_write_back: None,
-        }
+        done_request(&self.queue, &self.key, &self.lease_id, self.outcome, None)
     }
 }
 
@@ -182,8 +157,41 @@ fn done_item_result(r: v1::DoneItemResult) -> Result<v1::DoneResponse, ClientErr
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// The Done request finishing lease `lease_id` of `key` with `outcome`.
+fn done_request(
+    queue: &str,
+    key: &str,
+    lease_id: &str,
+    outcome: Outcome,
+    view_write_back: Option<v1::PutJobViewRequest>,
+) -> v1::DoneRequest {
+    let (outcome, requeue_after_ms) = outcome_to_wire(outcome);
+    v1::DoneRequest {
+        queue: queue.to_string(),
+        key: key.to_string(),
+        lease_id: lease_id.to_string(),
+        outcome: outcome as i32,
+        requeue_after_ms,
+        view_write_back,
+    }
+}
+
+/// The Lease request for up to `max_items` keys of `queue` (without views).
+fn lease_request(
+    queue: &str,
+    max_items: u32,
+    lease: Duration,
+    wait: Duration,
+    worker_id: &str,
+) -> v1::LeaseRequest {
+    v1::LeaseRequest {
+        queue: queue.to_string(),
+        max_items,
+        lease_ms: millis(lease),
+        wait_ms: millis(wait),
+        worker_id: worker_id.to_string(),
+        ..Default::default()
+    }
 }
 
 /// One unary call through [`QueueClient::call`]: `rpc!(self, queue.add(msg))` sends `msg` with
@@ -296,15 +304,7 @@ impl QueueClient {
         wait: Duration,
         worker_id: &str,
     ) -> Result<Vec<v1::LeasedItem>, ClientError> {
-        let msg = v1::LeaseRequest {
-            queue: queue.to_string(),
-            max_items,
-            lease_ms: millis(lease),
-            wait_ms: millis(wait),
-            worker_id: worker_id.to_string(),
-            ..Default::default()
-        };
-        self.lease_request(msg, wait).await
+        self.lease_request(lease_request(queue, max_items, lease, wait, worker_id), wait).await
     }
 
     /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
@@ -321,13 +321,9 @@ impl QueueClient {
         records: &[&str],
     ) -> Result<Vec<v1::LeasedItem>, ClientError> {
         let msg = v1::LeaseRequest {
-            queue: queue.to_string(),
-            max_items,
-            lease_ms: millis(lease),
-            wait_ms: millis(wait),
-            worker_id: worker_id.to_string(),
             with_views: true,
             view_records: records.iter().map(|r| r.to_string()).collect(),
+            ..lease_request(queue, max_items, lease, wait, worker_id)
         };
         self.lease_request(msg, wait).await
     }
@@ -381,15 +377,7 @@ impl QueueClient {
         outcome: Outcome,
         view_write_back: Option<v1::PutJobViewRequest>,
     ) -> Result<v1::DoneResponse, ClientError> {
-        let (outcome, requeue_after_ms) = outcome.to_proto();
-        let msg = v1::DoneRequest {
-            queue: queue.to_string(),
-            key: key.to_string(),
-            lease_id: lease_id.to_string(),
-            outcome: outcome as i32,
-            requeue_after_ms,
-            view_write_back,
-        };
+        let msg = done_request(queue, key, lease_id, outcome, view_write_back);
         rpc!(self, queue.done(msg)).await
     }
 
@@ -652,16 +640,6 @@ mod tests {
         assert!(retryable(&Status::unavailable("x")));
         assert!(!retryable(&Status::invalid_argument("x")));
         assert!(!retryable(&Status::failed_precondition("x")));
-    }
-
-    #[test]
-    fn outcome_to_proto() {
-        assert_eq!(Outcome::Forget.to_proto(), (v1::DoneOutcome::Forget, 0));
-        assert_eq!(Outcome::RateLimited.to_proto(), (v1::DoneOutcome::RateLimited, 0));
-        assert_eq!(
-            Outcome::RequeueAfter(Duration::from_millis(1500)).to_proto(),
-            (v1::DoneOutcome::RequeueAfter, 1500)
-        );
     }
 
     #[test]

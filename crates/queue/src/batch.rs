@@ -5,8 +5,12 @@
 //! cuts Redis CPU per item. Batching is adaptive, like a group commit: one call per queue is in
 //! flight at a time, and whatever arrived meanwhile goes into the next one. A lone Done waits for
 //! nothing but a call already in flight.
+//!
+//! The loop reaches Redis through [`DoneStore`] ([`Store`] in the service), so its batching is
+//! tested on tokio's paused clock without a redis-server.
 
 use std::collections::HashMap;
+use std::future::Future;
 
 use kjob_workqueue::{Done, DoneResult, MAX_DONE_BATCH, Store, WqError};
 use tokio::sync::{mpsc, oneshot};
@@ -14,7 +18,10 @@ use tokio::sync::{mpsc, oneshot};
 /// Dones waiting for their batch, per queue; a full channel makes callers wait (backpressure).
 const PENDING_CAPACITY: usize = 4096;
 
-type Reply = oneshot::Sender<Result<Vec<Option<DoneResult>>, WqError>>;
+/// One result per Done (`None`: stale lease id), or the error of the whole call.
+pub type DoneResults = Result<Vec<Option<DoneResult>>, WqError>;
+
+type Reply = oneshot::Sender<DoneResults>;
 
 /// One caller's Dones (a Done call brings one, a DoneBatch call up to [`MAX_DONE_BATCH`]).
 struct Pending {
@@ -55,11 +62,7 @@ impl DoneBatcher {
 
     /// Finishes several leases of `queue` (in order) through its batch; one result per Done,
     /// `None` when that lease id is stale. An empty list answers at once.
-    pub async fn done_many(
-        &self,
-        queue: &str,
-        dones: Vec<Done>,
-    ) -> Result<Vec<Option<DoneResult>>, WqError> {
+    pub async fn done_many(&self, queue: &str, dones: Vec<Done>) -> DoneResults {
         if dones.is_empty() {
             return Ok(Vec::new());
         }
@@ -85,8 +88,20 @@ fn share(e: &WqError) -> WqError {
     }
 }
 
+/// Where the batch loop finishes leases: one call per chunk of at most [`MAX_DONE_BATCH`].
+pub trait DoneStore: Send + Sync {
+    /// Finishes `dones` of `queue` in order, as [`Store::done_many`] does.
+    fn done_many(&self, queue: &str, dones: &[Done]) -> impl Future<Output = DoneResults> + Send;
+}
+
+impl DoneStore for Store {
+    fn done_many(&self, queue: &str, dones: &[Done]) -> impl Future<Output = DoneResults> + Send {
+        Store::done_many(self, queue, dones)
+    }
+}
+
 /// Runs the batch loop of one queue until every [`DoneBatcher`] clone is dropped.
-pub async fn run(store: Store, batch_loop: BatchLoop) {
+pub async fn run(store: impl DoneStore, batch_loop: BatchLoop) {
     let BatchLoop { queue, mut rx } = batch_loop;
     let mut batch: Vec<Pending> = Vec::with_capacity(MAX_DONE_BATCH);
     let mut dones: Vec<Done> = Vec::with_capacity(MAX_DONE_BATCH);
@@ -126,5 +141,131 @@ pub async fn run(store: Store, batch_loop: BatchLoop) {
             // applied all the same, as they would have been without batching.
             let _ = p.reply.send(reply);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batch loop on tokio's paused clock, over a store whose every call takes 10 ms.
+
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use kjob_workqueue::LeaseOutcome;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const CALL: Duration = Duration::from_millis(10);
+
+    /// Records each call (when, which keys); a lease id `stale` is refused, a key `bad` fails
+    /// the whole call.
+    /// Each call: when it began, and the keys it carried.
+    type Calls = Arc<Mutex<Vec<(Duration, Vec<String>)>>>;
+
+    #[derive(Clone)]
+    struct SlowStore {
+        calls: Calls,
+        start: Instant,
+    }
+
+    impl DoneStore for SlowStore {
+        async fn done_many(&self, _queue: &str, dones: &[Done]) -> DoneResults {
+            let keys = dones.iter().map(|d| d.key.clone()).collect::<Vec<_>>();
+            self.calls.lock().unwrap().push((self.start.elapsed(), keys));
+            tokio::time::sleep(CALL).await;
+            if dones.iter().any(|d| d.key == "bad") {
+                return Err(WqError::Unavailable("redis down".into()));
+            }
+            let result = |d: &Done| {
+                (d.lease_id != "stale").then_some(DoneResult {
+                    work_ms: 0,
+                    ready_at_ms: None,
+                    now_ms: 0,
+                    retry_delay_ms: None,
+                })
+            };
+            Ok(dones.iter().map(result).collect())
+        }
+    }
+
+    fn done(key: &str) -> Done {
+        Done { key: key.into(), lease_id: "id".into(), outcome: LeaseOutcome::Forget }
+    }
+
+    /// A batcher of queue `q` whose loop runs over a [`SlowStore`].
+    fn start() -> (DoneBatcher, SlowStore, tokio::task::JoinHandle<()>) {
+        let store = SlowStore { calls: Arc::default(), start: Instant::now() };
+        let (batcher, mut loops) = DoneBatcher::new(["q"]);
+        let task = tokio::spawn(run(store.clone(), loops.pop().unwrap()));
+        (batcher, store, task)
+    }
+
+    fn keys(ks: &[&str]) -> Vec<String> {
+        ks.iter().map(|k| k.to_string()).collect()
+    }
+
+    /// Sends a Done of `a`, and 1 ms later (while its call runs) whatever `later` sends; both
+    /// results.
+    async fn behind_a_call<T>(
+        b: &DoneBatcher,
+        later: impl Future<Output = T>,
+    ) -> (Result<Option<DoneResult>, WqError>, T) {
+        let later = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            later.await
+        };
+        tokio::join!(b.done("q", done("a")), later)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dones_that_arrive_during_a_call_share_the_next() {
+        let (b, store, task) = start();
+        let stale = Done { lease_id: "stale".into(), ..done("c") };
+        let later = async {
+            tokio::join!(b.done("q", done("b")), b.done("q", stale), b.done("q", done("d")))
+        };
+        let (first, (second, stale, fourth)) = behind_a_call(&b, later).await;
+        assert!(first.unwrap().is_some() && second.unwrap().is_some() && fourth.unwrap().is_some());
+        assert_eq!(stale.unwrap(), None, "a stale lease is refused alone");
+        let calls = store.calls.lock().unwrap().clone();
+        // A lone Done waits for nothing; the ones that came meanwhile go in one call.
+        assert_eq!(calls, vec![(Duration::ZERO, keys(&["a"])), (CALL, keys(&["b", "c", "d"]))]);
+        drop(b);
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_caller_is_split_into_calls_of_the_batch_limit() {
+        let (b, store, _task) = start();
+        let many: Vec<Done> = (0..MAX_DONE_BATCH + 50).map(|i| done(&format!("k{i}"))).collect();
+        let results = b.done_many("q", many).await.unwrap();
+        assert_eq!(results.len(), MAX_DONE_BATCH + 50);
+        let calls = store.calls.lock().unwrap().clone();
+        let sizes: Vec<(Duration, usize)> = calls.iter().map(|(t, k)| (*t, k.len())).collect();
+        assert_eq!(sizes, vec![(Duration::ZERO, MAX_DONE_BATCH), (CALL, 50)]);
+        assert_eq!(calls[1].1[0], format!("k{MAX_DONE_BATCH}"), "in order");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_call_fails_its_callers_only() {
+        let (b, store, _task) = start();
+        // The two callers behind the first share one call, which fails.
+        let rest = async { tokio::join!(b.done("q", done("b")), b.done("q", done("bad"))) };
+        let (busy, (b_res, bad)) = behind_a_call(&b, rest).await;
+        assert!(busy.unwrap().is_some());
+        let (b_err, bad_err) = (b_res.unwrap_err(), bad.unwrap_err());
+        assert!(b_err.is_unavailable() && bad_err.is_unavailable(), "{b_err} / {bad_err}");
+        assert_eq!(store.calls.lock().unwrap().len(), 2);
+        // The loop carries on.
+        assert!(b.done("q", done("c")).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_queue_is_refused() {
+        let (b, store, _task) = start();
+        assert!(matches!(b.done("other", done("a")).await, Err(WqError::Config(_))));
+        assert!(b.done_many("q", Vec::new()).await.unwrap().is_empty());
+        assert!(store.calls.lock().unwrap().is_empty(), "no call for nothing");
     }
 }

@@ -6,6 +6,7 @@
 //! `kjob-queue inspect` subcommand.
 
 pub mod batch;
+pub mod config;
 pub mod metrics;
 pub mod service;
 pub mod validate;
@@ -24,6 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
+pub use config::{Args, Command};
 pub use metrics::Metrics;
 pub use service::QueueService;
 
@@ -40,17 +42,31 @@ const MAX_CONCURRENT_PER_CONN: usize = 256;
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// Configuration of [`run`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Redis URL: `redis://host:port` or `redis+cluster://host:port,host:port`.
     pub redis_url: String,
-    /// Listener of the admin HTTP port (`/metrics`, `/livez`, `/readyz`), if any.
-    pub admin_listener: Option<TcpListener>,
     /// Store tunables.
     pub store: StoreConfig,
 }
 
-/// Serves kjob-queue on `listener` until `shutdown` is cancelled, then drains: long polls
+/// The sockets kjob-queue serves on, bound by the caller (tests bind `127.0.0.1:0`).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The gRPC port (`Queue`, `Expectations`, health, reflection).
+    pub grpc: TcpListener,
+    /// The admin port (`/metrics`, `/livez`, `/readyz`); `None` serves none.
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// A gRPC listener without an admin port.
+    pub fn grpc(grpc: TcpListener) -> Self {
+        Self { grpc, admin: None }
+    }
+}
+
+/// Serves kjob-queue on `listeners.grpc` until `shutdown` is cancelled, then drains: long polls
 /// answer empty, in-flight calls finish, background loops stop; the admin port answers until
 /// the end.
 ///
@@ -58,8 +74,9 @@ pub struct Config {
 /// gRPC health mirror and the admin server are vital: if one of them ends before shutdown (a listener that cannot
 /// accept any more ends the server), the service goes not ready, drains and returns an error
 /// naming it, so the process exits with a non-zero status.
-pub async fn run(listener: TcpListener, config: Config, shutdown: Shutdown) -> anyhow::Result<()> {
-    let Config { redis_url, admin_listener, store: store_config } = config;
+pub async fn run(listeners: Listeners, config: Config, shutdown: Shutdown) -> anyhow::Result<()> {
+    let Listeners { grpc: listener, admin: admin_listener } = listeners;
+    let Config { redis_url, store: store_config } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     let mut admin = AdminServer::start(admin_listener, registry);

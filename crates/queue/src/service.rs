@@ -8,13 +8,14 @@
 use std::future::Future;
 use std::time::Duration;
 
+use kjob_proto::convert::outcome_from_wire;
 use kjob_proto::v1;
 use kjob_proto::v1::expectations_server::{self, Expectations};
 use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, DoneOutcome, DoneResult, Enqueue, Observation, SessionPhase, Store, ViewOp, Waker,
+    Done, DoneResult, Enqueue, Observation, ObservationKind, SessionPhase, Store, ViewOp, Waker,
     WqError,
 };
 use tonic::{Request, Response, Status};
@@ -159,19 +160,19 @@ fn store_err(e: WqError) -> Status {
 fn observation(o: &v1::Observation) -> Result<Observation, String> {
     validate::id("observation job_uid", &o.job_uid, false)?;
     validate::id("observation pod_uid", &o.pod_uid, false)?;
-    let (job_uid, pod_uid) = (o.job_uid.clone(), o.pod_uid.clone());
-    match v1::ObservationKind::try_from(o.kind) {
-        Ok(v1::ObservationKind::Creation) => Ok(Observation::Creation { job_uid, pod_uid }),
-        Ok(v1::ObservationKind::Deletion) => Ok(Observation::Deletion { job_uid, pod_uid }),
-        Ok(v1::ObservationKind::FinalizerRemoval) => {
-            validate::id("observation pod_uid", &o.pod_uid, true)?;
-            Ok(Observation::FinalizerRemoval { job_uid, pod_uid })
-        }
-        _ => Err(format!(
-            "observation kind {} is not one of CREATION, DELETION, FINALIZER_REMOVAL",
-            o.kind
-        )),
+    let obs = Observation::try_from(o)?;
+    if obs.kind == ObservationKind::FinalizerRemoval {
+        validate::id("observation pod_uid", &o.pod_uid, true)?;
     }
+    Ok(obs)
+}
+
+/// The checks of SetExpectations and LowerExpectations.
+fn expectation_counts(key: &str, job_uid: &str, add: i64, del: i64) -> Result<(), Status> {
+    validate::key(key).map_err(invalid)?;
+    validate::id("job_uid", job_uid, false).map_err(invalid)?;
+    validate::count("add", add).map_err(invalid)?;
+    validate::count("del", del).map_err(invalid)
 }
 
 fn expectations_reply(e: kjob_workqueue::Expectations) -> v1::GetExpectationsResponse {
@@ -226,17 +227,7 @@ fn done_item(r: &v1::DoneRequest) -> Result<Done, String> {
     validate::key(&r.key)?;
     validate::id("lease_id", &r.lease_id, true)?;
     validate::delay("requeue_after_ms", r.requeue_after_ms)?;
-    let outcome = match v1::DoneOutcome::try_from(r.outcome) {
-        Ok(v1::DoneOutcome::Forget) => DoneOutcome::Forget,
-        Ok(v1::DoneOutcome::RateLimited) => DoneOutcome::RateLimited,
-        Ok(v1::DoneOutcome::RequeueAfter) => DoneOutcome::RequeueAfter(ms(r.requeue_after_ms)),
-        _ => {
-            return Err(format!(
-                "outcome {} is not one of FORGET, RATE_LIMITED, REQUEUE_AFTER",
-                r.outcome
-            ));
-        }
-    };
+    let outcome = outcome_from_wire(r.outcome, r.requeue_after_ms)?;
     Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome })
 }
 
@@ -545,10 +536,7 @@ impl QueueService {
         &self,
         r: v1::SetExpectationsRequest,
     ) -> Result<v1::SetExpectationsResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
-        validate::count("add", r.add).map_err(invalid)?;
-        validate::count("del", r.del).map_err(invalid)?;
+        expectation_counts(&r.key, &r.job_uid, r.add, r.del)?;
         self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
         Ok(v1::SetExpectationsResponse {})
     }
@@ -557,10 +545,7 @@ impl QueueService {
         &self,
         r: v1::LowerExpectationsRequest,
     ) -> Result<v1::LowerExpectationsResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
-        validate::count("add", r.add).map_err(invalid)?;
-        validate::count("del", r.del).map_err(invalid)?;
+        expectation_counts(&r.key, &r.job_uid, r.add, r.del)?;
         self.store.lower_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
         Ok(v1::LowerExpectationsResponse {})
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kjob_queue::Config;
+use kjob_queue::{Config, Listeners};
 use kjob_queue_client::{
     ClientError, DoneItem, MAX_DONE_BATCH, Outcome, QueueClient, RetryPolicy, v1,
 };
@@ -26,8 +26,9 @@ impl Running {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = Shutdown::new();
-        let config = Config { redis_url, admin_listener: None, store: Default::default() };
-        let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+        let config = Config { redis_url, store: Default::default() };
+        let task =
+            tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
         let client = QueueClient::connect_lazy(&url).unwrap();
         // The default client retries UNAVAILABLE, so this returns once the server answers.
         tokio::time::timeout(Duration::from_secs(15), client.stats("job"))

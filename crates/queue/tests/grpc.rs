@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kjob_queue::Config;
+use kjob_queue::{Config, Listeners};
 use kjob_queue_client::{ClientError, Outcome, QueueClient, RetryPolicy, v1};
 use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
@@ -32,8 +32,9 @@ async fn start_with(redis: &RedisServer, store: kjob_workqueue::StoreConfig) -> 
     let url = format!("http://{}", listener.local_addr().unwrap());
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = Config { redis_url: redis.url(), admin_listener: Some(admin), store };
-    let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+    let config = Config { redis_url: redis.url(), store };
+    let listeners = Listeners { grpc: listener, admin: Some(admin) };
+    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     let client = QueueClient::connect_lazy(&url).unwrap();
     Running { client, url, admin: admin_url, shutdown, task }
 }
@@ -441,9 +442,8 @@ async fn serves_over_a_redis_cluster() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config =
-        Config { redis_url: cluster.url(), admin_listener: None, store: Default::default() };
-    let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+    let config = Config { redis_url: cluster.url(), store: Default::default() };
+    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
     let c = QueueClient::connect_lazy(&url).unwrap();
     // A waiting lessee is woken by an Add (the marker lives in the queue's slot).
     let waiter = {
@@ -625,8 +625,8 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config =
-        Config { redis_url: redis.url(), admin_listener: Some(admin), store: Default::default() };
+    let config = Config { redis_url: redis.url(), store: Default::default() };
+    let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let logs = Logs::default();
     let subscriber = tracing_subscriber::fmt()
         .with_writer({
@@ -636,7 +636,7 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
         .with_ansi(false)
         .finish();
     let task = tokio::spawn(
-        kjob_queue::run(listener, config, shutdown.clone()).with_subscriber(subscriber),
+        kjob_queue::run(listeners, config, shutdown.clone()).with_subscriber(subscriber),
     );
     wait_ready(&admin_url).await;
     let c = QueueClient::connect_lazy(&format!("http://{addr}")).unwrap();

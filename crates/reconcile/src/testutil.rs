@@ -24,9 +24,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
     Pod, PodCondition, PodSpec, PodStatus, PodTemplateSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, ObjectMeta, OwnerReference, Time,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kjob_core::{
     CONTROLLER_UID_LABEL, JOB_COMPLETION_INDEX_ANNOTATION, JOB_INDEX_FAILURE_COUNT_ANNOTATION,
     JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION, JOB_NAME_LABEL, JOB_TRACKING_FINALIZER,
@@ -297,7 +295,6 @@ impl From<JobBuilder> for Job {
 /// Starts a Pod named `name` owned by `job`: template labels, controller ownerReference,
 /// tracking finalizer, UID `<name>-uid`, created at [`t0`], scheduled on `node-1`, Running.
 pub fn mk_pod(job: &Job, name: &str) -> PodBuilder {
-    let job_name = job.metadata.name.clone().unwrap_or_default();
     let labels =
         job.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.labels.clone());
     let pod = Pod {
@@ -309,14 +306,7 @@ pub fn mk_pod(job: &Job, name: &str) -> PodBuilder {
             creation_timestamp: Some(Time(t0())),
             labels,
             finalizers: Some(vec![JOB_TRACKING_FINALIZER.to_string()]),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "batch/v1".to_string(),
-                kind: "Job".to_string(),
-                name: job_name,
-                uid: job.metadata.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![crate::template::controller_ref(job)]),
             ..Default::default()
         },
         spec: Some(PodSpec {

@@ -10,39 +10,65 @@ use kjob_reconcile::validation::status_update_errors;
 use kjob_reconcile::{Expectations, Skipped};
 use support::{Api, Env, run};
 
-/// `n` pods named `<prefix>-<i>` shaped by `f`.
-fn pods(job: &Job, prefix: &str, n: usize, f: impl Fn(PodBuilder) -> PodBuilder) -> Vec<Pod> {
-    (0..n).map(|i| f(mk_pod(job, &format!("{prefix}-{i}"))).build()).collect()
-}
+/// The table, one row a case: `name | job | pods | want`.
+///
+/// * job: the Job's name, then `started` (`status.startTime` set), `par=N`, `comp=N|none`,
+///   `indexed`, `suspend`, `deleting`, `active=A,R,T` (status counts), `backoff=N`,
+///   `on-failure` (restartPolicy), `replace-failed` (podReplacementPolicy), `was-suspended` (a
+///   Suspended=True condition); and for the sync around it `unsatisfied` (expectations),
+///   `fail-creates` (every create fails), `fail-deletes=a-0,..` (those deletes fail).
+/// * pods: groups `prefix*N:state` (pods `prefix-0` ..) or `prefix@i,j:state` (pods with those
+///   completion indexes), with the states of [`state`].
+/// * want: `field=value` of [`Want`] (lists comma-separated), `error`, `no-write`.
+const TABLE: &[&str] = &[
+    "job start | start par=2 comp=5 | | creates=2 active=2 events=SuccessfulCreate",
+    "work-queue job start | wq par=2 comp=none | | creates=2 active=2 events=SuccessfulCreate",
+    "pending pods | pend started par=2 comp=5 | p*2:pending | active=2",
+    "correct # of pods, one ready | ok started par=2 comp=5 | r*1:ready n*1:running | active=2 ready=1",
+    "too few active pods | few started par=2 comp=5 | a*1:running s*1:succeeded | creates=1 active=2 succeeded=1 events=SuccessfulCreate",
+    "work-queue: no new pods after a success | wqfew started par=2 comp=none | a*1:running s*1:succeeded | active=1 succeeded=1",
+    "too few active pods, create fails | err started par=2 comp=5 fail-creates | a*1:running | active=1 error events=FailedCreate",
+    "too many active pods | many started par=2 comp=5 | a*3:running | deletes=1 active=2 terminating=1 events=SuccessfulDelete",
+    "too many active pods, delete fails | manyerr started par=2 comp=5 fail-deletes=a-0,a-1,a-2 | a*3:running | active=3 error events=FailedDelete",
+    "failed and succeeded pods | mixed started par=2 comp=5 | a*1:running s*1:succeeded f*1:failed | creates=1 active=2 succeeded=1 failed=1 events=SuccessfulCreate",
+    "only a new failed pod | newfail started par=2 comp=5 | f*1:failed | creates=2 active=2 failed=1 events=SuccessfulCreate",
+    "job finish | finish started par=2 comp=5 | s*5:succeeded | succeeded=5 conditions=SuccessCriteriaMet=CompletionsReached,Complete=CompletionsReached events=Completed",
+    "work-queue job finishing | wqfin started par=2 comp=none | s*1:succeeded a*1:running | active=1 succeeded=1",
+    "work-queue job all finished | wqdone started par=2 comp=none | s*2:succeeded | succeeded=2 conditions=SuccessCriteriaMet=CompletionsReached,Complete=CompletionsReached events=Completed",
+    "work-queue job all finished despite one failure | wqone started par=2 comp=none | s*1:succeeded f*1:failed | succeeded=1 failed=1 conditions=SuccessCriteriaMet=CompletionsReached,Complete=CompletionsReached events=Completed",
+    "more active pods than parallelism | over started par=2 comp=5 | a*10:running | deletes=8 active=2 terminating=8 events=SuccessfulDelete",
+    "more active pods than remaining completions | remain started par=3 comp=4 | a*3:running s*2:succeeded | deletes=1 active=2 terminating=1 succeeded=2 events=SuccessfulDelete",
+    "status change | chg started par=2 comp=5 | a*2:running s*2:succeeded | active=2 succeeded=2",
+    "deleting job: no create, finalizers dropped | del started par=2 comp=5 deleting | a*1:pending | active=1",
+    "creates capped at 500 per sync | limit par=600 comp=1000 | | creates=500 active=500 events=SuccessfulCreate",
+    "suspending a job | susp started par=2 comp=4 suspend | a*2:ready | deletes=2 terminating=2 conditions=Suspended=JobSuspended events=SuccessfulDelete,Suspended",
+    "suspending with unsatisfied expectations | suspu started par=2 comp=4 suspend active=2,0,0 unsatisfied | a*2:running | no-write",
+    "resuming a job | res par=2 comp=4 was-suspended active=0,0,0 | | creates=2 active=2 conditions=Suspended=JobResumed events=SuccessfulCreate,Resumed",
+    "created suspended: no condition flip, no start time | cs par=2 comp=4 suspend | | conditions=Suspended=JobSuspended events=Suspended",
+    "indexed job start | idx indexed par=2 comp=5 | | creates=2 active=2 created=0,1 completed= events=SuccessfulCreate",
+    "indexed: fill the gaps | idx2 started indexed par=3 comp=5 | s@0,2:succeeded a@1:running f@3:failed | creates=2 active=3 succeeded=2 failed=1 completed=0,2 created=3,4 events=SuccessfulCreate",
+    "indexed: duplicate index deleted first | dup started indexed par=2 comp=5 | a@0,0,1:running | deletes=1 active=2 terminating=1 events=SuccessfulDelete",
+    "indexed: invalid indexes deleted | inval started indexed par=2 comp=5 | a@7:running noix*1:running | deletes=2 terminating=2 events=SuccessfulDelete",
+    "indexed: all indexes succeeded | idxdone started indexed par=2 comp=3 | s@0,1,2:succeeded | succeeded=3 completed=0-2 conditions=SuccessCriteriaMet=CompletionsReached,Complete=CompletionsReached events=Completed",
+    "terminating pod counts as failed and is replaced | term started par=2 comp=5 | t*1:terminating a*1:running | creates=1 active=2 terminating=1 failed=1 events=SuccessfulCreate",
+    "podReplacementPolicy=Failed waits for terminating pods | termf started par=2 comp=5 replace-failed | t*1:terminating a*1:running | active=1 terminating=1",
+    "OnFailure restarts reach the backoff limit | onfail started par=2 comp=5 on-failure backoff=2 | a*2:restarted | deletes=2 terminating=2 failed=2 conditions=FailureTarget=BackoffLimitExceeded events=SuccessfulDelete",
+    "backoff limit exceeded: FailureTarget, actives deleted | bol started par=2 comp=5 backoff=1 | f*2:failed a*1:running | deletes=1 terminating=1 failed=3 conditions=FailureTarget=BackoffLimitExceeded events=SuccessfulDelete",
+    "backoff limit exceeded, nothing running: Failed at once | bol2 started par=2 comp=5 backoff=1 | f*2:failed | failed=2 conditions=FailureTarget=BackoffLimitExceeded,Failed=BackoffLimitExceeded events=BackoffLimitExceeded",
+    "unsatisfied expectations: no manage, still tracking | unsat started par=2 comp=5 unsatisfied | s*1:succeeded a*1:running | active=1 succeeded=1",
+    "nothing changed: no status write | nochange started par=1 comp=1 active=1,0,0 | a*1:running | no-write",
+    "work-queue: failed pod is replaced | wqre started par=1 comp=none | f*1:failed | creates=1 active=1 failed=1 events=SuccessfulCreate",
+    "suspending a job being deleted: no manage, finalizers dropped | sdel started par=2 comp=4 suspend deleting | a*2:running | active=2",
+    "indexed: repeated completed index counts once | rep started indexed par=2 comp=3 | s@0,0:succeeded a@1:running | creates=1 active=2 succeeded=1 completed=0 created=2 events=SuccessfulCreate",
+    "indexed, replace only failed: terminating index not recreated | itf started indexed par=3 comp=3 replace-failed | t@0:terminating a@1:running | creates=1 active=2 terminating=1 created=2 events=SuccessfulCreate",
+    "indexed, terminating or failed: terminating index recreated now | itof started indexed par=3 comp=3 | t@0:terminating a@1:running | creates=2 active=3 terminating=1 failed=1 created=0,2 events=SuccessfulCreate",
+    "OnFailure restarts below the backoff limit | fewr started par=2 comp=5 on-failure backoff=3 | a*2:restarted | active=2",
+    "OnFailure with backoffLimit 0: one restart fails the job | zero started par=1 comp=5 on-failure backoff=0 | a*1:pending-restarted | deletes=1 terminating=1 failed=1 conditions=FailureTarget=BackoffLimitExceeded events=SuccessfulDelete",
+    "parallelism scaled to zero deletes every active pod | par0 started par=0 comp=5 | a*2:running | deletes=2 terminating=2 events=SuccessfulDelete",
+];
 
-/// Pods with explicit completion indexes.
-fn indexed(job: &Job, prefix: &str, ixs: &[i32], f: impl Fn(PodBuilder) -> PodBuilder) -> Vec<Pod> {
-    ixs.iter()
-        .enumerate()
-        .map(|(k, ix)| f(mk_pod(job, &format!("{prefix}-{ix}-{k}")).index(*ix)).build())
-        .collect()
-}
-
-fn running(b: PodBuilder) -> PodBuilder {
-    b
-}
-fn ready(b: PodBuilder) -> PodBuilder {
-    b.ready(at(1))
-}
-fn pending(b: PodBuilder) -> PodBuilder {
-    b.pending()
-}
-fn succeeded(b: PodBuilder) -> PodBuilder {
-    b.succeeded(at(10))
-}
-fn failed(b: PodBuilder) -> PodBuilder {
-    b.failed(1, at(10))
-}
-fn terminating(b: PodBuilder) -> PodBuilder {
-    b.deleting(at(20))
-}
-
-#[derive(Default)]
+/// What the sync must have done.
+#[derive(Default, Debug)]
 struct Want {
     creates: usize,
     deletes: usize,
@@ -52,17 +78,17 @@ struct Want {
     succeeded: i32,
     failed: i32,
     /// `Type=Reason` of every condition in the last write, in order.
-    conditions: &'static [&'static str],
-    completed_indexes: Option<&'static str>,
-    created_indexes: Option<&'static [i32]>,
+    conditions: Vec<String>,
+    completed_indexes: Option<String>,
+    created_indexes: Option<Vec<i32>>,
     error: bool,
     /// Event reasons (deduplicated, in first-seen order).
-    events: &'static [&'static str],
+    events: Vec<String>,
     no_write: bool,
 }
 
 struct Case {
-    name: &'static str,
+    name: String,
     job: Job,
     pods: Vec<Pod>,
     satisfied: bool,
@@ -70,15 +96,114 @@ struct Case {
     want: Want,
 }
 
-fn case(name: &'static str, job: Job, pods: Vec<Pod>, want: Want) -> Case {
-    Case { name, job, pods, satisfied: true, api: Api::default(), want }
+fn list(v: &str) -> Vec<String> {
+    v.split(',').map(str::to_string).collect()
+}
+
+fn num<T: std::str::FromStr>(row: &str, v: &str) -> T {
+    v.parse().unwrap_or_else(|_| panic!("{row}: {v:?} is not a number"))
+}
+
+/// The pod states of the table.
+fn state(row: &str, name: &str) -> fn(PodBuilder) -> PodBuilder {
+    match name {
+        "running" => |b| b,
+        "ready" => |b| b.ready(at(1)),
+        "pending" => |b| b.pending(),
+        "succeeded" => |b| b.succeeded(at(10)),
+        "failed" => |b| b.failed(1, at(10)),
+        "terminating" => |b| b.deleting(at(20)),
+        "restarted" => |b| b.restarts(1),
+        "pending-restarted" => |b| b.pending().restarts(1),
+        other => panic!("{row}: unknown pod state {other:?}"),
+    }
+}
+
+/// Parses one row of [`TABLE`].
+fn parse(row: &str) -> Case {
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    let [name, job, pods, expect] = cols[..] else { panic!("{row}: expected 4 columns") };
+    let mut words = job.split_whitespace();
+    let mut b = mk_job(words.next().unwrap_or_else(|| panic!("{row}: no job name")));
+    let (mut satisfied, mut api) = (true, Api::default());
+    for w in words {
+        let (k, v) = w.split_once('=').unwrap_or((w, ""));
+        b = match k {
+            "started" => b.start_time(at(0)),
+            "par" => b.parallelism(num(row, v)),
+            "comp" => b.completions((v != "none").then(|| num(row, v))),
+            "indexed" => b.indexed(),
+            "suspend" => b.suspend(true),
+            "deleting" => b.deleting(at(500)),
+            "active" => {
+                let n: Vec<i32> = v.split(',').map(|x| num(row, x)).collect();
+                b.active(n[0], n[1], n[2])
+            }
+            "backoff" => b.backoff_limit(num(row, v)),
+            "on-failure" => b.restart_policy("OnFailure"),
+            "replace-failed" => b.pod_replacement_policy("Failed"),
+            "was-suspended" => {
+                b.condition("Suspended", "True", "JobSuspended", "Job suspended", at(5))
+            }
+            "unsatisfied" => {
+                satisfied = false;
+                b
+            }
+            "fail-creates" => {
+                api.fail_creates_from = Some(0);
+                b
+            }
+            "fail-deletes" => {
+                api.fail_deletes = list(v).into_iter().collect();
+                b
+            }
+            other => panic!("{row}: unknown job word {other:?}"),
+        };
+    }
+    let job = b.build();
+    let mut all = Vec::new();
+    for group in pods.split_whitespace() {
+        let (who, st) = group.split_once(':').unwrap_or_else(|| panic!("{row}: {group:?}"));
+        let f = state(row, st);
+        if let Some((prefix, n)) = who.split_once('*') {
+            let n: usize = num(row, n);
+            all.extend((0..n).map(|i| f(mk_pod(&job, &format!("{prefix}-{i}"))).build()));
+        } else if let Some((prefix, ixs)) = who.split_once('@') {
+            for (k, ix) in ixs.split(',').map(|x| num::<i32>(row, x)).enumerate() {
+                all.push(f(mk_pod(&job, &format!("{prefix}-{ix}-{k}")).index(ix)).build());
+            }
+        } else {
+            panic!("{row}: pod group {group:?} is neither prefix*N nor prefix@i,j");
+        }
+    }
+    let mut want = Want::default();
+    for w in expect.split_whitespace() {
+        let (k, v) = w.split_once('=').unwrap_or((w, ""));
+        match k {
+            "creates" => want.creates = num(row, v),
+            "deletes" => want.deletes = num(row, v),
+            "active" => want.active = num(row, v),
+            "ready" => want.ready = num(row, v),
+            "terminating" => want.terminating = num(row, v),
+            "succeeded" => want.succeeded = num(row, v),
+            "failed" => want.failed = num(row, v),
+            "conditions" => want.conditions = list(v),
+            "events" => want.events = list(v),
+            "completed" => want.completed_indexes = Some(v.to_string()),
+            "created" => want.created_indexes = Some(v.split(',').map(|x| num(row, x)).collect()),
+            "error" => want.error = true,
+            "no-write" => want.no_write = true,
+            other => panic!("{row}: unknown want word {other:?}"),
+        }
+    }
+    Case { name: name.to_string(), job, pods: all, satisfied, api, want }
 }
 
 fn check(c: Case) {
     let mut env = Env::at(at(1000));
     env.satisfied = c.satisfied;
     let t = run(&c.job, &c.pods, &env, &c.api);
-    let name = c.name;
+    let name = &c.name;
     assert_eq!(t.created.len(), c.want.creates, "{name}: creates");
     assert_eq!(t.deleted.len(), c.want.deletes, "{name}: deletes");
     assert_eq!(t.outcome.error.is_some(), c.want.error, "{name}: error {:?}", t.outcome.error);
@@ -106,10 +231,10 @@ fn check(c: Case) {
         .map(|c| format!("{}={}", c.type_, c.reason.as_deref().unwrap_or("")))
         .collect();
     assert_eq!(conds, c.want.conditions, "{name}: conditions");
-    if let Some(ci) = c.want.completed_indexes {
+    if let Some(ci) = &c.want.completed_indexes {
         assert_eq!(st.completed_indexes.as_deref().unwrap_or(""), ci, "{name}: completedIndexes");
     }
-    if let Some(ixs) = c.want.created_indexes {
+    if let Some(ixs) = &c.want.created_indexes {
         let got: Vec<i32> = t
             .created
             .iter()
@@ -119,7 +244,7 @@ fn check(c: Case) {
                     .unwrap()
             })
             .collect();
-        assert_eq!(got, ixs, "{name}: created indexes");
+        assert_eq!(&got, ixs, "{name}: created indexes");
     }
     // Every write must be one the API server accepts, each against the previous one.
     let mut job = c.job.clone();
@@ -130,614 +255,10 @@ fn check(c: Case) {
     }
 }
 
-fn started(name: &str) -> kjob_reconcile::testutil::JobBuilder {
-    mk_job(name).start_time(at(0))
-}
-
 #[test]
 fn controller_sync_job_table() {
-    let mut cases = Vec::new();
-
-    let j = mk_job("start").parallelism(2).completions(Some(5)).build();
-    cases.push(case(
-        "job start",
-        j,
-        vec![],
-        Want { creates: 2, active: 2, events: &["SuccessfulCreate"], ..Default::default() },
-    ));
-
-    let j = mk_job("wq").parallelism(2).completions(None).build();
-    cases.push(case(
-        "work-queue job start",
-        j,
-        vec![],
-        Want { creates: 2, active: 2, events: &["SuccessfulCreate"], ..Default::default() },
-    ));
-
-    let j = started("pend").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "p", 2, pending);
-    cases.push(case("pending pods", j, p, Want { active: 2, ..Default::default() }));
-
-    let j = started("ok").parallelism(2).completions(Some(5)).build();
-    let mut p = pods(&j, "r", 1, ready);
-    p.extend(pods(&j, "n", 1, running));
-    cases.push(case(
-        "correct # of pods, one ready",
-        j,
-        p,
-        Want { active: 2, ready: 1, ..Default::default() },
-    ));
-
-    let j = started("few").parallelism(2).completions(Some(5)).build();
-    let mut p = pods(&j, "a", 1, running);
-    p.extend(pods(&j, "s", 1, succeeded));
-    cases.push(case(
-        "too few active pods",
-        j,
-        p,
-        Want {
-            creates: 1,
-            active: 2,
-            succeeded: 1,
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("wqfew").parallelism(2).completions(None).build();
-    let mut p = pods(&j, "a", 1, running);
-    p.extend(pods(&j, "s", 1, succeeded));
-    cases.push(case(
-        "work-queue: no new pods after a success",
-        j,
-        p,
-        Want { active: 1, succeeded: 1, ..Default::default() },
-    ));
-
-    let j = started("err").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "a", 1, running);
-    let mut c = case(
-        "too few active pods, create fails",
-        j,
-        p,
-        Want { active: 1, error: true, events: &["FailedCreate"], ..Default::default() },
-    );
-    c.api.fail_creates_from = Some(0);
-    cases.push(c);
-
-    let j = started("many").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "a", 3, running);
-    cases.push(case(
-        "too many active pods",
-        j,
-        p,
-        Want {
-            deletes: 1,
-            active: 2,
-            terminating: 1,
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("manyerr").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "a", 3, running);
-    let mut c = case(
-        "too many active pods, delete fails",
-        j,
-        p,
-        Want { active: 3, error: true, events: &["FailedDelete"], ..Default::default() },
-    );
-    c.api.fail_deletes = ["a-0", "a-1", "a-2"].iter().map(|s| s.to_string()).collect();
-    cases.push(c);
-
-    let j = started("mixed").parallelism(2).completions(Some(5)).build();
-    let mut p = pods(&j, "a", 1, running);
-    p.extend(pods(&j, "s", 1, succeeded));
-    p.extend(pods(&j, "f", 1, failed));
-    cases.push(case(
-        "failed and succeeded pods",
-        j,
-        p,
-        Want {
-            creates: 1,
-            active: 2,
-            succeeded: 1,
-            failed: 1,
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("newfail").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "f", 1, failed);
-    cases.push(case(
-        "only a new failed pod",
-        j,
-        p,
-        Want {
-            creates: 2,
-            active: 2,
-            failed: 1,
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("finish").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "s", 5, succeeded);
-    cases.push(case(
-        "job finish",
-        j,
-        p,
-        Want {
-            succeeded: 5,
-            conditions: &["SuccessCriteriaMet=CompletionsReached", "Complete=CompletionsReached"],
-            events: &["Completed"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("wqfin").parallelism(2).completions(None).build();
-    let mut p = pods(&j, "s", 1, succeeded);
-    p.extend(pods(&j, "a", 1, running));
-    cases.push(case(
-        "work-queue job finishing",
-        j,
-        p,
-        Want { active: 1, succeeded: 1, ..Default::default() },
-    ));
-
-    let j = started("wqdone").parallelism(2).completions(None).build();
-    let p = pods(&j, "s", 2, succeeded);
-    cases.push(case(
-        "work-queue job all finished",
-        j,
-        p,
-        Want {
-            succeeded: 2,
-            conditions: &["SuccessCriteriaMet=CompletionsReached", "Complete=CompletionsReached"],
-            events: &["Completed"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("wqone").parallelism(2).completions(None).build();
-    let mut p = pods(&j, "s", 1, succeeded);
-    p.extend(pods(&j, "f", 1, failed));
-    cases.push(case(
-        "work-queue job all finished despite one failure",
-        j,
-        p,
-        Want {
-            succeeded: 1,
-            failed: 1,
-            conditions: &["SuccessCriteriaMet=CompletionsReached", "Complete=CompletionsReached"],
-            events: &["Completed"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("over").parallelism(2).completions(Some(5)).build();
-    let p = pods(&j, "a", 10, running);
-    cases.push(case(
-        "more active pods than parallelism",
-        j,
-        p,
-        Want {
-            deletes: 8,
-            active: 2,
-            terminating: 8,
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("remain").parallelism(3).completions(Some(4)).build();
-    let mut p = pods(&j, "a", 3, running);
-    p.extend(pods(&j, "s", 2, succeeded));
-    cases.push(case(
-        "more active pods than remaining completions",
-        j,
-        p,
-        Want {
-            deletes: 1,
-            active: 2,
-            terminating: 1,
-            succeeded: 2,
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("chg").parallelism(2).completions(Some(5)).build();
-    let mut p = pods(&j, "a", 2, running);
-    p.extend(pods(&j, "s", 2, succeeded));
-    cases.push(case("status change", j, p, Want { active: 2, succeeded: 2, ..Default::default() }));
-
-    let j = started("del").parallelism(2).completions(Some(5)).deleting(at(500)).build();
-    let p = pods(&j, "a", 1, pending);
-    cases.push(case(
-        "deleting job: no create, finalizers dropped",
-        j,
-        p,
-        Want { active: 1, ..Default::default() },
-    ));
-
-    let j = mk_job("limit").parallelism(600).completions(Some(1000)).build();
-    cases.push(case(
-        "creates capped at 500 per sync",
-        j,
-        vec![],
-        Want { creates: 500, active: 500, events: &["SuccessfulCreate"], ..Default::default() },
-    ));
-
-    let j = started("susp").parallelism(2).completions(Some(4)).suspend(true).build();
-    let p = pods(&j, "a", 2, ready);
-    cases.push(case(
-        "suspending a job",
-        j,
-        p,
-        Want {
-            deletes: 2,
-            terminating: 2,
-            conditions: &["Suspended=JobSuspended"],
-            events: &["SuccessfulDelete", "Suspended"],
-            ..Default::default()
-        },
-    ));
-
-    let j =
-        started("suspu").parallelism(2).completions(Some(4)).suspend(true).active(2, 0, 0).build();
-    let p = pods(&j, "a", 2, running);
-    let mut c = case(
-        "suspending with unsatisfied expectations",
-        j,
-        p,
-        Want { no_write: true, ..Default::default() },
-    );
-    c.satisfied = false;
-    cases.push(c);
-
-    let j = mk_job("res")
-        .parallelism(2)
-        .completions(Some(4))
-        .condition("Suspended", "True", "JobSuspended", "Job suspended", at(5))
-        .active(0, 0, 0)
-        .build();
-    cases.push(case(
-        "resuming a job",
-        j,
-        vec![],
-        Want {
-            creates: 2,
-            active: 2,
-            conditions: &["Suspended=JobResumed"],
-            events: &["SuccessfulCreate", "Resumed"],
-            ..Default::default()
-        },
-    ));
-
-    let j = mk_job("cs").parallelism(2).completions(Some(4)).suspend(true).build();
-    cases.push(case(
-        "created suspended: no condition flip, no start time",
-        j,
-        vec![],
-        Want {
-            conditions: &["Suspended=JobSuspended"],
-            events: &["Suspended"],
-            ..Default::default()
-        },
-    ));
-
-    let j = mk_job("idx").indexed().parallelism(2).completions(Some(5)).build();
-    cases.push(case(
-        "indexed job start",
-        j,
-        vec![],
-        Want {
-            creates: 2,
-            active: 2,
-            created_indexes: Some(&[0, 1]),
-            completed_indexes: Some(""),
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("idx2").indexed().parallelism(3).completions(Some(5)).build();
-    let mut p = indexed(&j, "s", &[0, 2], succeeded);
-    p.extend(indexed(&j, "a", &[1], running));
-    p.extend(indexed(&j, "f", &[3], failed));
-    cases.push(case(
-        "indexed: fill the gaps",
-        j,
-        p,
-        Want {
-            creates: 2,
-            active: 3,
-            succeeded: 2,
-            failed: 1,
-            completed_indexes: Some("0,2"),
-            created_indexes: Some(&[3, 4]),
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("dup").indexed().parallelism(2).completions(Some(5)).build();
-    let p = indexed(&j, "a", &[0, 0, 1], running);
-    cases.push(case(
-        "indexed: duplicate index deleted first",
-        j,
-        p,
-        Want {
-            deletes: 1,
-            active: 2,
-            terminating: 1,
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("inval").indexed().parallelism(2).completions(Some(5)).build();
-    let mut p = indexed(&j, "a", &[7], running);
-    p.extend(pods(&j, "noix", 1, running));
-    cases.push(case(
-        "indexed: invalid indexes deleted",
-        j,
-        p,
-        Want { deletes: 2, terminating: 2, events: &["SuccessfulDelete"], ..Default::default() },
-    ));
-
-    let j = started("idxdone").indexed().parallelism(2).completions(Some(3)).build();
-    let p = indexed(&j, "s", &[0, 1, 2], succeeded);
-    cases.push(case(
-        "indexed: all indexes succeeded",
-        j,
-        p,
-        Want {
-            succeeded: 3,
-            completed_indexes: Some("0-2"),
-            conditions: &["SuccessCriteriaMet=CompletionsReached", "Complete=CompletionsReached"],
-            events: &["Completed"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("term").parallelism(2).completions(Some(5)).build();
-    let mut p = pods(&j, "t", 1, terminating);
-    p.extend(pods(&j, "a", 1, running));
-    cases.push(case(
-        "terminating pod counts as failed and is replaced",
-        j,
-        p,
-        Want {
-            creates: 1,
-            active: 2,
-            terminating: 1,
-            failed: 1,
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("termf")
-        .parallelism(2)
-        .completions(Some(5))
-        .pod_replacement_policy("Failed")
-        .build();
-    let mut p = pods(&j, "t", 1, terminating);
-    p.extend(pods(&j, "a", 1, running));
-    cases.push(case(
-        "podReplacementPolicy=Failed waits for terminating pods",
-        j,
-        p,
-        Want { active: 1, terminating: 1, ..Default::default() },
-    ));
-
-    let j = started("onfail")
-        .parallelism(2)
-        .completions(Some(5))
-        .restart_policy("OnFailure")
-        .backoff_limit(2)
-        .build();
-    let p = pods(&j, "a", 2, |b| b.restarts(1));
-    cases.push(case(
-        "OnFailure restarts reach the backoff limit",
-        j,
-        p,
-        Want {
-            deletes: 2,
-            terminating: 2,
-            failed: 2,
-            conditions: &["FailureTarget=BackoffLimitExceeded"],
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("bol").parallelism(2).completions(Some(5)).backoff_limit(1).build();
-    let mut p = pods(&j, "f", 2, failed);
-    p.extend(pods(&j, "a", 1, running));
-    cases.push(case(
-        "backoff limit exceeded: FailureTarget, actives deleted",
-        j,
-        p,
-        Want {
-            deletes: 1,
-            terminating: 1,
-            failed: 3,
-            conditions: &["FailureTarget=BackoffLimitExceeded"],
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("bol2").parallelism(2).completions(Some(5)).backoff_limit(1).build();
-    let p = pods(&j, "f", 2, failed);
-    cases.push(case(
-        "backoff limit exceeded, nothing running: Failed at once",
-        j,
-        p,
-        Want {
-            failed: 2,
-            conditions: &["FailureTarget=BackoffLimitExceeded", "Failed=BackoffLimitExceeded"],
-            events: &["BackoffLimitExceeded"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("unsat").parallelism(2).completions(Some(5)).build();
-    let mut p = pods(&j, "s", 1, succeeded);
-    p.extend(pods(&j, "a", 1, running));
-    let mut c = case(
-        "unsatisfied expectations: no manage, still tracking",
-        j,
-        p,
-        Want { active: 1, succeeded: 1, ..Default::default() },
-    );
-    c.satisfied = false;
-    cases.push(c);
-
-    let j = started("nochange").parallelism(1).completions(Some(1)).active(1, 0, 0).build();
-    let p = pods(&j, "a", 1, running);
-    cases.push(case(
-        "nothing changed: no status write",
-        j,
-        p,
-        Want { no_write: true, ..Default::default() },
-    ));
-
-    let j = started("wqre").parallelism(1).completions(None).build();
-    let p = pods(&j, "f", 1, failed);
-    cases.push(case(
-        "work-queue: failed pod is replaced",
-        j,
-        p,
-        Want {
-            creates: 1,
-            active: 1,
-            failed: 1,
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j =
-        started("sdel").parallelism(2).completions(Some(4)).suspend(true).deleting(at(500)).build();
-    let p = pods(&j, "a", 2, running);
-    cases.push(case(
-        "suspending a job being deleted: no manage, finalizers dropped",
-        j,
-        p,
-        Want { active: 2, ..Default::default() },
-    ));
-
-    let j = started("rep").indexed().parallelism(2).completions(Some(3)).build();
-    let mut p = indexed(&j, "s", &[0, 0], succeeded);
-    p.extend(indexed(&j, "a", &[1], running));
-    cases.push(case(
-        "indexed: repeated completed index counts once",
-        j,
-        p,
-        Want {
-            creates: 1,
-            active: 2,
-            succeeded: 1,
-            completed_indexes: Some("0"),
-            created_indexes: Some(&[2]),
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("itf")
-        .indexed()
-        .parallelism(3)
-        .completions(Some(3))
-        .pod_replacement_policy("Failed")
-        .build();
-    let mut p = indexed(&j, "t", &[0], terminating);
-    p.extend(indexed(&j, "a", &[1], running));
-    cases.push(case(
-        "indexed, replace only failed: terminating index not recreated",
-        j,
-        p,
-        Want {
-            creates: 1,
-            active: 2,
-            terminating: 1,
-            created_indexes: Some(&[2]),
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("itof").indexed().parallelism(3).completions(Some(3)).build();
-    let mut p = indexed(&j, "t", &[0], terminating);
-    p.extend(indexed(&j, "a", &[1], running));
-    cases.push(case(
-        "indexed, terminating or failed: terminating index recreated now",
-        j,
-        p,
-        Want {
-            creates: 2,
-            active: 3,
-            terminating: 1,
-            failed: 1,
-            created_indexes: Some(&[0, 2]),
-            events: &["SuccessfulCreate"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("fewr")
-        .parallelism(2)
-        .completions(Some(5))
-        .restart_policy("OnFailure")
-        .backoff_limit(3)
-        .build();
-    let p = pods(&j, "a", 2, |b| b.restarts(1));
-    cases.push(case(
-        "OnFailure restarts below the backoff limit",
-        j,
-        p,
-        Want { active: 2, ..Default::default() },
-    ));
-
-    let j = started("zero")
-        .parallelism(1)
-        .completions(Some(5))
-        .restart_policy("OnFailure")
-        .backoff_limit(0)
-        .build();
-    let p = pods(&j, "a", 1, |b| b.pending().restarts(1));
-    cases.push(case(
-        "OnFailure with backoffLimit 0: one restart fails the job",
-        j,
-        p,
-        Want {
-            deletes: 1,
-            terminating: 1,
-            failed: 1,
-            conditions: &["FailureTarget=BackoffLimitExceeded"],
-            events: &["SuccessfulDelete"],
-            ..Default::default()
-        },
-    ));
-
-    let j = started("par0").parallelism(0).completions(Some(5)).build();
-    let p = pods(&j, "a", 2, running);
-    cases.push(case(
-        "parallelism scaled to zero deletes every active pod",
-        j,
-        p,
-        Want { deletes: 2, terminating: 2, events: &["SuccessfulDelete"], ..Default::default() },
-    ));
-
-    for c in cases {
-        check(c);
+    for row in TABLE {
+        check(parse(row));
     }
 }
 

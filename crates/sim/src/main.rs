@@ -32,12 +32,13 @@ struct Args {
     /// Watch events kept for resuming watches (older revisions get 410).
     #[arg(long, default_value_t = 10_000)]
     history_window: usize,
-    #[command(flatten)]
-    log: kjob_svc::LogArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    kjob_svc::main(serve)
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     let Args {
         listen,
         kubeconfig_out,
@@ -46,9 +47,7 @@ async fn main() -> anyhow::Result<()> {
         read_latency,
         bookmark_interval,
         history_window,
-        log,
-    } = Args::parse();
-    kjob_svc::init_logging(&log)?;
+    } = args;
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     let url = kjob_sim::url_for(listener.local_addr()?);
     if let Some(path) = &kubeconfig_out {

@@ -25,6 +25,13 @@ pub struct AdminArgs {
     pub admin_listen: SocketAddr,
 }
 
+impl AdminArgs {
+    /// Binds the admin port.
+    pub async fn bind(&self) -> anyhow::Result<TcpListener> {
+        crate::bind(self.admin_listen, "the admin port").await
+    }
+}
+
 /// What the admin port serves: a metrics registry and a readiness flag the service sets.
 #[derive(Clone)]
 pub struct AdminState {

@@ -1,22 +1,27 @@
-//! Service plumbing shared by every kjob binary, written once: the log set-up, the admin HTTP
-//! port (`/metrics`, `/livez`, `/readyz`) and its lifecycle, the readiness probe loop, the
-//! shutdown tree, the supervision of vital tasks, the retry backoff, the gRPC accept loop and
-//! the kube client flags.
+//! Service plumbing shared by every kjob binary, written once: the body of `main` ([`main`]),
+//! listener binding, the log set-up, the admin HTTP port (`/metrics`, `/livez`, `/readyz`) and
+//! its lifecycle, the readiness probe loop, the shutdown tree, the supervision of vital tasks,
+//! the retry backoff, the gRPC accept loop, the kube client flags and the default identity.
 //!
 //! Libraries never install a subscriber; only binaries call [`init_logging`].
 
 pub mod admin;
 pub mod backoff;
+pub mod binary;
 pub mod duration;
+pub mod identity;
 pub mod incoming;
 pub mod kube_client;
 pub mod logging;
+pub mod metrics;
 pub mod shutdown;
 pub mod vital;
 
 pub use admin::{AdminArgs, AdminServer, AdminState, admin_router, probe_readiness, serve_admin};
 pub use backoff::{Attempts, Backoff};
+pub use binary::{bind, main};
 pub use duration::parse_duration;
+pub use identity::{default_identity, identity_or_default};
 pub use incoming::tcp_incoming;
 pub use kube_client::KubeClientArgs;
 pub use logging::{LogArgs, LogFormat, init_logging};

@@ -20,27 +20,8 @@ use crate::view::ViewWrite;
 
 pub use kjob_core::SYNC_JOB_BATCH_PERIOD;
 
-/// The kind of expectation observation the watcher reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ObservationKind {
-    /// A pod of the Job was seen created (`CreationObserved`).
-    Creation,
-    /// A pod of the Job was seen deleted or deleting (`DeletionObserved`).
-    Deletion,
-    /// A pod's tracking finalizer was seen gone (`finalizerRemovalObserved`).
-    FinalizerRemoval,
-}
-
-/// One expectation observation for a Job.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Observation {
-    /// What was observed.
-    pub kind: ObservationKind,
-    /// UID of the Job, from the pod's controllerRef.
-    pub job_uid: String,
-    /// UID of the pod.
-    pub pod_uid: String,
-}
+/// The expectation observations the watcher reports (kjob's one vocabulary of them).
+pub use kjob_core::{Observation, ObservationKind};
 
 /// A decision of a handler: enqueue `key` on `queue` after `delay`, applying `observations` first.
 /// The informer adds the shared-view writes that go with it (see [`crate::view`]).
@@ -120,7 +101,7 @@ impl HandlerConfig {
 }
 
 fn observation(kind: ObservationKind, job: &JobInfo, pod: &PodInfo) -> Observation {
-    Observation { kind, job_uid: job.uid.clone(), pod_uid: pod.uid.clone() }
+    Observation::new(kind, job.uid.clone(), pod.uid.clone())
 }
 
 /// The Job a controllerRef points at: same kind, found by name, and with the same UID.

@@ -6,6 +6,7 @@
 //! [`sender`] (batched, retried `Add` calls to kjob-queue). [`leader`] decides whether this
 //! process emits anything; standbys keep warm caches.
 
+pub mod config;
 pub mod handlers;
 pub mod informer;
 pub mod leader;
@@ -18,10 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kjob_queue_client::{QueueClient, RetryPolicy};
-use kjob_svc::{AdminState, Shutdown};
+use kjob_svc::{AdminServer, AdminState, KubeClientArgs, Shutdown};
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
@@ -34,6 +36,8 @@ use crate::informer::{Informer, map_event};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::{KindLabels, Metrics};
 use crate::model::{JobInfo, PodInfo};
+
+pub use config::Args;
 
 /// How often readiness is re-evaluated (and, when leading, the queue probed).
 const READINESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -55,6 +59,15 @@ pub struct WatcherConfig {
     pub lease: LeaseConfig,
     /// Interval of the "enqueue every managed Job" resync.
     pub resync_period: Duration,
+    /// Kube client flags.
+    pub kube: KubeClientArgs,
+}
+
+/// The sockets a watcher serves on, bound by the caller (tests bind `127.0.0.1:0`).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The admin port (`/metrics`, `/livez`, `/readyz`); `None` serves none.
+    pub admin: Option<TcpListener>,
 }
 
 /// Errors that end the watcher.
@@ -75,32 +88,61 @@ pub enum WatcherError {
     /// Buffered items could not be delivered at shutdown.
     #[error(transparent)]
     Send(#[from] sender::SendError),
-    /// The admin server failed.
-    #[error("admin server: {0}")]
-    Admin(#[from] std::io::Error),
     /// A task panicked.
     #[error("task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
 
-/// Runs the watcher until `shutdown`: serves the admin port on `admin`, elects a leader, and
-/// while leading turns Job/Pod events into kjob-queue Adds. On shutdown it stops watching,
-/// flushes what is buffered (bounded by [`sender::DRAIN_TIMEOUT`]) and releases the Lease.
+/// Runs the watcher until `shutdown`: serves the admin port, elects a leader, and while leading
+/// turns Job/Pod events into kjob-queue Adds. On shutdown it stops watching, flushes what is
+/// buffered (bounded by [`sender::DRAIN_TIMEOUT`]) and releases the Lease; the admin port
+/// answers until the end.
 pub async fn run(
+    listeners: Listeners,
     config: WatcherConfig,
-    client: kube::Client,
-    admin: TcpListener,
     shutdown: Shutdown,
-) -> Result<(), WatcherError> {
-    let WatcherConfig { queue_url, controller_name, manage_all, namespace, lease, resync_period } =
-        config;
-    lease.validate()?;
+) -> anyhow::Result<()> {
+    let Listeners { admin } = listeners;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let admin_state = AdminState::new(registry);
-    let admin_task =
-        tokio::spawn(kjob_svc::serve_admin(admin, admin_state.clone(), shutdown.child_token()));
+    let admin_addr = match &admin {
+        Some(l) => l.local_addr()?.to_string(),
+        None => "none".into(),
+    };
+    let admin = AdminServer::start(admin, registry);
+    let started = async {
+        config.lease.validate()?;
+        let client = config.kube.client().await.context("building the kube client")?;
+        let (identity, queue_url) = (&config.lease.identity, &config.queue_url);
+        tracing::info!(%identity, admin = %admin_addr, %queue_url, "kjob-watcher starting");
+        serve(client, config, metrics, admin.state(), shutdown).await
+    };
+    let served = started.await;
+    let stopped = admin.stop().await.context("admin server");
+    // The first failure is the one that matters (the watcher's, then a failed admin stop).
+    served?;
+    stopped?;
+    tracing::info!("kjob-watcher stopped");
+    Ok(())
+}
 
+/// The watcher proper, between the admin port's start and stop.
+async fn serve(
+    client: kube::Client,
+    config: WatcherConfig,
+    metrics: Metrics,
+    admin_state: &AdminState,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let WatcherConfig {
+        queue_url,
+        controller_name,
+        manage_all,
+        namespace,
+        lease,
+        resync_period,
+        kube: _,
+    } = config;
     // Retries happen in the sender, which counts them and bounds them at shutdown.
     let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
     let (tx, rx) = sender::channel();
@@ -123,7 +165,7 @@ pub async fn run(
     let synced = Arc::new(AtomicBool::new(false));
     let readiness_stop = Shutdown::new();
     let readiness_task = tokio::spawn(readiness_loop(
-        admin_state,
+        admin_state.clone(),
         queue,
         synced.clone(),
         queue_ok,
@@ -160,12 +202,12 @@ pub async fn run(
     readiness_stop.cancel();
     readiness_task.await?;
     shutdown.cancel();
-    admin_task.await??;
     loop_result?;
     send_result?;
     Ok(())
 }
 
+/// Ready once the caches are synced and, while leading, kjob-queue answers.
 async fn readiness_loop(
     admin: AdminState,
     queue: QueueClient,
@@ -174,21 +216,16 @@ async fn readiness_loop(
     leading: watch::Receiver<bool>,
     stop: Shutdown,
 ) {
-    loop {
+    kjob_svc::probe_readiness(&admin, "caches and queue", READINESS_INTERVAL, &stop, || async {
         let is_leader = *leading.borrow();
         if is_leader {
             let probe = tokio::time::timeout(PROBE_TIMEOUT, queue.stats(kjob_core::JOB_QUEUE));
             let ok = matches!(probe.await, Ok(Ok(_)));
             queue_ok.store(ok, Ordering::Relaxed);
         }
-        let ready =
-            synced.load(Ordering::Relaxed) && (!is_leader || queue_ok.load(Ordering::Relaxed));
-        admin.set_ready(ready);
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(READINESS_INTERVAL) => {}
-        }
-    }
+        synced.load(Ordering::Relaxed) && (!is_leader || queue_ok.load(Ordering::Relaxed))
+    })
+    .await;
 }
 
 /// The shared view's settings for the event loop.

@@ -5,7 +5,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
 /// Labels of per-event counters.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,70 +43,51 @@ pub struct ControllerNameLabels {
     pub controller_name: String,
 }
 
-/// Every watcher metric; cheap to clone (all handles are shared).
-#[derive(Debug, Clone)]
-pub struct Metrics {
-    /// Informer events handled, by kind and type.
-    pub events: Family<EventLabels, Counter>,
-    /// Items enqueued (sent to kjob-queue), by queue.
-    pub enqueues: Family<QueueLabels, Counter>,
-    /// Expectation observations sent, by kind.
-    pub observations: Family<ObservationLabels, Counter>,
-    /// Add batches acknowledged by kjob-queue.
-    pub batches: Counter,
-    /// Failed Add calls (each is retried).
-    pub send_errors: Counter,
-    /// Latency of successful Add calls.
-    pub send_duration: Histogram,
-    /// 1 while this process holds the Lease.
-    pub leader: Gauge,
-    /// Watch stream errors (each leads to a backoff and a re-watch or relist), by kind.
-    pub watch_restarts: Family<KindLabels, Counter>,
-    /// Objects in the informer cache, by kind.
-    pub cached: Family<KindLabels, Gauge>,
-    /// `job_controller_jobs_by_external_controller_total`: Jobs seen added whose managedBy
-    /// names a controller other than the built-in one (upstream `addJob`).
-    pub jobs_by_external_controller: Family<ControllerNameLabels, Counter>,
+fn send_buckets() -> Histogram {
+    // 1 ms .. ~16 s: a local queue answers in ms, a retried one in seconds.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self {
-            events: Family::default(),
-            enqueues: Family::default(),
-            observations: Family::default(),
-            batches: Counter::default(),
-            send_errors: Counter::default(),
-            // 1 ms .. ~16 s: a local queue answers in ms, a retried one in seconds.
-            send_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-            leader: Gauge::default(),
-            watch_restarts: Family::default(),
-            cached: Family::default(),
-            jobs_by_external_controller: Family::default(),
+kjob_svc::metrics! {
+    /// Every watcher metric; cheap to clone (all handles are shared).
+    #[derive(Debug, Clone)]
+    pub struct Metrics {
+        "kjob_watcher" {
+            /// Informer events handled, by kind and type.
+            events: Family<EventLabels, Counter> = Family::default(),
+                "events", "Informer events handled";
+            /// Items enqueued (sent to kjob-queue), by queue.
+            enqueues: Family<QueueLabels, Counter> = Family::default(),
+                "enqueues", "Items sent to kjob-queue";
+            /// Expectation observations sent, by kind.
+            observations: Family<ObservationLabels, Counter> = Family::default(),
+                "observations", "Expectation observations sent";
+            /// Add batches acknowledged by kjob-queue.
+            batches: Counter = Counter::default(),
+                "batches", "Add batches acknowledged by kjob-queue";
+            /// Failed Add calls (each is retried).
+            send_errors: Counter = Counter::default(),
+                "send_errors", "Failed Add calls (retried)";
+            /// Latency of successful Add calls.
+            send_duration: Histogram = send_buckets(),
+                "send_duration_seconds", "Latency of Add calls";
+            /// 1 while this process holds the Lease.
+            leader: Gauge = Gauge::default(),
+                "leader", "1 while this process holds the Lease";
+            /// Watch stream errors (each leads to a backoff and a re-watch or relist), by kind.
+            watch_restarts: Family<KindLabels, Counter> = Family::default(),
+                "watch_restarts", "Watch stream errors";
+            /// Objects in the informer cache, by kind.
+            cached: Family<KindLabels, Gauge> = Family::default(),
+                "cached_objects", "Objects in the informer cache";
         }
-    }
-}
-
-impl Metrics {
-    /// Creates the metrics and registers them in `registry` under `kjob_watcher`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        let r = registry.sub_registry_with_prefix("kjob_watcher");
-        r.register("events", "Informer events handled", m.events.clone());
-        r.register("enqueues", "Items sent to kjob-queue", m.enqueues.clone());
-        r.register("observations", "Expectation observations sent", m.observations.clone());
-        r.register("batches", "Add batches acknowledged by kjob-queue", m.batches.clone());
-        r.register("send_errors", "Failed Add calls (retried)", m.send_errors.clone());
-        r.register("send_duration_seconds", "Latency of Add calls", m.send_duration.clone());
-        r.register("leader", "1 while this process holds the Lease", m.leader.clone());
-        r.register("watch_restarts", "Watch stream errors", m.watch_restarts.clone());
-        r.register("cached_objects", "Objects in the informer cache", m.cached.clone());
         // Upstream's name, so dashboards built for kube-controller-manager keep working.
-        registry.sub_registry_with_prefix("job_controller").register(
-            "jobs_by_external_controller",
-            "The number of Jobs managed by an external controller",
-            m.jobs_by_external_controller.clone(),
-        );
-        m
+        "job_controller" {
+            /// `job_controller_jobs_by_external_controller_total`: Jobs seen added whose managedBy
+            /// names a controller other than the built-in one (upstream `addJob`).
+            jobs_by_external_controller: Family<ControllerNameLabels, Counter> = Family::default(),
+                "jobs_by_external_controller",
+                "The number of Jobs managed by an external controller";
+        }
     }
 }

@@ -16,12 +16,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kjob_proto::convert::millis;
 use kjob_queue_client::{ClientError, QueueClient, v1};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::handlers::{Enqueue, ObservationKind, SessionControl};
+use crate::handlers::{Enqueue, SessionControl};
 use crate::metrics::{Metrics, ObservationLabels, QueueLabels};
 use crate::view::ViewWrite;
 
@@ -119,20 +120,8 @@ pub fn to_proto(e: &Enqueue) -> v1::AddItem {
     v1::AddItem {
         queue: e.queue.to_string(),
         key: e.key.clone(),
-        delay_ms: u64::try_from(e.delay.as_millis()).unwrap_or(u64::MAX),
-        observations: e
-            .observations
-            .iter()
-            .map(|o| v1::Observation {
-                kind: match o.kind {
-                    ObservationKind::Creation => v1::ObservationKind::Creation,
-                    ObservationKind::Deletion => v1::ObservationKind::Deletion,
-                    ObservationKind::FinalizerRemoval => v1::ObservationKind::FinalizerRemoval,
-                } as i32,
-                job_uid: o.job_uid.clone(),
-                pod_uid: o.pod_uid.clone(),
-            })
-            .collect(),
+        delay_ms: millis(e.delay),
+        observations: e.observations.iter().map(v1::Observation::from).collect(),
         observe_only: e.observe_only,
         cache: e.view.iter().map(cache_op).collect(),
         cache_session: e.session.as_deref().unwrap_or_default().to_string(),
@@ -147,14 +136,6 @@ fn is_urgent(e: &Enqueue) -> bool {
 /// Bytes an item adds to a batch (view objects dominate).
 fn item_size(e: &Enqueue) -> usize {
     128 + e.observations.len() * 96 + e.view.iter().map(ViewWrite::size).sum::<usize>()
-}
-
-fn kind_label(k: ObservationKind) -> &'static str {
-    match k {
-        ObservationKind::Creation => "creation",
-        ObservationKind::Deletion => "deletion",
-        ObservationKind::FinalizerRemoval => "finalizer_removal",
-    }
 }
 
 /// What every send needs: the client, the metrics, and the flags it reports through.
@@ -423,7 +404,7 @@ impl Link {
                         m.enqueues.get_or_create(&QueueLabels { queue: e.queue }).inc();
                         for o in &e.observations {
                             m.observations
-                                .get_or_create(&ObservationLabels { kind: kind_label(o.kind) })
+                                .get_or_create(&ObservationLabels { kind: o.kind.label() })
                                 .inc();
                         }
                     }
@@ -460,7 +441,7 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handlers::Observation;
+    use crate::handlers::{Observation, ObservationKind};
     use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
 
     fn e(queue: &'static str, key: &str, ms: u64, obs: &[&str]) -> Enqueue {
@@ -470,11 +451,7 @@ mod tests {
             delay: Duration::from_millis(ms),
             observations: obs
                 .iter()
-                .map(|p| Observation {
-                    kind: ObservationKind::Creation,
-                    job_uid: "j".into(),
-                    pod_uid: p.to_string(),
-                })
+                .map(|p| Observation::new(ObservationKind::Creation, "j", *p))
                 .collect(),
             ..Default::default()
         }

@@ -48,6 +48,23 @@ fn start(client: kube::Client, identity: &str) -> Candidate {
     Candidate { leading: rx, stop, task }
 }
 
+/// A candidate started on a fresh Lease, once it leads.
+async fn first_leader(sim: &TestSim, identity: &str) -> Candidate {
+    let c = start(sim.client(), identity);
+    wait_until("the first candidate leads", Duration::from_secs(5), || *c.leading.borrow()).await;
+    c
+}
+
+impl Candidate {
+    /// Stops the candidate (it releases the Lease if it holds it) and waits for it; whether it
+    /// still claimed to lead afterwards.
+    async fn stop(self) -> bool {
+        self.stop.cancel();
+        self.task.await.unwrap();
+        *self.leading.borrow()
+    }
+}
+
 async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !cond() {
@@ -65,8 +82,7 @@ async fn holder(client: &kube::Client) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_of_the_leader_hands_over_within_the_lease_duration() {
     let sim = sim_with_namespace().await;
-    let a = start(sim.client(), "a");
-    wait_until("a leads", Duration::from_secs(5), || *a.leading.borrow()).await;
+    let a = first_leader(&sim, "a").await;
     let b = start(sim.client(), "b");
     // b must stay a standby while a renews.
     tokio::time::sleep(LEASE + RETRY * 2).await;
@@ -84,32 +100,26 @@ async fn crash_of_the_leader_hands_over_within_the_lease_duration() {
     assert_eq!(holder(&sim.client()).await.as_deref(), Some("b"));
     let lease = Api::<Lease>::namespaced(sim.client(), NS).get("kjob-watcher").await.unwrap();
     assert_eq!(lease.spec.unwrap().lease_transitions, Some(1));
-    b.stop.cancel();
-    b.task.await.unwrap();
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_release_lets_a_standby_take_over_at_once() {
     let sim = sim_with_namespace().await;
-    let a = start(sim.client(), "a");
-    wait_until("a leads", Duration::from_secs(5), || *a.leading.borrow()).await;
+    let a = first_leader(&sim, "a").await;
     let b = start(sim.client(), "b");
     tokio::time::sleep(RETRY * 2).await;
-    a.stop.cancel();
-    a.task.await.unwrap();
-    assert!(!*a.leading.borrow(), "a still claims to lead after stopping");
+    assert!(!a.stop().await, "a still claims to lead after stopping");
     let took = wait_until("b leads", LEASE * 2, || *b.leading.borrow()).await;
     assert!(took < LEASE, "a released lease should be taken before it would expire: {took:?}");
-    b.stop.cancel();
-    b.task.await.unwrap();
+    b.stop().await;
     assert_eq!(holder(&sim.client()).await, None, "b released the lease on stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_renew_steps_down_before_the_lease_expires() {
     let sim = sim_with_namespace().await;
-    let a = start(sim.client(), "a");
-    wait_until("a leads", Duration::from_secs(5), || *a.leading.borrow()).await;
+    let a = first_leader(&sim, "a").await;
     // Every API call fails from now on.
     let http = reqwest::Client::new();
     let resp = http
@@ -125,6 +135,5 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_expires() {
     // The last successful renew was at most one retry period before the faults started.
     assert!(after <= RENEW + RETRY, "stepped down late: {after:?}");
     assert!(after < LEASE - RETRY, "stepped down after the lease could be taken: {after:?}");
-    a.stop.cancel();
-    a.task.await.unwrap();
+    a.stop().await;
 }

@@ -66,7 +66,7 @@ fn lease_cfg(identity: &str) -> LeaseConfig {
 struct InProcWatcher {
     admin: SocketAddr,
     shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), kjob_watcher::WatcherError>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl InProcWatcher {
@@ -82,12 +82,16 @@ impl InProcWatcher {
             namespace: None,
             lease: lease_cfg("inproc"),
             resync_period,
+            kube: kjob_svc::KubeClientArgs {
+                kubeconfig: Some(stack.sim.kubeconfig_path().to_path_buf()),
+                kube_timeout_seconds: 30,
+            },
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = listener.local_addr().unwrap();
+        let listeners = kjob_watcher::Listeners { admin: Some(listener) };
         let shutdown = CancellationToken::new();
-        let task =
-            tokio::spawn(kjob_watcher::run(config, stack.sim.client(), listener, shutdown.clone()));
+        let task = tokio::spawn(kjob_watcher::run(listeners, config, shutdown.clone()));
         let w = Self { admin, shutdown, task };
         w.wait_ready().await;
         w
@@ -101,6 +105,11 @@ impl InProcWatcher {
             async move { req.await.is_ok_and(|r| r.status().is_success()) }
         })
         .await;
+    }
+
+    /// Waits up to `limit` until the series `line_prefix` reaches `at_least`.
+    async fn wait_metric(&self, what: &str, limit: Duration, line_prefix: &str, at_least: f64) {
+        poll(what, limit, || async { self.metric(line_prefix).await >= at_least }).await;
     }
 
     async fn metric(&self, line_prefix: &str) -> f64 {
@@ -176,14 +185,7 @@ async fn create_pod(client: &kube::Client, name: &str, job: &Job, finalizer: boo
             "namespace": NS,
             "labels": labels,
             "finalizers": finalizers,
-            "ownerReferences": [{
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "name": job.metadata.name,
-                "uid": job.metadata.uid,
-                "controller": true,
-                "blockOwnerDeletion": true
-            }]
+            "ownerReferences": [kjob_reconcile::template::controller_ref(job)]
         },
         "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
     }))
@@ -292,9 +294,12 @@ async fn a_burst_of_pod_updates_makes_one_queue_entry() {
         let patch = json!({"metadata": {"annotations": {"n": i.to_string()}}});
         pods.patch("burst-a", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     }
-    poll("updates handled", Duration::from_secs(10), || async {
-        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"update\"}").await >= 100.0
-    })
+    w.wait_metric(
+        "updates handled",
+        Duration::from_secs(10),
+        "kjob_watcher_events_total{kind=\"pod\",type=\"update\"}",
+        100.0,
+    )
     .await;
     wait_key(&stack, "key ready", "burst", Duration::from_secs(5), |s| s == "ready").await;
     let stats = stack.queue.stats("job").await.unwrap();
@@ -310,9 +315,12 @@ async fn a_cut_watch_relists_and_synthesizes_deletes() {
     let w = InProcWatcher::start(&stack).await;
     let job = create_job(&client, "cut").await;
     create_pod(&client, "cut-a", &job, false).await;
-    poll("pod cached", Duration::from_secs(5), || async {
-        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"add\"}").await >= 1.0
-    })
+    w.wait_metric(
+        "pod cached",
+        Duration::from_secs(5),
+        "kjob_watcher_events_total{kind=\"pod\",type=\"add\"}",
+        1.0,
+    )
     .await;
     settle(&stack, "cut").await;
     stack.queue.set_expectations(&key("cut"), &uid(&job), 0, 1).await.unwrap();
@@ -331,9 +339,12 @@ async fn a_cut_watch_relists_and_synthesizes_deletes() {
     stack.sim.compact();
     assert!(faults(0).await.unwrap().status().is_success());
 
-    poll("tombstone", Duration::from_secs(15), || async {
-        w.metric("kjob_watcher_events_total{kind=\"pod\",type=\"tombstone\"}").await >= 1.0
-    })
+    w.wait_metric(
+        "tombstone",
+        Duration::from_secs(15),
+        "kjob_watcher_events_total{kind=\"pod\",type=\"tombstone\"}",
+        1.0,
+    )
     .await;
     poll("deletion observed", Duration::from_secs(5), || async {
         expectations(&stack.queue, &key("cut"), &uid(&job)).await.satisfied
@@ -358,10 +369,8 @@ async fn nothing_is_lost_while_the_queue_is_down() {
     for p in ["down-a", "down-b", "down-c"] {
         create_pod(&client, p, &job, true).await;
     }
-    poll("send errors", Duration::from_secs(5), || async {
-        w.metric("kjob_watcher_send_errors_total").await >= 1.0
-    })
-    .await;
+    w.wait_metric("send errors", Duration::from_secs(5), "kjob_watcher_send_errors_total", 1.0)
+        .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     stack.queue_proc = start_queue(&stack.redis, stack.queue_port);
 

@@ -678,39 +678,24 @@ impl EventWriter {
         let mut last_err = None;
         for _ in 0..MAX_WRITE_ROUNDS {
             let now = Timestamp::now();
-            next = match next {
+            let sent = match next {
                 Next::Create => {
                     let event = new_event(ev, &c, &self.component, &self.reporting, now);
-                    match self.api.create_event(&ns, &event).await {
-                        Ok(written) => {
-                            self.correlator.written(&c, &written);
-                            return Ok(());
-                        }
-                        Err(e @ ApiError::Conflict { .. }) => {
-                            last_err = Some(e);
-                            Next::Read
-                        }
-                        Err(e) => return Err(e),
-                    }
+                    self.api.create_event(&ns, &event).await
                 }
                 Next::Patch { count, rv } => {
                     let patch = count_patch(count + c.occurrences, &c.message, &rv, now);
                     match self.api.patch_event(&ns, &c.name, &patch).await {
-                        Ok(written) => {
-                            self.correlator.written(&c, &written);
-                            return Ok(());
-                        }
-                        Err(e @ ApiError::Conflict { .. }) => {
-                            last_err = Some(e);
-                            Next::Read
-                        }
                         // Expired (events live an hour) or deleted: start over.
-                        Err(ApiError::NotFound(_)) => Next::Create,
-                        Err(e) => return Err(e),
+                        Err(ApiError::NotFound(_)) => {
+                            next = Next::Create;
+                            continue;
+                        }
+                        sent => sent,
                     }
                 }
                 Next::Read => {
-                    match self.api.patch_event(&ns, &c.name, &serde_json::json!({})).await {
+                    next = match self.api.patch_event(&ns, &c.name, &serde_json::json!({})).await {
                         Ok(found) if same_event(&found, ev, &self.component) => Next::Patch {
                             count: found.count.unwrap_or(1),
                             rv: found.metadata.resource_version.clone().unwrap_or_default(),
@@ -729,8 +714,20 @@ impl EventWriter {
                         }
                         Err(ApiError::NotFound(_)) => Next::Create,
                         Err(e) => return Err(e),
-                    }
+                    };
+                    continue;
                 }
+            };
+            next = match sent {
+                Ok(written) => {
+                    self.correlator.written(&c, &written);
+                    return Ok(());
+                }
+                Err(e @ ApiError::Conflict { .. }) => {
+                    last_err = Some(e);
+                    Next::Read
+                }
+                Err(e) => return Err(e),
             };
         }
         Err(last_err.unwrap_or_else(|| ApiError::Unavailable {

@@ -89,6 +89,27 @@ enum Attempt {
     Retry(String, Option<Duration>),
 }
 
+impl Attempt {
+    /// A call that got no answer (transport error, timeout): retried if resending is safe,
+    /// else unavailable (it may or may not have been applied).
+    fn unanswered(idempotent: bool, what: &str, message: String) -> Self {
+        if idempotent {
+            Attempt::Retry(message, None)
+        } else {
+            Attempt::Final(ApiError::Unavailable { what: what.to_string(), message })
+        }
+    }
+}
+
+/// A read or write whose NotFound is an answer (`None`), not an error.
+fn found<T>(r: Result<T, ApiError>) -> Result<Option<T>, ApiError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(ApiError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Delay before retry number `attempt` (1 for the first retry): exponential from
 /// [`RETRY_BASE`], never shorter than the server's `retryAfterSeconds` (client-go honours it the
 /// same way), and capped at [`RETRY_MAX`] so one throttled call cannot stall a sync for long.
@@ -182,28 +203,11 @@ impl KubeApi {
                     (label, outcome)
                 }
                 Ok(Err(e)) => {
-                    let msg = e.to_string();
-                    let outcome = if idempotent {
-                        Attempt::Retry(msg, None)
-                    } else {
-                        Attempt::Final(ApiError::Unavailable {
-                            what: what.to_string(),
-                            message: msg,
-                        })
-                    };
-                    ("transport".to_string(), outcome)
+                    ("transport".to_string(), Attempt::unanswered(idempotent, what, e.to_string()))
                 }
                 Err(_) => {
                     let msg = format!("timed out after {API_CALL_TIMEOUT:?}");
-                    let outcome = if idempotent {
-                        Attempt::Retry(msg, None)
-                    } else {
-                        Attempt::Final(ApiError::Unavailable {
-                            what: what.to_string(),
-                            message: msg,
-                        })
-                    };
-                    ("timeout".to_string(), outcome)
+                    ("timeout".to_string(), Attempt::unanswered(idempotent, what, msg))
                 }
             };
             self.metrics.api_call(verb, resource, &result_label);
@@ -226,22 +230,14 @@ impl KubeApi {
     pub async fn get_job(&self, ns: &str, name: &str) -> Result<Option<Job>, ApiError> {
         let api = self.jobs(ns);
         let what = format!("job {ns}/{name}");
-        match self.call("get", "jobs", &what, true, || api.get(name)).await {
-            Ok(j) => Ok(Some(j)),
-            Err(ApiError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        found(self.call("get", "jobs", &what, true, || api.get(name)).await)
     }
 
     /// GETs a Pod (consistent read); `None` when it does not exist.
     pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
         let api = self.pods(ns);
         let what = format!("pod {ns}/{name}");
-        match self.call("get", "pods", &what, true, || api.get(name)).await {
-            Ok(p) => Ok(Some(p)),
-            Err(ApiError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        found(self.call("get", "pods", &what, true, || api.get(name)).await)
     }
 
     /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion). Each
@@ -303,10 +299,12 @@ impl KubeApi {
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
     pub async fn remove_tracking_finalizer(&self, ns: &str, name: &str) -> Result<(), ApiError> {
-        match self.patch_pod(ns, name, &remove_tracking_finalizer_patch()).await {
-            Ok(_) | Err(ApiError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        found(self.patch_out_tracking_finalizer(ns, name).await).map(drop)
+    }
+
+    /// Removes the Job tracking finalizer from a pod; a missing pod is NotFound.
+    pub async fn patch_out_tracking_finalizer(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        self.patch_pod(ns, name, &remove_tracking_finalizer_patch()).await.map(drop)
     }
 
     /// Writes a Job's status with its resourceVersion (PUT /status); 409 on a stale version.

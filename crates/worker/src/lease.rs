@@ -1,11 +1,19 @@
 //! The lease loop: lease keys in batches, run up to `concurrency` syncs at once, renew long
 //! syncs, and finish every lease with exactly one Done.
+//!
+//! The loop meets the queue service through [`LeaseSource`] and the syncs through [`Syncer`]
+//! ([`QueueClient`] and [`Worker`] in the service), so its timing (renew margin, shutdown grace,
+//! wind-down) is tested on tokio's paused clock without a process.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::FutureExt;
 use kjob_core::JOB_QUEUE;
-use kjob_queue_client::{ClientError, Outcome, QueueClient, v1};
+use kjob_queue_client::v1::{self, LeasedItem};
+use kjob_queue_client::{ClientError, Outcome, QueueClient};
+use kjob_svc::{Backoff, Shutdown};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -14,15 +22,14 @@ use tracing::Instrument;
 
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::sync::BACKOFF_RECORD;
-use crate::worker::{SyncOutcome, Worker};
+use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// Long-poll wait of one Lease call: long enough to keep idle workers quiet, short enough that
 /// a lost connection is noticed soon.
 const LEASE_WAIT: Duration = Duration::from_secs(5);
-/// Pause after a failed Lease call, doubled up to [`LEASE_ERROR_BACKOFF_MAX`].
-const LEASE_ERROR_BACKOFF: Duration = Duration::from_millis(200);
-/// Longest pause between failed Lease calls.
-const LEASE_ERROR_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Pause after a failed Lease call: 200 ms, doubled up to 5 s.
+const LEASE_ERROR_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 /// A lease is treated as lost locally this long before its deadline (at most a tenth of the
 /// lease) when renewals keep failing, so a worker cut off from the queue stops writing before
 /// another worker can take the key.
@@ -46,10 +53,82 @@ pub struct LeaseSettings {
     pub shutdown_grace: Duration,
 }
 
+/// The Job object a sync hands back, for its lease's Done to write into the shared view.
+pub type WriteBack = Option<v1::PutJobViewRequest>;
+/// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).
+pub type View = Option<v1::GetJobViewResponse>;
+/// How a sync ended, and what it hands back.
+pub type Synced = (Result<SyncOutcome, SyncError>, WriteBack);
+
+/// A call to the queue service.
+pub trait Call<T>: Future<Output = Result<T, ClientError>> + Send {}
+impl<T, F: Future<Output = Result<T, ClientError>> + Send> Call<T> for F {}
+
+/// One sync of a leased key.
+pub trait SyncFuture: Future<Output = Synced> + Send {}
+impl<F: Future<Output = Synced> + Send> SyncFuture for F {}
+
+/// The queue service as the lease loop uses it.
+pub trait LeaseSource: Clone + Send + Sync + 'static {
+    /// Leases up to `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`].
+    fn lease(&self, settings: &LeaseSettings, max_items: u32) -> impl Call<Vec<LeasedItem>>;
+    /// Extends the lease of `item` by `lease`.
+    fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()>;
+    /// Finishes the lease of `item` with `end`, writing `back` into the Job's view first.
+    fn done(&self, q: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> impl Call<()>;
+}
+
+impl LeaseSource for QueueClient {
+    /// Job keys come with their shared view (and the backoff record), so most syncs plan
+    /// without another call.
+    fn lease(&self, settings: &LeaseSettings, max_items: u32) -> impl Call<Vec<LeasedItem>> {
+        let LeaseSettings { queue, lease, worker_id, .. } = settings;
+        async move {
+            if *queue == JOB_QUEUE {
+                let records = [BACKOFF_RECORD];
+                self.lease_with_views(queue, max_items, *lease, LEASE_WAIT, worker_id, &records)
+                    .await
+            } else {
+                QueueClient::lease(self, queue, max_items, *lease, LEASE_WAIT, worker_id).await
+            }
+        }
+    }
+
+    fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()> {
+        QueueClient::renew(self, queue, &item.key, &item.lease_id, lease).map(|r| r.map(drop))
+    }
+
+    fn done(&self, q: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> impl Call<()> {
+        self.done_writing_back(q, &item.key, &item.lease_id, end, back).map(|r| r.map(drop))
+    }
+}
+
+/// What the lease loop runs for each leased key.
+pub trait Syncer: Send + Sync + 'static {
+    /// Syncs `key` of `queue`; once `wind_down` fires it makes no more pod calls.
+    fn run(&self, queue: &str, key: &str, view: View, wind_down: &Shutdown) -> impl SyncFuture;
+    /// Where the loop counts leases and renewals.
+    fn metrics(&self) -> &Metrics;
+}
+
+impl Syncer for Worker {
+    fn run(&self, queue: &str, key: &str, view: View, wind_down: &Shutdown) -> impl SyncFuture {
+        async move {
+            let mut write_back = None;
+            let result = self.sync_leased(queue, key, view, wind_down, &mut write_back).await;
+            (result, write_back)
+        }
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
 /// Leases keys of `settings.queue` and syncs them until `shutdown`, then drains.
-pub async fn lease_loop(
-    worker: Arc<Worker>,
-    queue: QueueClient,
+pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
+    worker: Arc<S>,
+    queue: Q,
     settings: LeaseSettings,
     shutdown: CancellationToken,
 ) {
@@ -57,7 +136,7 @@ pub async fn lease_loop(
     let permits = Arc::new(Semaphore::new(concurrency));
     let hand_back = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let mut backoff = LEASE_ERROR_BACKOFF;
+    let mut failures = 0u32;
     let labels = Metrics::queue(settings.queue);
     loop {
         reap(&mut tasks);
@@ -74,42 +153,25 @@ pub async fn lease_loop(
         // Shutdown abandons a waiting Lease call so the drain starts at once. Should the server
         // have leased keys in that instant, they come back when their lease expires: late,
         // never lost.
-        let lease = async {
-            if settings.queue == JOB_QUEUE {
-                let records = [BACKOFF_RECORD];
-                queue
-                    .lease_with_views(
-                        settings.queue,
-                        asked,
-                        settings.lease,
-                        LEASE_WAIT,
-                        &settings.worker_id,
-                        &records,
-                    )
-                    .await
-            } else {
-                queue
-                    .lease(settings.queue, asked, settings.lease, LEASE_WAIT, &settings.worker_id)
-                    .await
-            }
-        };
+        let lease = queue.lease(&settings, asked);
         let res = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = lease => r,
         };
         let items = match res {
             Ok(items) => {
-                backoff = LEASE_ERROR_BACKOFF;
+                failures = 0;
                 items
             }
             Err(e) => {
+                let backoff = LEASE_ERROR_BACKOFF.delay(failures);
                 tracing::warn!(queue = settings.queue, error = %e, ?backoff, "lease failed; retrying");
                 drop(slots);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(LEASE_ERROR_BACKOFF_MAX);
+                failures = failures.saturating_add(1);
                 continue;
             }
         };
@@ -121,11 +183,11 @@ pub async fn lease_loop(
                 finish(&queue, settings.queue, &item, Outcome::RequeueAfter(Duration::ZERO)).await;
                 continue;
             };
-            worker.metrics.leases_held.get_or_create(&labels).inc();
+            worker.metrics().leases_held.get_or_create(&labels).inc();
             let wait_s = (now_ms - item.enqueued_unix_ms).max(0) as f64 / 1000.0;
-            worker.metrics.lease_wait.get_or_create(&labels).observe(wait_s);
+            worker.metrics().lease_wait.get_or_create(&labels).observe(wait_s);
             if shutdown.is_cancelled() {
-                hand_back_now(&worker, &queue, settings.queue, &item).await;
+                hand_back_now(worker.metrics(), &queue, settings.queue, &item).await;
                 drop(slot);
                 continue;
             }
@@ -181,39 +243,38 @@ fn log_join(r: Result<(), tokio::task::JoinError>) {
 
 /// How one lease ended, for logs and metrics.
 enum Ending {
-    Finished(Outcome),
+    Finished(Outcome, WriteBack),
     LeaseLost,
     HandedBack,
 }
 
 /// Runs one sync with its renewer and finishes the lease.
-async fn process(
-    worker: Arc<Worker>,
-    queue: QueueClient,
+async fn process<S: Syncer, Q: LeaseSource>(
+    worker: Arc<S>,
+    queue: Q,
     settings: LeaseSettings,
-    mut item: v1::LeasedItem,
+    mut item: LeasedItem,
     _slot: OwnedSemaphorePermit,
     hand_back: CancellationToken,
 ) {
     let qname = settings.queue;
     let view = item.view.take();
-    let mut write_back = None;
     let ending = {
-        let sync = worker.sync_leased(qname, &item.key, view, &hand_back, &mut write_back);
-        let renew = renew_until_lost(&worker, &queue, qname, &item, settings.lease);
+        let sync = worker.run(qname, &item.key, view, &hand_back);
+        let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;
             tokio::time::sleep(WIND_DOWN_LIMIT).await;
         };
         tokio::select! {
-            r = sync => Ending::Finished(match r {
+            (r, write_back) = sync => Ending::Finished(match r {
                 Ok(SyncOutcome::Done) => Outcome::Forget,
                 Ok(SyncOutcome::RequeueAfter(d)) => Outcome::RequeueAfter(d),
                 Err(e) => {
                     tracing::warn!(error = %e, "sync failed; requeueing with backoff");
                     Outcome::RateLimited
                 }
-            }),
+            }, write_back),
             // Dropping the sync future stops every write it had in flight or planned.
             () = renew => Ending::LeaseLost,
             // A sync that cannot wind down in time is dropped; its key is handed back as is.
@@ -221,14 +282,12 @@ async fn process(
         }
     };
     let outcome_label = match &ending {
-        Ending::Finished(Outcome::Forget) => "forget",
-        Ending::Finished(Outcome::RateLimited) => "rate_limited",
-        Ending::Finished(Outcome::RequeueAfter(_)) => "requeue_after",
+        Ending::Finished(outcome, _) => outcome.label(),
         Ending::LeaseLost => "lease_lost",
         Ending::HandedBack => "handed_back",
     };
     match ending {
-        Ending::Finished(outcome) => {
+        Ending::Finished(outcome, write_back) => {
             finish_writing_back(&queue, qname, &item, outcome, write_back).await
         }
         Ending::HandedBack => {
@@ -236,41 +295,45 @@ async fn process(
         }
         Ending::LeaseLost => tracing::warn!("lease lost; sync abandoned"),
     }
-    worker.metrics.leases_held.get_or_create(&Metrics::queue(qname)).dec();
-    worker
-        .metrics
+    count_finished(worker.metrics(), qname, outcome_label);
+}
+
+/// A lease ended (`outcome` is the label of how).
+fn count_finished(metrics: &Metrics, qname: &str, outcome: &str) {
+    metrics.leases_held.get_or_create(&Metrics::queue(qname)).dec();
+    metrics
         .leases_finished
-        .get_or_create(&OutcomeLabels { queue: qname.to_string(), outcome: outcome_label.into() })
+        .get_or_create(&OutcomeLabels { queue: qname.to_string(), outcome: outcome.into() })
         .inc();
 }
 
 /// Keys leased while shutting down go straight back.
-async fn hand_back_now(worker: &Worker, queue: &QueueClient, qname: &str, item: &v1::LeasedItem) {
+async fn hand_back_now(
+    metrics: &Metrics,
+    queue: &impl LeaseSource,
+    qname: &str,
+    item: &LeasedItem,
+) {
     finish(queue, qname, item, Outcome::RequeueAfter(Duration::ZERO)).await;
-    worker.metrics.leases_held.get_or_create(&Metrics::queue(qname)).dec();
-    worker
-        .metrics
-        .leases_finished
-        .get_or_create(&OutcomeLabels { queue: qname.to_string(), outcome: "handed_back".into() })
-        .inc();
+    count_finished(metrics, qname, "handed_back");
 }
 
 /// Sends the one Done of a lease. A refused Done means the lease expired meanwhile; the key is
 /// then back in the queue already, so there is nothing more to do.
-async fn finish(queue: &QueueClient, qname: &str, item: &v1::LeasedItem, outcome: Outcome) {
+async fn finish(queue: &impl LeaseSource, qname: &str, item: &LeasedItem, outcome: Outcome) {
     finish_writing_back(queue, qname, item, outcome, None).await
 }
 
 /// [`finish`] that writes the sync's last Job object back into the shared view first, in the
 /// same call.
 async fn finish_writing_back(
-    queue: &QueueClient,
+    queue: &impl LeaseSource,
     qname: &str,
-    item: &v1::LeasedItem,
+    item: &LeasedItem,
     outcome: Outcome,
     write_back: Option<v1::PutJobViewRequest>,
 ) {
-    match queue.done_writing_back(qname, &item.key, &item.lease_id, outcome, write_back).await {
+    match queue.done(qname, item, outcome, write_back).await {
         Ok(_) => tracing::debug!(?outcome, "lease done"),
         Err(ClientError::LeaseLost(msg)) => {
             tracing::warn!(?outcome, %msg, "done refused: the lease had expired")
@@ -282,10 +345,10 @@ async fn finish_writing_back(
 /// Renews the lease every third of its duration; returns once it is lost (refused, or not
 /// renewed in time).
 async fn renew_until_lost(
-    worker: &Worker,
-    queue: &QueueClient,
+    metrics: &Metrics,
+    queue: &impl LeaseSource,
     qname: &str,
-    item: &v1::LeasedItem,
+    item: &LeasedItem,
     lease: Duration,
 ) {
     let period = (lease / 3).max(Duration::from_millis(50));
@@ -297,13 +360,13 @@ async fn renew_until_lost(
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = tokio::time::sleep_until(local_expiry) => {
-                worker.metrics.renew_failures.get_or_create(&Metrics::queue(qname)).inc();
+                metrics.renew_failures.get_or_create(&Metrics::queue(qname)).inc();
                 tracing::warn!("lease could not be renewed before its deadline");
                 return;
             }
         }
         let asked_at = Instant::now();
-        let renew = queue.renew(qname, &item.key, &item.lease_id, lease);
+        let renew = queue.renew(qname, item, lease);
         let res = tokio::select! {
             r = renew => r,
             _ = tokio::time::sleep_until(local_expiry) => Err(ClientError::Unavailable("renew timed out".into())),
@@ -311,12 +374,12 @@ async fn renew_until_lost(
         match res {
             Ok(_) => deadline = asked_at + lease,
             Err(ClientError::LeaseLost(msg)) => {
-                worker.metrics.renew_failures.get_or_create(&Metrics::queue(qname)).inc();
+                metrics.renew_failures.get_or_create(&Metrics::queue(qname)).inc();
                 tracing::warn!(%msg, "renew refused");
                 return;
             }
             Err(e) => {
-                worker.metrics.renew_failures.get_or_create(&Metrics::queue(qname)).inc();
+                metrics.renew_failures.get_or_create(&Metrics::queue(qname)).inc();
                 tracing::warn!(error = %e, "renew failed; will retry");
             }
         }
@@ -328,4 +391,288 @@ fn unix_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The lease loop on tokio's paused clock: a scripted queue and syncs that take a set time,
+    //! so every renewal, Done and drop lands at an exact instant.
+
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    /// What the loop did, and when (time since the test began).
+    #[derive(Debug, Clone, PartialEq)]
+    enum Ev {
+        Lease,
+        Renew(String),
+        Done(String, Outcome),
+        /// A sync future was dropped before it finished.
+        Dropped(String),
+        /// A sync saw the wind-down signal.
+        WindDown(String),
+    }
+
+    type Log = Arc<Mutex<Vec<(Duration, Ev)>>>;
+
+    fn record(log: &Log, start: Instant, call: Ev) {
+        log.lock().unwrap().push((start.elapsed(), call));
+    }
+
+    /// A queue that hands out `items` once, then has nothing; Lease fails `lease_errors` times
+    /// first and Renew always fails unless `renew_ok`.
+    #[derive(Clone)]
+    struct FakeQueue {
+        items: Arc<Mutex<VecDeque<LeasedItem>>>,
+        lease_errors: Arc<Mutex<u32>>,
+        renew_ok: bool,
+        log: Log,
+        start: Instant,
+    }
+
+    impl LeaseSource for FakeQueue {
+        fn lease(&self, _: &LeaseSettings, max_items: u32) -> impl Call<Vec<LeasedItem>> {
+            record(&self.log, self.start, Ev::Lease);
+            let failed = {
+                let mut errors = self.lease_errors.lock().unwrap();
+                let failed = *errors > 0;
+                *errors = errors.saturating_sub(1);
+                failed
+            };
+            let items: Vec<_> = {
+                let mut q = self.items.lock().unwrap();
+                let n = if failed { 0 } else { q.len().min(max_items as usize) };
+                q.drain(..n).collect()
+            };
+            async move {
+                if failed {
+                    return Err(ClientError::Unavailable("queue down".into()));
+                }
+                if items.is_empty() {
+                    tokio::time::sleep(LEASE_WAIT).await;
+                }
+                Ok(items)
+            }
+        }
+
+        fn renew(&self, _: &str, item: &LeasedItem, _: Duration) -> impl Call<()> {
+            record(&self.log, self.start, Ev::Renew(item.key.clone()));
+            let down = ClientError::Unavailable("queue down".into());
+            std::future::ready(if self.renew_ok { Ok(()) } else { Err(down) })
+        }
+
+        fn done(&self, _: &str, item: &LeasedItem, end: Outcome, _: WriteBack) -> impl Call<()> {
+            record(&self.log, self.start, Ev::Done(item.key.clone(), end));
+            std::future::ready(Ok(()))
+        }
+    }
+
+    /// Syncs that take `run_for`; keys starting with `polite` stop at the wind-down signal.
+    struct FakeSync {
+        metrics: Metrics,
+        run_for: Duration,
+        log: Log,
+        start: Instant,
+    }
+
+    /// Records a drop of the sync future that holds it, unless disarmed.
+    struct DropGuard(Option<(Log, Instant, String)>);
+
+    impl DropGuard {
+        /// The sync finished: nothing to record.
+        fn disarm(&mut self) {
+            self.0 = None;
+        }
+    }
+
+    impl Drop for DropGuard {
+        fn drop(&mut self) {
+            if let Some((log, start, key)) = self.0.take() {
+                record(&log, start, Ev::Dropped(key));
+            }
+        }
+    }
+
+    impl Syncer for FakeSync {
+        fn run(&self, _: &str, key: &str, _: View, wind_down: &Shutdown) -> impl SyncFuture {
+            let mut guard = DropGuard(Some((self.log.clone(), self.start, key.to_string())));
+            let polite = key.starts_with("polite");
+            async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.run_for) => {}
+                    _ = wind_down.cancelled(), if polite => {
+                        record(&self.log, self.start, Ev::WindDown(key.into()));
+                    }
+                }
+                guard.disarm();
+                (Ok(SyncOutcome::Done), None)
+            }
+        }
+
+        fn metrics(&self) -> &Metrics {
+            &self.metrics
+        }
+    }
+
+    struct Setup {
+        keys: &'static [&'static str],
+        lease: Duration,
+        run_for: Duration,
+        renew_ok: bool,
+        lease_errors: u32,
+        grace: Duration,
+        /// When shutdown is asked for.
+        shutdown_at: Duration,
+    }
+
+    impl Default for Setup {
+        fn default() -> Self {
+            Self {
+                keys: &["a"],
+                lease: Duration::from_secs(3),
+                run_for: Duration::from_secs(1),
+                renew_ok: true,
+                lease_errors: 0,
+                grace: Duration::from_secs(30),
+                shutdown_at: Duration::from_secs(60),
+            }
+        }
+    }
+
+    /// Runs one lease loop until it has drained; returns what happened (Lease calls only up to
+    /// the first that found nothing, to keep the idle polling out) and the metrics.
+    async fn run(setup: Setup) -> (Vec<(Duration, Ev)>, Metrics) {
+        let start = Instant::now();
+        let log: Log = Arc::default();
+        let items = setup.keys.iter().map(|k| LeasedItem {
+            key: k.to_string(),
+            lease_id: format!("id-{k}"),
+            ..Default::default()
+        });
+        let queue = FakeQueue {
+            items: Arc::new(Mutex::new(items.collect())),
+            lease_errors: Arc::new(Mutex::new(setup.lease_errors)),
+            renew_ok: setup.renew_ok,
+            log: log.clone(),
+            start,
+        };
+        let metrics = Metrics::new(&mut Registry::default());
+        let sync =
+            FakeSync { metrics: metrics.clone(), run_for: setup.run_for, log: log.clone(), start };
+        let settings = LeaseSettings {
+            queue: JOB_QUEUE,
+            concurrency: setup.keys.len(),
+            lease: setup.lease,
+            worker_id: "w".into(),
+            shutdown_grace: setup.grace,
+        };
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let at = setup.shutdown_at;
+        tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            stop.cancel();
+        });
+        lease_loop(Arc::new(sync), queue, settings, shutdown).await;
+        let mut calls = log.lock().unwrap().clone();
+        // The idle Lease calls after the last event (one every LEASE_WAIT) say nothing.
+        let last = calls.iter().rposition(|(_, c)| *c != Ev::Lease).map_or(0, |i| i + 1);
+        calls.truncate(last);
+        (calls, metrics)
+    }
+
+    /// Whole milliseconds, so that times compare exactly.
+    fn s(secs: f64) -> Duration {
+        Duration::from_millis((secs * 1000.0).round() as u64)
+    }
+
+    fn finished(m: &Metrics, outcome: &str) -> u64 {
+        let labels = OutcomeLabels { queue: JOB_QUEUE.into(), outcome: outcome.into() };
+        m.leases_finished.get_or_create(&labels).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_sync_is_renewed_every_third_of_its_lease() {
+        let (calls, m) =
+            run(Setup { run_for: s(9.5), shutdown_at: s(20.0), ..Default::default() }).await;
+        let renews: Vec<Duration> =
+            calls.iter().filter(|(_, c)| *c == Ev::Renew("a".into())).map(|(t, _)| *t).collect();
+        assert_eq!(renews, (1..=9).map(|i| s(f64::from(i))).collect::<Vec<_>>());
+        assert_eq!(calls.last(), Some(&(s(9.5), Ev::Done("a".into(), Outcome::Forget))));
+        assert_eq!(finished(&m, "forget"), 1);
+        assert_eq!(m.leases_held.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_cannot_be_renewed_is_given_up_before_its_deadline() {
+        // Lease 3 s: renewals every 1 s, all failing; the margin is min(500 ms, 3 s / 10).
+        let (calls, m) =
+            run(Setup { run_for: s(100.0), renew_ok: false, ..Default::default() }).await;
+        let want = vec![
+            (s(0.0), Ev::Lease),
+            (s(1.0), Ev::Renew("a".into())),
+            (s(2.0), Ev::Renew("a".into())),
+            (s(2.7), Ev::Dropped("a".into())),
+        ];
+        assert_eq!(calls, want, "no Done: the key comes back when its lease expires");
+        assert_eq!(m.renew_failures.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 3);
+        assert_eq!(finished(&m, "lease_lost"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn syncs_finish_within_the_shutdown_grace() {
+        let setup = Setup {
+            lease: s(30.0),
+            run_for: s(3.0),
+            grace: s(5.0),
+            shutdown_at: s(1.0),
+            ..Default::default()
+        };
+        let (calls, _) = run(setup).await;
+        assert_eq!(
+            calls,
+            vec![(s(0.0), Ev::Lease), (s(3.0), Ev::Done("a".into(), Outcome::Forget))]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_the_grace_syncs_wind_down_or_are_dropped_and_handed_back() {
+        let setup = Setup {
+            keys: &["polite", "stubborn"],
+            lease: s(30.0),
+            run_for: s(100.0),
+            grace: s(2.0),
+            shutdown_at: s(1.0),
+            ..Default::default()
+        };
+        let (mut calls, m) = run(setup).await;
+        calls.retain(|(_, c)| !matches!(c, Ev::Lease | Ev::Renew(_)));
+        let back = Outcome::RequeueAfter(Duration::ZERO);
+        let want = vec![
+            // Grace over at 3 s: the polite sync stops and ends its lease as it decides.
+            (s(3.0), Ev::WindDown("polite".into())),
+            (s(3.0), Ev::Done("polite".into(), Outcome::Forget)),
+            // The stubborn one gets WIND_DOWN_LIMIT more, then is dropped and handed back.
+            (s(13.0), Ev::Dropped("stubborn".into())),
+            (s(13.0), Ev::Done("stubborn".into(), back)),
+        ];
+        assert_eq!(calls, want);
+        assert_eq!((finished(&m, "forget"), finished(&m, "handed_back")), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_lease_calls_back_off() {
+        let setup =
+            Setup { lease_errors: 3, run_for: s(0.5), shutdown_at: s(10.0), ..Default::default() };
+        let (calls, _) = run(setup).await;
+        let leases: Vec<Duration> =
+            calls.iter().filter(|(_, c)| *c == Ev::Lease).map(|(t, _)| *t).collect();
+        // 200 ms, then doubled; the fourth call leases the key.
+        assert_eq!(leases, vec![s(0.0), s(0.2), s(0.6), s(1.4)]);
+        assert_eq!(calls.last(), Some(&(s(1.9), Ev::Done("a".into(), Outcome::Forget))));
+    }
 }

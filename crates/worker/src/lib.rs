@@ -21,9 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::FutureExt;
 use kjob_queue_client::{QueueClient, RetryPolicy};
-use kjob_svc::{AdminState, Shutdown};
+use kjob_svc::{AdminServer, AdminState, Shutdown, Vital};
 use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 
 pub use config::{Args, WorkerConfig};
 pub use worker::{SyncError, SyncOutcome, Worker};
@@ -37,9 +39,24 @@ const EVENT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// orphan worker per Job worker).
 const SERVED_QUEUES: [&str; 2] = [kjob_core::JOB_QUEUE, kjob_core::ORPHAN_POD_QUEUE];
 
+/// The sockets a worker serves on, bound by the caller (tests bind `127.0.0.1:0`).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The admin port (`/metrics`, `/livez`, `/readyz`); `None` serves none.
+    pub admin: Option<TcpListener>,
+}
+
 /// Runs the worker until `shutdown`, then drains: stops leasing, lets in-flight syncs finish
-/// within the shutdown grace and hands the rest back.
-pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+/// within the shutdown grace and hands the rest back. The admin port answers until the end.
+///
+/// The lease loops, the readiness probe and the admin server are vital: if one ends before
+/// shutdown, the worker goes not ready, drains and returns an error naming it.
+pub async fn run(
+    listeners: Listeners,
+    config: WorkerConfig,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let Listeners { admin } = listeners;
     let WorkerConfig {
         queue_url,
         concurrency,
@@ -50,25 +67,36 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
         manage_all_jobs,
         shutdown_grace,
         worker_id,
-        admin,
         kube,
     } = config;
+    let worker_id = kjob_svc::identity_or_default(worker_id, "kjob-worker");
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
-    let admin_state = AdminState::new(registry);
-    let admin_listener = tokio::net::TcpListener::bind(admin.admin_listen)
-        .await
-        .with_context(|| format!("binding the admin port {}", admin.admin_listen))?;
-    tracing::info!(addr = %admin_listener.local_addr()?, "admin port listening");
+    if let Some(l) = &admin {
+        tracing::info!(addr = %l.local_addr()?, "admin port listening");
+    }
+    let mut admin = AdminServer::start(admin, registry);
+    let ready = admin.state().clone();
 
-    let client = kube_client(&kube).await.context("building the kube client")?;
-    // Bounded retries: a sync must fail (and be requeued) rather than hang on a dead queue, and
-    // a renewal that waits too long is as good as lost.
-    let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy {
-        initial_backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_secs(2),
-        max_retries: Some(3),
-    });
+    let parts = async {
+        let client = kube_client(&kube).await.context("building the kube client")?;
+        // Bounded retries: a sync must fail (and be requeued) rather than hang on a dead queue,
+        // and a renewal that waits too long is as good as lost.
+        let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            max_retries: Some(3),
+        });
+        anyhow::Ok((client, queue))
+    };
+    let (client, queue) = match parts.await {
+        Ok(parts) => parts,
+        Err(e) => {
+            // Unusable settings: nothing to run, and nothing left behind.
+            admin.stop().await?;
+            return Err(e);
+        }
+    };
     let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
     let (events, writer) =
         events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
@@ -77,49 +105,34 @@ pub async fn run(config: WorkerConfig, shutdown: Shutdown) -> anyhow::Result<()>
         Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
             .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN),
     );
-
-    // The admin port outlives the drain so probes and metrics answer until the very end.
-    let admin_stop = Shutdown::new();
-    let admin_task = tokio::spawn(kjob_svc::serve_admin(
-        admin_listener,
-        admin_state.clone(),
-        admin_stop.clone(),
-    ));
-    let ready_task = tokio::spawn(probe_readiness(queue.clone(), admin_state, shutdown.clone()));
     let writer_task = tokio::spawn(writer.run());
 
-    let loops: Vec<_> = SERVED_QUEUES
-        .iter()
-        .map(|q| {
-            let settings = lease::LeaseSettings {
-                queue: q,
-                concurrency,
-                lease: lease_duration,
-                worker_id: worker_id.clone(),
-                shutdown_grace,
-            };
-            tokio::spawn(lease::lease_loop(
-                worker.clone(),
-                queue.clone(),
-                settings,
-                shutdown.clone(),
-            ))
-        })
-        .collect();
-    tracing::info!(%worker_id, concurrency, ?lease_duration, "worker started");
-    for l in loops {
-        if let Err(e) = l.await {
-            tracing::error!(error = %e, "lease loop failed");
-        }
+    let mut vital = Vital::new(&shutdown).readiness(&ready);
+    for q in SERVED_QUEUES {
+        let settings = lease::LeaseSettings {
+            queue: q,
+            concurrency,
+            lease: lease_duration,
+            worker_id: worker_id.clone(),
+            shutdown_grace,
+        };
+        let lease_loop =
+            lease::lease_loop(worker.clone(), queue.clone(), settings, shutdown.clone());
+        vital.task("lease loop", lease_loop.map(Ok));
     }
-    // Every sync is over: dropping the last sink ends the event writer once it has flushed.
+    // Every sink is in the lease loops now: once they end, the event writer flushes and ends.
     drop(worker);
+    vital.task("readiness probe", probe_readiness(&queue, &ready, &shutdown).map(Ok));
+    vital.guard("admin server", admin.watch());
+    tracing::info!(%worker_id, concurrency, ?lease_duration, "worker started");
+    let supervised = vital.run().await;
     if tokio::time::timeout(EVENT_FLUSH_TIMEOUT, writer_task).await.is_err() {
         tracing::warn!("event writer did not flush in time; dropping queued events");
     }
-    let _ = ready_task.await;
-    admin_stop.cancel();
-    admin_task.await.context("admin task")?.context("admin server")?;
+    let stopped = admin.stop().await.context("admin server");
+    // The first failure is the one that matters (a failed task, then a failed admin stop).
+    supervised?;
+    stopped?;
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -136,17 +149,10 @@ async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Cl
 }
 
 /// Keeps `/readyz` in step with whether the queue service answers.
-async fn probe_readiness(queue: QueueClient, state: AdminState, shutdown: Shutdown) {
-    let probe = queue.with_retry_policy(RetryPolicy::no_retries());
-    loop {
-        let ok = probe.stats(kjob_core::JOB_QUEUE).await.is_ok();
-        if ok != state.is_ready() {
-            tracing::info!(ready = ok, "queue reachability changed");
-        }
-        state.set_ready(ok && !shutdown.is_cancelled());
-        tokio::select! {
-            _ = shutdown.cancelled() => { state.set_ready(false); return; }
-            _ = tokio::time::sleep(READY_PROBE_PERIOD) => {}
-        }
-    }
+async fn probe_readiness(queue: &QueueClient, ready: &AdminState, shutdown: &Shutdown) {
+    let probe = queue.clone().with_retry_policy(RetryPolicy::no_retries());
+    kjob_svc::probe_readiness(ready, "queue", READY_PROBE_PERIOD, shutdown, || async {
+        probe.stats(kjob_core::JOB_QUEUE).await.is_ok()
+    })
+    .await;
 }

@@ -109,152 +109,99 @@ pub struct ViewLabels {
     pub result: String,
 }
 
-/// Every metric the worker exports.
-#[derive(Clone)]
-pub struct Metrics {
-    /// `job_controller_job_sync_duration_seconds`.
-    pub job_sync_duration: Family<SyncLabels, Histogram>,
-    /// `job_controller_job_syncs_total`.
-    pub job_syncs: Family<SyncLabels, Counter>,
-    /// `job_controller_jobs_finished_total`.
-    pub jobs_finished: Family<FinishedLabels, Counter>,
-    /// `job_controller_job_pods_finished_total`.
-    pub job_pods_finished: Family<PodsFinishedLabels, Counter>,
-    /// `job_controller_pod_failures_handled_by_failure_policy_total`.
-    pub pod_failures_handled_by_failure_policy: Family<ActionLabels, Counter>,
-    /// `job_controller_terminated_pods_tracking_finalizer_total`.
-    pub terminated_pods_tracking_finalizer: Family<EventLabels, Counter>,
-    /// `job_controller_job_finished_indexes_total`.
-    pub job_finished_indexes: Family<IndexesLabels, Counter>,
-    /// `job_controller_job_pods_creation_total`.
-    pub job_pods_creation: Family<CreationLabels, Counter>,
-    /// `kjob_worker_leases_held`: leases this process holds now.
-    pub leases_held: Family<QueueLabels, Gauge>,
-    /// `kjob_worker_lease_wait_seconds`: time from enqueue to lease.
-    pub lease_wait: Family<QueueLabels, Histogram>,
-    /// `kjob_worker_renew_failures_total`: renewals refused or failed.
-    pub renew_failures: Family<QueueLabels, Counter>,
-    /// `kjob_worker_leases_finished_total`: how each lease ended.
-    pub leases_finished: Family<OutcomeLabels, Counter>,
-    /// `kjob_worker_api_calls_total`: API server calls by verb, resource and result.
-    pub api_calls: Family<ApiLabels, Counter>,
-    /// `kjob_worker_job_view_reads_total`: where each sync read its Job and pods from.
-    pub job_view_reads: Family<ViewLabels, Counter>,
-    /// `kjob_worker_events_recorded_total`: events the syncs recorded (before correlation).
-    pub events_recorded: Counter,
-    /// `kjob_worker_events_dropped_total`: events dropped because the event sink was full.
-    pub events_dropped: Counter,
-    /// `kjob_worker_events_spam_filtered_total`: events dropped by the per-object spam filter.
-    pub events_spam_filtered: Counter,
-    /// `kjob_worker_events_gate_fallback_total`: events aggregated and spam-filtered with this
-    /// worker's own correlator state because kjob-queue's shared one did not answer.
-    pub events_gate_fallback: Counter,
+fn sync_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.004, 2.0, 15))
+}
+
+fn wait_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 4.0, 12))
+}
+
+kjob_svc::metrics! {
+    /// Every metric the worker exports.
+    #[derive(Clone)]
+    pub struct Metrics {
+        "job_controller" {
+            /// `job_controller_job_sync_duration_seconds`.
+            job_sync_duration: Family<SyncLabels, Histogram> = Family::new_with_constructor(sync_buckets),
+                "job_sync_duration_seconds", "The time it took to sync a job";
+            /// `job_controller_job_syncs_total`.
+            job_syncs: Family<SyncLabels, Counter> = Family::default(),
+                "job_syncs", "The number of job syncs";
+            /// `job_controller_jobs_finished_total`.
+            jobs_finished: Family<FinishedLabels, Counter> = Family::default(),
+                "jobs_finished", "The number of finished jobs";
+            /// `job_controller_job_pods_finished_total`.
+            job_pods_finished: Family<PodsFinishedLabels, Counter> = Family::default(),
+                "job_pods_finished", "The number of finished Pods that are fully tracked";
+            /// `job_controller_pod_failures_handled_by_failure_policy_total`.
+            pod_failures_handled_by_failure_policy: Family<ActionLabels, Counter> = Family::default(),
+                "pod_failures_handled_by_failure_policy",
+                "The number of failed Pods handled by failure policy with respect to the failure \
+                 policy action applied based on the matched rule";
+            /// `job_controller_terminated_pods_tracking_finalizer_total`.
+            terminated_pods_tracking_finalizer: Family<EventLabels, Counter> = Family::default(),
+                "terminated_pods_tracking_finalizer",
+                "The number of terminated pods (phase=Failed|Succeeded) that have the finalizer \
+                 batch.kubernetes.io/job-tracking";
+            /// `job_controller_job_finished_indexes_total`.
+            job_finished_indexes: Family<IndexesLabels, Counter> = Family::default(),
+                "job_finished_indexes", "The number of finished indexes";
+            /// `job_controller_job_pods_creation_total`.
+            job_pods_creation: Family<CreationLabels, Counter> = Family::default(),
+                "job_pods_creation",
+                "The number of Pods created by the Job controller labelled with a reason for the \
+                 Pod creation";
+        }
+        "kjob_worker" {
+            /// `kjob_worker_leases_held`: leases this process holds now.
+            leases_held: Family<QueueLabels, Gauge> = Family::default(),
+                "leases_held", "Leases this worker holds now";
+            /// `kjob_worker_lease_wait_seconds`: time from enqueue to lease.
+            lease_wait: Family<QueueLabels, Histogram> = Family::new_with_constructor(wait_buckets),
+                "lease_wait_seconds", "Time from a key's enqueue to its lease by this worker";
+            /// `kjob_worker_renew_failures_total`: renewals refused or failed.
+            renew_failures: Family<QueueLabels, Counter> = Family::default(),
+                "renew_failures", "Lease renewals refused or failed";
+            /// `kjob_worker_leases_finished_total`: how each lease ended.
+            leases_finished: Family<OutcomeLabels, Counter> = Family::default(),
+                "leases_finished", "Leases finished, by outcome";
+            /// `kjob_worker_api_calls_total`: API server calls by verb, resource and result.
+            api_calls: Family<ApiLabels, Counter> = Family::default(),
+                "api_calls", "API server calls by verb, resource and result";
+            /// `kjob_worker_job_view_reads_total`: where each sync read its Job and pods from.
+            job_view_reads: Family<ViewLabels, Counter> = Family::default(),
+                "job_view_reads",
+                "Syncs by where they read their Job and pods: the shared view or the API server";
+            /// `kjob_worker_events_recorded_total`: events the syncs recorded (before correlation).
+            events_recorded: Counter = Counter::default(),
+                "events_recorded",
+                "Kubernetes events recorded by syncs, before correlation and spam filtering";
+            /// `kjob_worker_events_dropped_total`: events dropped because the event sink was full.
+            events_dropped: Counter = Counter::default(),
+                "events_dropped", "Kubernetes events dropped because the event sink was full";
+            /// `kjob_worker_events_spam_filtered_total`: events dropped by the per-object spam filter.
+            events_spam_filtered: Counter = Counter::default(),
+                "events_spam_filtered",
+                "Kubernetes events dropped by the per-object spam filter (burst 25, then 1 per 5 min)";
+            /// `kjob_worker_events_gate_fallback_total`: events aggregated and spam-filtered with this
+            /// worker's own correlator state because kjob-queue's shared one did not answer.
+            events_gate_fallback: Counter = Counter::default(),
+                "events_gate_fallback",
+                "Kubernetes events aggregated and spam-filtered with this worker's own state because \
+                 kjob-queue's shared correlator did not answer";
+        }
+    }
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them in `registry`.
+    /// Creates the metrics and registers them in `registry`; the view-read series exist from
+    /// start, at 0.
     pub fn new(registry: &mut Registry) -> Self {
-        let sync_buckets = || Histogram::new(exponential_buckets(0.004, 2.0, 15));
-        let wait_buckets = || Histogram::new(exponential_buckets(0.001, 4.0, 12));
-        let m = Self {
-            job_sync_duration: Family::new_with_constructor(sync_buckets),
-            job_syncs: Family::default(),
-            jobs_finished: Family::default(),
-            job_pods_finished: Family::default(),
-            pod_failures_handled_by_failure_policy: Family::default(),
-            terminated_pods_tracking_finalizer: Family::default(),
-            job_finished_indexes: Family::default(),
-            job_pods_creation: Family::default(),
-            leases_held: Family::default(),
-            lease_wait: Family::new_with_constructor(wait_buckets),
-            renew_failures: Family::default(),
-            leases_finished: Family::default(),
-            api_calls: Family::default(),
-            job_view_reads: Family::default(),
-            events_recorded: Counter::default(),
-            events_dropped: Counter::default(),
-            events_spam_filtered: Counter::default(),
-            events_gate_fallback: Counter::default(),
-        };
-        let jc = registry.sub_registry_with_prefix("job_controller");
-        jc.register(
-            "job_sync_duration_seconds",
-            "The time it took to sync a job",
-            m.job_sync_duration.clone(),
-        );
-        jc.register("job_syncs", "The number of job syncs", m.job_syncs.clone());
-        jc.register("jobs_finished", "The number of finished jobs", m.jobs_finished.clone());
-        jc.register(
-            "job_pods_finished",
-            "The number of finished Pods that are fully tracked",
-            m.job_pods_finished.clone(),
-        );
-        jc.register(
-            "pod_failures_handled_by_failure_policy",
-            "The number of failed Pods handled by failure policy with respect to the failure \
-             policy action applied based on the matched rule",
-            m.pod_failures_handled_by_failure_policy.clone(),
-        );
-        jc.register(
-            "terminated_pods_tracking_finalizer",
-            "The number of terminated pods (phase=Failed|Succeeded) that have the finalizer \
-             batch.kubernetes.io/job-tracking",
-            m.terminated_pods_tracking_finalizer.clone(),
-        );
-        jc.register(
-            "job_finished_indexes",
-            "The number of finished indexes",
-            m.job_finished_indexes.clone(),
-        );
-        jc.register(
-            "job_pods_creation",
-            "The number of Pods created by the Job controller labelled with a reason for the \
-             Pod creation",
-            m.job_pods_creation.clone(),
-        );
-        let w = registry.sub_registry_with_prefix("kjob_worker");
-        w.register("leases_held", "Leases this worker holds now", m.leases_held.clone());
-        w.register(
-            "lease_wait_seconds",
-            "Time from a key's enqueue to its lease by this worker",
-            m.lease_wait.clone(),
-        );
-        w.register("renew_failures", "Lease renewals refused or failed", m.renew_failures.clone());
-        w.register("leases_finished", "Leases finished, by outcome", m.leases_finished.clone());
-        w.register(
-            "api_calls",
-            "API server calls by verb, resource and result",
-            m.api_calls.clone(),
-        );
-        w.register(
-            "job_view_reads",
-            "Syncs by where they read their Job and pods: the shared view or the API server",
-            m.job_view_reads.clone(),
-        );
+        let m = Self::register(registry);
         for result in ["trusted", "orphans", "untrusted", "undecodable"] {
             drop(m.job_view_reads.get_or_create(&ViewLabels { result: result.into() }));
         }
-        w.register(
-            "events_recorded",
-            "Kubernetes events recorded by syncs, before correlation and spam filtering",
-            m.events_recorded.clone(),
-        );
-        w.register(
-            "events_dropped",
-            "Kubernetes events dropped because the event sink was full",
-            m.events_dropped.clone(),
-        );
-        w.register(
-            "events_spam_filtered",
-            "Kubernetes events dropped by the per-object spam filter (burst 25, then 1 per 5 min)",
-            m.events_spam_filtered.clone(),
-        );
-        w.register(
-            "events_gate_fallback",
-            "Kubernetes events aggregated and spam-filtered with this worker's own state because \
-             kjob-queue's shared correlator did not answer",
-            m.events_gate_fallback.clone(),
-        );
         m
     }
 

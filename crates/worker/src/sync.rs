@@ -17,6 +17,8 @@ use kjob_reconcile::{
     BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
     SummarizedPods, SyncInput,
 };
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::EventType;
@@ -297,17 +299,12 @@ impl Worker {
                 Step::DeletePods { pods, remove_finalizer } => {
                     let calls = pods.iter().map(|p| async {
                         if remove_finalizer {
-                            self.api
-                                .patch_pod(
-                                    &ns,
-                                    &p.name,
-                                    &crate::kube_api::remove_tracking_finalizer_patch(),
-                                )
-                                .await
-                                .map_err(|e| match e {
+                            self.api.patch_out_tracking_finalizer(&ns, &p.name).await.map_err(
+                                |e| match e {
                                     ApiError::NotFound(_) => CallError::NotFound,
                                     e => CallError::FinalizerPatch(e.to_string()),
-                                })?;
+                                },
+                            )?;
                         }
                         self.api.delete_pod(&ns, &p.name).await.map_err(call_error)
                     });
@@ -316,13 +313,8 @@ impl Worker {
                 Step::RemoveFinalizers { pods } => {
                     let calls = pods.iter().map(|p| async {
                         self.api
-                            .patch_pod(
-                                &ns,
-                                &p.name,
-                                &crate::kube_api::remove_tracking_finalizer_patch(),
-                            )
+                            .patch_out_tracking_finalizer(&ns, &p.name)
                             .await
-                            .map(|_| ())
                             .map_err(call_error)
                     });
                     let results = join_all(calls).await;
@@ -517,46 +509,28 @@ impl Worker {
                 })
                 .inc();
         }
-        for (result, n) in
-            [("succeeded", d.pods_finished_succeeded), ("failed", d.pods_finished_failed)]
-        {
-            if n > 0 {
-                m.job_pods_finished
-                    .get_or_create(&PodsFinishedLabels {
-                        completion_mode: mode.clone(),
-                        result: result.into(),
-                    })
-                    .inc_by(n);
-            }
-        }
+        let pods = [("succeeded", d.pods_finished_succeeded), ("failed", d.pods_finished_failed)];
+        add_counts(&m.job_pods_finished, pods, |result| PodsFinishedLabels {
+            completion_mode: mode.clone(),
+            result: result.into(),
+        });
         for (action, n) in &d.pod_failures_by_policy_action {
             m.pod_failures_handled_by_failure_policy
                 .get_or_create(&ActionLabels { action: action.clone() })
                 .inc_by(*n);
         }
-        for (status, n) in
-            [("succeeded", d.finished_indexes_succeeded), ("failed", d.finished_indexes_failed)]
-        {
-            if n > 0 {
-                m.job_finished_indexes
-                    .get_or_create(&IndexesLabels {
-                        status: status.into(),
-                        backoffLimit: d.backoff_limit_label.to_string(),
-                    })
-                    .inc_by(n);
-            }
-        }
+        let indexes =
+            [("succeeded", d.finished_indexes_succeeded), ("failed", d.finished_indexes_failed)];
+        add_counts(&m.job_finished_indexes, indexes, |status| IndexesLabels {
+            status: status.into(),
+            backoffLimit: d.backoff_limit_label.to_string(),
+        });
         if let Some(c) = &d.pods_creation {
-            for (status, n) in [("succeeded", c.succeeded), ("failed", c.failed)] {
-                if n > 0 {
-                    m.job_pods_creation
-                        .get_or_create(&CreationLabels {
-                            reason: c.reason.to_string(),
-                            status: status.into(),
-                        })
-                        .inc_by(n);
-                }
-            }
+            let created = [("succeeded", c.succeeded), ("failed", c.failed)];
+            add_counts(&m.job_pods_creation, created, |status| CreationLabels {
+                reason: c.reason.to_string(),
+                status: status.into(),
+            });
         }
     }
 
@@ -689,14 +663,7 @@ pub(crate) fn job_selector(job: &Job) -> Result<Selector, SyncError> {
 pub fn adoption_patch(job: &Job, pod: &Pod) -> serde_json::Value {
     serde_json::json!({
         "metadata": {
-            "ownerReferences": [{
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "name": job.metadata.name,
-                "uid": job.metadata.uid,
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
+            "ownerReferences": [kjob_reconcile::template::controller_ref(job)],
             "uid": pod.metadata.uid,
             "finalizers": [JOB_TRACKING_FINALIZER],
         }
@@ -714,6 +681,20 @@ fn uncounted_uids(status: Option<&k8s_openapi::api::batch::v1::JobStatus>) -> BT
 /// What a pod call skipped because the worker is handing its keys back reports.
 fn winding_down() -> CallError {
     CallError::Other("the worker is shutting down; not sent".into())
+}
+
+/// Adds each nonzero `(name, n)` of `counts` to the series of `family` that `labels(name)` names
+/// (upstream adds nothing to a series whose increment is zero).
+fn add_counts<L: Clone + std::hash::Hash + Eq>(
+    family: &Family<L, Counter>,
+    counts: [(&'static str, u64); 2],
+    labels: impl Fn(&'static str) -> L,
+) {
+    for (name, n) in counts {
+        if n > 0 {
+            family.get_or_create(&labels(name)).inc_by(n);
+        }
+    }
 }
 
 fn call_error(e: ApiError) -> CallError {
@@ -749,7 +730,12 @@ mod tests {
         let p = adoption_patch(&job, &pod);
         assert_eq!(p["metadata"]["uid"], "p1");
         assert_eq!(p["metadata"]["ownerReferences"][0]["uid"], "j1");
-        assert_eq!(p["metadata"]["ownerReferences"][0]["controller"], true);
+        let owner = &p["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (&owner["controller"], &owner["blockOwnerDeletion"]),
+            (&true.into(), &true.into())
+        );
+        assert_eq!((&owner["apiVersion"], &owner["kind"]), (&"batch/v1".into(), &"Job".into()));
         assert_eq!(p["metadata"]["finalizers"][0], JOB_TRACKING_FINALIZER);
     }
 

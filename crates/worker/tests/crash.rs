@@ -35,13 +35,7 @@ async fn namespace(server: &TestServer, base: &str) -> String {
 
 /// A worker on `server` (through its fault proxy on the real one) with the default 5 s grace.
 fn worker(server: &TestServer, queue: &QueueService, id: &str, lease: Duration) -> WorkerHandle {
-    WorkerHandle::start_on(
-        &server.worker_kubeconfig(),
-        &queue.url,
-        id,
-        lease,
-        Duration::from_secs(5),
-    )
+    WorkerHandle::on(server, queue, id, lease, Duration::from_secs(5))
 }
 
 async fn a_worker_killed_after_creating_pods_leaves_no_duplicates(server: TestServer) {
@@ -204,13 +198,8 @@ async fn shutdown_hands_back_syncs_that_outlive_the_grace(server: TestServer) {
     let ns = namespace(&server, "drain").await;
     server.inject(ApiFaults::write_latency(Duration::from_millis(800))).await;
     let queue = QueueService::start();
-    let a = WorkerHandle::start_on(
-        &server.worker_kubeconfig(),
-        &queue.url,
-        "a",
-        Duration::from_secs(10),
-        Duration::from_millis(200),
-    );
+    let a =
+        WorkerHandle::on(&server, &queue, "a", Duration::from_secs(10), Duration::from_millis(200));
     let mut d = Driver::new(client.clone(), queue.client(), &ns, "dr");
     create_plain_job(&client, &ns, "dr", 4, 4).await;
     d.step(&mut |_| Fate::Run).await;

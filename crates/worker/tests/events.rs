@@ -203,15 +203,7 @@ async fn two_worker_processes_keep_a_job_within_one_burst(server: TestServer) {
     let lease = Duration::from_secs(5);
     let workers: Vec<common::WorkerHandle> = ["w1", "w2"]
         .iter()
-        .map(|id| {
-            common::WorkerHandle::start_on(
-                &server.worker_kubeconfig(),
-                &queue.url,
-                id,
-                lease,
-                lease,
-            )
-        })
+        .map(|id| common::WorkerHandle::on(&server, &queue, id, lease, lease))
         .collect();
     let mut driver = common::Driver::new(server.client(), queue.client(), &ns, "burst");
     common::create_job(

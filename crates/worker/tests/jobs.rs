@@ -31,13 +31,8 @@ async fn env(server: TestServer, ns: &str, job: &str) -> Env {
     server.create_namespace(&ns).await;
     let client = server.client();
     let queue = QueueService::start();
-    let worker = WorkerHandle::start_on(
-        &server.worker_kubeconfig(),
-        &queue.url,
-        "w1",
-        Duration::from_secs(5),
-        Duration::from_secs(5),
-    );
+    let worker =
+        WorkerHandle::on(&server, &queue, "w1", Duration::from_secs(5), Duration::from_secs(5));
     let driver = Driver::new(client, queue.client(), &ns, job);
     Env { server, ns, _queue: queue, worker: Some(worker), driver }
 }

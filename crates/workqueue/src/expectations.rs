@@ -31,31 +31,8 @@ pub struct Expectations {
     pub finalizer_removals: Vec<String>,
 }
 
-/// An observation from the watcher, lowering a Job's expectations.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Observation {
-    /// A pod of the Job was seen created.
-    Creation {
-        /// The Job's UID (empty matches any record).
-        job_uid: String,
-        /// The pod's UID; when given, a repeated observation is applied once.
-        pod_uid: String,
-    },
-    /// A pod of the Job was seen deleted or deleting.
-    Deletion {
-        /// The Job's UID (empty matches any record).
-        job_uid: String,
-        /// The pod's UID; when given, a repeated observation is applied once.
-        pod_uid: String,
-    },
-    /// A pod's tracking finalizer was seen removed.
-    FinalizerRemoval {
-        /// The Job's UID (informational: pod UIDs are unique).
-        job_uid: String,
-        /// The pod's UID.
-        pod_uid: String,
-    },
-}
+/// An observation from the watcher, lowering a Job's expectations (kjob's one shape of it).
+pub use kjob_core::{Observation, ObservationKind};
 
 /// client-go `SatisfiedExpectations`: no record (or a record of another Job UID), or nothing
 /// left to observe, or a record older than `timeout`.

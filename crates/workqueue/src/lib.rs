@@ -21,11 +21,11 @@ pub mod view;
 pub mod wake;
 
 pub use conn::{Conn, RedisTarget};
-pub use expectations::{ExpectationRecord, Expectations, Observation, satisfied};
+pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
 pub use store::{
-    AddOutcome, DEFAULT_POISON_AFTER, Done, DoneOutcome, DoneResult, Enqueue, KeyState, KeyView,
-    LeaseBatch, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,
+    AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,
+    LeaseOutcome, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,
 };
 pub use view::{JobView, SessionPhase, ViewOp};
 pub use wake::Waker;

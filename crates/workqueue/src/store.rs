@@ -6,7 +6,9 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::conn::{self, Conn, RESPONSE_TIMEOUT, RedisTarget};
-use crate::expectations::{EXPECTATIONS_TIMEOUT, ExpectationRecord, Expectations, Observation};
+use crate::expectations::{
+    EXPECTATIONS_TIMEOUT, ExpectationRecord, Expectations, Observation, ObservationKind,
+};
 use crate::limiter::{ItemExponentialLimiter, JOB_LIMITER};
 use crate::view::{ViewOp, push_view_ops, view_keys, view_run_key, view_session_key};
 use crate::{WqError, scripts};
@@ -18,7 +20,7 @@ pub const DEFAULT_POISON_AFTER: u32 = 3;
 /// Tunables of a [`Store`].
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Rate limiter of `DoneOutcome::RateLimited`.
+    /// Rate limiter of `LeaseOutcome::RateLimited`.
     pub limiter: ItemExponentialLimiter,
     /// Age after which expectations count as satisfied.
     pub expectations_timeout: Duration,
@@ -145,16 +147,8 @@ pub struct LeaseBatch {
     pub items: Vec<Leased>,
 }
 
-/// How a lease ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DoneOutcome {
-    /// Success: reset the failure count.
-    Forget,
-    /// Failure: requeue after the per-item exponential backoff.
-    RateLimited,
-    /// Success, sync again after the delay (zero = now).
-    RequeueAfter(Duration),
-}
+/// How a lease ends (kjob's one lease outcome).
+pub use kjob_core::LeaseOutcome;
 
 pub use kjob_core::MAX_DONE_BATCH;
 
@@ -166,7 +160,7 @@ pub struct Done {
     /// The fencing id its lease was issued with.
     pub lease_id: String,
     /// How the lease ends.
-    pub outcome: DoneOutcome,
+    pub outcome: LeaseOutcome,
 }
 
 /// Result of an accepted [`Store::done`].
@@ -337,14 +331,15 @@ pub(crate) fn exp_keys(key: &str) -> [String; 4] {
 /// Appends `(kind, job_uid, pod_uid)` of each observation to `args`.
 fn push_observations(args: &mut Vec<Vec<u8>>, observations: &[Observation]) {
     for o in observations {
-        let (kind, j, p) = match o {
-            Observation::Creation { job_uid, pod_uid } => (1, job_uid, pod_uid),
-            Observation::Deletion { job_uid, pod_uid } => (2, job_uid, pod_uid),
-            Observation::FinalizerRemoval { job_uid, pod_uid } => (3, job_uid, pod_uid),
+        // The script's kind codes (see `observe_fn!` in scripts.rs).
+        let kind = match o.kind {
+            ObservationKind::Creation => 1,
+            ObservationKind::Deletion => 2,
+            ObservationKind::FinalizerRemoval => 3,
         };
         args.push(kind.to_string().into_bytes());
-        args.push(j.as_bytes().to_vec());
-        args.push(p.as_bytes().to_vec());
+        args.push(o.job_uid.as_bytes().to_vec());
+        args.push(o.pod_uid.as_bytes().to_vec());
     }
 }
 
@@ -630,7 +625,7 @@ impl Store {
         queue: &str,
         key: &str,
         lease_id: &str,
-        outcome: DoneOutcome,
+        outcome: LeaseOutcome,
     ) -> Result<Option<DoneResult>, WqError> {
         let done = Done { key: key.to_string(), lease_id: lease_id.to_string(), outcome };
         let mut r = self.done_many(queue, std::slice::from_ref(&done)).await?;
@@ -658,9 +653,9 @@ impl Store {
         args.push(ms(self.config.limiter.max).to_string().into_bytes());
         for d in dones {
             let (code, after) = match d.outcome {
-                DoneOutcome::Forget => (1, 0),
-                DoneOutcome::RateLimited => (2, 0),
-                DoneOutcome::RequeueAfter(t) => (3, ms(t)),
+                LeaseOutcome::Forget => (1, 0),
+                LeaseOutcome::RateLimited => (2, 0),
+                LeaseOutcome::RequeueAfter(t) => (3, ms(t)),
             };
             args.push(d.key.as_bytes().to_vec());
             args.push(d.lease_id.as_bytes().to_vec());
@@ -919,7 +914,7 @@ impl Store {
     ) -> Result<u32, WqError> {
         let observations: Vec<Observation> = pod_uids
             .iter()
-            .map(|p| Observation::FinalizerRemoval { job_uid: String::new(), pod_uid: p.clone() })
+            .map(|p| Observation::new(ObservationKind::FinalizerRemoval, "", p.clone()))
             .collect();
         self.observe(key, &observations).await
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, DoneOutcome, Enqueue, KeyState, Observation, SessionPhase, Store, StoreConfig, ViewOp,
-    Waker, WqError,
+    Done, Enqueue, KeyState, LeaseOutcome, Observation, ObservationKind, SessionPhase, Store,
+    StoreConfig, ViewOp, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -95,7 +95,7 @@ async fn dirty_while_processing(s: Store) {
     assert_eq!((v.state, v.dirty, v.holder.as_str()), (KeyState::Leased, true, "w1"));
     // Never handed to a second worker while leased.
     assert!(s.lease(Q, "w2", 10, LEASE).await.unwrap().items.is_empty());
-    let done = s.done(Q, "ns/a", &l.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    let done = s.done(Q, "ns/a", &l.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
     assert_eq!(done.ready_at_ms, Some(done.now_ms));
     let l2 = s.lease(Q, "w2", 1, LEASE).await.unwrap().items.remove(0);
     assert_ne!(l2.lease_id, l.lease_id);
@@ -103,7 +103,7 @@ async fn dirty_while_processing(s: Store) {
 
     // Added with a delay while processing: back at that time, not at Done.
     s.add(Q, &[after("ns/a", 400)]).await.unwrap();
-    let done = s.done(Q, "ns/a", &l2.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    let done = s.done(Q, "ns/a", &l2.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
     let ready = done.ready_at_ms.unwrap();
     assert!(ready > done.now_ms, "{ready} vs {}", done.now_ms);
     assert!(s.lease(Q, "w", 1, LEASE).await.unwrap().items.is_empty());
@@ -115,7 +115,7 @@ async fn dirty_requeue_takes_earliest_time(s: Store) {
     let l = s.lease(Q, "w1", 1, LEASE).await.unwrap().items.remove(0);
     s.add(Q, &[after("ns/a", 60_000), now("ns/a")]).await.unwrap();
     let done = s
-        .done(Q, "ns/a", &l.lease_id, DoneOutcome::RequeueAfter(Duration::from_secs(30)))
+        .done(Q, "ns/a", &l.lease_id, LeaseOutcome::RequeueAfter(Duration::from_secs(30)))
         .await
         .unwrap()
         .unwrap();
@@ -161,19 +161,19 @@ async fn lease_expiry_returns_key_and_fences_stale_holder(s: Store) {
     assert_ne!(new.lease_id, old.lease_id);
     // The stale holder can neither extend nor finish, and changes nothing by trying.
     assert_eq!(s.renew(Q, "ns/a", &old.lease_id, LEASE).await.unwrap(), None);
-    assert_eq!(s.done(Q, "ns/a", &old.lease_id, DoneOutcome::Forget).await.unwrap(), None);
-    assert_eq!(s.done(Q, "ns/a", &old.lease_id, DoneOutcome::RateLimited).await.unwrap(), None);
+    assert_eq!(s.done(Q, "ns/a", &old.lease_id, LeaseOutcome::Forget).await.unwrap(), None);
+    assert_eq!(s.done(Q, "ns/a", &old.lease_id, LeaseOutcome::RateLimited).await.unwrap(), None);
     let v = &s.inspect(Q, &["ns/a".into()]).await.unwrap()[0];
     assert_eq!((v.state, v.holder.as_str(), v.requeues), (KeyState::Leased, "w2", 0));
     assert_eq!(v.lease_deadline_ms, Some(new.deadline_ms));
-    assert!(s.done(Q, "ns/a", &new.lease_id, DoneOutcome::Forget).await.unwrap().is_some());
+    assert!(s.done(Q, "ns/a", &new.lease_id, LeaseOutcome::Forget).await.unwrap().is_some());
     // The dirty mark was folded into the re-queue at expiry: exactly one more run, not two.
     let st = s.stats(Q).await.unwrap();
     assert_eq!((st.ready, st.leased, st.dirty), (0, 0, 0));
     // Garbage ids are refused too.
     s.add(Q, &[now("ns/b")]).await.unwrap();
     s.lease(Q, "w", 1, LEASE).await.unwrap();
-    assert_eq!(s.done(Q, "ns/b", "1-1", DoneOutcome::Forget).await.unwrap(), None);
+    assert_eq!(s.done(Q, "ns/b", "1-1", LeaseOutcome::Forget).await.unwrap(), None);
     assert_eq!(s.inspect(Q, &["ns/b".into()]).await.unwrap()[0].state, KeyState::Leased);
 }
 
@@ -193,7 +193,7 @@ async fn rate_limiter_sequence_and_forget(s: Store) {
     for i in 0..9u32 {
         let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
         assert_eq!(l.requeues, i);
-        let d = s.done(Q, "ns/a", &l.lease_id, DoneOutcome::RateLimited).await.unwrap().unwrap();
+        let d = s.done(Q, "ns/a", &l.lease_id, LeaseOutcome::RateLimited).await.unwrap().unwrap();
         if i == 0 {
             assert_eq!(d.ready_at_ms, Some(d.now_ms + 1000));
         }
@@ -203,12 +203,12 @@ async fn rate_limiter_sequence_and_forget(s: Store) {
     assert_eq!(delays, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
     assert_eq!(s.stats(Q).await.unwrap().failing, 1);
     let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
-    s.done(Q, "ns/a", &l.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    s.done(Q, "ns/a", &l.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
     assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].requeues, 0);
     assert_eq!(s.stats(Q).await.unwrap().failing, 0);
     s.add(Q, &[now("ns/a")]).await.unwrap();
     let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
-    let d = s.done(Q, "ns/a", &l.lease_id, DoneOutcome::RateLimited).await.unwrap().unwrap();
+    let d = s.done(Q, "ns/a", &l.lease_id, LeaseOutcome::RateLimited).await.unwrap().unwrap();
     assert_eq!(d.retry_delay_ms, Some(1000));
 }
 
@@ -216,7 +216,7 @@ async fn requeue_after(s: Store) {
     s.add(Q, &[now("ns/a")]).await.unwrap();
     let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
     let d = s
-        .done(Q, "ns/a", &l.lease_id, DoneOutcome::RequeueAfter(Duration::from_millis(300)))
+        .done(Q, "ns/a", &l.lease_id, LeaseOutcome::RequeueAfter(Duration::from_millis(300)))
         .await
         .unwrap()
         .unwrap();
@@ -224,7 +224,7 @@ async fn requeue_after(s: Store) {
     assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].state, KeyState::Delayed);
     let l = lease_within(&s, "w", Duration::from_secs(5)).await.remove(0);
     let d =
-        s.done(Q, "ns/a", &l.lease_id, DoneOutcome::RequeueAfter(Duration::ZERO)).await.unwrap();
+        s.done(Q, "ns/a", &l.lease_id, LeaseOutcome::RequeueAfter(Duration::ZERO)).await.unwrap();
     assert_eq!(d.unwrap().ready_at_ms, d.map(|d| d.now_ms));
     assert_eq!(s.inspect(Q, &["ns/a".into()]).await.unwrap()[0].state, KeyState::Ready);
 }
@@ -245,11 +245,11 @@ async fn expectations_semantics(s: Store) {
     s.set_expectations(k, "u1", 1, 1).await.unwrap();
     assert_eq!(s.get_expectations(k, "u1").await.unwrap().record.unwrap().add, 1);
     // Observations lower; a repeated observation of one pod counts once.
-    let c = |p: &str| Observation::Creation { job_uid: "u1".into(), pod_uid: p.into() };
+    let c = |p: &str| Observation::new(ObservationKind::Creation, "u1", p);
     assert_eq!(s.observe(k, &[c("p1"), c("p1")]).await.unwrap(), 1);
     assert!(!s.get_expectations(k, "u1").await.unwrap().satisfied);
     // Another Job UID's observation is ignored, and its view is "no record".
-    let other = Observation::Deletion { job_uid: "u2".into(), pod_uid: "p9".into() };
+    let other = Observation::new(ObservationKind::Deletion, "u2", "p9");
     assert_eq!(s.observe(k, &[other]).await.unwrap(), 0);
     let e2 = s.get_expectations(k, "u2").await.unwrap();
     assert!(e2.satisfied && e2.record.is_none());
@@ -278,7 +278,7 @@ async fn finalizer_uid_sets_and_records(s: Store) {
     let k = "ns/job";
     s.expect_finalizer_removals(k, "u1", &["a".into(), "b".into(), "c".into()]).await.unwrap();
     assert_eq!(s.get_expectations(k, "u1").await.unwrap().finalizer_removals, vec!["a", "b", "c"]);
-    let fr = |p: &str| Observation::FinalizerRemoval { job_uid: "u1".into(), pod_uid: p.into() };
+    let fr = |p: &str| Observation::new(ObservationKind::FinalizerRemoval, "u1", p);
     assert_eq!(s.observe(k, &[fr("a"), fr("a"), fr("zz")]).await.unwrap(), 1);
     assert_eq!(s.get_expectations(k, "u1").await.unwrap().finalizer_removals, vec!["b", "c"]);
     assert!(s.get_expectations(k, "u2").await.unwrap().finalizer_removals.is_empty());
@@ -362,11 +362,11 @@ async fn done_many_in_one_call(s: Store) {
         .done_many(
             Q,
             &[
-                d("ns/a", DoneOutcome::Forget),
-                d("ns/a", DoneOutcome::Forget), // the same lease again: stale
-                d("ns/b", DoneOutcome::Forget),
-                d("ns/c", DoneOutcome::RateLimited),
-                Done { key: "ns/zz".into(), lease_id: "1-1".into(), outcome: DoneOutcome::Forget },
+                d("ns/a", LeaseOutcome::Forget),
+                d("ns/a", LeaseOutcome::Forget), // the same lease again: stale
+                d("ns/b", LeaseOutcome::Forget),
+                d("ns/c", LeaseOutcome::RateLimited),
+                Done { key: "ns/zz".into(), lease_id: "1-1".into(), outcome: LeaseOutcome::Forget },
             ],
         )
         .await
@@ -376,7 +376,7 @@ async fn done_many_in_one_call(s: Store) {
     assert_eq!(ready, vec![Some(None), None, Some(Some(now_ms)), Some(Some(now_ms + 1000)), None]);
     let st = s.stats(Q).await.unwrap();
     assert_eq!((st.ready, st.delayed, st.leased, st.dirty, st.failing), (1, 1, 0, 0, 1));
-    let too_many = vec![d("ns/a", DoneOutcome::Forget); kjob_workqueue::MAX_DONE_BATCH + 1];
+    let too_many = vec![d("ns/a", LeaseOutcome::Forget); kjob_workqueue::MAX_DONE_BATCH + 1];
     assert!(s.done_many(Q, &too_many).await.is_err());
 }
 
@@ -412,9 +412,9 @@ async fn scripts_run(s: &Store) -> u64 {
 async fn observations_applied_in_the_enqueue_script(s: Store) {
     let k = "ns/job";
     s.set_expectations(k, "u1", 2, 1).await.unwrap();
-    let c = |p: &str| Observation::Creation { job_uid: "u1".into(), pod_uid: p.into() };
-    let d = Observation::Deletion { job_uid: "u1".into(), pod_uid: "p9".into() };
-    let other = Observation::Creation { job_uid: "u1".into(), pod_uid: "p3".into() };
+    let c = |p: &str| Observation::new(ObservationKind::Creation, "u1", p);
+    let d = Observation::new(ObservationKind::Deletion, "u1", "p9");
+    let other = Observation::new(ObservationKind::Creation, "u1", "p3");
     // Load the script first (the first EVALSHA of a script runs as NOSCRIPT + EVAL).
     let warm = Enqueue { observe_only: true, ..now("ns/warm").observing(vec![c("px")]) };
     s.add(Q, &[warm]).await.unwrap();
@@ -456,34 +456,32 @@ async fn observations_applied_in_the_enqueue_script(s: Store) {
 
 async fn poison_item_goes_through_the_rate_limiter(s: Store) {
     // Poison after 2 expiries; limiter base 300 ms (config below).
-    let short = Duration::from_millis(100);
     s.add(Q, &[now("ns/p")]).await.unwrap();
-    s.lease(Q, "w1", 1, short).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A lease of ns/p by `worker` that expires: what the sweep did, and the key's state after.
+    let s = &s;
+    let expire = |worker: &'static str| async move {
+        s.lease(Q, worker, 1, Duration::from_millis(100)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = s.sweep(Q).await.unwrap();
+        let v = s.inspect(Q, &["ns/p".into()]).await.unwrap().remove(0);
+        ((r.reaped, r.poisoned), (v.state, v.expiries, v.requeues))
+    };
     // First expiry: a crash or a pause, requeued at once.
-    let r = s.sweep(Q).await.unwrap();
-    assert_eq!((r.reaped, r.poisoned), (1, 0));
-    let v = &s.inspect(Q, &["ns/p".into()]).await.unwrap()[0];
-    assert_eq!((v.state, v.expiries, v.requeues), (KeyState::Ready, 1, 0));
+    assert_eq!(expire("w1").await, ((1, 0), (KeyState::Ready, 1, 0)));
     assert_eq!(s.stats(Q).await.unwrap().failing, 0, "expiries are not failures");
-    s.lease(Q, "w2", 1, short).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // Second expiry in a row: poison, so it waits out the rate limiter and counts a failure.
-    let r = s.sweep(Q).await.unwrap();
-    assert_eq!((r.reaped, r.poisoned), (1, 1));
-    let v = &s.inspect(Q, &["ns/p".into()]).await.unwrap()[0];
-    assert_eq!((v.state, v.expiries, v.requeues), (KeyState::Delayed, 2, 1));
+    assert_eq!(expire("w2").await, ((1, 1), (KeyState::Delayed, 2, 1)));
     assert!(s.lease(Q, "w3", 1, LEASE).await.unwrap().items.is_empty());
-    let l = lease_within(&s, "w3", Duration::from_secs(5)).await.remove(0);
+    let l = lease_within(s, "w3", Duration::from_secs(5)).await.remove(0);
     assert_eq!(l.requeues, 1);
     // A Done ends the run of expiries and (Forget) the failures.
-    s.done(Q, "ns/p", &l.lease_id, DoneOutcome::Forget).await.unwrap().unwrap();
+    s.done(Q, "ns/p", &l.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
     let v = &s.inspect(Q, &["ns/p".into()]).await.unwrap()[0];
     assert_eq!((v.state, v.expiries, v.requeues), (KeyState::Absent, 0, 0));
     assert_eq!(s.stats(Q).await.unwrap().failing, 0);
     // After the Done the count starts again: one expiry is not poison.
     s.add(Q, &[now("ns/p")]).await.unwrap();
-    s.lease(Q, "w4", 1, short).await.unwrap();
+    s.lease(Q, "w4", 1, Duration::from_millis(100)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let b = s.lease(Q, "w5", 1, LEASE).await.unwrap();
     assert_eq!((b.reaped, b.poisoned, b.items.len()), (1, 0, 1));
@@ -636,7 +634,7 @@ async fn view_write_and_observation_in_one_script(s: Store) {
     let v = s.get_job_view(k, &[]).await.unwrap().unwrap();
     assert!(!v.expectations.satisfied, "the view brings its Job's expectations");
     assert_eq!((v.uid.as_str(), v.expectations.record.as_ref().map(|r| r.add)), ("u", Some(1)));
-    let obs = Observation::Creation { job_uid: "u".into(), pod_uid: "pu".into() };
+    let obs = Observation::new(ObservationKind::Creation, "u", "pu");
     let r = s
         .add(Q, &[Enqueue::now(k).observing(vec![obs]).writing_view("s", vec![pod_op("p", "x")])])
         .await

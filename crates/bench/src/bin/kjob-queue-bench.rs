@@ -312,12 +312,10 @@ mod bench {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let shutdown = kjob_svc::Shutdown::new();
-            let config = kjob_queue::Config {
-                redis_url: redis_url.to_string(),
-                admin_listener: None,
-                store: Default::default(),
-            };
-            let task = tokio::spawn(kjob_queue::run(listener, config, shutdown.clone()));
+            let config =
+                kjob_queue::Config { redis_url: redis_url.to_string(), store: Default::default() };
+            let listeners = kjob_queue::Listeners::grpc(listener);
+            let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
             let client = QueueClient::connect_lazy(&url)?;
             client.stats("job").await?; // waits (with retries) until the server is up
             Ok(Self { client, shutdown, task })

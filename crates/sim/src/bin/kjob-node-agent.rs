@@ -63,12 +63,13 @@ struct Args {
     /// Path to a kubeconfig; unset = KUBECONFIG, then ~/.kube/config.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    #[command(flatten)]
-    log: kjob_svc::LogArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    kjob_svc::main(run)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let Args {
         nodes,
         node_prefix,
@@ -80,9 +81,7 @@ async fn main() -> anyhow::Result<()> {
         pod_start_delay,
         crash_loop_backoff,
         kubeconfig,
-        log,
-    } = Args::parse();
-    kjob_svc::init_logging(&log)?;
+    } = args;
     let client = kjob_svc::KubeClientArgs { kubeconfig, kube_timeout_seconds: 30 }.client().await?;
     let names: Vec<String> = (0..nodes).map(|i| format!("{node_prefix}-{i}")).collect();
     for name in &names {

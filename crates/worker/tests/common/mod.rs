@@ -100,6 +100,17 @@ impl WorkerHandle {
         Self::start_on(sim.kubeconfig_path(), queue_url, id, lease, shutdown_grace)
     }
 
+    /// Starts `kjob_worker::run` on `server` (as the worker's ServiceAccount) and `queue`.
+    pub fn on(
+        server: &kjob_testkit::server::TestServer,
+        queue: &QueueService,
+        id: &str,
+        lease: Duration,
+        shutdown_grace: Duration,
+    ) -> WorkerHandle {
+        Self::start_on(&server.worker_kubeconfig(), &queue.url, id, lease, shutdown_grace)
+    }
+
     /// Starts `kjob_worker::run` on any API server (`kubeconfig`) and the queue.
     pub fn start_on(
         kubeconfig: &std::path::Path,
@@ -108,8 +119,7 @@ impl WorkerHandle {
         lease: Duration,
         shutdown_grace: Duration,
     ) -> WorkerHandle {
-        let admin_port = free_port();
-        let args = kjob_worker::Args {
+        let config = kjob_worker::WorkerConfig {
             queue_url: queue_url.to_string(),
             concurrency: 4,
             lease_duration: lease,
@@ -119,19 +129,18 @@ impl WorkerHandle {
             manage_all_jobs: false,
             shutdown_grace,
             worker_id: Some(id.to_string()),
-            log: kjob_svc::LogArgs {
-                log_format: kjob_svc::LogFormat::Plain,
-                log_level: "info".into(),
-            },
-            admin: kjob_svc::AdminArgs { admin_listen: ([127, 0, 0, 1], admin_port).into() },
             kube: kjob_svc::KubeClientArgs {
                 kubeconfig: Some(kubeconfig.to_path_buf()),
                 kube_timeout_seconds: 10,
             },
         };
-        let (_, config) = args.into_config();
+        let admin = std::net::TcpListener::bind("127.0.0.1:0").expect("admin port");
+        admin.set_nonblocking(true).unwrap();
+        let admin_port = admin.local_addr().unwrap().port();
+        let admin = tokio::net::TcpListener::from_std(admin).unwrap();
+        let listeners = kjob_worker::Listeners { admin: Some(admin) };
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(kjob_worker::run(config, shutdown.clone()));
+        let task = tokio::spawn(kjob_worker::run(listeners, config, shutdown.clone()));
         WorkerHandle { shutdown, task, admin_port }
     }
 
