@@ -143,12 +143,7 @@ impl PodTracker {
 }
 
 /// The Job's terminal condition (type, reason), once it has one.
-pub fn terminal(job: &Job) -> Option<(String, String)> {
-    job.status.as_ref()?.conditions.as_ref()?.iter().find_map(|c| {
-        ((c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-            .then(|| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
-    })
-}
+pub use kjob_chaos::plan::terminal;
 
 /// Lists every object, retrying transient failures until `API_TIMEOUT` runs out.
 pub async fn list_all<K>(api: &Api<K>) -> Vec<K>
@@ -247,32 +242,10 @@ pub fn check_jobs(
             exp.min_pods = completions + ignored as i32;
             exp.max_pods = exp.min_pods;
         }
+        let mut wrong = exp.mismatches(job, npods);
         let s = job.status.clone().unwrap_or_default();
-        let (succeeded, failed) = (s.succeeded.unwrap_or(0), s.failed.unwrap_or(0));
-        let want_succeeded = exp.succeeded.unwrap_or(npods);
-        let mut wrong = Vec::new();
-        match terminal(job) {
-            None => wrong.push("not finished".to_string()),
-            Some((c, r)) if c != exp.condition || r != exp.reason => {
-                wrong.push(format!("ended {c}/{r}, expected {}/{}", exp.condition, exp.reason))
-            }
-            Some(_) => {}
-        }
-        if (succeeded, failed) != (want_succeeded, exp.failed) {
-            wrong.push(format!(
-                "succeeded/failed {succeeded}/{failed}, expected {want_succeeded}/{}",
-                exp.failed
-            ));
-        }
         if s.active.unwrap_or(0) != 0 || s.ready.unwrap_or(0) != 0 {
             wrong.push(format!("active {:?} ready {:?} after finishing", s.active, s.ready));
-        }
-        if let Some(u) = &s.uncounted_terminated_pods {
-            let n =
-                u.succeeded.as_ref().map_or(0, Vec::len) + u.failed.as_ref().map_or(0, Vec::len);
-            if n > 0 {
-                wrong.push(format!("{n} uncounted terminated pods left"));
-            }
         }
         if npods < exp.min_pods || npods > exp.max_pods {
             wrong.push(format!(
