@@ -44,6 +44,9 @@ const TICK: Duration = Duration::from_millis(100);
 const CLIENT_QPS: u32 = 500;
 /// kjob's workers for the run (the setting: one watcher, two workers).
 const KJOB_WORKERS: usize = 2;
+/// The scheduler of users' pods, which nobody runs: they stay Pending (unbound), so whether
+/// the garbage collector deletes one before or after a kubelet would run it never shows.
+const USER_POD_SCHEDULER: &str = "kjob-diff-nobody";
 /// Name of a case's ResourceQuota.
 const QUOTA_NAME: &str = "quota";
 /// How long a new namespace may take to get its `default` ServiceAccount (and a quota its
@@ -338,7 +341,7 @@ impl Bench {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": p.name, "labels": {"app": "user"},
                     "finalizers": [kjob_core::JOB_TRACKING_FINALIZER]},
-                "spec": {"restartPolicy": "Never",
+                "spec": {"restartPolicy": "Never", "schedulerName": USER_POD_SCHEDULER,
                     "containers": [{"name": "main", "image": "busybox"}]}
             });
             if !owner.is_null() {
