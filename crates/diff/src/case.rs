@@ -32,6 +32,13 @@ pub struct Case {
     /// Compare at this time after creation if the Job is not terminal before.
     #[serde(default = "default_horizon")]
     pub horizon_s: u64,
+    /// A ResourceQuota's `spec.hard` for the namespace, in force before the Job is created.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub quota: Value,
+    /// The API server refuses the case's Job or one of its patches: the refusals are compared
+    /// instead of ending the run (never set on generated cases, whose Jobs must be valid).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 fn default_horizon() -> u64 {
@@ -73,6 +80,10 @@ pub struct Fate {
     /// Once deleted (by anyone), it takes this long to terminate (0: at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_ms: Option<u64>,
+    /// A user edits its labels this long after it started running, so that the Job's selector
+    /// no longer matches (`batch.kubernetes.io/controller-uid` set to `released`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relabel_after_ms: Option<u64>,
 }
 
 fn is_created(s: &Since) -> bool {
@@ -92,6 +103,7 @@ impl Default for Fate {
             evict_after_ms: None,
             delete_after_ms: None,
             termination_ms: None,
+            relabel_after_ms: None,
         }
     }
 }
@@ -109,8 +121,9 @@ pub enum Since {
     FirstPodRunning,
 }
 
-/// A user's change to the Job at a fixed time: a merge patch, a deletion, or both.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// A user's change at a fixed time: a merge patch of the Job, its deletion, its creation
+/// again, a pod of the user's own.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct UserAction {
     /// Time after `since`.
     pub after_ms: u64,
@@ -123,6 +136,27 @@ pub struct UserAction {
     /// Delete the Job with this propagation policy (`Foreground`, `Background`, `Orphan`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete: Option<String>,
+    /// Create the Job again, from the case's spec, once the one before is gone (due only then).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub create: bool,
+    /// Create this pod, with the tracking finalizer (as if a Job controller had made it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<UserPod>,
+}
+
+/// A pod a user creates beside the Job's: a `main` container, label `app: user`, the tracking
+/// finalizer, the owner named here (none, another object, or the case's Job), and a scheduler
+/// nobody runs (it stays Pending).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct UserPod {
+    /// Its name (fixed: no random suffix).
+    pub name: String,
+    /// Its controller reference (`controller: true` is added); none when null.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub owner: Value,
+    /// Its controller is the case's Job (by its uid at that moment).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owned_by_job: bool,
 }
 
 /// Where a pod stands among the Job's pods, independent of the controller that made it.
@@ -202,9 +236,22 @@ const ACTION_AT_MS: u64 = 2300;
 /// truncated to the second: it fires 6 to 7 s after the Job started) comes seconds after
 /// three waves of short pods and seconds before a failed pod's replacement (10 s back-off).
 const ACTIVE_DEADLINE_S: u64 = 7;
-/// When a generated pod is evicted or deleted, after it started running: between the ends of
-/// 3300 ms and 6300 ms pods.
-const DISRUPT_AFTER_MS: u64 = 4800;
+/// When a generated pod is evicted or deleted, after it started running, in order of
+/// preference: the first whose decision window has no other aligned pod's end in it (see
+/// [`place_disruption`]). 4.8 s falls between the ends of the first wave's 3300 ms and 6300 ms
+/// pods; 3.5 s between the ends of its 3300 ms pods and those of the pods that replace its
+/// 300 ms successes; 9.2 s after every end but those of 6300 ms pods that replace successes.
+const DISRUPT_AFTER_MS: [u64; 3] = [4800, 3500, 9200];
+/// Both controllers sync a Job one batch period after a pod event (upstream's
+/// `syncJobBatchPeriod`; kjob's watcher has the same handlers), so what a pod's disruption
+/// decides (the Job failed, other pods deleted) is decided up to that long after it.
+const SYNC_BATCH_MS: u64 = 1000;
+/// From a controller's decision to its new pod's container running: the create, the binding,
+/// the kubelet's acceptance and its start delay (100 ms).
+const POD_START_LAG_MS: u64 = 150;
+/// How far a pod's end moves on a loaded machine (pods after the first wave start late by up
+/// to that much): the margin kept on both sides of a decision's window.
+const JITTER_MS: u64 = 200;
 /// How long a slow-to-stop pod takes to terminate once deleted.
 const TERMINATION_MS: u64 = 1000;
 /// The second container of templates with two (so `containerName` picks one of them).
@@ -242,11 +289,11 @@ fn random_fate(rng: &mut StdRng, shape: Shape) -> Fate {
         match rng.random_range(0..20) {
             0 | 1 => {
                 f.run_ms = LONG_RUN_MS;
-                f.evict_after_ms = Some(DISRUPT_AFTER_MS);
+                f.evict_after_ms = Some(DISRUPT_AFTER_MS[0]);
             }
             2 => {
                 f.run_ms = LONG_RUN_MS;
-                f.delete_after_ms = Some(DISRUPT_AFTER_MS);
+                f.delete_after_ms = Some(DISRUPT_AFTER_MS[0]);
             }
             _ => {}
         }
@@ -416,7 +463,8 @@ fn generate_one(seed: u64, i: usize) -> Case {
     let mut actions = Vec::new();
     // Whether the Job ends up with parallelism 0 (it then never finishes by itself).
     let mut stalls = parallelism == 0;
-    let act = |after_ms, since, patch: Value| UserAction { after_ms, since, patch, delete: None };
+    let act =
+        |after_ms, since, patch: Value| UserAction { after_ms, since, patch, ..Default::default() };
     let mid_run = Since::FirstPodRunning;
     match rng.random_range(0..16) {
         0 if !shape.deadline => {
@@ -454,8 +502,8 @@ fn generate_one(seed: u64, i: usize) -> Case {
             actions.push(UserAction {
                 after_ms: ACTION_AT_MS,
                 since: mid_run,
-                patch: Value::Null,
                 delete: Some(policy.into()),
+                ..Default::default()
             });
         }
         _ => {}
@@ -473,7 +521,18 @@ fn generate_one(seed: u64, i: usize) -> Case {
     } else {
         DEFAULT_HORIZON_S
     };
-    Case { name: format!("gen-{seed}-{i}"), spec, fates, actions, horizon_s }
+    let mut case = Case {
+        name: format!("gen-{seed}-{i}"),
+        spec,
+        fates,
+        actions,
+        horizon_s,
+        quota: Value::Null,
+        refused: false,
+    };
+    place_failures(&mut case);
+    place_disruption(&mut case);
+    case
 }
 
 fn fails(f: &Fate) -> bool {
@@ -535,6 +594,173 @@ fn untangle(fates: &mut Fates, indexed: bool, parallelism: usize) {
 /// When a pod's fate ends it, after it started: its disruption, else its exit.
 fn end_of(f: &Fate) -> u64 {
     f.evict_after_ms.or(f.delete_after_ms).unwrap_or(f.run_ms)
+}
+
+/// A pod of a generated case whose start the grid fixes: its slot, and when it starts (ms after
+/// the first pod started), up to `late` ms later.
+#[derive(Debug, Clone, Copy)]
+struct Aligned {
+    slot: Slot,
+    start: u64,
+    late: u64,
+}
+
+impl Aligned {
+    fn end(&self, fates: &Fates) -> u64 {
+        self.start + end_of(&fates.of(self.slot))
+    }
+
+    /// When it may end: from its earliest end to `late` ms after.
+    fn ends(&self, fates: &Fates) -> (u64, u64) {
+        let e = self.end(fates);
+        (e, e + self.late)
+    }
+
+    fn succeeds(&self, fates: &Fates) -> bool {
+        let f = fates.of(self.slot);
+        !fails(&f) && end_of(&f) == f.run_ms
+    }
+}
+
+/// The pods of a generated case whose start the grid fixes: the first wave (at 0); the pods
+/// that replace its successes while completions are left (a pod start after the next sync,
+/// which comes a sync batch after the success at the latest, sooner when one was already due:
+/// seed 1's gen-1-138 started one 0.3 s early); the pods a mid-run action adds (a pod start
+/// after it: a Job spec change is synced at once; a parallelism or elastic increase, a resume). Replacements of failed pods wait 10 s or more of back-off counted from
+/// a finish time the API stores to the second, so they are aligned with nothing and left out.
+fn aligned_pods(c: &Case) -> Vec<Aligned> {
+    let indexed = c.spec["completionMode"] == "Indexed";
+    let completions = c.spec["completions"].as_u64();
+    let parallelism = c.spec["parallelism"].as_u64().unwrap_or(1);
+    let slot = |n: u64, attempt: usize| {
+        if indexed { Slot::Index { index: n as u32, attempt } } else { Slot::Order(n as usize) }
+    };
+    let fates = &c.fates;
+    let wave = parallelism.min(completions.unwrap_or(parallelism));
+    let mut pods: Vec<Aligned> =
+        (0..wave).map(|n| Aligned { slot: slot(n, 0), start: 0, late: 0 }).collect();
+    let mut next = wave;
+    let left = completions.map_or(0, |c| c - wave);
+    let mut successes: Vec<u64> =
+        pods.iter().filter(|p| p.succeeds(fates)).map(|p| p.end(fates)).collect();
+    successes.sort_unstable();
+    for e in successes.into_iter().take(left as usize) {
+        let start = e + POD_START_LAG_MS;
+        pods.push(Aligned { slot: slot(next, 0), start, late: SYNC_BATCH_MS });
+        next += 1;
+    }
+    let mut suspended: Vec<Slot> = Vec::new();
+    for a in c.actions.iter().filter(|a| a.since == Since::FirstPodRunning) {
+        let at = a.after_ms;
+        let start = at + POD_START_LAG_MS;
+        let spec = &a.patch["spec"];
+        let running: Vec<Slot> =
+            pods.iter().filter(|p| p.start <= at && p.end(fates) > at).map(|p| p.slot).collect();
+        if spec["suspend"] == true {
+            suspended = running;
+        } else if spec["suspend"] == false {
+            for s in std::mem::take(&mut suspended) {
+                let slot = match s {
+                    Slot::Index { index, attempt } => Slot::Index { index, attempt: attempt + 1 },
+                    Slot::Order(_) => {
+                        next += 1;
+                        slot(next - 1, 0)
+                    }
+                };
+                pods.push(Aligned { slot, start, late: 0 });
+            }
+        } else if let Some(p) = spec["parallelism"].as_u64() {
+            let done = pods.iter().filter(|q| q.succeeds(fates) && q.end(fates) <= at).count();
+            let c = spec["completions"].as_u64().or(completions);
+            let want = c.map_or(p, |c| p.min(c.saturating_sub(done as u64)));
+            for _ in (running.len() as u64)..want {
+                pods.push(Aligned { slot: slot(next, 0), start, late: 0 });
+                next += 1;
+            }
+        }
+    }
+    pods
+}
+
+/// The listed fate of `slot` (the default fate is never disrupted).
+fn listed_mut(fates: &mut Fates, slot: Slot) -> Option<&mut Fate> {
+    match slot {
+        Slot::Index { index, attempt } => fates.by_index.get_mut(&index)?.get_mut(attempt),
+        Slot::Order(n) => fates.by_order.get_mut(n),
+    }
+}
+
+/// Whether a disruption at `at` (ms after the first pod started) is decided with no other
+/// aligned pod ending meanwhile (`ends`: when each may end, earliest and latest): a pod ending
+/// between the disruption and the sync that acts on it (a sync batch later at most), give or
+/// take the jitter, is counted or deleted as the machine's timing falls.
+fn decided_alone(at: u64, ends: &[(u64, u64)]) -> bool {
+    ends.iter().all(|&(lo, hi)| hi + JITTER_MS <= at || lo >= at + SYNC_BATCH_MS + JITTER_MS)
+}
+
+/// Moves the disruption of an aligned pod to the first time of [`DISRUPT_AFTER_MS`] at which it
+/// is [`decided_alone`], or drops it (the pod then runs its long run) when none is. Seed 1's
+/// gen-1-210 is why: a pod its parallelism increase started ended 60 ms before the sync that
+/// acted on the eviction at 4.8 s (so it was counted) or, on a loaded machine, just after it
+/// (so it was deleted), on either controller.
+fn place_disruption(c: &mut Case) {
+    let pods = aligned_pods(c);
+    for (i, p) in pods.iter().enumerate() {
+        let f = c.fates.of(p.slot);
+        if f.evict_after_ms.is_none() && f.delete_after_ms.is_none() {
+            continue;
+        }
+        let ends = other_ends(&pods, i, &c.fates);
+        // A disrupted pod that may start late is checked at each end of its start's span.
+        let alone = |d: u64| [0, p.late].iter().all(|l| decided_alone(p.start + l + d, &ends));
+        let at = DISRUPT_AFTER_MS.into_iter().find(|&d| alone(d));
+        let Some(f) = listed_mut(&mut c.fates, p.slot) else { continue };
+        let set = |x: &mut Option<u64>| {
+            if x.is_some() {
+                *x = at;
+            }
+        };
+        set(&mut f.evict_after_ms);
+        set(&mut f.delete_after_ms);
+    }
+}
+
+/// Ends (earliest, latest) of every aligned pod but the `i`-th.
+fn other_ends(pods: &[Aligned], i: usize, fates: &Fates) -> Vec<(u64, u64)> {
+    pods.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, q)| q.ends(fates)).collect()
+}
+
+/// A failing first-wave pod may decide as a disruption does (fail the Job, deleting the pods
+/// still running): one whose failure is not [`decided_alone`] moves to the first run time of
+/// the grid at which it is, or succeeds when there is none. Seed 4242's gen-4242-223 is why:
+/// a 3300 ms failure exceeding `backoffLimit: 0` against the 3300 ms pod replacing a 300 ms
+/// success, which was counted or deleted as the machine's timing fell. Pods under
+/// `restartPolicy: OnFailure` restart instead of ending, so their failures are left alone.
+fn place_failures(c: &mut Case) {
+    if c.spec["template"]["spec"]["restartPolicy"] == "OnFailure" {
+        return;
+    }
+    // Each change may move the replacements of successes: look again, a bounded number of times.
+    for _ in 0..8 {
+        let pods = aligned_pods(c);
+        let tangled = pods.iter().enumerate().find(|(i, p)| {
+            let f = c.fates.of(p.slot);
+            p.start == 0
+                && fails(&f)
+                && end_of(&f) == f.run_ms
+                && !decided_alone(f.run_ms, &other_ends(&pods, *i, &c.fates))
+        });
+        let Some((i, p)) = tangled else { return };
+        let ends = other_ends(&pods, i, &c.fates);
+        let Some(f) = listed_mut(&mut c.fates, p.slot) else { return };
+        match RUN_TIMES_MS.into_iter().find(|&t| decided_alone(t, &ends)) {
+            Some(t) => f.run_ms = t,
+            None => {
+                f.exit_code = 0;
+                f.container_exit_codes.clear();
+            }
+        }
+    }
 }
 
 /// The cases to run: built-ins then `generated` random ones, or only the one named `only`.
@@ -737,6 +963,60 @@ mod tests {
             let disruptions = serde_json::to_string(&c.fates).unwrap().matches("_after_ms").count();
             assert!(disruptions <= 1, "{}", c.name);
         }
+    }
+
+    /// A disruption's decision never meets the end of another pod whose start the grid fixes
+    /// (the first wave, replacements of its successes, pods a mid-run action adds).
+    #[test]
+    fn no_disruption_is_decided_as_an_aligned_pod_ends() {
+        let mut moved = 0;
+        for c in generate(5, 2000) {
+            let pods = aligned_pods(&c);
+            for (i, p) in pods.iter().enumerate() {
+                let f = c.fates.of(p.slot);
+                let Some(d) = f.evict_after_ms.or(f.delete_after_ms) else { continue };
+                moved += usize::from(d != DISRUPT_AFTER_MS[0]);
+                let ends = other_ends(&pods, i, &c.fates);
+                for at in [p.start + d, p.start + p.late + d] {
+                    assert!(decided_alone(at, &ends), "{}: {ends:?} around {at}", c.name);
+                }
+            }
+        }
+        assert!(moved > 0, "no disruption needed moving: the check is not exercised");
+        // Seed 1's gen-1-210: the parallelism increase at 2.3 s starts a 3300 ms pod that ends
+        // 5.75 s after the first pod started, inside the window of an eviction at 4.8 s.
+        let c = &select(1, 0, Some("gen-1-210")).unwrap()[0];
+        assert_eq!(c.fates.by_order[0].evict_after_ms, Some(DISRUPT_AFTER_MS[1]), "{c:?}");
+        let pods = aligned_pods(c);
+        let starts: Vec<u64> = pods.iter().map(|p| p.start).collect();
+        assert_eq!(starts, [0, ACTION_AT_MS + POD_START_LAG_MS, ACTION_AT_MS + POD_START_LAG_MS]);
+        // gen-1-138: the pod replacing a 300 ms success may start up to a sync batch early and
+        // end (3300 ms later) anywhere from 3.75 to 4.75 s, so neither 4.8 nor 3.5 s is clear.
+        let c = &select(1, 0, Some("gen-1-138")).unwrap()[0];
+        assert_eq!(c.fates.by_order[0].delete_after_ms, Some(DISRUPT_AFTER_MS[2]), "{c:?}");
+    }
+
+    /// Neither does a first-wave failure (seed 4242's gen-4242-223 had one at 3.3 s with the
+    /// 3300 ms pod that replaced a 300 ms success ending 3.75 to 4.75 s).
+    #[test]
+    fn no_first_wave_failure_is_decided_as_an_aligned_pod_ends() {
+        for c in generate(5, 2000) {
+            if c.spec["template"]["spec"]["restartPolicy"] == "OnFailure" {
+                continue;
+            }
+            let pods = aligned_pods(&c);
+            for (i, p) in pods.iter().enumerate().filter(|(_, p)| p.start == 0) {
+                let f = c.fates.of(p.slot);
+                if fails(&f) && end_of(&f) == f.run_ms {
+                    let ends = other_ends(&pods, i, &c.fates);
+                    assert!(decided_alone(f.run_ms, &ends), "{}: {ends:?}", c.name);
+                }
+            }
+        }
+        let c = &select(4242, 0, Some("gen-4242-223")).unwrap()[0];
+        let pods = aligned_pods(c);
+        let f = c.fates.of(pods[0].slot);
+        assert!(!fails(&f) || decided_alone(f.run_ms, &other_ends(&pods, 0, &c.fates)), "{c:?}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_sim::kubelet::KubeletConfig;
 use kjob_sim::kubelet::stages::{self, Action, Memo};
-use kube::api::{Api, DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -116,13 +116,13 @@ fn name_of(p: &Value) -> String {
     p.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string()
 }
 
-/// The pod's slot among its Job's pods; `seen` counts pods per (job, index) so far.
-fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Slot {
+/// The pod's slot among its Job's pods; `seen` counts pods per (job, index) so far. A pod
+/// of no Job (a user's own) has none: it gets the default fate.
+fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Option<Slot> {
     let job = pod
         .pointer("/metadata/labels")
         .and_then(|l| l.get(JOB_NAME_LABEL))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+        .and_then(Value::as_str)?
         .to_string();
     let index = pod
         .pointer("/metadata/annotations")
@@ -132,10 +132,10 @@ fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Slot {
     let n = seen.entry((job, index)).or_default();
     let this = *n;
     *n += 1;
-    match index {
+    Some(match index {
         Some(index) => Slot::Index { index, attempt: this },
         None => Slot::Order(this),
-    }
+    })
 }
 
 async fn run(
@@ -178,7 +178,7 @@ async fn run(
             let _ = tx.send(if deleted { None } else { Some(pod) });
             continue;
         }
-        let fate = fates.of(slot(&pod, &mut seen));
+        let fate = slot(&pod, &mut seen).map_or_else(|| fates.default.clone(), |s| fates.of(s));
         recs.push(PodRecord {
             first: pod.clone(),
             last: pod.clone(),
@@ -215,7 +215,12 @@ async fn run(
 enum Disruption {
     Evict,
     Delete,
+    /// Its labels edited so its Job's selector no longer matches.
+    Relabel,
 }
+
+/// What a relabelling user sets the label of the Job's selector to.
+const RELABELLED: &str = "released";
 
 struct Player {
     api: Api<Pod>,
@@ -269,9 +274,11 @@ impl Player {
                 && phase == "Running"
                 && let Some(started) = memo.started_at
             {
-                let d = match (self.fate.evict_after_ms, self.fate.delete_after_ms) {
-                    (Some(ms), _) => Some((add(started, ms), Disruption::Evict)),
-                    (None, Some(ms)) => Some((add(started, ms), Disruption::Delete)),
+                let f = &self.fate;
+                let d = match (f.evict_after_ms, f.delete_after_ms, f.relabel_after_ms) {
+                    (Some(ms), _, _) => Some((add(started, ms), Disruption::Evict)),
+                    (None, Some(ms), _) => Some((add(started, ms), Disruption::Delete)),
+                    (None, None, Some(ms)) => Some((add(started, ms), Disruption::Relabel)),
                     _ => None,
                 };
                 if let Some((t, d)) = d
@@ -315,7 +322,10 @@ impl Player {
                         }
                     } else {
                         disrupted = true;
-                        if let Ok(mut r) = self.records.lock() {
+                        // A relabelled pod is not deleted by the script (its end is its own).
+                        if disruption != Some(Disruption::Relabel)
+                            && let Ok(mut r) = self.records.lock()
+                        {
                             r[self.index].disrupted_by_script = true;
                         }
                     }
@@ -392,6 +402,12 @@ impl Player {
             }
             Disruption::Delete => {
                 self.api.delete(&name, &DeleteParams::default()).await?;
+            }
+            Disruption::Relabel => {
+                let patch =
+                    json!({"metadata": {"labels": {kjob_core::CONTROLLER_UID_LABEL: RELABELLED}}});
+                let _: Pod =
+                    self.api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             }
         }
         Ok(())

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ResourceQuota, ServiceAccount};
 use kjob_testkit::cluster::{
     ClusterInfo, ClusterOptions, ControlPlane, JobController, KJOB_NAMESPACE,
     UPSTREAM_JOB_CONTROLLER_USER,
@@ -44,7 +44,13 @@ const TICK: Duration = Duration::from_millis(100);
 const CLIENT_QPS: u32 = 500;
 /// kjob's workers for the run (the setting: one watcher, two workers).
 const KJOB_WORKERS: usize = 2;
-/// How long a new namespace may take to get its `default` ServiceAccount.
+/// The scheduler of users' pods, which nobody runs: they stay Pending (unbound), so whether
+/// the garbage collector deletes one before or after a kubelet would run it never shows.
+const USER_POD_SCHEDULER: &str = "kjob-diff-nobody";
+/// Name of a case's ResourceQuota.
+const QUOTA_NAME: &str = "quota";
+/// How long a new namespace may take to get its `default` ServiceAccount (and a quota its
+/// usage).
 const NAMESPACE_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A control plane with one Job controller, ready for cases.
@@ -226,10 +232,15 @@ impl Bench {
         let ns = case.namespace();
         self.create_namespace(&ns).await?;
         let kubelet = ScriptedKubelet::start(self.client.clone(), &ns, case.fates.clone());
+        if !case.quota.is_null() {
+            self.create_quota(&ns, &case.quota).await?;
+        }
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
         let (job_watch, mut job_rx) = watch_job(jobs.clone());
+        let mut refusals = Vec::new();
         let job: Job = serde_json::from_value(case.job())?;
-        jobs.create(&PostParams::default(), &job).await.context("creating the Job")?;
+        let created = jobs.create(&PostParams::default(), &job).await;
+        refused(case, "create job", created, &mut refusals).context("creating the Job")?;
         let started = Instant::now();
         let horizon = Duration::from_secs(case.horizon_s);
         // In the case's order: each waits for the one before it.
@@ -239,29 +250,17 @@ impl Bench {
         loop {
             let elapsed = started.elapsed();
             let first_start = kubelet.first_start();
+            let job_gone = job_rx.borrow().as_ref().is_some_and(Value::is_null);
             let due = |a: &UserAction| {
                 let from = match a.since {
                     Since::Created => Some(started),
                     Since::FirstPodRunning => first_start,
                 };
                 from.is_some_and(|t| t.elapsed() >= Duration::from_millis(a.after_ms))
+                    && (!a.create || job_gone)
             };
             while let Some(a) = actions.next_if(due) {
-                if !a.patch.is_null() {
-                    jobs.patch(JOB_NAME, &PatchParams::default(), &Patch::Merge(&a.patch))
-                        .await
-                        .context("patching the Job")?;
-                }
-                if let Some(p) = &a.delete {
-                    let policy = match p.as_str() {
-                        "Foreground" => PropagationPolicy::Foreground,
-                        "Orphan" => PropagationPolicy::Orphan,
-                        _ => PropagationPolicy::Background,
-                    };
-                    let dp =
-                        DeleteParams { propagation_policy: Some(policy), ..Default::default() };
-                    jobs.delete(JOB_NAME, &dp).await.context("deleting the Job")?;
-                }
+                self.act(case, &a, &jobs, &mut refusals).await?;
             }
             // Not seen yet counts as there (it was created before the watch could tell).
             let Some(now) = job_rx.borrow_and_update().clone() else {
@@ -301,7 +300,102 @@ impl Bench {
             events: Vec::new(),
             writes: BTreeMap::new(),
             milestones: milestones.0,
+            refusals,
         })
+    }
+
+    /// Performs one user action of `case`.
+    async fn act(
+        &self,
+        case: &Case,
+        a: &UserAction,
+        jobs: &Api<Job>,
+        refusals: &mut Vec<Value>,
+    ) -> anyhow::Result<()> {
+        if !a.patch.is_null() {
+            let r = jobs.patch(JOB_NAME, &PatchParams::default(), &Patch::Merge(&a.patch)).await;
+            refused(case, "patch job", r, refusals).context("patching the Job")?;
+        }
+        if let Some(p) = &a.delete {
+            let policy = match p.as_str() {
+                "Foreground" => PropagationPolicy::Foreground,
+                "Orphan" => PropagationPolicy::Orphan,
+                _ => PropagationPolicy::Background,
+            };
+            let dp = DeleteParams { propagation_policy: Some(policy), ..Default::default() };
+            jobs.delete(JOB_NAME, &dp).await.context("deleting the Job")?;
+        }
+        if a.create {
+            let job: Job = serde_json::from_value(case.job())?;
+            jobs.create(&PostParams::default(), &job).await.context("creating the Job again")?;
+        }
+        if let Some(p) = &a.pod {
+            let owner = if p.owned_by_job {
+                let j = jobs.get(JOB_NAME).await.context("reading the Job for its uid")?;
+                json!({"apiVersion": "batch/v1", "kind": "Job", "name": JOB_NAME,
+                    "uid": j.metadata.uid})
+            } else {
+                p.owner.clone()
+            };
+            let mut pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": p.name, "labels": {"app": "user"},
+                    "finalizers": [kjob_core::JOB_TRACKING_FINALIZER]},
+                "spec": {"restartPolicy": "Never", "schedulerName": USER_POD_SCHEDULER,
+                    "containers": [{"name": "main", "image": "busybox"}]}
+            });
+            if !owner.is_null() {
+                let mut o = owner;
+                o["controller"] = json!(true);
+                pod["metadata"]["ownerReferences"] = json!([o]);
+            }
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &case.namespace());
+            let pod: Pod = serde_json::from_value(pod)?;
+            pods.create(&PostParams::default(), &pod).await.context("creating a user's pod")?;
+        }
+        Ok(())
+    }
+
+    /// Creates the case's ResourceQuota and waits until the quota controller has written its
+    /// usage (the quota admission plugin refuses creates only from then on).
+    async fn create_quota(&self, ns: &str, hard: &Value) -> anyhow::Result<()> {
+        let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), ns);
+        let q: ResourceQuota = serde_json::from_value(json!({
+            "metadata": {"name": QUOTA_NAME}, "spec": {"hard": hard}
+        }))?;
+        api.create(&PostParams::default(), &q).await.context("creating the ResourceQuota")?;
+        let t = Instant::now();
+        loop {
+            let q = api.get(QUOTA_NAME).await?;
+            if q.status.and_then(|s| s.used).is_some_and(|u| !u.is_empty()) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                t.elapsed() < NAMESPACE_READY_TIMEOUT,
+                "ResourceQuota of {ns} got no usage within {NAMESPACE_READY_TIMEOUT:?}"
+            );
+            tokio::time::sleep(TICK).await;
+        }
+    }
+}
+
+/// The outcome of one of the case's own requests: an API refusal is recorded (in
+/// `refusals`, as `{request, code, reason, message}`) when the case says its requests are
+/// refused, and an error otherwise (a generated Job the server refuses stops the run).
+fn refused<T>(
+    case: &Case,
+    request: &str,
+    r: Result<T, kube::Error>,
+    refusals: &mut Vec<Value>,
+) -> anyhow::Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if case.refused => {
+            refusals.push(json!({"request": request, "code": e.code, "reason": e.reason,
+                "message": e.message}));
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

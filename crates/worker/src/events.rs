@@ -8,8 +8,8 @@
 //! * **Aggregation** (`EventAggregator`): once 10 events of one object, type and reason that
 //!   differ only by message are seen within 600 s, the rest go to one event whose message is
 //!   `(combined from similar events): <latest message>`, counted as above.
-//! * **Spam filter** (`EventSourceObjectSpamFilter`): 25 events per source and object, then one
-//!   every 5 minutes; the rest are dropped (their occurrences still count).
+//! * **Spam filter** (`EventSourceObjectSpamFilter`): 25 events per source, object and event
+//!   type, then one every 5 minutes; the rest are dropped (their occurrences still count).
 //!
 //! Upstream runs one controller process; kjob runs many workers, so the same repeat may come
 //! from any of them. Event names are therefore not random but derived from the correlation key
@@ -169,8 +169,9 @@ impl SpamFilter {
 }
 
 /// client-go's `getSpamKey`: source component and host, then the involved object's kind,
-/// namespace, name, UID and apiVersion, joined without separator.
-pub fn spam_key(component: &str, host: &str, object: &ObjectReference) -> String {
+/// namespace, name, UID and apiVersion, and the event type, joined without separator (so
+/// Warning events have a bucket of their own: a burst of Normal ones never drops them).
+pub fn spam_key(component: &str, host: &str, object: &ObjectReference, type_: EventType) -> String {
     [
         component,
         host,
@@ -179,6 +180,7 @@ pub fn spam_key(component: &str, host: &str, object: &ObjectReference) -> String
         object.name.as_deref().unwrap_or_default(),
         object.uid.as_deref().unwrap_or_default(),
         object.api_version.as_deref().unwrap_or_default(),
+        type_.as_str(),
     ]
     .concat()
 }
@@ -238,8 +240,7 @@ fn event_key(component: &str, ev: &NewEvent) -> String {
 /// instance is empty, as client-go's recorder sets it (from the empty source host), so that
 /// every worker's events group alike.
 fn aggregate_key(component: &str, reporting: &str, ev: &NewEvent) -> String {
-    [spam_key(component, "", &ev.regarding).as_str(), ev.type_.as_str(), &ev.reason, reporting, ""]
-        .concat()
+    [spam_key(component, "", &ev.regarding, ev.type_).as_str(), &ev.reason, reporting, ""].concat()
 }
 
 /// 64-bit FNV-1a: a hash every worker (and every build) computes alike, unlike std's hasher.
@@ -349,7 +350,7 @@ impl Correlator {
                 o.namespace.as_deref().unwrap_or_default(),
                 o.name.as_deref().unwrap_or_default()
             ),
-            spam_key: spam_key(&self.component, "", o),
+            spam_key: spam_key(&self.component, "", o, ev.type_),
             aggregate_key: aggregate_key(&self.component, &self.reporting, ev),
             event_key: event_key(&self.component, ev),
             message: ev.message.clone(),
@@ -383,7 +384,7 @@ impl Correlator {
             (agg_key, format!("{AGGREGATE_PREFIX}{}", ev.message))
         };
         // Filter (the aggregation record above counts a dropped event too, as client-go's).
-        let spam = spam_key(&self.component, "", &ev.regarding);
+        let spam = spam_key(&self.component, "", &ev.regarding, ev.type_);
         let dropped = !self.spam.allow(&spam, mono);
         Gate { key, message, dropped }
     }
@@ -433,7 +434,9 @@ impl Correlator {
 
 /// The core/v1 Event of a first write (client-go `makeEvent` with `Source`). The reporting
 /// controller is kjob's controller name, which tells kjob's events from the built-in
-/// controller's (both have source `job-controller`, which `kubectl describe` shows).
+/// controller's (both have source `job-controller`, which `kubectl describe` shows). A
+/// combined event has none, as client-go's aggregate copy (`EventAggregate` builds it from the
+/// source alone).
 fn new_event(
     ev: &NewEvent,
     c: &Correlated,
@@ -456,7 +459,11 @@ fn new_event(
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         count: Some(c.occurrences),
-        reporting_component: Some(reporting.to_string()),
+        reporting_component: Some(if c.key == aggregate_key(component, reporting, ev) {
+            String::new()
+        } else {
+            reporting.to_string()
+        }),
         reporting_instance: Some(String::new()),
         ..Default::default()
     }
@@ -816,10 +823,16 @@ mod tests {
             resource_version: Some("7".into()),
             ..Default::default()
         };
-        assert_eq!(spam_key("ctl", "w1", &obj), "ctlw1Jobnspiu1batch/v1");
+        let normal = EventType::Normal;
+        assert_eq!(spam_key("ctl", "w1", &obj, normal), "ctlw1Jobnspiu1batch/v1Normal");
         let mut newer = obj.clone();
         newer.resource_version = Some("8".into());
-        assert_eq!(spam_key("ctl", "w1", &obj), spam_key("ctl", "w1", &newer));
+        assert_eq!(spam_key("ctl", "w1", &obj, normal), spam_key("ctl", "w1", &newer, normal));
+        // Warning events are filtered apart from Normal ones (client-go keys by type too).
+        assert_ne!(
+            spam_key("ctl", "w1", &obj, normal),
+            spam_key("ctl", "w1", &obj, EventType::Warning)
+        );
     }
 
     const CTL: &str = kjob_core::DEFAULT_CONTROLLER_NAME;
@@ -941,7 +954,7 @@ mod tests {
         let e = ev("u1", "FailedCreate", "quota");
         let req = c.gate_request(&e);
         assert_eq!(req.object_key, "ns/pi");
-        assert_eq!(req.spam_key, spam_key(SOURCE_COMPONENT, "", &e.regarding));
+        assert_eq!(req.spam_key, spam_key(SOURCE_COMPONENT, "", &e.regarding, e.type_));
         assert_eq!(req.aggregate_key, aggregate_key(SOURCE_COMPONENT, CTL, &e));
         assert_eq!(req.event_key, event_key(SOURCE_COMPONENT, &e));
         let pass = Gate { key: req.event_key.clone(), message: e.message.clone(), dropped: false };
@@ -959,6 +972,11 @@ mod tests {
         let out = c.observe(&e, &combined).unwrap();
         assert_ne!(out.name, first.name);
         assert_eq!(out.message, "(combined from similar events): quota");
+        // Written with no reporting controller, as client-go's aggregate copy.
+        let v = serde_json::to_value(new_event(&e, &out, SOURCE_COMPONENT, CTL, at(0))).unwrap();
+        assert_eq!(v["reportingComponent"], "");
+        let v = serde_json::to_value(new_event(&e, &first, SOURCE_COMPONENT, CTL, at(0))).unwrap();
+        assert_eq!(v["reportingComponent"], CTL);
     }
 
     #[test]
