@@ -42,7 +42,7 @@ async fn three_workers_run_300_mixed_jobs_exactly_once(server: kjob_testkit::ser
         start_stack_on(&server, &ns, run_dir.path().to_path_buf(), 3, &flags).await;
     let tracker = PodTracker::start(&client, &ns).await;
     let stop_evictor = Arc::new(AtomicBool::new(false));
-    let evictor = spawn_evictor(client.clone(), &ns, stop_evictor.clone());
+    let evictor = spawn_evictor(client.clone(), &ns, &tracker, stop_evictor.clone());
 
     let jobs_api: Api<Job> = Api::namespaced(client.clone(), &ns);
     let shapes: BTreeMap<String, Shape> =
@@ -67,7 +67,7 @@ async fn three_workers_run_300_mixed_jobs_exactly_once(server: kjob_testkit::ser
     let jobs = wait_terminal(&jobs_api, JOBS, CONVERGE_TIMEOUT).await;
     let converged_in = started.elapsed();
     stop_evictor.store(true, Ordering::Relaxed);
-    let evicted = evictor.await.unwrap();
+    let eviction_failures = evictor.await.unwrap();
 
     let pods = settled_pods(&Api::namespaced(client.clone(), &ns), &tracker).await;
     let queue = QueueClient::connect_lazy(&stack.queue_url).unwrap();
@@ -75,9 +75,17 @@ async fn three_workers_run_300_mixed_jobs_exactly_once(server: kjob_testkit::ser
 
     let mut violations = check_jobs(&jobs, &shapes, &tracker);
     let ignore_jobs = shapes.values().filter(|s| matches!(s, Shape::Ignore { .. })).count();
+    let evicted: Vec<String> = tracker
+        .disrupted_jobs()
+        .into_iter()
+        .filter(|j| matches!(shapes.get(j), Some(Shape::Ignore { .. })))
+        .collect();
     if evicted.len() != ignore_jobs {
-        violations
-            .push(format!("evicted pods of {} Ignore Jobs, expected {ignore_jobs}", evicted.len()));
+        violations.push(format!(
+            "evicted pods of {} Ignore Jobs, expected {ignore_jobs}; last eviction failures of the \
+             others: {eviction_failures:?}",
+            evicted.len()
+        ));
     }
     // Most evictions must land while the pod runs, or the Ignore rule went untested.
     let failed = tracker.failed_per_job();

@@ -75,8 +75,19 @@ pub fn addr_of(url: &str) -> SocketAddr {
 /// Every pod UID ever seen by a watch started before the first Job, with its Job's name.
 #[derive(Clone, Default)]
 pub struct PodTracker {
-    /// uid → (Job name, last phase seen).
-    seen: Arc<Mutex<HashMap<String, (String, String)>>>,
+    /// uid → what the watch saw of the pod.
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+}
+
+/// One pod as the tracker's watch saw it.
+#[derive(Clone, Default)]
+struct Seen {
+    job: String,
+    /// The last phase seen.
+    phase: String,
+    /// Whether any version carried `DisruptionTarget=True`: the server's mark of an eviction
+    /// that landed, whether or not its response reached the client.
+    disrupted: bool,
 }
 
 impl PodTracker {
@@ -107,8 +118,16 @@ impl PodTracker {
                 };
                 let Some(uid) = pod.metadata.uid.clone() else { continue };
                 let job = job_name_of(&pod);
-                let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-                out.lock().unwrap().insert(uid, (job, phase));
+                let status = pod.status.as_ref();
+                let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
+                let disrupted = status.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                    cs.iter().any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                });
+                let mut seen = out.lock().unwrap();
+                let entry = seen.entry(uid).or_default();
+                entry.job = job;
+                entry.phase = phase;
+                entry.disrupted |= disrupted;
             }
         });
         // The watch must be established before the first Job, or early pods could be missed.
@@ -119,18 +138,24 @@ impl PodTracker {
     /// Pods ever seen, per Job name.
     pub fn per_job(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
-        for (job, _) in self.seen.lock().unwrap().values() {
-            *out.entry(job.clone()).or_default() += 1;
+        for seen in self.seen.lock().unwrap().values() {
+            *out.entry(seen.job.clone()).or_default() += 1;
         }
         out
+    }
+
+    /// Jobs with a pod that was ever marked `DisruptionTarget=True` (evicted).
+    pub fn disrupted_jobs(&self) -> BTreeSet<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.values().filter(|s| s.disrupted).map(|s| s.job.clone()).collect()
     }
 
     /// Pods whose last seen phase is Failed, per Job name.
     pub fn failed_per_job(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
-        for (job, phase) in self.seen.lock().unwrap().values() {
-            if phase == "Failed" {
-                *out.entry(job.clone()).or_default() += 1;
+        for seen in self.seen.lock().unwrap().values() {
+            if seen.phase == "Failed" {
+                *out.entry(seen.job.clone()).or_default() += 1;
             }
         }
         out
@@ -160,25 +185,38 @@ where
     }
 }
 
-/// Evicts the first running pod of every `ignore` Job once, until `stop` is set. Returns the
-/// Jobs whose pod was evicted.
+/// Evicts the first running pod of every `ignore` Job once, until `stop` is set. A Job counts
+/// as evicted once the tracker saw one of its pods marked `DisruptionTarget` — the server's own
+/// record, so an eviction whose response was lost (a client timeout on a loaded server) is not
+/// sent again to the replacement pod. Returns, per Job never evicted, the last reason an
+/// eviction of its pods failed.
 pub fn spawn_evictor(
     client: kube::Client,
     ns: &str,
+    tracker: &PodTracker,
     stop: Arc<std::sync::atomic::AtomicBool>,
-) -> tokio::task::JoinHandle<BTreeSet<String>> {
+) -> tokio::task::JoinHandle<BTreeMap<String, String>> {
     /// Evictions in flight at once: one at a time, a round of 50 on a loaded real server took
     /// longer than the pods' runs, so pods listed Running had succeeded when their turn came.
     const EVICTIONS_IN_FLIGHT: usize = 16;
     let api: Api<Pod> = Api::namespaced(client, ns);
+    let tracker = tracker.clone();
     tokio::spawn(async move {
-        let mut done: BTreeSet<String> = BTreeSet::new();
+        let mut failures: BTreeMap<String, String> = BTreeMap::new();
         let lp = ListParams::default().labels(&format!("{KIND_LABEL}=ignore"));
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let pods = match tokio::time::timeout(API_TIMEOUT, api.list(&lp)).await {
                 Ok(Ok(l)) => l.items,
-                _ => vec![],
+                Ok(Err(e)) => {
+                    failures.insert("(list)".into(), e.to_string());
+                    vec![]
+                }
+                Err(_) => {
+                    failures.insert("(list)".into(), "timed out".into());
+                    vec![]
+                }
             };
+            let done = tracker.disrupted_jobs();
             // One running pod per Job not yet evicted.
             let mut round: BTreeMap<String, String> = BTreeMap::new();
             for p in pods {
@@ -191,24 +229,33 @@ pub fn spawn_evictor(
             }
             // The Eviction API, as `kubectl drain` uses it: the server adds
             // DisruptionTarget (EvictionByEvictionAPI) and deletes the pod gracefully.
-            let evicted: Vec<String> = futures::stream::iter(round)
+            let outcomes: Vec<(String, Option<String>)> = futures::stream::iter(round)
                 .map(|(job, name)| {
                     let api = api.clone();
                     async move {
                         let params = kube::api::EvictParams::default();
                         let evict = api.evict(&name, &params);
-                        matches!(tokio::time::timeout(API_TIMEOUT, evict).await, Ok(Ok(_)))
-                            .then_some(job)
+                        let error = match tokio::time::timeout(API_TIMEOUT, evict).await {
+                            Ok(Ok(_)) => None,
+                            Ok(Err(e)) => Some(format!("{name}: {e}")),
+                            Err(_) => Some(format!("{name}: timed out")),
+                        };
+                        (job, error)
                     }
                 })
                 .buffer_unordered(EVICTIONS_IN_FLIGHT)
-                .filter_map(std::future::ready)
                 .collect()
                 .await;
-            done.extend(evicted);
+            for (job, error) in outcomes {
+                if let Some(error) = error {
+                    failures.insert(job, error);
+                }
+            }
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
-        done
+        let done = tracker.disrupted_jobs();
+        failures.retain(|job, _| !done.contains(job));
+        failures
     })
 }
 
