@@ -190,6 +190,17 @@ impl SummarizedPods {
         self.pods.is_empty()
     }
 
+    /// Keeps only the pods `keep` accepts (with their summaries), in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Pod) -> bool) {
+        let (pods, summaries) =
+            (std::mem::take(&mut self.pods), std::mem::take(&mut self.summaries));
+        for (pod, summary) in pods.into_iter().zip(summaries) {
+            if keep(&pod) {
+                self.push_summarized(pod, summary);
+            }
+        }
+    }
+
     /// The pods with their summaries, by value.
     pub fn into_parts(self) -> (Vec<Pod>, Vec<PodSummary>) {
         (self.pods, self.summaries)

@@ -150,7 +150,7 @@ impl Worker {
             && exp.age_ms >= self.stale_expectations_after.as_millis() as u64;
         let pods = match view_pods {
             // Stale expectations mean an observation may be lost, so the view may miss a pod.
-            Some((pods, None)) if !stale => pods,
+            Some((pods, None)) if !stale => claimed_view_pods(&job, pods)?,
             Some((_, orphans)) => {
                 let pods = self.pods_for_job(&job).await?;
                 if let Some(seen) = orphans {
@@ -645,6 +645,15 @@ fn job_name(job: &Job) -> &str {
     job.metadata.name.as_deref().unwrap_or_default()
 }
 
+/// The view's pods the Job claims. The view holds every pod the Job controls, matching its
+/// selector or not; one that does not match is the orphan queue's to release, and upstream's
+/// `ClaimPods` never counts it (counted, it would be an active pod too many, and deleted).
+fn claimed_view_pods(job: &Job, mut pods: SummarizedPods) -> Result<SummarizedPods, SyncError> {
+    let selector = job_selector(job)?;
+    pods.retain(|p| claim(job, &selector, p) == Claim::Owned);
+    Ok(pods)
+}
+
 /// The Job's selector, as upstream `metav1.LabelSelectorAsSelector`: an empty selector
 /// (`selector: {}`, possible with `manualSelector: true`) selects every pod of the namespace and
 /// is synced like any other; an invalid one is an error. A missing selector is an error too:
@@ -754,6 +763,29 @@ mod tests {
         assert_eq!(decode_backoff(b"{", "uid-a"), None);
         let legacy = serde_json::to_vec(&record).unwrap();
         assert_eq!(decode_backoff(&legacy, "uid-a"), None);
+    }
+
+    #[test]
+    fn view_pods_that_stopped_matching_are_not_counted() {
+        use kjob_reconcile::testutil::{mk_job, mk_pod};
+        let job = mk_job("pi").build();
+        let matching = mk_pod(&job, "pi-a").build();
+        let mut relabelled = mk_pod(&job, "pi-b").build();
+        relabelled.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
+        let mut others = mk_pod(&job, "pi-c").build();
+        others.metadata.owner_references.as_mut().unwrap()[0].uid = "another-job".into();
+        let mut view = SummarizedPods::with_capacity(3);
+        for p in [matching, relabelled, others] {
+            view.push(p);
+        }
+        let claimed = claimed_view_pods(&job, view).unwrap();
+        let names: Vec<_> = claimed.pods().iter().map(|p| p.metadata.name.clone()).collect();
+        assert_eq!(names, [Some("pi-a".to_string())]);
+        assert_eq!(claimed.summaries().len(), 1);
+        // A Job without a selector is an error, not a Job that owns no pods.
+        let mut bad = job.clone();
+        bad.spec.as_mut().unwrap().selector = None;
+        assert!(claimed_view_pods(&bad, SummarizedPods::with_capacity(0)).is_err());
     }
 
     #[test]
