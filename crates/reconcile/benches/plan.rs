@@ -22,14 +22,19 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
-use kjob_reconcile::testutil::{at, mk_job, mk_pod, sync_input};
-use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods};
+use kjob_reconcile::testutil::{self, JobBuilder, at, busy_indexed_job, mk_pod, start_sync};
+use kjob_reconcile::{PodSummary, Report, Step, SummarizedPods};
 
 /// Pod counts benched side by side.
 const SIZES: [i32; 3] = [1_000, 10_000, 20_000];
 
 /// Builds an Indexed Job with `n` indexes and its pods.
 type Mix = fn(i32) -> (Job, Vec<Pod>);
+
+/// The Indexed Job every mix starts from.
+fn indexed_job(n: i32) -> JobBuilder {
+    busy_indexed_job("bench", n)
+}
 
 /// The pod mixes, by name.
 const MIXES: &[(&str, Mix)] = &[
@@ -40,32 +45,12 @@ const MIXES: &[(&str, Mix)] = &[
     ("duplicated", duplicated),
 ];
 
-fn indexed_job(n: i32) -> kjob_reconcile::testutil::JobBuilder {
-    mk_job("bench")
-        .indexed()
-        .completions(Some(n))
-        .parallelism(n)
-        .backoff_limit(i32::MAX)
-        .start_time(at(0))
-}
-
 /// A busy Job's steady state: 10% succeeded (still tracked), 5% failed, the rest running (half
 /// ready), one pod per index. The sync counts finished pods (500 at most) and recreates the
 /// failed indexes.
 fn steady(n: i32) -> (Job, Vec<Pod>) {
     let job = indexed_job(n).build();
-    let pods = (0..n)
-        .map(|i| {
-            let b = mk_pod(&job, &format!("bench-{i}")).index(i);
-            match i % 20 {
-                0 | 1 => b.succeeded(at(50)),
-                2 => b.failed(1, at(50)),
-                k if k % 2 == 0 => b.ready(at(10)),
-                _ => b,
-            }
-            .build()
-        })
-        .collect();
+    let pods = testutil::steady_pods(&job, "bench", n);
     (job, pods)
 }
 
@@ -148,11 +133,7 @@ fn plan_one_sync(
     summaries: Option<&[PodSummary]>,
     in_flight: &BTreeSet<String>,
 ) -> usize {
-    let input = sync_input(job, pods, at(100), in_flight);
-    let mut sync = match summaries {
-        Some(s) => JobSync::with_summaries(input, s),
-        None => JobSync::new(input),
-    };
+    let mut sync = start_sync(job, pods, at(100), in_flight, summaries);
     let mut steps = 0;
     loop {
         steps += 1;

@@ -205,18 +205,8 @@ pub fn calculate_succeeded_indexes<'a>(
     job: &Job,
     pods: impl IntoIterator<Item = &'a Pod>,
 ) -> (OrderedIntervals, OrderedIntervals) {
-    let completions = completions(job).unwrap_or(0);
-    let prev = OrderedIntervals::parse_opt(
-        job.status.as_ref().and_then(|s| s.completed_indexes.as_deref()),
-        completions,
-    );
-    let new = pods.into_iter().filter_map(|p| {
-        let ix = completion_index(p)?;
-        (crate::util::is_succeeded(p) && ix < completions && has_tracking_finalizer(p))
-            .then_some(ix)
-    });
-    let current = prev.with_indexes(new);
-    (prev, current)
+    let recorded = job.status.as_ref().and_then(|s| s.completed_indexes.as_deref());
+    recorded_and_tracked(job, recorded, pods, crate::util::is_succeeded)
 }
 
 /// `status.failedIndexes` plus the indexes of tracked pods whose failure fails the index
@@ -225,16 +215,26 @@ pub fn calculate_failed_indexes<'a>(
     job: &Job,
     pods: impl IntoIterator<Item = &'a Pod>,
 ) -> OrderedIntervals {
+    let recorded = job.status.as_ref().and_then(|s| s.failed_indexes.as_deref());
+    recorded_and_tracked(job, recorded, pods, |p| is_index_failed(job, p)).1
+}
+
+/// `(previous, current)`: the `recorded` status intervals, and those plus the in-range indexes
+/// of the pods that still carry the tracking finalizer and pass `counts`.
+fn recorded_and_tracked<'a>(
+    job: &Job,
+    recorded: Option<&str>,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    counts: impl Fn(&Pod) -> bool,
+) -> (OrderedIntervals, OrderedIntervals) {
     let completions = completions(job).unwrap_or(0);
-    let prev = OrderedIntervals::parse_opt(
-        job.status.as_ref().and_then(|s| s.failed_indexes.as_deref()),
-        completions,
-    );
+    let prev = OrderedIntervals::parse_opt(recorded, completions);
     let new = pods.into_iter().filter_map(|p| {
         let ix = completion_index(p)?;
-        (ix < completions && has_tracking_finalizer(p) && is_index_failed(job, p)).then_some(ix)
+        (ix < completions && has_tracking_finalizer(p) && counts(p)).then_some(ix)
     });
-    prev.with_indexes(new)
+    let current = prev.with_indexes(new);
+    (prev, current)
 }
 
 /// The pod's failure fails its index: a FailIndex rule matched, or the failure counts and the

@@ -1192,32 +1192,19 @@ impl<'a> JobSync<'a> {
                 ));
             } else if self.manage_called {
                 let conditions = self.status.conditions.get_or_insert_with(Vec::new);
-                if util::is_suspended(job) {
-                    if cond::ensure_status(
-                        conditions,
-                        cond::SUSPENDED,
-                        cond::TRUE,
-                        cond::REASON_JOB_SUSPENDED,
-                        cond::MSG_JOB_SUSPENDED,
-                        now,
-                    ) {
-                        self.suspend_changed = true;
-                        self.outcome.events.push(events::suspended());
-                        // Scheduling directives may change while suspended; the deadline restarts on resume.
-                        self.status.start_time = None;
-                    }
-                } else if cond::ensure_status(
-                    conditions,
-                    cond::SUSPENDED,
-                    cond::FALSE,
-                    cond::REASON_JOB_RESUMED,
-                    cond::MSG_JOB_RESUMED,
-                    now,
-                ) {
+                // Scheduling directives may change while suspended, so the deadline restarts
+                // on resume; activeDeadlineSeconds counts continuous active time.
+                let (status, reason, message, event, start_time) = if util::is_suspended(job) {
+                    let (r, m) = (cond::REASON_JOB_SUSPENDED, cond::MSG_JOB_SUSPENDED);
+                    (cond::TRUE, r, m, events::suspended as fn() -> Event, None)
+                } else {
+                    let (r, m) = (cond::REASON_JOB_RESUMED, cond::MSG_JOB_RESUMED);
+                    (cond::FALSE, r, m, events::resumed as fn() -> Event, Some(Time(now)))
+                };
+                if cond::ensure_status(conditions, cond::SUSPENDED, status, reason, message, now) {
                     self.suspend_changed = true;
-                    self.outcome.events.push(events::resumed());
-                    // activeDeadlineSeconds counts continuous active time.
-                    self.status.start_time = Some(Time(now));
+                    self.outcome.events.push(event());
+                    self.status.start_time = start_time;
                 }
                 if self.status.conditions.as_ref().is_some_and(Vec::is_empty) {
                     self.status.conditions = None;

@@ -17,7 +17,7 @@ use crate::util::{
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::{
-    Job, JobCondition, JobSpec, JobStatus, PodFailurePolicy, PodFailurePolicyRule, SuccessPolicy,
+    Job, JobSpec, JobStatus, PodFailurePolicy, PodFailurePolicyRule, SuccessPolicy,
     SuccessPolicyRule, UncountedTerminatedPods,
 };
 use k8s_openapi::api::core::v1::{
@@ -95,6 +95,34 @@ pub fn mk_job(name: &str) -> JobBuilder {
         status: Some(JobStatus::default()),
     };
     JobBuilder(job)
+}
+
+/// An Indexed Job of `n` indexes that all run at once, with no Job-wide backoff limit, started
+/// at [`t0`]: the busy Job the planner bench and its golden transcripts share.
+pub fn busy_indexed_job(name: &str, n: i32) -> JobBuilder {
+    mk_job(name)
+        .indexed()
+        .completions(Some(n))
+        .parallelism(n)
+        .backoff_limit(i32::MAX)
+        .start_time(at(0))
+}
+
+/// A busy Indexed Job's steady state, one pod per index named `<prefix>-<i>`: 10% succeeded
+/// (still tracked), 5% failed, the rest running (half of them ready).
+pub fn steady_pods(job: &Job, prefix: &str, n: i32) -> Vec<Pod> {
+    (0..n)
+        .map(|i| {
+            let b = mk_pod(job, &format!("{prefix}-{i}")).index(i);
+            match i % 20 {
+                0 | 1 => b.succeeded(at(50)),
+                2 => b.failed(1, at(50)),
+                k if k % 2 == 0 => b.ready(at(10)),
+                _ => b,
+            }
+            .build()
+        })
+        .collect()
 }
 
 /// Chainable Job builder; see [`mk_job`].
@@ -263,14 +291,10 @@ impl JobBuilder {
         message: &str,
         when: Timestamp,
     ) -> Self {
-        self.status_mut().conditions.get_or_insert_with(Vec::new).push(JobCondition {
-            type_: type_.to_string(),
-            status: status.to_string(),
-            reason: Some(reason.to_string()),
-            message: Some(message.to_string()),
-            last_probe_time: Some(Time(when)),
-            last_transition_time: Some(Time(when)),
-        });
+        self.status_mut()
+            .conditions
+            .get_or_insert_with(Vec::new)
+            .push(crate::conditions::new_condition(type_, status, reason, message, when));
         self
     }
 
@@ -592,6 +616,22 @@ pub fn sync_input<'a>(
         backoff: None,
         controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
         manage_all: true,
+    }
+}
+
+/// A sync of [`sync_input`] at `now` that plans from `summaries` when given (the worker's way,
+/// [`crate::JobSync::with_summaries`]), else from the Pods alone.
+pub fn start_sync<'a>(
+    job: &'a Job,
+    pods: &'a [Pod],
+    now: Timestamp,
+    finalizer_removals_in_flight: &'a BTreeSet<String>,
+    summaries: Option<&'a [crate::PodSummary]>,
+) -> crate::JobSync<'a> {
+    let input = sync_input(job, pods, now, finalizer_removals_in_flight);
+    match summaries {
+        Some(s) => crate::JobSync::with_summaries(input, s),
+        None => crate::JobSync::new(input),
     }
 }
 

@@ -12,8 +12,10 @@ use std::fmt::Write as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
-use kjob_reconcile::testutil::{at, exit_code_rule, mk_job, mk_pod, sync_input};
-use kjob_reconcile::{JobSync, PodSummary, Report, Step, SummarizedPods};
+use kjob_reconcile::testutil::{
+    at, busy_indexed_job, exit_code_rule, mk_job, mk_pod, start_sync, steady_pods,
+};
+use kjob_reconcile::{PodSummary, Report, Step, SummarizedPods};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/plan_transcripts.txt");
 
@@ -67,24 +69,9 @@ fn random_pod(job: &Job, rng: &mut Rng, name: &str, completions: i32) -> Pod {
 /// index trouble, under the spec variants that change pod choice.
 fn worlds() -> Vec<(String, Job, Vec<Pod>, BTreeSet<String>)> {
     let mut out = Vec::new();
-    let indexed = |name: &str, n: i32| {
-        mk_job(name).indexed().completions(Some(n)).parallelism(n).backoff_limit(i32::MAX)
-    };
-
     // The bench's steady state: 10% succeeded, 5% failed, the rest running (half ready).
-    let job = indexed("steady", 300).start_time(at(0)).build();
-    let pods = (0..300)
-        .map(|i| {
-            let b = mk_pod(&job, &format!("steady-{i}")).index(i);
-            match i % 20 {
-                0 | 1 => b.succeeded(at(50)),
-                2 => b.failed(1, at(50)),
-                k if k % 2 == 0 => b.ready(at(10)),
-                _ => b,
-            }
-            .build()
-        })
-        .collect();
+    let job = busy_indexed_job("steady", 300).build();
+    let pods = steady_pods(&job, "steady", 300);
     out.push(("steady".to_string(), job, pods, BTreeSet::new()));
 
     // All active, parallelism lowered: a scale-down picks victims by deletion order.
@@ -107,7 +94,7 @@ fn worlds() -> Vec<(String, Job, Vec<Pod>, BTreeSet<String>)> {
     out.push(("scale-down".to_string(), job, pods, BTreeSet::new()));
 
     // Half succeeded with finalizers on top of already completed indexes.
-    let job = indexed("half", 400).completed_indexes("0-9,50,52,54").start_time(at(0)).build();
+    let job = busy_indexed_job("half", 400).completed_indexes("0-9,50,52,54").build();
     let pods = (0..400)
         .map(|i| {
             let b = mk_pod(&job, &format!("half-{i}")).index(i);
@@ -118,14 +105,13 @@ fn worlds() -> Vec<(String, Job, Vec<Pod>, BTreeSet<String>)> {
 
     // Many failed under backoffLimitPerIndex with a FailIndex rule and Ignore rule; some
     // finalizer removals in flight.
-    let job = indexed("perindex", 150)
+    let job = busy_indexed_job("perindex", 150)
         .backoff_limit_per_index(2)
         .max_failed_indexes(140)
         .pod_failure_policy(vec![
             exit_code_rule("FailIndex", None, "In", &[3]),
             exit_code_rule("Ignore", None, "In", &[2]),
         ])
-        .start_time(at(0))
         .build();
     let mut rng = Rng(11);
     let pods: Vec<Pod> = (0..260)
@@ -176,7 +162,7 @@ fn worlds() -> Vec<(String, Job, Vec<Pod>, BTreeSet<String>)> {
     for (seed, per_index) in [(21u64, true), (22, false)] {
         let mut rng = Rng(seed);
         let n = 180;
-        let mut b = indexed(&format!("re{seed}"), n).start_time(at(0));
+        let mut b = busy_indexed_job(&format!("re{seed}"), n);
         b = if per_index {
             b.backoff_limit_per_index(3).max_failed_indexes(n)
         } else {
@@ -219,7 +205,7 @@ fn worlds() -> Vec<(String, Job, Vec<Pod>, BTreeSet<String>)> {
 }
 
 /// Runs one sync with every call succeeding and writes each step as a line. With `summaries`
-/// the sync starts from them ([`JobSync::with_summaries`]), else from the pods alone.
+/// the sync starts from them ([`kjob_reconcile::JobSync::with_summaries`]), else from the pods alone.
 fn transcript(
     name: &str,
     job: &Job,
@@ -228,11 +214,7 @@ fn transcript(
     in_flight: &BTreeSet<String>,
 ) -> String {
     let mut t = format!("== {name}\n");
-    let input = sync_input(job, pods, at(100), in_flight);
-    let mut sync = match summaries {
-        Some(s) => JobSync::with_summaries(input, s),
-        None => JobSync::new(input),
-    };
+    let mut sync = start_sync(job, pods, at(100), in_flight, summaries);
     let mut created = 0;
     loop {
         let report = match sync.next_step() {

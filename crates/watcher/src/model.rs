@@ -318,38 +318,24 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::batch::v1::{JobCondition, JobSpec, JobStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kjob_reconcile::testutil::{mk_job, mk_pod, t0};
 
     #[test]
     fn job_info_extracts_fields() {
-        let job = Job {
-            metadata: ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some("j".into()),
-                uid: Some("u1".into()),
-                resource_version: Some("7".into()),
-                generation: Some(2),
-                ..Default::default()
-            },
-            spec: Some(JobSpec {
-                managed_by: Some("kjob.io/job-controller".into()),
-                active_deadline_seconds: Some(30),
-                selector: Some(Default::default()),
-                ..Default::default()
-            }),
-            status: Some(JobStatus {
-                start_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
-                conditions: Some(vec![JobCondition {
-                    type_: "Failed".into(),
-                    status: "True".into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        };
+        let job = mk_job("j")
+            .managed_by("kjob.io/job-controller")
+            .active_deadline_seconds(30)
+            .start_time(t0())
+            .condition("Failed", "True", "BackoffLimitExceeded", "", t0())
+            .with(|j| {
+                j.metadata.generation = Some(2);
+                // `selector: {}` selects every pod.
+                j.spec.as_mut().unwrap().selector = Some(Default::default());
+            })
+            .build();
         let info = JobInfo::from_job(&job);
-        assert_eq!(info.key(), "ns/j");
+        assert_eq!(info.key(), "default/j");
         assert_eq!(info.generation, 2);
         assert_eq!(info.active_deadline_seconds, Some(30));
         assert!(info.finished);
@@ -359,38 +345,24 @@ mod tests {
 
     #[test]
     fn pod_info_extracts_fields_and_store_indexes_by_controller() {
-        let mut pod = Pod {
-            metadata: ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some("p".into()),
-                uid: Some("pu".into()),
-                labels: Some(BTreeMap::from([("a".to_string(), "b".to_string())])),
-                finalizers: Some(vec![JOB_TRACKING_FINALIZER.into()]),
-                owner_references: Some(vec![
-                    OwnerReference {
-                        api_version: "v1".into(),
-                        kind: "ConfigMap".into(),
-                        name: "c".into(),
-                        uid: "cu".into(),
-                        ..Default::default()
-                    },
-                    OwnerReference {
-                        api_version: "batch/v1".into(),
-                        kind: "Job".into(),
-                        name: "j".into(),
-                        uid: "u1".into(),
-                        controller: Some(true),
-                        ..Default::default()
-                    },
-                ]),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let mut pod = mk_pod(&mk_job("j").build(), "p")
+            .with(|p| {
+                p.metadata.labels = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
+                // A plain owner before the controller: the controller is the one marked so.
+                let not_controller = OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    name: "c".into(),
+                    uid: "cu".into(),
+                    ..Default::default()
+                };
+                p.metadata.owner_references.as_mut().unwrap().insert(0, not_controller);
+            })
+            .build();
         let info = PodInfo::from_pod(&pod);
         assert!(info.has_tracking_finalizer);
         assert!(!info.deleting);
-        assert_eq!(info.controller.as_ref().unwrap().uid, "u1");
+        assert_eq!(info.controller.as_ref().unwrap().uid, "uid-j");
         assert_eq!(info.labels.len(), 1, "handlers see an owned pod's labels");
         let mut orphan = pod.clone();
         orphan.metadata.owner_references = None;
@@ -398,17 +370,24 @@ mod tests {
 
         let mut store = Store::new();
         assert!(store.upsert_pod(info).is_none());
-        assert!(store.pod("ns/p").unwrap().labels.is_empty(), "the cache drops owned pods' labels");
+        assert!(
+            store.pod("default/p").unwrap().labels.is_empty(),
+            "the cache drops owned pods' labels"
+        );
         store.upsert_pod(PodInfo::from_pod(&orphan));
-        assert_eq!(store.pod("ns/p").unwrap().labels.len(), 1, "the cache keeps orphans' labels");
+        assert_eq!(
+            store.pod("default/p").unwrap().labels.len(),
+            1,
+            "the cache keeps orphans' labels"
+        );
         store.upsert_pod(PodInfo::from_pod(&pod));
-        assert_eq!(store.pods_controlled_by("u1").count(), 1);
+        assert_eq!(store.pods_controlled_by("uid-j").count(), 1);
         // Re-parented: the old index entry goes away.
         pod.metadata.owner_references.as_mut().unwrap()[1].uid = "u2".into();
         store.upsert_pod(PodInfo::from_pod(&pod));
-        assert_eq!(store.pods_controlled_by("u1").count(), 0);
+        assert_eq!(store.pods_controlled_by("uid-j").count(), 0);
         assert_eq!(store.pods_controlled_by("u2").count(), 1);
-        assert!(store.remove_pod("ns/p").is_some());
+        assert!(store.remove_pod("default/p").is_some());
         assert_eq!(store.pods_controlled_by("u2").count(), 0);
         assert_eq!(store.pod_count(), 0);
     }

@@ -351,8 +351,8 @@ pub fn orphan_notices<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use kjob_reconcile::testutil::{mk_job, mk_pod};
 
     #[test]
     fn a_watched_pod_is_the_trimmed_pod() {
@@ -372,40 +372,22 @@ mod tests {
     }
 
     fn sample_pod() -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some("p".into()),
-                annotations: Some([("a".to_string(), "1".to_string())].into()),
-                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some("n1".into()),
-                containers: vec![Container {
-                    name: "c".into(),
-                    image: Some("busybox".into()),
-                    command: Some(vec!["sleep".into(), "1".into()]),
-                    ..Default::default()
-                }],
-                init_containers: Some(vec![Container {
+        mk_pod(&mk_job("j").build(), "p")
+            .annotation("a", "1")
+            .restarts(2)
+            .with(|p| {
+                p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+                let spec = p.spec.as_mut().unwrap();
+                spec.containers[0].command = Some(vec!["sleep".into(), "1".into()]);
+                spec.init_containers = Some(vec![Container {
                     name: "side".into(),
                     image: Some("envoy".into()),
                     restart_policy: Some("Always".into()),
                     ..Default::default()
-                }]),
-                service_account_name: Some("default".into()),
-                ..Default::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                container_statuses: Some(vec![ContainerStatus {
-                    name: "c".into(),
-                    restart_count: 2,
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        }
+                }]);
+                spec.service_account_name = Some("default".into());
+            })
+            .build()
     }
 
     #[test]
@@ -416,7 +398,7 @@ mod tests {
         assert_eq!(back.metadata.annotations, pod.metadata.annotations);
         assert_eq!(back.status, pod.status);
         let spec = back.spec.unwrap();
-        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.node_name.as_deref(), Some("node-1"));
         assert!(spec.containers.is_empty());
         assert_eq!(spec.service_account_name, None);
         let ics = spec.init_containers.unwrap();

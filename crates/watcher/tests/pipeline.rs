@@ -48,6 +48,14 @@ impl Stack {
     }
 }
 
+/// A stack with an in-process watcher leading it, and a client of its kjob-sim.
+async fn watched_stack() -> (Stack, kube::Client, InProcWatcher) {
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let w = InProcWatcher::start(&stack).await;
+    (stack, client, w)
+}
+
 fn queue_url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
@@ -250,9 +258,7 @@ async fn settle(stack: &Stack, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_creation_is_observed_once_and_enqueued_within_the_batch_window() {
-    let stack = Stack::start().await;
-    let client = stack.sim.client();
-    let w = InProcWatcher::start(&stack).await;
+    let (stack, client, w) = watched_stack().await;
     let job = create_job(&client, "j1").await;
     settle(&stack, "j1").await;
 
@@ -277,9 +283,7 @@ async fn a_pod_creation_is_observed_once_and_enqueued_within_the_batch_window() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_pod_updates_makes_one_queue_entry() {
-    let stack = Stack::start().await;
-    let client = stack.sim.client();
-    let w = InProcWatcher::start(&stack).await;
+    let (stack, client, w) = watched_stack().await;
     let job = create_job(&client, "burst").await;
     create_pod(&client, "burst-a", &job, true).await;
     settle(&stack, "burst").await;
@@ -310,9 +314,7 @@ async fn a_burst_of_pod_updates_makes_one_queue_entry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_watch_relists_and_synthesizes_deletes() {
-    let stack = Stack::start().await;
-    let client = stack.sim.client();
-    let w = InProcWatcher::start(&stack).await;
+    let (stack, client, w) = watched_stack().await;
     let job = create_job(&client, "cut").await;
     create_pod(&client, "cut-a", &job, false).await;
     w.wait_metric(
@@ -358,9 +360,7 @@ async fn a_cut_watch_relists_and_synthesizes_deletes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_lost_while_the_queue_is_down() {
-    let mut stack = Stack::start().await;
-    let client = stack.sim.client();
-    let w = InProcWatcher::start(&stack).await;
+    let (mut stack, client, w) = watched_stack().await;
     let job = create_job(&client, "down").await;
     settle(&stack, "down").await;
     stack.queue.set_expectations(&key("down"), &uid(&job), 3, 0).await.unwrap();

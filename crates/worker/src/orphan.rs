@@ -221,54 +221,39 @@ pub fn release_patch(pod: &Pod, owner_uid: &str) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::batch::v1::{JobCondition, JobSpec, JobStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+    use kjob_reconcile::testutil::{mk_job, mk_pod, t0};
 
     use super::*;
 
     const ME: &str = kjob_core::DEFAULT_CONTROLLER_NAME;
 
+    /// Pod `p`, with or without the tracking finalizer, controlled by an object of
+    /// `(apiVersion, kind)` named `j` with Job `j`'s UID, or by nothing.
     fn pod(finalizer: bool, owner: Option<(&str, &str)>) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some("p".into()),
-                namespace: Some("ns".into()),
-                finalizers: finalizer.then(|| vec![JOB_TRACKING_FINALIZER.to_string()]),
-                owner_references: owner.map(|(api_version, kind)| {
-                    vec![OwnerReference {
-                        api_version: api_version.into(),
-                        kind: kind.into(),
-                        name: "j".into(),
-                        uid: "u1".into(),
-                        controller: Some(true),
-                        ..Default::default()
-                    }]
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    fn job(finished: Option<&str>, managed_by: Option<&str>) -> Job {
-        Job {
-            metadata: ObjectMeta {
-                name: Some("j".into()),
-                uid: Some("u1".into()),
-                ..Default::default()
-            },
-            spec: Some(JobSpec { managed_by: managed_by.map(Into::into), ..Default::default() }),
-            status: Some(JobStatus {
-                conditions: finished.map(|t| {
-                    vec![JobCondition {
-                        type_: t.into(),
-                        status: "True".into(),
-                        ..Default::default()
-                    }]
-                }),
-                ..Default::default()
+        let b = mk_pod(&job(None, None), "p");
+        let b = if finalizer { b } else { b.no_finalizer() };
+        match owner {
+            None => b.orphan(),
+            Some((api_version, kind)) => b.with(|p| {
+                let owner = &mut p.metadata.owner_references.as_mut().unwrap()[0];
+                (owner.api_version, owner.kind) = (api_version.into(), kind.into());
             }),
         }
+        .build()
+    }
+
+    /// Job `j`, finished with a True condition of type `finished` when set.
+    fn job(finished: Option<&str>, managed_by: Option<&str>) -> Job {
+        let b = mk_job("j");
+        let b = match managed_by {
+            Some(m) => b.managed_by(m),
+            None => b,
+        };
+        match finished {
+            Some(t) => b.condition(t, "True", "", "", t0()),
+            None => b,
+        }
+        .build()
     }
 
     #[test]
@@ -329,7 +314,7 @@ mod tests {
         let owned = pod(true, Some(("batch/v1", "Job")));
         let mut deleting_pod = labelled(owned.clone(), Some("y"));
         deleting_pod.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
-        let release = OrphanDecision::Release { job_uid: "u1".into() };
+        let release = OrphanDecision::Release { job_uid: "uid-j".into() };
         use ControllerLookup as C;
         // (case, pod, job, expected)
         let cases: Vec<(&str, Pod, &Job, OrphanDecision)> = vec![
@@ -375,10 +360,10 @@ mod tests {
         for (name, p, j, want) in cases {
             assert_eq!(decide(&p, &C::Job(Some(j)), ME, false), want, "{name}");
         }
-        let p = release_patch(&labelled(owned, Some("y")), "u1");
+        let p = release_patch(&labelled(owned, Some("y")), "uid-j");
         assert_eq!(
             p,
-            serde_json::json!({"metadata": {"ownerReferences": [{"$patch": "delete", "uid": "u1"}], "uid": null}})
+            serde_json::json!({"metadata": {"ownerReferences": [{"$patch": "delete", "uid": "uid-j"}], "uid": "p-uid"}})
         );
     }
 
@@ -389,7 +374,7 @@ mod tests {
         assert_eq!(controller_of(&pod(true, Some(("example.com/v1", "Job")))), Controller::NotAJob);
         assert_eq!(
             controller_of(&pod(true, Some(("batch/v1", "Job")))),
-            Controller::Job { name: "j".into(), uid: "u1".into() }
+            Controller::Job { name: "j".into(), uid: "uid-j".into() }
         );
     }
 }

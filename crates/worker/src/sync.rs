@@ -718,27 +718,18 @@ fn call_error(e: ApiError) -> CallError {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::batch::v1::JobSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use kjob_reconcile::testutil::{mk_job, mk_pod};
 
     use super::*;
 
     #[test]
     fn adoption_patch_shape() {
-        let job = Job {
-            metadata: ObjectMeta {
-                name: Some("pi".into()),
-                uid: Some("j1".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let pod = Pod {
-            metadata: ObjectMeta { uid: Some("p1".into()), ..Default::default() },
-            ..Default::default()
-        };
+        let job = mk_job("pi").build();
+        let pod = mk_pod(&job, "p").orphan().build();
         let p = adoption_patch(&job, &pod);
-        assert_eq!(p["metadata"]["uid"], "p1");
-        assert_eq!(p["metadata"]["ownerReferences"][0]["uid"], "j1");
+        assert_eq!(p["metadata"]["uid"], "p-uid");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["uid"], "uid-pi");
         let owner = &p["metadata"]["ownerReferences"][0];
         assert_eq!(
             (&owner["controller"], &owner["blockOwnerDeletion"]),
@@ -767,7 +758,6 @@ mod tests {
 
     #[test]
     fn view_pods_that_stopped_matching_are_not_counted() {
-        use kjob_reconcile::testutil::{mk_job, mk_pod};
         let job = mk_job("pi").build();
         let matching = mk_pod(&job, "pi-a").build();
         let mut relabelled = mk_pod(&job, "pi-b").build();

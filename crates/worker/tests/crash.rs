@@ -26,11 +26,18 @@ fn counts(job: &Job) -> (i32, i32, i32) {
 /// test can act between its pod creations and its status write.
 const SLOW_WRITES: Duration = Duration::from_millis(300);
 
-/// Creates namespace `base` (unique on the real server) and returns its name.
-async fn namespace(server: &TestServer, base: &str) -> String {
+/// Creates namespace `base` (unique on the real server), delays every write of the workers on
+/// `server` by `write_latency`, and starts a queue service; returns the test's client, the
+/// namespace and the queue.
+async fn slowed(
+    server: &TestServer,
+    base: &str,
+    write_latency: Duration,
+) -> (kube::Client, String, QueueService) {
     let ns = server.namespace(base);
     server.create_namespace(&ns).await;
-    ns
+    server.inject(ApiFaults::write_latency(write_latency)).await;
+    (server.client(), ns, QueueService::start())
 }
 
 /// A worker on `server` (through its fault proxy on the real one) with the default 5 s grace.
@@ -39,10 +46,7 @@ fn worker(server: &TestServer, queue: &QueueService, id: &str, lease: Duration) 
 }
 
 async fn a_worker_killed_after_creating_pods_leaves_no_duplicates(server: TestServer) {
-    let client = server.client();
-    let ns = namespace(&server, "crash").await;
-    server.inject(ApiFaults::write_latency(SLOW_WRITES)).await;
-    let queue = QueueService::start();
+    let (client, ns, queue) = slowed(&server, "crash", SLOW_WRITES).await;
     let a = worker(&server, &queue, "a", Duration::from_secs(2));
     let mut d = Driver::new(client.clone(), queue.client(), &ns, "cj");
     create_plain_job(&client, &ns, "cj", 3, 3).await;
@@ -149,10 +153,7 @@ async fn pod_failure_backoff_survives_worker_restarts(server: TestServer) {
 }
 
 async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs(server: TestServer) {
-    let client = server.client();
-    let ns = namespace(&server, "renew").await;
-    server.inject(ApiFaults::write_latency(SLOW_WRITES)).await;
-    let queue = QueueService::start();
+    let (client, ns, queue) = slowed(&server, "renew", SLOW_WRITES).await;
     // A 1 s lease against syncs of several 300 ms writes: only renewals keep them.
     let a = worker(&server, &queue, "a", Duration::from_secs(1));
     let b = worker(&server, &queue, "b", Duration::from_secs(1));
@@ -194,10 +195,7 @@ async fn syncs_longer_than_the_lease_are_renewed_and_two_workers_share_jobs(serv
 }
 
 async fn shutdown_hands_back_syncs_that_outlive_the_grace(server: TestServer) {
-    let client = server.client();
-    let ns = namespace(&server, "drain").await;
-    server.inject(ApiFaults::write_latency(Duration::from_millis(800))).await;
-    let queue = QueueService::start();
+    let (client, ns, queue) = slowed(&server, "drain", Duration::from_millis(800)).await;
     let a =
         WorkerHandle::on(&server, &queue, "a", Duration::from_secs(10), Duration::from_millis(200));
     let mut d = Driver::new(client.clone(), queue.client(), &ns, "dr");

@@ -62,11 +62,39 @@ async fn refuse_pods(e: &Env) {
 }
 
 impl Env {
+    /// Creates the test's Job (the one [`env`] named) with this spec; its pods never restart
+    /// unless the spec brings its own template.
+    async fn create(&self, mut spec: serde_json::Value) -> Job {
+        if spec.get("template").is_none() {
+            spec["template"] = template("Never");
+        }
+        let manifest = serde_json::json!({"metadata": {"name": self.driver.job}, "spec": spec});
+        create_job(&self.server.client(), &self.ns, manifest).await
+    }
+
+    /// Checks the pods of the finished `job` ([`check_pods`]), then stops the worker.
+    async fn finish(self, job: &Job, want_total: usize) {
+        check_pods(&self.driver, job, want_total).await;
+        self.stop().await;
+    }
+
     async fn stop(mut self) {
         if let Some(w) = self.worker.take() {
             w.stop().await;
         }
     }
+}
+
+/// The Job's True condition of `type_`, checked to have this reason and message.
+fn assert_condition<'a>(
+    job: &'a Job,
+    type_: &str,
+    reason: &str,
+    message: &str,
+) -> &'a k8s_openapi::api::batch::v1::JobCondition {
+    let c = condition(job, type_).unwrap_or_else(|| panic!("no {type_}=True condition"));
+    assert_eq!((c.reason.as_deref(), c.message.as_deref()), (Some(reason), Some(message)));
+    c
 }
 
 fn status(job: &Job) -> &k8s_openapi::api::batch::v1::JobStatus {
@@ -114,9 +142,12 @@ async fn non_indexed_completes(server: TestServer) {
     assert_eq!(counts(&job), (3, 0, 0));
     assert_eq!(s.ready.unwrap_or(0), 0);
     assert_eq!(s.terminating.unwrap_or(0), 0);
-    let c = condition(&job, "Complete").expect("Complete");
-    assert_eq!(c.reason.as_deref(), Some("CompletionsReached"));
-    assert_eq!(c.message.as_deref(), Some("Reached expected number of succeeded pods"));
+    let c = assert_condition(
+        &job,
+        "Complete",
+        "CompletionsReached",
+        "Reached expected number of succeeded pods",
+    );
     assert!(condition(&job, "SuccessCriteriaMet").is_some());
     assert_eq!(
         s.completion_time.as_ref().map(|t| t.0),
@@ -171,9 +202,8 @@ async fn non_indexed_completes(server: TestServer) {
 
 async fn indexed_completes_with_every_index(server: TestServer) {
     let mut e = env(server, "indexed", "ix").await;
-    create_job(&e.server.client(), &e.ns, serde_json::json!({
-        "metadata": {"name": "ix"},
-        "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed", "template": template("Never")}
+    e.create(serde_json::json!({
+        "completions": 3, "parallelism": 3, "completionMode": "Indexed"
     }))
     .await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
@@ -199,20 +229,11 @@ async fn indexed_completes_with_every_index(server: TestServer) {
 
 async fn work_queue_completes_when_all_pods_are_done(server: TestServer) {
     let mut e = env(server, "workqueue", "wq").await;
-    create_job(
-        &e.server.client(),
-        &e.ns,
-        serde_json::json!({
-            "metadata": {"name": "wq"},
-            "spec": {"parallelism": 2, "template": template("Never")}
-        }),
-    )
-    .await;
+    e.create(serde_json::json!({"parallelism": 2})).await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
     assert_eq!(counts(&job), (2, 0, 0));
     assert!(condition(&job, "Complete").is_some());
-    check_pods(&e.driver, &job, 2).await;
-    e.stop().await;
+    e.finish(&job, 2).await;
 }
 
 /// `manualSelector: true` with `selector: {}` is synced as upstream does (an empty selector
@@ -221,15 +242,10 @@ async fn manual_empty_selector_runs(server: TestServer) {
     let mut e = env(server, "manualsel", "es").await;
     let mut tmpl = template("Never");
     tmpl["metadata"] = serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "es"}});
-    create_job(
-        &e.server.client(),
-        &e.ns,
-        serde_json::json!({
-            "metadata": {"name": "es"},
-            "spec": {"completions": 2, "parallelism": 2, "manualSelector": true,
-                     "selector": {}, "template": tmpl}
-        }),
-    )
+    e.create(serde_json::json!({
+        "completions": 2, "parallelism": 2, "manualSelector": true,
+        "selector": {}, "template": tmpl
+    }))
     .await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
     assert_eq!(job.spec.as_ref().unwrap().selector, Some(Default::default()));
@@ -246,15 +262,10 @@ async fn selector_value_in_runs(server: TestServer) {
     let mut tmpl = template("Never");
     tmpl["metadata"] =
         serde_json::json!({"labels": {kjob_core::JOB_NAME_LABEL: "si", "grp": "in"}});
-    create_job(
-        &e.server.client(),
-        &e.ns,
-        serde_json::json!({
-            "metadata": {"name": "si"},
-            "spec": {"completions": 1, "manualSelector": true,
-                     "selector": {"matchLabels": {"grp": "in"}}, "template": tmpl}
-        }),
-    )
+    e.create(serde_json::json!({
+        "completions": 1, "manualSelector": true,
+        "selector": {"matchLabels": {"grp": "in"}}, "template": tmpl
+    }))
     .await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
     assert_eq!(counts(&job), (1, 0, 0));
@@ -309,15 +320,7 @@ async fn deadline_fires_on_time_while_syncs_fail(server: TestServer) {
     let ns = e.ns.clone();
     let ns = ns.as_str();
     refuse_pods(&e).await;
-    create_job(
-        &e.server.client(),
-        ns,
-        serde_json::json!({
-            "metadata": {"name": "dq"},
-            "spec": {"completions": 1, "activeDeadlineSeconds": 8, "template": template("Never")}
-        }),
-    )
-    .await;
+    e.create(serde_json::json!({"completions": 1, "activeDeadlineSeconds": 8})).await;
     let created = std::time::Instant::now();
     let item = kjob_queue_client::v1::AddItem {
         queue: kjob_core::JOB_QUEUE.into(),
@@ -341,12 +344,11 @@ async fn deadline_fires_on_time_while_syncs_fail(server: TestServer) {
 
 async fn pod_failure_policy_fail_job(server: TestServer) {
     let mut e = env(server, "pfp-failjob", "fj").await;
-    create_job(&e.server.client(), &e.ns, serde_json::json!({
-        "metadata": {"name": "fj"},
-        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 6, "template": template("Never"),
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [42]}}
-            ]}}
+    e.create(serde_json::json!({
+        "completions": 1, "parallelism": 1, "backoffLimit": 6,
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [42]}}
+        ]}
     }))
     .await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(42), &mut finished).await;
@@ -361,18 +363,16 @@ async fn pod_failure_policy_fail_job(server: TestServer) {
     );
     assert_eq!(failed.message.as_deref(), Some(msg.as_str()));
     assert_eq!(target.message, failed.message);
-    check_pods(&e.driver, &job, 1).await;
-    e.stop().await;
+    e.finish(&job, 1).await;
 }
 
 async fn pod_failure_policy_ignore(server: TestServer) {
     let mut e = env(server, "pfp-ignore", "ig").await;
-    create_job(&e.server.client(), &e.ns, serde_json::json!({
-        "metadata": {"name": "ig"},
-        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0, "template": template("Never"),
-            "podFailurePolicy": {"rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
-            ]}}
+    e.create(serde_json::json!({
+        "completions": 1, "parallelism": 1, "backoffLimit": 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+        ]}
     }))
     .await;
     let mut first = None::<String>;
@@ -384,37 +384,29 @@ async fn pod_failure_policy_ignore(server: TestServer) {
     let job = e.driver.run_until(TIMEOUT, &mut fate, &mut finished).await;
     assert_eq!((counts(&job).0, counts(&job).1), (1, 0), "the disruption is not counted");
     assert!(condition(&job, "Complete").is_some());
-    check_pods(&e.driver, &job, 2).await;
-    e.stop().await;
+    e.finish(&job, 2).await;
 }
 
 async fn backoff_limit_exceeded(server: TestServer) {
     let mut e = env(server, "backoff", "bo").await;
-    create_job(&e.server.client(), &e.ns, serde_json::json!({
-        "metadata": {"name": "bo"},
-        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 1, "template": template("Never")}
-    }))
-    .await;
+    e.create(serde_json::json!({"completions": 1, "parallelism": 1, "backoffLimit": 1})).await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Fail(1), &mut finished).await;
     assert_eq!(counts(&job), (0, 2, 0));
-    let c = condition(&job, "Failed").expect("Failed");
-    assert_eq!(c.reason.as_deref(), Some("BackoffLimitExceeded"));
-    assert_eq!(c.message.as_deref(), Some("Job has reached the specified backoff limit"));
-    check_pods(&e.driver, &job, 2).await;
-    e.stop().await;
+    assert_condition(
+        &job,
+        "Failed",
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+    );
+    e.finish(&job, 2).await;
 }
 
 async fn backoff_limit_per_index_with_max_failed_indexes(server: TestServer) {
     let mut e = env(server, "perindex", "pi").await;
-    create_job(
-        &e.server.client(),
-        &e.ns,
-        serde_json::json!({
-            "metadata": {"name": "pi"},
-            "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed",
-                "backoffLimitPerIndex": 0, "maxFailedIndexes": 1, "template": template("Never")}
-        }),
-    )
+    e.create(serde_json::json!({
+        "completions": 3, "parallelism": 3, "completionMode": "Indexed",
+        "backoffLimitPerIndex": 0, "maxFailedIndexes": 1
+    }))
     .await;
     let mut fate =
         |p: &Pod| if index_of(p).as_deref() == Some("1") { Fate::Fail(1) } else { Fate::Succeed };
@@ -423,19 +415,15 @@ async fn backoff_limit_per_index_with_max_failed_indexes(server: TestServer) {
     assert_eq!(s.failed_indexes.as_deref(), Some("1"));
     assert_eq!(s.completed_indexes.as_deref(), Some("0,2"));
     assert_eq!((counts(&job).0, counts(&job).1), (2, 1));
-    let c = condition(&job, "Failed").expect("Failed");
-    assert_eq!(c.reason.as_deref(), Some("FailedIndexes"));
-    assert_eq!(c.message.as_deref(), Some("Job has failed indexes"));
-    check_pods(&e.driver, &job, 3).await;
-    e.stop().await;
+    assert_condition(&job, "Failed", "FailedIndexes", "Job has failed indexes");
+    e.finish(&job, 3).await;
 }
 
 async fn success_policy_completes_early(server: TestServer) {
     let mut e = env(server, "successpolicy", "sp").await;
-    create_job(&e.server.client(), &e.ns, serde_json::json!({
-        "metadata": {"name": "sp"},
-        "spec": {"completions": 3, "parallelism": 3, "completionMode": "Indexed", "template": template("Never"),
-            "successPolicy": {"rules": [{"succeededIndexes": "0"}]}}
+    e.create(serde_json::json!({
+        "completions": 3, "parallelism": 3, "completionMode": "Indexed",
+        "successPolicy": {"rules": [{"succeededIndexes": "0"}]}
     }))
     .await;
     // Index 0 succeeds only a full driver round after all three pods were seen, so their
@@ -457,39 +445,33 @@ async fn success_policy_completes_early(server: TestServer) {
     };
     let job = e.driver.run_until(TIMEOUT, &mut fate, &mut finished).await;
     let s = status(&job);
-    let c = condition(&job, "Complete").expect("Complete");
-    assert_eq!(c.reason.as_deref(), Some("SuccessPolicy"));
-    assert_eq!(c.message.as_deref(), Some("Matched rules at index 0"));
+    assert_condition(&job, "Complete", "SuccessPolicy", "Matched rules at index 0");
     assert_eq!(s.completed_indexes.as_deref(), Some("0"));
     assert_eq!(counts(&job), (1, 0, 0));
-    check_pods(&e.driver, &job, 3).await;
-    e.stop().await;
+    e.finish(&job, 3).await;
 }
 
 async fn active_deadline_fails_the_job(server: TestServer) {
     let mut e = env(server, "deadline", "dl").await;
-    create_job(&e.server.client(), &e.ns, serde_json::json!({
-        "metadata": {"name": "dl"},
-        "spec": {"completions": 2, "parallelism": 2, "activeDeadlineSeconds": 2, "template": template("Never")}
+    e.create(serde_json::json!({
+        "completions": 2, "parallelism": 2, "activeDeadlineSeconds": 2
     }))
     .await;
     let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Run, &mut finished).await;
-    let c = condition(&job, "Failed").expect("Failed");
-    assert_eq!(c.reason.as_deref(), Some("DeadlineExceeded"));
-    assert_eq!(c.message.as_deref(), Some("Job was active longer than specified deadline"));
+    assert_condition(
+        &job,
+        "Failed",
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+    );
     assert_eq!(counts(&job), (0, 2, 0));
-    check_pods(&e.driver, &job, 2).await;
-    e.stop().await;
+    e.finish(&job, 2).await;
 }
 
 async fn suspend_then_resume(server: TestServer) {
     let mut e = env(server, "suspend", "su").await;
     let client = e.server.client();
-    create_job(&client, &e.ns, serde_json::json!({
-        "metadata": {"name": "su"},
-        "spec": {"completions": 1, "parallelism": 1, "suspend": true, "template": template("Never")}
-    }))
-    .await;
+    e.create(serde_json::json!({"completions": 1, "parallelism": 1, "suspend": true})).await;
     // A Job created suspended gets no pods, no startTime and no Suspended condition... until
     // manageJob runs once: then Suspended=True (JobSuspended).
     let job = e
@@ -524,22 +506,16 @@ async fn suspend_then_resume(server: TestServer) {
     );
     assert!(status(&job).start_time.is_some());
     assert_eq!(counts(&job).0, 1);
-    check_pods(&e.driver, &job, 1).await;
-    e.stop().await;
+    e.finish(&job, 1).await;
 }
 
 async fn pod_replacement_policy_failed_waits_for_terminating_pods(server: TestServer) {
     let mut e = env(server, "replacement", "rp").await;
     let client = e.server.client();
-    create_job(
-        &client,
-        &e.ns,
-        serde_json::json!({
-            "metadata": {"name": "rp"},
-            "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 2,
-                "podReplacementPolicy": "Failed", "template": template("Never")}
-        }),
-    )
+    e.create(serde_json::json!({
+        "completions": 1, "parallelism": 1, "backoffLimit": 2,
+        "podReplacementPolicy": "Failed"
+    }))
     .await;
     // The Job has no status until the worker's first write: read the fields through Options
     // (a bare `status(j)` here panicked whenever the first check beat that write).
@@ -573,8 +549,7 @@ async fn pod_replacement_policy_failed_waits_for_terminating_pods(server: TestSe
         e.driver.run_until(Duration::from_secs(30), &mut |_| Fate::Succeed, &mut finished).await;
     assert_eq!(counts(&job), (1, 1, 0));
     assert!(condition(&job, "Complete").is_some());
-    check_pods(&e.driver, &job, 2).await;
-    e.stop().await;
+    e.finish(&job, 2).await;
 }
 
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();

@@ -9,7 +9,7 @@ use kjob_core::{
 use serde_json::{Map, Value, json};
 
 use super::pod::{default_pod_spec, validate_labels, validate_pod_spec};
-use super::{FieldCause, nonnegative};
+use super::{FieldCause, at_most, nonnegative};
 use crate::selector::{
     LabelSelector, dns1123_label_error, dns1123_subdomain_error, qualified_name_errors,
 };
@@ -525,15 +525,13 @@ fn validate_job_spec(job: &Value, out: &mut Vec<FieldCause>) {
         if completions.is_none() {
             out.push(FieldCause::required("spec.completions", "when completion mode is Indexed"));
         }
-        if let Some(p) = parallelism
-            && p > MAX_PARALLELISM_FOR_INDEXED_JOB
-        {
-            out.push(FieldCause::invalid(
-                "spec.parallelism",
-                &json!(p),
-                "must be less than or equal to 100000 when completion mode is Indexed",
-            ));
-        }
+        at_most(
+            out,
+            "spec.parallelism",
+            parallelism,
+            Some(MAX_PARALLELISM_FOR_INDEXED_JOB),
+            "must be less than or equal to 100000 when completion mode is Indexed",
+        );
     }
     if !indexed {
         if let Some(b) = per_index {
@@ -551,29 +549,18 @@ fn validate_job_spec(job: &Value, out: &mut Vec<FieldCause>) {
             ));
         }
     }
-    if let Some(mf) = max_failed {
+    if max_failed.is_some() {
         if per_index.is_none() {
             out.push(FieldCause::required(
                 "spec.backoffLimitPerIndex",
                 "when maxFailedIndexes is specified",
             ));
         }
-        if let Some(c) = completions
-            && mf > c
-        {
-            out.push(FieldCause::invalid(
-                "spec.maxFailedIndexes",
-                &json!(mf),
-                "must be less than or equal to completions",
-            ));
-        }
-        if mf > MAX_PARALLELISM_FOR_INDEXED_JOB {
-            out.push(FieldCause::invalid(
-                "spec.maxFailedIndexes",
-                &json!(mf),
-                "must be less than or equal to 100000",
-            ));
-        }
+        let field = "spec.maxFailedIndexes";
+        let detail = "must be less than or equal to completions";
+        at_most(out, field, max_failed, completions, detail);
+        let detail = "must be less than or equal to 100000";
+        at_most(out, field, max_failed, Some(MAX_PARALLELISM_FOR_INDEXED_JOB), detail);
     }
     if per_index.is_some()
         && let Some(c) = completions
@@ -591,15 +578,13 @@ fn validate_job_spec(job: &Value, out: &mut Vec<FieldCause>) {
             )),
             _ => {}
         }
-        if let Some(p) = parallelism
-            && p > MAX_FOR_LARGE_PER_INDEX_JOB
-        {
-            out.push(FieldCause::invalid(
-                "spec.parallelism",
-                &json!(p),
-                "must be less than or equal to 10000 when completions are above 100000 and used with backoff limit per index",
-            ));
-        }
+        at_most(
+            out,
+            "spec.parallelism",
+            parallelism,
+            Some(MAX_FOR_LARGE_PER_INDEX_JOB),
+            "must be less than or equal to 10000 when completions are above 100000 and used with backoff limit per index",
+        );
     }
     if indexed && let Some(c) = completions.filter(|c| *c > 0) {
         let name = text(job, "/metadata/name").unwrap_or_default();

@@ -134,6 +134,21 @@ pub fn invalid_message(qualified_kind: &str, name: &str, causes: &[FieldCause]) 
     format!("{qualified_kind} \"{name}\" is invalid: {body}")
 }
 
+/// `Invalid value` for `field` when both `value` and `max` are set and `value` is above `max`.
+pub(crate) fn at_most(
+    out: &mut Vec<FieldCause>,
+    field: &str,
+    value: Option<i64>,
+    max: Option<i64>,
+    detail: &str,
+) {
+    if let (Some(v), Some(max)) = (value, max)
+        && v > max
+    {
+        out.push(FieldCause::invalid(field, &Value::from(v), detail));
+    }
+}
+
 /// Validates a non-negative integer field (`must be greater than or equal to 0`).
 pub(crate) fn nonnegative(out: &mut Vec<FieldCause>, obj: &Value, ptr: &str, field: &str) {
     if let Some(n) = obj.pointer(ptr).and_then(Value::as_i64)
