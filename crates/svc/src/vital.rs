@@ -44,15 +44,38 @@ fn supervised<'a>(
     fut: impl VitalFuture<'a>,
 ) -> BoxFuture<'a, (&'static str, Ended)> {
     async move {
-        let ended = AssertUnwindSafe(fut).catch_unwind().await.map_err(|p| {
-            p.downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".into())
-        });
+        let ended = AssertUnwindSafe(fut).catch_unwind().await.map_err(panic_message);
         (name, ended)
     }
     .boxed()
+}
+
+/// A panic's message, when it has one.
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// A spawned vital task, aborted when its supervision is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<anyhow::Result<()>>);
+
+impl Future for AbortOnDrop {
+    type Output = Result<anyhow::Result<()>, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl<'a> Vital<'a> {
@@ -75,6 +98,30 @@ impl<'a> Vital<'a> {
     /// Adds a task that must run until shutdown, and then end; [`Vital::run`] waits for it.
     pub fn task(&mut self, name: &'static str, fut: impl VitalFuture<'a>) -> &mut Self {
         self.tasks.push(supervised(name, fut));
+        self
+    }
+
+    /// Like [`Vital::task`], but `fut` runs as a tokio task of its own (on the runtime's worker
+    /// threads), so it is scheduled independently of every other vital task: one that keeps
+    /// its poller busy, or a stall in the future that drives them all, cannot hold it up.
+    /// Aborted if [`Vital::run`] is dropped before it ends.
+    pub fn spawn(
+        &mut self,
+        name: &'static str,
+        fut: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> &mut Self {
+        let handle = AbortOnDrop(tokio::spawn(fut));
+        self.tasks.push(
+            async move {
+                let ended = match handle.await {
+                    Ok(r) => Ok(r),
+                    Err(e) if e.is_panic() => Err(panic_message(e.into_panic())),
+                    Err(e) => Err(format!("was cancelled: {e}")),
+                };
+                (name, ended)
+            }
+            .boxed(),
+        );
         self
     }
 
@@ -190,5 +237,57 @@ mod tests {
         v.guard("admin", async { Ok(()) });
         let err = v.run().await.unwrap_err();
         assert_eq!((err.task, err.reason.as_str()), ("admin", "ended before shutdown"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spawned_tasks_are_supervised_alike() {
+        let shutdown = Shutdown::new();
+        let mut v = Vital::new(&shutdown);
+        let s = shutdown.clone();
+        v.spawn("drains", async move {
+            s.cancelled().await;
+            Ok(())
+        });
+        v.spawn("panics", async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            panic!("spawned oops")
+        });
+        let err = v.run().await.unwrap_err();
+        assert_eq!((err.task, err.reason.as_str()), ("panics", "panicked: spawned oops"));
+        assert!(shutdown.is_cancelled(), "the others were told to drain");
+
+        let shutdown = Shutdown::new();
+        let mut v = Vital::new(&shutdown);
+        v.spawn("fails", async { Err(anyhow::anyhow!("boom")) });
+        assert_eq!(v.run().await.unwrap_err().reason, "failed: boom");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spawned_task_runs_while_the_supervising_future_is_not_polled() {
+        let shutdown = Shutdown::new();
+        let mut v = Vital::new(&shutdown);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let s = shutdown.clone();
+        v.spawn("ticks", async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = tx.send(());
+            s.cancelled().await;
+            Ok(())
+        });
+        // Nobody polls `run` yet: a spawned task makes progress all the same.
+        tokio::time::timeout(Duration::from_secs(5), rx).await.unwrap().unwrap();
+        // Dropping the supervision aborts what it spawned.
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+        v.spawn("held", async move {
+            let _keep = done_tx;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        drop(v);
+        tokio::task::yield_now().await;
+        assert!(
+            matches!(done_rx.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Closed)),
+            "the aborted task dropped its state"
+        );
     }
 }

@@ -118,7 +118,8 @@ pub async fn run(
         };
         let lease_loop =
             lease::lease_loop(worker.clone(), queue.clone(), settings, shutdown.clone());
-        vital.task("lease loop", lease_loop.map(Ok));
+        // A task of its own per queue: neither queue's loop waits on the other's polling.
+        vital.spawn("lease loop", lease_loop.map(Ok));
     }
     // Every sink is in the lease loops now: once they end, the event writer flushes and ends.
     drop(worker);
