@@ -11,12 +11,19 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::time::Duration;
 
 use kjob_workqueue::{Done, DoneResult, MAX_DONE_BATCH, Store, WqError};
 use tokio::sync::{mpsc, oneshot};
 
 /// Dones waiting for their batch, per queue; a full channel makes callers wait (backpressure).
 const PENDING_CAPACITY: usize = 4096;
+/// How long a caller waits for its batch to answer: the call in flight and its own, each
+/// bounded by the store's response timeout, and a margin. A loop that does not answer by then is
+/// stuck (never expected): the caller gets Unavailable (its client retries) and the stall is
+/// logged, instead of every Done waiting on it for ever.
+pub const REPLY_TIMEOUT: Duration =
+    Duration::from_secs(kjob_workqueue::conn::RESPONSE_TIMEOUT.as_secs() * 2 + 1);
 
 /// One result per Done (`None`: stale lease id), or the error of the whole call.
 pub type DoneResults = Result<Vec<Option<DoneResult>>, WqError>;
@@ -74,7 +81,17 @@ impl DoneBatcher {
         tx.send(Pending { dones, reply })
             .await
             .map_err(|_| WqError::Unavailable("the Done batch loop has stopped".into()))?;
-        rx.await.map_err(|_| WqError::Unavailable("the Done batch loop has stopped".into()))?
+        match tokio::time::timeout(REPLY_TIMEOUT, rx).await {
+            Ok(reply) => {
+                reply.map_err(|_| WqError::Unavailable("the Done batch loop has stopped".into()))?
+            }
+            Err(_) => {
+                tracing::error!(queue, timeout = ?REPLY_TIMEOUT, "the Done batch loop did not answer");
+                Err(WqError::Unavailable(format!(
+                    "the Done batch loop of queue {queue:?} did not answer in {REPLY_TIMEOUT:?}"
+                )))
+            }
+        }
     }
 }
 
@@ -259,6 +276,26 @@ mod tests {
         assert_eq!(store.calls.lock().unwrap().len(), 2);
         // The loop carries on.
         assert!(b.done("q", done("c")).await.unwrap().is_some());
+    }
+
+    /// A store whose calls never end.
+    struct StuckStore;
+
+    impl DoneStore for StuckStore {
+        async fn done_many(&self, _queue: &str, _dones: &[Done]) -> DoneResults {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_that_never_answers_fails_its_callers_in_bounded_time() {
+        let (b, mut loops) = DoneBatcher::new(["q"]);
+        let _task = tokio::spawn(run(StuckStore, loops.pop().unwrap()));
+        let started = Instant::now();
+        let err = b.done("q", done("a")).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err}");
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        assert_eq!(started.elapsed(), REPLY_TIMEOUT);
     }
 
     #[tokio::test(start_paused = true)]

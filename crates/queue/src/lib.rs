@@ -122,13 +122,22 @@ pub async fn run(listeners: Listeners, config: Config, shutdown: Shutdown) -> an
 
     let mut vital = Vital::new(&shutdown).readiness(&ready);
     vital.task("gRPC server", async { server.await.context("gRPC server") });
+    // The loops run as tasks of their own: each queue's Done batches, the wake-ups and the
+    // reaper are scheduled independently of one another and of the server's accept loop.
     for l in batch_loops {
         // A loop ends when the server has dropped every service clone, i.e. after the drain.
-        vital.task("Done batch loop", batch::run(store.clone(), l).map(Ok));
+        vital.spawn("Done batch loop", batch::run(store.clone(), l).map(Ok));
     }
-    vital
-        .task("wake-up loop", waker.run(store.clone(), shutdown.clone().cancelled_owned()).map(Ok));
-    vital.task("lease reaper", reaper(&store, &metrics, &shutdown).map(Ok));
+    let (w, s, stop) = (waker.clone(), store.clone(), shutdown.clone());
+    vital.spawn("wake-up loop", async move {
+        w.run(s, stop.cancelled_owned()).await;
+        Ok(())
+    });
+    let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
+    vital.spawn("lease reaper", async move {
+        reaper(&s, &m, &stop).await;
+        Ok(())
+    });
     vital.task("readiness probe", probe(&store, &metrics, &ready, &shutdown).map(Ok));
     vital.task("gRPC health", mirror_health(ready.subscribe(), health, &shutdown).map(Ok));
     vital.guard("admin server", admin.watch());
