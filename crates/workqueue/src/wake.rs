@@ -18,7 +18,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::conn::{self, Conn, RedisTarget};
-use crate::store::{LeaseBatch, wake_key};
+use crate::keys::QueueKeys;
+use crate::store::LeaseBatch;
 use crate::{Store, WqError};
 
 /// Longest a waiter sleeps without re-running LEASE, whatever the markers say.
@@ -150,7 +151,7 @@ impl Waker {
 }
 
 async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<QueueWake>) {
-    let key = wake_key(&queue);
+    let key = QueueKeys::new(&queue).wake;
     let mut conn: Option<Conn> = None;
     loop {
         if q.waiters.load(Ordering::SeqCst) == 0 {
