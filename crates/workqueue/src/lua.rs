@@ -8,7 +8,8 @@
 //! Redis spends per item.
 
 /// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `wake`,
-/// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`.
+/// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`,
+/// `grant`.
 macro_rules! queue_fns {
     () => {
         r#"
@@ -110,6 +111,38 @@ local function reap(limit, poison, base, max)
   redis.call('HINCRBY', STATS, 'lease_expired_total', #expired)
   if poisoned > 0 then redis.call('HINCRBY', STATS, 'poisoned_total', poisoned) end
   return #expired, poisoned
+end
+
+-- Leases up to `n` ready items, oldest first, to `worker` for `lease_ms`, appending
+-- `{item, lease_id, requeues, deadline, added_at}` of each to `out`; returns how many. One
+-- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
+local function grant(worker, n, lease_ms, out)
+  local popped = redis.call('ZPOPMIN', READY, n)
+  local count = #popped / 2
+  if count == 0 then return 0 end
+  local last = redis.call('HINCRBY', STATS, 'lease_seq', count)
+  local fields = {}
+  for i = 1, count do
+    local item = popped[2 * i - 1]
+    fields[2 * i - 1] = item
+    fields[2 * i] = xfield(item)
+  end
+  local fail = redis.call('HMGET', FAILURES, unpack(fields))
+  local deadline = now + lease_ms
+  local zargs, hargs = {}, {}
+  for i = 1, count do
+    local item, added = popped[2 * i - 1], popped[2 * i]
+    -- The time part keeps ids unique even if Redis lost the sequence (restart without AOF).
+    local id = (last - count + i) .. '-' .. now
+    local req, ex = tonumber(fail[2 * i - 1] or 0), tonumber(fail[2 * i] or 0)
+    zargs[2 * i - 1], zargs[2 * i] = deadline, item
+    hargs[2 * i - 1] = item
+    hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
+    out[#out + 1] = {item, id, req, deadline, tonumber(added)}
+  end
+  redis.call('ZADD', LEASES, unpack(zargs))
+  redis.call('HSET', LEASE, unpack(hargs))
+  return count
 end
 "#
     };

@@ -2,6 +2,7 @@
 //! same script.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::{Script, Value};
 
@@ -9,18 +10,20 @@ use super::{ms_arg, num_arg};
 use crate::keys::{ExpKeys, QueueKeys, queue_prelude};
 use crate::lua::{observe_fn, queue_fns};
 use crate::reply::Fields;
-use crate::store::{AddOutcome, Enqueue, Store, push_observations};
+use crate::store::{AddOutcome, Enqueue, Leased, Store, push_observations};
 use crate::view::{ViewKeys, ViewOp, push_view_ops, view_run_key, view_session_key};
 use crate::{Observation, WqError};
 
 /// KEYS: the [`QueueKeys`]; then, with has_view, KEYS[8] the view session and KEYS[9] the view
 /// run; then, in entry order, the four [`ExpKeys`] of each entry with n_obs > 0 and the three
 /// [`ViewKeys`] of each with n_view > 0.
-/// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), then per entry: item, delay_ms, observe_only
-/// (0/1), n_obs, n_view, session, then n_obs × (kind, job_uid, pod_uid) and n_view × (kind,
-/// name, object, resource_version).
-/// Reply: [`AddReply`] `{added, accepted_now, now, observed, view_lost}` (view_lost 1 when view
-/// writes found no current session: the writer must begin a new one).
+/// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> n_takers, then per taker (a
+/// waiting lessee of the calling replica): worker, n, lease_ms; then per entry: item,
+/// delay_ms, observe_only (0/1), n_obs, n_view, session, then n_obs × (kind, job_uid, pod_uid)
+/// and n_view × (kind, name, object, resource_version).
+/// Reply: [`AddReply`] `{added, accepted_now, now, observed, view_lost, {lease item…} per
+/// taker}` (view_lost 1 when view writes found no current session: the writer must begin a new
+/// one; a lease item as LEASE returns it).
 ///
 /// View writes are applied before the observations of their item, and both before its enqueue,
 /// in the same script: a worker that leases the key and sees an observation also sees the pod
@@ -52,7 +55,8 @@ local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
 local has_view, session_read, current_session, view_lost = ARGV[2] == '1', false, false, 0
 if has_view then k = 10 end
 local now_items, seen = {}, {}
-local i = 3
+local takers = tonumber(ARGV[3])
+local i = 4 + 3 * takers
 while i <= #ARGV do
   local item, delay, only = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local nobs, nview, session = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5]
@@ -108,33 +112,67 @@ if #now_items > 0 then
     added, accepted, readied = added + n, accepted + n, readied + n
   end
 end
-if readied > 0 then wake() end
-return {added, accepted, now, observed, view_lost}
+-- Hand-off: the replica's own waiting lessees, in the order they began waiting, lease what
+-- became ready in this same script (no wake-up, no second script). Only what they leave is
+-- announced to other replicas' waiters through the wake marker.
+local out, handed = {added, accepted, now, observed, view_lost}, 0
+for w = 1, takers do
+  local got = {}
+  if readied > 0 and handed < readied then
+    local a = 4 + 3 * (w - 1)
+    handed = handed + grant(ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), got)
+  end
+  out[#out + 1] = got
+end
+if readied > 0 and (handed == 0 or redis.call('ZCARD', READY) > 0) then wake() end
+return out
 "#
 );
 
 static ADD_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ADD));
 
+/// A waiting lessee an Add may lease to directly (see [`crate::Waker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Taker {
+    /// Its worker id.
+    pub worker: String,
+    /// Most items it takes.
+    pub n: u32,
+    /// Its lease duration.
+    pub lease: Duration,
+}
+
 /// ADD's reply.
-struct AddReply {
-    added: u32,
-    accepted_now: u32,
-    observed: u32,
-    view_lost: bool,
+pub(crate) struct AddReply {
+    /// What the Add did.
+    pub outcome: AddOutcome,
+    /// Redis time of the script.
+    pub now_ms: i64,
+    /// What each taker was leased, in the takers' order.
+    pub handed: Vec<Vec<Leased>>,
 }
 
 impl AddReply {
-    fn parse(v: &Value) -> Result<Self, WqError> {
+    fn parse(v: &Value, takers: usize) -> Result<Self, WqError> {
         let mut f = Fields::new("add", v)?;
         let added = f.count("added")?;
         let accepted_now = f.count("accepted_now")?;
-        f.int("now")?;
-        Ok(Self {
-            added,
-            accepted_now,
-            observed: f.count("observed")?,
-            view_lost: f.flag("view_lost")?,
-        })
+        let now_ms = f.int("now")?;
+        let observed = f.count("observed")?;
+        let view_lost = f.flag("view_lost")?;
+        let handed = f
+            .rest("handed")?
+            .into_iter()
+            .map(|t| t.rest("lease item")?.into_iter().map(Leased::parse).collect())
+            .collect::<Result<Vec<Vec<Leased>>, WqError>>()?;
+        if handed.len() != takers {
+            return Err(WqError::Protocol(format!(
+                "add: hand-offs for {} takers, {takers} asked",
+                handed.len()
+            )));
+        }
+        let outcome = AddOutcome { added, accepted_now, delayed: 0, observed, view_lost };
+        Ok(Self { outcome, now_ms, handed })
     }
 }
 
@@ -144,8 +182,23 @@ impl Store {
     /// observations are applied in the same script as its enqueue (atomically, before it); on
     /// another queue they are applied first by a separate script on the job queue's slot.
     pub async fn add(&self, queue: &str, items: &[Enqueue]) -> Result<AddOutcome, WqError> {
+        Ok(self.add_handing(queue, items, &[]).await?.outcome)
+    }
+
+    /// [`Store::add`], then leases what became ready to `takers` in the same script.
+    pub(crate) async fn add_handing(
+        &self,
+        queue: &str,
+        items: &[Enqueue],
+        takers: &[Taker],
+    ) -> Result<AddReply, WqError> {
+        let nothing = |observed| AddReply {
+            outcome: AddOutcome { observed, ..AddOutcome::default() },
+            now_ms: 0,
+            handed: vec![Vec::new(); takers.len()],
+        };
         if items.is_empty() {
-            return Ok(AddOutcome::default());
+            return Ok(nothing(0));
         }
         let mut observed = 0;
         let same_slot = queue == kjob_core::JOB_QUEUE;
@@ -165,6 +218,12 @@ impl Store {
             keys.push(view_run_key());
         } else {
             args.push(b"0".to_vec());
+        }
+        args.push(num_arg(takers.len()));
+        for t in takers {
+            args.push(t.worker.as_bytes().to_vec());
+            args.push(num_arg(t.n));
+            args.push(ms_arg(t.lease));
         }
         let mut delayed = 0;
         let mut entries = 0;
@@ -194,15 +253,12 @@ impl Store {
             }
         }
         if entries == 0 {
-            return Ok(AddOutcome { observed, ..AddOutcome::default() });
+            return Ok(nothing(observed));
         }
-        let r = AddReply::parse(&self.eval("add", &ADD_SCRIPT, &keys, args).await?)?;
-        Ok(AddOutcome {
-            added: r.added,
-            accepted_now: r.accepted_now,
-            delayed,
-            observed: observed + r.observed,
-            view_lost: r.view_lost,
-        })
+        let v = self.eval("add", &ADD_SCRIPT, &keys, args).await?;
+        let mut r = AddReply::parse(&v, takers.len())?;
+        r.outcome.delayed = delayed;
+        r.outcome.observed += observed;
+        Ok(r)
     }
 }

@@ -24,34 +24,8 @@ const LEASE: &str = concat!(
 local worker, n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local promoted = promote(tonumber(ARGV[4]))
 local reaped, poisoned = reap(tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
-local popped = redis.call('ZPOPMIN', READY, n)
 local out = {now, next_due(), promoted, reaped, poisoned}
-local count = #popped / 2
-if count > 0 then
-  -- One sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
-  local last = redis.call('HINCRBY', STATS, 'lease_seq', count)
-  local fields = {}
-  for i = 1, count do
-    local item = popped[2 * i - 1]
-    fields[2 * i - 1] = item
-    fields[2 * i] = xfield(item)
-  end
-  local fail = redis.call('HMGET', FAILURES, unpack(fields))
-  local deadline = now + lease_ms
-  local zargs, hargs = {}, {}
-  for i = 1, count do
-    local item, added = popped[2 * i - 1], popped[2 * i]
-    -- The time part keeps ids unique even if Redis lost the sequence (restart without AOF).
-    local id = (last - count + i) .. '-' .. now
-    local req, ex = tonumber(fail[2 * i - 1] or 0), tonumber(fail[2 * i] or 0)
-    zargs[2 * i - 1], zargs[2 * i] = deadline, item
-    hargs[2 * i - 1] = item
-    hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
-    out[#out + 1] = {item, id, req, deadline, tonumber(added)}
-  end
-  redis.call('ZADD', LEASES, unpack(zargs))
-  redis.call('HSET', LEASE, unpack(hargs))
-end
+local count = grant(worker, n, lease_ms, out)
 -- Chain the wake-up so another replica's waiters take what is left.
 if count > 0 and redis.call('ZCARD', READY) > 0 then wake() end
 return out
@@ -148,5 +122,59 @@ impl Store {
             -1 => Ok(None),
             d => Ok(Some(d)),
         }
+    }
+}
+
+/// KEYS: the [`QueueKeys`].
+/// ARGV: per lease, item, lease_id, added_at.
+/// Reply: how many leases were still held under those ids and went back to ready.
+///
+/// Gives back leases nobody will work on (an Add leased items to a waiting lessee of this
+/// replica that disconnected before they reached it), as if they had never been leased: each
+/// goes back to ready at its first add time (or at the time it became dirty, if earlier),
+/// without counting an expiry, and waiters are woken.
+const RELEASE: &str = concat!(
+    queue_prelude!(),
+    queue_fns!(),
+    r#"
+local back = 0
+for i = 1, #ARGV, 3 do
+  local item, id, at = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local v = redis.call('HGET', LEASE, item)
+  if v then
+    local lid, _, _, _, dt = unpack_lease(v)
+    if lid == id then
+      if dt >= 0 and dt < at then at = dt end
+      redis.call('HDEL', LEASE, item)
+      redis.call('ZREM', LEASES, item)
+      redis.call('ZADD', READY, 'NX', at, item)
+      back = back + 1
+    end
+  end
+end
+if back > 0 then wake() end
+return back
+"#
+);
+
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+
+impl Store {
+    /// Puts leases nobody will work on back into ready (fenced by their ids, so a lease that
+    /// expired or was finished meanwhile is left alone); returns how many went back.
+    pub(crate) async fn release(&self, queue: &str, leases: &[Leased]) -> Result<u32, WqError> {
+        if leases.is_empty() {
+            return Ok(0);
+        }
+        let mut args = Vec::with_capacity(leases.len() * 3);
+        for l in leases {
+            args.push(l.key.as_bytes().to_vec());
+            args.push(l.lease_id.as_bytes().to_vec());
+            args.push(num_arg(l.enqueued_ms));
+        }
+        let v =
+            self.eval("release", &RELEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
+        let n = reply::int("release", &v)?;
+        u32::try_from(n).map_err(|_| WqError::Protocol(format!("release: {n} is not a count")))
     }
 }

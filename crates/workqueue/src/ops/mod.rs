@@ -10,6 +10,8 @@ mod maintain;
 mod records;
 mod stats;
 
+pub(crate) use add::Taker;
+
 /// Milliseconds of `d` as a script argument.
 pub(crate) fn ms_arg(d: std::time::Duration) -> Vec<u8> {
     crate::store::ms(d).to_string().into_bytes()
