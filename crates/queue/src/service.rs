@@ -319,15 +319,13 @@ impl QueueService {
         // same script as its enqueue, so a worker that leases the key sees them.
         let (mut added, mut view_session_lost) = (0, false);
         for (queue, batch) in per_queue {
-            let r = self.store.add(queue, &batch).await.map_err(store_err)?;
+            // Leases what becomes ready to this replica's waiting lessees in the same script.
+            let r = self.waker.add(&self.store, queue, batch).await.map_err(store_err)?;
             added += r.added;
             view_session_lost |= r.view_lost;
             let m = self.metrics.queue(queue);
             m.adds.inc_by(u64::from(r.accepted_now));
             m.retries.inc_by(u64::from(r.delayed));
-            if r.accepted_now > 0 {
-                self.waker.poke(queue, r.accepted_now);
-            }
         }
         Ok(v1::AddResponse { added, view_session_lost })
     }

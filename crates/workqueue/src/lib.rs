@@ -7,15 +7,20 @@
 //! touches one Cluster slot and an Add applies its observations in the same script.
 //!
 //! * [`Store`]: the operations (add, lease, renew, done, sweep, stats, inspect, expectations,
-//!   records) over a single server or a Cluster (see [`conn`] for the URL forms).
+//!   records) over a single server or a Cluster (see [`conn`] for the URL forms). Each lives in
+//!   a module of `ops` directly below its Lua script, with typed keys (`keys`) and its reply
+//!   read into named fields (`reply`); Lua used by several scripts is in `lua`.
 //! * [`limiter`] and [`expectations`]: the pure formulas (rate limiter, satisfied check).
 //! * [`wake`]: prompt wake-ups of waiting lessees across replicas.
 
 pub mod conn;
 pub mod events;
 pub mod expectations;
+mod keys;
 pub mod limiter;
-mod scripts;
+mod lua;
+mod ops;
+mod reply;
 pub mod store;
 pub mod view;
 pub mod wake;

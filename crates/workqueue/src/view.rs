@@ -20,9 +20,13 @@
 //! or a promoted replica has another run id: no view is trusted until a new session, and the
 //! watcher's next Add with view writes learns it must begin one.
 
-use redis::Value;
+use std::sync::LazyLock;
+
+use redis::Script;
 
 use crate::WqError;
+use crate::keys::ExpKeys;
+use crate::reply::{self, Fields};
 use crate::store::Store;
 
 /// One write to a Job's shared view.
@@ -130,10 +134,28 @@ pub(crate) fn view_run_key() -> String {
     format!("{{wq:{}}}:view-run", kjob_core::JOB_QUEUE)
 }
 
-/// The three view keys of Job `key`: object, pods, record.
-pub(crate) fn view_keys(key: &str) -> [String; 3] {
-    let t = format!("{{wq:{}}}:view:{key}", kjob_core::JOB_QUEUE);
-    [t.clone(), format!("{t}:pods"), format!("{t}:meta")]
+/// The three view keys of one Job, under the job queue's hash tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ViewKeys {
+    /// STRING: the Job JSON.
+    pub job: String,
+    /// HASH pod name → pod JSON.
+    pub pods: String,
+    /// HASH `uid`, `rv`, `epoch`, `orphans`, `handled`.
+    pub meta: String,
+}
+
+impl ViewKeys {
+    /// The view keys of Job `key`.
+    pub(crate) fn new(key: &str) -> Self {
+        let t = format!("{{wq:{}}}:view:{key}", kjob_core::JOB_QUEUE);
+        Self { pods: format!("{t}:pods"), meta: format!("{t}:meta"), job: t }
+    }
+
+    /// The keys in the order ADD (three per item with view writes) and DELETE take them.
+    pub(crate) fn to_vec(&self) -> Vec<String> {
+        vec![self.job.clone(), self.pods.clone(), self.meta.clone()]
+    }
 }
 
 /// Appends `(kind, name, object, resource_version)` of each write to `args`.
@@ -226,11 +248,36 @@ end
 }
 pub(crate) use apply_view_fn;
 
-/// KEYS: session, object, pods, record, the Job's expectation record and finalizer set, run,
-/// its per-Job records. ARGV: record names → `{0}` (not trusted) or
-/// `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp, {record or ''…}}` where `exp`
-/// is what EXP_GET returns, read in the same script, and records are `expiry|value`. Trusted: the record's epoch is the
-/// current, committed session (a pending session never equals an epoch).
+/// The keys GET_VIEW reads, in its KEYS order.
+struct GetViewKeys {
+    session: String,
+    view: ViewKeys,
+    exp: ExpKeys,
+    run: String,
+}
+
+impl GetViewKeys {
+    fn to_vec(&self) -> Vec<String> {
+        vec![
+            self.session.clone(),
+            self.view.job.clone(),
+            self.view.pods.clone(),
+            self.view.meta.clone(),
+            self.exp.exp.clone(),
+            self.exp.fin.clone(),
+            self.run.clone(),
+            self.exp.rec.clone(),
+        ]
+    }
+}
+
+/// KEYS: [`GetViewKeys`]: 1 session, 2 object, 3 pods, 4 meta, 5 the Job's expectation record,
+/// 6 its finalizer set, 7 run, 8 its per-Job records.
+/// ARGV: record names.
+/// Reply: `{0}` (not trusted) or `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp,
+/// {record or ''…}}` where `exp` is what GET_EXPECTATIONS returns, read in the same script,
+/// and records are `expiry|value`. Trusted: the record's epoch is the current, committed
+/// session (a pending session never equals an epoch).
 const GET_VIEW: &str = concat!(
     apply_view_fn!(),
     r#"
@@ -256,8 +303,66 @@ return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KE
 "#
 );
 
-/// KEYS: object, record. ARGV: uid, resource_version, object ('' = none), orphans_handled,
-/// gc_ms → 1 when the object was stored. Only a view of that UID is touched.
+static GET_VIEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET_VIEW));
+
+impl Store {
+    /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
+    pub async fn get_job_view(
+        &self,
+        key: &str,
+        records: &[String],
+    ) -> Result<Option<JobView>, WqError> {
+        let keys = GetViewKeys {
+            session: view_session_key(),
+            view: ViewKeys::new(key),
+            exp: ExpKeys::new(key),
+            run: view_run_key(),
+        };
+        let args = records.iter().map(|r| r.as_bytes().to_vec()).collect();
+        let v = self.eval("get_job_view", &GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
+        let mut f = Fields::new("get_job_view", &v)?;
+        if !f.flag("trusted")? {
+            return Ok(None);
+        }
+        let job = f.bytes("object")?;
+        let orphans_seen = f.u64("orphans_seen")?;
+        let orphans_handled = f.u64("orphans_handled")?;
+        let mut pods_f = f.array("pods")?;
+        let pods =
+            (0..pods_f.remaining()).map(|_| pods_f.bytes("pod")).collect::<Result<_, _>>()?;
+        let uid = f.string("uid")?;
+        let exp = self.expectations_reply(f.array("expectations")?, &uid)?;
+        let mut recs = f.array("records")?;
+        if recs.remaining() != records.len() {
+            return Err(WqError::Protocol(format!(
+                "get_job_view: {} records for {} names",
+                recs.remaining(),
+                records.len()
+            )));
+        }
+        let mut found = Vec::new();
+        for name in records {
+            let stored = recs.bytes("record")?;
+            if let Some(value) = crate::store::live_record(&stored, exp.now_ms) {
+                found.push((name.clone(), value));
+            }
+        }
+        Ok(Some(JobView {
+            job,
+            pods,
+            orphans_seen,
+            orphans_handled,
+            uid,
+            expectations: exp.expectations,
+            records: found,
+        }))
+    }
+}
+
+/// KEYS[1] -> the Job's view object, KEYS[2] -> its view meta.
+/// ARGV[1] -> uid, ARGV[2] -> resource_version, ARGV[3] -> object ('' = none), ARGV[4] ->
+/// orphans_handled, ARGV[5] -> gc_ms.
+/// Reply: 1 when the object was stored. Only a view of that UID is touched.
 const PUT_VIEW: &str = concat!(
     apply_view_fn!(),
     r#"
@@ -275,8 +380,36 @@ return stored
 "#
 );
 
-/// KEYS: session, run. ARGV: session, phase (1 begin, 2 commit, 3 end) → 1 when applied. A
-/// Begin records the Redis run it happened on (see `view_current`).
+static PUT_VIEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT_VIEW));
+
+impl Store {
+    /// Writes back a Job object a worker got from the API server (kept only when newer than
+    /// the cached one and the view is of `uid`), and acknowledges `orphans_handled` notices.
+    /// Returns whether the object was stored.
+    pub async fn put_job_view(
+        &self,
+        key: &str,
+        uid: &str,
+        object: &[u8],
+        resource_version: &str,
+        orphans_handled: u64,
+    ) -> Result<bool, WqError> {
+        let ViewKeys { job, meta, .. } = ViewKeys::new(key);
+        let args = vec![
+            uid.as_bytes().to_vec(),
+            resource_version.as_bytes().to_vec(),
+            object.to_vec(),
+            orphans_handled.to_string().into_bytes(),
+            self.idle_gc_ms().to_string().into_bytes(),
+        ];
+        let v = self.eval("put_job_view", &PUT_VIEW_SCRIPT, &[job, meta], args).await?;
+        Ok(reply::int("put_job_view", &v)? == 1)
+    }
+}
+
+/// KEYS[1] -> the view session, KEYS[2] -> the view run.
+/// ARGV[1] -> session, ARGV[2] -> phase (1 begin, 2 commit, 3 end).
+/// Reply: 1 when applied. A Begin records the Redis run it happened on (see `view_current`).
 const SESSION: &str = r#"
 local current = redis.call('GET', KEYS[1])
 local pending = ARGV[1] .. '|pending'
@@ -299,117 +432,9 @@ else
 end
 "#;
 
-/// The view scripts, loaded once per store.
-pub(crate) struct ViewScripts {
-    get: redis::Script,
-    put: redis::Script,
-    session: redis::Script,
-}
-
-impl ViewScripts {
-    pub(crate) fn new() -> Self {
-        Self {
-            get: redis::Script::new(GET_VIEW),
-            put: redis::Script::new(PUT_VIEW),
-            session: redis::Script::new(SESSION),
-        }
-    }
-}
-
-fn protocol(what: &str, v: &Value) -> WqError {
-    WqError::Protocol(format!("{what}: {v:?}"))
-}
-
-fn int(v: &Value, what: &str) -> Result<i64, WqError> {
-    match v {
-        Value::Int(i) => Ok(*i),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| protocol(what, v)),
-        _ => Err(protocol(what, v)),
-    }
-}
-
-fn blob(v: &Value, what: &str) -> Result<Vec<u8>, WqError> {
-    match v {
-        Value::BulkString(b) => Ok(b.clone()),
-        _ => Err(protocol(what, v)),
-    }
-}
+static SESSION_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SESSION));
 
 impl Store {
-    /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
-    pub async fn get_job_view(
-        &self,
-        key: &str,
-        records: &[String],
-    ) -> Result<Option<JobView>, WqError> {
-        let mut keys = vec![view_session_key()];
-        keys.extend(view_keys(key));
-        let [exp, _, fin, rec] = crate::store::exp_keys(key);
-        keys.extend([exp, fin, view_run_key(), rec]);
-        let args = records.iter().map(|r| r.as_bytes().to_vec()).collect();
-        let v = self.eval("get_job_view", &self.view_scripts().get, &keys, args).await?;
-        let Value::Array(a) = &v else { return Err(protocol("get_job_view", &v)) };
-        if a.first().map(|x| int(x, "trusted")).transpose()? != Some(1) {
-            return Ok(None);
-        }
-        let [_, job, seen, handled, pods, uid, exp, recs] = a.as_slice() else {
-            return Err(protocol("get_job_view", &v));
-        };
-        let now = match exp {
-            Value::Array(e) => e.get(5).map(|x| int(x, "now")).transpose()?.unwrap_or(0),
-            other => return Err(protocol("get_job_view exp", other)),
-        };
-        let mut found = Vec::new();
-        if let Value::Array(rs) = recs {
-            for (name, r) in records.iter().zip(rs) {
-                if let Some(value) = crate::store::live_record(&blob(r, "record")?, now) {
-                    found.push((name.clone(), value));
-                }
-            }
-        }
-        let uid = String::from_utf8(blob(uid, "uid")?).map_err(|_| protocol("uid", &v))?;
-        let expectations = self.parse_expectations(exp, &uid)?;
-        let pods = match pods {
-            Value::Array(p) => p.iter().map(|x| blob(x, "pod")).collect::<Result<_, _>>()?,
-            other => return Err(protocol("get_job_view pods", other)),
-        };
-        Ok(Some(JobView {
-            job: blob(job, "job")?,
-            pods,
-            orphans_seen: u64::try_from(int(seen, "orphans")?).unwrap_or(0),
-            orphans_handled: u64::try_from(int(handled, "handled")?).unwrap_or(0),
-            uid,
-            expectations,
-            records: found,
-        }))
-    }
-
-    /// Writes back a Job object a worker got from the API server (kept only when newer than
-    /// the cached one and the view is of `uid`), and acknowledges `orphans_handled` notices.
-    /// Returns whether the object was stored.
-    pub async fn put_job_view(
-        &self,
-        key: &str,
-        uid: &str,
-        object: &[u8],
-        resource_version: &str,
-        orphans_handled: u64,
-    ) -> Result<bool, WqError> {
-        let [job, _, meta] = view_keys(key);
-        let args = vec![
-            uid.as_bytes().to_vec(),
-            resource_version.as_bytes().to_vec(),
-            object.to_vec(),
-            orphans_handled.to_string().into_bytes(),
-            self.idle_gc_ms().to_string().into_bytes(),
-        ];
-        let v = self.eval("put_job_view", &self.view_scripts().put, &[job, meta], args).await?;
-        Ok(int(&v, "put_job_view")? == 1)
-    }
-
     /// Begins, commits or ends watcher session `session`; returns whether it applied.
     pub async fn view_session(&self, session: &str, phase: SessionPhase) -> Result<bool, WqError> {
         let phase = match phase {
@@ -418,14 +443,8 @@ impl Store {
             SessionPhase::End => "3",
         };
         let args = vec![session.as_bytes().to_vec(), phase.as_bytes().to_vec()];
-        let v = self
-            .eval(
-                "view_session",
-                &self.view_scripts().session,
-                &[view_session_key(), view_run_key()],
-                args,
-            )
-            .await?;
-        Ok(int(&v, "view_session")? == 1)
+        let keys = [view_session_key(), view_run_key()];
+        let v = self.eval("view_session", &SESSION_SCRIPT, &keys, args).await?;
+        Ok(reply::int("view_session", &v)? == 1)
     }
 }

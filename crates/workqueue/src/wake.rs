@@ -1,4 +1,13 @@
-//! Prompt wake-ups of waiting lessees, across replicas.
+//! Prompt wake-ups of waiting lessees, across replicas, and the hand-off to the local ones.
+//!
+//! Hand-off: a lessee that found nothing offers itself to its replica before it waits. An Add
+//! that this replica serves ([`Waker::add`]) claims the offers (oldest first) and its ADD script
+//! leases what became ready to them in the same atomic script; the replica hands the leases
+//! over in-process. The enqueue→lease path is then one script, with no wake marker and no
+//! LEASE. What the local lessees leave is announced to the other replicas through the marker
+//! as before. A lessee that went away after its offer was claimed (it disconnected, or the
+//! server drains) does not lose the items: they go back to ready at once (RELEASE), or, should
+//! that fail, when their lease expires.
 //!
 //! Scripts push a durable marker onto `{wq:<name>}:wake` whenever items become ready. While a
 //! replica has local waiters on a queue it keeps one dedicated connection blocked in `BLPOP` on
@@ -8,17 +17,19 @@
 //! of the earliest delayed item and at least every [`SAFETY_POLL`], which covers lost markers
 //! (a Redis restart) and a broken blocking connection.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::conn::{self, Conn, RedisTarget};
-use crate::store::{LeaseBatch, wake_key};
+use crate::keys::QueueKeys;
+use crate::ops::Taker;
+use crate::store::{AddOutcome, Enqueue, LeaseBatch, Leased};
 use crate::{Store, WqError};
 
 /// Longest a waiter sleeps without re-running LEASE, whatever the markers say.
@@ -38,6 +49,62 @@ struct QueueWake {
     waiters: AtomicUsize,
     /// Permit-style signal that the first waiter arrived.
     arrived: Notify,
+    /// Waiting lessees an Add may lease to directly, oldest first.
+    offers: Mutex<VecDeque<Offer>>,
+    /// Ids of offers (to withdraw one).
+    next_offer: AtomicU64,
+}
+
+/// A waiting lessee's offer to take items leased by an Add of this replica.
+struct Offer {
+    id: u64,
+    taker: Taker,
+    tx: oneshot::Sender<Handed>,
+}
+
+/// What an Add leased to a waiting lessee.
+struct Handed {
+    now_ms: i64,
+    items: Vec<Leased>,
+}
+
+impl QueueWake {
+    fn offers(&self) -> std::sync::MutexGuard<'_, VecDeque<Offer>> {
+        self.offers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Offers a waiting lessee for a hand-off; the id withdraws it.
+    fn offer(&self, taker: Taker, tx: oneshot::Sender<Handed>) -> u64 {
+        let id = self.next_offer.fetch_add(1, Ordering::Relaxed);
+        let mut offers = self.offers();
+        // Lessees that went away while waiting leave a closed offer behind.
+        offers.retain(|o| !o.tx.is_closed());
+        offers.push_back(Offer { id, taker, tx });
+        id
+    }
+
+    /// Withdraws offer `id`; `false` when an Add already claimed it (its hand-off will come).
+    fn withdraw(&self, id: u64) -> bool {
+        let mut offers = self.offers();
+        let before = offers.len();
+        offers.retain(|o| o.id != id);
+        offers.len() < before
+    }
+
+    /// Claims the oldest live offers until they take `items` items together.
+    fn claim(&self, items: usize) -> Vec<Offer> {
+        let mut offers = self.offers();
+        let (mut claimed, mut takes) = (Vec::new(), 0usize);
+        while takes < items {
+            let Some(o) = offers.pop_front() else { break };
+            if o.tx.is_closed() {
+                continue;
+            }
+            takes += o.taker.n as usize;
+            claimed.push(o);
+        }
+        claimed
+    }
 }
 
 /// Wake-up hub of one replica; cheap to clone.
@@ -80,6 +147,13 @@ impl Waker {
                 q.notify.notify_one();
             }
         }
+    }
+
+    /// Lessees of `queue` waiting on this replica with an offer an Add may take.
+    pub fn waiting(&self, queue: &str) -> usize {
+        self.queues
+            .get(queue)
+            .map_or(0, |q| q.offers().iter().filter(|o| !o.tx.is_closed()).count())
     }
 
     /// Leases up to `n` items of `queue`, waiting up to `wait` for the first one. The batch's
@@ -125,16 +199,100 @@ impl Waker {
                 let in_ms = u64::try_from(due.saturating_sub(now_ms).max(0)).unwrap_or(0);
                 until = until.min(now + Duration::from_millis(in_ms + 1));
             }
-            match notified.as_mut().as_pin_mut() {
-                Some(n) => {
-                    tokio::select! {
-                        _ = n => {}
-                        _ = tokio::time::sleep_until(until) => {}
-                    }
-                }
-                None => tokio::time::sleep_until(until).await,
+            let (Some(q), Some(notified)) = (&q, notified.as_mut().as_pin_mut()) else {
+                tokio::time::sleep_until(until).await;
+                continue;
+            };
+            // Offer ourselves to this replica's Adds; a wake-up (another replica's Add, a Done,
+            // a due item) or the timer makes us look again ourselves.
+            let (tx, mut rx) = oneshot::channel();
+            let taker = Taker { worker: worker.to_string(), n, lease };
+            let id = q.offer(taker, tx);
+            let handed = tokio::select! {
+                h = &mut rx => h.ok(),
+                _ = notified => None,
+                _ = tokio::time::sleep_until(until) => None,
+            };
+            let handed = match handed {
+                Some(h) => Some(h),
+                // Claimed meanwhile: its Add is running and answers within its timeout.
+                None if !q.withdraw(id) => rx.await.ok(),
+                None => None,
+            };
+            if let Some(h) = handed.filter(|h| !h.items.is_empty()) {
+                let items = h.items;
+                return Ok(LeaseBatch {
+                    now_ms: h.now_ms,
+                    next_due_ms: None,
+                    promoted,
+                    reaped,
+                    poisoned,
+                    items,
+                });
             }
         }
+    }
+
+    /// Adds a batch to `queue` (see [`Store::add`]), leasing what becomes ready to this
+    /// replica's waiting lessees in the same script and handing it to them; the rest wakes
+    /// other waiters as usual.
+    pub async fn add(
+        &self,
+        store: &Store,
+        queue: &str,
+        items: Vec<Enqueue>,
+    ) -> Result<AddOutcome, WqError> {
+        let Some(q) = self.queues.get(queue) else { return store.add(queue, &items).await };
+        let immediate =
+            items.iter().filter(|e| !e.observe_only && crate::store::ms(e.delay) == 0).count();
+        let claimed = if immediate > 0 { q.claim(immediate) } else { Vec::new() };
+        if claimed.is_empty() {
+            let r = store.add(queue, &items).await?;
+            self.poke(queue, r.accepted_now);
+            return Ok(r);
+        }
+        // Leases are granted in Redis by the script: finish the hand-off even if the caller
+        // goes away meanwhile (its Add RPC dropped), or the lessees would wait for their
+        // leases to expire. The caller still gets the result when it waits for it.
+        let (this, store, queue) = (self.clone(), store.clone(), queue.to_string());
+        tokio::spawn(async move { this.add_handing(&store, &queue, &items, claimed).await })
+            .await
+            .map_err(|e| WqError::Unavailable(format!("add: hand-off task failed: {e}")))?
+    }
+
+    async fn add_handing(
+        &self,
+        store: &Store,
+        queue: &str,
+        items: &[Enqueue],
+        claimed: Vec<Offer>,
+    ) -> Result<AddOutcome, WqError> {
+        let takers: Vec<Taker> = claimed.iter().map(|o| o.taker.clone()).collect();
+        // On an error the claimed offers drop here: their lessees look again themselves.
+        let r = store.add_handing(queue, items, &takers).await?;
+        let mut handed = 0;
+        let mut undelivered = Vec::new();
+        for (offer, items) in claimed.into_iter().zip(r.handed) {
+            handed += items.len();
+            if let Err(h) = offer.tx.send(Handed { now_ms: r.now_ms, items }) {
+                undelivered.extend(h.items);
+            }
+        }
+        if !undelivered.is_empty() {
+            // The lessee went away between its offer's claim and the hand-off.
+            match store.release(queue, &undelivered).await {
+                Ok(back) => self.poke(queue, back),
+                Err(e) => tracing::warn!(
+                    queue,
+                    error = %e,
+                    items = undelivered.len(),
+                    "giving back undelivered leases failed; they come back when they expire"
+                ),
+            }
+        }
+        let left = r.outcome.accepted_now.saturating_sub(u32::try_from(handed).unwrap_or(u32::MAX));
+        self.poke(queue, left);
+        Ok(r.outcome)
     }
 
     /// Runs the blocking loops of every queue until `shutdown` completes.
@@ -150,7 +308,7 @@ impl Waker {
 }
 
 async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<QueueWake>) {
-    let key = wake_key(&queue);
+    let key = QueueKeys::new(&queue).wake;
     let mut conn: Option<Conn> = None;
     loop {
         if q.waiters.load(Ordering::SeqCst) == 0 {
@@ -197,5 +355,35 @@ async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<Que
                 q.notify.notify_waiters();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KeyState, StoreConfig};
+
+    /// The lessee goes away after an Add claimed its offer and before the hand-off reaches it:
+    /// the item goes back to ready at once (no expiry counted) for the next lessee.
+    #[tokio::test]
+    async fn a_hand_off_nobody_receives_goes_back_to_ready() {
+        let server = kjob_testkit::RedisServer::start().expect("redis-server");
+        let s = Store::connect(&server.url(), StoreConfig::default()).await.unwrap();
+        let waker = Waker::new(&s, ["job"]);
+        let q = waker.queues.get("job").unwrap().clone();
+        let (tx, rx) = oneshot::channel();
+        let lease = Duration::from_secs(30);
+        q.offer(Taker { worker: "gone".into(), n: 1, lease }, tx);
+        assert_eq!(waker.waiting("job"), 1);
+        let claimed = q.claim(1);
+        assert_eq!((claimed.len(), waker.waiting("job")), (1, 0));
+        drop(rx);
+        let r = waker.add_handing(&s, "job", &[Enqueue::now("ns/a")], claimed).await.unwrap();
+        assert_eq!(r.accepted_now, 1);
+        let v = &s.inspect("job", &["ns/a".to_string()]).await.unwrap()[0];
+        assert_eq!((v.state, v.holder.as_str(), v.expiries), (KeyState::Ready, "", 0));
+        let got = s.lease("job", "next", 1, lease).await.unwrap().items;
+        assert_eq!(got.len(), 1);
+        assert_eq!(s.stats("job").await.unwrap().ready, 0);
     }
 }

@@ -838,6 +838,9 @@ both!(
     event_spam_filter_burst_then_refill,
     event_aggregation_after_ten_similar_messages,
     event_state_is_shared_by_every_store_handle,
+    handoff_leases_each_item_exactly_once,
+    handoff_leaves_the_rest_to_other_replicas,
+    handoff_skips_a_lessee_that_went_away,
 );
 
 /// A Redis that restarted may have lost the last view writes: nothing written before is
@@ -911,4 +914,155 @@ async fn redis_down_is_unavailable_and_recovers() {
             }
         }
     }
+}
+
+/// Runs `waker`'s blocking loops until the returned sender is dropped or fired.
+fn run_waker(
+    waker: &Waker,
+    s: &Store,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (w, s) = (waker.clone(), s.clone());
+    let task = tokio::spawn(async move {
+        w.run(s, async move {
+            let _ = rx.await;
+        })
+        .await
+    });
+    (tx, task)
+}
+
+/// Waits until `waker` has `n` lessees waiting on the queue (their first LEASE found nothing).
+async fn until_waiting(waker: &Waker, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while waker.waiting(Q) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} lessees waiting",
+            waker.waiting(Q)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An Add served by the replica whose lessees wait hands the new items to them in its own
+/// script: every item is leased exactly once, to one of them, with a live lease record.
+async fn handoff_leases_each_item_exactly_once(s: Store) {
+    let waker = Waker::new(&s, [Q]);
+    let (stop, runner) = run_waker(&waker, &s);
+    let total = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..4)
+        .map(|w| {
+            let (waker, s, total) = (waker.clone(), s.clone(), total.clone());
+            tokio::spawn(async move {
+                let worker = format!("w{w}");
+                let mut got = Vec::new();
+                while total.load(std::sync::atomic::Ordering::SeqCst) < 100 {
+                    let wait = Duration::from_millis(500);
+                    let items = waker.lease(&s, Q, &worker, 3, LEASE, wait).await.unwrap().items;
+                    total.fetch_add(items.len(), std::sync::atomic::Ordering::SeqCst);
+                    got.extend(items);
+                }
+                (worker, got)
+            })
+        })
+        .collect();
+    until_waiting(&waker, 4).await;
+    let keys: Vec<String> = (0..100).map(|i| format!("ns/h{i:03}")).collect();
+    let adds: Vec<_> = keys
+        .chunks(5)
+        .map(|c| {
+            let (waker, s) = (waker.clone(), s.clone());
+            let batch: Vec<Enqueue> = c.iter().map(|k| now(k)).collect();
+            tokio::spawn(async move { waker.add(&s, Q, batch).await.unwrap() })
+        })
+        .collect();
+    let mut accepted = 0;
+    for a in adds {
+        accepted += a.await.unwrap().accepted_now;
+    }
+    assert_eq!(accepted, 100);
+    let mut seen = HashSet::new();
+    for w in waiters {
+        let (worker, got) = w.await.unwrap();
+        for it in got {
+            assert!(seen.insert(it.key.clone()), "{} leased twice", it.key);
+            let v = &s.inspect(Q, std::slice::from_ref(&it.key)).await.unwrap()[0];
+            assert_eq!((v.state, v.holder.as_str()), (KeyState::Leased, worker.as_str()));
+            let d = s.done(Q, &it.key, &it.lease_id, LeaseOutcome::Forget).await.unwrap();
+            assert!(d.is_some(), "the handed lease id is the one Redis holds");
+        }
+    }
+    assert_eq!(seen.len(), 100, "every item leased once");
+    let st = s.stats(Q).await.unwrap();
+    assert_eq!((st.ready, st.leased), (0, 0));
+    let _ = stop.send(());
+    runner.await.unwrap();
+}
+
+/// A lessee waiting on another replica still gets what this replica's Add leaves: the items
+/// beyond what the local waiters take, and everything when no local lessee waits.
+async fn handoff_leaves_the_rest_to_other_replicas(s: Store) {
+    let here = Waker::new(&s, [Q]);
+    let other_store = Store::connect(&target_url(&s), StoreConfig::default()).await.unwrap();
+    let there = Waker::new(&other_store, [Q]);
+    let (stop_here, run_here) = run_waker(&here, &s);
+    let (stop_there, run_there) = run_waker(&there, &other_store);
+    let remote = {
+        let (w, s) = (there.clone(), other_store.clone());
+        tokio::spawn(
+            async move { w.lease(&s, Q, "remote", 5, LEASE, Duration::from_secs(10)).await },
+        )
+    };
+    until_waiting(&there, 1).await;
+    // No local lessee waits: the whole Add is announced through the wake marker.
+    let t0 = tokio::time::Instant::now();
+    here.add(&s, Q, vec![now("ns/r1")]).await.unwrap();
+    let got = remote.await.unwrap().unwrap().items;
+    assert_eq!(got.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), ["ns/r1"]);
+    assert!(t0.elapsed() < Duration::from_millis(800), "woke after {:?}", t0.elapsed());
+    // One local lessee takes one item; the remote one gets the other.
+    let local = {
+        let (w, s) = (here.clone(), s.clone());
+        tokio::spawn(
+            async move { w.lease(&s, Q, "local", 1, LEASE, Duration::from_secs(10)).await },
+        )
+    };
+    let remote = {
+        let (w, s) = (there.clone(), other_store.clone());
+        tokio::spawn(
+            async move { w.lease(&s, Q, "remote", 5, LEASE, Duration::from_secs(10)).await },
+        )
+    };
+    until_waiting(&here, 1).await;
+    until_waiting(&there, 1).await;
+    here.add(&s, Q, vec![now("ns/r2"), now("ns/r3")]).await.unwrap();
+    assert_eq!(here.waiting(Q), 0, "the Add took the local lessee's offer");
+    let l = local.await.unwrap().unwrap().items;
+    let r = remote.await.unwrap().unwrap().items;
+    assert_eq!(l.len(), 1, "the local lessee takes its one item");
+    assert_eq!(r.len(), 1, "the remote lessee gets the rest: {r:?}");
+    assert_ne!(l[0].key, r[0].key);
+    let _ = stop_here.send(());
+    let _ = stop_there.send(());
+    run_here.await.unwrap();
+    run_there.await.unwrap();
+}
+
+/// A lessee that went away while waiting loses nothing: its stale offer is skipped, and the
+/// item stays ready for the next lessee.
+async fn handoff_skips_a_lessee_that_went_away(s: Store) {
+    let waker = Waker::new(&s, [Q]);
+    let gone = {
+        let (w, s) = (waker.clone(), s.clone());
+        tokio::spawn(async move { w.lease(&s, Q, "gone", 1, LEASE, Duration::from_secs(10)).await })
+    };
+    until_waiting(&waker, 1).await;
+    gone.abort();
+    let _ = gone.await;
+    waker.add(&s, Q, vec![now("ns/g")]).await.unwrap();
+    let v = &s.inspect(Q, &["ns/g".to_string()]).await.unwrap()[0];
+    assert_eq!(v.state, KeyState::Ready, "not leased to a lessee that left");
+    let got = waker.lease(&s, Q, "next", 1, LEASE, Duration::from_secs(1)).await.unwrap().items;
+    assert_eq!(got.len(), 1);
 }

@@ -1,0 +1,192 @@
+//! Lua shared by several scripts: the queue's data model helpers and the observation of
+//! expectations. Each script itself lives beside the Rust that calls it (`crate::ops`), with a
+//! `KEYS` / `ARGV` header; what is here is vocabulary, written once.
+//!
+//! Time always comes from Redis `TIME` (once per script, see the preludes in [`crate::keys`]),
+//! so every replica shares one clock. Commands are batched where Redis allows (one `ZADD` /
+//! `HSET` / `HMGET` for a whole lease batch), because the per-command cost dominates the CPU
+//! Redis spends per item.
+
+/// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `wake`,
+/// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`,
+/// `grant`.
+macro_rules! queue_fns {
+    () => {
+        r#"
+-- A durable wake marker: blocked replicas BLPOP it; at most one element. While nobody waits the
+-- marker stays, so this costs one LLEN.
+local function wake()
+  if redis.call('LLEN', WAKE) == 0 then redis.call('RPUSH', WAKE, '1') end
+end
+
+-- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
+-- id goes last because it is free-form).
+local function unpack_lease(v)
+  local id, st, rq, ex, dt, wk = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk
+end
+
+local function xfield(item) return '!x|' .. item end
+
+-- client-go Add at time `at`: a leased item becomes dirty (its record keeps the first add time),
+-- any other joins ready unless there. Returns accepted (0/1), readied (0/1).
+local function add_now(item, at)
+  local v = redis.call('HGET', LEASE, item)
+  if v then
+    local id, st, rq, ex, dt, wk = unpack_lease(v)
+    if dt >= 0 then return 0, 0 end
+    redis.call('HSET', LEASE, item, id .. '|' .. st .. '|' .. rq .. '|' .. ex .. '|' .. at .. '|' .. wk)
+    return 1, 0
+  end
+  if redis.call('ZADD', READY, 'NX', at, item) == 1 then return 1, 1 end
+  return 0, 0
+end
+
+local function next_due()
+  local head = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+  if #head == 0 then return -1 end
+  return tonumber(head[2])
+end
+
+-- AddAfter with delay > 0: earliest wins. Wakes waiters when the head of delayed moved earlier,
+-- because their sleep was computed from the old head.
+local function add_after(item, delay)
+  local due = now + delay
+  local changed = redis.call('ZADD', DELAYED, 'LT', 'CH', due, item)
+  if changed == 1 then
+    local head = redis.call('ZRANGE', DELAYED, 0, 0)
+    if head[1] == item then wake() end
+  end
+  return changed
+end
+
+-- client-go ItemExponentialFailureRateLimiter: base * 2^(failures before this one), capped.
+local function backoff(item, base, max)
+  local n = redis.call('HINCRBY', FAILURES, item, 1)
+  return math.min(base * 2 ^ (n - 1), max)
+end
+
+-- Moves due delayed items through the Add path. Bounded: a script blocks the whole server.
+-- Returns accepted adds (client-go counts an AddAfter's add when it fires) and items readied.
+local function promote(limit)
+  local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  if #due == 0 then return 0, 0 end
+  local accepted, readied, members = 0, 0, {}
+  for i = 1, #due, 2 do
+    members[#members + 1] = due[i]
+    local a, r = add_now(due[i], tonumber(due[i + 1]))
+    accepted, readied = accepted + a, readied + r
+  end
+  redis.call('ZREM', DELAYED, unpack(members))
+  return accepted, readied
+end
+
+-- Puts items whose lease deadline passed back into ready (dirty or not: they need a run). An
+-- item whose leases expired `poison` times in a row without a Done is requeued through the
+-- rate limiter instead, so a key that crashes its workers cannot monopolise them.
+-- Returns reaped, poisoned.
+local function reap(limit, poison, base, max)
+  local expired = redis.call('ZRANGE', LEASES, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  if #expired == 0 then return 0, 0 end
+  local poisoned = 0
+  local recs = redis.call('HMGET', LEASE, unpack(expired))
+  for i, item in ipairs(expired) do
+    local dt = -1
+    if recs[i] then
+      local _, _, _, _, d = unpack_lease(recs[i])
+      dt = d
+    end
+    local x = redis.call('HINCRBY', FAILURES, xfield(item), 1)
+    if x == 1 then redis.call('HINCRBY', STATS, 'expiring', 1) end
+    if poison > 0 and x >= poison then
+      poisoned = poisoned + 1
+      add_after(item, backoff(item, base, max))
+    else
+      if dt < 0 then dt = now end
+      redis.call('ZADD', READY, 'NX', dt, item)
+    end
+  end
+  redis.call('ZREM', LEASES, unpack(expired))
+  redis.call('HDEL', LEASE, unpack(expired))
+  redis.call('HINCRBY', STATS, 'lease_expired_total', #expired)
+  if poisoned > 0 then redis.call('HINCRBY', STATS, 'poisoned_total', poisoned) end
+  return #expired, poisoned
+end
+
+-- Leases up to `n` ready items, oldest first, to `worker` for `lease_ms`, appending
+-- `{item, lease_id, requeues, deadline, added_at}` of each to `out`; returns how many. One
+-- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
+local function grant(worker, n, lease_ms, out)
+  local popped = redis.call('ZPOPMIN', READY, n)
+  local count = #popped / 2
+  if count == 0 then return 0 end
+  local last = redis.call('HINCRBY', STATS, 'lease_seq', count)
+  local fields = {}
+  for i = 1, count do
+    local item = popped[2 * i - 1]
+    fields[2 * i - 1] = item
+    fields[2 * i] = xfield(item)
+  end
+  local fail = redis.call('HMGET', FAILURES, unpack(fields))
+  local deadline = now + lease_ms
+  local zargs, hargs = {}, {}
+  for i = 1, count do
+    local item, added = popped[2 * i - 1], popped[2 * i]
+    -- The time part keeps ids unique even if Redis lost the sequence (restart without AOF).
+    local id = (last - count + i) .. '-' .. now
+    local req, ex = tonumber(fail[2 * i - 1] or 0), tonumber(fail[2 * i] or 0)
+    zargs[2 * i - 1], zargs[2 * i] = deadline, item
+    hargs[2 * i - 1] = item
+    hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
+    out[#out + 1] = {item, id, req, deadline, tonumber(added)}
+  end
+  redis.call('ZADD', LEASES, unpack(zargs))
+  redis.call('HSET', LEASE, unpack(hargs))
+  return count
+end
+"#
+    };
+}
+pub(crate) use queue_fns;
+
+/// `observe(EXP, SEEN, FIN, gc_ms, obs, first, count)`: applies observations to one Job's
+/// [`ExpKeys`](crate::keys::ExpKeys) (shared by ADD and OBSERVE).
+macro_rules! observe_fn {
+    () => {
+        r#"
+-- kind 1 creation, 2 deletion (lower the counters of a record of that Job UID, once per pod),
+-- 3 finalizer removal (drop the pod from the in-flight set). Returns observations that changed
+-- something.
+local function observe(EXP, SEEN, FIN, gc_ms, obs, first, count)
+  local changed = 0
+  for i = first, first + 3 * (count - 1), 3 do
+    local kind, juid, puid = tonumber(obs[i]), obs[i + 1], obs[i + 2]
+    if kind == 3 then
+      changed = changed + redis.call('HDEL', FIN, puid)
+    elseif redis.call('EXISTS', EXP) == 1 and (juid == '' or redis.call('HGET', EXP, 'uid') == juid) then
+      local fresh = true
+      if puid ~= '' then
+        fresh = redis.call('SADD', SEEN, kind .. ':' .. puid) == 1
+        redis.call('PEXPIRE', SEEN, gc_ms)
+      end
+      if fresh then
+        redis.call('HINCRBY', EXP, kind == 1 and 'add' or 'del', -1)
+        changed = changed + 1
+      end
+    end
+  end
+  return changed
+end
+"#
+    };
+}
+pub(crate) use observe_fn;
+
+/// The script's codes of the observation kinds (see `observe_fn!`).
+pub(crate) fn observation_code(kind: crate::ObservationKind) -> u8 {
+    match kind {
+        crate::ObservationKind::Creation => 1,
+        crate::ObservationKind::Deletion => 2,
+        crate::ObservationKind::FinalizerRemoval => 3,
+    }
+}

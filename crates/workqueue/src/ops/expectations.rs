@@ -1,0 +1,284 @@
+//! The shared expectations of each Job: set by workers, lowered by the watcher's observations,
+//! read before a sync; and the in-flight tracking-finalizer removals beside them.
+//!
+//! Every script here takes the four [`ExpKeys`] of one Job (bound by `exp_prelude!`).
+
+use std::sync::LazyLock;
+
+use redis::{Script, Value};
+
+use super::{ms_arg, num_arg};
+use crate::expectations::{ExpectationRecord, Expectations};
+use crate::keys::{ExpKeys, exp_prelude};
+use crate::lua::observe_fn;
+use crate::reply::{self, Fields};
+use crate::store::{Store, push_observations};
+use crate::view::ViewKeys;
+use crate::{Observation, WqError};
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> uid, ARGV[2] -> add, ARGV[3] -> del, ARGV[4] -> gc_ms.
+/// Reply: 1. Replaces the record and stamps the time.
+const SET: &str = concat!(
+    exp_prelude!(),
+    r#"
+redis.call('DEL', EXP, SEEN)
+redis.call('HSET', EXP, 'uid', ARGV[1], 'add', ARGV[2], 'del', ARGV[3], 'ts', now)
+redis.call('PEXPIRE', EXP, ARGV[4])
+return 1
+"#
+);
+
+static SET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SET));
+
+impl Store {
+    /// Replaces the expectations of Job `key` and stamps the time (client-go `SetExpectations`).
+    pub async fn set_expectations(
+        &self,
+        key: &str,
+        job_uid: &str,
+        add: i64,
+        del: i64,
+    ) -> Result<(), WqError> {
+        let args = vec![
+            job_uid.as_bytes().to_vec(),
+            num_arg(add),
+            num_arg(del),
+            ms_arg(self.config().idle_gc),
+        ];
+        let keys = ExpKeys::new(key).to_vec();
+        self.eval("set_expectations", &SET_SCRIPT, &keys, args).await?;
+        Ok(())
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> uid, ARGV[2] -> add_delta, ARGV[3] -> del_delta (already negated).
+/// Reply: 1 when an existing record of that UID was lowered, else 0.
+const LOWER: &str = concat!(
+    exp_prelude!(),
+    r#"
+if redis.call('EXISTS', EXP) == 0 then return 0 end
+if ARGV[1] ~= '' and redis.call('HGET', EXP, 'uid') ~= ARGV[1] then return 0 end
+redis.call('HINCRBY', EXP, 'add', ARGV[2])
+redis.call('HINCRBY', EXP, 'del', ARGV[3])
+return 1
+"#
+);
+
+static LOWER_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(LOWER));
+
+impl Store {
+    /// Lowers an existing record of that UID by `add`/`del`; `false` when there was none.
+    pub async fn lower_expectations(
+        &self,
+        key: &str,
+        job_uid: &str,
+        add: i64,
+        del: i64,
+    ) -> Result<bool, WqError> {
+        let args = vec![
+            job_uid.as_bytes().to_vec(),
+            num_arg(add.saturating_neg()),
+            num_arg(del.saturating_neg()),
+        ];
+        let keys = ExpKeys::new(key).to_vec();
+        let v = self.eval("lower_expectations", &LOWER_SCRIPT, &keys, args).await?;
+        Ok(reply::int("lower_expectations", &v)? == 1)
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// Reply: `{exists, uid, add, del, ts, now, {podUID, jobUID}…}`, read by
+/// [`Store::expectations_reply`] (GET_VIEW returns the same shape).
+const GET: &str = concat!(
+    exp_prelude!(),
+    r#"
+local fin = redis.call('HGETALL', FIN)
+if redis.call('EXISTS', EXP) == 0 then return {0, '', 0, 0, 0, now, fin} end
+local r = redis.call('HMGET', EXP, 'uid', 'add', 'del', 'ts')
+return {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] or 0), now, fin}
+"#
+);
+
+static GET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET));
+
+/// A GET reply read for one Job UID.
+pub(crate) struct ExpReply {
+    /// What the Job of that UID should see.
+    pub expectations: Expectations,
+    /// Redis time of the read.
+    pub now_ms: i64,
+}
+
+impl Store {
+    /// Reads the expectations of Job `key` as seen by the Job with UID `job_uid`.
+    pub async fn get_expectations(
+        &self,
+        key: &str,
+        job_uid: &str,
+    ) -> Result<Expectations, WqError> {
+        let keys = ExpKeys::new(key).to_vec();
+        let v = self.eval("get_expectations", &GET_SCRIPT, &keys, Vec::new()).await?;
+        Ok(self.expectations_reply(Fields::new("get_expectations", &v)?, job_uid)?.expectations)
+    }
+
+    /// Reads a GET reply as seen by the Job with UID `job_uid`.
+    pub(crate) fn expectations_reply(
+        &self,
+        mut f: Fields<'_>,
+        job_uid: &str,
+    ) -> Result<ExpReply, WqError> {
+        let exists = f.flag("exists")?;
+        let record = ExpectationRecord {
+            job_uid: f.string("uid")?,
+            add: f.int("add")?,
+            del: f.int("del")?,
+            set_at_ms: f.int("ts")?,
+        };
+        let now = f.int("now")?;
+        // A record of another Job UID is no record (client-go keys by UID-checked key).
+        let record =
+            Some(record).filter(|r| exists && (job_uid.is_empty() || r.job_uid == job_uid));
+        let mut fin = f.array("finalizer_removals")?;
+        if fin.remaining() % 2 != 0 {
+            return Err(WqError::Protocol("get_expectations: odd finalizer pairs".into()));
+        }
+        let mut finalizer_removals = Vec::new();
+        while fin.remaining() > 0 {
+            let pod = fin.string("pod_uid")?;
+            let owner = fin.string("job_uid")?;
+            if job_uid.is_empty() || owner.is_empty() || owner == job_uid {
+                finalizer_removals.push(pod);
+            }
+        }
+        finalizer_removals.sort();
+        let satisfied = crate::expectations::satisfied(
+            record.as_ref(),
+            job_uid,
+            now,
+            self.config().expectations_timeout,
+        );
+        let age_ms =
+            record.as_ref().map(|r| u64::try_from(now - r.set_at_ms).unwrap_or(0)).unwrap_or(0);
+        Ok(ExpReply {
+            expectations: Expectations { record, satisfied, age_ms, finalizer_removals },
+            now_ms: now,
+        })
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> gc_ms, then (kind, job_uid, pod_uid)… with kind 1 creation, 2 deletion,
+/// 3 finalizer removal.
+/// Reply: the number of observations that changed something.
+const OBSERVE: &str = concat!(
+    exp_prelude!(),
+    observe_fn!(),
+    r#"
+return observe(EXP, SEEN, FIN, ARGV[1], ARGV, 2, (#ARGV - 1) / 3)
+"#
+);
+
+static OBSERVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(OBSERVE));
+
+impl Store {
+    /// Applies watcher observations to the expectations of Job `key`; returns how many changed
+    /// something. Observations carrying a pod UID are applied at most once per record.
+    pub async fn observe(&self, key: &str, observations: &[Observation]) -> Result<u32, WqError> {
+        if observations.is_empty() {
+            return Ok(0);
+        }
+        let mut args = vec![ms_arg(self.config().idle_gc)];
+        push_observations(&mut args, observations);
+        let keys = ExpKeys::new(key).to_vec();
+        let v = self.eval("observe", &OBSERVE_SCRIPT, &keys, args).await?;
+        count("observe", &v)
+    }
+}
+
+/// KEYS: the [`ExpKeys`] and the three [`ViewKeys`] of one Job.
+/// Reply: the number of keys deleted.
+const DELETE: &str = r#"
+return redis.call('DEL', unpack(KEYS))
+"#;
+
+static DELETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE));
+
+impl Store {
+    /// Deletes the expectations, finalizer-removal set, records and shared view of Job `key`.
+    pub async fn delete_expectations(&self, key: &str) -> Result<(), WqError> {
+        let mut keys = ExpKeys::new(key).to_vec();
+        keys.extend(ViewKeys::new(key).to_vec());
+        self.eval("delete_expectations", &DELETE_SCRIPT, &keys, Vec::new()).await?;
+        Ok(())
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> gc_ms, ARGV[2] -> job_uid, ARGV[3..] -> pod_uids.
+/// Reply: the number of pod UIDs.
+const EXPECT_FIN: &str = concat!(
+    exp_prelude!(),
+    r#"
+for i = 3, #ARGV do redis.call('HSET', FIN, ARGV[i], ARGV[2]) end
+redis.call('PEXPIRE', FIN, ARGV[1])
+return #ARGV - 2
+"#
+);
+
+static EXPECT_FIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXPECT_FIN));
+
+impl Store {
+    /// Adds pod UIDs whose tracking-finalizer removal is in flight for Job `key`.
+    pub async fn expect_finalizer_removals(
+        &self,
+        key: &str,
+        job_uid: &str,
+        pod_uids: &[String],
+    ) -> Result<(), WqError> {
+        if pod_uids.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec![ms_arg(self.config().idle_gc), job_uid.as_bytes().to_vec()];
+        args.extend(pod_uids.iter().map(|p| p.as_bytes().to_vec()));
+        let keys = ExpKeys::new(key).to_vec();
+        self.eval("expect_finalizer_removals", &EXPECT_FIN_SCRIPT, &keys, args).await?;
+        Ok(())
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV: pod_uids.
+/// Reply: how many of them were in the in-flight set.
+const FORGET_FIN: &str = concat!(
+    exp_prelude!(),
+    r#"
+return redis.call('HDEL', FIN, unpack(ARGV))
+"#
+);
+
+static FORGET_FIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_FIN));
+
+impl Store {
+    /// Drops pod UIDs from Job `key`'s in-flight finalizer-removal set (their removals failed);
+    /// returns how many were in it.
+    pub async fn forget_finalizer_removals(
+        &self,
+        key: &str,
+        pod_uids: &[String],
+    ) -> Result<u32, WqError> {
+        if pod_uids.is_empty() {
+            return Ok(0);
+        }
+        let args = pod_uids.iter().map(|p| p.as_bytes().to_vec()).collect();
+        let keys = ExpKeys::new(key).to_vec();
+        let v = self.eval("forget_finalizer_removals", &FORGET_FIN_SCRIPT, &keys, args).await?;
+        count("forget_finalizer_removals", &v)
+    }
+}
+
+fn count(what: &'static str, v: &Value) -> Result<u32, WqError> {
+    let n = reply::int(what, v)?;
+    u32::try_from(n).map_err(|_| WqError::Protocol(format!("{what}: {n} is not a count")))
+}

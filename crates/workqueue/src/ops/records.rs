@@ -1,0 +1,107 @@
+//! Per-Job records: small named blobs a worker keeps beside the expectations (the backoff
+//! record), each with an optional expiry checked on read.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::ms_arg;
+use crate::WqError;
+use crate::keys::{ExpKeys, exp_prelude};
+use crate::reply;
+use crate::store::Store;
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> name.
+/// Reply: the value, or nil when absent or expired (expired records are removed on read).
+const GET: &str = concat!(
+    exp_prelude!(),
+    r#"
+local v = redis.call('HGET', REC, ARGV[1])
+if not v then return false end
+local sep = string.find(v, '|', 1, true)
+local expiry = tonumber(string.sub(v, 1, sep - 1))
+if expiry > 0 and expiry <= now then
+  redis.call('HDEL', REC, ARGV[1])
+  return false
+end
+return string.sub(v, sep + 1)
+"#
+);
+
+static GET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET));
+
+impl Store {
+    /// Reads record `name` of Job `key` (`None` if absent or expired).
+    pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, WqError> {
+        let keys = ExpKeys::new(key).to_vec();
+        let args = vec![name.as_bytes().to_vec()];
+        match self.eval("get_record", &GET_SCRIPT, &keys, args).await? {
+            Value::Nil => Ok(None),
+            Value::BulkString(b) => Ok(Some(b)),
+            other => Err(WqError::Protocol(format!("get_record: expected a value, got {other:?}"))),
+        }
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> name, ARGV[2] -> ttl_ms (0 = none), ARGV[3] -> gc_ms, ARGV[4] -> value.
+/// Reply: 1.
+const PUT: &str = concat!(
+    exp_prelude!(),
+    r#"
+local ttl = tonumber(ARGV[2])
+local expiry = 0
+if ttl > 0 then expiry = now + ttl end
+redis.call('HSET', REC, ARGV[1], expiry .. '|' .. ARGV[4])
+redis.call('PEXPIRE', REC, ARGV[3])
+return 1
+"#
+);
+
+static PUT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT));
+
+impl Store {
+    /// Writes record `name` of Job `key`, expiring after `ttl` if given.
+    pub async fn put_record(
+        &self,
+        key: &str,
+        name: &str,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<(), WqError> {
+        let args = vec![
+            name.as_bytes().to_vec(),
+            ms_arg(ttl.unwrap_or(Duration::ZERO)),
+            ms_arg(self.config().idle_gc),
+            value.to_vec(),
+        ];
+        let keys = ExpKeys::new(key).to_vec();
+        self.eval("put_record", &PUT_SCRIPT, &keys, args).await?;
+        Ok(())
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> name.
+/// Reply: 1 if the record existed, else 0.
+const DELETE: &str = concat!(
+    exp_prelude!(),
+    r#"
+return redis.call('HDEL', REC, ARGV[1])
+"#
+);
+
+static DELETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE));
+
+impl Store {
+    /// Removes record `name` of Job `key`; whether it existed.
+    pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, WqError> {
+        let keys = ExpKeys::new(key).to_vec();
+        let v = self
+            .eval("delete_record", &DELETE_SCRIPT, &keys, vec![name.as_bytes().to_vec()])
+            .await?;
+        Ok(reply::int("delete_record", &v)? == 1)
+    }
+}
