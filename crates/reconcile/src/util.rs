@@ -369,15 +369,21 @@ pub(crate) fn active_pods_for_removal_with(
     if rm.len() < rm_at_least {
         let need = (rm_at_least - rm.len()).min(left.len());
         // A comparison reads two small keys instead of walking both Pods' conditions and
-        // container statuses.
-        let mut keyed: Vec<(RemovalKey, usize)> = left.into_iter().map(|i| (key(i), i)).collect();
+        // container statuses. Equal pods keep their order in `left` (completion-index order for
+        // Indexed Jobs): upstream's sort.Sort is an insertion sort, a stable one, on up to 12
+        // pods, so of two running pods alike the lower index goes first.
+        let mut keyed: Vec<(RemovalKey, usize, usize)> =
+            left.into_iter().enumerate().map(|(rank, i)| (key(i), rank, i)).collect();
+        let order = |a: &(RemovalKey, usize, usize), b: &(RemovalKey, usize, usize)| {
+            (a.0, a.1).cmp(&(b.0, b.1))
+        };
         if need < keyed.len() {
             // Only the first `need` are taken, so a partial selection keeps this O(n) on average.
-            keyed.select_nth_unstable_by(need, |a, b| a.0.cmp(&b.0));
+            keyed.select_nth_unstable_by(need, order);
             keyed.truncate(need);
         }
-        keyed.sort_by_key(|k| k.0);
-        rm.extend(keyed.into_iter().map(|(_, i)| i));
+        keyed.sort_by(order);
+        rm.extend(keyed.into_iter().map(|(_, _, i)| i));
     }
     rm
 }
@@ -701,11 +707,9 @@ mod tests {
             };
             if rm.len() < rm_at_least {
                 let need = (rm_at_least - rm.len()).min(left.len());
-                if need < left.len() {
-                    left.select_nth_unstable_by(need, |a, b| active_pods_order(a, b));
-                    left.truncate(need);
-                }
+                // Stable, as upstream's insertion sort of a few pods.
                 left.sort_by(|a, b| active_pods_order(a, b));
+                left.truncate(need);
                 rm.extend(left);
             }
             rm
@@ -739,6 +743,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn alike_pods_of_an_indexed_job_are_removed_lowest_index_first() {
+        // Listed in name order (index 10 before index 2); alike in every removal criterion.
+        let job = mk_job("j").completions(Some(12)).parallelism(3).indexed().build();
+        let pods: Vec<Pod> = [("j-10-a", 10), ("j-2-b", 2), ("j-7-c", 7)]
+            .into_iter()
+            .map(|(n, i)| mk_pod(&job, n).index(i).ready(at(1)).build())
+            .collect();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let names = |v: Vec<&Pod>| v.into_iter().map(|p| name(p).to_string()).collect::<Vec<_>>();
+        assert_eq!(names(active_pods_for_removal(&job, &refs, 1)), ["j-2-b"]);
+        assert_eq!(names(active_pods_for_removal(&job, &refs, 2)), ["j-2-b", "j-7-c"]);
+        // A NonIndexed Job keeps the input order among alike pods.
+        let plain = mk_job("p").completions(Some(3)).parallelism(3).build();
+        let pods: Vec<Pod> = ["p-c", "p-a", "p-b"]
+            .into_iter()
+            .map(|n| mk_pod(&plain, n).ready(at(1)).build())
+            .collect();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        assert_eq!(names(active_pods_for_removal(&plain, &refs, 2)), ["p-c", "p-a"]);
     }
 
     #[test]
