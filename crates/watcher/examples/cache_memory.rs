@@ -52,7 +52,7 @@ fn main() {
     let before = rss_bytes();
     let mut store = Store::new();
     for i in 0..n {
-        store.upsert_pod(PodInfo::from_pod(&pod(i)));
+        store.upsert(PodInfo::from_pod(&pod(i)));
     }
     let after = rss_bytes();
     let grown = after.saturating_sub(before);

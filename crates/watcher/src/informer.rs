@@ -20,7 +20,7 @@ use kube::runtime::watcher::Event;
 
 use crate::handlers::{self, Enqueue, HandlerConfig, SessionControl};
 use crate::metrics::{ControllerNameLabels, EventLabels, KindLabels, Metrics};
-use crate::model::{JobInfo, PodInfo, Store};
+use crate::model::{JobInfo, PodInfo, Store, Stored};
 use crate::view::{self, ViewWrite};
 
 /// Converts the objects of a watcher event (e.g. to the slim views the informer keeps).
@@ -262,7 +262,7 @@ impl Informer {
                 if let Some(seen) = K::lists(self).relist.as_mut() {
                     seen.insert(info.key());
                 }
-                match K::upsert(&mut self.store, info.clone()) {
+                match self.store.upsert(info.clone()) {
                     Some(old) if old.resource_version() == info.resource_version() => vec![],
                     old => {
                         let mut out = K::view(self, old.as_ref(), &info);
@@ -286,7 +286,7 @@ impl Informer {
                     K::keys(&self.store).filter(|k| !seen.contains(*k)).cloned().collect();
                 let mut out = vec![];
                 for key in gone {
-                    if let Some(last) = K::remove(&mut self.store, &key) {
+                    if let Some(last) = self.store.remove::<K>(&key) {
                         self.count(K::KIND, "tombstone");
                         if emit && was_synced {
                             out.extend(K::tombstone(self, &last));
@@ -301,17 +301,13 @@ impl Informer {
     }
 }
 
-/// What the relist machine ([`Informer::event`]) needs of one kind: its cache and list state,
-/// and the handlers and view writes of its add / update / delete / tombstone.
-trait Cached: Clone + Sized {
+/// What the relist machine ([`Informer::event`]) needs of one kind beyond its cache
+/// ([`Stored`]): its list state, and the handlers and view writes of its add / update / delete /
+/// tombstone.
+trait Cached: Stored {
     /// The `kind` label of the event metrics.
     const KIND: &'static str;
-    fn key(&self) -> String;
-    fn resource_version(&self) -> &str;
     fn lists(informer: &mut Informer) -> &mut ListState;
-    fn upsert(store: &mut Store, info: Self) -> Option<Self>;
-    fn remove(store: &mut Store, key: &str) -> Option<Self>;
-    fn keys(store: &Store) -> impl Iterator<Item = &String>;
     /// View writes for an add (`old` is `None`) or an update.
     fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue>;
     /// Handlers of an add or an update, already applied to the store.
@@ -327,28 +323,8 @@ trait Cached: Clone + Sized {
 impl Cached for JobInfo {
     const KIND: &'static str = "job";
 
-    fn key(&self) -> String {
-        JobInfo::key(self)
-    }
-
-    fn resource_version(&self) -> &str {
-        &self.resource_version
-    }
-
     fn lists(informer: &mut Informer) -> &mut ListState {
         &mut informer.jobs
-    }
-
-    fn upsert(store: &mut Store, info: Self) -> Option<Self> {
-        store.upsert_job(info)
-    }
-
-    fn remove(store: &mut Store, key: &str) -> Option<Self> {
-        store.remove_job(key)
-    }
-
-    fn keys(store: &Store) -> impl Iterator<Item = &String> {
-        store.job_keys()
     }
 
     fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue> {
@@ -372,7 +348,7 @@ impl Cached for JobInfo {
     }
 
     fn deleted(informer: &mut Informer, info: Self, emit: bool) -> Vec<Enqueue> {
-        informer.store.remove_job(&info.key());
+        informer.store.remove::<JobInfo>(&info.key());
         let mut out = match &informer.view.session {
             Some(session) if informer.cfg.manages(&info) => {
                 vec![Enqueue::view_only(info.key(), session.clone(), vec![ViewWrite::DeleteJob])]
@@ -393,28 +369,8 @@ impl Cached for JobInfo {
 impl Cached for PodInfo {
     const KIND: &'static str = "pod";
 
-    fn key(&self) -> String {
-        PodInfo::key(self)
-    }
-
-    fn resource_version(&self) -> &str {
-        &self.resource_version
-    }
-
     fn lists(informer: &mut Informer) -> &mut ListState {
         &mut informer.pods
-    }
-
-    fn upsert(store: &mut Store, info: Self) -> Option<Self> {
-        store.upsert_pod(info)
-    }
-
-    fn remove(store: &mut Store, key: &str) -> Option<Self> {
-        store.remove_pod(key)
-    }
-
-    fn keys(store: &Store) -> impl Iterator<Item = &String> {
-        store.pod_keys()
     }
 
     fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue> {
@@ -431,7 +387,7 @@ impl Cached for PodInfo {
 
     fn deleted(informer: &mut Informer, info: Self, emit: bool) -> Vec<Enqueue> {
         let mut out = informer.pod_view(informer.store.pod(&info.key()), None);
-        let old = informer.store.remove_pod(&info.key());
+        let old = informer.store.remove::<PodInfo>(&info.key());
         // A delete whose object UID differs from the cached one is for a pod we never saw; the
         // cached namesake's state must not decide whether deletion was seen.
         let was_deleting = old.filter(|o| o.uid == info.uid).is_some_and(|o| o.deleting);
@@ -465,16 +421,20 @@ mod tests {
 
     use crate::handlers::{ObservationKind, SYNC_JOB_BATCH_PERIOD};
 
+    /// Metadata of object `name` (uid `uid-<name>`) in namespace `ns` at `rv`.
+    fn meta(name: &str, rv: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        }
+    }
+
     fn job(name: &str, rv: &str) -> JobInfo {
         JobInfo::from_job(&Job {
-            metadata: ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some(name.into()),
-                uid: Some(format!("uid-{name}")),
-                resource_version: Some(rv.into()),
-                generation: Some(1),
-                ..Default::default()
-            },
+            metadata: ObjectMeta { generation: Some(1), ..meta(name, rv) },
             spec: Some(JobSpec {
                 managed_by: Some(DEFAULT_CONTROLLER_NAME.into()),
                 selector: Some(LabelSelector {
@@ -490,10 +450,6 @@ mod tests {
     fn pod(name: &str, job: &str, rv: &str) -> PodInfo {
         PodInfo::from_pod(&Pod {
             metadata: ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some(name.into()),
-                uid: Some(format!("uid-{name}")),
-                resource_version: Some(rv.into()),
                 labels: Some(BTreeMap::from([("job".into(), job.into())])),
                 finalizers: Some(vec![JOB_TRACKING_FINALIZER.into()]),
                 owner_references: Some(vec![OwnerReference {
@@ -504,7 +460,7 @@ mod tests {
                     controller: Some(true),
                     ..Default::default()
                 }]),
-                ..Default::default()
+                ..meta(name, rv)
             },
             ..Default::default()
         })

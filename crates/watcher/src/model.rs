@@ -227,30 +227,6 @@ impl Store {
         self.jobs.len()
     }
 
-    /// Inserts or replaces a Job; returns the previous version.
-    pub fn upsert_job(&mut self, job: JobInfo) -> Option<JobInfo> {
-        let key = job.key();
-        self.jobs_by_namespace.entry(job.namespace.clone()).or_default().insert(key.clone());
-        self.jobs.insert(key, job)
-    }
-
-    /// Removes a Job by key; returns it if it was there.
-    pub fn remove_job(&mut self, key: &str) -> Option<JobInfo> {
-        let job = self.jobs.remove(key)?;
-        if let Some(keys) = self.jobs_by_namespace.get_mut(&job.namespace) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.jobs_by_namespace.remove(&job.namespace);
-            }
-        }
-        Some(job)
-    }
-
-    /// Keys of every Job (for relist bookkeeping).
-    pub fn job_keys(&self) -> impl Iterator<Item = &String> {
-        self.jobs.keys()
-    }
-
     /// The Pod with this key.
     pub fn pod(&self, key: &str) -> Option<&PodInfo> {
         self.pods.get(key)
@@ -266,43 +242,19 @@ impl Store {
         self.pods.len()
     }
 
-    /// Keys of every Pod (for relist bookkeeping).
-    pub fn pod_keys(&self) -> impl Iterator<Item = &String> {
-        self.pods.keys()
-    }
-
     /// Pods whose controllerRef UID is `uid`.
     pub fn pods_controlled_by<'a>(&'a self, uid: &str) -> impl Iterator<Item = &'a PodInfo> {
         self.pods_by_controller_uid.get(uid).into_iter().flatten().filter_map(|k| self.pods.get(k))
     }
 
-    /// Inserts or replaces a Pod (an owned pod's labels are not kept); returns the previous
-    /// version.
-    pub fn upsert_pod(&mut self, mut pod: PodInfo) -> Option<PodInfo> {
-        if pod.controller.is_some() {
-            pod.labels = BTreeMap::new();
-        }
-        let key = pod.key();
-        if let Some(c) = &pod.controller {
-            self.pods_by_controller_uid.entry(c.uid.clone()).or_default().insert(key.clone());
-        }
-        let old = self.pods.insert(key.clone(), pod);
-        if let Some(old_uid) = old.as_ref().and_then(|o| o.controller.as_ref()).map(|c| &c.uid) {
-            let still = self.pods[&key].controller.as_ref().is_some_and(|c| &c.uid == old_uid);
-            if !still {
-                self.unindex_pod(old_uid.clone(), &key);
-            }
-        }
-        old
+    /// Inserts or replaces an object, keeping its kind's index; returns the previous version.
+    pub fn upsert<K: Stored>(&mut self, obj: K) -> Option<K> {
+        obj.upsert(self)
     }
 
-    /// Removes a Pod by key; returns it if it was there.
-    pub fn remove_pod(&mut self, key: &str) -> Option<PodInfo> {
-        let pod = self.pods.remove(key)?;
-        if let Some(c) = &pod.controller {
-            self.unindex_pod(c.uid.clone(), key);
-        }
-        Some(pod)
+    /// Removes an object by key; returns it if it was there.
+    pub fn remove<K: Stored>(&mut self, key: &str) -> Option<K> {
+        K::remove(self, key)
     }
 
     fn unindex_pod(&mut self, uid: String, key: &str) {
@@ -312,6 +264,92 @@ impl Store {
                 self.pods_by_controller_uid.remove(&uid);
             }
         }
+    }
+}
+
+/// A kind the [`Store`] caches: its key and version, and how it is filed (its map and index).
+pub trait Stored: Clone + Sized {
+    /// The cache key `namespace/name`.
+    fn key(&self) -> String;
+    /// resourceVersion, to ignore resync-style updates.
+    fn resource_version(&self) -> &str;
+    /// Inserts or replaces `self`; returns the previous version.
+    fn upsert(self, store: &mut Store) -> Option<Self>;
+    /// Removes the object with this key; returns it if it was there.
+    fn remove(store: &mut Store, key: &str) -> Option<Self>;
+    /// Keys of every cached object of the kind (for relist bookkeeping).
+    fn keys(store: &Store) -> impl Iterator<Item = &String>;
+}
+
+impl Stored for JobInfo {
+    fn key(&self) -> String {
+        JobInfo::key(self)
+    }
+
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+
+    fn upsert(self, store: &mut Store) -> Option<Self> {
+        let key = self.key();
+        store.jobs_by_namespace.entry(self.namespace.clone()).or_default().insert(key.clone());
+        store.jobs.insert(key, self)
+    }
+
+    fn remove(store: &mut Store, key: &str) -> Option<Self> {
+        let job = store.jobs.remove(key)?;
+        if let Some(keys) = store.jobs_by_namespace.get_mut(&job.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                store.jobs_by_namespace.remove(&job.namespace);
+            }
+        }
+        Some(job)
+    }
+
+    fn keys(store: &Store) -> impl Iterator<Item = &String> {
+        store.jobs.keys()
+    }
+}
+
+impl Stored for PodInfo {
+    fn key(&self) -> String {
+        PodInfo::key(self)
+    }
+
+    fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+
+    /// An owned pod's labels are not kept.
+    fn upsert(mut self, store: &mut Store) -> Option<Self> {
+        if self.controller.is_some() {
+            self.labels = BTreeMap::new();
+        }
+        let key = self.key();
+        if let Some(c) = &self.controller {
+            store.pods_by_controller_uid.entry(c.uid.clone()).or_default().insert(key.clone());
+        }
+        let old = store.pods.insert(key.clone(), self);
+        if let Some(old_uid) = old.as_ref().and_then(|o| o.controller.as_ref()).map(|c| &c.uid) {
+            let still = store.pods[&key].controller.as_ref().is_some_and(|c| &c.uid == old_uid);
+            if !still {
+                store.unindex_pod(old_uid.clone(), &key);
+            }
+        }
+        old
+    }
+
+    fn remove(store: &mut Store, key: &str) -> Option<Self> {
+        let pod = store.pods.remove(key)?;
+        if let Some(c) = &pod.controller {
+            store.unindex_pod(c.uid.clone(), key);
+        }
+        Some(pod)
+    }
+
+    fn keys(store: &Store) -> impl Iterator<Item = &String> {
+        store.pods.keys()
     }
 }
 
@@ -369,25 +407,25 @@ mod tests {
         assert_eq!(PodInfo::from_pod(&orphan).labels.len(), 1, "orphans keep labels");
 
         let mut store = Store::new();
-        assert!(store.upsert_pod(info).is_none());
+        assert!(store.upsert(info).is_none());
         assert!(
             store.pod("default/p").unwrap().labels.is_empty(),
             "the cache drops owned pods' labels"
         );
-        store.upsert_pod(PodInfo::from_pod(&orphan));
+        store.upsert(PodInfo::from_pod(&orphan));
         assert_eq!(
             store.pod("default/p").unwrap().labels.len(),
             1,
             "the cache keeps orphans' labels"
         );
-        store.upsert_pod(PodInfo::from_pod(&pod));
+        store.upsert(PodInfo::from_pod(&pod));
         assert_eq!(store.pods_controlled_by("uid-j").count(), 1);
         // Re-parented: the old index entry goes away.
         pod.metadata.owner_references.as_mut().unwrap()[1].uid = "u2".into();
-        store.upsert_pod(PodInfo::from_pod(&pod));
+        store.upsert(PodInfo::from_pod(&pod));
         assert_eq!(store.pods_controlled_by("uid-j").count(), 0);
         assert_eq!(store.pods_controlled_by("u2").count(), 1);
-        assert!(store.remove_pod("default/p").is_some());
+        assert!(store.remove::<PodInfo>("default/p").is_some());
         assert_eq!(store.pods_controlled_by("u2").count(), 0);
         assert_eq!(store.pod_count(), 0);
     }

@@ -83,10 +83,10 @@ fn three_jobs() -> (JobInfo, JobInfo, JobInfo, Store) {
 fn store_with(jobs: &[&JobInfo], pods: &[&PodInfo]) -> Store {
     let mut s = Store::new();
     for j in jobs {
-        s.upsert_job((*j).clone());
+        s.upsert((*j).clone());
     }
     for p in pods {
-        s.upsert_pod((*p).clone());
+        s.upsert((*p).clone());
     }
     s
 }
