@@ -48,12 +48,14 @@ impl Stack {
     }
 }
 
-/// A stack with an in-process watcher leading it, and a client of its kjob-sim.
-async fn watched_stack() -> (Stack, kube::Client, InProcWatcher) {
+/// A stack with an in-process watcher leading it, a client of its kjob-sim, and the managed Job
+/// `name` created after the watcher started (every watched test begins so).
+async fn watched_job(name: &str) -> (Stack, kube::Client, InProcWatcher, Job) {
     let stack = Stack::start().await;
     let client = stack.sim.client();
     let w = InProcWatcher::start(&stack).await;
-    (stack, client, w)
+    let job = create_job(&client, name).await;
+    (stack, client, w, job)
 }
 
 fn queue_url(port: u16) -> String {
@@ -258,8 +260,7 @@ async fn settle(stack: &Stack, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_creation_is_observed_once_and_enqueued_within_the_batch_window() {
-    let (stack, client, w) = watched_stack().await;
-    let job = create_job(&client, "j1").await;
+    let (stack, client, w, job) = watched_job("j1").await;
     settle(&stack, "j1").await;
 
     stack.queue.set_expectations(&key("j1"), &uid(&job), 1, 0).await.unwrap();
@@ -283,8 +284,7 @@ async fn a_pod_creation_is_observed_once_and_enqueued_within_the_batch_window() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_pod_updates_makes_one_queue_entry() {
-    let (stack, client, w) = watched_stack().await;
-    let job = create_job(&client, "burst").await;
+    let (stack, client, w, job) = watched_job("burst").await;
     create_pod(&client, "burst-a", &job, true).await;
     settle(&stack, "burst").await;
     poll("pod creation sync drained", Duration::from_secs(5), || async {
@@ -314,8 +314,7 @@ async fn a_burst_of_pod_updates_makes_one_queue_entry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_watch_relists_and_synthesizes_deletes() {
-    let (stack, client, w) = watched_stack().await;
-    let job = create_job(&client, "cut").await;
+    let (stack, client, w, job) = watched_job("cut").await;
     create_pod(&client, "cut-a", &job, false).await;
     w.wait_metric(
         "pod cached",
@@ -360,8 +359,7 @@ async fn a_cut_watch_relists_and_synthesizes_deletes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_lost_while_the_queue_is_down() {
-    let (mut stack, client, w) = watched_stack().await;
-    let job = create_job(&client, "down").await;
+    let (mut stack, client, w, job) = watched_job("down").await;
     settle(&stack, "down").await;
     stack.queue.set_expectations(&key("down"), &uid(&job), 3, 0).await.unwrap();
 
