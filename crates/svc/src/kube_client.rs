@@ -1,4 +1,20 @@
-//! Kube client flags: kubeconfig found the usual way (KUBECONFIG, ~/.kube/config, in-cluster).
+//! Kube client flags: kubeconfig found the usual way (KUBECONFIG, ~/.kube/config, in-cluster),
+//! and the client kjob's services talk to kube-apiserver with.
+
+use std::time::Duration;
+
+use kube::client::ConfigExt;
+use tower::{BoxError, ServiceBuilder};
+
+/// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered before
+/// the connection is dropped (client-go's `ReadIdleTimeout` and `PingTimeout`): a dead API
+/// server is noticed within 45 s even by a quiet watch.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// HTTP/2 flow-control windows (client-go's transport allows 4 MiB a stream too): one large
+/// LIST or watch burst does not stall on window updates, nor starve the other streams.
+const H2_STREAM_WINDOW: u32 = 4 << 20;
+const H2_CONNECTION_WINDOW: u32 = 32 << 20;
 
 /// Kube client flags shared by the watcher and the worker.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,9 +45,123 @@ impl KubeClientArgs {
         Ok(config)
     }
 
-    /// Builds a client from the flags.
+    /// Builds a client from the flags (see [`client`]).
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
-        Ok(kube::Client::try_from(self.config().await?)?)
+        client(self.config().await?)
+    }
+}
+
+/// A kube client for `config` that speaks HTTP/2 to a server offering it over TLS (ALPN, as
+/// kube-apiserver does) and HTTP/1.1 otherwise. kube's own client speaks HTTP/1.1 only, so every
+/// request in flight holds a connection of its own: a sync creating 256 pods at once opens up to
+/// 256 TLS connections, and each handshake costs kube-apiserver CPU and the request its latency.
+/// Over HTTP/2 all requests and watches share one connection, as client-go's do. The layers are
+/// kube's default stack's (base URI, kube's retry when `config.default_retry`, auth, extra
+/// headers) with the same connect, read and write timeouts.
+pub fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    // HTTP/2 writes a request's HEADERS and DATA frames apart; with Nagle's algorithm on, the
+    // second waits for the server's delayed ACK (40 ms). Go's dialer turns it off too.
+    http.set_nodelay(true);
+    let tls = config.rustls_client_config()?;
+    let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    let https = match config.tls_server_name.as_deref() {
+        Some(name) => https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+            name.to_owned().try_into()?,
+        )),
+        None => https,
+    };
+    let mut connector =
+        hyper_timeout::TimeoutConnector::new(https.enable_all_versions().wrap_connector(http));
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .http2_keep_alive_interval(H2_PING_INTERVAL)
+            .http2_keep_alive_timeout(H2_PING_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
+            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .build(connector);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(FirstAlone::new(http_client));
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
+/// Sends a request alone while no connection is known to work, the rest after its response.
+/// Which protocol a server speaks is known only once a TLS handshake has negotiated it, so
+/// hyper's pool opens a connection for every request that finds none idle: a burst at start
+/// (or after the server went away) would open a connection per request, HTTP/2 or not. With
+/// the first request alone, the burst finds the one HTTP/2 connection it opened. A failed
+/// request (no response: connect, TLS or I/O error) closes the gate again.
+#[derive(Clone)]
+struct FirstAlone<S> {
+    inner: S,
+    gate: std::sync::Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    /// A response arrived since the last failure.
+    open: std::sync::atomic::AtomicBool,
+    /// Held by the request that goes alone.
+    alone: tokio::sync::Mutex<()>,
+}
+
+impl<S> FirstAlone<S> {
+    fn new(inner: S) -> Self {
+        Self { inner, gate: Default::default() }
+    }
+}
+
+impl<S, Req> tower::Service<Req> for FirstAlone<S>
+where
+    S: tower::Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
+    Req: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        use std::sync::atomic::Ordering;
+        // The service polled ready is the one that is called (tower's contract).
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let alone = match gate.open.load(Ordering::Acquire) {
+                true => None,
+                false => {
+                    let held = gate.alone.lock().await;
+                    (!gate.open.load(Ordering::Acquire)).then_some(held)
+                }
+            };
+            let result = inner.call(req).await;
+            gate.open.store(result.is_ok(), Ordering::Release);
+            drop(alone);
+            result
+        })
     }
 }
 

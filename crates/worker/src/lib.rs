@@ -146,7 +146,7 @@ pub async fn run(
 async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Client> {
     let mut config = args.config().await?;
     config.default_retry = false;
-    Ok(kube::Client::try_from(config)?)
+    kjob_svc::kube_client::client(config)
 }
 
 /// Keeps `/readyz` in step with whether the queue service answers.
