@@ -32,6 +32,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of a unary call, on top of the long-poll wait for Lease: Redis scripts are bounded,
 /// so a healthy server answers far sooner.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of a readiness probe ([`QueueClient::answers`]): well inside a probe period.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// HTTP/2 pings keep idle connections (a worker waiting in Lease) alive through middleboxes and
 /// notice a dead server without waiting for the request timeout.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
@@ -287,6 +289,14 @@ impl QueueClient {
             tokio::time::sleep(delay).await;
             attempt = attempt.saturating_add(1);
         }
+    }
+
+    /// Whether the queue service answers now: one Stats call of the Job queue, not retried,
+    /// within [`PROBE_TIMEOUT`] (the readiness probe of every kjob-queue client).
+    pub async fn answers(&self) -> bool {
+        let msg = v1::StatsRequest { queue: kjob_core::JOB_QUEUE.to_string() };
+        let probe = Self { retry: RetryPolicy::no_retries(), ..self.clone() };
+        rpc!(probe, queue.stats(msg), PROBE_TIMEOUT).await.is_ok()
     }
 
     /// Enqueues a batch; returns once Redis has applied every item.
