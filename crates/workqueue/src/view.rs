@@ -29,68 +29,19 @@ use crate::keys::ExpKeys;
 use crate::reply::{self, Fields};
 use crate::store::Store;
 
-/// One write to a Job's shared view.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ViewOp {
-    /// Store the Job object; kept only when `resource_version` is newer than the cached one
-    /// (a worker may have written back a newer one). Another UID replaces the view, untrusted.
-    Job {
-        /// The Job's UID.
-        uid: String,
-        /// The object as JSON.
-        object: Vec<u8>,
-        /// Its resourceVersion.
-        resource_version: String,
-    },
-    /// The Job is gone: drop its object, pods and record.
-    DeleteJob,
-    /// Store a pod under its name.
-    Pod {
-        /// Pod name.
-        name: String,
-        /// The pod as JSON.
-        object: Vec<u8>,
-    },
-    /// Drop a pod.
-    DeletePod {
-        /// Pod name.
-        name: String,
-    },
-    /// Start a snapshot: drop every pod, distrust the view until [`ViewOp::Trust`].
-    Reset {
-        /// The Job's UID.
-        uid: String,
-    },
-    /// End a snapshot: trust the view in the writing session.
-    Trust,
-    /// Orphans matching the Job's selector were seen; the next sync lists pods to adopt them.
-    Orphans,
-}
+/// One write to a Job's shared view, its JSON as the store keeps it.
+pub type ViewOp = kjob_core::ViewOp<Vec<u8>>;
 
-impl ViewOp {
-    fn code(&self) -> u8 {
-        match self {
-            ViewOp::Job { .. } => 1,
-            ViewOp::DeleteJob => 2,
-            ViewOp::Pod { .. } => 3,
-            ViewOp::DeletePod { .. } => 4,
-            ViewOp::Reset { .. } => 5,
-            ViewOp::Trust => 6,
-            ViewOp::Orphans => 7,
-        }
-    }
-
-    /// Bytes this write carries (for batch sizing).
-    pub fn size(&self) -> usize {
-        match self {
-            ViewOp::Job { uid, object, resource_version } => {
-                uid.len() + object.len() + resource_version.len()
-            }
-            ViewOp::Pod { name, object } => name.len() + object.len(),
-            ViewOp::DeletePod { name } => name.len(),
-            ViewOp::Reset { uid } => uid.len(),
-            ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => 0,
-        }
+/// The script's code of a view write (see `apply_view_fn!`).
+fn view_code(op: &ViewOp) -> u8 {
+    match op {
+        ViewOp::Job { .. } => 1,
+        ViewOp::DeleteJob => 2,
+        ViewOp::Pod { .. } => 3,
+        ViewOp::DeletePod { .. } => 4,
+        ViewOp::Reset { .. } => 5,
+        ViewOp::Trust => 6,
+        ViewOp::Orphans => 7,
     }
 }
 
@@ -168,7 +119,7 @@ pub(crate) fn push_view_ops(args: &mut Vec<Vec<u8>>, ops: &[ViewOp]) {
             ViewOp::Reset { uid } => (uid, &[], ""),
             ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => ("", &[], ""),
         };
-        args.push(op.code().to_string().into_bytes());
+        args.push(view_code(op).to_string().into_bytes());
         args.push(name.as_bytes().to_vec());
         args.push(object.to_vec());
         args.push(rv.as_bytes().to_vec());
