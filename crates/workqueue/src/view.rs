@@ -20,13 +20,12 @@
 //! or a promoted replica has another run id: no view is trusted until a new session, and the
 //! watcher's next Add with view writes learns it must begin one.
 
-use std::sync::LazyLock;
-
-use redis::Script;
+use redis::Value;
 
 use crate::WqError;
 use crate::keys::ExpKeys;
-use crate::reply::{self, Fields};
+use crate::lua::Lua;
+use crate::reply::Fields;
 use crate::store::Store;
 
 /// One write to a Job's shared view, its JSON as the store keeps it.
@@ -254,7 +253,7 @@ return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KE
 "#
 );
 
-static GET_VIEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET_VIEW));
+static GET_VIEW_SCRIPT: Lua = Lua::new("get_job_view", GET_VIEW);
 
 impl Store {
     /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
@@ -270,7 +269,7 @@ impl Store {
             run: view_run_key(),
         };
         let args = records.iter().map(|r| r.as_bytes().to_vec()).collect();
-        let v = self.eval("get_job_view", &GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
+        let v: Value = self.run(&GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
         let mut f = Fields::new("get_job_view", &v)?;
         if !f.flag("trusted")? {
             return Ok(None);
@@ -331,7 +330,7 @@ return stored
 "#
 );
 
-static PUT_VIEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT_VIEW));
+static PUT_VIEW_SCRIPT: Lua = Lua::new("put_job_view", PUT_VIEW);
 
 impl Store {
     /// Writes back a Job object a worker got from the API server (kept only when newer than
@@ -353,8 +352,7 @@ impl Store {
             orphans_handled.to_string().into_bytes(),
             self.idle_gc_ms().to_string().into_bytes(),
         ];
-        let v = self.eval("put_job_view", &PUT_VIEW_SCRIPT, &[job, meta], args).await?;
-        Ok(reply::int("put_job_view", &v)? == 1)
+        self.run(&PUT_VIEW_SCRIPT, &[job, meta], args).await
     }
 }
 
@@ -383,7 +381,7 @@ else
 end
 "#;
 
-static SESSION_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SESSION));
+static SESSION_SCRIPT: Lua = Lua::new("view_session", SESSION);
 
 impl Store {
     /// Begins, commits or ends watcher session `session`; returns whether it applied.
@@ -395,7 +393,6 @@ impl Store {
         };
         let args = vec![session.as_bytes().to_vec(), phase.as_bytes().to_vec()];
         let keys = [view_session_key(), view_run_key()];
-        let v = self.eval("view_session", &SESSION_SCRIPT, &keys, args).await?;
-        Ok(reply::int("view_session", &v)? == 1)
+        self.run(&SESSION_SCRIPT, &keys, args).await
     }
 }
