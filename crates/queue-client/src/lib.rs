@@ -292,7 +292,7 @@ impl QueueClient {
     }
 
     /// Whether the queue service answers now: one Stats call of the Job queue, not retried,
-    /// within [`PROBE_TIMEOUT`] (the readiness probe of every kjob-queue client).
+    /// within `PROBE_TIMEOUT` (2 s) (the readiness probe of every kjob-queue client).
     pub async fn answers(&self) -> bool {
         let msg = v1::StatsRequest { queue: kjob_core::JOB_QUEUE.to_string() };
         let probe = Self { retry: RetryPolicy::no_retries(), ..self.clone() };
