@@ -6,7 +6,7 @@ pub mod events;
 pub mod queue;
 pub mod rbac;
 
-pub use queue::{LeaseOutcome, Observation, ObservationKind};
+pub use queue::{LeaseOutcome, Observation, ObservationKind, ViewOp};
 
 use std::time::Duration;
 

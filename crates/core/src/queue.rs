@@ -91,3 +91,54 @@ mod tests {
         assert_eq!(LeaseOutcome::RateLimited.label(), "rate_limited");
     }
 }
+
+/// One write to a Job's shared view, as the leading watcher makes it and the queue stores it
+/// (the wire form is `kjob.queue.v1.CacheOp`). `B` holds the trimmed JSON: `Arc<[u8]>` in the
+/// watcher, which shares it between its cache and its sends, `Vec<u8>` in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewOp<B> {
+    /// Store the Job object; kept only when `resource_version` is newer than the cached one
+    /// (a worker may have written back a newer one). Another UID replaces the view, untrusted.
+    Job {
+        /// The Job's UID.
+        uid: String,
+        /// The object as JSON.
+        object: B,
+        /// Its resourceVersion.
+        resource_version: String,
+    },
+    /// The Job is gone: drop its object, pods and record.
+    DeleteJob,
+    /// Store a pod under its name.
+    Pod {
+        /// Pod name.
+        name: String,
+        /// The pod as JSON.
+        object: B,
+    },
+    /// Drop a pod (gone, or no longer the Job's).
+    DeletePod {
+        /// Pod name.
+        name: String,
+    },
+    /// Start a snapshot: drop every pod, distrust the view until [`ViewOp::Trust`].
+    Reset {
+        /// The Job's UID.
+        uid: String,
+    },
+    /// End a snapshot: trust the view in the writing session.
+    Trust,
+    /// Orphans matching the Job's selector were seen; the next sync lists pods to adopt them.
+    Orphans,
+}
+
+impl<B: AsRef<[u8]>> ViewOp<B> {
+    /// Bytes this write carries on the wire, roughly (batch sizing): its object plus a fixed
+    /// allowance for the names and framing.
+    pub fn size(&self) -> usize {
+        match self {
+            ViewOp::Job { object, .. } | ViewOp::Pod { object, .. } => object.as_ref().len() + 64,
+            _ => 64,
+        }
+    }
+}

@@ -32,6 +32,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of a unary call, on top of the long-poll wait for Lease: Redis scripts are bounded,
 /// so a healthy server answers far sooner.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of a readiness probe ([`QueueClient::answers`]): well inside a probe period.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// HTTP/2 pings keep idle connections (a worker waiting in Lease) alive through middleboxes and
 /// notice a dead server without waiting for the request timeout.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
@@ -289,71 +291,12 @@ impl QueueClient {
         }
     }
 
-    /// Enqueues a batch; returns once Redis has applied every item.
-    pub async fn add(&self, items: Vec<v1::AddItem>) -> Result<v1::AddResponse, ClientError> {
-        let msg = v1::AddRequest { items };
-        rpc!(self, queue.add(msg)).await
-    }
-
-    /// Leases up to `max_items` ready keys of `queue`, waiting up to `wait` for the first.
-    pub async fn lease(
-        &self,
-        queue: &str,
-        max_items: u32,
-        lease: Duration,
-        wait: Duration,
-        worker_id: &str,
-    ) -> Result<Vec<v1::LeasedItem>, ClientError> {
-        self.lease_request(lease_request(queue, max_items, lease, wait, worker_id), wait).await
-    }
-
-    /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
-    /// the per-Job `records`), read by the queue service right after granting the lease: the
-    /// lessee can plan without a [`Self::get_job_view`] call. An item without a view (a server
-    /// that predates the field, or a read that failed) needs that call.
-    pub async fn lease_with_views(
-        &self,
-        queue: &str,
-        max_items: u32,
-        lease: Duration,
-        wait: Duration,
-        worker_id: &str,
-        records: &[&str],
-    ) -> Result<Vec<v1::LeasedItem>, ClientError> {
-        let msg = v1::LeaseRequest {
-            with_views: true,
-            view_records: records.iter().map(|r| r.to_string()).collect(),
-            ..lease_request(queue, max_items, lease, wait, worker_id)
-        };
-        self.lease_request(msg, wait).await
-    }
-
-    async fn lease_request(
-        &self,
-        msg: v1::LeaseRequest,
-        wait: Duration,
-    ) -> Result<Vec<v1::LeasedItem>, ClientError> {
-        let timeout = wait + REQUEST_TIMEOUT;
-        let resp = rpc!(self, queue.lease(msg), timeout).await?;
-        Ok(resp.items)
-    }
-
-    /// Extends a lease; returns the new deadline (Unix ms). A stale id is [`ClientError::LeaseLost`].
-    pub async fn renew(
-        &self,
-        queue: &str,
-        key: &str,
-        lease_id: &str,
-        lease: Duration,
-    ) -> Result<i64, ClientError> {
-        let msg = v1::RenewRequest {
-            queue: queue.to_string(),
-            key: key.to_string(),
-            lease_id: lease_id.to_string(),
-            lease_ms: millis(lease),
-        };
-        let resp = rpc!(self, queue.renew(msg)).await?;
-        Ok(resp.deadline_unix_ms)
+    /// Whether the queue service answers now: one Stats call of the Job queue, not retried,
+    /// within `PROBE_TIMEOUT` (2 s) (the readiness probe of every kjob-queue client).
+    pub async fn answers(&self) -> bool {
+        let msg = v1::StatsRequest { queue: kjob_core::JOB_QUEUE.to_string() };
+        let probe = Self { retry: RetryPolicy::no_retries(), ..self.clone() };
+        rpc!(probe, queue.stats(msg), PROBE_TIMEOUT).await.is_ok()
     }
 
     /// Finishes a lease with `outcome`. A stale id is [`ClientError::LeaseLost`].
@@ -365,20 +308,6 @@ impl QueueClient {
         outcome: Outcome,
     ) -> Result<v1::DoneResponse, ClientError> {
         self.done_writing_back(queue, key, lease_id, outcome, None).await
-    }
-
-    /// [`Self::done`] that first writes a Job object back into the key's shared view (as
-    /// [`Self::put_job_view`] would; Job queue only), in the same call.
-    pub async fn done_writing_back(
-        &self,
-        queue: &str,
-        key: &str,
-        lease_id: &str,
-        outcome: Outcome,
-        view_write_back: Option<v1::PutJobViewRequest>,
-    ) -> Result<v1::DoneResponse, ClientError> {
-        let msg = done_request(queue, key, lease_id, outcome, view_write_back);
-        rpc!(self, queue.done(msg)).await
     }
 
     /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of
@@ -403,186 +332,161 @@ impl QueueClient {
         }
         Ok(resp.results.into_iter().map(done_item_result).collect())
     }
+}
+
+/// The unary calls whose wrapper only builds the request from its arguments and picks the part
+/// of the reply its callers use: each entry says arguments, request and answer, and every one is
+/// sent through [`QueueClient::call`] (retry policy, a deadline of [`REQUEST_TIMEOUT`] unless
+/// `within` gives another).
+macro_rules! unary_calls {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty
+            = $client:ident.$method:ident($msg:expr) $(within $timeout:expr)?
+            => |$r:pat_param| $answer:expr;
+    )*) => {
+        impl QueueClient {$(
+            $(#[doc = $doc])*
+            pub async fn $name(&self, $($arg: $ty),*) -> Result<$out, ClientError> {
+                let $r = rpc!(self, $client.$method($msg) $(, $timeout)?).await?;
+                Ok($answer)
+            }
+        )*}
+    };
+}
+
+/// A string argument as the request's owned field.
+fn owned(v: &str) -> String {
+    v.to_string()
+}
+
+unary_calls! {
+    /// Enqueues a batch; returns once Redis has applied every item.
+    fn add(items: Vec<v1::AddItem>) -> v1::AddResponse
+        = queue.add(v1::AddRequest { items }) => |r| r;
+
+    /// Leases up to `max_items` ready keys of `queue`, waiting up to `wait` for the first.
+    fn lease(queue: &str, max_items: u32, lease: Duration, wait: Duration, worker_id: &str)
+        -> Vec<v1::LeasedItem>
+        = queue.lease(lease_request(queue, max_items, lease, wait, worker_id))
+        within wait + REQUEST_TIMEOUT => |r| r.items;
+
+    /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
+    /// the per-Job `records`), read by the queue service right after granting the lease: the
+    /// lessee can plan without a [`Self::get_job_view`] call. An item without a view (a server
+    /// that predates the field, or a read that failed) needs that call.
+    fn lease_with_views(
+        queue: &str, max_items: u32, lease: Duration, wait: Duration, worker_id: &str,
+        records: &[&str]
+    ) -> Vec<v1::LeasedItem>
+        = queue.lease(v1::LeaseRequest {
+            with_views: true,
+            view_records: records.iter().map(|r| owned(r)).collect(),
+            ..lease_request(queue, max_items, lease, wait, worker_id)
+        }) within wait + REQUEST_TIMEOUT => |r| r.items;
+
+    /// Extends a lease; returns the new deadline (Unix ms). A stale id is
+    /// [`ClientError::LeaseLost`].
+    fn renew(queue: &str, key: &str, lease_id: &str, lease: Duration) -> i64
+        = queue.renew(v1::RenewRequest {
+            queue: owned(queue), key: owned(key), lease_id: owned(lease_id), lease_ms: millis(lease)
+        }) => |r| r.deadline_unix_ms;
+
+    /// [`Self::done`] that first writes a Job object back into the key's shared view (as
+    /// [`Self::put_job_view`] would; Job queue only), in the same call.
+    fn done_writing_back(
+        queue: &str, key: &str, lease_id: &str, outcome: Outcome,
+        view_write_back: Option<v1::PutJobViewRequest>
+    ) -> v1::DoneResponse
+        = queue.done(done_request(queue, key, lease_id, outcome, view_write_back)) => |r| r;
 
     /// Replaces the expectations of Job `key` (UID `job_uid`).
-    pub async fn set_expectations(
-        &self,
-        key: &str,
-        job_uid: &str,
-        add: i64,
-        del: i64,
-    ) -> Result<(), ClientError> {
-        let msg = v1::SetExpectationsRequest {
-            key: key.to_string(),
-            job_uid: job_uid.to_string(),
-            add,
-            del,
-        };
-        rpc!(self, expectations.set_expectations(msg)).await?;
-        Ok(())
-    }
+    fn set_expectations(key: &str, job_uid: &str, add: i64, del: i64) -> ()
+        = expectations.set_expectations(v1::SetExpectationsRequest {
+            key: owned(key), job_uid: owned(job_uid), add, del
+        }) => |_| ();
 
     /// Lowers existing expectations of Job `key` by `add`/`del` (no-op without a record).
-    pub async fn lower_expectations(
-        &self,
-        key: &str,
-        job_uid: &str,
-        add: i64,
-        del: i64,
-    ) -> Result<(), ClientError> {
-        let msg = v1::LowerExpectationsRequest {
-            key: key.to_string(),
-            job_uid: job_uid.to_string(),
-            add,
-            del,
-        };
-        rpc!(self, expectations.lower_expectations(msg)).await?;
-        Ok(())
-    }
+    fn lower_expectations(key: &str, job_uid: &str, add: i64, del: i64) -> ()
+        = expectations.lower_expectations(v1::LowerExpectationsRequest {
+            key: owned(key), job_uid: owned(job_uid), add, del
+        }) => |_| ();
 
     /// Reads the expectations of Job `key` as seen by a Job with UID `job_uid`.
-    pub async fn get_expectations(
-        &self,
-        key: &str,
-        job_uid: &str,
-    ) -> Result<v1::GetExpectationsResponse, ClientError> {
-        let msg = v1::GetExpectationsRequest { key: key.to_string(), job_uid: job_uid.to_string() };
-        rpc!(self, expectations.get_expectations(msg)).await
-    }
+    fn get_expectations(key: &str, job_uid: &str) -> v1::GetExpectationsResponse
+        = expectations.get_expectations(v1::GetExpectationsRequest {
+            key: owned(key), job_uid: owned(job_uid)
+        }) => |r| r;
 
     /// Deletes the expectations, finalizer-removal set and records of Job `key`.
-    pub async fn delete_expectations(&self, key: &str) -> Result<(), ClientError> {
-        let msg = v1::DeleteExpectationsRequest { key: key.to_string() };
-        rpc!(self, expectations.delete_expectations(msg)).await?;
-        Ok(())
-    }
+    fn delete_expectations(key: &str) -> ()
+        = expectations.delete_expectations(v1::DeleteExpectationsRequest { key: owned(key) })
+        => |_| ();
 
     /// Adds pod UIDs whose tracking-finalizer removal is in flight for Job `key`.
-    pub async fn expect_finalizer_removals(
-        &self,
-        key: &str,
-        job_uid: &str,
-        pod_uids: Vec<String>,
-    ) -> Result<(), ClientError> {
-        let msg = v1::ExpectFinalizerRemovalsRequest {
-            key: key.to_string(),
-            job_uid: job_uid.to_string(),
-            pod_uids,
-        };
-        rpc!(self, expectations.expect_finalizer_removals(msg)).await?;
-        Ok(())
-    }
-
-    /// Reads the record `name` of Job `key`.
-    pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, ClientError> {
-        let msg = v1::GetRecordRequest { key: key.to_string(), name: name.to_string() };
-        let resp = rpc!(self, expectations.get_record(msg)).await?;
-        Ok(resp.found.then_some(resp.value))
-    }
-
-    /// Writes the record `name` of Job `key`, optionally expiring after `ttl`.
-    pub async fn put_record(
-        &self,
-        key: &str,
-        name: &str,
-        value: Vec<u8>,
-        ttl: Option<Duration>,
-    ) -> Result<(), ClientError> {
-        let msg = v1::PutRecordRequest {
-            key: key.to_string(),
-            name: name.to_string(),
-            value,
-            ttl_ms: ttl.map(millis).unwrap_or(0),
-        };
-        rpc!(self, expectations.put_record(msg)).await?;
-        Ok(())
-    }
-
-    /// Reads the shared view of Job `key` with the per-Job `records` asked for; `None` when it
-    /// is not trusted.
-    pub async fn get_job_view(
-        &self,
-        key: &str,
-        records: &[&str],
-    ) -> Result<Option<v1::GetJobViewResponse>, ClientError> {
-        let records = records.iter().map(|r| r.to_string()).collect();
-        let msg = v1::GetJobViewRequest { key: key.to_string(), records };
-        let resp = rpc!(self, expectations.get_job_view(msg)).await?;
-        Ok(resp.trusted.then_some(resp))
-    }
+    fn expect_finalizer_removals(key: &str, job_uid: &str, pod_uids: Vec<String>) -> ()
+        = expectations.expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest {
+            key: owned(key), job_uid: owned(job_uid), pod_uids
+        }) => |_| ();
 
     /// Drops pod UIDs from Job `key`'s in-flight finalizer-removal set (their removals failed);
     /// returns how many were in it.
-    pub async fn forget_finalizer_removals(
-        &self,
-        key: &str,
-        pod_uids: Vec<String>,
-    ) -> Result<u32, ClientError> {
-        let msg = v1::ForgetFinalizerRemovalsRequest { key: key.to_string(), pod_uids };
-        Ok(rpc!(self, expectations.forget_finalizer_removals(msg)).await?.forgotten)
-    }
+    fn forget_finalizer_removals(key: &str, pod_uids: Vec<String>) -> u32
+        = expectations.forget_finalizer_removals(v1::ForgetFinalizerRemovalsRequest {
+            key: owned(key), pod_uids
+        }) => |r| r.forgotten;
+
+    /// Reads the record `name` of Job `key`.
+    fn get_record(key: &str, name: &str) -> Option<Vec<u8>>
+        = expectations.get_record(v1::GetRecordRequest { key: owned(key), name: owned(name) })
+        => |r| r.found.then_some(r.value);
+
+    /// Writes the record `name` of Job `key`, optionally expiring after `ttl`.
+    fn put_record(key: &str, name: &str, value: Vec<u8>, ttl: Option<Duration>) -> ()
+        = expectations.put_record(v1::PutRecordRequest {
+            key: owned(key), name: owned(name), value, ttl_ms: ttl.map(millis).unwrap_or(0)
+        }) => |_| ();
 
     /// Removes record `name` of Job `key`; whether it existed.
-    pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, ClientError> {
-        let msg = v1::DeleteRecordRequest { key: key.to_string(), name: name.to_string() };
-        Ok(rpc!(self, expectations.delete_record(msg)).await?.deleted)
-    }
+    fn delete_record(key: &str, name: &str) -> bool
+        = expectations.delete_record(v1::DeleteRecordRequest { key: owned(key), name: owned(name) })
+        => |r| r.deleted;
+
+    /// Reads the shared view of Job `key` with the per-Job `records` asked for; `None` when it
+    /// is not trusted.
+    fn get_job_view(key: &str, records: &[&str]) -> Option<v1::GetJobViewResponse>
+        = expectations.get_job_view(v1::GetJobViewRequest {
+            key: owned(key), records: records.iter().map(|r| owned(r)).collect()
+        }) => |r| r.trusted.then_some(r);
 
     /// Writes back a Job object (as the API server returned it) into the shared view of `key`,
     /// and acknowledges `orphans_handled` orphan notices; returns whether the object was stored.
-    pub async fn put_job_view(
-        &self,
-        key: &str,
-        job_uid: &str,
-        job: Vec<u8>,
-        resource_version: &str,
-        orphans_handled: u64,
-    ) -> Result<bool, ClientError> {
-        let msg = v1::PutJobViewRequest {
-            key: key.to_string(),
-            job_uid: job_uid.to_string(),
-            job,
-            resource_version: resource_version.to_string(),
-            orphans_handled,
-        };
-        Ok(rpc!(self, expectations.put_job_view(msg)).await?.stored)
-    }
+    fn put_job_view(
+        key: &str, job_uid: &str, job: Vec<u8>, resource_version: &str, orphans_handled: u64
+    ) -> bool
+        = expectations.put_job_view(v1::PutJobViewRequest {
+            key: owned(key), job_uid: owned(job_uid), job, resource_version: owned(resource_version),
+            orphans_handled
+        }) => |r| r.stored;
 
     /// Begins, commits or ends a watcher's view session; returns whether it applied.
-    pub async fn cache_session(
-        &self,
-        session: &str,
-        phase: v1::CacheSessionPhase,
-    ) -> Result<bool, ClientError> {
-        let msg = v1::CacheSessionRequest { session: session.to_string(), phase: phase as i32 };
-        Ok(rpc!(self, expectations.cache_session(msg)).await?.applied)
-    }
+    fn cache_session(session: &str, phase: v1::CacheSessionPhase) -> bool
+        = expectations.cache_session(v1::CacheSessionRequest {
+            session: owned(session), phase: phase as i32
+        }) => |r| r.applied;
 
     /// Passes a batch of events through the shared aggregator and spam filter; one answer per
     /// event, in order.
-    pub async fn gate_events(
-        &self,
-        events: Vec<v1::GateEvent>,
-    ) -> Result<Vec<v1::GatedEvent>, ClientError> {
-        let msg = v1::GateEventsRequest { events };
-        Ok(rpc!(self, expectations.gate_events(msg)).await?.events)
-    }
+    fn gate_events(events: Vec<v1::GateEvent>) -> Vec<v1::GatedEvent>
+        = expectations.gate_events(v1::GateEventsRequest { events }) => |r| r.events;
 
     /// Reports the depth of each part of `queue`.
-    pub async fn stats(&self, queue: &str) -> Result<v1::StatsResponse, ClientError> {
-        let msg = v1::StatsRequest { queue: queue.to_string() };
-        rpc!(self, queue.stats(msg)).await
-    }
+    fn stats(queue: &str) -> v1::StatsResponse
+        = queue.stats(v1::StatsRequest { queue: owned(queue) }) => |r| r;
 
     /// Reports what `queue` knows about `keys`.
-    pub async fn inspect(
-        &self,
-        queue: &str,
-        keys: Vec<String>,
-    ) -> Result<v1::InspectResponse, ClientError> {
-        let msg = v1::InspectRequest { queue: queue.to_string(), keys };
-        rpc!(self, queue.inspect(msg)).await
-    }
+    fn inspect(queue: &str, keys: Vec<String>) -> v1::InspectResponse
+        = queue.inspect(v1::InspectRequest { queue: owned(queue), keys }) => |r| r;
 }
 
 #[cfg(test)]

@@ -75,22 +75,32 @@ impl Listeners {
 /// accept any more ends the server), the service goes not ready, drains and returns an error
 /// naming it, so the process exits with a non-zero status.
 pub async fn run(listeners: Listeners, config: Config, shutdown: Shutdown) -> anyhow::Result<()> {
-    let Listeners { grpc: listener, admin: admin_listener } = listeners;
+    let Listeners { grpc: listener, admin } = listeners;
     let Config { redis_url, store: store_config } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
-    let mut admin = AdminServer::start(admin_listener, registry);
-    let ready = admin.state().clone();
+    kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
+        // Unusable settings fail here: nothing to serve, and nothing left behind.
+        let Some(store) = connect(&redis_url, store_config, &shutdown).await? else {
+            return Ok(());
+        };
+        serve(listener, &redis_url, store, metrics, admin, &shutdown).await
+    })
+    .await?;
+    tracing::info!("kjob-queue stopped");
+    Ok(())
+}
 
-    let store = match connect(&redis_url, store_config, &shutdown).await {
-        Ok(Some(store)) => store,
-        Ok(None) => return admin.stop().await,
-        Err(e) => {
-            // Unusable settings: nothing to serve, and nothing left behind.
-            admin.stop().await?;
-            return Err(e);
-        }
-    };
+/// The service proper, between the admin port's start and stop.
+async fn serve(
+    listener: TcpListener,
+    redis_url: &str,
+    store: Store,
+    metrics: Metrics,
+    admin: &mut AdminServer,
+    shutdown: &Shutdown,
+) -> anyhow::Result<()> {
+    let ready = admin.state().clone();
     let waker = Waker::new(&store, kjob_core::QUEUES);
     let (health, health_service) = tonic_health::server::health_reporter();
     let (dones, batch_loops) = batch::DoneBatcher::new(kjob_core::QUEUES);
@@ -120,7 +130,7 @@ pub async fn run(listeners: Listeners, config: Config, shutdown: Shutdown) -> an
             shutdown.clone().cancelled_owned(),
         );
 
-    let mut vital = Vital::new(&shutdown).readiness(&ready);
+    let mut vital = Vital::new(shutdown).readiness(&ready);
     vital.task("gRPC server", async { server.await.context("gRPC server") });
     // The loops run as tasks of their own: each queue's Done batches, the wake-ups and the
     // reaper are scheduled independently of one another and of the server's accept loop.
@@ -138,16 +148,10 @@ pub async fn run(listeners: Listeners, config: Config, shutdown: Shutdown) -> an
         reaper(&s, &m, &stop).await;
         Ok(())
     });
-    vital.task("readiness probe", probe(&store, &metrics, &ready, &shutdown).map(Ok));
-    vital.task("gRPC health", mirror_health(ready.subscribe(), health, &shutdown).map(Ok));
+    vital.task("readiness probe", probe(&store, &metrics, &ready, shutdown).map(Ok));
+    vital.task("gRPC health", mirror_health(ready.subscribe(), health, shutdown).map(Ok));
     vital.guard("admin server", admin.watch());
-    let supervised = vital.run().await;
-    let stopped = admin.stop().await.context("admin server");
-    // The first failure is the one that matters (a failed task, then a failed admin stop).
-    supervised?;
-    stopped?;
-    tracing::info!("kjob-queue stopped");
-    Ok(())
+    Ok(vital.run().await?)
 }
 
 /// The reflection services' contents: kjob's protos and grpc.health.v1.

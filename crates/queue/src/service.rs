@@ -130,10 +130,10 @@ impl QueueService {
         &self,
         service: &'static str,
         method: &'static str,
-        handler: impl Future<Output = Result<T, Status>>,
+        handler: impl Future<Output = Result<T, Refused>>,
     ) -> Result<Response<T>, Status> {
         let rpc = self.metrics.rpc(service, method);
-        let res = handler.await;
+        let res = handler.await.map_err(|Refused(s)| s);
         if let Err(s) = &res
             && s.code() == tonic::Code::Internal
         {
@@ -143,18 +143,36 @@ impl QueueService {
     }
 }
 
-/// A refused request: INVALID_ARGUMENT with the validator's message.
-fn invalid(msg: String) -> Status {
-    Status::invalid_argument(msg)
+/// Why a handler did not answer, as the status the call ends with: `?` maps a validator's
+/// message to INVALID_ARGUMENT and a store failure to UNAVAILABLE while Redis is unreachable
+/// (clients retry) or INTERNAL otherwise; a precise status (a stale lease) passes as it is.
+struct Refused(Status);
+
+impl From<String> for Refused {
+    fn from(msg: String) -> Self {
+        Refused(Status::invalid_argument(msg))
+    }
 }
 
-/// A store failure: UNAVAILABLE while Redis is unreachable (clients retry), INTERNAL otherwise.
-fn store_err(e: WqError) -> Status {
-    if e.is_unavailable() {
-        Status::unavailable(e.to_string())
-    } else {
-        Status::internal(e.to_string())
+impl From<WqError> for Refused {
+    fn from(e: WqError) -> Self {
+        Refused(if e.is_unavailable() {
+            Status::unavailable(e.to_string())
+        } else {
+            Status::internal(e.to_string())
+        })
     }
+}
+
+impl From<Status> for Refused {
+    fn from(s: Status) -> Self {
+        Refused(s)
+    }
+}
+
+/// A refused request: INVALID_ARGUMENT with `msg`.
+fn invalid(msg: String) -> Refused {
+    Refused::from(msg)
 }
 
 fn observation(o: &v1::Observation) -> Result<Observation, String> {
@@ -168,10 +186,10 @@ fn observation(o: &v1::Observation) -> Result<Observation, String> {
 }
 
 /// The checks of SetExpectations and LowerExpectations.
-fn expectation_counts(key: &str, job_uid: &str, add: i64, del: i64) -> Result<(), Status> {
-    validate::key(key).map_err(invalid)?;
-    validate::id("job_uid", job_uid, false).map_err(invalid)?;
-    validate::count("add", add).map_err(invalid)?;
+fn expectation_counts(key: &str, job_uid: &str, add: i64, del: i64) -> Result<(), Refused> {
+    validate::key(key)?;
+    validate::id("job_uid", job_uid, false)?;
+    validate::count("add", add)?;
     validate::count("del", del).map_err(invalid)
 }
 
@@ -267,7 +285,7 @@ fn ms(v: u64) -> Duration {
 }
 
 impl QueueService {
-    async fn add_rpc(&self, r: v1::AddRequest) -> Result<v1::AddResponse, Status> {
+    async fn add_rpc(&self, r: v1::AddRequest) -> Result<v1::AddResponse, Refused> {
         let items = r.items;
         if items.len() > validate::MAX_ADD_ITEMS {
             return Err(invalid(format!(
@@ -280,9 +298,9 @@ impl QueueService {
         let mut per_queue: Vec<(&str, Vec<Enqueue>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let at = |e: String| format!("item {i} ({:?}): {e}", it.key);
-            validate::key(&it.key).map_err(at).map_err(invalid)?;
-            validate::queue(&it.queue).map_err(at).map_err(invalid)?;
-            validate::delay("delay_ms", it.delay_ms).map_err(at).map_err(invalid)?;
+            validate::key(&it.key).map_err(at)?;
+            validate::queue(&it.queue).map_err(at)?;
+            validate::delay("delay_ms", it.delay_ms).map_err(at)?;
             let observations = match it.observations.iter().map(observation).collect() {
                 Ok(o) => o,
                 Err(e) => return Err(invalid(at(e))),
@@ -298,9 +316,7 @@ impl QueueService {
                         kjob_core::JOB_QUEUE
                     ))));
                 }
-                validate::id("cache_session", &it.cache_session, true)
-                    .map_err(at)
-                    .map_err(invalid)?;
+                validate::id("cache_session", &it.cache_session, true).map_err(at)?;
             }
             let e = Enqueue {
                 key: it.key.clone(),
@@ -320,7 +336,7 @@ impl QueueService {
         let (mut added, mut view_session_lost) = (0, false);
         for (queue, batch) in per_queue {
             // Leases what becomes ready to this replica's waiting lessees in the same script.
-            let r = self.waker.add(&self.store, queue, batch).await.map_err(store_err)?;
+            let r = self.waker.add(&self.store, queue, batch).await?;
             added += r.added;
             view_session_lost |= r.view_lost;
             let m = self.metrics.queue(queue);
@@ -330,17 +346,17 @@ impl QueueService {
         Ok(v1::AddResponse { added, view_session_lost })
     }
 
-    async fn lease_rpc(&self, r: v1::LeaseRequest) -> Result<v1::LeaseResponse, Status> {
-        validate::queue(&r.queue).map_err(invalid)?;
-        validate::lease(r.max_items, r.lease_ms, r.wait_ms).map_err(invalid)?;
-        validate::id("worker_id", &r.worker_id, false).map_err(invalid)?;
+    async fn lease_rpc(&self, r: v1::LeaseRequest) -> Result<v1::LeaseResponse, Refused> {
+        validate::queue(&r.queue)?;
+        validate::lease(r.max_items, r.lease_ms, r.wait_ms)?;
+        validate::id("worker_id", &r.worker_id, false)?;
         let with_views = r.with_views && r.queue == kjob_core::JOB_QUEUE;
         if with_views {
             view_records(&r.view_records)?;
         }
         let batch = tokio::select! {
             res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
-                Some(res.map_err(store_err)?)
+                Some(res?)
             }
             // Draining: a long poll answers "nothing" rather than holding up the shutdown.
             _ = self.shutdown.cancelled() => None,
@@ -384,11 +400,11 @@ impl QueueService {
         Ok(v1::LeaseResponse { items })
     }
 
-    async fn renew_rpc(&self, r: v1::RenewRequest) -> Result<v1::RenewResponse, Status> {
-        validate::queue(&r.queue).map_err(invalid)?;
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("lease_id", &r.lease_id, true).map_err(invalid)?;
-        validate::lease_ms_ok(r.lease_ms).map_err(invalid)?;
+    async fn renew_rpc(&self, r: v1::RenewRequest) -> Result<v1::RenewResponse, Refused> {
+        validate::queue(&r.queue)?;
+        validate::key(&r.key)?;
+        validate::id("lease_id", &r.lease_id, true)?;
+        validate::lease_ms_ok(r.lease_ms)?;
         match self.store.renew(&r.queue, &r.key, &r.lease_id, ms(r.lease_ms)).await {
             Ok(Some(deadline)) => Ok(v1::RenewResponse { deadline_unix_ms: deadline }),
             Ok(None) => {
@@ -396,15 +412,16 @@ impl QueueService {
                 Err(Status::failed_precondition(format!(
                     "lease {} of {} is not held any more (expired or superseded)",
                     r.lease_id, r.key
-                )))
+                ))
+                .into())
             }
-            Err(e) => Err(store_err(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
-    async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Status> {
-        let done = done_item(&r).map_err(invalid)?;
-        if let Some(v) = view_write_back(&r).map_err(invalid)? {
+    async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Refused> {
+        let done = done_item(&r)?;
+        if let Some(v) = view_write_back(&r)? {
             self.write_back(&r.key, v).await?;
         }
         match self.dones.done(&r.queue, done).await {
@@ -417,18 +434,18 @@ impl QueueService {
             }
             Ok(None) => {
                 self.metrics.queue(&r.queue).stale.inc();
-                Err(Status::failed_precondition(stale_done_message(&r)))
+                Err(Status::failed_precondition(stale_done_message(&r)).into())
             }
-            Err(e) => Err(store_err(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
     async fn done_batch_rpc(
         &self,
         r: v1::DoneBatchRequest,
-    ) -> Result<v1::DoneBatchResponse, Status> {
+    ) -> Result<v1::DoneBatchResponse, Refused> {
         let items = r.items;
-        validate::done_batch_len(items.len()).map_err(invalid)?;
+        validate::done_batch_len(items.len())?;
         // Validate everything first: a malformed batch is refused whole and changes nothing.
         let mut per_queue: Vec<(&str, Vec<usize>, Vec<Done>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
@@ -463,7 +480,7 @@ impl QueueService {
         for (queue, idx, res) in futures::future::join_all(calls).await {
             // A failed script call fails the whole RPC: the client retries it, and items that
             // were applied meanwhile (another queue's) then come back stale, as a retried Done.
-            let outcomes = res.map_err(store_err)?;
+            let outcomes = res?;
             for (i, outcome) in idx.into_iter().zip(outcomes) {
                 results[i] = match outcome {
                     Some(d) => {
@@ -490,9 +507,9 @@ impl QueueService {
         Ok(v1::DoneBatchResponse { results })
     }
 
-    async fn stats_rpc(&self, r: v1::StatsRequest) -> Result<v1::StatsResponse, Status> {
-        validate::queue(&r.queue).map_err(invalid)?;
-        let s = self.store.stats(&r.queue).await.map_err(store_err)?;
+    async fn stats_rpc(&self, r: v1::StatsRequest) -> Result<v1::StatsResponse, Refused> {
+        validate::queue(&r.queue)?;
+        let s = self.store.stats(&r.queue).await?;
         Ok(v1::StatsResponse {
             ready: s.ready,
             delayed: s.delayed,
@@ -506,15 +523,15 @@ impl QueueService {
         })
     }
 
-    async fn inspect_rpc(&self, r: v1::InspectRequest) -> Result<v1::InspectResponse, Status> {
-        validate::queue(&r.queue).map_err(invalid)?;
+    async fn inspect_rpc(&self, r: v1::InspectRequest) -> Result<v1::InspectResponse, Refused> {
+        validate::queue(&r.queue)?;
         if r.keys.len() > validate::MAX_LIST {
             return Err(invalid(format!("at most {} keys per Inspect", validate::MAX_LIST)));
         }
         for k in &r.keys {
-            validate::key(k).map_err(|e| format!("{k:?}: {e}")).map_err(invalid)?;
+            validate::key(k).map_err(|e| format!("{k:?}: {e}"))?;
         }
-        let views = self.store.inspect(&r.queue, &r.keys).await.map_err(store_err)?;
+        let views = self.store.inspect(&r.queue, &r.keys).await?;
         let keys = views
             .into_iter()
             .map(|v| v1::KeyState {
@@ -533,92 +550,88 @@ impl QueueService {
     async fn set_expectations_rpc(
         &self,
         r: v1::SetExpectationsRequest,
-    ) -> Result<v1::SetExpectationsResponse, Status> {
+    ) -> Result<v1::SetExpectationsResponse, Refused> {
         expectation_counts(&r.key, &r.job_uid, r.add, r.del)?;
-        self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
+        self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await?;
         Ok(v1::SetExpectationsResponse {})
     }
 
     async fn lower_expectations_rpc(
         &self,
         r: v1::LowerExpectationsRequest,
-    ) -> Result<v1::LowerExpectationsResponse, Status> {
+    ) -> Result<v1::LowerExpectationsResponse, Refused> {
         expectation_counts(&r.key, &r.job_uid, r.add, r.del)?;
-        self.store.lower_expectations(&r.key, &r.job_uid, r.add, r.del).await.map_err(store_err)?;
+        self.store.lower_expectations(&r.key, &r.job_uid, r.add, r.del).await?;
         Ok(v1::LowerExpectationsResponse {})
     }
 
     async fn get_expectations_rpc(
         &self,
         r: v1::GetExpectationsRequest,
-    ) -> Result<v1::GetExpectationsResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
-        let e = self.store.get_expectations(&r.key, &r.job_uid).await.map_err(store_err)?;
+    ) -> Result<v1::GetExpectationsResponse, Refused> {
+        validate::key(&r.key)?;
+        validate::id("job_uid", &r.job_uid, false)?;
+        let e = self.store.get_expectations(&r.key, &r.job_uid).await?;
         Ok(expectations_reply(e))
     }
 
     async fn delete_expectations_rpc(
         &self,
         r: v1::DeleteExpectationsRequest,
-    ) -> Result<v1::DeleteExpectationsResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        self.store.delete_expectations(&r.key).await.map_err(store_err)?;
+    ) -> Result<v1::DeleteExpectationsResponse, Refused> {
+        validate::key(&r.key)?;
+        self.store.delete_expectations(&r.key).await?;
         Ok(v1::DeleteExpectationsResponse {})
     }
 
     async fn forget_finalizer_removals_rpc(
         &self,
         r: v1::ForgetFinalizerRemovalsRequest,
-    ) -> Result<v1::ForgetFinalizerRemovalsResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
+    ) -> Result<v1::ForgetFinalizerRemovalsResponse, Refused> {
+        validate::key(&r.key)?;
         pod_uids(&r.pod_uids)?;
-        let forgotten =
-            self.store.forget_finalizer_removals(&r.key, &r.pod_uids).await.map_err(store_err)?;
+        let forgotten = self.store.forget_finalizer_removals(&r.key, &r.pod_uids).await?;
         Ok(v1::ForgetFinalizerRemovalsResponse { forgotten })
     }
 
     async fn delete_record_rpc(
         &self,
         r: v1::DeleteRecordRequest,
-    ) -> Result<v1::DeleteRecordResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("name", &r.name, true).map_err(invalid)?;
-        let deleted = self.store.delete_record(&r.key, &r.name).await.map_err(store_err)?;
+    ) -> Result<v1::DeleteRecordResponse, Refused> {
+        validate::key(&r.key)?;
+        validate::id("name", &r.name, true)?;
+        let deleted = self.store.delete_record(&r.key, &r.name).await?;
         Ok(v1::DeleteRecordResponse { deleted })
     }
 
     async fn expect_finalizer_removals_rpc(
         &self,
         r: v1::ExpectFinalizerRemovalsRequest,
-    ) -> Result<v1::ExpectFinalizerRemovalsResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("job_uid", &r.job_uid, false).map_err(invalid)?;
+    ) -> Result<v1::ExpectFinalizerRemovalsResponse, Refused> {
+        validate::key(&r.key)?;
+        validate::id("job_uid", &r.job_uid, false)?;
         pod_uids(&r.pod_uids)?;
-        self.store
-            .expect_finalizer_removals(&r.key, &r.job_uid, &r.pod_uids)
-            .await
-            .map_err(store_err)?;
+        self.store.expect_finalizer_removals(&r.key, &r.job_uid, &r.pod_uids).await?;
         Ok(v1::ExpectFinalizerRemovalsResponse {})
     }
 
     async fn get_record_rpc(
         &self,
         r: v1::GetRecordRequest,
-    ) -> Result<v1::GetRecordResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("name", &r.name, true).map_err(invalid)?;
-        let v = self.store.get_record(&r.key, &r.name).await.map_err(store_err)?;
+    ) -> Result<v1::GetRecordResponse, Refused> {
+        validate::key(&r.key)?;
+        validate::id("name", &r.name, true)?;
+        let v = self.store.get_record(&r.key, &r.name).await?;
         Ok(v1::GetRecordResponse { found: v.is_some(), value: v.unwrap_or_default() })
     }
 
     async fn put_record_rpc(
         &self,
         r: v1::PutRecordRequest,
-    ) -> Result<v1::PutRecordResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        validate::id("name", &r.name, true).map_err(invalid)?;
-        validate::delay("ttl_ms", r.ttl_ms).map_err(invalid)?;
+    ) -> Result<v1::PutRecordResponse, Refused> {
+        validate::key(&r.key)?;
+        validate::id("name", &r.name, true)?;
+        validate::delay("ttl_ms", r.ttl_ms)?;
         if r.value.len() > validate::MAX_RECORD_BYTES {
             return Err(invalid(format!(
                 "record is {} bytes; the limit is {}",
@@ -627,17 +640,17 @@ impl QueueService {
             )));
         }
         let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
-        self.store.put_record(&r.key, &r.name, &r.value, ttl).await.map_err(store_err)?;
+        self.store.put_record(&r.key, &r.name, &r.value, ttl).await?;
         Ok(v1::PutRecordResponse {})
     }
 
     async fn get_job_view_rpc(
         &self,
         r: v1::GetJobViewRequest,
-    ) -> Result<v1::GetJobViewResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
+    ) -> Result<v1::GetJobViewResponse, Refused> {
+        validate::key(&r.key)?;
         view_records(&r.records)?;
-        let view = self.store.get_job_view(&r.key, &r.records).await.map_err(store_err)?;
+        let view = self.store.get_job_view(&r.key, &r.records).await?;
         Ok(view_reply(view))
     }
 
@@ -667,26 +680,27 @@ impl QueueService {
     async fn put_job_view_rpc(
         &self,
         r: v1::PutJobViewRequest,
-    ) -> Result<v1::PutJobViewResponse, Status> {
-        validate::key(&r.key).map_err(invalid)?;
-        put_job_view_fields(&r).map_err(invalid)?;
+    ) -> Result<v1::PutJobViewResponse, Refused> {
+        validate::key(&r.key)?;
+        put_job_view_fields(&r)?;
         let stored = self.write_back(&r.key, &r).await?;
         Ok(v1::PutJobViewResponse { stored })
     }
 
     /// Stores a checked view write-back of `key`; whether the object was stored.
-    async fn write_back(&self, key: &str, r: &v1::PutJobViewRequest) -> Result<bool, Status> {
-        self.store
+    async fn write_back(&self, key: &str, r: &v1::PutJobViewRequest) -> Result<bool, Refused> {
+        let stored = self
+            .store
             .put_job_view(key, &r.job_uid, &r.job, &r.resource_version, r.orphans_handled)
-            .await
-            .map_err(store_err)
+            .await?;
+        Ok(stored)
     }
 
     async fn cache_session_rpc(
         &self,
         r: v1::CacheSessionRequest,
-    ) -> Result<v1::CacheSessionResponse, Status> {
-        validate::id("session", &r.session, true).map_err(invalid)?;
+    ) -> Result<v1::CacheSessionResponse, Refused> {
+        validate::id("session", &r.session, true)?;
         let phase = match v1::CacheSessionPhase::try_from(r.phase) {
             Ok(v1::CacheSessionPhase::Begin) => SessionPhase::Begin,
             Ok(v1::CacheSessionPhase::Commit) => SessionPhase::Commit,
@@ -695,15 +709,15 @@ impl QueueService {
                 return Err(invalid(format!("phase {} is not one of BEGIN, COMMIT, END", r.phase)));
             }
         };
-        let applied = self.store.view_session(&r.session, phase).await.map_err(store_err)?;
+        let applied = self.store.view_session(&r.session, phase).await?;
         Ok(v1::CacheSessionResponse { applied })
     }
 
     async fn gate_events_rpc(
         &self,
         r: v1::GateEventsRequest,
-    ) -> Result<v1::GateEventsResponse, Status> {
-        validate::gate_batch(r.events.len()).map_err(invalid)?;
+    ) -> Result<v1::GateEventsResponse, Refused> {
+        validate::gate_batch(r.events.len())?;
         let events = r
             .events
             .into_iter()
@@ -718,8 +732,7 @@ impl QueueService {
                         ("event_key", &e.event_key),
                     ],
                     &e.message,
-                )
-                .map_err(invalid)?;
+                )?;
                 Ok(GateEvent {
                     object_key: e.object_key,
                     spam_key: e.spam_key,
@@ -728,12 +741,8 @@ impl QueueService {
                     message: e.message,
                 })
             })
-            .collect::<Result<Vec<_>, Status>>()?;
-        let gated = self
-            .store
-            .gate_events(&events, &EventGateConfig::default())
-            .await
-            .map_err(store_err)?;
+            .collect::<Result<Vec<_>, Refused>>()?;
+        let gated = self.store.gate_events(&events, &EventGateConfig::default()).await?;
         Ok(v1::GateEventsResponse {
             events: gated
                 .into_iter()
@@ -749,18 +758,18 @@ impl QueueService {
 }
 
 /// Checks a list of pod UIDs.
-fn pod_uids(uids: &[String]) -> Result<(), Status> {
+fn pod_uids(uids: &[String]) -> Result<(), Refused> {
     if uids.len() > validate::MAX_LIST {
         return Err(invalid(format!("at most {} pod UIDs per call", validate::MAX_LIST)));
     }
     for p in uids {
-        validate::id("pod_uid", p, true).map_err(invalid)?;
+        validate::id("pod_uid", p, true)?;
     }
     Ok(())
 }
 
 /// Checks the per-Job record names a view read asks for.
-fn view_records(records: &[String]) -> Result<(), Status> {
+fn view_records(records: &[String]) -> Result<(), Refused> {
     if records.len() > validate::MAX_VIEW_RECORDS {
         return Err(invalid(format!(
             "{} records asked for; the limit is {}",
@@ -769,7 +778,7 @@ fn view_records(records: &[String]) -> Result<(), Status> {
         )));
     }
     for name in records {
-        validate::id("record name", name, true).map_err(invalid)?;
+        validate::id("record name", name, true)?;
     }
     Ok(())
 }

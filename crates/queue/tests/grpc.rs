@@ -22,6 +22,19 @@ struct Running {
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
+impl Running {
+    /// A client that reports the first failure instead of retrying it.
+    fn strict(&self) -> QueueClient {
+        self.client.clone().with_retry_policy(RetryPolicy::no_retries())
+    }
+
+    /// Shuts the service down and checks that it stopped cleanly.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
 async fn start(redis: &RedisServer) -> Running {
     start_with(redis, Default::default()).await
 }
@@ -190,8 +203,7 @@ async fn promoted_items_count_as_adds_and_poison_items_are_counted() {
         metric(&http, &admin, "kjob_queue_lease_expired_total{name=\"job\"}").await,
         Some(1.0)
     );
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 /// Records are deleted and in-flight finalizer removals forgotten by their own calls.
@@ -199,7 +211,7 @@ async fn promoted_items_count_as_adds_and_poison_items_are_counted() {
 async fn records_are_deleted_and_finalizer_removals_forgotten() {
     let redis = RedisServer::start().unwrap();
     let r = start(&redis).await;
-    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let c = r.strict();
     c.put_record("ns/j", "backoff", b"r".to_vec(), None).await.unwrap();
     c.put_record("ns/j", "other", b"o".to_vec(), None).await.unwrap();
     assert!(c.delete_record("ns/j", "backoff").await.unwrap());
@@ -217,8 +229,7 @@ async fn records_are_deleted_and_finalizer_removals_forgotten() {
     assert_eq!(e.finalizer_removals, vec!["p2".to_string()]);
     let err = c.forget_finalizer_removals("ns/j", uids(&[""])).await.unwrap_err();
     assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 /// A Lease of the Job queue asked `with_views` brings each key's shared view, as GetJobView
@@ -228,7 +239,7 @@ async fn records_are_deleted_and_finalizer_removals_forgotten() {
 async fn leases_bring_the_job_view() {
     let redis = RedisServer::start().unwrap();
     let r = start(&redis).await;
-    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let c = r.strict();
     let op = |kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str| v1::CacheOp {
         kind: kind as i32,
         name: name.into(),
@@ -335,15 +346,14 @@ async fn leases_bring_the_job_view() {
     c.add(vec![item("ns/viewed", 0)]).await.unwrap();
     let got = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
     assert_eq!(got[0].view, None);
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_arguments_are_refused_with_clear_messages() {
     let redis = RedisServer::start().unwrap();
     let r = start(&redis).await;
-    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let c = r.strict();
     // Wait until the server is up (the first call may race the bind).
     wait_for("server", async || r.client.stats("job").await.is_ok()).await;
     let bad = |e: Result<_, ClientError>| match e {
@@ -394,8 +404,7 @@ async fn invalid_arguments_are_refused_with_clear_messages() {
     // A batch with one bad item applies nothing.
     assert!(c.add(vec![item("ns/ok", 0), item("bad", 0)]).await.is_err());
     assert_eq!(c.stats("job").await.unwrap().ready, 0);
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,7 +420,7 @@ async fn redis_down_is_unavailable_then_recovers_without_restart() {
     })
     .await;
     redis.kill();
-    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let c = r.strict();
     match c.add(vec![item("ns/b", 0)]).await {
         Err(ClientError::Unavailable(m)) => assert!(m.contains("redis"), "{m}"),
         other => panic!("expected Unavailable, got {other:?}"),
@@ -431,8 +440,7 @@ async fn redis_down_is_unavailable_then_recovers_without_restart() {
         http.get(format!("{admin}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
     })
     .await;
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -484,14 +492,6 @@ async fn start_ready(redis: &RedisServer) -> Running {
     r
 }
 
-impl Running {
-    /// Shuts down and expects a clean stop.
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
-
 async fn wait_ready(admin: &str) {
     wait_for("readyz", async || {
         reqwest::get(format!("{admin}/readyz")).await.is_ok_and(|r| r.status() == 200)
@@ -530,7 +530,7 @@ async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
 async fn calls_are_counted_by_grpc_code() {
     let redis = RedisServer::start().unwrap();
     let r = start_ready(&redis).await;
-    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let c = r.strict();
     c.stats("job").await.unwrap();
     let refused = c.add(vec![item("nslash", 0)]).await;
     assert!(matches!(refused, Err(ClientError::InvalidArgument(_))));

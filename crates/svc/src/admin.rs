@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -135,6 +136,32 @@ impl AdminServer {
     }
 }
 
+/// The sockets of a service that serves nothing but its admin port (the watcher, the worker),
+/// bound by the caller (tests bind `127.0.0.1:0`).
+#[derive(Debug)]
+pub struct AdminListeners {
+    /// The admin port (`/metrics`, `/livez`, `/readyz`); `None` serves none.
+    pub admin: Option<TcpListener>,
+}
+
+/// The admin port's lifecycle around a service, written once: serves `registry` on `listener`
+/// from before `body` starts until after it has ended (probes and metrics answer through the
+/// drain), then stops it. The body's error is the one returned; a failed stop comes second.
+pub async fn with_admin(
+    listener: Option<TcpListener>,
+    registry: Registry,
+    body: impl AsyncFnOnce(&mut AdminServer) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if let Some(l) = &listener {
+        tracing::info!(addr = %l.local_addr()?, "admin port listening");
+    }
+    let mut admin = AdminServer::start(listener, registry);
+    let served = body(&mut admin).await;
+    let stopped = admin.stop().await.context("admin server");
+    served?;
+    stopped
+}
+
 /// Keeps readiness in step with `check`, evaluated every `period` until `stop` (which leaves
 /// the service not ready); each change is logged with `probe` naming what is checked.
 pub async fn probe_readiness<F, Fut>(
@@ -245,6 +272,22 @@ mod tests {
         assert_eq!(seen, vec![true, false, true, false]);
         assert!(!state.is_ready());
         server.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn with_admin_serves_around_the_body_and_returns_its_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let readyz = format!("http://{addr}/readyz");
+        let served = with_admin(Some(listener), Registry::default(), async |admin| {
+            admin.state().set_ready(true);
+            assert_eq!(reqwest::get(&readyz).await?.status(), 200);
+            anyhow::bail!("the body failed")
+        })
+        .await;
+        assert_eq!(served.unwrap_err().to_string(), "the body failed");
+        assert!(reqwest::get(&readyz).await.is_err(), "stopped once the body ended");
+        with_admin(None, Registry::default(), async |_| Ok(())).await.unwrap();
     }
 
     #[tokio::test]

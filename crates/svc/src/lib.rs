@@ -17,7 +17,10 @@ pub mod metrics;
 pub mod shutdown;
 pub mod vital;
 
-pub use admin::{AdminArgs, AdminServer, AdminState, admin_router, probe_readiness, serve_admin};
+pub use admin::{
+    AdminArgs, AdminListeners, AdminServer, AdminState, admin_router, probe_readiness, serve_admin,
+    with_admin,
+};
 pub use backoff::{Attempts, Backoff};
 pub use binary::{bind, main};
 pub use duration::parse_duration;

@@ -173,16 +173,21 @@ mod tests {
 
     use super::*;
 
+    /// A well-behaved vital task: runs until shutdown, then ends.
+    fn until_shutdown(shutdown: &Shutdown) -> impl VitalFuture<'static> + use<> {
+        let s = shutdown.clone();
+        async move {
+            s.cancelled().await;
+            Ok(())
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn all_tasks_end_after_shutdown() {
         let shutdown = Shutdown::new();
         let mut v = Vital::new(&shutdown);
         for name in ["a", "b"] {
-            let s = shutdown.clone();
-            v.task(name, async move {
-                s.cancelled().await;
-                Ok(())
-            });
+            v.task(name, until_shutdown(&shutdown));
         }
         v.guard("guard", std::future::pending());
         let stop = shutdown.clone();
@@ -199,11 +204,7 @@ mod tests {
         let state = AdminState::new(Registry::default());
         state.set_ready(true);
         let mut v = Vital::new(&shutdown).readiness(&state);
-        let s = shutdown.clone();
-        v.task("drains", async move {
-            s.cancelled().await;
-            Ok(())
-        });
+        v.task("drains", until_shutdown(&shutdown));
         v.task("server", async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Ok(())
@@ -229,11 +230,7 @@ mod tests {
 
         let shutdown = Shutdown::new();
         let mut v = Vital::new(&shutdown);
-        let s = shutdown.clone();
-        v.task("waits", async move {
-            s.cancelled().await;
-            Ok(())
-        });
+        v.task("waits", until_shutdown(&shutdown));
         v.guard("admin", async { Ok(()) });
         let err = v.run().await.unwrap_err();
         assert_eq!((err.task, err.reason.as_str()), ("admin", "ended before shutdown"));
@@ -243,11 +240,7 @@ mod tests {
     async fn spawned_tasks_are_supervised_alike() {
         let shutdown = Shutdown::new();
         let mut v = Vital::new(&shutdown);
-        let s = shutdown.clone();
-        v.spawn("drains", async move {
-            s.cancelled().await;
-            Ok(())
-        });
+        v.spawn("drains", until_shutdown(&shutdown));
         v.spawn("panics", async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             panic!("spawned oops")

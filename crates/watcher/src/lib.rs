@@ -28,7 +28,6 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::handlers::{Enqueue, HandlerConfig};
@@ -38,11 +37,6 @@ use crate::metrics::{KindLabels, Metrics};
 use crate::model::{JobInfo, PodInfo};
 
 pub use config::Args;
-
-/// How often readiness is re-evaluated (and, when leading, the queue probed).
-const READINESS_INTERVAL: Duration = Duration::from_secs(2);
-/// Deadline of the readiness probe call to kjob-queue.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Everything `run` needs, already parsed.
 #[derive(Debug, Clone)]
@@ -63,12 +57,8 @@ pub struct WatcherConfig {
     pub kube: KubeClientArgs,
 }
 
-/// The sockets a watcher serves on, bound by the caller (tests bind `127.0.0.1:0`).
-#[derive(Debug)]
-pub struct Listeners {
-    /// The admin port (`/metrics`, `/livez`, `/readyz`); `None` serves none.
-    pub admin: Option<TcpListener>,
-}
+/// The sockets a watcher serves on (its admin port only), bound by the caller.
+pub type Listeners = kjob_svc::AdminListeners;
 
 /// Errors that end the watcher.
 #[derive(Debug, thiserror::Error)]
@@ -102,110 +92,98 @@ pub async fn run(
     config: WatcherConfig,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let Listeners { admin } = listeners;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let admin_addr = match &admin {
+    let admin_addr = match &listeners.admin {
         Some(l) => l.local_addr()?.to_string(),
         None => "none".into(),
     };
-    let admin = AdminServer::start(admin, registry);
-    let started = async {
-        config.lease.validate()?;
-        let client = config.kube.client().await.context("building the kube client")?;
-        let (identity, queue_url) = (&config.lease.identity, &config.queue_url);
+    // The watcher proper, between the admin port's start and stop.
+    kjob_svc::with_admin(listeners.admin, registry, async move |admin: &mut AdminServer| {
+        let WatcherConfig {
+            queue_url,
+            controller_name,
+            manage_all,
+            namespace,
+            lease,
+            resync_period,
+            kube,
+        } = config;
+        lease.validate()?;
+        let client = kube.client().await.context("building the kube client")?;
+        let identity = &lease.identity;
         tracing::info!(%identity, admin = %admin_addr, %queue_url, "kjob-watcher starting");
-        serve(client, config, metrics, admin.state(), shutdown).await
-    };
-    let served = started.await;
-    let stopped = admin.stop().await.context("admin server");
-    // The first failure is the one that matters (the watcher's, then a failed admin stop).
-    served?;
-    stopped?;
+        // Retries happen in the sender, which counts them and bounds them at shutdown.
+        let queue =
+            QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
+        let (tx, rx) = sender::channel();
+        let queue_ok = Arc::new(AtomicBool::new(false));
+        let view_lost = Arc::new(tokio::sync::Notify::new());
+        let sender_task = tokio::spawn(sender::run_sender(
+            rx,
+            queue.clone(),
+            metrics.clone(),
+            queue_ok.clone(),
+            view_lost.clone(),
+            shutdown.clone(),
+        ));
+
+        let (leading_tx, leading_rx) = watch::channel(false);
+        let elector_stop = Shutdown::new();
+        let elector = LeaderElector::new(client.clone(), lease.clone(), metrics.clone());
+        let elector_task = tokio::spawn(elector.run(leading_tx, elector_stop.clone()));
+
+        let synced = Arc::new(AtomicBool::new(false));
+        let readiness_stop = Shutdown::new();
+        let readiness_task = tokio::spawn(readiness_loop(
+            admin.state().clone(),
+            queue,
+            synced.clone(),
+            queue_ok,
+            leading_rx.clone(),
+            readiness_stop.clone(),
+        ));
+
+        let cfg = HandlerConfig { controller_name, manage_all };
+        // Unique per process: the Lease identity is the pod name, which a restarted pod reuses.
+        let started_ms = jiff::Timestamp::now().as_millisecond();
+        let view_identity = format!("{}-{started_ms}", lease.identity);
+        let loop_result = event_loop(
+            client,
+            cfg,
+            View { identity: view_identity, lost: view_lost },
+            namespace,
+            resync_period,
+            tx,
+            leading_rx,
+            synced,
+            metrics,
+            shutdown.clone(),
+        )
+        .await;
+        if loop_result.is_err() {
+            // Nothing more will be produced; let the sender flush and stop.
+            shutdown.cancel();
+        }
+        // The channel is closed now (the loop owned the only sender): flush, then hand the Lease
+        // back, so a new leader never runs while our last items are still in flight.
+        let send_result = sender_task.await?;
+        elector_stop.cancel();
+        elector_task.await?;
+        readiness_stop.cancel();
+        readiness_task.await?;
+        shutdown.cancel();
+        loop_result?;
+        send_result?;
+        Ok(())
+    })
+    .await?;
     tracing::info!("kjob-watcher stopped");
     Ok(())
 }
 
-/// The watcher proper, between the admin port's start and stop.
-async fn serve(
-    client: kube::Client,
-    config: WatcherConfig,
-    metrics: Metrics,
-    admin_state: &AdminState,
-    shutdown: Shutdown,
-) -> anyhow::Result<()> {
-    let WatcherConfig {
-        queue_url,
-        controller_name,
-        manage_all,
-        namespace,
-        lease,
-        resync_period,
-        kube: _,
-    } = config;
-    // Retries happen in the sender, which counts them and bounds them at shutdown.
-    let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
-    let (tx, rx) = sender::channel();
-    let queue_ok = Arc::new(AtomicBool::new(false));
-    let view_lost = Arc::new(tokio::sync::Notify::new());
-    let sender_task = tokio::spawn(sender::run_sender(
-        rx,
-        queue.clone(),
-        metrics.clone(),
-        queue_ok.clone(),
-        view_lost.clone(),
-        shutdown.clone(),
-    ));
-
-    let (leading_tx, leading_rx) = watch::channel(false);
-    let elector_stop = Shutdown::new();
-    let elector = LeaderElector::new(client.clone(), lease.clone(), metrics.clone());
-    let elector_task = tokio::spawn(elector.run(leading_tx, elector_stop.clone()));
-
-    let synced = Arc::new(AtomicBool::new(false));
-    let readiness_stop = Shutdown::new();
-    let readiness_task = tokio::spawn(readiness_loop(
-        admin_state.clone(),
-        queue,
-        synced.clone(),
-        queue_ok,
-        leading_rx.clone(),
-        readiness_stop.clone(),
-    ));
-
-    let cfg = HandlerConfig { controller_name, manage_all };
-    // Unique per process: the Lease identity is the pod name, which a restarted pod reuses.
-    let started_ms = jiff::Timestamp::now().as_millisecond();
-    let view_identity = format!("{}-{started_ms}", lease.identity);
-    let loop_result = event_loop(
-        client,
-        cfg,
-        View { identity: view_identity, lost: view_lost },
-        namespace,
-        resync_period,
-        tx,
-        leading_rx,
-        synced,
-        metrics,
-        shutdown.clone(),
-    )
-    .await;
-    if loop_result.is_err() {
-        // Nothing more will be produced; let the sender flush and stop.
-        shutdown.cancel();
-    }
-    // The channel is closed now (the loop owned the only sender): flush, then hand the Lease
-    // back, so a new leader never runs while our last items are still in flight.
-    let send_result = sender_task.await?;
-    elector_stop.cancel();
-    elector_task.await?;
-    readiness_stop.cancel();
-    readiness_task.await?;
-    shutdown.cancel();
-    loop_result?;
-    send_result?;
-    Ok(())
-}
+/// How often readiness is re-evaluated (and, when leading, the queue probed).
+const READINESS_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Ready once the caches are synced and, while leading, kjob-queue answers.
 async fn readiness_loop(
@@ -219,9 +197,7 @@ async fn readiness_loop(
     kjob_svc::probe_readiness(&admin, "caches and queue", READINESS_INTERVAL, &stop, || async {
         let is_leader = *leading.borrow();
         if is_leader {
-            let probe = tokio::time::timeout(PROBE_TIMEOUT, queue.stats(kjob_core::JOB_QUEUE));
-            let ok = matches!(probe.await, Ok(Ok(_)));
-            queue_ok.store(ok, Ordering::Relaxed);
+            queue_ok.store(queue.answers().await, Ordering::Relaxed);
         }
         synced.load(Ordering::Relaxed) && (!is_leader || queue_ok.load(Ordering::Relaxed))
     })

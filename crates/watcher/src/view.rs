@@ -18,52 +18,8 @@ use crate::model::{JobInfo, PodInfo, Store};
 /// megabyte of pods.
 pub const SNAPSHOT_CHUNK: usize = 200;
 
-/// One write to a Job's shared view (the wire form is `kjob.queue.v1.CacheOp`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ViewWrite {
-    /// The Job object (trimmed JSON) at `resource_version`.
-    Job {
-        /// Job UID.
-        uid: String,
-        /// Trimmed JSON.
-        object: Arc<[u8]>,
-        /// resourceVersion.
-        resource_version: String,
-    },
-    /// The Job is gone.
-    DeleteJob,
-    /// A pod (trimmed JSON).
-    Pod {
-        /// Pod name.
-        name: String,
-        /// Trimmed JSON.
-        object: Arc<[u8]>,
-    },
-    /// A pod is gone (or no longer the Job's).
-    DeletePod {
-        /// Pod name.
-        name: String,
-    },
-    /// Start of a snapshot.
-    Reset {
-        /// Job UID.
-        uid: String,
-    },
-    /// End of a snapshot.
-    Trust,
-    /// Orphans matching the Job's selector exist.
-    Orphans,
-}
-
-impl ViewWrite {
-    /// Bytes this write carries (batch sizing).
-    pub fn size(&self) -> usize {
-        match self {
-            ViewWrite::Job { object, .. } | ViewWrite::Pod { object, .. } => object.len() + 64,
-            _ => 64,
-        }
-    }
-}
+/// One write to a Job's shared view, its trimmed JSON shared (see [`kjob_core::ViewOp`]).
+pub type ViewWrite = kjob_core::ViewOp<Arc<[u8]>>;
 
 /// The Job as the view keeps it: everything but managedFields (the worker creates pods from the
 /// template and writes status on top of it).

@@ -25,7 +25,6 @@ use futures::FutureExt;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use kjob_svc::{AdminServer, AdminState, Shutdown, Vital};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 pub use config::{Args, WorkerConfig};
 pub use worker::{SyncError, SyncOutcome, Worker};
@@ -39,12 +38,8 @@ const EVENT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// orphan worker per Job worker).
 const SERVED_QUEUES: [&str; 2] = [kjob_core::JOB_QUEUE, kjob_core::ORPHAN_POD_QUEUE];
 
-/// The sockets a worker serves on, bound by the caller (tests bind `127.0.0.1:0`).
-#[derive(Debug)]
-pub struct Listeners {
-    /// The admin port (`/metrics`, `/livez`, `/readyz`); `None` serves none.
-    pub admin: Option<TcpListener>,
-}
+/// The sockets a worker serves on (its admin port only), bound by the caller.
+pub type Listeners = kjob_svc::AdminListeners;
 
 /// Runs the worker until `shutdown`, then drains: stops leasing, lets in-flight syncs finish
 /// within the shutdown grace and hands the rest back. The admin port answers until the end.
@@ -56,7 +51,6 @@ pub async fn run(
     config: WorkerConfig,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let Listeners { admin } = listeners;
     let WorkerConfig {
         queue_url,
         concurrency,
@@ -72,13 +66,8 @@ pub async fn run(
     let worker_id = kjob_svc::identity_or_default(worker_id, "kjob-worker");
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
-    if let Some(l) = &admin {
-        tracing::info!(addr = %l.local_addr()?, "admin port listening");
-    }
-    let mut admin = AdminServer::start(admin, registry);
-    let ready = admin.state().clone();
-
-    let parts = async {
+    kjob_svc::with_admin(listeners.admin, registry, async move |admin: &mut AdminServer| {
+        let ready = admin.state().clone();
         let client = kube_client(&kube).await.context("building the kube client")?;
         // Bounded retries: a sync must fail (and be requeued) rather than hang on a dead queue,
         // and a renewal that waits too long is as good as lost.
@@ -87,53 +76,42 @@ pub async fn run(
             max_backoff: Duration::from_secs(2),
             max_retries: Some(3),
         });
-        anyhow::Ok((client, queue))
-    };
-    let (client, queue) = match parts.await {
-        Ok(parts) => parts,
-        Err(e) => {
-            // Unusable settings: nothing to run, and nothing left behind.
-            admin.stop().await?;
-            return Err(e);
-        }
-    };
-    let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
-    let (events, writer) =
-        events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
-    let writer = writer.with_shared_gate(queue.clone());
-    let worker = Arc::new(
-        Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
-            .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN),
-    );
-    let writer_task = tokio::spawn(writer.run());
+        let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
+        let (events, writer) =
+            events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
+        let writer = writer.with_shared_gate(queue.clone());
+        let worker = Arc::new(
+            Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
+                .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN),
+        );
+        let writer_task = tokio::spawn(writer.run());
 
-    let mut vital = Vital::new(&shutdown).readiness(&ready);
-    for q in SERVED_QUEUES {
-        let settings = lease::LeaseSettings {
-            queue: q,
-            concurrency,
-            lease: lease_duration,
-            worker_id: worker_id.clone(),
-            shutdown_grace,
-        };
-        let lease_loop =
-            lease::lease_loop(worker.clone(), queue.clone(), settings, shutdown.clone());
-        // A task of its own per queue: neither queue's loop waits on the other's polling.
-        vital.spawn("lease loop", lease_loop.map(Ok));
-    }
-    // Every sink is in the lease loops now: once they end, the event writer flushes and ends.
-    drop(worker);
-    vital.task("readiness probe", probe_readiness(&queue, &ready, &shutdown).map(Ok));
-    vital.guard("admin server", admin.watch());
-    tracing::info!(%worker_id, concurrency, ?lease_duration, "worker started");
-    let supervised = vital.run().await;
-    if tokio::time::timeout(EVENT_FLUSH_TIMEOUT, writer_task).await.is_err() {
-        tracing::warn!("event writer did not flush in time; dropping queued events");
-    }
-    let stopped = admin.stop().await.context("admin server");
-    // The first failure is the one that matters (a failed task, then a failed admin stop).
-    supervised?;
-    stopped?;
+        let mut vital = Vital::new(&shutdown).readiness(&ready);
+        for q in SERVED_QUEUES {
+            let settings = lease::LeaseSettings {
+                queue: q,
+                concurrency,
+                lease: lease_duration,
+                worker_id: worker_id.clone(),
+                shutdown_grace,
+            };
+            let lease_loop =
+                lease::lease_loop(worker.clone(), queue.clone(), settings, shutdown.clone());
+            // A task of its own per queue: neither queue's loop waits on the other's polling.
+            vital.spawn("lease loop", lease_loop.map(Ok));
+        }
+        // Every sink is in the lease loops now: once they end, the event writer flushes and ends.
+        drop(worker);
+        vital.task("readiness probe", probe_readiness(&queue, &ready, &shutdown).map(Ok));
+        vital.guard("admin server", admin.watch());
+        tracing::info!(%worker_id, concurrency, ?lease_duration, "worker started");
+        let supervised = vital.run().await;
+        if tokio::time::timeout(EVENT_FLUSH_TIMEOUT, writer_task).await.is_err() {
+            tracing::warn!("event writer did not flush in time; dropping queued events");
+        }
+        Ok(supervised?)
+    })
+    .await?;
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -151,9 +129,6 @@ async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Cl
 
 /// Keeps `/readyz` in step with whether the queue service answers.
 async fn probe_readiness(queue: &QueueClient, ready: &AdminState, shutdown: &Shutdown) {
-    let probe = queue.clone().with_retry_policy(RetryPolicy::no_retries());
-    kjob_svc::probe_readiness(ready, "queue", READY_PROBE_PERIOD, shutdown, || async {
-        probe.stats(kjob_core::JOB_QUEUE).await.is_ok()
-    })
-    .await;
+    kjob_svc::probe_readiness(ready, "queue", READY_PROBE_PERIOD, shutdown, || queue.answers())
+        .await;
 }

@@ -4,14 +4,14 @@
 //! involved object so that every worker sees one bucket and one aggregation record per Job.
 //! Counting repeats (`eventLogger`) stays with the writers: it is the API server's count.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use kjob_core::events::{
     AGGREGATE_INTERVAL, AGGREGATE_MAX_EVENTS, AGGREGATE_PREFIX, SPAM_BURST, SPAM_REFILL_PERIOD,
 };
-use redis::{Script, Value};
+use redis::Value;
 
+use crate::lua::Lua;
 use crate::{Store, WqError};
 
 /// The correlator's parameters; [`Default`] is client-go's. Tests shorten the periods.
@@ -164,7 +164,7 @@ for k in pairs(touched) do redis.call('PEXPIRE', k, ttl) end
 return out
 "#;
 
-static GATE_EVENTS_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GATE_EVENTS));
+static GATE_EVENTS_SCRIPT: Lua = Lua::new("gate_events", GATE_EVENTS);
 
 fn ms(d: Duration) -> Vec<u8> {
     d.as_millis().max(1).to_string().into_bytes()
@@ -214,7 +214,7 @@ impl Store {
             args.push(ev.aggregate_key.as_bytes().to_vec());
             args.push(ev.message.as_bytes().to_vec());
         }
-        let v = self.eval("gate_events", &GATE_EVENTS_SCRIPT, &keys, args).await?;
+        let v: Value = self.run(&GATE_EVENTS_SCRIPT, &keys, args).await?;
         let Value::Array(answers) = &v else { return Err(protocol(&v)) };
         if answers.len() != events.len() {
             return Err(protocol(&v));

@@ -7,6 +7,34 @@
 //! `HSET` / `HMGET` for a whole lease batch), because the per-command cost dominates the CPU
 //! Redis spends per item.
 
+use std::sync::OnceLock;
+
+use redis::Script;
+
+/// One script and the name its errors carry, compiled (hashed) once, on first use; run it with
+/// [`Store::run`](crate::store::Store::run).
+pub(crate) struct Lua {
+    name: &'static str,
+    src: &'static str,
+    script: OnceLock<Script>,
+}
+
+impl Lua {
+    /// The script `src`, called `name` in errors.
+    pub(crate) const fn new(name: &'static str, src: &'static str) -> Self {
+        Self { name, src, script: OnceLock::new() }
+    }
+
+    /// The name its errors carry.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub(crate) fn script(&self) -> &Script {
+        self.script.get_or_init(|| Script::new(self.src))
+    }
+}
+
 /// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `wake`,
 /// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`,
 /// `grant`.

@@ -126,6 +126,64 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// A script's reply read as `Self`; a reply of another shape is a [`WqError::Protocol`] naming
+/// the script (`what`).
+pub(crate) trait Reply: Sized {
+    /// Reads reply `v` of script `what`.
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError>;
+}
+
+/// The reply as it came (callers that read it themselves).
+impl Reply for Value {
+    fn read(_: &'static str, v: &Value) -> Result<Self, WqError> {
+        Ok(v.clone())
+    }
+}
+
+/// A reply nobody reads (scripts that only write).
+impl Reply for () {
+    fn read(_: &'static str, _: &Value) -> Result<Self, WqError> {
+        Ok(())
+    }
+}
+
+/// One number.
+impl Reply for i64 {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        int(what, v)
+    }
+}
+
+/// A 0/1 answer.
+impl Reply for bool {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        match int(what, v)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(WqError::Protocol(format!("{what}: {n} is not 0 or 1"))),
+        }
+    }
+}
+
+/// A count.
+impl Reply for u32 {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        let n = int(what, v)?;
+        u32::try_from(n).map_err(|_| WqError::Protocol(format!("{what}: {n} is not a count")))
+    }
+}
+
+/// A value, or nil for none.
+impl Reply for Option<Vec<u8>> {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        match v {
+            Value::Nil => Ok(None),
+            Value::BulkString(b) => Ok(Some(b.clone())),
+            other => Err(WqError::Protocol(format!("{what}: expected a value, got {other:?}"))),
+        }
+    }
+}
+
 /// An integer reply (scripts that return one number).
 pub(crate) fn int(what: &'static str, v: &Value) -> Result<i64, WqError> {
     match v {

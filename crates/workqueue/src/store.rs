@@ -9,6 +9,8 @@ use crate::WqError;
 use crate::conn::{self, Conn, RESPONSE_TIMEOUT, RedisTarget};
 use crate::expectations::{EXPECTATIONS_TIMEOUT, Observation};
 use crate::limiter::{ItemExponentialLimiter, JOB_LIMITER};
+use crate::lua::Lua;
+use crate::reply::Reply;
 use crate::view::ViewOp;
 
 /// Default of [`StoreConfig::poison_after`]: one expiry is a crash or a pause, three in a row
@@ -318,7 +320,19 @@ impl Store {
         ms(self.config.idle_gc)
     }
 
-    pub(crate) async fn eval(
+    /// Runs `lua` with `keys` and `args` (within [`RESPONSE_TIMEOUT`]) and reads its reply as
+    /// `R`; every error names the script.
+    pub(crate) async fn run<R: Reply>(
+        &self,
+        lua: &Lua,
+        keys: &[String],
+        args: Vec<Vec<u8>>,
+    ) -> Result<R, WqError> {
+        let v = self.eval(lua.name(), lua.script(), keys, args).await?;
+        R::read(lua.name(), &v)
+    }
+
+    async fn eval(
         &self,
         what: &'static str,
         script: &Script,

@@ -20,77 +20,27 @@
 //! or a promoted replica has another run id: no view is trusted until a new session, and the
 //! watcher's next Add with view writes learns it must begin one.
 
-use std::sync::LazyLock;
-
-use redis::Script;
+use redis::Value;
 
 use crate::WqError;
 use crate::keys::ExpKeys;
-use crate::reply::{self, Fields};
+use crate::lua::Lua;
+use crate::reply::Fields;
 use crate::store::Store;
 
-/// One write to a Job's shared view.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ViewOp {
-    /// Store the Job object; kept only when `resource_version` is newer than the cached one
-    /// (a worker may have written back a newer one). Another UID replaces the view, untrusted.
-    Job {
-        /// The Job's UID.
-        uid: String,
-        /// The object as JSON.
-        object: Vec<u8>,
-        /// Its resourceVersion.
-        resource_version: String,
-    },
-    /// The Job is gone: drop its object, pods and record.
-    DeleteJob,
-    /// Store a pod under its name.
-    Pod {
-        /// Pod name.
-        name: String,
-        /// The pod as JSON.
-        object: Vec<u8>,
-    },
-    /// Drop a pod.
-    DeletePod {
-        /// Pod name.
-        name: String,
-    },
-    /// Start a snapshot: drop every pod, distrust the view until [`ViewOp::Trust`].
-    Reset {
-        /// The Job's UID.
-        uid: String,
-    },
-    /// End a snapshot: trust the view in the writing session.
-    Trust,
-    /// Orphans matching the Job's selector were seen; the next sync lists pods to adopt them.
-    Orphans,
-}
+/// One write to a Job's shared view, its JSON as the store keeps it.
+pub type ViewOp = kjob_core::ViewOp<Vec<u8>>;
 
-impl ViewOp {
-    fn code(&self) -> u8 {
-        match self {
-            ViewOp::Job { .. } => 1,
-            ViewOp::DeleteJob => 2,
-            ViewOp::Pod { .. } => 3,
-            ViewOp::DeletePod { .. } => 4,
-            ViewOp::Reset { .. } => 5,
-            ViewOp::Trust => 6,
-            ViewOp::Orphans => 7,
-        }
-    }
-
-    /// Bytes this write carries (for batch sizing).
-    pub fn size(&self) -> usize {
-        match self {
-            ViewOp::Job { uid, object, resource_version } => {
-                uid.len() + object.len() + resource_version.len()
-            }
-            ViewOp::Pod { name, object } => name.len() + object.len(),
-            ViewOp::DeletePod { name } => name.len(),
-            ViewOp::Reset { uid } => uid.len(),
-            ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => 0,
-        }
+/// The script's code of a view write (see `apply_view_fn!`).
+fn view_code(op: &ViewOp) -> u8 {
+    match op {
+        ViewOp::Job { .. } => 1,
+        ViewOp::DeleteJob => 2,
+        ViewOp::Pod { .. } => 3,
+        ViewOp::DeletePod { .. } => 4,
+        ViewOp::Reset { .. } => 5,
+        ViewOp::Trust => 6,
+        ViewOp::Orphans => 7,
     }
 }
 
@@ -168,7 +118,7 @@ pub(crate) fn push_view_ops(args: &mut Vec<Vec<u8>>, ops: &[ViewOp]) {
             ViewOp::Reset { uid } => (uid, &[], ""),
             ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => ("", &[], ""),
         };
-        args.push(op.code().to_string().into_bytes());
+        args.push(view_code(op).to_string().into_bytes());
         args.push(name.as_bytes().to_vec());
         args.push(object.to_vec());
         args.push(rv.as_bytes().to_vec());
@@ -303,7 +253,7 @@ return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KE
 "#
 );
 
-static GET_VIEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET_VIEW));
+static GET_VIEW_SCRIPT: Lua = Lua::new("get_job_view", GET_VIEW);
 
 impl Store {
     /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
@@ -319,7 +269,7 @@ impl Store {
             run: view_run_key(),
         };
         let args = records.iter().map(|r| r.as_bytes().to_vec()).collect();
-        let v = self.eval("get_job_view", &GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
+        let v: Value = self.run(&GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
         let mut f = Fields::new("get_job_view", &v)?;
         if !f.flag("trusted")? {
             return Ok(None);
@@ -380,7 +330,7 @@ return stored
 "#
 );
 
-static PUT_VIEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT_VIEW));
+static PUT_VIEW_SCRIPT: Lua = Lua::new("put_job_view", PUT_VIEW);
 
 impl Store {
     /// Writes back a Job object a worker got from the API server (kept only when newer than
@@ -402,8 +352,7 @@ impl Store {
             orphans_handled.to_string().into_bytes(),
             self.idle_gc_ms().to_string().into_bytes(),
         ];
-        let v = self.eval("put_job_view", &PUT_VIEW_SCRIPT, &[job, meta], args).await?;
-        Ok(reply::int("put_job_view", &v)? == 1)
+        self.run(&PUT_VIEW_SCRIPT, &[job, meta], args).await
     }
 }
 
@@ -432,7 +381,7 @@ else
 end
 "#;
 
-static SESSION_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SESSION));
+static SESSION_SCRIPT: Lua = Lua::new("view_session", SESSION);
 
 impl Store {
     /// Begins, commits or ends watcher session `session`; returns whether it applied.
@@ -444,7 +393,6 @@ impl Store {
         };
         let args = vec![session.as_bytes().to_vec(), phase.as_bytes().to_vec()];
         let keys = [view_session_key(), view_run_key()];
-        let v = self.eval("view_session", &SESSION_SCRIPT, &keys, args).await?;
-        Ok(reply::int("view_session", &v)? == 1)
+        self.run(&SESSION_SCRIPT, &keys, args).await
     }
 }

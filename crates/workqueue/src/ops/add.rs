@@ -1,13 +1,13 @@
 //! ADD: enqueue a batch, applying each Job item's view writes and observations first, in the
 //! same script.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{ms_arg, num_arg};
 use crate::keys::{ExpKeys, QueueKeys, queue_prelude};
+use crate::lua::Lua;
 use crate::lua::{observe_fn, queue_fns};
 use crate::reply::Fields;
 use crate::store::{AddOutcome, Enqueue, Leased, Store, push_observations};
@@ -129,7 +129,7 @@ return out
 "#
 );
 
-static ADD_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ADD));
+static ADD_SCRIPT: Lua = Lua::new("add", ADD);
 
 /// A waiting lessee an Add may lease to directly (see [`crate::Waker`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,7 +255,7 @@ impl Store {
         if entries == 0 {
             return Ok(nothing(observed));
         }
-        let v = self.eval("add", &ADD_SCRIPT, &keys, args).await?;
+        let v: Value = self.run(&ADD_SCRIPT, &keys, args).await?;
         let mut r = AddReply::parse(&v, takers.len())?;
         r.outcome.delayed = delayed;
         r.outcome.observed += observed;

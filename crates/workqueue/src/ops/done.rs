@@ -1,13 +1,13 @@
 //! DONE: finishing leases, several in one script call.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{ms_arg, num_arg};
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
+use crate::lua::Lua;
 use crate::lua::queue_fns;
 use crate::reply::Fields;
 use crate::store::{Done, DoneResult, LeaseOutcome, MAX_DONE_BATCH, Store};
@@ -82,7 +82,7 @@ return out
 "#
 );
 
-static DONE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DONE));
+static DONE_SCRIPT: Lua = Lua::new("done", DONE);
 
 /// DONE's reply: one result per Done, `None` for a stale lease id.
 fn parse_done(v: &Value, dones: usize) -> Result<Vec<Option<DoneResult>>, WqError> {
@@ -153,7 +153,7 @@ impl Store {
             args.push(num_arg(code));
             args.push(ms_arg(after));
         }
-        let v = self.eval("done", &DONE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
+        let v: Value = self.run(&DONE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
         parse_done(&v, dones.len())
     }
 }

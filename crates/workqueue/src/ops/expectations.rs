@@ -3,15 +3,14 @@
 //!
 //! Every script here takes the four [`ExpKeys`] of one Job (bound by `exp_prelude!`).
 
-use std::sync::LazyLock;
-
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{ms_arg, num_arg};
 use crate::expectations::{ExpectationRecord, Expectations};
 use crate::keys::{ExpKeys, exp_prelude};
+use crate::lua::Lua;
 use crate::lua::observe_fn;
-use crate::reply::{self, Fields};
+use crate::reply::Fields;
 use crate::store::{Store, push_observations};
 use crate::view::ViewKeys;
 use crate::{Observation, WqError};
@@ -29,7 +28,7 @@ return 1
 "#
 );
 
-static SET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SET));
+static SET_SCRIPT: Lua = Lua::new("set_expectations", SET);
 
 impl Store {
     /// Replaces the expectations of Job `key` and stamps the time (client-go `SetExpectations`).
@@ -47,8 +46,7 @@ impl Store {
             ms_arg(self.config().idle_gc),
         ];
         let keys = ExpKeys::new(key).to_vec();
-        self.eval("set_expectations", &SET_SCRIPT, &keys, args).await?;
-        Ok(())
+        self.run(&SET_SCRIPT, &keys, args).await
     }
 }
 
@@ -66,7 +64,7 @@ return 1
 "#
 );
 
-static LOWER_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(LOWER));
+static LOWER_SCRIPT: Lua = Lua::new("lower_expectations", LOWER);
 
 impl Store {
     /// Lowers an existing record of that UID by `add`/`del`; `false` when there was none.
@@ -83,8 +81,7 @@ impl Store {
             num_arg(del.saturating_neg()),
         ];
         let keys = ExpKeys::new(key).to_vec();
-        let v = self.eval("lower_expectations", &LOWER_SCRIPT, &keys, args).await?;
-        Ok(reply::int("lower_expectations", &v)? == 1)
+        self.run(&LOWER_SCRIPT, &keys, args).await
     }
 }
 
@@ -101,7 +98,7 @@ return {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] o
 "#
 );
 
-static GET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET));
+static GET_SCRIPT: Lua = Lua::new("get_expectations", GET);
 
 /// A GET reply read for one Job UID.
 pub(crate) struct ExpReply {
@@ -119,7 +116,7 @@ impl Store {
         job_uid: &str,
     ) -> Result<Expectations, WqError> {
         let keys = ExpKeys::new(key).to_vec();
-        let v = self.eval("get_expectations", &GET_SCRIPT, &keys, Vec::new()).await?;
+        let v: Value = self.run(&GET_SCRIPT, &keys, Vec::new()).await?;
         Ok(self.expectations_reply(Fields::new("get_expectations", &v)?, job_uid)?.expectations)
     }
 
@@ -180,7 +177,7 @@ return observe(EXP, SEEN, FIN, ARGV[1], ARGV, 2, (#ARGV - 1) / 3)
 "#
 );
 
-static OBSERVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(OBSERVE));
+static OBSERVE_SCRIPT: Lua = Lua::new("observe", OBSERVE);
 
 impl Store {
     /// Applies watcher observations to the expectations of Job `key`; returns how many changed
@@ -192,8 +189,7 @@ impl Store {
         let mut args = vec![ms_arg(self.config().idle_gc)];
         push_observations(&mut args, observations);
         let keys = ExpKeys::new(key).to_vec();
-        let v = self.eval("observe", &OBSERVE_SCRIPT, &keys, args).await?;
-        count("observe", &v)
+        self.run(&OBSERVE_SCRIPT, &keys, args).await
     }
 }
 
@@ -203,15 +199,14 @@ const DELETE: &str = r#"
 return redis.call('DEL', unpack(KEYS))
 "#;
 
-static DELETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE));
+static DELETE_SCRIPT: Lua = Lua::new("delete_expectations", DELETE);
 
 impl Store {
     /// Deletes the expectations, finalizer-removal set, records and shared view of Job `key`.
     pub async fn delete_expectations(&self, key: &str) -> Result<(), WqError> {
         let mut keys = ExpKeys::new(key).to_vec();
         keys.extend(ViewKeys::new(key).to_vec());
-        self.eval("delete_expectations", &DELETE_SCRIPT, &keys, Vec::new()).await?;
-        Ok(())
+        self.run(&DELETE_SCRIPT, &keys, Vec::new()).await
     }
 }
 
@@ -227,7 +222,7 @@ return #ARGV - 2
 "#
 );
 
-static EXPECT_FIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(EXPECT_FIN));
+static EXPECT_FIN_SCRIPT: Lua = Lua::new("expect_finalizer_removals", EXPECT_FIN);
 
 impl Store {
     /// Adds pod UIDs whose tracking-finalizer removal is in flight for Job `key`.
@@ -243,8 +238,7 @@ impl Store {
         let mut args = vec![ms_arg(self.config().idle_gc), job_uid.as_bytes().to_vec()];
         args.extend(pod_uids.iter().map(|p| p.as_bytes().to_vec()));
         let keys = ExpKeys::new(key).to_vec();
-        self.eval("expect_finalizer_removals", &EXPECT_FIN_SCRIPT, &keys, args).await?;
-        Ok(())
+        self.run(&EXPECT_FIN_SCRIPT, &keys, args).await
     }
 }
 
@@ -258,7 +252,7 @@ return redis.call('HDEL', FIN, unpack(ARGV))
 "#
 );
 
-static FORGET_FIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_FIN));
+static FORGET_FIN_SCRIPT: Lua = Lua::new("forget_finalizer_removals", FORGET_FIN);
 
 impl Store {
     /// Drops pod UIDs from Job `key`'s in-flight finalizer-removal set (their removals failed);
@@ -273,12 +267,6 @@ impl Store {
         }
         let args = pod_uids.iter().map(|p| p.as_bytes().to_vec()).collect();
         let keys = ExpKeys::new(key).to_vec();
-        let v = self.eval("forget_finalizer_removals", &FORGET_FIN_SCRIPT, &keys, args).await?;
-        count("forget_finalizer_removals", &v)
+        self.run(&FORGET_FIN_SCRIPT, &keys, args).await
     }
-}
-
-fn count(what: &'static str, v: &Value) -> Result<u32, WqError> {
-    let n = reply::int(what, v)?;
-    u32::try_from(n).map_err(|_| WqError::Protocol(format!("{what}: {n} is not a count")))
 }

@@ -1,15 +1,15 @@
 //! LEASE and RENEW: taking ready items and keeping them.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{ms_arg, num_arg};
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
+use crate::lua::Lua;
 use crate::lua::queue_fns;
-use crate::reply::{self, Fields};
+use crate::reply::{Fields, Reply};
 use crate::store::{LeaseBatch, Leased, Store};
 
 /// KEYS: the [`QueueKeys`].
@@ -32,11 +32,11 @@ return out
 "#
 );
 
-static LEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE));
+static LEASE_SCRIPT: Lua = Lua::new("lease", LEASE);
 
-impl LeaseBatch {
-    fn parse(v: &Value) -> Result<Self, WqError> {
-        let mut f = Fields::new("lease", v)?;
+impl Reply for LeaseBatch {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        let mut f = Fields::new(what, v)?;
         let now_ms = f.int("now")?;
         let next_due_ms = f.opt("next_due")?;
         let promoted = f.count("promoted")?;
@@ -82,8 +82,7 @@ impl Store {
             ms_arg(c.limiter.base),
             ms_arg(c.limiter.max),
         ];
-        let v = self.eval("lease", &LEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        LeaseBatch::parse(&v)
+        self.run(&LEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
 }
 
@@ -105,7 +104,7 @@ return deadline
 "#
 );
 
-static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
+static RENEW_SCRIPT: Lua = Lua::new("renew", RENEW);
 
 impl Store {
     /// Extends a lease; `None` when `lease_id` is stale (nothing changed).
@@ -117,8 +116,7 @@ impl Store {
         lease: Duration,
     ) -> Result<Option<i64>, WqError> {
         let args = vec![key.as_bytes().to_vec(), lease_id.as_bytes().to_vec(), ms_arg(lease)];
-        let v = self.eval("renew", &RENEW_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        match reply::int("renew", &v)? {
+        match self.run(&RENEW_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await? {
             -1 => Ok(None),
             d => Ok(Some(d)),
         }
@@ -157,7 +155,7 @@ return back
 "#
 );
 
-static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+static RELEASE_SCRIPT: Lua = Lua::new("release", RELEASE);
 
 impl Store {
     /// Puts leases nobody will work on back into ready (fenced by their ids, so a lease that
@@ -172,9 +170,6 @@ impl Store {
             args.push(l.lease_id.as_bytes().to_vec());
             args.push(num_arg(l.enqueued_ms));
         }
-        let v =
-            self.eval("release", &RELEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        let n = reply::int("release", &v)?;
-        u32::try_from(n).map_err(|_| WqError::Protocol(format!("release: {n} is not a count")))
+        self.run(&RELEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
 }

@@ -1,15 +1,14 @@
 //! SWEEP and REWAKE: the upkeep any replica may run (promote due items, reap expired leases,
 //! hand a wake marker on).
 
-use std::sync::LazyLock;
-
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{ms_arg, num_arg};
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
+use crate::lua::Lua;
 use crate::lua::queue_fns;
-use crate::reply::Fields;
+use crate::reply::{Fields, Reply};
 use crate::store::{Store, SweepResult};
 
 /// KEYS: the [`QueueKeys`].
@@ -27,11 +26,11 @@ return {promoted, reaped, next_due(), now, poisoned}
 "#
 );
 
-static SWEEP_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SWEEP));
+static SWEEP_SCRIPT: Lua = Lua::new("sweep", SWEEP);
 
-impl SweepResult {
-    fn parse(v: &Value) -> Result<Self, WqError> {
-        let mut f = Fields::new("sweep", v)?;
+impl Reply for SweepResult {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        let mut f = Fields::new(what, v)?;
         Ok(Self {
             promoted: f.count("promoted")?,
             reaped: f.count("reaped")?,
@@ -53,8 +52,7 @@ impl Store {
             ms_arg(c.limiter.base),
             ms_arg(c.limiter.max),
         ];
-        let v = self.eval("sweep", &SWEEP_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        SweepResult::parse(&v)
+        self.run(&SWEEP_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
 }
 
@@ -68,13 +66,12 @@ end
 return 0
 "#;
 
-static REWAKE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REWAKE));
+static REWAKE_SCRIPT: Lua = Lua::new("rewake", REWAKE);
 
 impl Store {
     /// Re-pushes the wake marker of `queue` if items are ready.
     pub async fn rewake(&self, queue: &str) -> Result<(), WqError> {
         let QueueKeys { ready, wake, .. } = QueueKeys::new(queue);
-        self.eval("rewake", &REWAKE_SCRIPT, &[ready, wake], Vec::new()).await?;
-        Ok(())
+        self.run(&REWAKE_SCRIPT, &[ready, wake], Vec::new()).await
     }
 }

@@ -1,15 +1,12 @@
 //! Per-Job records: small named blobs a worker keeps beside the expectations (the backoff
 //! record), each with an optional expiry checked on read.
 
-use std::sync::LazyLock;
 use std::time::Duration;
-
-use redis::{Script, Value};
 
 use super::ms_arg;
 use crate::WqError;
 use crate::keys::{ExpKeys, exp_prelude};
-use crate::reply;
+use crate::lua::Lua;
 use crate::store::Store;
 
 /// KEYS: the [`ExpKeys`].
@@ -30,18 +27,14 @@ return string.sub(v, sep + 1)
 "#
 );
 
-static GET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GET));
+static GET_SCRIPT: Lua = Lua::new("get_record", GET);
 
 impl Store {
     /// Reads record `name` of Job `key` (`None` if absent or expired).
     pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, WqError> {
         let keys = ExpKeys::new(key).to_vec();
         let args = vec![name.as_bytes().to_vec()];
-        match self.eval("get_record", &GET_SCRIPT, &keys, args).await? {
-            Value::Nil => Ok(None),
-            Value::BulkString(b) => Ok(Some(b)),
-            other => Err(WqError::Protocol(format!("get_record: expected a value, got {other:?}"))),
-        }
+        self.run(&GET_SCRIPT, &keys, args).await
     }
 }
 
@@ -60,7 +53,7 @@ return 1
 "#
 );
 
-static PUT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT));
+static PUT_SCRIPT: Lua = Lua::new("put_record", PUT);
 
 impl Store {
     /// Writes record `name` of Job `key`, expiring after `ttl` if given.
@@ -78,8 +71,7 @@ impl Store {
             value.to_vec(),
         ];
         let keys = ExpKeys::new(key).to_vec();
-        self.eval("put_record", &PUT_SCRIPT, &keys, args).await?;
-        Ok(())
+        self.run(&PUT_SCRIPT, &keys, args).await
     }
 }
 
@@ -93,15 +85,12 @@ return redis.call('HDEL', REC, ARGV[1])
 "#
 );
 
-static DELETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE));
+static DELETE_SCRIPT: Lua = Lua::new("delete_record", DELETE);
 
 impl Store {
     /// Removes record `name` of Job `key`; whether it existed.
     pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, WqError> {
         let keys = ExpKeys::new(key).to_vec();
-        let v = self
-            .eval("delete_record", &DELETE_SCRIPT, &keys, vec![name.as_bytes().to_vec()])
-            .await?;
-        Ok(reply::int("delete_record", &v)? == 1)
+        self.run(&DELETE_SCRIPT, &keys, vec![name.as_bytes().to_vec()]).await
     }
 }

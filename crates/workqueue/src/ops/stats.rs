@@ -1,14 +1,13 @@
 //! STATS and INSPECT: reading a queue's depths and where keys are.
 
-use std::sync::LazyLock;
-
-use redis::{Script, Value};
+use redis::Value;
 
 use super::num_arg;
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
+use crate::lua::Lua;
 use crate::lua::queue_fns;
-use crate::reply::Fields;
+use crate::reply::{Fields, Reply};
 use crate::store::{KeyState, KeyView, QueueStats, Store};
 
 /// KEYS: the [`QueueKeys`].
@@ -45,11 +44,11 @@ return {now, redis.call('ZCARD', READY), redis.call('ZCARD', DELAYED), leased,
 "#
 );
 
-static STATS_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(STATS));
+static STATS_SCRIPT: Lua = Lua::new("stats", STATS);
 
-impl QueueStats {
-    fn parse(v: &Value) -> Result<Self, WqError> {
-        let mut f = Fields::new("stats", v)?;
+impl Reply for QueueStats {
+    fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
+        let mut f = Fields::new(what, v)?;
         Ok(Self {
             now_ms: f.int("now")?,
             ready: f.u64("ready")?,
@@ -73,8 +72,7 @@ impl Store {
         // are bounded by the total worker concurrency, this only caps a pathological backlog.
         const MAX_LEASES: u32 = 10_000;
         let args = vec![num_arg(MAX_LEASES)];
-        let v = self.eval("stats", &STATS_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        QueueStats::parse(&v)
+        self.run(&STATS_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
 }
 
@@ -109,7 +107,7 @@ return out
 "#
 );
 
-static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
+static INSPECT_SCRIPT: Lua = Lua::new("inspect", INSPECT);
 
 impl KeyView {
     fn parse(key: &str, mut f: Fields<'_>) -> Result<Self, WqError> {
@@ -146,8 +144,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let args = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
-        let v =
-            self.eval("inspect", &INSPECT_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
+        let v: Value = self.run(&INSPECT_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
         let rows = Fields::new("inspect", &v)?.rest("inspect row")?;
         if rows.len() != keys.len() {
             return Err(WqError::Protocol(format!(
