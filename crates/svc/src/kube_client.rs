@@ -26,6 +26,10 @@ pub struct KubeClientArgs {
     /// than the server's watch timeout) so watches are not cut.
     #[arg(long, env = "KJOB_KUBE_TIMEOUT_SECONDS", default_value_t = 30)]
     pub kube_timeout_seconds: u64,
+    /// Speak HTTP/1.1 to kube-apiserver even when it offers HTTP/2 (one connection per request
+    /// in flight, as kube-rs's own client): for a proxy in between that mishandles HTTP/2.
+    #[arg(long, env = "KJOB_KUBE_HTTP1_ONLY")]
+    pub kube_http1_only: bool,
 }
 
 impl KubeClientArgs {
@@ -47,18 +51,18 @@ impl KubeClientArgs {
 
     /// Builds a client from the flags (see [`client`]).
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
-        client(self.config().await?)
+        client(self.config().await?, self.kube_http1_only)
     }
 }
 
 /// A kube client for `config` that speaks HTTP/2 to a server offering it over TLS (ALPN, as
-/// kube-apiserver does) and HTTP/1.1 otherwise. kube's own client speaks HTTP/1.1 only, so every
+/// kube-apiserver does) and HTTP/1.1 otherwise (always, with `http1_only`). kube's own client speaks HTTP/1.1 only, so every
 /// request in flight holds a connection of its own: a sync creating 256 pods at once opens up to
 /// 256 TLS connections, and each handshake costs kube-apiserver CPU and the request its latency.
 /// Over HTTP/2 all requests and watches share one connection, as client-go's do. The layers are
 /// kube's default stack's (base URI, kube's retry when `config.default_retry`, auth, extra
 /// headers) with the same connect, read and write timeouts.
-pub fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
+pub fn client(config: kube::Config, http1_only: bool) -> anyhow::Result<kube::Client> {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     // HTTP/2 writes a request's HEADERS and DATA frames apart; with Nagle's algorithm on, the
@@ -72,8 +76,11 @@ pub fn client(config: kube::Config) -> anyhow::Result<kube::Client> {
         )),
         None => https,
     };
-    let mut connector =
-        hyper_timeout::TimeoutConnector::new(https.enable_all_versions().wrap_connector(http));
+    let https = match http1_only {
+        true => https.enable_http1().wrap_connector(http),
+        false => https.enable_all_versions().wrap_connector(http),
+    };
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
@@ -189,7 +196,11 @@ current-context: sim
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kubeconfig");
         std::fs::write(&path, KUBECONFIG).unwrap();
-        let args = KubeClientArgs { kubeconfig: Some(path), kube_timeout_seconds: 7 };
+        let args = KubeClientArgs {
+            kubeconfig: Some(path),
+            kube_timeout_seconds: 7,
+            kube_http1_only: false,
+        };
         let config = args.config().await.unwrap();
         assert_eq!(config.cluster_url.to_string(), "http://127.0.0.1:40123/");
         assert_eq!(config.default_namespace, "work");
@@ -204,6 +215,7 @@ current-context: sim
         let args = KubeClientArgs {
             kubeconfig: Some("/nonexistent/kjob-kubeconfig".into()),
             kube_timeout_seconds: 30,
+            kube_http1_only: false,
         };
         assert!(args.config().await.is_err());
     }

@@ -1,6 +1,7 @@
 //! The kube client of `kjob_svc::kube_client::client` against a TLS server that offers HTTP/2
 //! (as kube-apiserver does): concurrent requests share one connection. Against a server that
-//! offers HTTP/1.1 only, the same client still works, one connection per request in flight.
+//! offers HTTP/1.1 only, or with `--kube-http1-only`, the same client still works, one connection
+//! per request in flight.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,10 +66,10 @@ async fn serve(alpn: &[&[u8]], seen: Arc<Seen>) -> String {
 }
 
 /// Sends [`CONCURRENT`] requests at once through the client under test.
-async fn get_concurrently(url: &str) {
+async fn get_concurrently(url: &str, http1_only: bool) {
     let mut config = kube::Config::new(url.parse().unwrap());
     config.root_cert = Some(vec![CertificateDer::from_pem_slice(CERT).unwrap().to_vec()]);
-    let client = kjob_svc::kube_client::client(config).unwrap();
+    let client = kjob_svc::kube_client::client(config, http1_only).unwrap();
     burst(&client).await;
     burst(&client).await;
 }
@@ -90,7 +91,7 @@ async fn burst(client: &kube::Client) {
 async fn a_server_offering_http2_gets_every_request_on_one_connection() {
     let seen = Arc::new(Seen::default());
     let url = serve(&[b"h2", b"http/1.1"], seen.clone()).await;
-    get_concurrently(&url).await;
+    get_concurrently(&url, false).await;
     assert_eq!(seen.connections.load(Ordering::SeqCst), 1, "one connection for all requests");
     assert_eq!(*seen.alpn.lock().unwrap(), vec![Some(b"h2".to_vec())]);
 }
@@ -99,8 +100,18 @@ async fn a_server_offering_http2_gets_every_request_on_one_connection() {
 async fn a_server_offering_http1_only_still_answers_one_connection_per_request() {
     let seen = Arc::new(Seen::default());
     let url = serve(&[b"http/1.1"], seen.clone()).await;
-    get_concurrently(&url).await;
+    get_concurrently(&url, false).await;
     // What kube's own client does with every server: a connection per request in flight.
     assert_eq!(seen.connections.load(Ordering::SeqCst), CONCURRENT);
     assert!(seen.alpn.lock().unwrap().iter().all(|p| p.as_deref() == Some(b"http/1.1".as_slice())));
+}
+
+#[tokio::test]
+async fn http1_only_keeps_to_http1_with_a_server_offering_http2() {
+    let seen = Arc::new(Seen::default());
+    let url = serve(&[b"h2", b"http/1.1"], seen.clone()).await;
+    get_concurrently(&url, true).await;
+    assert_eq!(seen.connections.load(Ordering::SeqCst), CONCURRENT);
+    // No ALPN offered at all (as kube-rs's own client): the server falls back to HTTP/1.1.
+    assert!(seen.alpn.lock().unwrap().iter().all(Option::is_none));
 }

@@ -95,6 +95,7 @@ impl InProcWatcher {
             kube: kjob_svc::KubeClientArgs {
                 kubeconfig: Some(stack.sim.kubeconfig_path().to_path_buf()),
                 kube_timeout_seconds: 30,
+                kube_http1_only: false,
             },
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

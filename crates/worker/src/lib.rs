@@ -124,7 +124,7 @@ pub async fn run(
 async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Client> {
     let mut config = args.config().await?;
     config.default_retry = false;
-    kjob_svc::kube_client::client(config)
+    kjob_svc::kube_client::client(config, args.kube_http1_only)
 }
 
 /// Keeps `/readyz` in step with whether the queue service answers.

@@ -82,7 +82,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         crash_loop_backoff,
         kubeconfig,
     } = args;
-    let client = kjob_svc::KubeClientArgs { kubeconfig, kube_timeout_seconds: 30 }.client().await?;
+    let client =
+        kjob_svc::KubeClientArgs { kubeconfig, kube_timeout_seconds: 30, kube_http1_only: false }
+            .client()
+            .await?;
     let names: Vec<String> = (0..nodes).map(|i| format!("{node_prefix}-{i}")).collect();
     for name in &names {
         register(&client, name, max_pods).await?;

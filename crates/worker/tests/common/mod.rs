@@ -132,6 +132,7 @@ impl WorkerHandle {
             kube: kjob_svc::KubeClientArgs {
                 kubeconfig: Some(kubeconfig.to_path_buf()),
                 kube_timeout_seconds: 10,
+                kube_http1_only: false,
             },
         };
         let admin = std::net::TcpListener::bind("127.0.0.1:0").expect("admin port");
