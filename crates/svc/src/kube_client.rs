@@ -15,6 +15,8 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// LIST or watch burst does not stall on window updates, nor starve the other streams.
 const H2_STREAM_WINDOW: u32 = 4 << 20;
 const H2_CONNECTION_WINDOW: u32 = 32 << 20;
+/// Longest wait behind the request that goes alone (see [`FirstAlone`]).
+const ALONE_WAIT: Duration = Duration::from_secs(5);
 
 /// Kube client flags shared by the watcher and the worker.
 #[derive(Debug, Clone, clap::Args)]
@@ -56,8 +58,8 @@ impl KubeClientArgs {
 }
 
 /// A kube client for `config` that speaks HTTP/2 to a server offering it over TLS (ALPN, as
-/// kube-apiserver does) and HTTP/1.1 otherwise (always, with `http1_only`). kube's own client speaks HTTP/1.1 only, so every
-/// request in flight holds a connection of its own: a sync creating 256 pods at once opens up to
+/// kube-apiserver does) and HTTP/1.1 otherwise (always, with `http1_only`). kube's own client
+/// speaks HTTP/1.1 only, so every request in flight holds a connection of its own: a sync creating 256 pods at once opens up to
 /// 256 TLS connections, and each handshake costs kube-apiserver CPU and the request its latency.
 /// Over HTTP/2 all requests and watches share one connection, as client-go's do. The layers are
 /// kube's default stack's (base URI, kube's retry when `config.default_retry`, auth, extra
@@ -112,7 +114,9 @@ pub fn client(config: kube::Config, http1_only: bool) -> anyhow::Result<kube::Cl
 /// hyper's pool opens a connection for every request that finds none idle: a burst at start
 /// (or after the server went away) would open a connection per request, HTTP/2 or not. With
 /// the first request alone, the burst finds the one HTTP/2 connection it opened. A failed
-/// request (no response: connect, TLS or I/O error) closes the gate again.
+/// request (no response: connect, TLS or I/O error) closes the gate again. The others wait for
+/// the lone request at most [`ALONE_WAIT`]: against a server that does not answer (a connect
+/// timeout is 30 s) they go on together rather than one after another.
 #[derive(Clone)]
 struct FirstAlone<S> {
     inner: S,
@@ -159,10 +163,10 @@ where
         Box::pin(async move {
             let alone = match gate.open.load(Ordering::Acquire) {
                 true => None,
-                false => {
-                    let held = gate.alone.lock().await;
-                    (!gate.open.load(Ordering::Acquire)).then_some(held)
-                }
+                false => match tokio::time::timeout(ALONE_WAIT, gate.alone.lock()).await {
+                    Ok(held) => (!gate.open.load(Ordering::Acquire)).then_some(held),
+                    Err(_) => None,
+                },
             };
             let result = inner.call(req).await;
             gate.open.store(result.is_ok(), Ordering::Release);
