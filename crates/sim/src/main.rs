@@ -54,10 +54,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         kjob_sim::kubeconfig::write(path, &url)?;
     }
     // The URL is the first stdout line: scripts and tests read it to find the port.
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{url}")?;
-    out.flush()?;
-    drop(out);
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{url}")?;
+        out.flush()?;
+    }
     let config = SimConfig {
         kubelet,
         write_latency,

@@ -31,19 +31,35 @@ where
 /// The `main` of a kjob binary: parses `A` and the log flags (help, version and bad flags exit
 /// as clap makes them), installs logging ([`crate::init_logging`]) and runs `body` on a
 /// multi-threaded tokio runtime.
+///
+/// The body runs as a spawned task on the runtime's worker threads, not in `block_on` on the
+/// main thread: a future polled by `block_on` is woken from the worker that drives the sockets
+/// by a cross-thread unpark, so a service loop there (the watcher's event loop, fed by every
+/// watch event) paid a context switch per event, and every task it woke was handed back across
+/// threads again.
 pub fn main<A, F, Fut>(body: F) -> anyhow::Result<()>
 where
     A: clap::Parser,
     F: FnOnce(A) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let (log, args) = try_parse_from::<A, _, _>(std::env::args_os()).unwrap_or_else(|e| e.exit());
     crate::init_logging(&log)?;
-    tokio::runtime::Builder::new_multi_thread()
+    run_on_workers(body(args))
+}
+
+/// Runs `body` to its end as a task on the worker threads of a new multi-threaded runtime (see
+/// [`main`]); a panic in it is an error.
+pub fn run_on_workers<Fut>(body: Fut) -> anyhow::Result<()>
+where
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the tokio runtime")?
-        .block_on(body(args))
+        .context("starting the tokio runtime")?;
+    let task = rt.spawn(body);
+    rt.block_on(task).context("the service's main task panicked")?
 }
 
 #[cfg(test)]
@@ -58,6 +74,24 @@ mod tests {
         /// A flag of its own.
         #[arg(long, default_value_t = 1)]
         n: u32,
+    }
+
+    #[test]
+    fn the_body_runs_on_a_worker_thread_and_a_panic_is_an_error() {
+        let main_thread = std::thread::current().id();
+        let on = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = on.clone();
+        run_on_workers(async move {
+            *seen.lock().unwrap() = Some(std::thread::current().id());
+            Ok(())
+        })
+        .unwrap();
+        let ran_on = on.lock().unwrap().expect("the body ran");
+        assert_ne!(ran_on, main_thread, "the body ran in block_on on the calling thread");
+        let err = run_on_workers(async { panic!("boom") }).unwrap_err();
+        assert!(format!("{err:#}").contains("panicked"), "{err:#}");
+        let err = run_on_workers(async { anyhow::bail!("refused") }).unwrap_err();
+        assert_eq!(format!("{err}"), "refused");
     }
 
     #[test]
