@@ -11,6 +11,7 @@ use kjob_core::events::{
 };
 use redis::Value;
 
+use crate::lua::Arg;
 use crate::lua::Lua;
 use crate::{Store, WqError};
 
@@ -194,9 +195,9 @@ impl Store {
         }
         let mut keys: Vec<String> = Vec::new();
         let mut args = vec![
-            config.burst.to_string().into_bytes(),
+            config.burst.arg(),
             ms(config.refill_interval),
-            config.aggregate_max_events.to_string().into_bytes(),
+            config.aggregate_max_events.arg(),
             ms(config.aggregate_interval),
             ms(config.state_ttl()),
         ];
@@ -209,10 +210,10 @@ impl Store {
                     keys.len()
                 }
             };
-            args.push(index.to_string().into_bytes());
-            args.push(ev.spam_key.as_bytes().to_vec());
-            args.push(ev.aggregate_key.as_bytes().to_vec());
-            args.push(ev.message.as_bytes().to_vec());
+            args.push(index.arg());
+            args.push(ev.spam_key.arg());
+            args.push(ev.aggregate_key.arg());
+            args.push(ev.message.arg());
         }
         let v: Value = self.run(&GATE_EVENTS_SCRIPT, &keys, args).await?;
         let Value::Array(answers) = &v else { return Err(protocol(&v)) };

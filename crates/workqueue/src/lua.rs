@@ -35,6 +35,45 @@ impl Lua {
     }
 }
 
+/// A value as one script argument (an `ARGV` entry): text and bytes as they are, numbers in
+/// decimal, durations in whole milliseconds. Every script call builds its arguments through
+/// this, so a value has one encoding whichever script it goes to.
+pub(crate) trait Arg {
+    /// The argument's bytes.
+    fn arg(self) -> Vec<u8>;
+}
+
+impl<T: AsRef<[u8]> + ?Sized> Arg for &T {
+    fn arg(self) -> Vec<u8> {
+        self.as_ref().to_vec()
+    }
+}
+
+impl Arg for std::time::Duration {
+    fn arg(self) -> Vec<u8> {
+        crate::store::ms(self).arg()
+    }
+}
+
+macro_rules! decimal_args {
+    ($($t:ty),*) => {
+        $(impl Arg for $t {
+            fn arg(self) -> Vec<u8> {
+                self.to_string().into_bytes()
+            }
+        })*
+    };
+}
+decimal_args!(u8, u32, u64, usize, i32, i64);
+
+/// `argv![a, b, …]`: the script arguments `vec![a.arg(), b.arg(), …]`.
+macro_rules! argv {
+    ($($a:expr),* $(,)?) => {
+        vec![$($crate::lua::Arg::arg($a)),*]
+    };
+}
+pub(crate) use argv;
+
 /// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `wake`,
 /// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`,
 /// `grant`.

@@ -9,6 +9,7 @@ use crate::WqError;
 use crate::conn::{self, Conn, RESPONSE_TIMEOUT, RedisTarget};
 use crate::expectations::{EXPECTATIONS_TIMEOUT, Observation};
 use crate::limiter::{ItemExponentialLimiter, JOB_LIMITER};
+use crate::lua::Arg;
 use crate::lua::Lua;
 use crate::reply::Reply;
 use crate::view::ViewOp;
@@ -265,9 +266,9 @@ pub struct KeyView {
 /// Appends `(kind, job_uid, pod_uid)` of each observation to `args`.
 pub(crate) fn push_observations(args: &mut Vec<Vec<u8>>, observations: &[Observation]) {
     for o in observations {
-        args.push(crate::lua::observation_code(o.kind).to_string().into_bytes());
-        args.push(o.job_uid.as_bytes().to_vec());
-        args.push(o.pod_uid.as_bytes().to_vec());
+        args.push(crate::lua::observation_code(o.kind).arg());
+        args.push(o.job_uid.arg());
+        args.push(o.pod_uid.arg());
     }
 }
 

@@ -25,6 +25,7 @@ use redis::Value;
 use crate::WqError;
 use crate::keys::ExpKeys;
 use crate::lua::Lua;
+use crate::lua::{Arg, argv};
 use crate::reply::Fields;
 use crate::store::Store;
 
@@ -118,10 +119,10 @@ pub(crate) fn push_view_ops(args: &mut Vec<Vec<u8>>, ops: &[ViewOp]) {
             ViewOp::Reset { uid } => (uid, &[], ""),
             ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => ("", &[], ""),
         };
-        args.push(view_code(op).to_string().into_bytes());
-        args.push(name.as_bytes().to_vec());
+        args.push(view_code(op).arg());
+        args.push(name.arg());
         args.push(object.to_vec());
-        args.push(rv.as_bytes().to_vec());
+        args.push(rv.arg());
     }
 }
 
@@ -268,7 +269,7 @@ impl Store {
             exp: ExpKeys::new(key),
             run: view_run_key(),
         };
-        let args = records.iter().map(|r| r.as_bytes().to_vec()).collect();
+        let args = records.iter().map(Arg::arg).collect();
         let v: Value = self.run(&GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
         let mut f = Fields::new("get_job_view", &v)?;
         if !f.flag("trusted")? {
@@ -345,13 +346,7 @@ impl Store {
         orphans_handled: u64,
     ) -> Result<bool, WqError> {
         let ViewKeys { job, meta, .. } = ViewKeys::new(key);
-        let args = vec![
-            uid.as_bytes().to_vec(),
-            resource_version.as_bytes().to_vec(),
-            object.to_vec(),
-            orphans_handled.to_string().into_bytes(),
-            self.idle_gc_ms().to_string().into_bytes(),
-        ];
+        let args = argv![uid, resource_version, object, orphans_handled, self.idle_gc_ms()];
         self.run(&PUT_VIEW_SCRIPT, &[job, meta], args).await
     }
 }
@@ -391,7 +386,7 @@ impl Store {
             SessionPhase::Commit => "2",
             SessionPhase::End => "3",
         };
-        let args = vec![session.as_bytes().to_vec(), phase.as_bytes().to_vec()];
+        let args = argv![session, phase];
         let keys = [view_session_key(), view_run_key()];
         self.run(&SESSION_SCRIPT, &keys, args).await
     }

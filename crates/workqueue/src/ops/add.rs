@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{ms_arg, num_arg};
 use crate::keys::{ExpKeys, QueueKeys, queue_prelude};
+use crate::lua::Arg;
 use crate::lua::Lua;
 use crate::lua::{observe_fn, queue_fns};
 use crate::reply::Fields;
@@ -209,7 +209,7 @@ impl Store {
         }
         let mut keys = QueueKeys::new(queue).to_vec();
         let mut args = Vec::with_capacity(2 + items.len() * 6);
-        args.push(ms_arg(self.config().idle_gc));
+        args.push(self.config().idle_gc.arg());
         // The view session key carries the job queue's hash tag, so only that queue's script
         // may name it (one slot per script on a Cluster); view writes go to the job queue only.
         if same_slot {
@@ -219,11 +219,11 @@ impl Store {
         } else {
             args.push(b"0".to_vec());
         }
-        args.push(num_arg(takers.len()));
+        args.push(takers.len().arg());
         for t in takers {
-            args.push(t.worker.as_bytes().to_vec());
-            args.push(num_arg(t.n));
-            args.push(ms_arg(t.lease));
+            args.push(t.worker.arg());
+            args.push(t.n.arg());
+            args.push(t.lease.arg());
         }
         let mut delayed = 0;
         let mut entries = 0;
@@ -238,10 +238,10 @@ impl Store {
                 delayed += 1;
             }
             args.push(it.key.clone().into_bytes());
-            args.push(ms_arg(it.delay));
+            args.push(it.delay.arg());
             args.push(if it.observe_only { b"1".to_vec() } else { b"0".to_vec() });
-            args.push(num_arg(obs.len()));
-            args.push(num_arg(view.len()));
+            args.push(obs.len().arg());
+            args.push(view.len().arg());
             args.push(it.session.clone().into_bytes());
             if !obs.is_empty() {
                 keys.extend(ExpKeys::new(&it.key).to_vec());

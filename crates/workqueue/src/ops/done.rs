@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{ms_arg, num_arg};
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
+use crate::lua::Arg;
 use crate::lua::Lua;
 use crate::lua::queue_fns;
 use crate::reply::Fields;
@@ -140,18 +140,18 @@ impl Store {
         }
         let limiter = &self.config().limiter;
         let mut args = Vec::with_capacity(2 + dones.len() * 4);
-        args.push(ms_arg(limiter.base));
-        args.push(ms_arg(limiter.max));
+        args.push(limiter.base.arg());
+        args.push(limiter.max.arg());
         for d in dones {
             let (code, after) = match d.outcome {
                 LeaseOutcome::Forget => (1, Duration::ZERO),
                 LeaseOutcome::RateLimited => (2, Duration::ZERO),
                 LeaseOutcome::RequeueAfter(t) => (3, t),
             };
-            args.push(d.key.as_bytes().to_vec());
-            args.push(d.lease_id.as_bytes().to_vec());
-            args.push(num_arg(code));
-            args.push(ms_arg(after));
+            args.push(d.key.arg());
+            args.push(d.lease_id.arg());
+            args.push(code.arg());
+            args.push(after.arg());
         }
         let v: Value = self.run(&DONE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
         parse_done(&v, dones.len())

@@ -5,11 +5,11 @@
 
 use redis::Value;
 
-use super::{ms_arg, num_arg};
 use crate::expectations::{ExpectationRecord, Expectations};
 use crate::keys::{ExpKeys, exp_prelude};
 use crate::lua::Lua;
 use crate::lua::observe_fn;
+use crate::lua::{Arg, argv};
 use crate::reply::Fields;
 use crate::store::{Store, push_observations};
 use crate::view::ViewKeys;
@@ -39,12 +39,7 @@ impl Store {
         add: i64,
         del: i64,
     ) -> Result<(), WqError> {
-        let args = vec![
-            job_uid.as_bytes().to_vec(),
-            num_arg(add),
-            num_arg(del),
-            ms_arg(self.config().idle_gc),
-        ];
+        let args = argv![job_uid, add, del, self.config().idle_gc];
         let keys = ExpKeys::new(key).to_vec();
         self.run(&SET_SCRIPT, &keys, args).await
     }
@@ -75,11 +70,7 @@ impl Store {
         add: i64,
         del: i64,
     ) -> Result<bool, WqError> {
-        let args = vec![
-            job_uid.as_bytes().to_vec(),
-            num_arg(add.saturating_neg()),
-            num_arg(del.saturating_neg()),
-        ];
+        let args = argv![job_uid, add.saturating_neg(), del.saturating_neg()];
         let keys = ExpKeys::new(key).to_vec();
         self.run(&LOWER_SCRIPT, &keys, args).await
     }
@@ -186,7 +177,7 @@ impl Store {
         if observations.is_empty() {
             return Ok(0);
         }
-        let mut args = vec![ms_arg(self.config().idle_gc)];
+        let mut args = argv![self.config().idle_gc];
         push_observations(&mut args, observations);
         let keys = ExpKeys::new(key).to_vec();
         self.run(&OBSERVE_SCRIPT, &keys, args).await
@@ -235,8 +226,8 @@ impl Store {
         if pod_uids.is_empty() {
             return Ok(());
         }
-        let mut args = vec![ms_arg(self.config().idle_gc), job_uid.as_bytes().to_vec()];
-        args.extend(pod_uids.iter().map(|p| p.as_bytes().to_vec()));
+        let mut args = argv![self.config().idle_gc, job_uid];
+        args.extend(pod_uids.iter().map(Arg::arg));
         let keys = ExpKeys::new(key).to_vec();
         self.run(&EXPECT_FIN_SCRIPT, &keys, args).await
     }
@@ -265,7 +256,7 @@ impl Store {
         if pod_uids.is_empty() {
             return Ok(0);
         }
-        let args = pod_uids.iter().map(|p| p.as_bytes().to_vec()).collect();
+        let args = pod_uids.iter().map(Arg::arg).collect();
         let keys = ExpKeys::new(key).to_vec();
         self.run(&FORGET_FIN_SCRIPT, &keys, args).await
     }

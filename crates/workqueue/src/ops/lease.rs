@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{ms_arg, num_arg};
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
 use crate::lua::Lua;
 use crate::lua::queue_fns;
+use crate::lua::{Arg, argv};
 use crate::reply::{Fields, Reply};
 use crate::store::{LeaseBatch, Leased, Store};
 
@@ -72,15 +72,15 @@ impl Store {
         lease: Duration,
     ) -> Result<LeaseBatch, WqError> {
         let c = self.config();
-        let args = vec![
-            worker.as_bytes().to_vec(),
-            num_arg(n),
-            ms_arg(lease),
-            num_arg(c.promote_limit),
-            num_arg(c.reap_limit),
-            num_arg(c.poison_after),
-            ms_arg(c.limiter.base),
-            ms_arg(c.limiter.max),
+        let args = argv![
+            worker,
+            n,
+            lease,
+            c.promote_limit,
+            c.reap_limit,
+            c.poison_after,
+            c.limiter.base,
+            c.limiter.max
         ];
         self.run(&LEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
@@ -115,7 +115,7 @@ impl Store {
         lease_id: &str,
         lease: Duration,
     ) -> Result<Option<i64>, WqError> {
-        let args = vec![key.as_bytes().to_vec(), lease_id.as_bytes().to_vec(), ms_arg(lease)];
+        let args = argv![key, lease_id, lease];
         match self.run(&RENEW_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await? {
             -1 => Ok(None),
             d => Ok(Some(d)),
@@ -166,9 +166,9 @@ impl Store {
         }
         let mut args = Vec::with_capacity(leases.len() * 3);
         for l in leases {
-            args.push(l.key.as_bytes().to_vec());
-            args.push(l.lease_id.as_bytes().to_vec());
-            args.push(num_arg(l.enqueued_ms));
+            args.push(l.key.arg());
+            args.push(l.lease_id.arg());
+            args.push(l.enqueued_ms.arg());
         }
         self.run(&RELEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }

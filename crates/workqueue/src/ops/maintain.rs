@@ -3,10 +3,10 @@
 
 use redis::Value;
 
-use super::{ms_arg, num_arg};
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
 use crate::lua::Lua;
+use crate::lua::argv;
 use crate::lua::queue_fns;
 use crate::reply::{Fields, Reply};
 use crate::store::{Store, SweepResult};
@@ -45,13 +45,8 @@ impl Store {
     /// Promotes due delayed items and reaps expired leases (atomic; safe from any replica).
     pub async fn sweep(&self, queue: &str) -> Result<SweepResult, WqError> {
         let c = self.config();
-        let args = vec![
-            num_arg(c.promote_limit),
-            num_arg(c.reap_limit),
-            num_arg(c.poison_after),
-            ms_arg(c.limiter.base),
-            ms_arg(c.limiter.max),
-        ];
+        let args =
+            argv![c.promote_limit, c.reap_limit, c.poison_after, c.limiter.base, c.limiter.max];
         self.run(&SWEEP_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
 }

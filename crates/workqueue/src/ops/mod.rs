@@ -11,13 +11,3 @@ mod records;
 mod stats;
 
 pub(crate) use add::Taker;
-
-/// Milliseconds of `d` as a script argument.
-pub(crate) fn ms_arg(d: std::time::Duration) -> Vec<u8> {
-    crate::store::ms(d).to_string().into_bytes()
-}
-
-/// A number as a script argument.
-pub(crate) fn num_arg(n: impl std::fmt::Display) -> Vec<u8> {
-    n.to_string().into_bytes()
-}

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::ms_arg;
 use crate::WqError;
 use crate::keys::{ExpKeys, exp_prelude};
 use crate::lua::Lua;
+use crate::lua::argv;
 use crate::store::Store;
 
 /// KEYS: the [`ExpKeys`].
@@ -33,7 +33,7 @@ impl Store {
     /// Reads record `name` of Job `key` (`None` if absent or expired).
     pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, WqError> {
         let keys = ExpKeys::new(key).to_vec();
-        let args = vec![name.as_bytes().to_vec()];
+        let args = argv![name];
         self.run(&GET_SCRIPT, &keys, args).await
     }
 }
@@ -64,12 +64,7 @@ impl Store {
         value: &[u8],
         ttl: Option<Duration>,
     ) -> Result<(), WqError> {
-        let args = vec![
-            name.as_bytes().to_vec(),
-            ms_arg(ttl.unwrap_or(Duration::ZERO)),
-            ms_arg(self.config().idle_gc),
-            value.to_vec(),
-        ];
+        let args = argv![name, ttl.unwrap_or(Duration::ZERO), self.config().idle_gc, value];
         let keys = ExpKeys::new(key).to_vec();
         self.run(&PUT_SCRIPT, &keys, args).await
     }
@@ -91,6 +86,6 @@ impl Store {
     /// Removes record `name` of Job `key`; whether it existed.
     pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, WqError> {
         let keys = ExpKeys::new(key).to_vec();
-        self.run(&DELETE_SCRIPT, &keys, vec![name.as_bytes().to_vec()]).await
+        self.run(&DELETE_SCRIPT, &keys, argv![name]).await
     }
 }

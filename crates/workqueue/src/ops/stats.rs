@@ -2,11 +2,11 @@
 
 use redis::Value;
 
-use super::num_arg;
 use crate::WqError;
 use crate::keys::{QueueKeys, queue_prelude};
 use crate::lua::Lua;
 use crate::lua::queue_fns;
+use crate::lua::{Arg, argv};
 use crate::reply::{Fields, Reply};
 use crate::store::{KeyState, KeyView, QueueStats, Store};
 
@@ -71,7 +71,7 @@ impl Store {
         // Lease records read for the unfinished-work gauge and the dirty count; in-flight items
         // are bounded by the total worker concurrency, this only caps a pathological backlog.
         const MAX_LEASES: u32 = 10_000;
-        let args = vec![num_arg(MAX_LEASES)];
+        let args = argv![MAX_LEASES];
         self.run(&STATS_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
     }
 }
@@ -143,7 +143,7 @@ impl Store {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let args = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+        let args = keys.iter().map(Arg::arg).collect();
         let v: Value = self.run(&INSPECT_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
         let rows = Fields::new("inspect", &v)?.rest("inspect row")?;
         if rows.len() != keys.len() {
