@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kjob_testkit::Program;
 pub use kjob_testkit::stack::Stack;
 use kjob_testkit::stack::{REDIS, StackConfig};
 
@@ -39,11 +40,12 @@ impl StackOpts {
             self.workers,
         );
         cfg.controller_name = self.controller_name.clone();
-        cfg.worker_args = self.worker_args.clone();
-        cfg.sim_args = vec![format!("--write-latency={}ms", self.write_latency.as_millis())];
+        cfg.extra_args.add(Program::Worker, self.worker_args.iter().cloned());
+        let latency = format!("--write-latency={}ms", self.write_latency.as_millis());
+        cfg.extra_args.add(Program::Sim, [latency]);
         if self.workers == 0 {
             cfg.sim_only = true;
-            cfg.sim_args.push("--kubelet=off".into());
+            cfg.extra_args.add(Program::Sim, ["--kubelet=off"]);
         }
         // The report is about throughput: by default the services log warnings only.
         cfg.env = vec![("RUST_LOG".into(), self.service_log.clone())];
@@ -85,13 +87,13 @@ mod tests {
         };
         let cfg = o.config();
         assert!(cfg.sim_only);
-        assert_eq!(cfg.sim_args, ["--write-latency=10ms", "--kubelet=off"]);
+        assert_eq!(cfg.extra_args.of(Program::Sim), ["--write-latency=10ms", "--kubelet=off"]);
         assert!(cfg.env.iter().any(|(k, v)| k == "RUST_LOG" && v == "warn"));
         o.workers = 2;
         let cfg = o.config();
         assert!(!cfg.sim_only);
         assert_eq!(cfg.workers, 2);
-        assert_eq!(cfg.sim_args, ["--write-latency=10ms"]);
-        assert_eq!(cfg.worker_args, ["--kube-qps=1000"]);
+        assert_eq!(cfg.extra_args.of(Program::Sim), ["--write-latency=10ms"]);
+        assert_eq!(cfg.extra_args.of(Program::Worker), ["--kube-qps=1000"]);
     }
 }

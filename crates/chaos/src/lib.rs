@@ -17,6 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kjob_queue_client::QueueClient;
+use kjob_testkit::Program;
 use kjob_testkit::Stack;
 use kjob_testkit::faults::ApiFaults;
 use kjob_testkit::proxy::ProxyStats;
@@ -214,8 +215,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         StackConfig::new(cfg.bin_dir.clone(), cfg.redis_server.clone(), cfg.run_dir.clone(), 0);
     scfg.workers = cfg.workers;
     scfg.watchers = 2;
-    scfg.watcher_args = WATCHER_ARGS.map(String::from).into();
-    scfg.worker_args = WORKER_ARGS.map(String::from).into();
+    scfg.extra_args.add(Program::Watcher, WATCHER_ARGS).add(Program::Worker, WORKER_ARGS);
     let controller = scfg.controller_name.clone();
     let namespace = match &cfg.cluster {
         Some(info) => {

@@ -18,6 +18,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ResourceQuota, ServiceAccount};
+use kjob_testkit::Program;
 use kjob_testkit::cluster::{
     ClusterInfo, ClusterOptions, ControlPlane, JobController, KJOB_NAMESPACE,
     UPSTREAM_JOB_CONTROLLER_USER,
@@ -153,10 +154,11 @@ impl Bench {
             opts.nodes = 1;
             opts.kubelet = false;
             opts.job_controller = mode;
-            opts.controller_manager_args = vec![
+            let qps = [
                 format!("--kube-api-qps={CLIENT_QPS}"),
                 format!("--kube-api-burst={}", 2 * CLIENT_QPS),
             ];
+            opts.extra_args.add(Program::KubeControllerManager, qps);
             let cp = ControlPlane::start(opts)?;
             let info = ClusterInfo::read(&cluster_dir)?;
             let stack = match mode {
@@ -169,10 +171,14 @@ impl Bench {
                     real.namespace = None;
                     real.lease_name = "kjob-watcher-diff".into();
                     cfg.real = Some(real);
-                    cfg.watcher_args.push("--manage-all-jobs".into());
-                    cfg.worker_args.push("--manage-all-jobs".into());
-                    cfg.worker_args.push(format!("--kube-qps={CLIENT_QPS}"));
-                    cfg.worker_args.push(format!("--kube-burst={}", 2 * CLIENT_QPS));
+                    let qps = [
+                        format!("--kube-qps={CLIENT_QPS}"),
+                        format!("--kube-burst={}", 2 * CLIENT_QPS),
+                    ];
+                    cfg.extra_args
+                        .add(Program::Watcher, ["--manage-all-jobs"])
+                        .add(Program::Worker, ["--manage-all-jobs"])
+                        .add(Program::Worker, qps);
                     Some(Stack::start(cfg)?)
                 }
             };

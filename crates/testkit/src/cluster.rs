@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use crate::args::{ExtraArgs, Program};
 use crate::process::{free_port, reap_by, send_sigterm, wait_for_tcp, workspace_root};
 
 /// Version of the upstream binaries `cluster/build.sh` builds.
@@ -76,12 +77,9 @@ pub struct ClusterOptions {
     pub kubelet: bool,
     /// Which Job controller runs.
     pub job_controller: JobController,
-    /// Extra kube-apiserver flags.
-    pub apiserver_args: Vec<String>,
-    /// Extra kube-controller-manager flags (e.g. `--concurrent-job-syncs=50`).
-    pub controller_manager_args: Vec<String>,
-    /// Extra kjob-node-agent flags (e.g. `--pod-run-time=100ms`).
-    pub node_agent_args: Vec<String>,
+    /// Extra flags of kube-apiserver, kube-controller-manager (e.g.
+    /// `--concurrent-job-syncs=50`) and kjob-node-agent (e.g. `--pod-run-time=100ms`).
+    pub extra_args: ExtraArgs,
     /// Leave the processes running when the [`ControlPlane`] is dropped (`make cluster-up`).
     pub detach: bool,
 }
@@ -96,9 +94,7 @@ impl ClusterOptions {
             nodes: 3,
             kubelet: true,
             job_controller: JobController::Kjob,
-            apiserver_args: Vec::new(),
-            controller_manager_args: Vec::new(),
-            node_agent_args: Vec::new(),
+            extra_args: ExtraArgs::default(),
             detach: false,
         }
     }
@@ -422,7 +418,7 @@ impl ControlPlane {
             "--audit-log-format=json".into(),
             "--audit-log-mode=blocking".into(),
         ];
-        api_args.extend(opts.apiserver_args.iter().cloned());
+        api_args.extend(opts.extra_args.of(Program::KubeApiserver).iter().cloned());
         cp.spawn("kube-apiserver", bin_dir.join("kube-apiserver"), api_args)?;
         cp.wait_ready(started)?;
 
@@ -441,7 +437,7 @@ impl ControlPlane {
             format!("--service-account-private-key-file={}", p(&pki.join("sa.key"))),
             format!("--controllers={controllers}"),
         ];
-        kcm_args.extend(opts.controller_manager_args.iter().cloned());
+        kcm_args.extend(opts.extra_args.of(Program::KubeControllerManager).iter().cloned());
         cp.spawn("kube-controller-manager", bin_dir.join("kube-controller-manager"), kcm_args)?;
 
         if opts.kubelet {
@@ -474,7 +470,7 @@ impl ControlPlane {
             format!("--node-prefix={NODE_PREFIX}"),
             format!("--kubelet={}", if opts.kubelet { "on" } else { "off" }),
         ];
-        agent_args.extend(opts.node_agent_args.iter().cloned());
+        agent_args.extend(opts.extra_args.of(Program::NodeAgent).iter().cloned());
         cp.spawn("kjob-node-agent", opts.node_agent.clone(), agent_args)?;
         cp.wait_settled(opts.nodes, started)?;
         fs::write(

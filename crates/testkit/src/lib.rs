@@ -3,6 +3,7 @@
 //! Every helper owns its child process and kills it on drop, so a failing test never leaves a
 //! server behind, and every test gets its own ports so tests run in parallel.
 
+pub mod args;
 pub mod cluster;
 pub mod faults;
 pub mod process;
@@ -13,6 +14,7 @@ pub mod redis_cluster;
 pub mod server;
 pub mod stack;
 
+pub use args::{ExtraArgs, Program};
 pub use process::{ChildGuard, bin_path, free_port, require_bins, wait_for_tcp, workspace_root};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;

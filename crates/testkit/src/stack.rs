@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::args::{ExtraArgs, Program};
 use crate::faults::ApiFaults;
 use crate::process::{free_port, kill_and_reap, reap_by, send_sigterm, wait_for_tcp};
 use crate::proxy::FaultProxy;
@@ -100,14 +101,9 @@ pub struct StackConfig {
     pub watchers: usize,
     /// `spec.managedBy` value kjob answers to.
     pub controller_name: String,
-    /// Extra kjob-sim flags (e.g. `--write-latency=10ms`).
-    pub sim_args: Vec<String>,
-    /// Extra kjob-queue flags.
-    pub queue_args: Vec<String>,
-    /// Extra kjob-watcher flags (e.g. `--lease-duration=4s`, `--resync-period=30s`).
-    pub watcher_args: Vec<String>,
-    /// Extra kjob-worker flags (e.g. `--lease-duration=5s`).
-    pub worker_args: Vec<String>,
+    /// Extra flags of kjob-sim (e.g. `--write-latency=10ms`), kjob-queue, every watcher (e.g.
+    /// `--resync-period=30s`) and every worker (e.g. `--lease-duration=5s`).
+    pub extra_args: ExtraArgs,
     /// Environment variables for the kjob processes (e.g. `RUST_LOG=warn` for a benchmark).
     pub env: Vec<(String, String)>,
     /// Start kjob-sim alone (no redis, queue, watchers or workers): a bare API server.
@@ -130,10 +126,7 @@ impl StackConfig {
             workers,
             watchers: 1,
             controller_name: kjob_core::DEFAULT_CONTROLLER_NAME.into(),
-            sim_args: Vec::new(),
-            queue_args: Vec::new(),
-            watcher_args: Vec::new(),
-            worker_args: Vec::new(),
+            extra_args: ExtraArgs::default(),
             env: Vec::new(),
             sim_only: false,
             own_process_groups: false,
@@ -321,10 +314,10 @@ impl Stack {
             format!("--kubeconfig-out={}", kubeconfig.display()),
         ];
         // The autopilot kubelet unless the caller chose (clap refuses a repeated flag).
-        if !cfg.sim_args.iter().any(|a| a.starts_with("--kubelet")) {
+        if !cfg.extra_args.of(Program::Sim).iter().any(|a| a.starts_with("--kubelet")) {
             args.push("--kubelet=auto".into());
         }
-        args.extend(cfg.sim_args.iter().cloned());
+        args.extend(cfg.extra_args.of(Program::Sim).iter().cloned());
         let spec = self.spec(cfg.bin_dir.join(SIM), args, sim_port, None);
         self.launch(SIM, spec)?;
         self.wait_file(&kubeconfig)
@@ -349,7 +342,7 @@ impl Stack {
             format!("--redis-url={}", stack.redis_url),
             format!("--admin-listen=127.0.0.1:{admin}"),
         ];
-        args.extend(cfg.queue_args.iter().cloned());
+        args.extend(cfg.extra_args.of(Program::Queue).iter().cloned());
         let spec = stack.spec(cfg.bin_dir.join(QUEUE), args, grpc_port, Some(admin));
         stack.launch(QUEUE, spec)?;
 
@@ -373,7 +366,7 @@ impl Stack {
             if let Some(ns) = cfg.real.as_ref().and_then(|r| r.namespace.as_ref()) {
                 args.push(format!("--namespace={ns}"));
             }
-            args.extend(cfg.watcher_args.iter().cloned());
+            args.extend(cfg.extra_args.of(Program::Watcher).iter().cloned());
             let spec = stack.spec(cfg.bin_dir.join("kjob-watcher"), args, admin, Some(admin));
             stack.launch(&name, spec)?;
         }
@@ -540,7 +533,7 @@ impl Stack {
             format!("--controller-name={}", self.cfg.controller_name),
             format!("--worker-id={name}"),
         ];
-        args.extend(self.cfg.worker_args.iter().cloned());
+        args.extend(self.cfg.extra_args.of(Program::Worker).iter().cloned());
         let spec = self.spec(self.cfg.bin_dir.join("kjob-worker"), args, admin, Some(admin));
         self.launch(&name, spec)?;
         Ok(name)

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kjob_testkit::Program;
 use kjob_testkit::redis::redis_server_binary;
 use kjob_testkit::stack::{QUEUE, REDIS, missing_binaries};
 use kjob_testkit::{Stack, StackConfig, bin_path, wait_for_tcp};
@@ -25,7 +26,7 @@ fn stack_survives_per_process_control() {
     let mut cfg =
         StackConfig::new(bin_dir, redis_server_binary().unwrap(), run.path().to_path_buf(), 2);
     cfg.watchers = 2;
-    cfg.watcher_args = WATCHER_ARGS.map(String::from).into();
+    cfg.extra_args.add(Program::Watcher, WATCHER_ARGS);
     let mut stack = Stack::start(cfg).unwrap();
     assert_eq!(stack.workers(), ["kjob-worker-1", "kjob-worker-2"]);
     assert_eq!(stack.watchers().len(), 2);

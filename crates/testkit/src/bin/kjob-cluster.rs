@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use kjob_testkit::Program;
 use kjob_testkit::cluster::{self, ClusterOptions, ControlPlane, JobController};
 
 /// The real Kubernetes control plane kjob is tested against, on loopback.
@@ -103,9 +104,10 @@ fn main() -> anyhow::Result<()> {
                 Controller::Kjob => JobController::Kjob,
                 Controller::Upstream => JobController::Upstream,
             };
-            opts.controller_manager_args = kcm_args;
-            opts.apiserver_args = apiserver_args;
-            opts.node_agent_args = agent_args;
+            opts.extra_args
+                .add(Program::KubeControllerManager, kcm_args)
+                .add(Program::KubeApiserver, apiserver_args)
+                .add(Program::NodeAgent, agent_args);
             opts.detach = true;
             let started = std::time::Instant::now();
             let cp = ControlPlane::start(opts)?;

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kjob_queue_client::QueueClient;
+use kjob_testkit::Program;
 use kjob_testkit::Stack;
 use kjob_testkit::stack::StackConfig;
 use kube::Api;
@@ -32,7 +33,7 @@ pub fn start_stack(run_dir: PathBuf, workers: usize, worker_args: &[&str]) -> St
     let bin_dir = bin_dir.parent().unwrap().to_path_buf();
     let redis = kjob_testkit::redis::redis_server_binary().expect("redis-server");
     let mut cfg = StackConfig::new(bin_dir, redis, run_dir, workers);
-    cfg.worker_args = worker_args.iter().map(|s| s.to_string()).collect();
+    cfg.extra_args.add(Program::Worker, worker_args.iter().copied());
     Stack::start(cfg).expect("stack starts")
 }
 
@@ -49,7 +50,7 @@ pub async fn start_stack_on(
     let bin_dir = bin_dir.parent().unwrap().to_path_buf();
     let redis = kjob_testkit::redis::redis_server_binary().expect("redis-server");
     let mut cfg = StackConfig::new(bin_dir, redis, run_dir, workers);
-    cfg.worker_args = worker_args.iter().map(|s| s.to_string()).collect();
+    cfg.extra_args.add(Program::Worker, worker_args.iter().copied());
     let stack = server.start_stack(namespace, cfg).await.expect("stack starts");
     let client = client(&stack).await;
     (stack, client)

@@ -13,6 +13,7 @@ use kjob_bench::procfs::{Usage, read_usage};
 use kjob_bench::upstream::{
     APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, Workload,
 };
+use kjob_testkit::Program;
 use kjob_testkit::cluster::{ClusterInfo, ClusterOptions, ControlPlane, JobController};
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 use kube::api::Api;
@@ -191,8 +192,10 @@ pub async fn run(
     opts.nodes = env.nodes;
     opts.job_controller =
         if cfg.is_upstream() { JobController::Upstream } else { JobController::Kjob };
-    opts.controller_manager_args = cfg.controller_manager_args();
-    opts.node_agent_args = vec![format!("--pod-run-time={}ms", env.pod_run_time.as_millis())];
+    let run_time = format!("--pod-run-time={}ms", env.pod_run_time.as_millis());
+    opts.extra_args
+        .add(Program::KubeControllerManager, cfg.controller_manager_args())
+        .add(Program::NodeAgent, [run_time]);
     let started = Instant::now();
     let cp = tokio::task::block_in_place(|| ControlPlane::start(opts))?;
     let info = ClusterInfo::read(&cp.dir)?;
@@ -209,9 +212,10 @@ pub async fn run(
             // Like upstream: every namespace.
             real.namespace = None;
             sc.real = Some(real);
-            sc.watcher_args = vec!["--manage-all-jobs".into()];
-            sc.worker_args = vec!["--manage-all-jobs".into()];
-            sc.worker_args.extend(worker_flags);
+            sc.extra_args
+                .add(Program::Watcher, ["--manage-all-jobs"])
+                .add(Program::Worker, ["--manage-all-jobs"])
+                .add(Program::Worker, worker_flags);
             sc.env = vec![("RUST_LOG".into(), env.service_log.clone())];
             let stack = tokio::task::block_in_place(|| -> anyhow::Result<Stack> {
                 let s = Stack::start(sc)?;
