@@ -861,6 +861,16 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
     }
 
+    /// A correlator that saw Job `u1`'s event `reason`/`message` once, at 0 s: it, the event,
+    /// that first answer and the clock it was given.
+    fn seen_once(reason: &str, message: &str) -> (Correlator, NewEvent, Correlated, Instant) {
+        let t = Instant::now();
+        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
+        let e = ev("u1", reason, message);
+        let first = c.correlate(&e, at(0), t).unwrap();
+        (c, e, first, t)
+    }
+
     /// The server's answer to a write of `c` with count `count`.
     fn server(c: &Correlated, count: i32, rv: &str) -> Event {
         Event {
@@ -931,10 +941,7 @@ mod tests {
 
     #[test]
     fn spam_filtered_repeats_still_count() {
-        let t = Instant::now();
-        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
-        let e = ev("u1", "FailedCreate", "Error creating: quota");
-        let first = c.correlate(&e, at(0), t).unwrap();
+        let (mut c, e, first, t) = seen_once("FailedCreate", "Error creating: quota");
         c.written(&first, &server(&first, 1, "1"));
         for i in 1..25 {
             let r = c.correlate(&e, at(i), t).unwrap();
@@ -981,10 +988,7 @@ mod tests {
 
     #[test]
     fn first_write_and_count_patch_shapes() {
-        let t = Instant::now();
-        let mut c = Correlator::new(SOURCE_COMPONENT, CTL);
-        let e = ev("u1", "Completed", "Job completed");
-        let out = c.correlate(&e, at(0), t).unwrap();
+        let (_, e, out, _) = seen_once("Completed", "Job completed");
         let created = new_event(&e, &out, SOURCE_COMPONENT, CTL, at(0));
         let v = serde_json::to_value(&created).unwrap();
         assert_eq!(v["source"], serde_json::json!({"component": "job-controller"}));

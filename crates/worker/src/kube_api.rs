@@ -290,11 +290,8 @@ impl KubeApi {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<Pod, ApiError> {
-        let api = self.pods(ns);
         let what = format!("patch pod {ns}/{name}");
-        let pp = PatchParams::default();
-        let patch = Patch::Strategic(patch);
-        self.call("patch", "pods", &what, true, || api.patch(name, &pp, &patch)).await
+        self.patch_strategic(self.pods(ns), "pods", &what, name, patch, true).await
     }
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
@@ -337,10 +334,27 @@ impl KubeApi {
     ) -> Result<Event, ApiError> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let what = format!("event {ns}/{name}");
-        let pp = PatchParams::default();
         let idempotent = patch.as_object().is_some_and(|o| o.is_empty());
+        self.patch_strategic(api, "events", &what, name, patch, idempotent).await
+    }
+
+    /// Strategic-merge-patches object `name` through `api` (`resource` names it in metrics,
+    /// `what` in errors; `idempotent`: whether it may be resent after an ambiguous failure).
+    async fn patch_strategic<K>(
+        &self,
+        api: Api<K>,
+        resource: &str,
+        what: &str,
+        name: &str,
+        patch: &serde_json::Value,
+        idempotent: bool,
+    ) -> Result<K, ApiError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
-        self.call("patch", "events", &what, idempotent, || api.patch(name, &pp, &patch)).await
+        self.call("patch", resource, what, idempotent, || api.patch(name, &pp, &patch)).await
     }
 }
 
