@@ -55,40 +55,30 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn chaos(args: Args) -> anyhow::Result<()> {
-    let Args {
-        seed,
-        jobs,
-        duration,
-        fault_interval,
-        faults,
-        workers,
-        bin_dir,
-        run_dir,
-        converge_timeout,
-        pod_run_time,
-        cluster,
-    } = args;
-    let bin_dir = match bin_dir {
+    let bin_dir = match args.bin_dir {
         Some(d) => d,
         None => std::env::current_exe()?.parent().context("binary folder")?.to_path_buf(),
     };
-    let run_dir = match run_dir {
+    let run_dir = match args.run_dir {
         Some(d) => d,
         None => tempfile::Builder::new().prefix("kjob-chaos-").tempdir()?.keep(),
     };
+    let faults = if args.faults.is_empty() { kjob_chaos::Fault::ALL.into() } else { args.faults };
+    let cluster = args.cluster.as_deref().map(kjob_testkit::cluster::ClusterInfo::read);
     let cfg = ChaosConfig {
-        seed,
-        jobs,
-        duration,
-        fault_interval,
-        workers,
-        bin_dir,
         redis_server: kjob_testkit::redis::redis_server_binary()?,
         run_dir: run_dir.clone(),
-        converge_timeout,
-        pod_run_time,
-        faults: if faults.is_empty() { kjob_chaos::Fault::ALL.into() } else { faults },
-        cluster: cluster.as_deref().map(kjob_testkit::cluster::ClusterInfo::read).transpose()?,
+        cluster: cluster.transpose()?,
+        faults,
+        bin_dir,
+        // The run's size and pace, as given.
+        seed: args.seed,
+        jobs: args.jobs,
+        duration: args.duration,
+        fault_interval: args.fault_interval,
+        workers: args.workers,
+        converge_timeout: args.converge_timeout,
+        pod_run_time: args.pod_run_time,
     };
     let report = run(cfg).await?;
     print!("{report}");

@@ -39,18 +39,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
-    let Args {
-        listen,
-        kubeconfig_out,
-        kubelet,
-        write_latency,
-        read_latency,
-        bookmark_interval,
-        history_window,
-    } = args;
-    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     let url = kjob_sim::url_for(listener.local_addr()?);
-    if let Some(path) = &kubeconfig_out {
+    if let Some(path) = &args.kubeconfig_out {
         kjob_sim::kubeconfig::write(path, &url)?;
     }
     // The URL is the first stdout line: scripts and tests read it to find the port.
@@ -60,11 +51,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         out.flush()?;
     }
     let config = SimConfig {
-        kubelet,
-        write_latency,
-        read_latency,
-        bookmark_interval,
-        history_window,
+        kubelet: args.kubelet,
+        write_latency: args.write_latency,
+        read_latency: args.read_latency,
+        bookmark_interval: args.bookmark_interval,
+        history_window: args.history_window,
         kubelet_settings: Default::default(),
     };
     kjob_sim::run(listener, config, kjob_svc::shutdown_on_signals()).await

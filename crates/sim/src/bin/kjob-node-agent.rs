@@ -70,48 +70,39 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let Args {
-        nodes,
-        node_prefix,
-        kubelet,
-        max_pods,
-        lease_renew_interval,
-        status_interval,
-        pod_run_time,
-        pod_start_delay,
-        crash_loop_backoff,
-        kubeconfig,
-    } = args;
     // HTTP/1.1, one connection per request in flight, as in every earlier benchmark: the node
     // agent is the benchmarks' kubelet for every configuration, kjob's and upstream's alike, and
     // its many nodes' watch and status writes over one HTTP/2 connection made kube-apiserver
     // close more watches as too slow for every client.
-    let client =
-        kjob_svc::KubeClientArgs { kubeconfig, kube_timeout_seconds: 30, kube_http1_only: true }
-            .client()
-            .await?;
-    let names: Vec<String> = (0..nodes).map(|i| format!("{node_prefix}-{i}")).collect();
+    let client = kjob_svc::KubeClientArgs {
+        kubeconfig: args.kubeconfig,
+        kube_timeout_seconds: 30,
+        kube_http1_only: true,
+    }
+    .client()
+    .await?;
+    let names: Vec<String> = (0..args.nodes).map(|i| format!("{}-{i}", args.node_prefix)).collect();
     for name in &names {
-        register(&client, name, max_pods).await?;
+        register(&client, name, args.max_pods).await?;
         renew_lease(&client, name).await?;
     }
-    tracing::info!(nodes = names.len(), kubelet = ?kubelet, "nodes registered");
+    tracing::info!(nodes = names.len(), kubelet = ?args.kubelet, "nodes registered");
     let shutdown = kjob_svc::shutdown_on_signals();
-    let pods = (kubelet == KubeletMode::On).then(|| {
+    let pods = (args.kubelet == KubeletMode::On).then(|| {
         let cfg = kjob_sim::kubelet::KubeletConfig {
-            node_prefix: node_prefix.clone(),
-            nodes,
+            node_prefix: args.node_prefix.clone(),
+            nodes: args.nodes,
             schedule: false,
             only_own_nodes: true,
-            run_time: pod_run_time,
-            start_delay: pod_start_delay,
-            crash_loop_backoff,
+            run_time: args.pod_run_time,
+            start_delay: args.pod_start_delay,
+            crash_loop_backoff: args.crash_loop_backoff,
             ..Default::default()
         };
         kjob_sim::kubelet::spawn_with_client(client.clone(), cfg, shutdown.child_token())
     });
-    let mut leases = tokio::time::interval(lease_renew_interval);
-    let mut status = tokio::time::interval(status_interval);
+    let mut leases = tokio::time::interval(args.lease_renew_interval);
+    let mut status = tokio::time::interval(args.status_interval);
     leases.tick().await;
     status.tick().await;
     loop {
@@ -126,7 +117,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             _ = status.tick() => {
                 for name in &names {
-                    if let Err(e) = write_status(&client, name, max_pods).await {
+                    if let Err(e) = write_status(&client, name, args.max_pods).await {
                         tracing::warn!(node = %name, error = %e, "node status heartbeat failed");
                     }
                 }
