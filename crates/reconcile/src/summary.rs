@@ -192,13 +192,13 @@ impl SummarizedPods {
 
     /// Keeps only the pods `keep` accepts (with their summaries), in order.
     pub fn retain(&mut self, mut keep: impl FnMut(&Pod) -> bool) {
-        let (pods, summaries) =
-            (std::mem::take(&mut self.pods), std::mem::take(&mut self.summaries));
-        for (pod, summary) in pods.into_iter().zip(summaries) {
-            if keep(&pod) {
-                self.push_summarized(pod, summary);
-            }
-        }
+        // In place: nothing moves while every pod is kept, and what follows a dropped pod moves
+        // once (a rebuild regrew both vectors from empty and copied the pods at each doubling).
+        let kept: Vec<bool> = self.pods.iter().map(&mut keep).collect();
+        let mut pods_kept = kept.iter();
+        self.pods.retain(|_| pods_kept.next().copied().unwrap_or(true));
+        let mut summaries_kept = kept.iter();
+        self.summaries.retain(|_| summaries_kept.next().copied().unwrap_or(true));
     }
 
     /// The pods with their summaries, by value.
@@ -321,6 +321,25 @@ mod tests {
                 prop_assert_eq!(s.finished_at(), None);
             }
         }
+    }
+
+    #[test]
+    fn retain_keeps_pods_and_summaries_together_in_order() {
+        let job = mk_job("j").indexed().completions(Some(5)).build();
+        let mut pods = SummarizedPods::with_capacity(5);
+        for i in 0..5 {
+            pods.push(mk_pod(&job, &format!("p{i}")).index(i).build());
+        }
+        pods.retain(|_| true);
+        assert_eq!(pods.len(), 5);
+        pods.retain(|p| p.metadata.name.as_deref() != Some("p1"));
+        pods.retain(|p| p.metadata.name.as_deref() != Some("p4"));
+        let names: Vec<_> = pods.pods().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["p0", "p2", "p3"]);
+        let indexes: Vec<_> = pods.summaries().iter().map(PodSummary::index).collect();
+        assert_eq!(indexes, [Some(0), Some(2), Some(3)]);
+        pods.retain(|_| false);
+        assert!(pods.is_empty() && pods.summaries().is_empty());
     }
 
     #[test]

@@ -624,12 +624,19 @@ fn decode_view(v: kjob_queue_client::v1::GetJobViewResponse) -> Result<ViewRead,
     }
     let mut decoded = Vec::with_capacity(v.pods.len());
     for p in &v.pods {
-        decoded.push(serde_json::from_slice::<Pod>(p).map_err(|e| format!("pod: {e}"))?);
+        decoded.push(Some(serde_json::from_slice::<Pod>(p).map_err(|e| format!("pod: {e}"))?));
     }
-    decoded.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    // In name order, as a LIST returns them. A Pod is kilobytes inline, so the order is sorted
+    // as indices and each pod moved once (sorting the pods moved each ~log n times: a quarter
+    // of a worker's CPU on a 5,000-pod Job went to memmove).
+    let name = |i: &usize| decoded[*i].as_ref().and_then(|p| p.metadata.name.as_deref());
+    let mut order: Vec<usize> = (0..decoded.len()).collect();
+    order.sort_by(|a, b| name(a).cmp(&name(b)));
     let mut pods = SummarizedPods::with_capacity(decoded.len());
-    for p in decoded {
-        pods.push(p);
+    for i in order {
+        if let Some(p) = decoded[i].take() {
+            pods.push(p);
+        }
     }
     let backoff = v.records.into_iter().find(|r| r.name == BACKOFF_RECORD).map(|r| r.value);
     Ok(ViewRead {
@@ -722,6 +729,27 @@ mod tests {
     use kjob_reconcile::testutil::{mk_job, mk_pod};
 
     use super::*;
+
+    #[test]
+    fn view_pods_come_in_name_order_with_their_summaries() {
+        let job = mk_job("pi").indexed().completions(Some(4)).build();
+        let pods: Vec<Vec<u8>> = [("c", 2), ("a", 0), ("d", 3), ("b", 1)]
+            .iter()
+            .map(|(n, i)| serde_json::to_vec(&mk_pod(&job, n).index(*i).build()).unwrap())
+            .collect();
+        let view = kjob_queue_client::v1::GetJobViewResponse {
+            job: serde_json::to_vec(&job).unwrap(),
+            job_uid: job.metadata.uid.clone().unwrap(),
+            pods,
+            ..Default::default()
+        };
+        let read = decode_view(view).unwrap();
+        let names: Vec<_> =
+            read.pods.pods().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["a", "b", "c", "d"]);
+        let indexes: Vec<_> = read.pods.summaries().iter().map(|s| s.index()).collect();
+        assert_eq!(indexes, [Some(0), Some(1), Some(2), Some(3)]);
+    }
 
     #[test]
     fn adoption_patch_shape() {
