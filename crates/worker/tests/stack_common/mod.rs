@@ -200,6 +200,8 @@ pub fn spawn_evictor(
     /// Evictions in flight at once: one at a time, a round of 50 on a loaded real server took
     /// longer than the pods' runs, so pods listed Running had succeeded when their turn came.
     const EVICTIONS_IN_FLIGHT: usize = 16;
+    /// Tries of one eviction whose request failed before reaching the server.
+    const EVICT_ATTEMPTS: usize = 5;
     let api: Api<Pod> = Api::namespaced(client, ns);
     let tracker = tracker.clone();
     tokio::spawn(async move {
@@ -235,12 +237,25 @@ pub fn spawn_evictor(
                     let api = api.clone();
                     async move {
                         let params = kube::api::EvictParams::default();
-                        let evict = api.evict(&name, &params);
-                        let error = match tokio::time::timeout(API_TIMEOUT, evict).await {
-                            Ok(Ok(_)) => None,
-                            Ok(Err(e)) => Some(format!("{name}: {e}")),
-                            Err(_) => Some(format!("{name}: timed out")),
-                        };
+                        let mut error = None;
+                        // A request that never reached the server (a pooled connection the
+                        // loaded server had closed: `client error (SendRequest)`) is sent
+                        // again at once: waiting for the next round let 20 s pods finish
+                        // un-evicted.
+                        for _ in 0..EVICT_ATTEMPTS {
+                            let evict = api.evict(&name, &params);
+                            error = match tokio::time::timeout(API_TIMEOUT, evict).await {
+                                Ok(Ok(_)) => None,
+                                Ok(Err(kube::Error::Service(e))) => {
+                                    error = Some(format!("{name}: ServiceError: {e}"));
+                                    tokio::time::sleep(Duration::from_millis(100)).await;
+                                    continue;
+                                }
+                                Ok(Err(e)) => Some(format!("{name}: {e}")),
+                                Err(_) => Some(format!("{name}: timed out")),
+                            };
+                            break;
+                        }
                         (job, error)
                     }
                 })
