@@ -84,6 +84,12 @@ pub struct PodTracker {
 #[derive(Clone, Default)]
 struct Seen {
     job: String,
+    /// The pod's name.
+    name: String,
+    /// The pod's kjob-chaos kind label (`ignore`, `fail`, ...).
+    kind: String,
+    /// Whether the pod is being deleted or is gone.
+    deleting: bool,
     /// The last phase seen.
     phase: String,
     /// Whether any version carried `DisruptionTarget=True`: the server's mark of an eviction
@@ -102,9 +108,9 @@ impl PodTracker {
             let mut ready = Some(ready_tx);
             let mut stream = watcher(api, watcher::Config::default()).boxed();
             while let Some(ev) = stream.next().await {
-                let pod = match ev {
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
-                    Ok(watcher::Event::Delete(p)) => p,
+                let (pod, deleted) = match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
                     Ok(watcher::Event::InitDone) => {
                         if let Some(tx) = ready.take() {
                             let _ = tx.send(());
@@ -127,6 +133,10 @@ impl PodTracker {
                 let mut seen = out.lock().unwrap();
                 let entry = seen.entry(uid).or_default();
                 entry.job = job;
+                entry.name = pod.metadata.name.clone().unwrap_or_default();
+                let labels = pod.metadata.labels.as_ref();
+                entry.kind = labels.and_then(|l| l.get(KIND_LABEL)).cloned().unwrap_or_default();
+                entry.deleting = deleted || pod.metadata.deletion_timestamp.is_some();
                 entry.phase = phase;
                 entry.disrupted |= disrupted;
             }
@@ -149,6 +159,23 @@ impl PodTracker {
     pub fn disrupted_jobs(&self) -> BTreeSet<String> {
         let seen = self.seen.lock().unwrap();
         seen.values().filter(|s| s.disrupted).map(|s| s.job.clone()).collect()
+    }
+
+    /// Per Job with pods of kind `kind`, the name of one pod last seen Running and not being
+    /// deleted (the first by name, so repeated calls pick the same pod).
+    pub fn running_pods_of_kind(&self, kind: &str) -> BTreeMap<String, String> {
+        let seen = self.seen.lock().unwrap();
+        let mut out: BTreeMap<String, String> = BTreeMap::new();
+        for s in seen.values() {
+            if s.kind != kind || s.phase != "Running" || s.deleting {
+                continue;
+            }
+            let name = out.entry(s.job.clone()).or_insert_with(|| s.name.clone());
+            if s.name < *name {
+                *name = s.name.clone();
+            }
+        }
+        out
     }
 
     /// Pods whose last seen phase is Failed, per Job name.
@@ -206,30 +233,12 @@ pub fn spawn_evictor(
     let tracker = tracker.clone();
     tokio::spawn(async move {
         let mut failures: BTreeMap<String, String> = BTreeMap::new();
-        let lp = ListParams::default().labels(&format!("{KIND_LABEL}=ignore"));
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let pods = match tokio::time::timeout(API_TIMEOUT, api.list(&lp)).await {
-                Ok(Ok(l)) => l.items,
-                Ok(Err(e)) => {
-                    failures.insert("(list)".into(), e.to_string());
-                    vec![]
-                }
-                Err(_) => {
-                    failures.insert("(list)".into(), "timed out".into());
-                    vec![]
-                }
-            };
+            // The running pods come from the tracker's watch, not a LIST per round: on a loaded
+            // real server that LIST timed out round after round (a CI run evicted 39 of 50).
             let done = tracker.disrupted_jobs();
-            // One running pod per Job not yet evicted.
-            let mut round: BTreeMap<String, String> = BTreeMap::new();
-            for p in pods {
-                let job = job_name_of(&p);
-                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-                if !running || p.metadata.deletion_timestamp.is_some() || done.contains(&job) {
-                    continue;
-                }
-                round.entry(job).or_insert_with(|| p.metadata.name.clone().unwrap_or_default());
-            }
+            let mut round = tracker.running_pods_of_kind("ignore");
+            round.retain(|job, _| !done.contains(job));
             // The Eviction API, as `kubectl drain` uses it: the server adds
             // DisruptionTarget (EvictionByEvictionAPI) and deletes the pod gracefully.
             let outcomes: Vec<(String, Option<String>)> = futures::stream::iter(round)
