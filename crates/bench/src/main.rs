@@ -27,7 +27,7 @@ const CDF_POINTS: usize = 400;
 
 /// Whole-stack benchmark of kjob (issue 8).
 #[derive(Debug, Parser)]
-#[command(name = "kjob-bench", version)]
+#[command(name = "kjob-bench", version, args_override_self = true)]
 struct Args {
     #[command(flatten)]
     run: RunArgs,

@@ -11,7 +11,7 @@ use kjob_svc::parse_duration;
 
 /// Runs mixed Jobs through the real kjob processes under seeded faults; exits 1 on any violation.
 #[derive(Debug, Parser)]
-#[command(name = "kjob-chaos", version)]
+#[command(name = "kjob-chaos", version, args_override_self = true)]
 struct Args {
     /// Seed of the workload and the fault schedule.
     #[arg(long, default_value_t = 1)]

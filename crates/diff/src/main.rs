@@ -11,6 +11,7 @@ use kjob_testkit::cluster::JobController;
 
 /// Runs cases under the upstream Job controller and under kjob and compares them.
 #[derive(Debug, Parser)]
+#[command(args_override_self = true)]
 struct Args {
     /// Seed of the generated cases.
     #[arg(long, default_value_t = 1)]
@@ -157,4 +158,19 @@ async fn main() -> anyhow::Result<()> {
     println!("{}", report::summary(&results));
     let (_, _, different, _) = report::counts(&results);
     std::process::exit(if different > 0 { 1 } else { 0 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `make diff-upstream` passes `--bin-dir` and `--out` before `DIFF_ARGS`: the user's flags
+    /// must win, not be refused as given twice.
+    #[test]
+    fn a_flag_given_again_overrides_the_first() {
+        let a = Args::try_parse_from(["x", "--out", "target/diff", "--out", "/tmp/d"]).unwrap();
+        assert_eq!(a.out, PathBuf::from("/tmp/d"));
+        let a = Args::try_parse_from(["x", "--cases", "300", "--cases", "5"]).unwrap();
+        assert_eq!(a.cases, 5);
+    }
 }

@@ -27,7 +27,7 @@ const CDF_POINTS: usize = 300;
 
 /// kjob vs upstream's Job controller on a real kube-apiserver.
 #[derive(Debug, Parser)]
-#[command(name = "kjob-bench-upstream", version)]
+#[command(name = "kjob-bench-upstream", version, args_override_self = true)]
 struct Args {
     #[command(flatten)]
     run: RunArgs,
@@ -425,5 +425,19 @@ mod tests {
         assert_eq!((s.burst_jobs, s.indexed_completions, s.indexed_parallelism), (2000, 5000, 500));
         assert_eq!((s.steady_jobs, s.passes), (300, 2));
         assert_eq!(a.configs, ["a", "c", "b", "d", "bj"]);
+    }
+
+    /// `make bench-upstream` passes `--bin-dir` and `--out` before `BENCH_ARGS`: the user's
+    /// flags must win, not be refused as given twice.
+    #[test]
+    fn a_flag_given_again_overrides_the_first() {
+        let a =
+            Args::try_parse_from(["x", "--out", "target/bench", "--out", "/tmp/b", "--passes=1"])
+                .unwrap();
+        assert_eq!(a.run.out, std::path::PathBuf::from("/tmp/b"));
+        let a =
+            Args::try_parse_from(["x", "--bin-dir", "target/release", "--bin-dir", "/opt/kjob"])
+                .unwrap();
+        assert_eq!(a.run.bin_dir, std::path::PathBuf::from("/opt/kjob"));
     }
 }
