@@ -530,6 +530,26 @@ pub fn ratios(figures: &[ConfigFigures]) -> BTreeMap<String, Option<f64>> {
     out
 }
 
+/// The [`ratios`] of each pass alone (pass 1 first), from that pass's runs only: the
+/// run-to-run spread behind each mean ratio. A single run of one configuration moves by ±10 %
+/// on two cores, so a mean ratio near its target says little unless the passes agree.
+pub fn ratios_per_pass(
+    configs: &[Configuration],
+    runs: &[RunFigures],
+) -> BTreeMap<String, Vec<Option<f64>>> {
+    let passes = runs.iter().map(|r| r.pass).max().unwrap_or(0);
+    let mut out: BTreeMap<String, Vec<Option<f64>>> = BTreeMap::new();
+    for pass in 1..=passes {
+        let of_pass: Vec<RunFigures> = runs.iter().filter(|r| r.pass == pass).cloned().collect();
+        let figures: Vec<ConfigFigures> =
+            configs.iter().map(|c| summarize_config(c, &of_pass)).collect();
+        for (key, r) in ratios(&figures) {
+            out.entry(key).or_default().push(r);
+        }
+    }
+    out
+}
+
 /// One target judged.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
@@ -543,17 +563,28 @@ pub struct Verdict {
     pub goal: String,
     /// Whether the target is met (false when unmeasured).
     pub met: bool,
+    /// The ratio of each pass alone ([`ratios_per_pass`]).
+    pub per_pass: Vec<Option<f64>>,
+    /// Whether every measured pass lands on the same side of the goal as the mean ratio (true
+    /// with fewer than two measured passes): when false the verdict is within the noise.
+    pub passes_agree: bool,
 }
 
-/// Every ratio against its target.
-pub fn verdicts(ratios: &BTreeMap<String, Option<f64>>) -> Vec<Verdict> {
+/// Every ratio against its target, with the per-pass ratios behind it.
+pub fn verdicts(
+    ratios: &BTreeMap<String, Option<f64>>,
+    per_pass: &BTreeMap<String, Vec<Option<f64>>>,
+) -> Vec<Verdict> {
     let mut out = Vec::new();
     for suffix in ["1w", "2w"] {
         for h in &HEADLINES {
             let key = format!("{}_{suffix}", h.key);
             let goal = if suffix == "1w" { h.goal_1w } else { h.goal_2w };
+            let meets = |r: f64| if h.higher_is_better { r >= goal } else { r <= goal };
             let r = ratios.get(&key).copied().flatten();
-            let met = r.is_some_and(|r| if h.higher_is_better { r >= goal } else { r <= goal });
+            let met = r.is_some_and(meets);
+            let passes = per_pass.get(&key).cloned().unwrap_or_default();
+            let passes_agree = r.is_none() || passes.iter().flatten().all(|&p| meets(p) == met);
             let op = if h.higher_is_better { ">=" } else { "<=" };
             out.push(Verdict {
                 key,
@@ -561,10 +592,21 @@ pub fn verdicts(ratios: &BTreeMap<String, Option<f64>>) -> Vec<Verdict> {
                 ratio: r,
                 goal: format!("{op} {goal}"),
                 met,
+                per_pass: passes,
+                passes_agree,
             });
         }
     }
     out
+}
+
+/// The report's word for a verdict: `yes`, `no`, or `undecided` when the passes disagree.
+fn verdict_word(v: &Verdict) -> &'static str {
+    match (v.met, v.passes_agree) {
+        (_, false) => "undecided",
+        (true, true) => "yes",
+        (false, true) => "no",
+    }
 }
 
 /// A PNG of the report with its caption.
@@ -712,18 +754,28 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     );
 
     let _ = writeln!(s, "\n## Targets (kjob ÷ upstream tuned)\n");
-    let _ = writeln!(s, "| ratio | what | measured | goal | met |\n|---|---|---:|---|---|");
+    let _ = writeln!(
+        s,
+        "| ratio | what | measured | per pass | goal | met |\n|---|---|---:|---:|---|---|"
+    );
     for v in &r.verdicts {
+        let passes: Vec<String> = v.per_pass.iter().map(|p| fmt_opt(*p, 2)).collect();
         let _ = writeln!(
             s,
-            "| `{}` | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {} |",
             v.key,
             v.what,
             fmt_opt(v.ratio, 2),
+            passes.join(", "),
             v.goal,
-            if v.met { "yes" } else { "no" }
+            verdict_word(v)
         );
     }
+    let _ = writeln!(
+        s,
+        "\n*met*: the mean ratio against the goal; `undecided` where single passes fall on both \
+         sides of it (one run moves by about ±10 % on two cores)."
+    );
 
     let _ = writeln!(s, "\n## API requests per pod by verb and resource\n");
     let mut keys: Vec<&String> = r.figures.iter().flat_map(|f| f.requests_per_pod.keys()).collect();
@@ -931,7 +983,10 @@ mod tests {
         assert_eq!(r["apiserver_bytes_sent_per_pod_1w"], Some(1.0));
         assert_eq!(r["p99_first_pod_1w"], Some(1.0));
         assert_eq!(r["pods_per_s_2w"], None);
-        let v = verdicts(&r);
+        let per_pass = ratios_per_pass(&[cfg("b"), cfg("c"), cfg("d")], &runs);
+        assert_eq!(per_pass["pods_per_s_1w"], vec![Some(2.0)], "one pass");
+        let v = verdicts(&r, &per_pass);
+        assert!(v.iter().all(|x| x.passes_agree), "a single pass agrees with itself");
         let met = |k: &str| v.iter().find(|x| x.key == k).unwrap().met;
         assert!(met("pods_per_s_1w"));
         assert!(!met("apiserver_etcd_cpu_per_pod_1w"));
@@ -953,5 +1008,56 @@ mod tests {
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["ratios"]["pods_per_s_1w"], 2.0);
         assert!(json["ratios"]["pods_per_s_2w"].is_null());
+    }
+
+    #[test]
+    fn passes_on_both_sides_of_a_goal_leave_it_undecided() {
+        let in_pass = |mut r: RunFigures, pass: usize| {
+            r.pass = pass;
+            r
+        };
+        // Upstream 10 pods/s in both passes; kjob 20 pods/s in pass 1, 5 in pass 2: the mean
+        // ratio (12.5 / 10) meets the 1w goal of 1.0, the second pass alone does not.
+        let runs = vec![
+            in_pass(run("b", Workload::Burst, 100, 10.0, 10.0), 1),
+            in_pass(run("c", Workload::Burst, 100, 5.0, 10.0), 1),
+            in_pass(run("c", Workload::Burst, 100, 20.0, 10.0), 2),
+            in_pass(run("b", Workload::Burst, 100, 10.0, 10.0), 2),
+        ];
+        let configs = [cfg("b"), cfg("c")];
+        let figs: Vec<ConfigFigures> = configs.iter().map(|c| summarize_config(c, &runs)).collect();
+        let r = ratios(&figs);
+        assert_eq!(r["pods_per_s_1w"], Some(1.25));
+        let per_pass = ratios_per_pass(&configs, &runs);
+        assert_eq!(per_pass["pods_per_s_1w"], vec![Some(2.0), Some(0.5)]);
+        assert_eq!(per_pass["pods_per_s_2w"], vec![None, None]);
+        let v = verdicts(&r, &per_pass);
+        let pods = v.iter().find(|x| x.key == "pods_per_s_1w").unwrap();
+        assert!(pods.met);
+        assert!(!pods.passes_agree);
+        assert_eq!(verdict_word(pods), "undecided");
+        // Same CPU per pod in both passes: both at 1.0 (<= 1.2), so they agree.
+        let cpu = v.iter().find(|x| x.key == "apiserver_etcd_cpu_per_pod_1w").unwrap();
+        assert_eq!((cpu.met, cpu.passes_agree, verdict_word(cpu)), (true, true, "yes"));
+        let unmeasured = v.iter().find(|x| x.key == "pods_per_s_2w").unwrap();
+        assert_eq!(verdict_word(unmeasured), "no");
+
+        let report = UpstreamReport {
+            configurations: configs.to_vec(),
+            figures: figs,
+            ratios: r,
+            verdicts: v,
+            runs,
+            ..Default::default()
+        };
+        let md = render_markdown(&report);
+        assert!(
+            md.contains("| `pods_per_s_1w` | pods created/s (burst) | 1.25 | 2.00, 0.50 | >= 1 | undecided |"),
+            "{md}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        let first = &json["verdicts"][0];
+        assert!(first["per_pass"].is_array(), "{first}");
+        assert!(first["passes_agree"].is_boolean());
     }
 }

@@ -259,7 +259,8 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
     }
     report.figures = configs.iter().map(|c| upstream::summarize_config(c, &report.runs)).collect();
     report.ratios = upstream::ratios(&report.figures);
-    report.verdicts = upstream::verdicts(&report.ratios);
+    let per_pass = upstream::ratios_per_pass(&configs, &report.runs);
+    report.verdicts = upstream::verdicts(&report.ratios, &per_pass);
     report.charts = draw_charts(&out, &report.figures, &observed).unwrap_or_else(|e| {
         tracing::error!(error = %e, "charts not drawn");
         Vec::new()
