@@ -173,10 +173,17 @@ fn req() -> impl Strategy<Value = Req> {
         (text(), -1i32..5).prop_map(|(session, phase)| Req::Session { session, phase }),
         (
             (text(), any::<u32>(), count(), 0u64..50, text()),
-            (any::<bool>(), proptest::collection::vec(text(), 0..20))
+            (
+                any::<bool>(),
+                proptest::collection::vec(text(), 0..20),
+                proptest::collection::vec(done(), 0..3)
+            )
         )
             .prop_map(
-                |((queue, max_items, lease_ms, wait_ms, worker_id), (with_views, view_records))| {
+                |(
+                    (queue, max_items, lease_ms, wait_ms, worker_id),
+                    (with_views, view_records, dones),
+                )| {
                     Req::Lease(v1::LeaseRequest {
                         queue,
                         max_items,
@@ -185,6 +192,7 @@ fn req() -> impl Strategy<Value = Req> {
                         worker_id,
                         with_views,
                         view_records,
+                        dones: dones.into_iter().map(Done::into_proto).collect(),
                     })
                 }
             ),

@@ -151,6 +151,26 @@ impl DoneItem {
     }
 }
 
+/// One result per Done, as [`QueueClient::done`] returns it.
+pub type DoneResults = Vec<Result<v1::DoneResponse, ClientError>>;
+
+/// What a [`QueueClient::lease_finishing`] call asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCall<'a> {
+    /// Queue name.
+    pub queue: &'a str,
+    /// Most keys to lease.
+    pub max_items: u32,
+    /// Lease duration.
+    pub lease: Duration,
+    /// Long-poll wait for the first ready key.
+    pub wait: Duration,
+    /// Identity of the lessee.
+    pub worker_id: &'a str,
+    /// Job queue only: bring each key's view with these per-Job records.
+    pub records: Option<&'a [&'a str]>,
+}
+
 /// Maps one DoneBatch item result onto what [`QueueClient::done`] would have returned.
 fn done_item_result(r: v1::DoneItemResult) -> Result<v1::DoneResponse, ClientError> {
     match Code::from(r.code) {
@@ -159,8 +179,9 @@ fn done_item_result(r: v1::DoneItemResult) -> Result<v1::DoneResponse, ClientErr
     }
 }
 
-/// The Done request finishing lease `lease_id` of `key` with `outcome`.
-fn done_request(
+/// The Done request finishing lease `lease_id` of `key` with `outcome`, writing
+/// `view_write_back` into the Job's view first (Job queue only).
+pub fn done_request(
     queue: &str,
     key: &str,
     lease_id: &str,
@@ -308,6 +329,33 @@ impl QueueClient {
         outcome: Outcome,
     ) -> Result<v1::DoneResponse, ClientError> {
         self.done_writing_back(queue, key, lease_id, outcome, None).await
+    }
+
+    /// Leases up to `max_items` keys of `queue` (with their views and `records` when `records`
+    /// is given; Job queue only) after finishing the leases of `dones` in the same call (at most
+    /// [`MAX_DONE_BATCH`]), so a lessee hands in its finished leases with the call that refills
+    /// its slots. Besides the leased items, one result per Done as [`Self::done`] would return
+    /// it (a stale lease is [`ClientError::LeaseLost`] for that item only), or `None` when the
+    /// server answered none: it predates carried Dones and ignored them, so the caller must send
+    /// them on their own. An error is the call's (nothing leased; the Dones may or may not have
+    /// been applied, so the caller sends them again, and any applied meanwhile come back stale).
+    pub async fn lease_finishing(
+        &self,
+        request: LeaseCall<'_>,
+        dones: Vec<v1::DoneRequest>,
+    ) -> Result<(Vec<v1::LeasedItem>, Option<DoneResults>), ClientError> {
+        let LeaseCall { queue, max_items, lease, wait, worker_id, records } = request;
+        let carried = dones.len();
+        let msg = v1::LeaseRequest {
+            with_views: records.is_some(),
+            view_records: records.unwrap_or_default().iter().map(|r| owned(r)).collect(),
+            dones,
+            ..lease_request(queue, max_items, lease, wait, worker_id)
+        };
+        let resp = rpc!(self, queue.lease(msg), wait + REQUEST_TIMEOUT).await?;
+        let results = (resp.done_results.len() == carried)
+            .then(|| resp.done_results.into_iter().map(done_item_result).collect());
+        Ok((resp.items, results))
     }
 
     /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of

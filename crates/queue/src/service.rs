@@ -354,6 +354,15 @@ impl QueueService {
         if with_views {
             view_records(&r.view_records)?;
         }
+        if r.dones.len() > validate::MAX_DONE_BATCH {
+            return Err(invalid(format!(
+                "a Lease carries at most {} dones, got {}",
+                validate::MAX_DONE_BATCH,
+                r.dones.len()
+            )));
+        }
+        // The lessee's finished leases first: their keys may be ready again for this very call.
+        let done_results = self.apply_dones(&r.dones, "dones item").await?;
         let batch = tokio::select! {
             res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
                 Some(res?)
@@ -397,7 +406,7 @@ impl QueueService {
                 it.view = view;
             }
         }
-        Ok(v1::LeaseResponse { items })
+        Ok(v1::LeaseResponse { items, done_results })
     }
 
     async fn renew_rpc(&self, r: v1::RenewRequest) -> Result<v1::RenewResponse, Refused> {
@@ -444,13 +453,26 @@ impl QueueService {
         &self,
         r: v1::DoneBatchRequest,
     ) -> Result<v1::DoneBatchResponse, Refused> {
-        let items = r.items;
-        validate::done_batch_len(items.len())?;
-        // Validate everything first: a malformed batch is refused whole and changes nothing.
+        validate::done_batch_len(r.items.len())?;
+        let results = self.apply_dones(&r.items, "item").await?;
+        Ok(v1::DoneBatchResponse { results })
+    }
+
+    /// Validates `items` (all of them first: a malformed one refuses the call and changes
+    /// nothing; `what` names an item in the message), then finishes their leases: one result
+    /// per item, in order. The batch of DoneBatch and the Dones a Lease call carries.
+    async fn apply_dones(
+        &self,
+        items: &[v1::DoneRequest],
+        what: &str,
+    ) -> Result<Vec<v1::DoneItemResult>, Refused> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut per_queue: Vec<(&str, Vec<usize>, Vec<Done>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let done =
-                done_item(it).map_err(|e| invalid(format!("item {i} ({:?}): {e}", it.key)))?;
+                done_item(it).map_err(|e| invalid(format!("{what} {i} ({:?}): {e}", it.key)))?;
             match per_queue.iter_mut().find(|(q, _, _)| *q == it.queue) {
                 Some((_, idx, v)) => {
                     idx.push(i);
@@ -461,8 +483,8 @@ impl QueueService {
         }
         let mut write_backs = Vec::new();
         for (i, it) in items.iter().enumerate() {
-            if let Some(v) =
-                view_write_back(it).map_err(|e| invalid(format!("item {i} ({:?}): {e}", it.key)))?
+            if let Some(v) = view_write_back(it)
+                .map_err(|e| invalid(format!("{what} {i} ({:?}): {e}", it.key)))?
             {
                 write_backs.push(self.write_back(&it.key, v));
             }
@@ -504,7 +526,7 @@ impl QueueService {
                 };
             }
         }
-        Ok(v1::DoneBatchResponse { results })
+        Ok(results)
     }
 
     async fn stats_rpc(&self, r: v1::StatsRequest) -> Result<v1::StatsResponse, Refused> {

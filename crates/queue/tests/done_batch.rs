@@ -1,12 +1,14 @@
 //! DoneBatch through the typed client, on a single redis-server and on a 3-node Redis Cluster:
 //! per-item results (stale ids refused alone), dirty re-queue, rate-limited and requeue-after
-//! outcomes in one batch, items of both queues, and bad input refused whole.
+//! outcomes in one batch, items of both queues, and bad input refused whole; and the same Dones
+//! carried by a Lease call.
 
 use std::time::Duration;
 
 use kjob_queue::{Config, Listeners};
 use kjob_queue_client::{
-    ClientError, DoneItem, MAX_DONE_BATCH, Outcome, QueueClient, RetryPolicy, v1,
+    ClientError, DoneItem, LeaseCall, MAX_DONE_BATCH, Outcome, QueueClient, RetryPolicy,
+    done_request, v1,
 };
 use kjob_svc::Shutdown;
 use kjob_testkit::{RedisCluster, RedisServer};
@@ -219,5 +221,74 @@ async fn concurrent_batches_over_the_script_limit() {
     }
     let st = c.stats("job").await.unwrap();
     assert_eq!((st.leased, st.delayed, st.failing), (0, 600, 600));
+    r.stop().await;
+}
+
+/// A Lease call of `queue` for up to 10 keys that does not wait.
+fn lease_call(queue: &str) -> LeaseCall<'_> {
+    LeaseCall {
+        queue,
+        max_items: 10,
+        lease: LEASE,
+        wait: Duration::ZERO,
+        worker_id: "w",
+        records: None,
+    }
+}
+
+fn carried(queue: &str, key: &str, lease_id: &str, outcome: Outcome) -> v1::DoneRequest {
+    done_request(queue, key, lease_id, outcome, None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_call_finishes_the_dones_it_carries_first() {
+    let redis = RedisServer::start().unwrap();
+    let r = Running::start(redis.url()).await;
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    c.add(vec![add("job", "ns/a"), add("job", "ns/b"), add("orphan-pod", "ns/p")]).await.unwrap();
+    let ids = lease_all(&c, "job", &["ns/a", "ns/b"]).await;
+    let pid = lease_all(&c, "orphan-pod", &["ns/p"]).await.remove(0);
+    // ns/b is added again while leased: its Done makes it ready for the very same call.
+    c.add(vec![add("job", "ns/b")]).await.unwrap();
+    let dones = vec![
+        carried("job", "ns/a", &ids[0], Outcome::Forget),
+        carried("job", "ns/b", &ids[1], Outcome::Forget),
+        carried("job", "ns/zz", "1-1", Outcome::Forget), // never leased: stale
+        carried("orphan-pod", "ns/p", &pid, Outcome::RateLimited), // another queue's lease
+    ];
+    let (items, results) = c.lease_finishing(lease_call("job"), dones).await.unwrap();
+    let results = results.expect("a server that knows carried Dones answers one result each");
+    assert_eq!(results.len(), 4);
+    assert!(!results[0].as_ref().unwrap().requeued);
+    assert!(results[1].as_ref().unwrap().requeued);
+    assert!(matches!(&results[2], Err(ClientError::LeaseLost(m)) if m.contains("ns/zz")));
+    assert!(results[3].as_ref().unwrap().requeued);
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["ns/b"]);
+    assert_ne!(items[0].lease_id, ids[1], "a new lease of the dirty key");
+    let st = c.stats("job").await.unwrap();
+    assert_eq!((st.ready, st.leased, st.dirty), (0, 1, 0));
+    assert_eq!(c.stats("orphan-pod").await.unwrap().delayed, 1);
+
+    // Bad carried Dones refuse the whole call: nothing finished, nothing leased.
+    c.add(vec![add("job", "ns/c")]).await.unwrap();
+    let good = carried("job", "ns/b", &items[0].lease_id, Outcome::Forget);
+    let bad = |e: Result<_, ClientError>| match e {
+        Err(ClientError::InvalidArgument(m)) => m,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    let bad_key = carried("job", "bad", "1-1", Outcome::Forget);
+    let m = bad(c.lease_finishing(lease_call("job"), vec![good.clone(), bad_key]).await);
+    assert!(m.contains("dones item 1 (\"bad\")"), "{m}");
+    let m = bad(c.lease_finishing(lease_call("job"), vec![good.clone(); MAX_DONE_BATCH + 1]).await);
+    assert!(m.contains("at most 200 dones, got 201"), "{m}");
+    let st = c.stats("job").await.unwrap();
+    assert_eq!((st.ready, st.leased), (1, 1));
+    // No Dones: a plain Lease, with an empty result list.
+    let (items, results) = c.lease_finishing(lease_call("job"), vec![]).await.unwrap();
+    assert_eq!((items.len(), results.map(|r| r.len())), (1, Some(0)));
+    let (_, results) = c.lease_finishing(lease_call("job"), vec![good]).await.unwrap();
+    assert!(results.unwrap()[0].is_ok());
+    assert_eq!(c.stats("job").await.unwrap().leased, 1);
     r.stop().await;
 }

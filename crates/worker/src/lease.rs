@@ -1,18 +1,24 @@
 //! The lease loop: lease keys in batches, run up to `concurrency` syncs at once, renew long
 //! syncs, and finish every lease with exactly one Done.
 //!
+//! A finished sync leaves its Done with the loop (see [`Carry`]), and the Lease call that
+//! refills the freed slot carries it: one call instead of two per sync. A sync that ends while
+//! a Lease call is in flight waits for its answer only when it is expected soon (the previous
+//! call found keys for every slot) and at most [`CARRY_HOLD`]; during a long poll it sends its
+//! own Done at once, so a finished lease is never held back for long.
+//!
 //! The loop meets the queue service through [`LeaseSource`] and the syncs through [`Syncer`]
 //! ([`QueueClient`] and [`Worker`] in the service), so its timing (renew margin, shutdown grace,
 //! wind-down) is tested on tokio's paused clock without a process.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
-use kjob_core::JOB_QUEUE;
+use kjob_core::{JOB_QUEUE, MAX_DONE_BATCH};
 use kjob_queue_client::v1::{self, LeasedItem};
-use kjob_queue_client::{ClientError, Outcome, QueueClient};
+use kjob_queue_client::{ClientError, LeaseCall, Outcome, QueueClient, done_request};
 use kjob_svc::{Backoff, Shutdown};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -34,6 +40,10 @@ const LEASE_ERROR_BACKOFF: Backoff =
 /// lease) when renewals keep failing, so a worker cut off from the queue stops writing before
 /// another worker can take the key.
 const RENEW_SAFETY_MARGIN: Duration = Duration::from_millis(500);
+/// Longest a finished sync's Done waits for the Lease call in flight to answer so that it can
+/// ride the next one; past it the Done goes on its own. A Lease answers in milliseconds when
+/// keys are ready, so only a long poll or a struggling server outlasts it.
+const CARRY_HOLD: Duration = Duration::from_millis(50);
 /// After the shutdown grace, a sync gets this long to wind down (no new pod calls, one status
 /// write) before it is dropped outright.
 const WIND_DOWN_LIMIT: Duration = Duration::from_secs(10);
@@ -60,6 +70,17 @@ pub type View = Option<v1::GetJobViewResponse>;
 /// How a sync ended, and what it hands back.
 pub type Synced = (Result<SyncOutcome, SyncError>, WriteBack);
 
+/// A lease whose sync has ended, waiting for its Done.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The leased key (its view already taken).
+    pub item: LeasedItem,
+    /// How the lease ends.
+    pub outcome: Outcome,
+    /// The Job object to write into the shared view first.
+    pub back: WriteBack,
+}
+
 /// A call to the queue service.
 pub trait Call<T>: Future<Output = Result<T, ClientError>> + Send {}
 impl<T, F: Future<Output = Result<T, ClientError>> + Send> Call<T> for F {}
@@ -70,8 +91,18 @@ impl<F: Future<Output = Synced> + Send> SyncFuture for F {}
 
 /// The queue service as the lease loop uses it.
 pub trait LeaseSource: Clone + Send + Sync + 'static {
-    /// Leases up to `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`].
-    fn lease(&self, settings: &LeaseSettings, max_items: u32) -> impl Call<Vec<LeasedItem>>;
+    /// Finishes the leases of `finished` (each as [`Self::done`] would), then leases up to
+    /// `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`] if `wait`, in one
+    /// call. Returns
+    /// the leased keys and whether `finished` was applied (`false`: the server predates carried
+    /// Dones and ignored them; the loop then sends them on their own).
+    fn lease(
+        &self,
+        settings: &LeaseSettings,
+        max_items: u32,
+        finished: &[Finished],
+        wait: bool,
+    ) -> impl Call<(Vec<LeasedItem>, bool)>;
     /// Extends the lease of `item` by `lease`.
     fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()>;
     /// Finishes the lease of `item` with `end`, writing `back` into the Job's view first.
@@ -81,16 +112,35 @@ pub trait LeaseSource: Clone + Send + Sync + 'static {
 impl LeaseSource for QueueClient {
     /// Job keys come with their shared view (and the backoff record), so most syncs plan
     /// without another call.
-    fn lease(&self, settings: &LeaseSettings, max_items: u32) -> impl Call<Vec<LeasedItem>> {
+    fn lease(
+        &self,
+        settings: &LeaseSettings,
+        max_items: u32,
+        finished: &[Finished],
+        wait: bool,
+    ) -> impl Call<(Vec<LeasedItem>, bool)> {
         let LeaseSettings { queue, lease, worker_id, .. } = settings;
+        let dones = finished
+            .iter()
+            .map(|f| done_request(queue, &f.item.key, &f.item.lease_id, f.outcome, f.back.clone()))
+            .collect();
+        let ends: Vec<Outcome> = finished.iter().map(|f| f.outcome).collect();
         async move {
-            if *queue == JOB_QUEUE {
-                let records = [BACKOFF_RECORD];
-                self.lease_with_views(queue, max_items, *lease, LEASE_WAIT, worker_id, &records)
-                    .await
-            } else {
-                QueueClient::lease(self, queue, max_items, *lease, LEASE_WAIT, worker_id).await
+            const RECORDS: &[&str] = &[BACKOFF_RECORD];
+            let call = LeaseCall {
+                queue,
+                max_items,
+                lease: *lease,
+                wait: if wait { LEASE_WAIT } else { Duration::ZERO },
+                worker_id,
+                records: (*queue == JOB_QUEUE).then_some(RECORDS),
+            };
+            let (items, results) = self.lease_finishing(call, dones).await?;
+            let Some(results) = results else { return Ok((items, false)) };
+            for (outcome, r) in ends.into_iter().zip(results) {
+                log_done(outcome, r.map(drop));
             }
+            Ok((items, true))
         }
     }
 
@@ -138,6 +188,12 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
     let mut tasks = JoinSet::new();
     let mut failures = 0u32;
     let labels = Metrics::queue(settings.queue);
+    let carry = Arc::new(Carry::default());
+    // Dones handed to a Lease call that was abandoned at shutdown: maybe not applied.
+    let mut unsure = Vec::new();
+    // The last Lease call filled every slot it asked for: more keys are likely ready, so the
+    // next call should answer at once rather than long-poll.
+    let mut backlog = false;
     loop {
         reap(&mut tasks);
         // Wait for a free slot first: leasing keys nobody can work on would only let them expire.
@@ -153,17 +209,64 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
         // Shutdown abandons a waiting Lease call so the drain starts at once. Should the server
         // have leased keys in that instant, they come back when their lease expires: late,
         // never lost.
-        let lease = queue.lease(&settings, asked);
-        let res = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = lease => r,
+        let Start { carried: finished, overflow, wait, hold } = carry.start_lease(backlog);
+        if !overflow.is_empty() {
+            tokio::spawn(finish_all(queue.clone(), settings.queue, overflow));
+        }
+        let res = {
+            let lease = queue.lease(&settings, asked, &finished, wait);
+            tokio::pin!(lease);
+            // Dones of syncs ending meanwhile wait for this call's answer and ride the next
+            // one, unless it is still out after CARRY_HOLD (a long poll, or a slow server).
+            let give_up = tokio::time::sleep(CARRY_HOLD);
+            tokio::pin!(give_up);
+            let mut holding = hold;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break None,
+                    r = &mut lease => break Some(r),
+                    () = &mut give_up, if holding => {
+                        holding = false;
+                        let held = carry.stop_holding();
+                        if !held.is_empty() {
+                            tokio::spawn(finish_all(queue.clone(), settings.queue, held));
+                        }
+                    }
+                }
+            }
         };
+        let Some(res) = res else {
+            unsure = finished;
+            break;
+        };
+        carry.end_lease();
         let items = match res {
-            Ok(items) => {
+            Ok((items, applied)) => {
                 failures = 0;
+                backlog = items.len() >= slots.len();
+                if applied && !finished.is_empty() {
+                    carry.prove();
+                    let carried = worker.metrics().dones_carried.get_or_create(&labels);
+                    carried.inc_by(finished.len() as u64);
+                }
+                if !applied {
+                    // A server from before carried Dones: stop carrying them.
+                    tracing::warn!(
+                        "the queue service ignored the Dones carried by Lease; sending each on its own from now on"
+                    );
+                    let mut all = finished;
+                    all.extend(carry.close());
+                    finish_all(queue.clone(), settings.queue, all).await;
+                }
                 items
             }
             Err(e) => {
+                // Applied or not, they go again on their own (a repeat comes back stale), with
+                // those held for this call; until the next call every Done goes on its own.
+                let mut all = finished;
+                all.extend(carry.pause());
+                tokio::spawn(finish_all(queue.clone(), settings.queue, all));
+                backlog = false;
                 let backoff = LEASE_ERROR_BACKOFF.delay(failures);
                 tracing::warn!(queue = settings.queue, error = %e, ?backoff, "lease failed; retrying");
                 drop(slots);
@@ -171,6 +274,7 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
                 }
+                carry.end_lease();
                 failures = failures.saturating_add(1);
                 continue;
             }
@@ -200,12 +304,118 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
                     item,
                     slot,
                     hand_back.clone(),
+                    carry.clone(),
                 )
                 .instrument(span),
             );
         }
     }
+    // From here every sync sends its own Done; what was waiting for a Lease goes now.
+    unsure.extend(carry.close());
+    finish_all(queue.clone(), settings.queue, unsure).await;
     drain(tasks, hand_back, settings.shutdown_grace, settings.queue).await;
+}
+
+/// How a Lease call starts (see [`Carry::start_lease`]).
+struct Start {
+    /// The Dones it carries (at most [`MAX_DONE_BATCH`]).
+    carried: Vec<Finished>,
+    /// Dones beyond that, to be sent on their own.
+    overflow: Vec<Finished>,
+    /// Whether it may long-poll.
+    wait: bool,
+    /// Whether Dones of syncs ending meanwhile wait for it (up to [`CARRY_HOLD`]).
+    hold: bool,
+}
+
+/// Dones waiting for the loop's next Lease call.
+#[derive(Default)]
+struct Carry {
+    state: Mutex<CarryState>,
+}
+
+#[derive(Default)]
+struct CarryState {
+    /// A Lease call is in flight (or the loop backs off after a failed one).
+    leasing: bool,
+    /// The Lease call in flight is expected to answer soon: a Done now waits for it and rides
+    /// the next one. Otherwise (a long poll) it goes on its own.
+    hold: bool,
+    /// No more Lease calls will carry Dones (shutdown, or a server without the field).
+    closed: bool,
+    /// The server has applied carried Dones (so it knows the field).
+    proven: bool,
+    pending: Vec<Finished>,
+}
+
+impl Carry {
+    /// Leaves `f` for the next Lease call; gives it back when it must go on its own. The
+    /// caller frees its slot afterwards, which wakes the loop for that call.
+    fn offer(&self, f: Finished) -> Option<Finished> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.closed || (st.leasing && !st.hold) {
+            return Some(f);
+        }
+        st.pending.push(f);
+        None
+    }
+
+    /// A Lease call begins, after one that filled every slot (`backlog`) or not.
+    fn start_lease(&self, backlog: bool) -> Start {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut carried = std::mem::take(&mut st.pending);
+        let overflow = carried.split_off(carried.len().min(MAX_DONE_BATCH));
+        // Until the server has shown it applies carried Dones, a call carrying some does not
+        // long-poll: a server that ignores them must say so at once, not after LEASE_WAIT.
+        let wait = st.proven || carried.is_empty();
+        let hold = !wait || backlog;
+        st.leasing = true;
+        st.hold = hold;
+        Start { carried, overflow, wait, hold }
+    }
+
+    /// The Lease call in flight is slow: Dones stop waiting for it; returns those that did.
+    fn stop_holding(&self) -> Vec<Finished> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.hold = false;
+        std::mem::take(&mut st.pending)
+    }
+
+    /// No Lease call for a while (backing off): Dones go on their own; returns those waiting.
+    fn pause(&self) -> Vec<Finished> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.leasing = true;
+        st.hold = false;
+        std::mem::take(&mut st.pending)
+    }
+
+    /// The server applied carried Dones.
+    fn prove(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).proven = true;
+    }
+
+    /// The Lease call has answered (or the backoff after a failed one is over).
+    fn end_lease(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.leasing = false;
+        st.hold = false;
+    }
+
+    /// Stops carrying; returns what was waiting.
+    fn close(&self) -> Vec<Finished> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.closed = true;
+        std::mem::take(&mut st.pending)
+    }
+}
+
+/// Sends each of `finished` as its own Done, concurrently.
+async fn finish_all<Q: LeaseSource>(queue: Q, qname: &str, finished: Vec<Finished>) {
+    let queue = &queue;
+    let calls = finished.into_iter().map(|f| async move {
+        finish_writing_back(queue, qname, &f.item, f.outcome, f.back).await
+    });
+    futures::future::join_all(calls).await;
 }
 
 /// Waits for in-flight syncs up to `grace`, then asks the rest to hand their keys back.
@@ -256,6 +466,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
     mut item: LeasedItem,
     _slot: OwnedSemaphorePermit,
     hand_back: CancellationToken,
+    carry: Arc<Carry>,
 ) {
     let qname = settings.queue;
     let view = item.view.take();
@@ -287,8 +498,10 @@ async fn process<S: Syncer, Q: LeaseSource>(
         Ending::HandedBack => "handed_back",
     };
     match ending {
-        Ending::Finished(outcome, write_back) => {
-            finish_writing_back(&queue, qname, &item, outcome, write_back).await
+        Ending::Finished(outcome, back) => {
+            if let Some(f) = carry.offer(Finished { item, outcome, back }) {
+                finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
+            }
         }
         Ending::HandedBack => {
             finish(&queue, qname, &item, Outcome::RequeueAfter(Duration::ZERO)).await
@@ -333,8 +546,14 @@ async fn finish_writing_back(
     outcome: Outcome,
     write_back: Option<v1::PutJobViewRequest>,
 ) {
-    match queue.done(qname, item, outcome, write_back).await {
-        Ok(_) => tracing::debug!(?outcome, "lease done"),
+    log_done(outcome, queue.done(qname, item, outcome, write_back).await);
+}
+
+/// Logs how a Done went. A refused Done means the lease expired meanwhile; the key is then
+/// back in the queue already, so there is nothing more to do.
+fn log_done(outcome: Outcome, res: Result<(), ClientError>) {
+    match res {
+        Ok(()) => tracing::debug!(?outcome, "lease done"),
         Err(ClientError::LeaseLost(msg)) => {
             tracing::warn!(?outcome, %msg, "done refused: the lease had expired")
         }
@@ -410,7 +629,10 @@ mod tests {
     enum Ev {
         Lease,
         Renew(String),
+        /// A Done sent on its own.
         Done(String, Outcome),
+        /// A Done carried by the Lease call recorded next.
+        Carried(String, Outcome),
         /// A sync future was dropped before it finished.
         Dropped(String),
         /// A sync saw the wind-down signal.
@@ -424,25 +646,47 @@ mod tests {
     }
 
     /// A queue that hands out `items` once, then has nothing; Lease fails `lease_errors` times
-    /// first and Renew always fails unless `renew_ok`.
+    /// first (and each of the first `carrying_errors` calls that carry Dones), ignores carried
+    /// Dones unless `carries`, and Renew always fails unless `renew_ok`.
     #[derive(Clone)]
     struct FakeQueue {
         items: Arc<Mutex<VecDeque<LeasedItem>>>,
         lease_errors: Arc<Mutex<u32>>,
+        carrying_errors: Arc<Mutex<u32>>,
+        carries: bool,
         renew_ok: bool,
+        /// How long every Lease call takes to answer (before any long poll).
+        lease_takes: Duration,
         log: Log,
         start: Instant,
     }
 
+    /// Takes one from `n` if it is above zero: whether it was.
+    fn take_one(n: &Mutex<u32>) -> bool {
+        let mut n = n.lock().unwrap();
+        let some = *n > 0;
+        *n = n.saturating_sub(1);
+        some
+    }
+
     impl LeaseSource for FakeQueue {
-        fn lease(&self, _: &LeaseSettings, max_items: u32) -> impl Call<Vec<LeasedItem>> {
+        fn lease(
+            &self,
+            _: &LeaseSettings,
+            max_items: u32,
+            finished: &[Finished],
+            wait: bool,
+        ) -> impl Call<(Vec<LeasedItem>, bool)> {
+            let failed = take_one(&self.lease_errors)
+                || (!finished.is_empty() && take_one(&self.carrying_errors));
+            if !failed && self.carries {
+                for f in finished {
+                    record(&self.log, self.start, Ev::Carried(f.item.key.clone(), f.outcome));
+                }
+            }
             record(&self.log, self.start, Ev::Lease);
-            let failed = {
-                let mut errors = self.lease_errors.lock().unwrap();
-                let failed = *errors > 0;
-                *errors = errors.saturating_sub(1);
-                failed
-            };
+            let applied = self.carries || finished.is_empty();
+            let takes = self.lease_takes;
             let items: Vec<_> = {
                 let mut q = self.items.lock().unwrap();
                 let n = if failed { 0 } else { q.len().min(max_items as usize) };
@@ -452,10 +696,11 @@ mod tests {
                 if failed {
                     return Err(ClientError::Unavailable("queue down".into()));
                 }
-                if items.is_empty() {
+                tokio::time::sleep(takes).await;
+                if items.is_empty() && wait {
                     tokio::time::sleep(LEASE_WAIT).await;
                 }
-                Ok(items)
+                Ok((items, applied))
             }
         }
 
@@ -501,9 +746,15 @@ mod tests {
         fn run(&self, _: &str, key: &str, _: View, wind_down: &Shutdown) -> impl SyncFuture {
             let mut guard = DropGuard(Some((self.log.clone(), self.start, key.to_string())));
             let polite = key.starts_with("polite");
+            // Keys starting with `late` take twice as long; `name@ms` takes ms.
+            let run_for = match key.split_once('@') {
+                Some((_, ms)) => Duration::from_millis(ms.parse().unwrap()),
+                None if key.starts_with("late") => self.run_for * 2,
+                None => self.run_for,
+            };
             async move {
                 tokio::select! {
-                    _ = tokio::time::sleep(self.run_for) => {}
+                    _ = tokio::time::sleep(run_for) => {}
                     _ = wind_down.cancelled(), if polite => {
                         record(&self.log, self.start, Ev::WindDown(key.into()));
                     }
@@ -524,6 +775,11 @@ mod tests {
         run_for: Duration,
         renew_ok: bool,
         lease_errors: u32,
+        carrying_errors: u32,
+        carries: bool,
+        lease_takes: Duration,
+        /// Syncs at once (default: one per key).
+        concurrency: Option<usize>,
         grace: Duration,
         /// When shutdown is asked for.
         shutdown_at: Duration,
@@ -537,6 +793,10 @@ mod tests {
                 run_for: Duration::from_secs(1),
                 renew_ok: true,
                 lease_errors: 0,
+                carrying_errors: 0,
+                carries: true,
+                lease_takes: Duration::ZERO,
+                concurrency: None,
                 grace: Duration::from_secs(30),
                 shutdown_at: Duration::from_secs(60),
             }
@@ -556,7 +816,10 @@ mod tests {
         let queue = FakeQueue {
             items: Arc::new(Mutex::new(items.collect())),
             lease_errors: Arc::new(Mutex::new(setup.lease_errors)),
+            carrying_errors: Arc::new(Mutex::new(setup.carrying_errors)),
+            carries: setup.carries,
             renew_ok: setup.renew_ok,
+            lease_takes: setup.lease_takes,
             log: log.clone(),
             start,
         };
@@ -565,7 +828,7 @@ mod tests {
             FakeSync { metrics: metrics.clone(), run_for: setup.run_for, log: log.clone(), start };
         let settings = LeaseSettings {
             queue: JOB_QUEUE,
-            concurrency: setup.keys.len(),
+            concurrency: setup.concurrency.unwrap_or(setup.keys.len()),
             lease: setup.lease,
             worker_id: "w".into(),
             shutdown_grace: setup.grace,
@@ -602,7 +865,8 @@ mod tests {
         let renews: Vec<Duration> =
             calls.iter().filter(|(_, c)| *c == Ev::Renew("a".into())).map(|(t, _)| *t).collect();
         assert_eq!(renews, (1..=9).map(|i| s(f64::from(i))).collect::<Vec<_>>());
-        assert_eq!(calls.last(), Some(&(s(9.5), Ev::Done("a".into(), Outcome::Forget))));
+        // The sync freed the loop's only slot: its Done rides the Lease call that refills it.
+        assert_eq!(calls.last(), Some(&(s(9.5), Ev::Carried("a".into(), Outcome::Forget))));
         assert_eq!(finished(&m, "forget"), 1);
         assert_eq!(m.leases_held.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 0);
     }
@@ -673,6 +937,102 @@ mod tests {
             calls.iter().filter(|(_, c)| *c == Ev::Lease).map(|(t, _)| *t).collect();
         // 200 ms, then doubled; the fourth call leases the key.
         assert_eq!(leases, vec![s(0.0), s(0.2), s(0.6), s(1.4)]);
-        assert_eq!(calls.last(), Some(&(s(1.9), Ev::Done("a".into(), Outcome::Forget))));
+        assert_eq!(calls.last(), Some(&(s(1.9), Ev::Carried("a".into(), Outcome::Forget))));
+    }
+
+    /// The calls of `calls` from `from` on, Renews left out.
+    fn after(calls: &[(Duration, Ev)], from: Duration) -> Vec<(Duration, Ev)> {
+        calls.iter().filter(|(t, c)| *t >= from && !matches!(c, Ev::Renew(_))).cloned().collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_done_rides_the_next_lease_unless_a_lease_is_in_flight() {
+        let setup = Setup { keys: &["a", "late"], shutdown_at: s(10.0), ..Default::default() };
+        let (calls, m) = run(setup).await;
+        let forget = Outcome::Forget;
+        let want = vec![
+            // "a" frees a slot at 1 s: the Lease refilling it carries a's Done. It is the first
+            // to carry one, so it does not wait (a server that ignored the Done must say so at
+            // once)...
+            (s(1.0), Ev::Carried("a".into(), forget)),
+            (s(1.0), Ev::Lease),
+            // ...and the next finds nothing and waits (LEASE_WAIT)...
+            (s(1.0), Ev::Lease),
+            // ...so "late", done at 2 s, sends its own Done at once rather than waiting for it.
+            (s(2.0), Ev::Done("late".into(), forget)),
+        ];
+        assert_eq!(after(&calls, s(1.0)), want);
+        assert_eq!(finished(&m, "forget"), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_done_waits_briefly_for_a_lease_call_expected_soon() {
+        // Two slots, four keys; every Lease call takes 40 ms to answer.
+        let setup = Setup {
+            keys: &["a@1000", "b@1030", "c@1000", "d@1000"],
+            concurrency: Some(2),
+            lease_takes: s(0.04),
+            shutdown_at: s(10.0),
+            ..Default::default()
+        };
+        let (calls, m) = run(setup).await;
+        let carried = |k: &str| Ev::Carried(k.into(), Outcome::Forget);
+        let want = vec![
+            // a and b run from 0.04 s. a ends at 1.04: the refill carries its Done...
+            (s(1.04), carried("a@1000")),
+            (s(1.04), Ev::Lease),
+            // ...b ends at 1.07 while that call is out; it was expected soon (the one before
+            // filled every slot), so b's Done waited for its answer (c, at 1.08) and rides
+            // the next one.
+            (s(1.08), carried("b@1030")),
+            (s(1.08), Ev::Lease),
+            // c (from 1.08) ends at 2.08: the refill carries its Done, finds the queue empty
+            // and long-polls. d (from 1.12) ends at 2.12 and waits for it, but only until
+            // CARRY_HOLD after the call began: at 2.13 its Done goes on its own.
+            (s(2.08), carried("c@1000")),
+            (s(2.08), Ev::Lease),
+            (s(2.13), Ev::Done("d@1000".into(), Outcome::Forget)),
+        ];
+        assert_eq!(after(&calls, s(1.0)), want);
+        assert_eq!(m.dones_carried.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_ignores_carried_dones_gets_them_on_their_own() {
+        let setup = Setup {
+            keys: &["a", "late"],
+            carries: false,
+            shutdown_at: s(10.0),
+            ..Default::default()
+        };
+        let (calls, _) = run(setup).await;
+        let forget = Outcome::Forget;
+        let want = vec![
+            (s(1.0), Ev::Lease),
+            // The reply had no results for it: a's Done goes again, on its own, at once.
+            (s(1.0), Ev::Done("a".into(), forget)),
+            (s(1.0), Ev::Lease),
+            // Carrying is off from now on.
+            (s(2.0), Ev::Done("late".into(), forget)),
+        ];
+        assert_eq!(after(&calls, s(1.0)), want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dones_of_a_failed_lease_call_are_sent_on_their_own() {
+        let setup = Setup { carrying_errors: 1, shutdown_at: s(10.0), ..Default::default() };
+        let (calls, _) = run(setup).await;
+        let want = vec![(s(1.0), Ev::Lease), (s(1.0), Ev::Done("a".into(), Outcome::Forget))];
+        assert_eq!(after(&calls, s(1.0)), want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_shutdown_no_done_waits_for_a_lease_call() {
+        // Shutdown at 0.5 s, while the Lease call the loop made at 0 s... has returned and
+        // the sync runs: the loop stops leasing, so the Done at 1 s goes on its own.
+        let setup = Setup { shutdown_at: s(0.5), ..Default::default() };
+        let (calls, _) = run(setup).await;
+        let want = vec![(s(0.0), Ev::Lease), (s(1.0), Ev::Done("a".into(), Outcome::Forget))];
+        assert_eq!(after(&calls, s(0.0)), want);
     }
 }

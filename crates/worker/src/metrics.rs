@@ -166,6 +166,10 @@ kjob_svc::metrics! {
             /// `kjob_worker_leases_finished_total`: how each lease ended.
             leases_finished: Family<OutcomeLabels, Counter> = Family::default(),
                 "leases_finished", "Leases finished, by outcome";
+            /// `kjob_worker_dones_carried_total`: Dones applied by a Lease call that carried them.
+            dones_carried: Family<QueueLabels, Counter> = Family::default(),
+                "dones_carried",
+                "Lease Dones handed in with the worker's next Lease call rather than on their own";
             /// `kjob_worker_api_calls_total`: API server calls by verb, resource and result.
             api_calls: Family<ApiLabels, Counter> = Family::default(),
                 "api_calls", "API server calls by verb, resource and result";
