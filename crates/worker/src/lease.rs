@@ -93,9 +93,8 @@ impl<F: Future<Output = Synced> + Send> SyncFuture for F {}
 pub trait LeaseSource: Clone + Send + Sync + 'static {
     /// Finishes the leases of `finished` (each as [`Self::done`] would), then leases up to
     /// `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`] if `wait`, in one
-    /// call. Returns
-    /// the leased keys and whether `finished` was applied (`false`: the server predates carried
-    /// Dones and ignored them; the loop then sends them on their own).
+    /// call. Returns the leased keys and whether `finished` was applied (`false`: the server
+    /// predates carried Dones and ignored them; the loop then sends them on their own).
     fn lease(
         &self,
         settings: &LeaseSettings,
