@@ -199,12 +199,16 @@ kjob_svc::metrics! {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them in `registry`; the view-read series exist from
-    /// start, at 0.
+    /// Creates the metrics and registers them in `registry`; the view-read series and the
+    /// per-queue carried-Done series exist from start, at 0 (a Done is carried only when a
+    /// Lease follows it closely, which a quiet worker may never see).
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::register(registry);
         for result in ["trusted", "orphans", "untrusted", "undecodable"] {
             drop(m.job_view_reads.get_or_create(&ViewLabels { result: result.into() }));
+        }
+        for queue in kjob_core::QUEUES {
+            drop(m.dones_carried.get_or_create(&Self::queue(queue)));
         }
         m
     }
