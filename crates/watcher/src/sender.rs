@@ -264,6 +264,9 @@ impl Batcher {
             Some(t) => match rx.try_recv() {
                 Ok(e) => Some(e),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
+                // tokio rounds a timer's deadline up to its next millisecond tick: a wait
+                // until "now" (an urgent item ends the linger) would hold the batch ~1 ms.
+                Err(mpsc::error::TryRecvError::Empty) if t <= Instant::now() => return None,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     match tokio::time::timeout_at(t, rx.recv()).await {
                         Ok(got) => got,
@@ -553,6 +556,26 @@ mod tests {
             assert_eq!(keys(b.next(&mut rx).await), ["c", "d"]);
             assert_eq!(t0.elapsed(), Duration::from_millis(2));
             assert_eq!(keys(b.next(&mut rx).await), ["e"]);
+        }
+
+        /// The clock between two of tokio's millisecond ticks, as a real clock almost always
+        /// is: a timer due "now" would fire only at the next tick, a millisecond later.
+        #[tokio::test(start_paused = true)]
+        async fn an_urgent_item_does_not_wait_for_the_next_timer_tick() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            tokio::time::advance(Duration::from_micros(300)).await;
+            tx.send(urgent("a")).await.unwrap();
+            let t0 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await), ["a"]);
+            assert_eq!(t0.elapsed(), Duration::ZERO);
+            // Nor does a delayed item buffered behind it.
+            tokio::time::advance(Duration::from_micros(300)).await;
+            tx.send(urgent("b")).await.unwrap();
+            tx.send(delayed("c")).await.unwrap();
+            let t0 = Instant::now();
+            assert_eq!(keys(b.next(&mut rx).await), ["b", "c"]);
+            assert_eq!(t0.elapsed(), Duration::ZERO);
         }
 
         #[tokio::test(start_paused = true)]
