@@ -4,8 +4,12 @@
 //! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items, at
 //! once when one asks for an immediate sync, else [`LINGER`] after the first), and each batch is
 //! retried with backoff until kjob-queue has it.
-//! One batch is in flight at a time, so the queue applies items in the order the handlers made
-//! them: an observation is never applied after a later enqueue of the same key.
+//! A batch asking for an immediate sync may go while another is in flight (up to
+//! [`MAX_IN_FLIGHT`]), but never beside one that shares a key, and a view session phase goes
+//! alone: the queue applies each key's items in the order the handlers made them (an
+//! observation is never applied after a later enqueue of the same key), while a new Job's first
+//! enqueue need not wait for other Jobs' pod events to land. Other batches wait for the one in
+//! flight, gathering what arrives meanwhile.
 //! While a batch is in flight (or waits to be retried) the sender keeps taking items off the
 //! channel into its stage, up to [`STAGE_LIMIT_BYTES`]: kube-apiserver closes a watch whose client
 //! stops reading for a fraction of a second, so the watch streams must not wait on an Add.
@@ -40,6 +44,9 @@ pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// How long a batch waits for company after its first item: long enough to gather a burst of
 /// pod events, short against the 1 s batch period so syncs are not noticeably later.
 pub const LINGER: Duration = Duration::from_millis(5);
+/// Most Add batches in flight at once (each retried on its own until kjob-queue has it): one,
+/// plus one holding an immediate enqueue (a Job added or changed) that overtakes it.
+pub const MAX_IN_FLIGHT: usize = 2;
 /// First retry delay after a failed Add.
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
 /// Longest delay between Add retries: a queue that comes back is used within this.
@@ -139,6 +146,7 @@ fn item_size(e: &Enqueue) -> usize {
 }
 
 /// What every send needs: the client, the metrics, and the flags it reports through.
+#[derive(Clone)]
 struct Link {
     client: QueueClient,
     metrics: Metrics,
@@ -166,16 +174,129 @@ pub async fn run_sender(
 ) -> Result<(), SendError> {
     let mut link = Link { client, metrics, queue_ok, view_lost, shutdown, give_up_at: None };
     let mut batcher = Batcher::default();
+    let mut flight = InFlight::default();
     loop {
+        while let Some(joined) = flight.tasks.try_join_next_with_id() {
+            flight.finished(joined);
+        }
+        flight.check(&batcher, &rx)?;
         match batcher.next(&mut rx).await {
-            None => return Ok(()),
+            None => {
+                while let Some(joined) = flight.tasks.join_next_with_id().await {
+                    flight.finished(joined);
+                }
+                return flight.check(&batcher, &rx);
+            }
             Some(Next::Session(control)) => {
+                // A phase orders everything around it: it waits for every batch in flight.
+                flight.wait(&mut batcher, &mut rx, |_| true).await;
+                flight.check(&batcher, &rx)?;
                 link.send_session(control, &mut batcher, &mut rx).await?
             }
             Some(Next::Batch(batch)) => {
-                link.send_batch(coalesce(batch), &mut batcher, &mut rx).await?
+                let batch = coalesce(batch);
+                let slots: Vec<Slot> = batch.iter().map(|e| (e.queue, e.key.clone())).collect();
+                // Only a batch asking for a sync now overtakes one in flight; the others wait
+                // and so gather what arrives meanwhile (fewer, fuller Adds under load).
+                let urgent = batch.iter().any(is_urgent);
+                flight
+                    .wait(&mut batcher, &mut rx, |f| {
+                        !urgent || f.tasks.len() >= MAX_IN_FLIGHT || f.conflicts(&slots)
+                    })
+                    .await;
+                flight.check(&batcher, &rx)?;
+                flight.spawn(link.clone(), batch, slots);
             }
         }
+    }
+}
+
+/// A queue and key: two batches in flight never share one.
+type Slot = (&'static str, String);
+
+/// The batches in flight: each a task retrying its Add until kjob-queue has it, with the keys
+/// it holds.
+#[derive(Default)]
+struct InFlight {
+    tasks: tokio::task::JoinSet<Result<(), SendError>>,
+    /// Each task's keys and item count.
+    held: std::collections::HashMap<tokio::task::Id, (Vec<Slot>, usize)>,
+    /// How many batches in flight hold each key.
+    keys: std::collections::HashMap<Slot, usize>,
+    /// Items given up on (shutdown with kjob-queue unreachable).
+    abandoned: usize,
+}
+
+impl InFlight {
+    /// Whether a batch with `slots` would share a key with one in flight.
+    fn conflicts(&self, slots: &[Slot]) -> bool {
+        slots.iter().any(|s| self.keys.contains_key(s))
+    }
+
+    fn hold(&mut self, id: tokio::task::Id, slots: Vec<Slot>, items: usize) {
+        for s in &slots {
+            *self.keys.entry(s.clone()).or_default() += 1;
+        }
+        self.held.insert(id, (slots, items));
+    }
+
+    fn spawn(&mut self, mut link: Link, batch: Vec<Enqueue>, slots: Vec<Slot>) {
+        let items = batch.len();
+        let id = self.tasks.spawn(async move { link.send_batch(batch).await }).id();
+        self.hold(id, slots, items);
+    }
+
+    /// Releases the keys of a finished task.
+    fn finished(
+        &mut self,
+        joined: Result<(tokio::task::Id, Result<(), SendError>), tokio::task::JoinError>,
+    ) {
+        let (id, result) = match joined {
+            Ok((id, r)) => (id, r),
+            // Only a panic (a bug) ends a send otherwise; its items are lost like abandoned ones.
+            Err(e) => {
+                tracing::error!(error = %e, "an Add task failed");
+                let items = self.held.get(&e.id()).map_or(0, |h| h.1);
+                (e.id(), Err(SendError::Abandoned(items)))
+            }
+        };
+        if let Some((slots, _)) = self.held.remove(&id) {
+            for s in slots {
+                if let std::collections::hash_map::Entry::Occupied(mut o) = self.keys.entry(s) {
+                    *o.get_mut() -= 1;
+                    if *o.get() == 0 {
+                        o.remove();
+                    }
+                }
+            }
+        }
+        if let Err(SendError::Abandoned(n)) = result {
+            self.abandoned += n;
+        }
+    }
+
+    /// Waits for batches in flight to finish while `busy` holds, moving the channel's items
+    /// onto the stage meanwhile.
+    async fn wait(
+        &mut self,
+        batcher: &mut Batcher,
+        rx: &mut mpsc::Receiver<Enqueue>,
+        busy: impl Fn(&Self) -> bool,
+    ) {
+        while !self.tasks.is_empty() && busy(self) {
+            if let Some(joined) = batcher.while_staging(rx, self.tasks.join_next_with_id()).await {
+                self.finished(joined);
+            }
+        }
+    }
+
+    /// Fails once a batch was given up on, counting every item not sent.
+    fn check(&self, batcher: &Batcher, rx: &mpsc::Receiver<Enqueue>) -> Result<(), SendError> {
+        if self.abandoned == 0 {
+            return Ok(());
+        }
+        let in_flight: usize = self.held.values().map(|h| h.1).sum();
+        Err(SendError::Abandoned(self.abandoned + in_flight + batcher.staged_len() + rx.len()))
     }
 }
 
@@ -347,15 +468,13 @@ impl Link {
         }
     }
 
-    /// Waits before another attempt (with backoff); fails once the drain deadline passed.
-    async fn wait_to_retry(
+    /// The delay before another attempt (with backoff); fails once the drain deadline passed.
+    fn retry_delay(
         &mut self,
         attempt: &mut u32,
         e: &ClientError,
         items: usize,
-        batcher: &mut Batcher,
-        rx: &mut mpsc::Receiver<Enqueue>,
-    ) -> Result<(), SendError> {
+    ) -> Result<Duration, SendError> {
         let delay = kjob_svc::Backoff::new(RETRY_INITIAL, RETRY_MAX).delay(*attempt);
         tracing::warn!(error = %e, attempt = *attempt, ?delay, items, "sending to kjob-queue failed; retrying");
         *attempt = attempt.saturating_add(1);
@@ -365,34 +484,46 @@ impl Link {
         if let Some(limit) = self.give_up_at
             && Instant::now() >= limit
         {
-            return Err(SendError::Abandoned(items + batcher.staged_len() + rx.len()));
+            return Err(SendError::Abandoned(items));
         }
-        let shutdown = self.shutdown.clone();
-        let give_up_at = &mut self.give_up_at;
-        batcher
-            .while_staging(rx, async {
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled(), if give_up_at.is_none() => {
-                        *give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
-                    }
-                }
-            })
-            .await;
-        Ok(())
+        Ok(delay)
     }
 
-    async fn send_batch(
+    /// Sleeps `delay`; a shutdown meanwhile starts the drain deadline.
+    async fn pause(&mut self, delay: Duration) {
+        let shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled(), if self.give_up_at.is_none() => {
+                self.give_up_at = Some(Instant::now() + DRAIN_TIMEOUT);
+            }
+        }
+    }
+
+    /// Waits before another attempt while the channel's items move onto the stage.
+    async fn wait_to_retry(
         &mut self,
-        batch: Vec<Enqueue>,
+        attempt: &mut u32,
+        e: &ClientError,
+        items: usize,
         batcher: &mut Batcher,
         rx: &mut mpsc::Receiver<Enqueue>,
     ) -> Result<(), SendError> {
+        let delay = self
+            .retry_delay(attempt, e, items)
+            .map_err(|_| SendError::Abandoned(items + batcher.staged_len() + rx.len()))?;
+        batcher.while_staging(rx, self.pause(delay)).await;
+        Ok(())
+    }
+
+    /// Sends one batch, retrying with backoff until kjob-queue has it (runs as its own task;
+    /// the sender loop keeps the channel flowing meanwhile).
+    async fn send_batch(&mut self, batch: Vec<Enqueue>) -> Result<(), SendError> {
         let items: Vec<v1::AddItem> = batch.iter().map(to_proto).collect();
         let mut attempt = 0u32;
         loop {
             let started = Instant::now();
-            match batcher.while_staging(rx, self.client.add(items.clone())).await {
+            match self.client.add(items.clone()).await {
                 Ok(resp) => {
                     if resp.view_session_lost {
                         tracing::warn!(
@@ -419,8 +550,13 @@ impl Link {
                     // the refused ones are dropped.
                     tracing::warn!(error = %msg, items = items.len(), "kjob-queue refused a batch; sending its items one by one");
                     self.metrics.send_errors.inc();
-                    for e in batch {
-                        Box::pin(self.send_batch(vec![e], batcher, rx)).await?;
+                    let n = batch.len();
+                    for (i, e) in batch.into_iter().enumerate() {
+                        if let Err(SendError::Abandoned(k)) =
+                            Box::pin(self.send_batch(vec![e])).await
+                        {
+                            return Err(SendError::Abandoned(k + n - i - 1));
+                        }
                     }
                     return Ok(());
                 }
@@ -434,7 +570,8 @@ impl Link {
                 Err(e) => {
                     self.metrics.send_errors.inc();
                     self.queue_ok.store(false, Ordering::Relaxed);
-                    self.wait_to_retry(&mut attempt, &e, items.len(), batcher, rx).await?;
+                    let delay = self.retry_delay(&mut attempt, &e, items.len())?;
+                    self.pause(delay).await;
                 }
             }
         }
@@ -556,6 +693,48 @@ mod tests {
             assert_eq!(keys(b.next(&mut rx).await), ["c", "d"]);
             assert_eq!(t0.elapsed(), Duration::from_millis(2));
             assert_eq!(keys(b.next(&mut rx).await), ["e"]);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn batches_in_flight_never_share_a_key() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            let mut f = InFlight::default();
+            let slot = |k: &str| vec![(JOB_QUEUE, k.to_string())];
+            // Sends of a (done at 10 ms) and b (20 ms, after giving up on its 3 items).
+            let id = f
+                .tasks
+                .spawn(async {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Ok(())
+                })
+                .id();
+            f.hold(id, slot("ns/a"), 1);
+            let id = f
+                .tasks
+                .spawn(async {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Err(SendError::Abandoned(3))
+                })
+                .id();
+            f.hold(id, slot("ns/b"), 3);
+            assert!(f.conflicts(&slot("ns/a")) && f.conflicts(&slot("ns/b")));
+            assert!(!f.conflicts(&slot("ns/c")));
+            assert!(!f.conflicts(&[(ORPHAN_POD_QUEUE, "ns/a".into())]), "keys are per queue");
+            // A batch holding a waits for a's send alone; the channel flows meanwhile.
+            tx.send(delayed("x")).await.unwrap();
+            let t0 = Instant::now();
+            f.wait(&mut b, &mut rx, |f| f.conflicts(&slot("ns/a"))).await;
+            assert_eq!(t0.elapsed(), Duration::from_millis(10));
+            assert_eq!((b.staged_len(), f.tasks.len()), (1, 1));
+            assert!(f.check(&b, &rx).is_ok());
+            // A batch that may not overtake waits for every send in flight.
+            f.wait(&mut b, &mut rx, |f| !f.tasks.is_empty()).await;
+            assert_eq!(t0.elapsed(), Duration::from_millis(20));
+            assert!(!f.conflicts(&slot("ns/b")));
+            // A send given up on fails the sender, counting what was not sent.
+            tx.send(delayed("y")).await.unwrap();
+            assert!(matches!(f.check(&b, &rx), Err(SendError::Abandoned(5))));
         }
 
         /// The clock between two of tokio's millisecond ticks, as a real clock almost always
