@@ -193,18 +193,25 @@ pub async fn run_sender(
                 flight.check(&batcher, &rx)?;
                 link.send_session(control, &mut batcher, &mut rx).await?
             }
-            Some(Next::Batch(batch)) => {
-                let batch = coalesce(batch);
-                let slots: Vec<Slot> = batch.iter().map(|e| (e.queue, e.key.clone())).collect();
+            Some(Next::Batch(mut batch)) => {
                 // Only a batch asking for a sync now overtakes one in flight; the others wait
-                // and so gather what arrives meanwhile (fewer, fuller Adds under load).
+                // for it.
                 let urgent = batch.iter().any(is_urgent);
+                let slots = slots_of(&batch);
+                let waited = !flight.tasks.is_empty();
                 flight
                     .wait(&mut batcher, &mut rx, |f| {
                         !urgent || f.tasks.len() >= MAX_IN_FLIGHT || f.conflicts(&slots)
                     })
                     .await;
                 flight.check(&batcher, &rx)?;
+                // What arrived during the wait joins the batch (fewer, fuller Adds under
+                // load), once no send is left whose keys it could share.
+                if waited && flight.tasks.is_empty() {
+                    batcher.top_up(&mut batch, &mut rx);
+                }
+                let batch = coalesce(batch);
+                let slots = slots_of(&batch);
                 flight.spawn(link.clone(), batch, slots);
             }
         }
@@ -213,6 +220,11 @@ pub async fn run_sender(
 
 /// A queue and key: two batches in flight never share one.
 type Slot = (&'static str, String);
+
+/// The queues and keys of a batch's items.
+fn slots_of(batch: &[Enqueue]) -> Vec<Slot> {
+    batch.iter().map(|e| (e.queue, e.key.clone())).collect()
+}
 
 /// The batches in flight: each a task retrying its Add until kjob-queue has it, with the keys
 /// it holds.
@@ -400,6 +412,33 @@ impl Batcher {
             self.closed = true;
         }
         got
+    }
+
+    /// Moves what is staged or waiting in the channel into `batch`, without waiting, up to a
+    /// session phase and within the batch limits.
+    fn top_up(&mut self, batch: &mut Vec<Enqueue>, rx: &mut mpsc::Receiver<Enqueue>) {
+        let mut bytes: usize = batch.iter().map(item_size).sum();
+        while batch.len() < MAX_BATCH {
+            let next = match self.unstage() {
+                Some(e) => e,
+                None if self.closed => break,
+                None => match rx.try_recv() {
+                    Ok(e) => e,
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        self.closed = true;
+                        break;
+                    }
+                },
+            };
+            let size = item_size(&next);
+            if next.control.is_some() || bytes + size > MAX_BATCH_BYTES {
+                self.put_back(next);
+                break;
+            }
+            bytes += size;
+            batch.push(next);
+        }
     }
 
     /// The next session phase or batch; `None` once the channel is closed and drained.
@@ -735,6 +774,27 @@ mod tests {
             // A send given up on fails the sender, counting what was not sent.
             tx.send(delayed("y")).await.unwrap();
             assert!(matches!(f.check(&b, &rx), Err(SendError::Abandoned(5))));
+        }
+
+        #[tokio::test]
+        async fn a_top_up_takes_what_waits_up_to_a_session_phase() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            b.stage(delayed("b"));
+            tx.send(urgent("c")).await.unwrap();
+            tx.send(Enqueue::session(SessionControl::Begin("s-1".into()))).await.unwrap();
+            tx.send(delayed("d")).await.unwrap();
+            let mut batch = vec![delayed("a")];
+            b.top_up(&mut batch, &mut rx);
+            let keys: Vec<&str> = batch.iter().map(|e| e.key.as_str()).collect();
+            assert_eq!(keys, ["a", "b", "c"]);
+            // The phase stays first in line, then what follows it.
+            assert!(matches!(b.next(&mut rx).await, Some(Next::Session(_))));
+            let mut batch = vec![];
+            b.top_up(&mut batch, &mut rx);
+            assert_eq!(batch.len(), 1);
+            b.top_up(&mut batch, &mut rx);
+            assert_eq!(batch.len(), 1, "nothing waits: no wait either");
         }
 
         /// The clock between two of tokio's millisecond ticks, as a real clock almost always
