@@ -179,6 +179,19 @@ pub async fn run_sender(
         while let Some(joined) = flight.tasks.try_join_next_with_id() {
             flight.finished(joined);
         }
+        // While a send is in flight the next batch gathers what arrives (as one send at a
+        // time did), unless an item asking for an immediate sync comes: that one may overtake.
+        while !flight.tasks.is_empty() {
+            let joined = {
+                let mut next = std::pin::pin!(flight.tasks.join_next_with_id());
+                batcher.stage_until_urgent(&mut rx, &mut next).await
+            };
+            match joined {
+                Some(Some(joined)) => flight.finished(joined),
+                // An urgent item is staged (or, never here, nothing was in flight).
+                Some(None) | None => break,
+            }
+        }
         flight.check(&batcher, &rx)?;
         match batcher.next(&mut rx).await {
             None => {
@@ -331,6 +344,8 @@ struct Batcher {
     staged: VecDeque<Enqueue>,
     /// Their [`item_size`]s, summed.
     staged_bytes: usize,
+    /// How many of them ask for an immediate sync.
+    staged_urgent: usize,
     /// The channel said it is closed (every sender gone).
     closed: bool,
 }
@@ -338,19 +353,44 @@ struct Batcher {
 impl Batcher {
     fn stage(&mut self, e: Enqueue) {
         self.staged_bytes += item_size(&e);
+        self.staged_urgent += usize::from(is_urgent(&e));
         self.staged.push_back(e);
     }
 
     fn unstage(&mut self) -> Option<Enqueue> {
         let e = self.staged.pop_front()?;
         self.staged_bytes -= item_size(&e);
+        self.staged_urgent -= usize::from(is_urgent(&e));
         Some(e)
     }
 
     /// Puts an item taken for a batch back at the head of the stage.
     fn put_back(&mut self, e: Enqueue) {
         self.staged_bytes += item_size(&e);
+        self.staged_urgent += usize::from(is_urgent(&e));
         self.staged.push_front(e);
+    }
+
+    /// Moves channel items onto the stage until `work` ends or an item asking for an
+    /// immediate sync is staged (or the stage is full and `work` ends); whether `work` ended,
+    /// with its output.
+    async fn stage_until_urgent<F: Future + Unpin>(
+        &mut self,
+        rx: &mut mpsc::Receiver<Enqueue>,
+        work: &mut F,
+    ) -> Option<F::Output> {
+        while self.staged_urgent == 0 {
+            let room = !self.closed && self.staged_bytes < STAGE_LIMIT_BYTES;
+            tokio::select! {
+                biased;
+                out = &mut *work => return Some(out),
+                item = rx.recv(), if room => match item {
+                    Some(e) => self.stage(e),
+                    None => self.closed = true,
+                },
+            }
+        }
+        None
     }
 
     /// Items held beyond the channel.
@@ -774,6 +814,22 @@ mod tests {
             // A send given up on fails the sender, counting what was not sent.
             tx.send(delayed("y")).await.unwrap();
             assert!(matches!(f.check(&b, &rx), Err(SendError::Abandoned(5))));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_urgent_item_ends_the_wait_for_the_send_in_flight() {
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            feed(tx.clone(), vec![(2, delayed("a")), (3, urgent("b"))]);
+            let t0 = Instant::now();
+            let mut send = std::pin::pin!(tokio::time::sleep(Duration::from_millis(10)));
+            assert!(b.stage_until_urgent(&mut rx, &mut send).await.is_none());
+            assert_eq!((t0.elapsed(), b.staged_len()), (Duration::from_millis(5), 2));
+            // Delayed items alone wait for the send's end.
+            assert_eq!(keys(b.next(&mut rx).await), ["a", "b"]);
+            feed(tx, vec![(1, delayed("c"))]);
+            assert!(b.stage_until_urgent(&mut rx, &mut send).await.is_some());
+            assert_eq!((t0.elapsed(), b.staged_len()), (Duration::from_millis(10), 1));
         }
 
         #[tokio::test]
