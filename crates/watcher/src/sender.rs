@@ -41,9 +41,11 @@ pub const MAX_BATCH: usize = 500;
 /// Largest Add batch in bytes (view objects): well under kjob-queue's message limit, and one
 /// script run stays short.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
-/// How long a batch waits for company after its first item: long enough to gather a burst of
-/// pod events, short against the 1 s batch period so syncs are not noticeably later.
-pub const LINGER: Duration = Duration::from_millis(5);
+/// How long a batch of delayed items (pod events) waits for company after its first item: long
+/// enough to gather a burst of pod events, short against the 1 s batch period so syncs are not
+/// noticeably later. 10 ms rather than 5 made 35-40 % fewer Adds for the same events (an Indexed
+/// Job of 5,000 pods: 2,828 and 3,201 against 4,795 and 4,864) and ~15 % less kjob CPU.
+pub const LINGER: Duration = Duration::from_millis(10);
 /// Most Add batches in flight at once (each retried on its own until kjob-queue has it): one,
 /// plus one holding an immediate enqueue (a Job added or changed) that overtakes it.
 pub const MAX_IN_FLIGHT: usize = 2;
