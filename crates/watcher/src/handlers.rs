@@ -44,7 +44,17 @@ pub struct Enqueue {
     /// A view session phase instead of an item (queue and key empty), sent in order with the
     /// items around it.
     pub control: Option<SessionControl>,
+    /// An orphan entry of the finished-Job backup cleanup: the event loop holds it for
+    /// [`ORPHAN_SETTLE`] and sends it only if the cached pod still has the tracking finalizer
+    /// then (see [`recheck_settled`]).
+    pub settle: bool,
 }
+
+/// How long an orphan entry of a Job that just finished waits for its pod's own finalizer
+/// removal. The pod watch runs behind the Job watch under load, so the Job's finished update
+/// often arrives before the finalizer removal that preceded it; sent at once, each such entry
+/// costs the orphan worker two consistent reads for a pod that needs nothing.
+pub const ORPHAN_SETTLE: Duration = Duration::from_secs(2);
 
 /// A phase of the watcher's view session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +74,10 @@ impl Enqueue {
 
     fn orphan(pod: &PodInfo) -> Self {
         Self { queue: ORPHAN_POD_QUEUE, key: pod.key(), ..Default::default() }
+    }
+
+    fn settling_orphan(pod: &PodInfo) -> Self {
+        Self { settle: true, ..Self::orphan(pod) }
     }
 
     /// View writes of `session` on Job `key`, without an enqueue.
@@ -134,14 +148,29 @@ fn pod_jobs<'a>(
 /// same pods plus any controlled pod whose labels stopped matching (which upstream would have
 /// released already; the orphan worker re-checks every pod and treats it as an orphan of a
 /// finished Job either way).
-fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, out: &mut Vec<Enqueue>) {
+///
+/// With `settle` (the Job just finished) the entries wait for the pods' own finalizer removals
+/// first ([`ORPHAN_SETTLE`]); a deleted Job's pods are pointed out at once.
+fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, settle: bool, out: &mut Vec<Enqueue>) {
     let mut pods: Vec<&PodInfo> = store
         .pods_controlled_by(&job.uid)
         .filter(|p| p.namespace == job.namespace && p.has_tracking_finalizer)
         .collect();
     // Deterministic order keeps batches and tests stable.
     pods.sort_by(|a, b| a.name.cmp(&b.name));
-    out.extend(pods.into_iter().map(Enqueue::orphan));
+    if settle {
+        out.extend(pods.into_iter().map(Enqueue::settling_orphan));
+    } else {
+        out.extend(pods.into_iter().map(Enqueue::orphan));
+    }
+}
+
+/// A settled orphan entry ([`Enqueue::settle`]) of pod `key` with `uid`, once its wait is over:
+/// the orphan entry when the cached pod is still that pod and still has the tracking finalizer,
+/// nothing otherwise (its finalizer removal arrived, or its delete did, whose handler decided).
+pub fn recheck_settled(store: &Store, key: &str, uid: &str) -> Option<Enqueue> {
+    let pod = store.pod(key)?;
+    (pod.uid == uid && pod.has_tracking_finalizer).then(|| Enqueue::orphan(pod))
 }
 
 /// Orphan-queue entry releasing `pod` when `job`, its controller, would release it (upstream
@@ -185,7 +214,7 @@ pub fn on_job_update(
     let mut out = vec![Enqueue::job(new, delay, vec![])];
     if new.finished {
         // Backup for finalizers a finished Job left behind; no deadline matters any more.
-        cleanup_pod_finalizers(store, new, &mut out);
+        cleanup_pod_finalizers(store, new, true, &mut out);
         return out;
     }
     if let (Some(start), Some(ads)) = (new.start_time, new.active_deadline_seconds)
@@ -206,7 +235,7 @@ pub fn on_job_delete(cfg: &HandlerConfig, store: &Store, job: &JobInfo) -> Vec<E
         return vec![];
     }
     let mut out = vec![Enqueue::job(job, Duration::ZERO, vec![])];
-    cleanup_pod_finalizers(store, job, &mut out);
+    cleanup_pod_finalizers(store, job, false, &mut out);
     out
 }
 
@@ -342,6 +371,10 @@ fn pod_deleted(
 /// so without this a pod whose Job was deleted while no watcher led would keep its tracking
 /// finalizer (and stay Terminating) forever.
 ///
+/// Pods of finished Jobs that still have the finalizer are pointed out too: the backup cleanup
+/// of a Job's finish waits a moment in the watcher ([`ORPHAN_SETTLE`]), and a watcher that
+/// stopped meanwhile never sent it.
+///
 /// Only the orphan entries of `addPod` are kept: every Job is enqueued by the takeover anyway,
 /// and the expectation observations of pods seen only in a list are not replayed, because the
 /// shared expectations outlive a watcher (a pod the previous leader observed must not lower its
@@ -357,8 +390,19 @@ pub fn orphans_of_cached_pods(cfg: &HandlerConfig, store: &Store) -> Vec<Enqueue
             // gone or finished, or when it has no controller.
             let entries = pod_deleted(cfg, store, pod, false, true);
             out.extend(entries.into_iter().filter(|e| e.queue == ORPHAN_POD_QUEUE));
-        } else if pod.controller.is_none() && pod.has_tracking_finalizer {
-            out.push(Enqueue::orphan(pod));
+        } else if pod.has_tracking_finalizer {
+            match &pod.controller {
+                None => out.push(Enqueue::orphan(pod)),
+                // A finished Job's pod that kept its finalizer: the entry its Job's finish
+                // gave may have been waiting in a watcher that stopped (see ORPHAN_SETTLE).
+                Some(cref) => {
+                    if resolve_controller_ref(store, &pod.namespace, cref)
+                        .is_some_and(|job| job.finished && cfg.manages(job))
+                    {
+                        out.push(Enqueue::orphan(pod));
+                    }
+                }
+            }
         }
     }
     out

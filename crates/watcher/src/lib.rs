@@ -13,6 +13,7 @@ pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod sender;
+mod settle;
 pub mod view;
 
 use std::sync::Arc;
@@ -33,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 use crate::handlers::{Enqueue, HandlerConfig};
 use crate::informer::{Informer, map_event};
 use crate::leader::{LeaderElector, LeaseConfig};
-use crate::metrics::{KindLabels, Metrics};
+use crate::metrics::{KindLabels, Metrics, OutcomeLabels};
 use crate::model::{JobInfo, PodInfo};
 
 pub use config::Args;
@@ -253,6 +254,8 @@ async fn event_loop(
     let mut is_leader = *leading.borrow_and_update();
     // Set when leadership was gained: every Job is enqueued once the caches are synced.
     let mut takeover_pending = is_leader;
+    // Orphan entries of Jobs that just finished, waiting for their pods' finalizer removals.
+    let mut settling = settle::Settling::default();
     let restart = |kind: &'static str, e: &watcher::Error| {
         metrics.watch_restarts.get_or_create(&KindLabels { kind }).inc();
         tracing::warn!(kind, error = %e, "watch failed; retrying with backoff");
@@ -287,6 +290,25 @@ async fn event_loop(
                     vec![]
                 }
             }
+            _ = tokio::time::sleep_until(
+                settling.next_due().unwrap_or_else(|| tokio::time::Instant::now() + resync_period)
+            ), if settling.len() > 0 => {
+                let due = settling.take_due(tokio::time::Instant::now());
+                let mut out = Vec::new();
+                for (key, uid) in due {
+                    // A watcher that stopped leading leaves them to the next leader's takeover,
+                    // which points out every finished Job's pod that kept its finalizer.
+                    let entry = if is_leader {
+                        handlers::recheck_settled(informer.store(), &key, &uid)
+                    } else {
+                        None
+                    };
+                    let outcome = if entry.is_some() { "sent" } else { "settled" };
+                    metrics.orphan_rechecks.get_or_create(&OutcomeLabels { outcome }).inc();
+                    out.extend(entry);
+                }
+                out
+            }
             ev = jobs.next() => match ev {
                 Some(Ok(ev)) => informer.job_event(ev, is_leader, jiff::Timestamp::now()),
                 Some(Err(e)) => { restart("job", &e); vec![] }
@@ -298,6 +320,16 @@ async fn event_loop(
                 None => return Err(WatcherError::StreamEnded("pod")),
             },
         };
+        let now = tokio::time::Instant::now();
+        out.retain(|e| {
+            if !e.settle {
+                return true;
+            }
+            if let Some(pod) = informer.store().pod(&e.key) {
+                settling.push(now + handlers::ORPHAN_SETTLE, e.key.clone(), pod.uid.clone());
+            }
+            false
+        });
         // The shared view: a session while leading with synced caches (begun after a takeover
         // and after every relist), ended when leadership is lost.
         if informer.view_wanted(is_leader) && !informer.view_active() {

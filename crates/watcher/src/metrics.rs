@@ -36,6 +36,13 @@ pub struct ObservationLabels {
     pub kind: &'static str,
 }
 
+/// Labels of the orphan re-check counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `sent` or `settled`.
+    pub outcome: &'static str,
+}
+
 /// Labels of `job_controller_jobs_by_external_controller_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerNameLabels {
@@ -77,6 +84,10 @@ kjob_svc::metrics! {
             /// Watch stream errors (each leads to a backoff and a re-watch or relist), by kind.
             watch_restarts: Family<KindLabels, Counter> = Family::default(),
                 "watch_restarts", "Watch stream errors";
+            /// Orphan entries of finished Jobs re-checked after their wait, by outcome: `sent`
+            /// (the pod still had the tracking finalizer) or `settled` (it no longer needed one).
+            orphan_rechecks: Family<OutcomeLabels, Counter> = Family::default(),
+                "orphan_rechecks", "Finished Jobs' orphan entries re-checked after their wait";
             /// Objects in the informer cache, by kind.
             cached: Family<KindLabels, Gauge> = Family::default(),
                 "cached_objects", "Objects in the informer cache";

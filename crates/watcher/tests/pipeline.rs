@@ -541,3 +541,56 @@ async fn sigterm_releases_the_lease_and_exits_cleanly() {
     assert!(status.success(), "{status:?}");
     assert_eq!(lease_holder(&client).await, None, "the lease was not released");
 }
+
+/// A Job that finishes while the watcher's cache still shows its pods' tracking finalizers (the
+/// pod watch runs behind under load): the backup cleanup's orphan entries wait for the pods' own
+/// finalizer removals, and only the pod that kept its finalizer reaches the orphan queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_jobs_orphan_entries_wait_for_the_pods_own_finalizer_removals() {
+    let (stack, client, w, job) = watched_job("fin").await;
+    create_pod(&client, "fin-a", &job, true).await;
+    create_pod(&client, "fin-b", &job, true).await;
+    w.wait_metric("both pods seen", Duration::from_secs(10), POD_ADDS, 2.0).await;
+
+    let now = jiff::Timestamp::now().to_string();
+    let status = json!({"status": {
+        "startTime": now, "completionTime": now, "succeeded": 1,
+        "conditions": [
+            {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
+             "message": "Reached expected number of succeeded pods", "lastProbeTime": now,
+             "lastTransitionTime": now},
+            {"type": "Complete", "status": "True", "reason": "CompletionsReached",
+             "message": "Reached expected number of succeeded pods", "lastProbeTime": now,
+             "lastTransitionTime": now}
+        ]
+    }});
+    Api::<Job>::namespaced(client.clone(), NS)
+        .patch_status("fin", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    // fin-a loses its finalizer just after the Job's finish, as the worker's own removal
+    // arrives when the pod watch lags; fin-b keeps it.
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .patch(
+            "fin-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+
+    let rechecks =
+        |outcome: &str| format!("kjob_watcher_orphan_rechecks_total{{outcome=\"{outcome}\"}}");
+    w.wait_metric("both entries re-checked", Duration::from_secs(10), &rechecks("sent"), 1.0).await;
+    assert_eq!(w.metric(&rechecks("settled")).await, 1.0, "fin-a needed no cleanup");
+    let items = stack
+        .queue
+        .lease("orphan-pod", 100, Duration::from_secs(30), Duration::ZERO, "test")
+        .await
+        .unwrap();
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, [key("fin-b")], "only the pod that kept its finalizer");
+    w.stop().await;
+}
+
+const POD_ADDS: &str = "kjob_watcher_events_total{kind=\"pod\",type=\"add\"}";

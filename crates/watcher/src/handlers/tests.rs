@@ -227,7 +227,7 @@ fn job_update_table() {
             name: "finished job cleans up pod finalizers",
             old: base.clone(),
             new: with(&|j| j.finished = true),
-            want: vec![job_q("ns/a", BATCH, vec![]), orphan_q("ns/p1")],
+            want: vec![job_q("ns/a", BATCH, vec![]), Enqueue { settle: true, ..orphan_q("ns/p1") }],
         },
         Case {
             name: "managed by someone else",
@@ -557,4 +557,44 @@ fn enqueue_all_takes_managed_jobs_only() {
     );
     let all = HandlerConfig { manage_all: true, ..cfg() };
     assert_eq!(enqueue_all_jobs(&all, &store).len(), 3);
+}
+
+// ------------------------------------------------------------------ Settled orphan entries
+
+/// A Job's finish points out its pods that still have the finalizer only after they had a
+/// moment to lose it: the re-check sends the entry when the cached pod still has it, and nothing
+/// when its finalizer removal (or a namesake, or its delete) came first.
+#[test]
+fn settled_orphan_entries_are_rechecked_against_the_cache() {
+    let (_, finished, _, _) = three_jobs();
+    let kept = mk_pod("kept", Some(&finished));
+    let mut released = mk_pod("released", Some(&finished));
+    released.has_tracking_finalizer = false;
+    let mut namesake = mk_pod("namesake", Some(&finished));
+    namesake.uid = "uid-another".into();
+    let store = store_with(&[&finished], &[&kept, &released, &namesake]);
+    assert_eq!(recheck_settled(&store, "ns/kept", "uid-kept"), Some(orphan_q("ns/kept")));
+    assert_eq!(recheck_settled(&store, "ns/released", "uid-released"), None);
+    assert_eq!(recheck_settled(&store, "ns/namesake", "uid-namesake"), None);
+    assert_eq!(recheck_settled(&store, "ns/gone", "uid-gone"), None);
+
+    // A deleted Job's pods are not held back: nobody else will remove their finalizers.
+    let out = on_job_delete(&cfg(), &store, &finished);
+    assert!(out.contains(&orphan_q("ns/kept")), "{out:?}");
+    assert!(out.iter().all(|e| !e.settle), "{out:?}");
+}
+
+/// A watcher that starts leading points out every finished Job's pod that kept the finalizer:
+/// the entry the Job's finish gave may have been waiting in a watcher that stopped.
+#[test]
+fn takeover_points_out_finished_jobs_pods_with_the_finalizer() {
+    let (a, finished, foreign, _) = three_jobs();
+    let live = mk_pod("live", Some(&a));
+    let of_finished = mk_pod("of-f", Some(&finished));
+    let mut released = mk_pod("rel-f", Some(&finished));
+    released.has_tracking_finalizer = false;
+    let of_foreign = mk_pod("of-x", Some(&foreign));
+    let store =
+        store_with(&[&a, &finished, &foreign], &[&live, &of_finished, &released, &of_foreign]);
+    assert_eq!(orphans_of_cached_pods(&cfg(), &store), vec![orphan_q("ns/of-f")]);
 }
