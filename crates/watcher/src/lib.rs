@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use kjob_svc::{AdminServer, AdminState, KubeClientArgs, Shutdown};
 use kube::Api;
@@ -230,13 +229,13 @@ async fn event_loop(
 ) -> Result<(), WatcherError> {
     // Full pods (the shared Job view the workers plan from needs their statuses), decoded lean:
     // container specs, volumes and managedFields are skipped while parsing.
-    let (jobs_api, pods_api): (Api<Job>, Api<view::WatchedPod>) = match &namespace {
+    let (jobs_api, pods_api): (Api<view::WatchedJob>, Api<view::WatchedPod>) = match &namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
         None => (Api::all(client.clone()), Api::all(client)),
     };
     let mut jobs = watcher(jobs_api, watcher::Config::default())
         .default_backoff()
-        .map(|r| r.map(|ev| map_event(ev, |j| JobInfo::from_job(&j))))
+        .map(|r| r.map(|ev| map_event(ev, |j| JobInfo::from_job(&j.into_job()))))
         .boxed();
     // Each pod is trimmed as it arrives (the view keeps what syncJob reads; the handlers read
     // metadata only), so the store never holds whole pods.

@@ -24,9 +24,62 @@ pub type ViewWrite = kjob_core::ViewOp<Arc<[u8]>>;
 /// The Job as the view keeps it: everything but managedFields (the worker creates pods from the
 /// template and writes status on top of it).
 pub fn trim_job(job: &Job) -> Arc<[u8]> {
+    if job.metadata.managed_fields.is_none() {
+        // Decoded as a [`WatchedJob`]: nothing to drop, so no copy.
+        return serde_json::to_vec(job).unwrap_or_default().into();
+    }
     let mut j = job.clone();
     j.metadata.managed_fields = None;
     serde_json::to_vec(&j).unwrap_or_default().into()
+}
+
+/// A Job as the watcher decodes it off the watch stream: whole but for managedFields, which
+/// serde skips while parsing. A Job's managedFields grow with every status writer and decode
+/// into JSON trees (`fieldsV1`), one allocation per field; the watcher never reads them and the
+/// view drops them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedJob {
+    /// Metadata without managedFields.
+    #[serde(deserialize_with = "meta_without_managed_fields")]
+    pub metadata: ObjectMeta,
+    /// The spec, whole.
+    #[serde(default)]
+    pub spec: Option<k8s_openapi::api::batch::v1::JobSpec>,
+    /// The status, whole.
+    #[serde(default)]
+    pub status: Option<k8s_openapi::api::batch::v1::JobStatus>,
+}
+
+impl WatchedJob {
+    /// The typed Job (apiVersion and kind are the type's own).
+    pub fn into_job(self) -> Job {
+        Job { metadata: self.metadata, spec: self.spec, status: self.status }
+    }
+}
+
+impl kube::Resource for WatchedJob {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Job".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "batch".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "jobs".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 /// The pod as the view keeps it: what syncJob reads — the metadata (without managedFields), the
@@ -325,6 +378,31 @@ mod tests {
         let bare = WatchedPod { api_version: String::new(), kind: String::new(), ..watched };
         let _: Pod = serde_json::from_slice(&bare.view_json()).unwrap();
         assert_eq!(back.metadata.name.as_deref(), Some("p"));
+    }
+
+    /// A Job decoded as a [`WatchedJob`] is the Job without managedFields, and the view keeps
+    /// the same JSON of it as of the fully decoded Job.
+    #[test]
+    fn a_watched_job_is_the_job_without_managed_fields() {
+        let mut job = mk_job("j").parallelism(3).build();
+        job.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kjob-worker".into()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                serde_json::json!({"f:status": {"f:active": {}, "f:startTime": {}}}),
+            )),
+            ..Default::default()
+        }]);
+        job.metadata.annotations = Some([("a".to_string(), "1".to_string())].into());
+        let full = serde_json::to_vec(&job).unwrap();
+        let watched: WatchedJob = serde_json::from_slice(&full).unwrap();
+        assert_eq!(watched.metadata.managed_fields, None, "skipped while parsing");
+        let typed = watched.into_job();
+        let mut expected = job.clone();
+        expected.metadata.managed_fields = None;
+        assert_eq!(typed, expected);
+        assert_eq!(trim_job(&typed), trim_job(&job));
+        let back: Job = serde_json::from_slice(&trim_job(&typed)).unwrap();
+        assert_eq!(back, expected);
     }
 
     fn sample_pod() -> Pod {
