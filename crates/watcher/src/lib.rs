@@ -94,6 +94,11 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    // Exported at zero from the start, so dashboards and alerts find the series before the
+    // first finished Job.
+    for outcome in ["sent", "settled"] {
+        metrics.orphan_rechecks.get_or_create(&OutcomeLabels { outcome });
+    }
     let admin_addr = match &listeners.admin {
         Some(l) => l.local_addr()?.to_string(),
         None => "none".into(),
