@@ -97,7 +97,7 @@ pub async fn run(
     // Exported at zero from the start, so dashboards and alerts find the series before the
     // first finished Job.
     for outcome in ["sent", "settled"] {
-        metrics.orphan_rechecks.get_or_create(&OutcomeLabels { outcome });
+        metrics.orphan_rechecks.get_or_create(&OutcomeLabels { outcome }).inc_by(0);
     }
     let admin_addr = match &listeners.admin {
         Some(l) => l.local_addr()?.to_string(),
