@@ -2,8 +2,11 @@
 //!
 //! Items arrive over a bounded channel (a full channel stalls the watch streams: backpressure,
 //! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items, at
-//! once when one asks for an immediate sync, else [`LINGER`] after the first), and each batch is
-//! retried with backoff until kjob-queue has it.
+//! once when one asks for an immediate sync, else when the first of its items has lingered as
+//! long as it may: see [`linger_for`]), and each batch is retried with backoff until kjob-queue
+//! has it. An item that asks for a sync after a delay spends part of that delay lingering, and
+//! its delay is shortened by the time it lingered, so the sync comes when it would have without
+//! the linger (upstream's `AddAfter` at the event).
 //! A batch asking for an immediate sync may go while another is in flight (up to
 //! [`MAX_IN_FLIGHT`]), but never beside one that shares a key, and a view session phase goes
 //! alone: the queue applies each key's items in the order the handlers made them (an
@@ -41,11 +44,19 @@ pub const MAX_BATCH: usize = 500;
 /// Largest Add batch in bytes (view objects): well under kjob-queue's message limit, and one
 /// script run stays short.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
-/// How long a batch of delayed items (pod events) waits for company after its first item: long
-/// enough to gather a burst of pod events, short against the 1 s batch period so syncs are not
-/// noticeably later. 10 ms rather than 5 made 35-40 % fewer Adds for the same events (an Indexed
-/// Job of 5,000 pods: 2,828 and 3,201 against 4,795 and 4,864) and ~15 % less kjob CPU.
+/// Shortest wait for company of a batch whose items do not ask for a sync now: what view-only
+/// items and items with short delays wait. 10 ms rather than 5 made 35-40 % fewer Adds for the
+/// same events (an Indexed Job of 5,000 pods: 2,828 and 3,201 against 4,795 and 4,864) and
+/// ~15 % less kjob CPU.
 pub const LINGER: Duration = Duration::from_millis(10);
+/// Longest wait for company of an item that asks for a sync after a delay (pod events and Job
+/// status updates: upstream's 1 s batch period). Its delay is shortened by what it waited, so
+/// the wait costs the sync nothing; at a low event rate it merges the events of a tenth of a
+/// second into one Add, where [`LINGER`] left most of them alone.
+pub const MAX_LINGER: Duration = Duration::from_millis(100);
+/// Part of a delay an item never spends lingering: the Add must land (and, on a retry, land
+/// again) before the key is due.
+pub const SEND_MARGIN: Duration = Duration::from_millis(50);
 /// Most Add batches in flight at once (each retried on its own until kjob-queue has it): one,
 /// plus one holding an immediate enqueue (a Job added or changed) that overtakes it.
 pub const MAX_IN_FLIGHT: usize = 2;
@@ -140,6 +151,27 @@ pub fn to_proto(e: &Enqueue) -> v1::AddItem {
 /// Whether an item asks for a sync now (not after a delay, not only observations).
 fn is_urgent(e: &Enqueue) -> bool {
     !e.observe_only && e.delay.is_zero()
+}
+
+/// How long `e` may wait in the sender for company: nothing if it asks for a sync now;
+/// [`LINGER`] if it only writes observations and view objects; else its delay less
+/// [`SEND_MARGIN`], between [`LINGER`] and [`MAX_LINGER`].
+pub fn linger_for(e: &Enqueue) -> Duration {
+    if is_urgent(e) {
+        Duration::ZERO
+    } else if e.observe_only {
+        LINGER
+    } else {
+        e.delay.saturating_sub(SEND_MARGIN).clamp(LINGER, MAX_LINGER)
+    }
+}
+
+/// Shortens the delay of an item that asks for a sync after one by `waited`, the time it spent
+/// in the sender, so that the key is due when it would have been had it gone at once.
+fn spend_delay(e: &mut Enqueue, waited: Duration) {
+    if !e.observe_only {
+        e.delay = e.delay.saturating_sub(waited);
+    }
 }
 
 /// Bytes an item adds to a batch (view objects dominate).
@@ -492,10 +524,13 @@ impl Batcher {
         let mut bytes = item_size(&first);
         // A batch holding an immediate enqueue (a Job added or changed) goes at once with what
         // is already buffered; only batches of delayed items (pod events, batched for 1 s by the
-        // queue anyway) wait for company. Under load batches still fill: items pile up in the
-        // channel while the previous batch is in flight.
-        let mut linger_until =
-            Instant::now() + if is_urgent(&first) { Duration::ZERO } else { LINGER };
+        // queue anyway) wait for company, each item no longer than it may (`linger_for`).
+        // Under load batches still fill: items pile up in the channel while the previous batch
+        // is in flight.
+        let start = Instant::now();
+        let mut linger_until = start + linger_for(&first);
+        // When each item was taken, to spend its wait from its delay.
+        let mut taken = vec![start];
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             let Some(e) = self.take(rx, Some(linger_until)).await else { break };
@@ -504,11 +539,15 @@ impl Batcher {
                 self.put_back(e);
                 break;
             }
-            if is_urgent(&e) {
-                linger_until = Instant::now();
-            }
+            let now = Instant::now();
+            linger_until = linger_until.min(now + linger_for(&e));
             bytes += size;
+            taken.push(now);
             batch.push(e);
+        }
+        let now = Instant::now();
+        for (e, at) in batch.iter_mut().zip(taken) {
+            spend_delay(e, now.saturating_duration_since(at));
         }
         Some(Next::Batch(batch))
     }
@@ -739,24 +778,65 @@ mod tests {
             });
         }
 
+        fn delays(next: Option<Next>) -> Vec<(String, u64)> {
+            match next {
+                Some(Next::Batch(b)) => {
+                    b.into_iter().map(|e| (e.key, e.delay.as_millis() as u64)).collect()
+                }
+                other => panic!("expected a batch, got {other:?}"),
+            }
+        }
+
+        fn owned(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+            v.iter().map(|(k, ms)| (k.to_string(), *ms)).collect()
+        }
+
         #[tokio::test(start_paused = true)]
-        async fn a_delayed_item_waits_the_linger_for_company() {
+        async fn a_delayed_item_waits_for_company_out_of_its_own_delay() {
             let (tx, mut rx) = channel();
             let mut b = Batcher::default();
-            // One item 3 ms into the linger joins; one after it goes in the next batch.
-            feed(tx.clone(), vec![(0, delayed("a")), (3, delayed("b")), (10, delayed("c"))]);
+            // Items due in 1 s linger MAX_LINGER from the first; what comes meanwhile joins,
+            // and each item's delay is shortened by what it waited, so each key is still due
+            // 1 s after its item arrived.
+            feed(
+                tx.clone(),
+                vec![(0, delayed("a")), (3, delayed("b")), (10, delayed("c")), (90, delayed("d"))],
+            );
             let t0 = Instant::now();
-            assert_eq!(keys(b.next(&mut rx).await), ["a", "b"]);
-            assert_eq!(t0.elapsed(), LINGER);
-            assert_eq!(keys(b.next(&mut rx).await), ["c"]);
-            assert_eq!(t0.elapsed(), Duration::from_millis(13) + LINGER);
+            assert_eq!(delays(b.next(&mut rx).await), owned(&[("a", 900), ("b", 903), ("c", 913)]));
+            assert_eq!(t0.elapsed(), MAX_LINGER);
+            assert_eq!(delays(b.next(&mut rx).await), owned(&[("d", 900)]));
+            assert_eq!(t0.elapsed(), Duration::from_millis(103) + MAX_LINGER);
             // A closed channel ends the linger at once, and then the sender.
-            tx.send(delayed("d")).await.unwrap();
+            tx.send(delayed("e")).await.unwrap();
             drop(tx);
             let t1 = Instant::now();
-            assert_eq!(keys(b.next(&mut rx).await), ["d"]);
+            assert_eq!(delays(b.next(&mut rx).await), owned(&[("e", 1000)]));
             assert_eq!(t1.elapsed(), Duration::ZERO);
             assert_eq!(b.next(&mut rx).await, None, "closed and drained");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_most_impatient_item_ends_the_linger() {
+            assert_eq!(linger_for(&urgent("a")), Duration::ZERO);
+            assert_eq!(linger_for(&e(JOB_QUEUE, "a", 30, &[])), LINGER);
+            assert_eq!(linger_for(&e(JOB_QUEUE, "a", 120, &[])), Duration::from_millis(70));
+            assert_eq!(linger_for(&e(JOB_QUEUE, "a", 40_000, &[])), MAX_LINGER);
+            let view_only = Enqueue::view_only("ns/v".into(), "s-1".into(), vec![]);
+            assert_eq!(linger_for(&view_only), LINGER);
+            let (tx, mut rx) = channel();
+            let mut b = Batcher::default();
+            // An item due in 30 ms, 5 ms after one due in 1 s: the batch goes LINGER after it,
+            // and neither key's due time moves.
+            feed(tx.clone(), vec![(0, delayed("a")), (5, e(JOB_QUEUE, "s", 30, &[]))]);
+            let t0 = Instant::now();
+            assert_eq!(delays(b.next(&mut rx).await), owned(&[("a", 985), ("s", 20)]));
+            assert_eq!(t0.elapsed(), Duration::from_millis(5) + LINGER);
+            // View-only items linger LINGER and keep their (unused) delay.
+            feed(tx.clone(), vec![(0, view_only.clone()), (4, delayed("b"))]);
+            let t0 = Instant::now();
+            assert_eq!(delays(b.next(&mut rx).await), owned(&[("ns/v", 0), ("b", 994)]));
+            assert_eq!(t0.elapsed(), LINGER);
         }
 
         #[tokio::test(start_paused = true)]
