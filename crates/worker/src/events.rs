@@ -45,6 +45,38 @@ use crate::metrics::Metrics;
 
 /// Events waiting to be written; beyond this they are dropped (best effort, bounded memory).
 const EVENT_QUEUE_CAPACITY: usize = 1024;
+/// How long the writer waits for more events after the first before gating them through
+/// kjob-queue as one batch: at a low rate each event would otherwise cost a call of its own.
+/// Events are written asynchronously anyway (upstream's broadcaster queues them too), and under
+/// load a batch fills without waiting.
+pub const EVENT_GATHER: Duration = Duration::from_millis(50);
+
+/// `first` and what follows it on `rx` within `window` (or at once, with a zero window), up to
+/// `max` events; a closed channel ends the wait.
+async fn gather(
+    rx: &mut mpsc::Receiver<NewEvent>,
+    first: NewEvent,
+    window: Duration,
+    max: usize,
+) -> Vec<NewEvent> {
+    let until = tokio::time::Instant::now() + window;
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(ev) => batch.push(ev),
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) if window.is_zero() => break,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(ev)) => batch.push(ev),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+    }
+    batch
+}
+
 /// `source.component` of every event: upstream's Job controller records as `job-controller`
 /// (`kubectl describe` shows it under "From").
 pub const SOURCE_COMPONENT: &str = "job-controller";
@@ -584,14 +616,11 @@ impl EventWriter {
     /// Correlates and writes events until every sink is dropped; failures are logged and
     /// forgotten. What is queued when the writer looks is gated as one batch.
     pub async fn run(mut self) {
+        // With the shared gate each batch costs a kjob-queue call: gather what a sync or two
+        // records (a Job's SuccessfulCreate, another's Completed) into one.
+        let window = if self.shared.is_some() { EVENT_GATHER } else { Duration::ZERO };
         while let Some(first) = self.rx.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < MAX_GATE_EVENTS {
-                match self.rx.try_recv() {
-                    Ok(ev) => batch.push(ev),
-                    Err(_) => break,
-                }
-            }
+            let batch = gather(&mut self.rx, first, window, MAX_GATE_EVENTS).await;
             let gates = self.gate(&batch).await;
             for (ev, gate) in batch.iter().zip(gates) {
                 let Some(c) = self.correlator.observe(ev, &gate) else {
@@ -855,6 +884,47 @@ mod tests {
             reason: reason.into(),
             message: message.into(),
         }
+    }
+
+    /// The writer's batches on tokio's paused clock: events within the window go together,
+    /// a full batch and a closed channel end the wait, and a zero window takes only what waits.
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_gathers_events_for_one_gate_call() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let feed = |tx: mpsc::Sender<NewEvent>, gaps: Vec<u64>| {
+            tokio::spawn(async move {
+                for (i, ms) in gaps.into_iter().enumerate() {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    tx.send(ev("u1", &format!("R{i}"), "m")).await.unwrap();
+                }
+            })
+        };
+        let reasons = |b: Vec<NewEvent>| b.into_iter().map(|e| e.reason).collect::<Vec<_>>();
+        let window = EVENT_GATHER;
+        let first = || ev("u1", "first", "m");
+        // Events at 0, 20 and 40 ms join the first; the one at 60 ms starts the next batch.
+        feed(tx.clone(), vec![0, 20, 20, 20]);
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(
+            reasons(gather(&mut rx, first(), window, 10).await),
+            ["first", "R0", "R1", "R2"]
+        );
+        assert_eq!(t0.elapsed(), window);
+        // A full batch goes at once.
+        assert_eq!(reasons(gather(&mut rx, first(), window, 2).await), ["first", "R3"]);
+        assert_eq!(t0.elapsed(), Duration::from_millis(60));
+        // A zero window takes what waits, without waiting.
+        assert_eq!(reasons(gather(&mut rx, first(), Duration::ZERO, 10).await), ["first"]);
+        assert_eq!(t0.elapsed(), Duration::from_millis(60));
+        // The window counts from the first event, not from the last one.
+        feed(tx.clone(), vec![30, 30]);
+        let t1 = tokio::time::Instant::now();
+        assert_eq!(reasons(gather(&mut rx, first(), window, 10).await), ["first", "R0"]);
+        assert_eq!(t1.elapsed(), window);
+        // A closed channel ends the wait as soon as it is drained.
+        drop(tx);
+        assert_eq!(reasons(gather(&mut rx, first(), window, 10).await), ["first", "R1"]);
+        assert_eq!(t1.elapsed(), Duration::from_millis(60));
     }
 
     fn at(s: i64) -> Timestamp {
