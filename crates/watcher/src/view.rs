@@ -128,9 +128,29 @@ pub struct WatchedPod {
     /// The parts of the spec syncJob reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<WatchedPodSpec>,
-    /// The status, whole.
+    /// The status, whole, as the stream sent it: the watcher reads none of it, so it is kept as
+    /// raw JSON, neither parsed into fields (conditions, container states: most of a pod
+    /// event's allocations) nor written out again field by field for the view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<k8s_openapi::api::core::v1::PodStatus>,
+    pub status: Option<RawJson>,
+}
+
+/// A JSON value kept as the text it came in (validated, not parsed into fields).
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+#[serde(transparent)]
+pub struct RawJson(Box<serde_json::value::RawValue>);
+
+impl RawJson {
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
 }
 
 /// The parts of a pod spec syncJob reads.
@@ -375,6 +395,9 @@ mod tests {
         assert_eq!(a, b);
         // The worker decodes it as a core/v1 Pod, also when the stream left out apiVersion/kind.
         let back: Pod = serde_json::from_slice(&watched.view_json()).unwrap();
+        // The status goes into the view as it came, and decodes as the pod's status.
+        assert_eq!(back.status, pod.status);
+        assert!(pod.status.is_some());
         let bare = WatchedPod { api_version: String::new(), kind: String::new(), ..watched };
         let _: Pod = serde_json::from_slice(&bare.view_json()).unwrap();
         assert_eq!(back.metadata.name.as_deref(), Some("p"));
