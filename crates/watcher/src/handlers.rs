@@ -158,11 +158,8 @@ fn cleanup_pod_finalizers(store: &Store, job: &JobInfo, settle: bool, out: &mut 
         .collect();
     // Deterministic order keeps batches and tests stable.
     pods.sort_by(|a, b| a.name.cmp(&b.name));
-    if settle {
-        out.extend(pods.into_iter().map(Enqueue::settling_orphan));
-    } else {
-        out.extend(pods.into_iter().map(Enqueue::orphan));
-    }
+    let entry = if settle { Enqueue::settling_orphan } else { Enqueue::orphan };
+    out.extend(pods.into_iter().map(entry));
 }
 
 /// A settled orphan entry ([`Enqueue::settle`]) of pod `key` with `uid`, once its wait is over:

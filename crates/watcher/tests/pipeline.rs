@@ -440,14 +440,19 @@ async fn pods_of_a_job_deleted_while_no_watcher_led_reach_the_orphan_queue() {
         orphan_state("gone-a").await != "absent"
     })
     .await;
+    let keys = leased_orphan_keys(&stack).await;
+    assert_eq!(keys, [key("gone-a")], "only the pod that still has the finalizer");
+    w.stop().await;
+}
+
+/// Leases every ready key of the orphan queue, as the orphan worker would.
+async fn leased_orphan_keys(stack: &Stack) -> Vec<String> {
     let items = stack
         .queue
         .lease("orphan-pod", 100, Duration::from_secs(30), Duration::ZERO, "test")
         .await
         .unwrap();
-    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-    assert_eq!(keys, [key("gone-a")], "only the pod that still has the finalizer");
-    w.stop().await;
+    items.into_iter().map(|i| i.key).collect()
 }
 
 fn spawn_watcher_process(stack: &Stack, identity: &str, admin_port: u16) -> ChildGuard {
@@ -583,12 +588,7 @@ async fn a_finished_jobs_orphan_entries_wait_for_the_pods_own_finalizer_removals
         |outcome: &str| format!("kjob_watcher_orphan_rechecks_total{{outcome=\"{outcome}\"}}");
     w.wait_metric("both entries re-checked", Duration::from_secs(10), &rechecks("sent"), 1.0).await;
     assert_eq!(w.metric(&rechecks("settled")).await, 1.0, "fin-a needed no cleanup");
-    let items = stack
-        .queue
-        .lease("orphan-pod", 100, Duration::from_secs(30), Duration::ZERO, "test")
-        .await
-        .unwrap();
-    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    let keys = leased_orphan_keys(&stack).await;
     assert_eq!(keys, [key("fin-b")], "only the pod that kept its finalizer");
     w.stop().await;
 }
