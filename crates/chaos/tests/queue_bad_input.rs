@@ -79,13 +79,14 @@ enum Req {
     },
 }
 
-/// A Done's (queue, key, lease_id, outcome, requeue_after_ms), and its view write-back.
+/// A Done's (queue, key, lease_id, outcome, requeue_after_ms), its view write-back and the
+/// expectations it raises.
 #[derive(Debug, Clone)]
-struct Done((String, String, String, i32, u64), Option<WriteBack>);
+struct Done((String, String, String, i32, u64), Option<WriteBack>, Option<Raise>);
 
 impl Done {
     fn into_proto(self) -> v1::DoneRequest {
-        let Done((queue, key, lease_id, outcome, requeue_after_ms), write_back) = self;
+        let Done((queue, key, lease_id, outcome, requeue_after_ms), write_back, raise) = self;
         v1::DoneRequest {
             queue,
             key,
@@ -93,13 +94,35 @@ impl Done {
             outcome,
             requeue_after_ms,
             view_write_back: write_back.map(WriteBack::into_proto),
+            expectations: raise.map(Raise::into_proto),
         }
     }
 }
 
 fn done() -> impl Strategy<Value = Done> {
-    ((text(), text(), text(), -2i32..6, count()), proptest::option::of(write_back()))
-        .prop_map(|(fields, write_back)| Done(fields, write_back))
+    (
+        (text(), text(), text(), -2i32..6, count()),
+        proptest::option::of(write_back()),
+        proptest::option::of(raise()),
+    )
+        .prop_map(|(fields, write_back, raise)| Done(fields, write_back, raise))
+}
+
+/// Expectations riding on a Done: (key, job UID, add, del, created pod UIDs).
+#[derive(Debug, Clone)]
+struct Raise(String, String, i64, i64, Vec<String>);
+
+impl Raise {
+    fn into_proto(self) -> v1::SetExpectationsRequest {
+        let Raise(key, job_uid, add, del, created_pod_uids) = self;
+        v1::SetExpectationsRequest { key, job_uid, add, del, created_pod_uids }
+    }
+}
+
+fn raise() -> impl Strategy<Value = Raise> {
+    let n = prop_oneof![Just(0i64), -2i64..4, Just(i64::MAX), Just(i64::MIN)];
+    (text(), text(), n.clone(), n, proptest::collection::vec(text(), 0..4))
+        .prop_map(|(k, u, a, d, p)| Raise(k, u, a, d, p))
 }
 
 /// A view write-back riding on a Done: (key, job UID, object length, resourceVersion).

@@ -196,6 +196,7 @@ pub fn done_request(
         outcome: outcome as i32,
         requeue_after_ms,
         view_write_back,
+        expectations: None,
     }
 }
 
@@ -448,10 +449,24 @@ unary_calls! {
     ) -> v1::DoneResponse
         = queue.done(done_request(queue, key, lease_id, outcome, view_write_back)) => |r| r;
 
+    /// Sends a Done built by the caller (e.g. [`done_request`] carrying expectations).
+    fn done_as(request: &v1::DoneRequest) -> v1::DoneResponse
+        = queue.done(request.clone()) => |r| r;
+
     /// Replaces the expectations of Job `key` (UID `job_uid`).
     fn set_expectations(key: &str, job_uid: &str, add: i64, del: i64) -> ()
         = expectations.set_expectations(v1::SetExpectationsRequest {
-            key: owned(key), job_uid: owned(job_uid), add, del
+            key: owned(key), job_uid: owned(job_uid), add, del, created_pod_uids: Vec::new()
+        }) => |_| ();
+
+    /// Replaces the expectations of Job `key` after its sync created the pods `created` (their
+    /// UIDs; `add` counts them and any create of unknown outcome): the created pods the
+    /// watcher has observed already are not expected.
+    fn set_expectations_created(
+        key: &str, job_uid: &str, add: i64, del: i64, created: &[String]
+    ) -> ()
+        = expectations.set_expectations(v1::SetExpectationsRequest {
+            key: owned(key), job_uid: owned(job_uid), add, del, created_pod_uids: created.to_vec()
         }) => |_| ();
 
     /// Lowers existing expectations of Job `key` by `add`/`del` (no-op without a record).

@@ -193,6 +193,37 @@ fn expectation_counts(key: &str, job_uid: &str, add: i64, del: i64) -> Result<()
     validate::count("del", del).map_err(invalid)
 }
 
+fn set_expectations_fields(r: &v1::SetExpectationsRequest) -> Result<(), Refused> {
+    expectation_counts(&r.key, &r.job_uid, r.add, r.del)?;
+    pod_uids(&r.created_pod_uids)?;
+    if i64::try_from(r.created_pod_uids.len()).map_or(true, |n| n > r.add) {
+        return Err(invalid(format!(
+            "{} created_pod_uids with add {}: add counts every created pod",
+            r.created_pod_uids.len(),
+            r.add
+        )));
+    }
+    Ok(())
+}
+
+/// The checked expectations a Done carries, if any (its key filled in).
+fn done_expectations(r: &v1::DoneRequest) -> Result<Option<v1::SetExpectationsRequest>, String> {
+    let Some(e) = &r.expectations else { return Ok(None) };
+    if r.queue != kjob_core::JOB_QUEUE {
+        return Err(format!(
+            "expectations are for the {:?} queue only, not {:?}",
+            kjob_core::JOB_QUEUE,
+            r.queue
+        ));
+    }
+    if !e.key.is_empty() && e.key != r.key {
+        return Err(format!("expectations are for key {:?}, not this Done's {:?}", e.key, r.key));
+    }
+    let e = v1::SetExpectationsRequest { key: r.key.clone(), ..e.clone() };
+    set_expectations_fields(&e).map_err(|Refused(s)| format!("expectations: {}", s.message()))?;
+    Ok(Some(e))
+}
+
 fn expectations_reply(e: kjob_workqueue::Expectations) -> v1::GetExpectationsResponse {
     v1::GetExpectationsResponse {
         satisfied: e.satisfied,
@@ -396,6 +427,7 @@ impl QueueService {
                     deadline_unix_ms: it.deadline_ms,
                     enqueued_unix_ms: it.enqueued_ms,
                     view: None,
+                    lease_expiries: it.expiries,
                 }
             })
             .collect::<Vec<_>>();
@@ -430,9 +462,24 @@ impl QueueService {
 
     async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Refused> {
         let done = done_item(&r)?;
-        if let Some(v) = view_write_back(&r)? {
-            self.write_back(&r.key, v).await?;
-        }
+        let raised = done_expectations(&r)?;
+        let view = view_write_back(&r)?;
+        // Both land before the lease is finished (see `apply_dones`).
+        let write_back = async {
+            match view {
+                Some(v) => self.write_back(&r.key, v).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let raise = async {
+            match &raised {
+                Some(e) => self.set_expectations(e).await,
+                None => Ok(()),
+            }
+        };
+        let (written, raised) = futures::future::join(write_back, raise).await;
+        written?;
+        raised?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
                 self.done_applied(&r.queue, &d);
@@ -489,8 +536,26 @@ impl QueueService {
                 write_backs.push(self.write_back(&it.key, v));
             }
         }
-        // The view write-backs land before any lease of the batch is finished.
-        for r in futures::future::join_all(write_backs).await {
+        let mut raised = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            if let Some(e) = done_expectations(it)
+                .map_err(|e| invalid(format!("{what} {i} ({:?}): {e}", it.key)))?
+            {
+                raised.push(e);
+            }
+        }
+        // The view write-backs and the expectations land before any lease of the batch is
+        // finished: whoever leases the key next plans from them.
+        let raised = raised.iter().map(|e| self.set_expectations(e));
+        let (written, raised) = futures::future::join(
+            futures::future::join_all(write_backs),
+            futures::future::join_all(raised),
+        )
+        .await;
+        for r in written {
+            r?;
+        }
+        for r in raised {
             r?;
         }
         let mut results = vec![v1::DoneItemResult::default(); items.len()];
@@ -573,9 +638,20 @@ impl QueueService {
         &self,
         r: v1::SetExpectationsRequest,
     ) -> Result<v1::SetExpectationsResponse, Refused> {
-        expectation_counts(&r.key, &r.job_uid, r.add, r.del)?;
-        self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await?;
+        set_expectations_fields(&r)?;
+        self.set_expectations(&r).await?;
         Ok(v1::SetExpectationsResponse {})
+    }
+
+    /// Applies a checked SetExpectations (the plain one, or the one raised after the creates).
+    async fn set_expectations(&self, r: &v1::SetExpectationsRequest) -> Result<(), Refused> {
+        if r.created_pod_uids.is_empty() {
+            self.store.set_expectations(&r.key, &r.job_uid, r.add, r.del).await?;
+        } else {
+            let (key, uid, uids) = (&r.key, &r.job_uid, &r.created_pod_uids);
+            self.store.set_expectations_created(key, uid, r.add, r.del, uids).await?;
+        }
+        Ok(())
     }
 
     async fn lower_expectations_rpc(

@@ -169,6 +169,7 @@ async fn bad_done_batches_are_refused_whole() {
         outcome: v1::DoneOutcome::Unspecified as i32,
         requeue_after_ms: 0,
         view_write_back: None,
+        expectations: None,
     };
     let e = raw.done_batch(v1::DoneBatchRequest { items: vec![unspecified.clone()] }).await;
     assert!(e.unwrap_err().message().contains("outcome 0"));

@@ -325,24 +325,46 @@ async fn leases_bring_the_job_view() {
     assert_eq!(v.job, b"{\"job\":9}", "written back before the Done");
     c.done("job", &got[0].key, &got[0].lease_id, Outcome::Forget).await.unwrap();
     c.done("orphan-pod", "ns/pod", &orphan[0].lease_id, Outcome::Forget).await.unwrap();
-    // In a DoneBatch too.
+    // In a DoneBatch too, with the expectations a sync raises after its creates: checked
+    // (every created pod counted in add), then set before the lease ends.
     c.add(vec![item("ns/viewed", 0)]).await.unwrap();
     let again = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
     let mut raw = kjob_proto::v1::queue_client::QueueClient::connect(r.url.clone()).await.unwrap();
-    let batch = v1::DoneBatchRequest {
-        items: vec![v1::DoneRequest {
-            queue: "job".into(),
-            key: "ns/viewed".into(),
-            lease_id: again[0].lease_id.clone(),
-            outcome: v1::DoneOutcome::Forget as i32,
-            requeue_after_ms: 0,
-            view_write_back: Some(wb("ns/viewed", "10")),
-        }],
+    let raise = |add: i64, pods: &[&str]| v1::SetExpectationsRequest {
+        key: String::new(),
+        job_uid: "u1".into(),
+        add,
+        del: 0,
+        created_pod_uids: pods.iter().map(|p| p.to_string()).collect(),
     };
+    let done = |expectations| v1::DoneRequest {
+        queue: "job".into(),
+        key: "ns/viewed".into(),
+        lease_id: again[0].lease_id.clone(),
+        outcome: v1::DoneOutcome::Forget as i32,
+        requeue_after_ms: 0,
+        view_write_back: Some(wb("ns/viewed", "10")),
+        expectations: Some(expectations),
+    };
+    let refused = raw
+        .done_batch(v1::DoneBatchRequest { items: vec![done(raise(1, &["p7", "p8"]))] })
+        .await
+        .unwrap_err();
+    assert!(refused.message().contains("created_pod_uids"), "{refused:?}");
+    let batch = v1::DoneBatchRequest { items: vec![done(raise(3, &["p7", "p8"]))] };
     let res = raw.done_batch(batch).await.unwrap().into_inner();
     assert_eq!(res.results[0].code, 0, "{res:?}");
     let v = c.get_job_view("ns/viewed", &[]).await.unwrap().unwrap();
     assert_eq!(v.job, b"{\"job\":10}");
+    let e = c.get_expectations("ns/viewed", "u1").await.unwrap();
+    assert!(e.exists && !e.satisfied && (e.add, e.del) == (3, 0), "{e:?}");
+    // And in a Done on its own.
+    c.add(vec![item("ns/viewed", 0)]).await.unwrap();
+    let again = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
+    let single = v1::DoneRequest { lease_id: again[0].lease_id.clone(), ..done(raise(1, &["p9"])) };
+    c.done_as(&single).await.unwrap();
+    let e = c.get_expectations("ns/viewed", "u1").await.unwrap();
+    assert!(e.exists && (e.add, e.del) == (1, 0), "{e:?}");
     c.add(vec![item("ns/viewed", 0)]).await.unwrap();
     let got = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
     assert_eq!(got[0].view, None);

@@ -63,12 +63,28 @@ pub struct LeaseSettings {
     pub shutdown_grace: Duration,
 }
 
-/// The Job object a sync hands back, for its lease's Done to write into the shared view.
-pub type WriteBack = Option<v1::PutJobViewRequest>;
+/// What a lease's Done writes before it ends the lease (Job queue only).
+#[derive(Debug, Clone, Default)]
+pub struct WriteBack {
+    /// The Job object the sync wrote last, for the shared view.
+    pub view: Option<v1::PutJobViewRequest>,
+    /// The expectations the sync raised after creating pods (see [`Raised`]).
+    pub expectations: Option<v1::SetExpectationsRequest>,
+}
+
+/// Where a sync that created pods before raising its expectations keeps the record it owes
+/// (`kjob_worker::sync` explains why). The lease loop owns it, so that the Done carries it
+/// even when the sync future is dropped at the wind-down limit.
+pub type Raised = Arc<std::sync::Mutex<Option<v1::SetExpectationsRequest>>>;
+
+/// Takes what `raised` holds.
+pub fn take_raised(raised: &Raised) -> Option<v1::SetExpectationsRequest> {
+    raised.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+}
 /// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).
 pub type View = Option<v1::GetJobViewResponse>;
-/// How a sync ended, and what it hands back.
-pub type Synced = (Result<SyncOutcome, SyncError>, WriteBack);
+/// How a sync ended, and the Job object it hands back for the shared view.
+pub type Synced = (Result<SyncOutcome, SyncError>, Option<v1::PutJobViewRequest>);
 
 /// A lease whose sync has ended, waiting for its Done.
 #[derive(Debug, Clone)]
@@ -121,7 +137,7 @@ impl LeaseSource for QueueClient {
         let LeaseSettings { queue, lease, worker_id, .. } = settings;
         let dones = finished
             .iter()
-            .map(|f| done_request(queue, &f.item.key, &f.item.lease_id, f.outcome, f.back.clone()))
+            .map(|f| done_writing(queue, &f.item, f.outcome, f.back.clone()))
             .collect();
         let ends: Vec<Outcome> = finished.iter().map(|f| f.outcome).collect();
         async move {
@@ -148,23 +164,48 @@ impl LeaseSource for QueueClient {
     }
 
     fn done(&self, q: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> impl Call<()> {
-        self.done_writing_back(q, &item.key, &item.lease_id, end, back).map(|r| r.map(drop))
+        let request = done_writing(q, item, end, back);
+        async move { self.done_as(&request).await.map(drop) }
+    }
+}
+
+/// The Done of `item` with what the sync writes first.
+fn done_writing(queue: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> v1::DoneRequest {
+    v1::DoneRequest {
+        expectations: back.expectations,
+        ..done_request(queue, &item.key, &item.lease_id, end, back.view)
     }
 }
 
 /// What the lease loop runs for each leased key.
 pub trait Syncer: Send + Sync + 'static {
-    /// Syncs `key` of `queue`; once `wind_down` fires it makes no more pod calls.
-    fn run(&self, queue: &str, key: &str, view: View, wind_down: &Shutdown) -> impl SyncFuture;
+    /// Syncs `key` of `queue`; once `wind_down` fires it makes no more pod calls. Expectations
+    /// it owes the lease's Done go into `raised`.
+    fn run(
+        &self,
+        queue: &str,
+        key: &str,
+        view: View,
+        wind_down: &Shutdown,
+        raised: &Raised,
+    ) -> impl SyncFuture;
     /// Where the loop counts leases and renewals.
     fn metrics(&self) -> &Metrics;
 }
 
 impl Syncer for Worker {
-    fn run(&self, queue: &str, key: &str, view: View, wind_down: &Shutdown) -> impl SyncFuture {
+    fn run(
+        &self,
+        queue: &str,
+        key: &str,
+        view: View,
+        wind_down: &Shutdown,
+        raised: &Raised,
+    ) -> impl SyncFuture {
         async move {
             let mut write_back = None;
-            let result = self.sync_leased(queue, key, view, wind_down, &mut write_back).await;
+            let result =
+                self.sync_leased(queue, key, view, wind_down, &mut write_back, raised).await;
             (result, write_back)
         }
     }
@@ -452,7 +493,7 @@ fn log_join(r: Result<(), tokio::task::JoinError>) {
 
 /// How one lease ended, for logs and metrics.
 enum Ending {
-    Finished(Outcome, WriteBack),
+    Finished(Outcome, Option<v1::PutJobViewRequest>),
     LeaseLost,
     HandedBack,
 }
@@ -469,22 +510,30 @@ async fn process<S: Syncer, Q: LeaseSource>(
 ) {
     let qname = settings.queue;
     let view = item.view.take();
+    // The previous lessee's lease expired mid-sync: it may have created pods whose expectations
+    // it never raised (they go with the Done), so the view cannot be trusted to show them; this
+    // sync reads the API server.
+    let view = match item.lease_expiries {
+        0 => view,
+        _ => Some(v1::GetJobViewResponse { trusted: false, ..Default::default() }),
+    };
+    let raised = Raised::default();
     let ending = {
-        let sync = worker.run(qname, &item.key, view, &hand_back);
+        let sync = worker.run(qname, &item.key, view, &hand_back, &raised);
         let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;
             tokio::time::sleep(WIND_DOWN_LIMIT).await;
         };
         tokio::select! {
-            (r, write_back) = sync => Ending::Finished(match r {
+            (r, view) = sync => Ending::Finished(match r {
                 Ok(SyncOutcome::Done) => Outcome::Forget,
                 Ok(SyncOutcome::RequeueAfter(d)) => Outcome::RequeueAfter(d),
                 Err(e) => {
                     tracing::warn!(error = %e, "sync failed; requeueing with backoff");
                     Outcome::RateLimited
                 }
-            }, write_back),
+            }, view),
             // Dropping the sync future stops every write it had in flight or planned.
             () = renew => Ending::LeaseLost,
             // A sync that cannot wind down in time is dropped; its key is handed back as is.
@@ -497,13 +546,17 @@ async fn process<S: Syncer, Q: LeaseSource>(
         Ending::HandedBack => "handed_back",
     };
     match ending {
-        Ending::Finished(outcome, back) => {
+        Ending::Finished(outcome, view) => {
+            let back = WriteBack { view, expectations: take_raised(&raised) };
             if let Some(f) = carry.offer(Finished { item, outcome, back }) {
                 finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
             }
         }
         Ending::HandedBack => {
-            finish(&queue, qname, &item, Outcome::RequeueAfter(Duration::ZERO)).await
+            // Pods the dropped sync created still get their expectations.
+            let back = WriteBack { view: None, expectations: take_raised(&raised) };
+            let outcome = Outcome::RequeueAfter(Duration::ZERO);
+            finish_writing_back(&queue, qname, &item, outcome, back).await
         }
         Ending::LeaseLost => tracing::warn!("lease lost; sync abandoned"),
     }
@@ -533,7 +586,7 @@ async fn hand_back_now(
 /// Sends the one Done of a lease. A refused Done means the lease expired meanwhile; the key is
 /// then back in the queue already, so there is nothing more to do.
 async fn finish(queue: &impl LeaseSource, qname: &str, item: &LeasedItem, outcome: Outcome) {
-    finish_writing_back(queue, qname, item, outcome, None).await
+    finish_writing_back(queue, qname, item, outcome, WriteBack::default()).await
 }
 
 /// [`finish`] that writes the sync's last Job object back into the shared view first, in the
@@ -543,7 +596,7 @@ async fn finish_writing_back(
     qname: &str,
     item: &LeasedItem,
     outcome: Outcome,
-    write_back: Option<v1::PutJobViewRequest>,
+    write_back: WriteBack,
 ) {
     log_done(outcome, queue.done(qname, item, outcome, write_back).await);
 }
@@ -636,6 +689,10 @@ mod tests {
         Dropped(String),
         /// A sync saw the wind-down signal.
         WindDown(String),
+        /// A Done (on its own or carried) raised this many expected creations.
+        Raised(String, i64),
+        /// A sync was told its view cannot be trusted.
+        Untrusted(String),
     }
 
     type Log = Arc<Mutex<Vec<(Duration, Ev)>>>;
@@ -681,6 +738,9 @@ mod tests {
             if !failed && self.carries {
                 for f in finished {
                     record(&self.log, self.start, Ev::Carried(f.item.key.clone(), f.outcome));
+                    if let Some(e) = &f.back.expectations {
+                        record(&self.log, self.start, Ev::Raised(f.item.key.clone(), e.add));
+                    }
                 }
             }
             record(&self.log, self.start, Ev::Lease);
@@ -709,8 +769,11 @@ mod tests {
             std::future::ready(if self.renew_ok { Ok(()) } else { Err(down) })
         }
 
-        fn done(&self, _: &str, item: &LeasedItem, end: Outcome, _: WriteBack) -> impl Call<()> {
+        fn done(&self, _: &str, item: &LeasedItem, end: Outcome, b: WriteBack) -> impl Call<()> {
             record(&self.log, self.start, Ev::Done(item.key.clone(), end));
+            if let Some(e) = b.expectations {
+                record(&self.log, self.start, Ev::Raised(item.key.clone(), e.add));
+            }
             std::future::ready(Ok(()))
         }
     }
@@ -742,8 +805,26 @@ mod tests {
     }
 
     impl Syncer for FakeSync {
-        fn run(&self, _: &str, key: &str, _: View, wind_down: &Shutdown) -> impl SyncFuture {
+        fn run(
+            &self,
+            _: &str,
+            key: &str,
+            view: View,
+            wind_down: &Shutdown,
+            raised: &Raised,
+        ) -> impl SyncFuture {
             let mut guard = DropGuard(Some((self.log.clone(), self.start, key.to_string())));
+            if view.is_some_and(|v| !v.trusted) {
+                record(&self.log, self.start, Ev::Untrusted(key.into()));
+            }
+            // Keys starting with `creating` owe their Done a record of two creations.
+            if key.starts_with("creating") {
+                *raised.lock().unwrap() = Some(v1::SetExpectationsRequest {
+                    key: key.into(),
+                    add: 2,
+                    ..Default::default()
+                });
+            }
             let polite = key.starts_with("polite");
             // Keys starting with `late` take twice as long; `name@ms` takes ms.
             let run_for = match key.split_once('@') {
@@ -807,9 +888,11 @@ mod tests {
     async fn run(setup: Setup) -> (Vec<(Duration, Ev)>, Metrics) {
         let start = Instant::now();
         let log: Log = Arc::default();
+        // Keys starting with `expired` come after a lease that expired.
         let items = setup.keys.iter().map(|k| LeasedItem {
             key: k.to_string(),
             lease_id: format!("id-{k}"),
+            lease_expiries: u32::from(k.starts_with("expired")),
             ..Default::default()
         });
         let queue = FakeQueue {
@@ -925,6 +1008,42 @@ mod tests {
         ];
         assert_eq!(calls, want);
         assert_eq!((finished(&m, "forget"), finished(&m, "handed_back")), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_done_raises_what_the_sync_owes_even_when_it_is_dropped() {
+        // Dropped at the wind-down limit: the hand-back Done still raises the record.
+        const KEY: &str = "creating-stubborn@100000";
+        let key = KEY;
+        let setup = Setup {
+            keys: &[KEY],
+            lease: s(30.0),
+            grace: s(2.0),
+            shutdown_at: s(1.0),
+            ..Default::default()
+        };
+        let (mut calls, _) = run(setup).await;
+        calls.retain(|(_, c)| !matches!(c, Ev::Lease | Ev::Renew(_)));
+        let back = Outcome::RequeueAfter(Duration::ZERO);
+        let want = vec![
+            (s(13.0), Ev::Dropped(key.into())),
+            (s(13.0), Ev::Done(key.into(), back)),
+            (s(13.0), Ev::Raised(key.into(), 2)),
+        ];
+        assert_eq!(calls, want);
+        // A finished sync's Done raises it too; only the key whose previous lease expired
+        // reads the API server.
+        let setup = Setup { keys: &["creating", "expired"], lease: s(30.0), ..Default::default() };
+        let (mut calls, _) = run(setup).await;
+        calls.retain(|(_, c)| !matches!(c, Ev::Lease | Ev::Renew(_)));
+        calls.sort_by_key(|(t, c)| (*t, format!("{c:?}")));
+        let want = vec![
+            (s(0.0), Ev::Untrusted("expired".into())),
+            (s(1.0), Ev::Carried("creating".into(), Outcome::Forget)),
+            (s(1.0), Ev::Carried("expired".into(), Outcome::Forget)),
+            (s(1.0), Ev::Raised("creating".into(), 2)),
+        ];
+        assert_eq!(calls, want);
     }
 
     #[tokio::test(start_paused = true)]

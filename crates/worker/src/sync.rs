@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::EventType;
 use crate::kube_api::ApiError;
+use crate::lease::Raised;
 use crate::metrics::{
     ActionLabels, CreationLabels, FinishedLabels, IndexesLabels, PodsFinishedLabels, SyncLabels,
 };
@@ -75,6 +76,21 @@ pub fn decode_backoff(bytes: &[u8], job_uid: &str) -> Option<BackoffRecord> {
     }
 }
 
+/// The expectations a sync that creates `add` pods before raising them owes its Done.
+fn raise_after_creates(key: &str, uid: &str, add: u32) -> v1::SetExpectationsRequest {
+    v1::SetExpectationsRequest {
+        key: key.to_string(),
+        job_uid: uid.to_string(),
+        add: i64::from(add),
+        del: 0,
+        created_pod_uids: Vec::new(),
+    }
+}
+
+fn lock(raised: &Raised) -> std::sync::MutexGuard<'_, Option<v1::SetExpectationsRequest>> {
+    raised.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The earlier of two optional requeue delays.
 fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
@@ -103,6 +119,7 @@ impl Worker {
         leased_view: Option<v1::GetJobViewResponse>,
         wind_down: &CancellationToken,
         write_back: &mut Option<v1::PutJobViewRequest>,
+        raised: &Raised,
     ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let key_str = key.to_string();
@@ -182,7 +199,8 @@ impl Worker {
             manage_all: self.manage_all,
         };
         let plan = JobSync::with_summaries(input, pods.summaries());
-        let mut outcome = self.drive(&job, &uid, &key_str, plan, wind_down, write_back).await;
+        let mut outcome =
+            self.drive(&job, &uid, &key_str, plan, wind_down, write_back, raised).await;
         outcome.requeue_after = earliest(outcome.requeue_after, recheck);
         self.finish_sync(&job, &key_str, outcome, started).await
     }
@@ -242,6 +260,19 @@ impl Worker {
     }
 
     /// Executes the plan's steps until it is done (or a queue call fails, which aborts it).
+    ///
+    /// Upstream raises the expectations of creations before it creates the pods
+    /// (`ExpectCreations`), so that its informer cannot show a pod the record does not expect
+    /// yet. Here the record is raised after the creates instead, with the created pods' UIDs,
+    /// by the lease's Done (`raised`): the first pod of a Job does not wait for a queue call,
+    /// and a sync that creates pods makes one call fewer. Nobody plans from the record before
+    /// the Done (the key is leased), the Done lands before the key can be leased again, and
+    /// kjob-queue counts out the created pods the watcher observed meanwhile, so the next sync
+    /// sees what a record raised first would show. Until the creates answer, `raised` expects
+    /// every pod (a sync dropped at the wind-down limit hands that to its Done); creates that
+    /// failed lower it as the plan says. A lease that expires instead (its holder died or lost
+    /// it) makes the next lessee read the API server.
+    #[allow(clippy::too_many_arguments)]
     async fn drive(
         &self,
         job: &Job,
@@ -250,17 +281,32 @@ impl Worker {
         mut plan: JobSync<'_>,
         wind_down: &CancellationToken,
         write_back: &mut Option<v1::PutJobViewRequest>,
+        raised: &Raised,
     ) -> Outcome {
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         // Status writes carry the latest resourceVersion this sync holds (its own last write).
         let mut current = job.clone();
         // The last status this sync wrote, for the shared view (see `write_back`).
         let mut wrote_status = false;
+        // A Set of creations not applied yet: it waits for the Done when the next step creates
+        // the pods, else it goes now.
+        let mut held: Option<u32> = None;
         loop {
             let step = plan.next_step();
             for ev in plan.take_events() {
                 self.emit(job, &ev);
             }
+            if let Some(add) = held.take() {
+                if matches!(step, Step::CreatePods { .. }) && !wind_down.is_cancelled() {
+                    // Until the creates answer, every one of them is expected.
+                    *lock(raised) = Some(raise_after_creates(key, uid, add));
+                } else if let Err(e) =
+                    self.apply_expectations(key, uid, Expectations::Set { add, del: 0 }).await
+                {
+                    return plan.abort(format!("expectations: {e}"));
+                }
+            }
+            let deferred = lock(raised).is_some();
             let report = match step {
                 Step::Done(outcome) => {
                     // Goes with the lease's Done (see `write_back`).
@@ -269,8 +315,37 @@ impl Worker {
                     }
                     return *outcome;
                 }
+                Step::Expectations(Expectations::Set { add, del: 0 }) if add > 0 && !deferred => {
+                    held = Some(add);
+                    continue;
+                }
+                // Creations that failed lower the record the Done raises.
+                Step::Expectations(Expectations::Lower { add, del: 0 }) if deferred => {
+                    if let Some(r) = lock(raised).as_mut() {
+                        r.add = r.add.saturating_sub(i64::from(add)).max(0);
+                    }
+                    continue;
+                }
                 Step::Expectations(op) => {
-                    if let Err(e) = self.apply_expectations(key, uid, op).await {
+                    // Anything else about the record goes after the one the Done would raise,
+                    // so that one is raised now.
+                    let pending = lock(raised).take();
+                    let raised_now = match &pending {
+                        Some(r) => {
+                            let (add, uids) = (r.add, &r.created_pod_uids);
+                            self.queue.set_expectations_created(key, uid, add, 0, uids).await
+                        }
+                        None => Ok(()),
+                    };
+                    let applied = match raised_now {
+                        Ok(()) => self.apply_expectations(key, uid, op).await,
+                        Err(e) => {
+                            // Still owed: the Done raises it.
+                            *lock(raised) = pending;
+                            Err(e)
+                        }
+                    };
+                    if let Err(e) = applied {
                         return plan.abort(format!("expectations: {e}"));
                     }
                     continue;
@@ -287,6 +362,11 @@ impl Worker {
                 Step::CreatePods { pods } => {
                     let calls = pods.iter().map(|p| self.api.create_pod(&ns, p));
                     let results = join_all(calls).await;
+                    if deferred && let Some(r) = lock(raised).as_mut() {
+                        r.created_pod_uids.extend(
+                            results.iter().flatten().filter_map(|p| p.metadata.uid.clone()),
+                        );
+                    }
                     Report::PodsCreated(
                         results
                             .into_iter()

@@ -109,7 +109,12 @@ impl Worker {
         wind_down: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
         let mut write_back = None;
-        let result = self.sync_leased(queue, key, None, wind_down, &mut write_back).await;
+        let raised = crate::lease::Raised::default();
+        let result = self.sync_leased(queue, key, None, wind_down, &mut write_back, &raised).await;
+        if let Some(e) = crate::lease::take_raised(&raised) {
+            let (k, uid, uids) = (&e.key, &e.job_uid, &e.created_pod_uids);
+            self.queue.set_expectations_created(k, uid, e.add, e.del, uids).await?;
+        }
         if let Some(w) = write_back {
             let stored =
                 self.queue.put_job_view(key, &w.job_uid, w.job, &w.resource_version, 0).await;
@@ -121,8 +126,9 @@ impl Worker {
     }
 
     /// [`Self::sync`] with the Job's shared view as the Lease reply brought it (`None`: the
-    /// sync reads it itself). The Job object the sync wrote last lands in `write_back`, for the
-    /// lease's Done to write back into the view (which `sync` does itself).
+    /// sync reads it itself). The Job object the sync wrote last lands in `write_back`, and the
+    /// expectations it raised after creating pods in `raised`, for the lease's Done to write
+    /// (which `sync` does itself).
     pub async fn sync_leased(
         &self,
         queue: &str,
@@ -130,6 +136,7 @@ impl Worker {
         view: Option<v1::GetJobViewResponse>,
         wind_down: &CancellationToken,
         write_back: &mut Option<v1::PutJobViewRequest>,
+        raised: &crate::lease::Raised,
     ) -> Result<SyncOutcome, SyncError> {
         let key = match ObjectKey::parse(key) {
             Ok(k) => k,
@@ -139,7 +146,7 @@ impl Worker {
             }
         };
         match queue {
-            JOB_QUEUE => self.sync_job(&key, view, wind_down, write_back).await,
+            JOB_QUEUE => self.sync_job(&key, view, wind_down, write_back, raised).await,
             ORPHAN_POD_QUEUE => self.sync_orphan_pod(&key).await,
             other => {
                 tracing::error!(queue = other, "no sync for this queue; dropping key");

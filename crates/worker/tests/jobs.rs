@@ -552,6 +552,37 @@ async fn pod_replacement_policy_failed_waits_for_terminating_pods(server: TestSe
     e.finish(&job, 2).await;
 }
 
+/// A sync that creates all its pods in one batch raises their expectations with its lease's
+/// Done, after the creates: the record expects the pod until the watcher's observation of it
+/// lowers it, and only a lease expiry (not a Done) leaves no record.
+async fn expectations_of_one_batch_are_raised_after_the_creates(server: TestServer) {
+    let mut e = env(server, "raised", "one").await;
+    let job = create_plain_job(&e.server.client(), &e.ns, "one", 1, 1).await;
+    let uid = job.metadata.uid.clone().unwrap();
+    let key = format!("{}/one", e.ns);
+    let queue = e.driver.queue.clone();
+    // Enqueue the Job without observing anything: the driver sees no pod yet.
+    let item = kjob_queue_client::v1::AddItem {
+        queue: kjob_core::JOB_QUEUE.into(),
+        key: key.clone(),
+        ..Default::default()
+    };
+    queue.add(vec![item]).await.unwrap();
+    let record = common::eventually("the record raised by the Done", TIMEOUT, || async {
+        let r = queue.get_expectations(&key, &uid).await.ok()?;
+        r.exists.then_some(r)
+    })
+    .await;
+    assert_eq!((record.add, record.del, record.satisfied), (1, 0, false), "{record:?}");
+    assert_eq!(e.driver.pods().await.len(), 1, "the pod was created before the record");
+    // The observation of that pod satisfies it, and the Job runs to completion.
+    let job = e.driver.run_until(TIMEOUT, &mut |_| Fate::Succeed, &mut finished).await;
+    let after = queue.get_expectations(&key, &uid).await.unwrap();
+    assert!(after.satisfied, "{after:?}");
+    assert_eq!(counts(&job), (1, 0, 0));
+    e.finish(&job, 1).await;
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     non_indexed_completes,
     indexed_completes_with_every_index,
@@ -568,4 +599,5 @@ kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     active_deadline_fails_the_job,
     suspend_then_resume,
     pod_replacement_policy_failed_waits_for_terminating_pods,
+    expectations_of_one_batch_are_raised_after_the_creates,
 );

@@ -181,7 +181,7 @@ local function reap(limit, poison, base, max)
 end
 
 -- Leases up to `n` ready items, oldest first, to `worker` for `lease_ms`, appending
--- `{item, lease_id, requeues, deadline, added_at}` of each to `out`; returns how many. One
+-- `{item, lease_id, requeues, deadline, added_at, expiries}` of each to `out`; returns how many. One
 -- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
 local function grant(worker, n, lease_ms, out)
   local popped = redis.call('ZPOPMIN', READY, n)
@@ -205,7 +205,7 @@ local function grant(worker, n, lease_ms, out)
     zargs[2 * i - 1], zargs[2 * i] = deadline, item
     hargs[2 * i - 1] = item
     hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
-    out[#out + 1] = {item, id, req, deadline, tonumber(added)}
+    out[#out + 1] = {item, id, req, deadline, tonumber(added), ex}
   end
   redis.call('ZADD', LEASES, unpack(zargs))
   redis.call('HSET', LEASE, unpack(hargs))
@@ -223,7 +223,8 @@ macro_rules! observe_fn {
         r#"
 -- kind 1 creation, 2 deletion (lower the counters of a record of that Job UID, once per pod),
 -- 3 finalizer removal (drop the pod from the in-flight set). Returns observations that changed
--- something.
+-- something. A pod's creation is remembered even with no record of its Job: a sync that
+-- created pods raises its record afterwards (SET_CREATED) and must not expect those seen.
 local function observe(EXP, SEEN, FIN, gc_ms, obs, first, count)
   local changed = 0
   for i = first, first + 3 * (count - 1), 3 do
@@ -240,6 +241,9 @@ local function observe(EXP, SEEN, FIN, gc_ms, obs, first, count)
         redis.call('HINCRBY', EXP, kind == 1 and 'add' or 'del', -1)
         changed = changed + 1
       end
+    elseif kind == 1 and puid ~= '' then
+      redis.call('SADD', SEEN, '1:' .. puid)
+      redis.call('PEXPIRE', SEEN, gc_ms)
     end
   end
   return changed

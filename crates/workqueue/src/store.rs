@@ -129,6 +129,9 @@ pub struct Leased {
     pub deadline_ms: i64,
     /// When the item was (first) added (Unix ms).
     pub enqueued_ms: i64,
+    /// Leases of the item that expired without a Done since its last Done: more than zero
+    /// when the previous lessee died or lost its lease mid-sync.
+    pub expiries: u32,
 }
 
 /// Result of one lease attempt.

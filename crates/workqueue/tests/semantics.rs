@@ -159,6 +159,8 @@ async fn lease_expiry_returns_key_and_fences_stale_holder(s: Store) {
     assert_eq!(new.len(), 1, "expired lease did not come back");
     let new = &new[0];
     assert_ne!(new.lease_id, old.lease_id);
+    // The new lessee learns that the lease before it expired.
+    assert_eq!((old.expiries, new.expiries), (0, 1));
     // The stale holder can neither extend nor finish, and changes nothing by trying.
     assert_eq!(s.renew(Q, "ns/a", &old.lease_id, LEASE).await.unwrap(), None);
     assert_eq!(s.done(Q, "ns/a", &old.lease_id, LeaseOutcome::Forget).await.unwrap(), None);
@@ -263,6 +265,44 @@ async fn expectations_semantics(s: Store) {
     s.set_expectations(k, "u1", 1, 0).await.unwrap();
     assert_eq!(s.observe(k, &[c("p1")]).await.unwrap(), 1);
     assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+}
+
+/// A sync that raises its record after creating its pods: the creations the watcher observed
+/// in between (with no record, another Job's or an older one) are not expected again.
+async fn expectations_raised_after_the_creates(s: Store) {
+    let k = "ns/job";
+    let c = |p: &str| Observation::new(ObservationKind::Creation, "u1", p);
+    let created = |p: &[&str]| p.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    // No record yet (a new Job's first sync): p1 is observed before the record is raised.
+    assert_eq!(s.observe(k, &[c("p1")]).await.unwrap(), 0, "no record to lower");
+    assert_eq!(
+        s.set_expectations_created(k, "u1", 2, 0, &created(&["p1", "p2"])).await.unwrap(),
+        1
+    );
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert!(!e.satisfied);
+    assert_eq!(e.record.as_ref().map(|r| (r.add, r.del)), Some((1, 0)));
+    // p1 counted once, even re-sent; p2 satisfies the record.
+    assert_eq!(s.observe(k, &[c("p1")]).await.unwrap(), 0);
+    assert_eq!(s.observe(k, &[c("p2")]).await.unwrap(), 1);
+    assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+    // A satisfied record: the observation lowers it below zero, the late raise counts it out.
+    assert_eq!(s.observe(k, &[c("p3")]).await.unwrap(), 1);
+    assert_eq!(s.set_expectations_created(k, "u1", 1, 0, &created(&["p3"])).await.unwrap(), 0);
+    assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+    // A record of an older Job of the same name: the new Job's pod creation is still kept.
+    s.set_expectations(k, "u0", 0, 0).await.unwrap();
+    assert_eq!(s.observe(k, &[c("p4")]).await.unwrap(), 0);
+    assert_eq!(s.set_expectations_created(k, "u1", 1, 0, &created(&["p4"])).await.unwrap(), 0);
+    assert!(s.get_expectations(k, "u1").await.unwrap().satisfied);
+    // Creations not observed, and those whose outcome is unknown (add beyond the UIDs), wait.
+    assert_eq!(s.set_expectations_created(k, "u1", 3, 0, &created(&["p5"])).await.unwrap(), 3);
+    assert_eq!(s.observe(k, &[c("p5"), c("p6")]).await.unwrap(), 2);
+    let e = s.get_expectations(k, "u1").await.unwrap();
+    assert_eq!(e.record.map(|r| r.add), Some(1));
+    // A plain Set starts afresh: the pods seen before count again.
+    s.set_expectations(k, "u1", 1, 0).await.unwrap();
+    assert_eq!(s.observe(k, &[c("p5")]).await.unwrap(), 1);
 }
 
 async fn expectations_timeout(s: Store) {
@@ -824,6 +864,7 @@ both!(
     rate_limiter_sequence_and_forget,
     requeue_after,
     expectations_semantics,
+    expectations_raised_after_the_creates,
     expectations_timeout(super::short_expectations()),
     finalizer_uid_sets_and_records,
     stats_and_inspect,

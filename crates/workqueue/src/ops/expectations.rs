@@ -46,6 +46,52 @@ impl Store {
 }
 
 /// KEYS: the [`ExpKeys`].
+/// ARGV[1] -> uid, ARGV[2] -> add, ARGV[3] -> del, ARGV[4] -> gc_ms, ARGV[5..] -> UIDs of pods
+/// already created.
+/// Reply: the creations the record expects.
+///
+/// SET for a sync that raises its record after creating the pods rather than before: the
+/// created pods the watcher has observed already (their creations are in SEEN, recorded with
+/// or without a record) are not expected. SEEN is kept, so that a re-sent observation of one
+/// of them does not lower the new record.
+const SET_CREATED: &str = concat!(
+    exp_prelude!(),
+    r#"
+local add = tonumber(ARGV[2])
+for i = 5, #ARGV do
+  if redis.call('SISMEMBER', SEEN, '1:' .. ARGV[i]) == 1 then add = add - 1 end
+end
+redis.call('DEL', EXP)
+redis.call('HSET', EXP, 'uid', ARGV[1], 'add', add, 'del', ARGV[3], 'ts', now)
+redis.call('PEXPIRE', EXP, ARGV[4])
+return add
+"#
+);
+
+static SET_CREATED_SCRIPT: Lua = Lua::new("set_expectations_created", SET_CREATED);
+
+impl Store {
+    /// Replaces the expectations of Job `key` after its sync created pods (`created`: their
+    /// UIDs): `add` creations (the created pods and any whose outcome is unknown) and `del`
+    /// deletions, less the created pods already observed. Returns the creations expected.
+    /// With no `created`, the same as [`Self::set_expectations`] except that the pods observed
+    /// so far stay observed.
+    pub async fn set_expectations_created(
+        &self,
+        key: &str,
+        job_uid: &str,
+        add: i64,
+        del: i64,
+        created: &[String],
+    ) -> Result<i64, WqError> {
+        let mut args = argv![job_uid, add, del, self.config().idle_gc];
+        args.extend(created.iter().map(Arg::arg));
+        let keys = ExpKeys::new(key).to_vec();
+        self.run(&SET_CREATED_SCRIPT, &keys, args).await
+    }
+}
+
+/// KEYS: the [`ExpKeys`].
 /// ARGV[1] -> uid, ARGV[2] -> add_delta, ARGV[3] -> del_delta (already negated).
 /// Reply: 1 when an existing record of that UID was lowered, else 0.
 const LOWER: &str = concat!(

@@ -16,7 +16,7 @@ use crate::store::{LeaseBatch, Leased, Store};
 /// ARGV[1] -> worker, ARGV[2] -> n, ARGV[3] -> lease_ms, ARGV[4] -> promote_limit, ARGV[5] ->
 /// reap_limit, ARGV[6] -> poison_after, ARGV[7] -> base_ms, ARGV[8] -> max_ms.
 /// Reply: [`LeaseBatch`] `{now, next_due, promoted, reaped, poisoned, {item, lease_id,
-/// requeues, deadline, added_at}…}`.
+/// requeues, deadline, added_at, expiries}…}`.
 const LEASE: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
@@ -49,7 +49,7 @@ impl Reply for LeaseBatch {
 }
 
 impl Leased {
-    /// One `{item, lease_id, requeues, deadline, added_at}` of a lease reply.
+    /// One `{item, lease_id, requeues, deadline, added_at, expiries}` of a lease reply.
     pub(crate) fn parse(mut f: Fields<'_>) -> Result<Self, WqError> {
         Ok(Self {
             key: f.string("item")?,
@@ -57,6 +57,7 @@ impl Leased {
             requeues: f.count("requeues")?,
             deadline_ms: f.int("deadline")?,
             enqueued_ms: f.int("added_at")?,
+            expiries: f.count("expiries")?,
         })
     }
 }
