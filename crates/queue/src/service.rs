@@ -428,6 +428,7 @@ impl QueueService {
                     enqueued_unix_ms: it.enqueued_ms,
                     view: None,
                     lease_expiries: it.expiries,
+                    done_raises_expectations: true,
                 }
             })
             .collect::<Vec<_>>();

@@ -73,13 +73,33 @@ pub struct WriteBack {
 }
 
 /// Where a sync that created pods before raising its expectations keeps the record it owes
-/// (`kjob_worker::sync` explains why). The lease loop owns it, so that the Done carries it
-/// even when the sync future is dropped at the wind-down limit.
-pub type Raised = Arc<std::sync::Mutex<Option<v1::SetExpectationsRequest>>>;
+/// (`Worker::drive` explains why). The lease loop owns it, so that the Done carries it even
+/// when the sync future is dropped at the wind-down limit.
+#[derive(Debug, Default)]
+pub struct Raised {
+    /// The record owed.
+    owed: Mutex<Option<v1::SetExpectationsRequest>>,
+    /// Whether it may be owed at all: the queue service applies a Done's expectations
+    /// (`LeasedItem.done_raises_expectations`; one from before that field ignores them, so
+    /// syncs raise their records before the creates, as upstream).
+    pub deferrable: bool,
+}
 
-/// Takes what `raised` holds.
-pub fn take_raised(raised: &Raised) -> Option<v1::SetExpectationsRequest> {
-    raised.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+impl Raised {
+    /// A slot syncs may leave a record in when `deferrable`.
+    pub fn new(deferrable: bool) -> Self {
+        Self { owed: Mutex::default(), deferrable }
+    }
+
+    /// The record owed, to read or change.
+    pub fn owed(&self) -> std::sync::MutexGuard<'_, Option<v1::SetExpectationsRequest>> {
+        self.owed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes the record owed.
+    pub fn take(&self) -> Option<v1::SetExpectationsRequest> {
+        self.owed().take()
+    }
 }
 /// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).
 pub type View = Option<v1::GetJobViewResponse>;
@@ -517,7 +537,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
         0 => view,
         _ => Some(v1::GetJobViewResponse { trusted: false, ..Default::default() }),
     };
-    let raised = Raised::default();
+    let raised = Raised::new(item.done_raises_expectations);
     let ending = {
         let sync = worker.run(qname, &item.key, view, &hand_back, &raised);
         let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
@@ -547,14 +567,14 @@ async fn process<S: Syncer, Q: LeaseSource>(
     };
     match ending {
         Ending::Finished(outcome, view) => {
-            let back = WriteBack { view, expectations: take_raised(&raised) };
+            let back = WriteBack { view, expectations: raised.take() };
             if let Some(f) = carry.offer(Finished { item, outcome, back }) {
                 finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
             }
         }
         Ending::HandedBack => {
             // Pods the dropped sync created still get their expectations.
-            let back = WriteBack { view: None, expectations: take_raised(&raised) };
+            let back = WriteBack { view: None, expectations: raised.take() };
             let outcome = Outcome::RequeueAfter(Duration::ZERO);
             finish_writing_back(&queue, qname, &item, outcome, back).await
         }
@@ -819,7 +839,7 @@ mod tests {
             }
             // Keys starting with `creating` owe their Done a record of two creations.
             if key.starts_with("creating") {
-                *raised.lock().unwrap() = Some(v1::SetExpectationsRequest {
+                *raised.owed() = Some(v1::SetExpectationsRequest {
                     key: key.into(),
                     add: 2,
                     ..Default::default()
@@ -893,6 +913,7 @@ mod tests {
             key: k.to_string(),
             lease_id: format!("id-{k}"),
             lease_expiries: u32::from(k.starts_with("expired")),
+            done_raises_expectations: true,
             ..Default::default()
         });
         let queue = FakeQueue {

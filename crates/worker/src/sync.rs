@@ -87,10 +87,6 @@ fn raise_after_creates(key: &str, uid: &str, add: u32) -> v1::SetExpectationsReq
     }
 }
 
-fn lock(raised: &Raised) -> std::sync::MutexGuard<'_, Option<v1::SetExpectationsRequest>> {
-    raised.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// The earlier of two optional requeue delays.
 fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
@@ -297,16 +293,17 @@ impl Worker {
                 self.emit(job, &ev);
             }
             if let Some(add) = held.take() {
-                if matches!(step, Step::CreatePods { .. }) && !wind_down.is_cancelled() {
+                let creates = matches!(step, Step::CreatePods { .. });
+                if creates && raised.deferrable && !wind_down.is_cancelled() {
                     // Until the creates answer, every one of them is expected.
-                    *lock(raised) = Some(raise_after_creates(key, uid, add));
+                    *raised.owed() = Some(raise_after_creates(key, uid, add));
                 } else if let Err(e) =
                     self.apply_expectations(key, uid, Expectations::Set { add, del: 0 }).await
                 {
                     return plan.abort(format!("expectations: {e}"));
                 }
             }
-            let deferred = lock(raised).is_some();
+            let deferred = raised.owed().is_some();
             let report = match step {
                 Step::Done(outcome) => {
                     // Goes with the lease's Done (see `write_back`).
@@ -321,7 +318,7 @@ impl Worker {
                 }
                 // Creations that failed lower the record the Done raises.
                 Step::Expectations(Expectations::Lower { add, del: 0 }) if deferred => {
-                    if let Some(r) = lock(raised).as_mut() {
+                    if let Some(r) = raised.owed().as_mut() {
                         r.add = r.add.saturating_sub(i64::from(add)).max(0);
                     }
                     continue;
@@ -329,7 +326,7 @@ impl Worker {
                 Step::Expectations(op) => {
                     // Anything else about the record goes after the one the Done would raise,
                     // so that one is raised now.
-                    let pending = lock(raised).take();
+                    let pending = raised.owed().take();
                     let raised_now = match &pending {
                         Some(r) => {
                             let (add, uids) = (r.add, &r.created_pod_uids);
@@ -341,7 +338,7 @@ impl Worker {
                         Ok(()) => self.apply_expectations(key, uid, op).await,
                         Err(e) => {
                             // Still owed: the Done raises it.
-                            *lock(raised) = pending;
+                            *raised.owed() = pending;
                             Err(e)
                         }
                     };
@@ -362,7 +359,7 @@ impl Worker {
                 Step::CreatePods { pods } => {
                     let calls = pods.iter().map(|p| self.api.create_pod(&ns, p));
                     let results = join_all(calls).await;
-                    if deferred && let Some(r) = lock(raised).as_mut() {
+                    if deferred && let Some(r) = raised.owed().as_mut() {
                         r.created_pod_uids.extend(
                             results.iter().flatten().filter_map(|p| p.metadata.uid.clone()),
                         );

@@ -109,9 +109,9 @@ impl Worker {
         wind_down: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
         let mut write_back = None;
-        let raised = crate::lease::Raised::default();
+        let raised = crate::lease::Raised::new(true);
         let result = self.sync_leased(queue, key, None, wind_down, &mut write_back, &raised).await;
-        if let Some(e) = crate::lease::take_raised(&raised) {
+        if let Some(e) = raised.take() {
             let (k, uid, uids) = (&e.key, &e.job_uid, &e.created_pod_uids);
             self.queue.set_expectations_created(k, uid, e.add, e.del, uids).await?;
         }

@@ -583,6 +583,58 @@ async fn expectations_of_one_batch_are_raised_after_the_creates(server: TestServ
     e.finish(&job, 1).await;
 }
 
+/// Against a kjob-queue that applies a Done's expectations a sync leaves the record of the pods
+/// it creates to the Done, with their UIDs; against one from before that (its leases do not
+/// say so) it raises the record before the creates, as upstream.
+async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: TestServer) {
+    let ns = server.namespace("owed");
+    server.create_namespace(&ns).await;
+    let queue = QueueService::start();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = kjob_worker::metrics::Metrics::new(&mut registry);
+    let api = kjob_worker::kube_api::KubeApi::new(server.client(), 100.0, 100, metrics.clone());
+    let (events, writer) = kjob_worker::events::EventSink::new(
+        api.clone(),
+        kjob_core::DEFAULT_CONTROLLER_NAME,
+        "t",
+        metrics.clone(),
+    );
+    let writer = tokio::spawn(writer.run());
+    let name = kjob_core::DEFAULT_CONTROLLER_NAME.to_string();
+    let worker = kjob_worker::Worker::new(api, queue.client(), events, metrics, name, false);
+    let never = tokio_util::sync::CancellationToken::new();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(server.client(), &ns);
+    for (job_name, deferrable) in [("first", false), ("after", true)] {
+        let job = create_plain_job(&server.client(), &ns, job_name, 1, 1).await;
+        let uid = job.metadata.uid.clone().unwrap();
+        let key = format!("{ns}/{job_name}");
+        let raised = kjob_worker::lease::Raised::new(deferrable);
+        let mut write_back = None;
+        let queue_name = kjob_core::JOB_QUEUE;
+        worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
+        let lp = kube::api::ListParams::default()
+            .labels(&format!("batch.kubernetes.io/job-name={job_name}"));
+        let created = pods.list(&lp).await.unwrap().items;
+        assert_eq!(created.len(), 1, "{job_name}");
+        let record = queue.client().get_expectations(&key, &uid).await.unwrap();
+        let owed = raised.take();
+        if deferrable {
+            assert!(!record.exists, "{record:?}");
+            let owed = owed.expect("the record is owed to the Done");
+            assert_eq!(
+                (owed.key.as_str(), owed.job_uid.as_str(), owed.add, owed.del),
+                (key.as_str(), uid.as_str(), 1, 0)
+            );
+            assert_eq!(owed.created_pod_uids, vec![created[0].metadata.uid.clone().unwrap()]);
+        } else {
+            assert_eq!(owed, None);
+            assert!(record.exists && (record.add, record.del) == (1, 0), "{record:?}");
+        }
+    }
+    drop(worker);
+    writer.abort();
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     non_indexed_completes,
     indexed_completes_with_every_index,
@@ -600,4 +652,5 @@ kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     suspend_then_resume,
     pod_replacement_policy_failed_waits_for_terminating_pods,
     expectations_of_one_batch_are_raised_after_the_creates,
+    a_sync_owes_its_done_the_record_only_when_the_queue_applies_it,
 );
