@@ -209,16 +209,7 @@ fn set_expectations_fields(r: &v1::SetExpectationsRequest) -> Result<(), Refused
 /// The checked expectations a Done carries, if any (its key filled in).
 fn done_expectations(r: &v1::DoneRequest) -> Result<Option<v1::SetExpectationsRequest>, String> {
     let Some(e) = &r.expectations else { return Ok(None) };
-    if r.queue != kjob_core::JOB_QUEUE {
-        return Err(format!(
-            "expectations are for the {:?} queue only, not {:?}",
-            kjob_core::JOB_QUEUE,
-            r.queue
-        ));
-    }
-    if !e.key.is_empty() && e.key != r.key {
-        return Err(format!("expectations are for key {:?}, not this Done's {:?}", e.key, r.key));
-    }
+    rides_this_done(r, "expectations", &e.key)?;
     let e = v1::SetExpectationsRequest { key: r.key.clone(), ..e.clone() };
     set_expectations_fields(&e).map_err(|Refused(s)| format!("expectations: {}", s.message()))?;
     Ok(Some(e))
@@ -287,19 +278,26 @@ fn put_job_view_fields(r: &v1::PutJobViewRequest) -> Result<(), String> {
     validate::id("resource_version", &r.resource_version, !r.job.is_empty())
 }
 
-/// The checked view write-back a Done carries, if any.
-fn view_write_back(r: &v1::DoneRequest) -> Result<Option<&v1::PutJobViewRequest>, String> {
-    let Some(v) = &r.view_write_back else { return Ok(None) };
+/// Checks that what a Done carries in `field`, written for `key` (empty: the Done's own), may
+/// ride it: Job queue only, and that Done's key.
+fn rides_this_done(r: &v1::DoneRequest, field: &str, key: &str) -> Result<(), String> {
     if r.queue != kjob_core::JOB_QUEUE {
         return Err(format!(
-            "view_write_back is for the {:?} queue only, not {:?}",
+            "{field} is for the {:?} queue only, not {:?}",
             kjob_core::JOB_QUEUE,
             r.queue
         ));
     }
-    if !v.key.is_empty() && v.key != r.key {
-        return Err(format!("view_write_back is for key {:?}, not this Done's {:?}", v.key, r.key));
+    if !key.is_empty() && key != r.key {
+        return Err(format!("{field} is for key {key:?}, not this Done's {:?}", r.key));
     }
+    Ok(())
+}
+
+/// The checked view write-back a Done carries, if any.
+fn view_write_back(r: &v1::DoneRequest) -> Result<Option<&v1::PutJobViewRequest>, String> {
+    let Some(v) = &r.view_write_back else { return Ok(None) };
+    rides_this_done(r, "view_write_back", &v.key)?;
     put_job_view_fields(v).map_err(|e| format!("view_write_back: {e}"))?;
     Ok(Some(v))
 }

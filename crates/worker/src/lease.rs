@@ -1008,8 +1008,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn after_the_grace_syncs_wind_down_or_are_dropped_and_handed_back() {
+        // The stubborn sync has created pods: it owes its Done their expectations.
         let setup = Setup {
-            keys: &["polite", "stubborn"],
+            keys: &["polite", "creating-stubborn"],
             lease: s(30.0),
             run_for: s(100.0),
             grace: s(2.0),
@@ -1023,37 +1024,19 @@ mod tests {
             // Grace over at 3 s: the polite sync stops and ends its lease as it decides.
             (s(3.0), Ev::WindDown("polite".into())),
             (s(3.0), Ev::Done("polite".into(), Outcome::Forget)),
-            // The stubborn one gets WIND_DOWN_LIMIT more, then is dropped and handed back.
-            (s(13.0), Ev::Dropped("stubborn".into())),
-            (s(13.0), Ev::Done("stubborn".into(), back)),
+            // The stubborn one gets WIND_DOWN_LIMIT more, then is dropped and handed back; the
+            // hand-back Done still raises the record.
+            (s(13.0), Ev::Dropped("creating-stubborn".into())),
+            (s(13.0), Ev::Done("creating-stubborn".into(), back)),
+            (s(13.0), Ev::Raised("creating-stubborn".into(), 2)),
         ];
         assert_eq!(calls, want);
         assert_eq!((finished(&m, "forget"), finished(&m, "handed_back")), (1, 1));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_done_raises_what_the_sync_owes_even_when_it_is_dropped() {
-        // Dropped at the wind-down limit: the hand-back Done still raises the record.
-        const KEY: &str = "creating-stubborn@100000";
-        let key = KEY;
-        let setup = Setup {
-            keys: &[KEY],
-            lease: s(30.0),
-            grace: s(2.0),
-            shutdown_at: s(1.0),
-            ..Default::default()
-        };
-        let (mut calls, _) = run(setup).await;
-        calls.retain(|(_, c)| !matches!(c, Ev::Lease | Ev::Renew(_)));
-        let back = Outcome::RequeueAfter(Duration::ZERO);
-        let want = vec![
-            (s(13.0), Ev::Dropped(key.into())),
-            (s(13.0), Ev::Done(key.into(), back)),
-            (s(13.0), Ev::Raised(key.into(), 2)),
-        ];
-        assert_eq!(calls, want);
-        // A finished sync's Done raises it too; only the key whose previous lease expired
-        // reads the API server.
+    async fn a_finished_sync_raises_what_it_owes_and_an_expired_lease_distrusts_the_view() {
+        // Only the key whose previous lease expired reads the API server.
         let setup = Setup { keys: &["creating", "expired"], lease: s(30.0), ..Default::default() };
         let (mut calls, _) = run(setup).await;
         calls.retain(|(_, c)| !matches!(c, Ev::Lease | Ev::Renew(_)));

@@ -300,6 +300,9 @@ async fn expectations_raised_after_the_creates(s: Store) {
     assert_eq!(s.observe(k, &[c("p5"), c("p6")]).await.unwrap(), 2);
     let e = s.get_expectations(k, "u1").await.unwrap();
     assert_eq!(e.record.map(|r| r.add), Some(1));
+    // Only the created pods stay seen across the raise (the seen set does not grow with the
+    // Job): p4, seen before it, counts again, as after a plain Set.
+    assert_eq!(s.observe(k, &[c("p4")]).await.unwrap(), 1);
     // A plain Set starts afresh: the pods seen before count again.
     s.set_expectations(k, "u1", 1, 0).await.unwrap();
     assert_eq!(s.observe(k, &[c("p5")]).await.unwrap(), 1);

@@ -52,16 +52,26 @@ impl Store {
 ///
 /// SET for a sync that raises its record after creating the pods rather than before: the
 /// created pods the watcher has observed already (their creations are in SEEN, recorded with
-/// or without a record) are not expected. SEEN is kept, so that a re-sent observation of one
-/// of them does not lower the new record.
+/// or without a record) are not expected. SEEN starts afresh, as with SET, except for those
+/// pods: a re-sent observation of one of them must not lower the new record. (So SEEN holds
+/// what the current record has seen, and does not grow with the Job's pods.)
 const SET_CREATED: &str = concat!(
     exp_prelude!(),
     r#"
 local add = tonumber(ARGV[2])
+local seen = {}
 for i = 5, #ARGV do
-  if redis.call('SISMEMBER', SEEN, '1:' .. ARGV[i]) == 1 then add = add - 1 end
+  local s = '1:' .. ARGV[i]
+  if redis.call('SISMEMBER', SEEN, s) == 1 then
+    add = add - 1
+    seen[#seen + 1] = s
+  end
 end
-redis.call('DEL', EXP)
+redis.call('DEL', EXP, SEEN)
+if #seen > 0 then
+  redis.call('SADD', SEEN, unpack(seen))
+  redis.call('PEXPIRE', SEEN, ARGV[4])
+end
 redis.call('HSET', EXP, 'uid', ARGV[1], 'add', add, 'del', ARGV[3], 'ts', now)
 redis.call('PEXPIRE', EXP, ARGV[4])
 return add
@@ -74,8 +84,7 @@ impl Store {
     /// Replaces the expectations of Job `key` after its sync created pods (`created`: their
     /// UIDs): `add` creations (the created pods and any whose outcome is unknown) and `del`
     /// deletions, less the created pods already observed. Returns the creations expected.
-    /// With no `created`, the same as [`Self::set_expectations`] except that the pods observed
-    /// so far stay observed.
+    /// With no `created`, the same as [`Self::set_expectations`].
     pub async fn set_expectations_created(
         &self,
         key: &str,
