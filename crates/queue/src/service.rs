@@ -294,6 +294,21 @@ fn rides_this_done(r: &v1::DoneRequest, field: &str, key: &str) -> Result<(), St
     Ok(())
 }
 
+/// What a Done writes before it finishes its lease, checked.
+struct BeforeDone<'a> {
+    key: &'a str,
+    /// The Job object for the key's shared view.
+    view: Option<&'a v1::PutJobViewRequest>,
+    /// The expectations raised after the sync's creates.
+    expectations: Option<v1::SetExpectationsRequest>,
+}
+
+impl<'a> BeforeDone<'a> {
+    fn of(r: &'a v1::DoneRequest) -> Result<Self, String> {
+        Ok(Self { key: &r.key, view: view_write_back(r)?, expectations: done_expectations(r)? })
+    }
+}
+
 /// The checked view write-back a Done carries, if any.
 fn view_write_back(r: &v1::DoneRequest) -> Result<Option<&v1::PutJobViewRequest>, String> {
     let Some(v) = &r.view_write_back else { return Ok(None) };
@@ -461,24 +476,7 @@ impl QueueService {
 
     async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Refused> {
         let done = done_item(&r)?;
-        let raised = done_expectations(&r)?;
-        let view = view_write_back(&r)?;
-        // Both land before the lease is finished (see `apply_dones`).
-        let write_back = async {
-            match view {
-                Some(v) => self.write_back(&r.key, v).await.map(drop),
-                None => Ok(()),
-            }
-        };
-        let raise = async {
-            match &raised {
-                Some(e) => self.set_expectations(e).await,
-                None => Ok(()),
-            }
-        };
-        let (written, raised) = futures::future::join(write_back, raise).await;
-        written?;
-        raised?;
+        self.land(&BeforeDone::of(&r)?).await?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
                 self.done_applied(&r.queue, &d);
@@ -527,34 +525,15 @@ impl QueueService {
                 None => per_queue.push((it.queue.as_str(), vec![i], vec![done])),
             }
         }
-        let mut write_backs = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            if let Some(v) = view_write_back(it)
-                .map_err(|e| invalid(format!("{what} {i} ({:?}): {e}", it.key)))?
-            {
-                write_backs.push(self.write_back(&it.key, v));
-            }
-        }
-        let mut raised = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            if let Some(e) = done_expectations(it)
-                .map_err(|e| invalid(format!("{what} {i} ({:?}): {e}", it.key)))?
-            {
-                raised.push(e);
-            }
-        }
-        // The view write-backs and the expectations land before any lease of the batch is
-        // finished: whoever leases the key next plans from them.
-        let raised = raised.iter().map(|e| self.set_expectations(e));
-        let (written, raised) = futures::future::join(
-            futures::future::join_all(write_backs),
-            futures::future::join_all(raised),
-        )
-        .await;
-        for r in written {
-            r?;
-        }
-        for r in raised {
+        let writes = items
+            .iter()
+            .enumerate()
+            .map(|(i, it)| {
+                BeforeDone::of(it).map_err(|e| invalid(format!("{what} {i} ({:?}): {e}", it.key)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // What the Dones carry lands before any lease of the batch is finished.
+        for r in futures::future::join_all(writes.iter().map(|w| self.land(w))).await {
             r?;
         }
         let mut results = vec![v1::DoneItemResult::default(); items.len()];
@@ -640,6 +619,25 @@ impl QueueService {
         set_expectations_fields(&r)?;
         self.set_expectations(&r).await?;
         Ok(v1::SetExpectationsResponse {})
+    }
+
+    /// Writes what a Done carries, concurrently, before its lease is finished: whoever leases
+    /// the key next plans from the view and the expectations.
+    async fn land(&self, w: &BeforeDone<'_>) -> Result<(), Refused> {
+        let view = async {
+            match w.view {
+                Some(v) => self.write_back(w.key, v).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let raise = async {
+            match &w.expectations {
+                Some(e) => self.set_expectations(e).await,
+                None => Ok(()),
+            }
+        };
+        let (written, raised) = futures::future::join(view, raise).await;
+        written.and(raised)
     }
 
     /// Applies a checked SetExpectations (the plain one, or the one raised after the creates).
