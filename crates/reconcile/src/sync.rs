@@ -423,6 +423,26 @@ impl<'a> JobSync<'a> {
         }
     }
 
+    /// Whether this sync, with its expectations unsatisfied (so no manageJob), would find the
+    /// Job's success criteria met from the pods it was given: none active and enough succeeded
+    /// (upstream decides completion without looking at the expectations). A pod list from a
+    /// cache that is known to miss pods this controller created — the very reason the
+    /// expectations are unsatisfied — can show a work queue's last running pod as absent, and
+    /// the verdict is final; a caller planning from such a cache reads the pods afresh first.
+    pub fn succeeds_unmanaged(&self) -> bool {
+        if self.phase != Phase::Start
+            || self.input.expectations_satisfied
+            || self.finished_condition.is_some()
+            || self.active > 0
+        {
+            return false;
+        }
+        match util::completions(self.job()) {
+            None => self.succeeded > 0,
+            Some(c) => self.succeeded >= c,
+        }
+    }
+
     fn begin(input: SyncInput<'a>, summaries: Cow<'a, [PodSummary]>) -> Self {
         let job = input.job;
         let status = job.status.clone().unwrap_or_default();

@@ -5,13 +5,15 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::JobStatus;
+use k8s_openapi::api::batch::v1::{Job, JobStatus};
+use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_INDEX_FAILURE_COUNT_ANNOTATION, JOB_TRACKING_FINALIZER};
-use kjob_reconcile::testutil::{at, condition_rule, exit_code_rule, mk_job, mk_pod};
+use kjob_reconcile::testutil::{at, condition_rule, exit_code_rule, mk_job, mk_pod, sync_input};
 use kjob_reconcile::validation::status_update_errors;
-use kjob_reconcile::{BackoffRecord, BackoffUpdate, Expectations, SyncError};
+use kjob_reconcile::{BackoffRecord, BackoffUpdate, Expectations, JobSync, SyncError, SyncInput};
 use support::{Api, Env, World, run};
 
 fn conds(st: &JobStatus) -> Vec<String> {
@@ -557,6 +559,40 @@ fn dropped_verdict_is_not_replaced_by_a_completion() {
     assert!(conds(st).is_empty(), "{:?}", conds(st));
     assert_eq!((st.active, st.terminating), (Some(0), Some(1)));
     assert!(t.outcome.error.is_none());
+}
+
+/// Whether a sync of `job` over `pods` flags a success decided without managing pods.
+fn flagged(job: &Job, pods: &[Pod], satisfied: bool) -> bool {
+    let never = BTreeSet::new();
+    let input =
+        SyncInput { expectations_satisfied: satisfied, ..sync_input(job, pods, at(5), &never) };
+    JobSync::new(input).succeeds_unmanaged()
+}
+
+#[test]
+fn a_success_decided_without_managing_is_flagged_for_a_fresh_pod_list() {
+    // A work queue with one pod succeeded and, as far as the pod list shows, none running.
+    let job = mk_job("wq").parallelism(2).completions(None).start_time(at(0)).build();
+    let done = vec![mk_pod(&job, "s").succeeded(at(1)).build()];
+    let running = vec![done[0].clone(), mk_pod(&job, "r").build()];
+    // Unsatisfied expectations: a created pod may be missing from the list, and the success
+    // verdict would be final.
+    assert!(flagged(&job, &done, false));
+    // Satisfied (manageJob runs and the list is complete), or a pod still runs: nothing to flag.
+    assert!(!flagged(&job, &done, true));
+    assert!(!flagged(&job, &running, false));
+    // Nothing succeeded yet: no verdict either way.
+    assert!(!flagged(&job, &[], false));
+    // Fixed completions: flagged only once enough succeeded.
+    let two = mk_job("c2").parallelism(2).completions(Some(2)).start_time(at(0)).build();
+    let one = vec![mk_pod(&two, "s").succeeded(at(1)).build()];
+    assert!(!flagged(&two, &one, false));
+    let both = vec![one[0].clone(), mk_pod(&two, "t").succeeded(at(2)).build()];
+    assert!(flagged(&two, &both, false));
+    // A finished Job is skipped, never flagged.
+    let finished =
+        mk_job("fin").completions(None).condition("Complete", "True", "x", "y", at(3)).build();
+    assert!(!flagged(&finished, &done, false));
 }
 
 #[test]

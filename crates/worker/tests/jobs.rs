@@ -583,13 +583,12 @@ async fn expectations_of_one_batch_are_raised_after_the_creates(server: TestServ
     e.finish(&job, 1).await;
 }
 
-/// Against a kjob-queue that applies a Done's expectations a sync leaves the record of the pods
-/// it creates to the Done, with their UIDs; against one from before that (its leases do not
-/// say so) it raises the record before the creates, as upstream.
-async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: TestServer) {
-    let ns = server.namespace("owed");
-    server.create_namespace(&ns).await;
-    let queue = QueueService::start();
+/// A worker in this process (no lease loop: the test calls its syncs), its event writer's task
+/// and the registry of its metrics.
+fn in_process_worker(
+    server: &TestServer,
+    queue: &QueueService,
+) -> (kjob_worker::Worker, tokio::task::JoinHandle<()>, prometheus_client::registry::Registry) {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = kjob_worker::metrics::Metrics::new(&mut registry);
     let api = kjob_worker::kube_api::KubeApi::new(server.client(), 100.0, 100, metrics.clone());
@@ -602,6 +601,81 @@ async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: 
     let writer = tokio::spawn(writer.run());
     let name = kjob_core::DEFAULT_CONTROLLER_NAME.to_string();
     let worker = kjob_worker::Worker::new(api, queue.client(), events, metrics, name, false);
+    (worker, writer, registry)
+}
+
+/// A work queue's success decided from the shared view while the view misses a pod the Job
+/// created (its expectations unsatisfied) is checked against a LIST first: the pod still runs,
+/// so the Job is not finished (planning from the view alone, the sync would mark it so and the
+/// running pod's success would never be counted).
+async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(server: TestServer) {
+    let ns = server.namespace("unseen");
+    server.create_namespace(&ns).await;
+    let queue = QueueService::start();
+    let (worker, writer, registry) = in_process_worker(&server, &queue);
+    let never = tokio_util::sync::CancellationToken::new();
+    let client = server.client();
+    let manifest = serde_json::json!({"metadata": {"name": "wq"},
+        "spec": {"parallelism": 2, "template": template("Never")}});
+    let job = create_job(&client, &ns, manifest).await;
+    let key = format!("{ns}/wq");
+    let sync = |view: Option<kjob_queue_client::v1::GetJobViewResponse>| {
+        let (worker, never, key) = (&worker, &never, key.clone());
+        async move {
+            let raised = kjob_worker::lease::Raised::new(false);
+            let mut write_back = None;
+            let queue_name = kjob_core::JOB_QUEUE;
+            worker.sync_leased(queue_name, &key, view, never, &mut write_back, &raised).await
+        }
+    };
+    // A first sync (from the API server) creates both pods; one succeeds.
+    sync(None).await.unwrap();
+    let pods_api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &ns);
+    let lp = kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=wq");
+    let pods = pods_api.list(&lp).await.unwrap().items;
+    assert_eq!(pods.len(), 2);
+    common::set_phase(&pods_api, &pods[0], &Fate::Succeed).await;
+    let done = pods_api.get(pods[0].metadata.name.as_deref().unwrap()).await.unwrap();
+    // The view the watcher would hold had it observed only that pod: the other one missing,
+    // one creation still expected.
+    let jobs_api: kube::Api<Job> = kube::Api::namespaced(client.clone(), &ns);
+    let job = jobs_api.get("wq").await.unwrap_or(job);
+    let uid = job.metadata.uid.clone().unwrap();
+    let view = kjob_queue_client::v1::GetJobViewResponse {
+        trusted: true,
+        job: serde_json::to_vec(&job).unwrap(),
+        pods: vec![serde_json::to_vec(&done).unwrap()],
+        expectations: Some(kjob_queue_client::v1::GetExpectationsResponse {
+            satisfied: false,
+            exists: true,
+            add: 1,
+            ..Default::default()
+        }),
+        job_uid: uid,
+        ..Default::default()
+    };
+    sync(Some(view)).await.unwrap();
+    let job = jobs_api.get("wq").await.unwrap();
+    let st = status(&job);
+    let conditions: Vec<&str> = st.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+    assert!(conditions.is_empty(), "finished while a pod runs: {conditions:?}");
+    assert_eq!((st.active, st.succeeded), (Some(1), Some(1)), "{st:?}");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let line = "kjob_worker_job_view_reads_total{result=\"unobserved_creations\"} 1";
+    assert!(text.lines().any(|l| l == line), "{text}");
+    drop(worker);
+    writer.abort();
+}
+
+/// Against a kjob-queue that applies a Done's expectations a sync leaves the record of the pods
+/// it creates to the Done, with their UIDs; against one from before that (its leases do not
+/// say so) it raises the record before the creates, as upstream.
+async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: TestServer) {
+    let ns = server.namespace("owed");
+    server.create_namespace(&ns).await;
+    let queue = QueueService::start();
+    let (worker, writer, _registry) = in_process_worker(&server, &queue);
     let never = tokio_util::sync::CancellationToken::new();
     let pods: kube::Api<Pod> = kube::Api::namespaced(server.client(), &ns);
     for (job_name, deferrable) in [("first", false), ("after", true)] {
@@ -653,4 +727,5 @@ kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     pod_replacement_policy_failed_waits_for_terminating_pods,
     expectations_of_one_batch_are_raised_after_the_creates,
     a_sync_owes_its_done_the_record_only_when_the_queue_applies_it,
+    a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list,
 );
