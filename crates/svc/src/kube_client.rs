@@ -61,7 +61,8 @@ impl KubeClientArgs {
 /// kube-apiserver does) and HTTP/1.1 otherwise (always, with `http1_only`). kube's own client
 /// speaks HTTP/1.1 only, so every request in flight holds a connection of its own: a sync creating 256 pods at once opens up to
 /// 256 TLS connections, and each handshake costs kube-apiserver CPU and the request its latency.
-/// Over HTTP/2 all requests and watches share one connection, as client-go's do. The layers are
+/// Over HTTP/2 requests and watches share one connection, as client-go's do, until it has no
+/// free stream; then another is opened ([`Spread`]). The layers are
 /// kube's default stack's (base URI, kube's retry when `config.default_retry`, auth, extra
 /// headers) with the same connect, read and write timeouts.
 pub fn client(config: kube::Config, http1_only: bool) -> anyhow::Result<kube::Client> {
@@ -87,15 +88,7 @@ pub fn client(config: kube::Config, http1_only: bool) -> anyhow::Result<kube::Cl
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .timer(hyper_util::rt::TokioTimer::new())
-            .http2_keep_alive_interval(H2_PING_INTERVAL)
-            .http2_keep_alive_timeout(H2_PING_TIMEOUT)
-            .http2_keep_alive_while_idle(true)
-            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
-            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .build(connector);
+    let spread = Spread::new(connector);
     let retry = config
         .default_retry
         .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
@@ -105,8 +98,159 @@ pub fn client(config: kube::Config, http1_only: bool) -> anyhow::Result<kube::Cl
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
-        .service(FirstAlone::new(http_client));
+        .service(FirstAlone::new(spread));
     Ok(kube::Client::new(service, config.default_namespace))
+}
+
+type Connector = hyper_timeout::TimeoutConnector<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+>;
+type HyperClient = hyper_util::client::legacy::Client<Connector, kube::client::Body>;
+
+/// Builds one hyper client (one connection pool) with the HTTP/2 settings client-go uses.
+/// `http2_only` skips the wait for ALPN, so a burst of first requests shares one connection.
+fn hyper_client(connector: Connector, http2_only: bool) -> HyperClient {
+    hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .http2_only(http2_only)
+        .http2_keep_alive_interval(H2_PING_INTERVAL)
+        .http2_keep_alive_timeout(H2_PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .build(connector)
+}
+
+/// Spreads requests over more HTTP/2 connections when one is full, as Go's HTTP/2 transport
+/// (client-go's) does. hyper keeps one HTTP/2 connection per server and queues every request
+/// beyond the streams the server allows on it — kube-apiserver allows
+/// [`STREAMS_PER_CONNECTION`] by default — so a sync creating 256 pods, or patching 300, would
+/// have at most 100 in flight and the rest wait for a free stream. Here a request goes to the
+/// first connection with a free stream, and a new connection is opened (up to
+/// [`MAX_CONNECTIONS`]) when every one is full; past that, to the least busy. A request holds
+/// its stream until its response body is dropped (a watch for as long as it runs). Over
+/// HTTP/1.1 hyper's pool already opens a connection per request in flight: one pool is used.
+#[derive(Clone)]
+struct Spread {
+    inner: std::sync::Arc<SpreadInner>,
+}
+
+struct SpreadInner {
+    connector: Connector,
+    slots: std::sync::Mutex<Vec<Slot>>,
+    /// A response came over HTTP/2: the server speaks it, and extra pools may assume it.
+    h2: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Clone)]
+struct Slot {
+    client: HyperClient,
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Streams kube-apiserver allows on one HTTP/2 connection unless `--http2-max-streams-per-
+/// connection` says otherwise (also Go's initial limit before the server's SETTINGS).
+const STREAMS_PER_CONNECTION: usize = 100;
+/// Most HTTP/2 connections one client opens to the server.
+const MAX_CONNECTIONS: usize = 8;
+
+impl Spread {
+    fn new(connector: Connector) -> Self {
+        let first =
+            Slot { client: hyper_client(connector.clone(), false), in_flight: Default::default() };
+        let inner = SpreadInner {
+            connector,
+            slots: std::sync::Mutex::new(vec![first]),
+            h2: Default::default(),
+        };
+        Self { inner: std::sync::Arc::new(inner) }
+    }
+
+    /// The pool the next request goes to, its stream counted.
+    fn pick(&self) -> (HyperClient, InFlight) {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let free = |s: &&Slot| s.in_flight.load(Relaxed) < STREAMS_PER_CONNECTION;
+        let slot = if !self.inner.h2.load(Acquire) {
+            slots[0].clone()
+        } else if let Some(s) = slots.iter().find(free) {
+            s.clone()
+        } else if slots.len() < MAX_CONNECTIONS {
+            let client = hyper_client(self.inner.connector.clone(), true);
+            let s = Slot { client, in_flight: Default::default() };
+            slots.push(s.clone());
+            s
+        } else {
+            slots
+                .iter()
+                .min_by_key(|s| s.in_flight.load(Relaxed))
+                .cloned()
+                .unwrap_or_else(|| slots[0].clone())
+        };
+        slot.in_flight.fetch_add(1, Relaxed);
+        (slot.client, InFlight(slot.in_flight))
+    }
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Spread {
+    type Response = http::Response<Counted<hyper::body::Incoming>>;
+    type Error = hyper_util::client::legacy::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // hyper's client is always ready: it queues in its pool.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let (client, stream) = self.pick();
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let response = client.request(req).await?;
+            if response.version() == http::Version::HTTP_2 {
+                inner.h2.store(true, std::sync::atomic::Ordering::Release);
+            }
+            Ok(response.map(|body| Counted { body, _stream: stream }))
+        })
+    }
+}
+
+/// A request's hold on its connection's stream count.
+struct InFlight(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A response body that holds its request's stream until it is dropped.
+pub struct Counted<B> {
+    body: B,
+    _stream: InFlight,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Counted<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Sends a request alone while no connection is known to work, the rest after its response.
