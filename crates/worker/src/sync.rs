@@ -163,7 +163,7 @@ impl Worker {
             && exp.age_ms >= self.stale_expectations_after.as_millis() as u64;
         // Pods this sync plans from the view, which misses any pod created but not observed yet.
         let mut from_view = false;
-        let mut pods = match view_pods {
+        let pods = match view_pods {
             // Stale expectations mean an observation may be lost, so the view may miss a pod.
             Some((pods, None)) if !stale => {
                 from_view = true;
@@ -204,16 +204,18 @@ impl Worker {
         // expectations, and the verdict is final. Such a verdict is checked against a LIST
         // first (rare: the creating sync ended before the watcher saw its pods, and a pod of
         // the Job finished meanwhile).
-        if from_view
-            && exp.add > 0
-            && JobSync::with_summaries(SyncInput { pods: pods.pods(), ..input }, pods.summaries())
-                .succeeds_unmanaged()
-        {
-            self.metrics.view_read("unobserved_creations");
-            pods = self.pods_for_job(&job).await?;
-        }
-        let plan =
+        let listed;
+        let mut plan =
             JobSync::with_summaries(SyncInput { pods: pods.pods(), ..input }, pods.summaries());
+        if from_view && exp.add > 0 && plan.succeeds_unmanaged() {
+            drop(plan);
+            self.metrics.view_read("unobserved_creations");
+            listed = self.pods_for_job(&job).await?;
+            plan = JobSync::with_summaries(
+                SyncInput { pods: listed.pods(), ..input },
+                listed.summaries(),
+            );
+        }
         let mut outcome =
             self.drive(&job, &uid, &key_str, plan, wind_down, write_back, raised).await;
         outcome.requeue_after = earliest(outcome.requeue_after, recheck);
