@@ -1,14 +1,22 @@
 //! A real `redis-server` on a free loopback port, owned by one test.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::process::{ChildGuard, free_port, wait_for_tcp};
+use crate::process::{ChildGuard, free_port};
 
 /// How long a redis-server may take to accept connections after spawn.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Fresh ports tried when a new server exits before it listens: [`free_port`] frees the port
+/// it found before redis-server binds it, so a test starting in parallel (or an outgoing
+/// connection's ephemeral port) can take it in between.
+const START_ATTEMPTS: usize = 5;
+/// Last lines of a failed server's log quoted in the error.
+const LOG_TAIL_LINES: usize = 5;
+/// What redis-server logs once it listens.
+const READY_MARKER: &[u8] = b"Ready to accept connections";
 
 /// Finds the redis-server binary (`KJOB_REDIS_SERVER`, then PATH, then /usr/bin).
 pub fn redis_server_binary() -> anyhow::Result<PathBuf> {
@@ -49,12 +57,25 @@ impl RedisServer {
     }
 
     /// Starts a server with extra `redis-server` arguments (e.g. `--cluster-enabled yes`).
+    /// A server that exits before it listens (its port was taken meanwhile) is started again
+    /// on another port, up to [`START_ATTEMPTS`] times.
     pub fn start_with(aof: bool, extra: &[&str]) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let port = free_port();
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = spawn(port, dir.path(), aof, &extra)?;
-        Ok(Self { port, dir, aof, extra, child })
+        let mut attempt = 1;
+        loop {
+            let port = free_port();
+            match spawn(port, dir.path(), aof, &extra) {
+                Ok(child) => return Ok(Self { port, dir, aof, extra, child }),
+                Err(Start::Exited(why)) if attempt < START_ATTEMPTS => {
+                    eprintln!(
+                        "redis-server on port {port} exited before listening ({why}); another port"
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// The port it listens on.
@@ -85,8 +106,37 @@ impl RedisServer {
     }
 }
 
-fn spawn(port: u16, dir: &Path, aof: bool, extra: &[String]) -> anyhow::Result<ChildGuard> {
+/// Why a redis-server did not come up.
+#[derive(Debug)]
+enum Start {
+    /// It exited before accepting connections (most often: its port was taken); its log tail.
+    Exited(String),
+    /// It could not be spawned, or it runs but does not listen in time.
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Start {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl std::fmt::Display for Start {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exited(log) => write!(f, "redis-server exited before listening (log: {log})"),
+            Self::Other(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for Start {}
+
+/// Starts redis-server on `port` and waits until it listens; its log goes to `redis.log` in
+/// `dir` (appended across restarts).
+fn spawn(port: u16, dir: &Path, aof: bool, extra: &[String]) -> Result<ChildGuard, Start> {
     let bin = redis_server_binary()?;
+    let log = dir.join("redis.log");
     let mut cmd = Command::new(bin);
     cmd.arg("--port")
         .arg(port.to_string())
@@ -104,10 +154,74 @@ fn spawn(port: u16, dir: &Path, aof: bool, extra: &[String]) -> anyhow::Result<C
         .arg("noeviction")
         .arg("--daemonize")
         .arg("no")
+        .arg("--logfile")
+        .arg(&log)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let child = ChildGuard::spawn(format!("redis-server:{port}"), &mut cmd)?;
-    wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), START_TIMEOUT)?;
-    Ok(child)
+    // A restart appends to the log of the run before: only what this run wrote counts.
+    let from = std::fs::metadata(&log).map(|m| m.len() as usize).unwrap_or(0);
+    let mut child = ChildGuard::spawn(format!("redis-server:{port}"), &mut cmd)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        // Ready by its own log, not by a connect alone: whoever took the port would accept too.
+        let ready = std::fs::read(&log)
+            .map(|b| b.get(from..).is_some_and(|new| contains(new, READY_MARKER)))
+            .unwrap_or(false);
+        if ready && TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(child);
+        }
+        if child.has_exited() {
+            return Err(Start::Exited(log_tail(&log)));
+        }
+        if Instant::now() > deadline {
+            return Err(Start::Other(anyhow::anyhow!(
+                "nothing listens on {addr} after {START_TIMEOUT:?} (redis-server log: {})",
+                log_tail(&log)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The last lines of a server's log, joined (empty when there is none).
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server whose port is taken exits at once; that is told apart from a slow start (so
+    /// `start_with` tries another port) and its log says why.
+    #[test]
+    fn a_server_whose_port_is_taken_is_reported_as_exited_with_its_log() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        match spawn(port, dir.path(), false, &[]) {
+            Err(Start::Exited(log)) => {
+                assert!(log.contains(&port.to_string()), "log names the port: {log}");
+            }
+            other => panic!("expected an early exit, got {other:?}"),
+        }
+        assert!(started.elapsed() < START_TIMEOUT, "reported before the start timeout");
+    }
+
+    #[test]
+    fn start_with_gives_a_listening_server_and_keeps_its_log_in_its_directory() {
+        let server = RedisServer::start().unwrap();
+        assert!(TcpStream::connect(("127.0.0.1", server.port())).is_ok());
+        let log = std::fs::read_to_string(server.dir().join("redis.log")).unwrap();
+        assert!(log.contains("Ready to accept connections"), "{log}");
+    }
 }

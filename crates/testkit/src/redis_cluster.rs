@@ -24,24 +24,36 @@ fn redis_cli() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from("redis-cli"))
 }
 
+/// Starts one cluster node. Its bus port is a free port of its own (the default, port + 10000,
+/// may not exist for a high free port); the bus port can be taken before the node binds it as
+/// the client port can ([`RedisServer::start_with`] retries that one), so a node that never came
+/// up is started again with another bus port.
+fn start_node() -> anyhow::Result<RedisServer> {
+    const BUS_ATTEMPTS: usize = 3;
+    let mut attempt = 1;
+    loop {
+        let bus = crate::free_port().to_string();
+        let args =
+            ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000", "--cluster-port", &bus];
+        match RedisServer::start_with(false, &args) {
+            Ok(node) => return Ok(node),
+            Err(e) if attempt < BUS_ATTEMPTS => {
+                eprintln!(
+                    "cluster node with bus port {bus} did not come up ({e:#}); another bus port"
+                );
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl RedisCluster {
     /// Starts three nodes on free ports, assigns all slots and waits until the cluster is ok.
     pub fn start() -> anyhow::Result<Self> {
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            // The bus port defaults to port + 10000, which may not exist for a high free port.
-            let bus = crate::free_port().to_string();
-            nodes.push(RedisServer::start_with(
-                false,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "5000",
-                    "--cluster-port",
-                    &bus,
-                ],
-            )?);
+            nodes.push(start_node()?);
         }
         let cli = redis_cli()?;
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
