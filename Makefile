@@ -72,7 +72,7 @@ test-python-run:
 ## real control plane of make cluster-up, started first when it is not up)
 CLUSTER ?= sim
 demo:
-	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
+	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
 	$(CARGO) build -p kjob-demo -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-testkit --bins
 ifeq ($(CLUSTER),real)
 	[ -f $(CLUSTER_DIR)/cluster.json ] || $(MAKE) cluster-up
@@ -83,7 +83,7 @@ endif
 
 ## bench: the whole-stack benchmark; report and plots under target/bench/
 bench:
-	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
+	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
 	$(CARGO) build --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench --bin-dir $(TARGET_DIR)/release $(BENCH_ARGS)
 
@@ -91,7 +91,7 @@ bench:
 ## control planes (upstream defaults, upstream tuned, kjob with 1 and 2 workers, interleaved, then
 ## reversed); target/bench/upstream.md, upstream.json and PNG charts (BENCH_ARGS=--quick: one short pass)
 bench-upstream: cluster-build
-	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
+	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
 	$(CARGO) build --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench $(BENCH_ARGS)
 
@@ -102,7 +102,7 @@ bench-sim:
 
 ## bench-queue: kjob-queue vs BullMQ (node + npm): items/s, Redis commands and CPU per item, enqueue-to-lease latency
 bench-queue:
-	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
+	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
 	$(CARGO) build --release -p kjob-bench --bin kjob-queue-bench
 	RUST_LOG=warn $(TARGET_DIR)/release/kjob-queue-bench run $(BENCH_ARGS)
 
@@ -112,7 +112,7 @@ bench-reconcile:
 
 ## chaos: the fault suite (kill workers, restart queue and redis, kill the leader, API errors)
 chaos:
-	KJOB_SKIP_PYTHON=1 ./scripts/setup.sh
+	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=5 ./scripts/setup.sh
 	$(CARGO) build --workspace --bins
 	$(TARGET_DIR)/debug/kjob-chaos --bin-dir $(TARGET_DIR)/debug $(CHAOS_ARGS)
 

@@ -3,6 +3,27 @@
 # client and pytest (PyPI). Idempotent; quiet when everything is present.
 set -euo pipefail
 
+# Disk: a cold `make test` grows target/ to about 10 GiB (debug build, clippy, test binaries); a
+# linker that runs out of space dies with "Bus error", which names no cause. Say it here instead.
+# KJOB_DISK_GIB is what the calling make target needs (its default is make test's figure).
+need_gib=${KJOB_DISK_GIB:-10}
+target_dir=${CARGO_TARGET_DIR:-target}
+probe=$target_dir
+[ -d "$probe" ] || probe=.
+avail_kib=$(df -Pk "$probe" | awk 'NR==2 {print $4}')
+if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((need_gib * 1024 * 1024)) ]; then
+  have_kib=0
+  [ -d "$target_dir" ] && have_kib=$(du -sk "$target_dir" 2>/dev/null | awk '{print $1}')
+  short_kib=$((need_gib * 1024 * 1024 - have_kib - avail_kib))
+  if [ "$short_kib" -gt 0 ]; then
+    echo "setup: $((avail_kib / 1024 / 1024)) GiB free on the filesystem of $target_dir/, and the" \
+      "build needs about $need_gib GiB there ($((have_kib / 1024 / 1024)) GiB already built):" \
+      "free $(((short_kib + 1024 * 1024 - 1) / 1024 / 1024)) GiB more (old clones' target/" \
+      "directories, ~/.cache/go-build) and run it again" >&2
+    exit 1
+  fi
+fi
+
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
