@@ -10,6 +10,7 @@
 pub mod config;
 pub mod events;
 pub mod kube_api;
+pub mod kube_proto;
 pub mod lease;
 pub mod metrics;
 pub mod orphan;

@@ -382,15 +382,17 @@ impl Worker {
                     let results = join_all(calls).await;
                     if deferred && let Some(r) = raised.owed().as_mut() {
                         r.created_pod_uids.extend(
-                            results.iter().flatten().filter_map(|p| p.metadata.uid.clone()),
+                            results
+                                .iter()
+                                .flatten()
+                                .filter(|p| !p.uid.is_empty())
+                                .map(|p| p.uid.clone()),
                         );
                     }
                     Report::PodsCreated(
                         results
                             .into_iter()
-                            .map(|r| {
-                                r.map(|p| p.metadata.name.unwrap_or_default()).map_err(call_error)
-                            })
+                            .map(|r| r.map(|p| p.name).map_err(call_error))
                             .collect(),
                     )
                 }

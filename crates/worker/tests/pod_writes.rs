@@ -1,0 +1,89 @@
+//! The pod writes that ask for protobuf answers (create, delete, finalizer patch), against
+//! kjob-sim (which answers JSON) and the real control plane (protobuf): what they return and
+//! how they fail, failures compared with what kube's own JSON calls report for the same
+//! request.
+
+mod common;
+
+use k8s_openapi::api::core::v1::Pod;
+use kjob_testkit::server::TestServer;
+use kjob_worker::kube_api::{ApiError, KubeApi};
+use kjob_worker::metrics::Metrics;
+use kube::Api;
+use kube::api::PostParams;
+
+fn pod(meta: serde_json::Value, container: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": meta,
+        "spec": {"schedulerName": common::TEST_SCHEDULER,
+                 "containers": [{"name": container, "image": "busybox"}]}
+    }))
+    .unwrap()
+}
+
+fn has_finalizer(p: &Pod) -> bool {
+    p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
+}
+
+async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
+    let client = server.client();
+    let ns = server.namespace("podwrites");
+    let ns = ns.as_str();
+    server.create_namespace(ns).await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let api = KubeApi::new(client.clone(), 100.0, 100, Metrics::new(&mut registry));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+
+    // A create from generateName answers with the server's name and UID.
+    let tracked = serde_json::json!({"generateName": "w-",
+        "finalizers": [kjob_core::JOB_TRACKING_FINALIZER]});
+    let created = api.create_pod(ns, &pod(tracked, "main")).await.expect("created");
+    assert!(created.name.starts_with("w-") && created.name.len() > 2, "{created:?}");
+    let stored = pods.get(&created.name).await.expect("stored");
+    assert_eq!(stored.metadata.uid.as_deref(), Some(created.uid.as_str()));
+    assert!(has_finalizer(&stored));
+
+    // The same name again: a conflict carrying the server's own message.
+    let named = pod(serde_json::json!({"name": created.name}), "main");
+    let json_err = pods.create(&PostParams::default(), &named).await.expect_err("exists");
+    let kube::Error::Api(want) = json_err else { panic!("{json_err:?}") };
+    match api.create_pod(ns, &named).await {
+        Err(ApiError::Conflict { message, .. }) => assert_eq!(message, want.message),
+        other => panic!("{other:?}"),
+    }
+
+    // An invalid pod: refused with the code, reason and message a JSON call gets.
+    let invalid = pod(serde_json::json!({"name": "invalid"}), "Not_A_DNS_Label");
+    let json_err = pods.create(&PostParams::default(), &invalid).await.expect_err("invalid");
+    let kube::Error::Api(want) = json_err else { panic!("{json_err:?}") };
+    match api.create_pod(ns, &invalid).await {
+        Err(ApiError::Refused { code, reason, message, .. }) => {
+            assert_eq!(
+                (code, reason.as_str(), message.as_str()),
+                (want.code, &*want.reason, &*want.message)
+            );
+            assert_eq!(code, 422);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // The finalizer patch removes the finalizer; the delete then deletes the pod.
+    api.patch_out_tracking_finalizer(ns, &created.name).await.expect("patched");
+    let stored = pods.get(&created.name).await.expect("still there");
+    assert!(!has_finalizer(&stored));
+    api.delete_pod(ns, &created.name).await.expect("deleted");
+    common::eventually("the deleted pod gone", std::time::Duration::from_secs(30), || async {
+        pods.get_opt(&created.name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+
+    // Both on a missing pod: NotFound.
+    let missing = api.patch_out_tracking_finalizer(ns, &created.name).await;
+    assert!(matches!(missing, Err(ApiError::NotFound(_))), "{missing:?}");
+    let missing = api.delete_pod(ns, &created.name).await;
+    assert!(matches!(missing, Err(ApiError::NotFound(_))), "{missing:?}");
+}
+
+kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
+    pod_writes_answer_and_fail_as_json_calls_do);
