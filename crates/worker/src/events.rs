@@ -40,7 +40,7 @@ use kjob_proto::v1;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use tokio::sync::mpsc;
 
-use crate::kube_api::{ApiError, KubeApi};
+use crate::kube_api::{ApiError, KubeApi, WrittenEvent};
 use crate::metrics::Metrics;
 
 /// Events waiting to be written; beyond this they are dropped (best effort, bounded memory).
@@ -444,13 +444,10 @@ impl Correlator {
 
     /// Records what the server holds after a write of `c` (client-go `UpdateState`): its name,
     /// count and resourceVersion; the occurrences it carried are no longer unsent.
-    pub fn written(&mut self, c: &Correlated, event: &Event) {
+    pub fn written(&mut self, c: &Correlated, event: &WrittenEvent) {
         if let Some(log) = self.logs.get_mut(&c.key) {
-            log.name = event.metadata.name.clone().unwrap_or_else(|| c.name.clone());
-            log.written = Some((
-                event.count.unwrap_or(1),
-                event.metadata.resource_version.clone().unwrap_or_default(),
-            ));
+            log.name = if event.name.is_empty() { c.name.clone() } else { event.name.clone() };
+            log.written = Some((event.count.unwrap_or(1), event.resource_version.clone()));
             log.unsent = (log.unsent - c.occurrences).max(0);
         }
     }
@@ -721,7 +718,7 @@ impl EventWriter {
                 }
                 Next::Patch { count, rv } => {
                     let patch = count_patch(count + c.occurrences, &c.message, &rv, now);
-                    match self.api.patch_event(&ns, &c.name, &patch).await {
+                    match self.api.patch_event_count(&ns, &c.name, &patch).await {
                         // Expired (events live an hour) or deleted: start over.
                         Err(ApiError::NotFound(_)) => {
                             next = Next::Create;
@@ -942,16 +939,8 @@ mod tests {
     }
 
     /// The server's answer to a write of `c` with count `count`.
-    fn server(c: &Correlated, count: i32, rv: &str) -> Event {
-        Event {
-            metadata: ObjectMeta {
-                name: Some(c.name.clone()),
-                resource_version: Some(rv.into()),
-                ..Default::default()
-            },
-            count: Some(count),
-            ..Default::default()
-        }
+    fn server(c: &Correlated, count: i32, rv: &str) -> WrittenEvent {
+        WrittenEvent { name: c.name.clone(), resource_version: rv.into(), count: Some(count) }
     }
 
     #[test]

@@ -141,6 +141,27 @@ pub struct CreatedPod {
     pub uid: String,
 }
 
+/// What an event write left on the server: the event's name, resourceVersion and count.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WrittenEvent {
+    /// The event's name.
+    pub name: String,
+    /// Its resourceVersion (the precondition of the next count patch).
+    pub resource_version: String,
+    /// Its count, when it has one.
+    pub count: Option<i32>,
+}
+
+impl From<&Event> for WrittenEvent {
+    fn from(e: &Event) -> Self {
+        Self {
+            name: e.metadata.name.clone().unwrap_or_default(),
+            resource_version: e.metadata.resource_version.clone().unwrap_or_default(),
+            count: e.count,
+        }
+    }
+}
+
 /// The successful answer of a write: its body, protobuf or JSON.
 struct Answer {
     protobuf: bool,
@@ -172,6 +193,22 @@ impl Answer {
             (pod.metadata.name, pod.metadata.uid)
         };
         Ok(CreatedPod { name, uid })
+    }
+
+    /// The written event's name, resourceVersion and count.
+    fn written_event(&self) -> Result<WrittenEvent, kube::Error> {
+        if self.protobuf {
+            let ev = crate::kube_proto::decode::<crate::kube_proto::EventMeta>(&self.body)
+                .map_err(|e| kube::Error::Service(e.into()))?;
+            let meta = ev.metadata.unwrap_or_default();
+            return Ok(WrittenEvent {
+                name: meta.name,
+                resource_version: meta.resource_version,
+                count: ev.count,
+            });
+        }
+        let ev: Event = serde_json::from_slice(&self.body).map_err(kube::Error::SerdeError)?;
+        Ok(WrittenEvent::from(&ev))
     }
 }
 
@@ -428,16 +465,42 @@ impl KubeApi {
 
     /// Creates a core/v1 Event (never resent: a resent create of a named event is a 409, and
     /// a duplicate is noise). A 409 means an event of that name exists already.
-    pub async fn create_event(&self, ns: &str, event: &Event) -> Result<Event, ApiError> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
+    pub async fn create_event(&self, ns: &str, event: &Event) -> Result<WrittenEvent, ApiError> {
         let what = format!("event in {ns}");
+        let path = Event::url_path(&(), Some(ns));
+        let body = serde_json::to_vec(event).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
-        self.call("create", "events", &what, false, || api.create(&pp, event)).await
+        let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
+        build().map_err(|e| refused_unbuilt(&what, e))?;
+        self.call("create", "events", &what, false, || async {
+            self.write(build().map_err(kube::Error::BuildRequest)?).await?.written_event()
+        })
+        .await
     }
 
-    /// Strategic-merge PATCHes a core/v1 Event, as client-go's event sink does. A patch that
-    /// names a resourceVersion fails with 409 when the event changed since; such a patch is not
-    /// resent after an ambiguous failure (it may have been applied), an empty one (a read) is.
+    /// Strategic-merge PATCHes a core/v1 Event's count (a patch naming a resourceVersion:
+    /// 409 when the event changed since; never resent after an ambiguous failure).
+    pub async fn patch_event_count(
+        &self,
+        ns: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<WrittenEvent, ApiError> {
+        let what = format!("event {ns}/{name}");
+        let path = Event::url_path(&(), Some(ns));
+        let pp = PatchParams::default();
+        let patch = Patch::Strategic(patch);
+        let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
+        build().map_err(|e| refused_unbuilt(&what, e))?;
+        self.call("patch", "events", &what, false, || async {
+            self.write(build().map_err(kube::Error::BuildRequest)?).await?.written_event()
+        })
+        .await
+    }
+
+    /// Strategic-merge PATCHes a core/v1 Event and returns all of it (the recorder's read: an
+    /// empty patch, resent after an ambiguous failure; other patches are not, as they may
+    /// have been applied).
     pub async fn patch_event(
         &self,
         ns: &str,

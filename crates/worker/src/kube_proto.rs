@@ -1,10 +1,12 @@
 //! The few parts of the API server's protobuf answers the worker reads.
 //!
-//! A pod create, delete or finalizer patch answers with the whole pod. Encoded as JSON that
+//! A pod create, delete or finalizer patch answers with the whole pod, an event create or
+//! count patch with the whole event. Encoded as JSON that
 //! costs kube-apiserver a JSON encoding per write and the worker a JSON decoding of a pod it
 //! reads one or two fields of; upstream's controller asks for protobuf. These writes ask for
 //! protobuf too (`Accept: application/vnd.kubernetes.protobuf, application/json`) and decode
-//! only what they use: the pod's name and UID, or a failure's `Status`. prost skips every field
+//! only what they use: the pod's name and UID, the event's name, resourceVersion and count, or a
+//! failure's `Status`. prost skips every field
 //! a message here does not declare, so the rest of the pod costs a skip, not a decoding.
 //!
 //! Wire format (k8s.io/apimachinery `runtime/serializer/protobuf`): the 4-byte magic `k8s\0`,
@@ -51,6 +53,17 @@ pub struct PodMeta {
     /// `metadata`.
     #[prost(message, optional, tag = "1")]
     pub metadata: Option<ObjectMeta>,
+}
+
+/// `core.v1.Event`, what a write of it tells the event recorder: name, resourceVersion, count.
+#[derive(Clone, PartialEq, Message)]
+pub struct EventMeta {
+    /// `metadata`.
+    #[prost(message, optional, tag = "1")]
+    pub metadata: Option<ObjectMeta>,
+    /// `count` (absent on events that never counted).
+    #[prost(int32, optional, tag = "8")]
+    pub count: Option<i32>,
 }
 
 /// `meta.v1.StatusDetails`, the field the worker reads.
@@ -153,6 +166,30 @@ mod tests {
         // No magic: not an object of the protobuf encoding.
         assert!(decode::<PodMeta>(&pod.encode_to_vec()).is_err());
         assert!(decode::<PodMeta>(b"k8s\0\xff\xff").is_err());
+    }
+
+    #[test]
+    fn an_event_decodes_to_name_version_and_count() {
+        #[derive(Clone, PartialEq, Message)]
+        struct FullEvent {
+            #[prost(message, optional, tag = "1")]
+            metadata: Option<ObjectMeta>,
+            #[prost(string, tag = "4")]
+            message: String,
+            #[prost(int32, optional, tag = "8")]
+            count: Option<i32>,
+        }
+        let meta =
+            ObjectMeta { name: "pi.17".into(), resource_version: "9".into(), ..Default::default() };
+        let ev = FullEvent {
+            metadata: Some(meta.clone()),
+            message: "Created pod".into(),
+            count: Some(3),
+        };
+        let got: EventMeta = decode(&encoded(&ev)).expect("decodes");
+        assert_eq!((got.metadata, got.count), (Some(meta), Some(3)));
+        let uncounted = FullEvent { count: None, ..ev };
+        assert_eq!(decode::<EventMeta>(&encoded(&uncounted)).expect("decodes").count, None);
     }
 
     #[test]

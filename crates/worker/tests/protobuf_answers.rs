@@ -1,11 +1,12 @@
-//! The pod writes that ask for protobuf answers (create, delete, finalizer patch), against
+//! The writes that ask for protobuf answers (pod create, delete and finalizer patch; event
+//! create and count patch), against
 //! kjob-sim (which answers JSON) and the real control plane (protobuf): what they return and
 //! how they fail, failures compared with what kube's own JSON calls report for the same
 //! request.
 
 mod common;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kjob_testkit::server::TestServer;
 use kjob_worker::kube_api::{ApiError, KubeApi};
 use kjob_worker::metrics::Metrics;
@@ -85,5 +86,47 @@ async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
     assert!(matches!(missing, Err(ApiError::NotFound(_))), "{missing:?}");
 }
 
+async fn event_writes_answer_name_version_and_count(server: TestServer) {
+    let client = server.client();
+    let ns = server.namespace("eventwrites");
+    let ns = ns.as_str();
+    server.create_namespace(ns).await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let api = KubeApi::new(client.clone(), 100.0, 100, Metrics::new(&mut registry));
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let event: Event = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pi.17f0", "namespace": ns},
+        "involvedObject": {"kind": "Job", "namespace": ns, "name": "pi", "apiVersion": "batch/v1"},
+        "reason": "SuccessfulCreate", "message": "Created pod: pi-a", "type": "Normal",
+        "source": {"component": "job-controller"}, "count": 1,
+        "firstTimestamp": "2026-12-05T10:00:00Z", "lastTimestamp": "2026-12-05T10:00:00Z"
+    }))
+    .unwrap();
+    let written = api.create_event(ns, &event).await.expect("created");
+    let stored = events.get("pi.17f0").await.expect("stored");
+    assert_eq!(written, (&stored).into());
+    assert_eq!((written.name.as_str(), written.count), ("pi.17f0", Some(1)));
+
+    // A count patch preconditioned on that version answers with the new version and count.
+    let patch = |count: i32, rv: &str| {
+        serde_json::json!({"count": count, "lastTimestamp": "2026-12-05T10:00:05Z",
+                           "metadata": {"resourceVersion": rv}})
+    };
+    let counted_patch = patch(2, &written.resource_version);
+    let counted = api.patch_event_count(ns, "pi.17f0", &counted_patch).await.expect("patched");
+    let stored = events.get("pi.17f0").await.expect("stored");
+    assert_eq!(counted, (&stored).into());
+    assert_eq!(counted.count, Some(2));
+    assert_ne!(counted.resource_version, written.resource_version);
+    // The old version again: a conflict, as a JSON patch gets.
+    let stale_patch = patch(3, &written.resource_version);
+    let stale = api.patch_event_count(ns, "pi.17f0", &stale_patch).await;
+    assert!(matches!(stale, Err(ApiError::Conflict { .. })), "{stale:?}");
+    // The same name created again: a conflict.
+    let again = api.create_event(ns, &event).await;
+    assert!(matches!(again, Err(ApiError::Conflict { .. })), "{again:?}");
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
-    pod_writes_answer_and_fail_as_json_calls_do);
+    pod_writes_answer_and_fail_as_json_calls_do,
+    event_writes_answer_name_version_and_count);
