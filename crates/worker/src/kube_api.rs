@@ -339,12 +339,7 @@ impl KubeApi {
         let path = Pod::url_path(&(), Some(ns));
         let build = || kube::core::Request::new(path.as_str()).list(&lp);
         // Built once up front so a request that cannot be built is refused, not retried.
-        build().map_err(|e| ApiError::Refused {
-            what: what.clone(),
-            code: 400,
-            reason: "BadRequest".to_string(),
-            message: format!("could not build the request: {e}"),
-        })?;
+        build().map_err(|e| refused_unbuilt(&what, e))?;
         let list: PodListItems = self
             .call("list", "pods", &what, true, || {
                 let request = build().map_err(kube::Error::BuildRequest);
@@ -365,12 +360,7 @@ impl KubeApi {
         let body = serde_json::to_vec(pod).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
         let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
-        build().map_err(|e| refused_unbuilt(&what, e))?;
-        self.call("create", "pods", &what, false, || async {
-            let answer = self.write(build().map_err(kube::Error::BuildRequest)?).await?;
-            answer.created_pod()
-        })
-        .await
+        self.write_call("create", "pods", &what, false, build, |a| a.created_pod()).await
     }
 
     /// Deletes a pod (NotFound is returned: the caller's expectations depend on it).
@@ -379,11 +369,7 @@ impl KubeApi {
         let path = Pod::url_path(&(), Some(ns));
         let dp = DeleteParams::default();
         let build = || kube::core::Request::new(path.as_str()).delete(name, &dp);
-        build().map_err(|e| refused_unbuilt(&what, e))?;
-        self.call("delete", "pods", &what, true, || async {
-            self.write(build().map_err(kube::Error::BuildRequest)?).await.map(drop)
-        })
-        .await
+        self.write_call("delete", "pods", &what, true, build, |_| Ok(())).await
     }
 
     /// Strategic-merge-patches a pod.
@@ -411,9 +397,27 @@ impl KubeApi {
         let patch = remove_tracking_finalizer_patch();
         let patch = Patch::Strategic(&patch);
         let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
-        build().map_err(|e| refused_unbuilt(&what, e))?;
-        self.call("patch", "pods", &what, true, || async {
-            self.write(build().map_err(kube::Error::BuildRequest)?).await.map(drop)
+        self.write_call("patch", "pods", &what, true, build, |_| Ok(())).await
+    }
+
+    /// [`call`](Self::call) of a write that asks for a protobuf answer and reads it with
+    /// `read`. The request is built up front (one that cannot be built is refused, not
+    /// retried) and sent as built; `build` runs again only for a retry.
+    async fn write_call<T>(
+        &self,
+        verb: &str,
+        resource: &str,
+        what: &str,
+        idempotent: bool,
+        build: impl Fn() -> Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+        read: impl Fn(Answer) -> Result<T, kube::Error>,
+    ) -> Result<T, ApiError> {
+        let mut first = Some(build().map_err(|e| refused_unbuilt(what, e))?);
+        self.call(verb, resource, what, idempotent, || {
+            let request =
+                first.take().map_or_else(|| build().map_err(kube::Error::BuildRequest), Ok);
+            let read = &read;
+            async move { read(self.write(request?).await?) }
         })
         .await
     }
@@ -471,11 +475,7 @@ impl KubeApi {
         let body = serde_json::to_vec(event).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
         let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
-        build().map_err(|e| refused_unbuilt(&what, e))?;
-        self.call("create", "events", &what, false, || async {
-            self.write(build().map_err(kube::Error::BuildRequest)?).await?.written_event()
-        })
-        .await
+        self.write_call("create", "events", &what, false, build, |a| a.written_event()).await
     }
 
     /// Strategic-merge PATCHes a core/v1 Event's count (a patch naming a resourceVersion:
@@ -491,11 +491,7 @@ impl KubeApi {
         let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
         let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
-        build().map_err(|e| refused_unbuilt(&what, e))?;
-        self.call("patch", "events", &what, false, || async {
-            self.write(build().map_err(kube::Error::BuildRequest)?).await?.written_event()
-        })
-        .await
+        self.write_call("patch", "events", &what, false, build, |a| a.written_event()).await
     }
 
     /// Strategic-merge PATCHes a core/v1 Event and returns all of it (the recorder's read: an

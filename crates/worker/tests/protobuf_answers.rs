@@ -27,14 +27,18 @@ fn has_finalizer(p: &Pod) -> bool {
     p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
 }
 
-async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
-    let client = server.client();
-    let ns = server.namespace("podwrites");
-    let ns = ns.as_str();
-    server.create_namespace(ns).await;
+/// A fresh namespace named after `base` and a `KubeApi` on the server.
+async fn namespace_and_api(server: &TestServer, base: &str) -> (String, KubeApi) {
+    let ns = server.namespace(base);
+    server.create_namespace(&ns).await;
     let mut registry = prometheus_client::registry::Registry::default();
-    let api = KubeApi::new(client.clone(), 100.0, 100, Metrics::new(&mut registry));
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    (ns, KubeApi::new(server.client(), 100.0, 100, Metrics::new(&mut registry)))
+}
+
+async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
+    let (ns, api) = namespace_and_api(&server, "podwrites").await;
+    let ns = ns.as_str();
+    let pods: Api<Pod> = Api::namespaced(server.client(), ns);
 
     // A create from generateName answers with the server's name and UID.
     let tracked = serde_json::json!({"generateName": "w-",
@@ -87,13 +91,9 @@ async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
 }
 
 async fn event_writes_answer_name_version_and_count(server: TestServer) {
-    let client = server.client();
-    let ns = server.namespace("eventwrites");
+    let (ns, api) = namespace_and_api(&server, "eventwrites").await;
     let ns = ns.as_str();
-    server.create_namespace(ns).await;
-    let mut registry = prometheus_client::registry::Registry::default();
-    let api = KubeApi::new(client.clone(), 100.0, 100, Metrics::new(&mut registry));
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let events: Api<Event> = Api::namespaced(server.client(), ns);
     let event: Event = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "pi.17f0", "namespace": ns},
         "involvedObject": {"kind": "Job", "namespace": ns, "name": "pi", "apiVersion": "batch/v1"},
