@@ -51,7 +51,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    kjob_svc::main(chaos)
+    kjob_svc::main(kjob_svc::Threads::PerCpu, chaos)
 }
 
 async fn chaos(args: Args) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 //! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`).
 
 fn main() -> anyhow::Result<()> {
-    kjob_svc::main(|mut args: kjob_queue::Args| async move {
+    kjob_svc::main(kjob_svc::Threads::One, |mut args: kjob_queue::Args| async move {
         if let Some(kjob_queue::Command::Inspect { queue_url, queue, keys }) = args.command.take() {
             return kjob_queue::inspect(&queue_url, &queue, keys, &mut std::io::stdout()).await;
         }

@@ -35,7 +35,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    kjob_svc::main(serve)
+    kjob_svc::main(kjob_svc::Threads::PerCpu, serve)
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {

@@ -22,7 +22,7 @@ pub use admin::{
     with_admin,
 };
 pub use backoff::{Attempts, Backoff};
-pub use binary::{bind, main};
+pub use binary::{RuntimeArgs, Threads, bind, main};
 pub use duration::parse_duration;
 pub use identity::{default_identity, identity_or_default};
 pub use incoming::tcp_incoming;

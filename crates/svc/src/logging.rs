@@ -11,7 +11,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// Log flags shared by every binary.
+// Log flags shared by every binary. (A plain comment: a doc comment here would become the `about`
+// line of every binary's --help in place of its own.)
 #[derive(Debug, Clone, clap::Args)]
 pub struct LogArgs {
     /// Log format.

@@ -19,7 +19,7 @@ pub struct Args {
 }
 
 /// Everything [`crate::run`] needs besides its listeners: the flags minus the admin address
-/// (which the binary binds); the log flags are every binary's ([`kjob_svc::main`]).
+/// (which the binary binds); the log and runtime flags are every binary's ([`kjob_svc::main`]).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerConfig {
     /// URL of the kjob-queue gRPC service.

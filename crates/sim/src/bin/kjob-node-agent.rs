@@ -66,7 +66,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    kjob_svc::main(run)
+    kjob_svc::main(kjob_svc::Threads::PerCpu, run)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
