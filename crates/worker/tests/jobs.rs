@@ -111,10 +111,6 @@ fn index_of(p: &Pod) -> Option<String> {
     p.metadata.annotations.as_ref()?.get(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION).cloned()
 }
 
-fn has_finalizer(p: &Pod) -> bool {
-    p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
-}
-
 /// Checks what every pod of a finished Job must look like.
 async fn check_pods(d: &Driver, job: &Job, want_total: usize) -> Vec<Pod> {
     let pods = d.pods().await;
@@ -129,7 +125,7 @@ async fn check_pods(d: &Driver, job: &Job, want_total: usize) -> Vec<Pod> {
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("Job", uid.as_str(), Some(true))
         );
-        assert!(!has_finalizer(p), "{:?} kept its tracking finalizer", p.metadata.name);
+        assert!(!common::has_finalizer(p), "{:?} kept its tracking finalizer", p.metadata.name);
     }
     pods
 }

@@ -36,10 +36,6 @@ fn owner(kind: &str, api_version: &str, name: &str, uid: &str) -> serde_json::Va
                        "controller": true})
 }
 
-fn has_finalizer(p: &Pod) -> bool {
-    p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
-}
-
 async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them(server: TestServer) {
     let client = server.client();
     let ns = server.namespace("orphans");
@@ -134,7 +130,12 @@ async fn orphan_pods_lose_the_finalizer_only_when_nobody_counts_them(server: Tes
         // finalizer is off, such a pod disappears altogether.
         match listed.iter().find(|p| p.metadata.name.as_deref() == Some(name)) {
             Some(p) => {
-                assert_eq!(!has_finalizer(p), *removed, "{name}: {:?}", p.metadata.finalizers)
+                assert_eq!(
+                    !common::has_finalizer(p),
+                    *removed,
+                    "{name}: {:?}",
+                    p.metadata.finalizers
+                )
             }
             None => assert!(*removed, "{name} vanished but should have kept its finalizer"),
         }

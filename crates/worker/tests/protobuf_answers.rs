@@ -23,10 +23,6 @@ fn pod(meta: serde_json::Value, container: &str) -> Pod {
     .unwrap()
 }
 
-fn has_finalizer(p: &Pod) -> bool {
-    p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
-}
-
 /// A fresh namespace named after `base` and a `KubeApi` on the server.
 async fn namespace_and_api(server: &TestServer, base: &str) -> (String, KubeApi) {
     let ns = server.namespace(base);
@@ -47,7 +43,7 @@ async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
     assert!(created.name.starts_with("w-") && created.name.len() > 2, "{created:?}");
     let stored = pods.get(&created.name).await.expect("stored");
     assert_eq!(stored.metadata.uid.as_deref(), Some(created.uid.as_str()));
-    assert!(has_finalizer(&stored));
+    assert!(common::has_finalizer(&stored));
 
     // The same name again: a conflict carrying the server's own message.
     let named = pod(serde_json::json!({"name": created.name}), "main");
@@ -76,7 +72,7 @@ async fn pod_writes_answer_and_fail_as_json_calls_do(server: TestServer) {
     // The finalizer patch removes the finalizer; the delete then deletes the pod.
     api.patch_out_tracking_finalizer(ns, &created.name).await.expect("patched");
     let stored = pods.get(&created.name).await.expect("still there");
-    assert!(!has_finalizer(&stored));
+    assert!(!common::has_finalizer(&stored));
     api.delete_pod(ns, &created.name).await.expect("deleted");
     common::eventually("the deleted pod gone", std::time::Duration::from_secs(30), || async {
         pods.get_opt(&created.name).await.unwrap().is_none().then_some(())

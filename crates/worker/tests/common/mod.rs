@@ -21,6 +21,11 @@ use tokio_util::sync::CancellationToken;
 /// The scheduler name of the test pods: no scheduler runs under it, so only the Driver moves them.
 pub const TEST_SCHEDULER: &str = "kjob-test-driver";
 
+/// Whether `p` still carries the Job tracking finalizer.
+pub fn has_finalizer(p: &Pod) -> bool {
+    p.metadata.finalizers.iter().flatten().any(|f| f == kjob_core::JOB_TRACKING_FINALIZER)
+}
+
 /// Creates a namespace.
 pub async fn create_namespace(client: &kube::Client, name: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
