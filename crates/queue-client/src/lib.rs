@@ -421,8 +421,9 @@ unary_calls! {
         within wait + REQUEST_TIMEOUT => |r| r.items;
 
     /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
-    /// the per-Job `records`), read by the queue service right after granting the lease: the
-    /// lessee can plan without a [`Self::get_job_view`] call. An item without a view (a server
+    /// the per-Job `records`), read by the queue service right after granting the lease (or,
+    /// for a key an Add hands to this waiting Lease, by that Add's own script): the lessee can
+    /// plan without a [`Self::get_job_view`] call. An item without a view (a server
     /// that predates the field, or a read that failed) needs that call.
     fn lease_with_views(
         queue: &str, max_items: u32, lease: Duration, wait: Duration, worker_id: &str,

@@ -86,6 +86,10 @@ queue_metrics! {
         "Total number of retries handled by workqueue";
     /// Items leased by this replica.
     leases: Counter = Counter::default, "kjob_queue_leases", "Items leased by this replica";
+    /// Leased Job keys whose shared view the Add that handed them to a waiting Lease read in
+    /// its own script (the rest take a view read of their own).
+    handoff_views: Counter = Counter::default, "kjob_queue_handoff_views",
+        "Leased keys whose shared view came with an Add's hand-off, read in the Add's script";
     /// Leases that expired and were put back by this replica (its reaper or a Lease call).
     lease_expired: Counter = Counter::default, "kjob_queue_lease_expired",
         "Expired leases put back by this replica's reaper";

@@ -15,8 +15,8 @@ use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, DoneResult, Enqueue, Observation, ObservationKind, SessionPhase, Store, ViewOp, Waker,
-    WqError,
+    Done, DoneResult, Enqueue, LeaseAsk, Observation, ObservationKind, SessionPhase, Store, ViewOp,
+    Waker, WqError,
 };
 use tonic::{Request, Response, Status};
 
@@ -407,8 +407,15 @@ impl QueueService {
         }
         // The lessee's finished leases first: their keys may be ready again for this very call.
         let done_results = self.apply_dones(&r.dones, "dones item").await?;
+        let ask = LeaseAsk {
+            worker: &r.worker_id,
+            n: r.max_items,
+            lease: ms(r.lease_ms),
+            wait: ms(r.wait_ms),
+            view_records: with_views.then_some(r.view_records.as_slice()),
+        };
         let batch = tokio::select! {
-            res = self.waker.lease(&self.store, &r.queue, &r.worker_id, r.max_items, ms(r.lease_ms), ms(r.wait_ms)) => {
+            res = self.waker.lease_for(&self.store, &r.queue, ask) => {
                 Some(res?)
             }
             // Draining: a long poll answers "nothing" rather than holding up the shutdown.
@@ -426,9 +433,10 @@ impl QueueService {
             None => Vec::new(),
         };
         m.leases.inc_by(leased.len() as u64);
+        m.handoff_views.inc_by(leased.iter().filter(|it| it.view.is_some()).count() as u64);
         let hist = &m.queue_duration;
         let lease_ms = i64::try_from(r.lease_ms).unwrap_or(i64::MAX);
-        let items = leased
+        let mut items = leased
             .into_iter()
             .map(|it| {
                 let now = it.deadline_ms - lease_ms;
@@ -439,17 +447,22 @@ impl QueueService {
                     requeues: it.requeues,
                     deadline_unix_ms: it.deadline_ms,
                     enqueued_unix_ms: it.enqueued_ms,
-                    view: None,
+                    // An Add's hand-off read the view in its own script.
+                    view: it.view.map(view_reply),
                     lease_expiries: it.expiries,
                     done_raises_expectations: true,
                 }
             })
             .collect::<Vec<_>>();
-        let mut items = items;
-        if with_views && !items.is_empty() {
-            let views = self.leased_views(&items, &r.view_records).await;
-            for (it, view) in items.iter_mut().zip(views) {
-                it.view = view;
+        if with_views {
+            let unread: Vec<usize> =
+                (0..items.len()).filter(|&i| items[i].view.is_none()).collect();
+            if !unread.is_empty() {
+                let keys: Vec<&str> = unread.iter().map(|&i| items[i].key.as_str()).collect();
+                let views = self.leased_views(&keys, &r.view_records).await;
+                for (i, view) in unread.into_iter().zip(views) {
+                    items[i].view = view;
+                }
             }
         }
         Ok(v1::LeaseResponse { items, done_results })
@@ -754,18 +767,18 @@ impl QueueService {
     /// already granted are returned whatever happens here.
     async fn leased_views(
         &self,
-        items: &[v1::LeasedItem],
+        keys: &[&str],
         records: &[String],
     ) -> Vec<Option<v1::GetJobViewResponse>> {
-        let reads = items.iter().map(|it| self.store.get_job_view(&it.key, records));
+        let reads = keys.iter().map(|key| self.store.get_job_view(key, records));
         futures::future::join_all(reads)
             .await
             .into_iter()
-            .zip(items)
-            .map(|(res, it)| match res {
+            .zip(keys)
+            .map(|(res, key)| match res {
                 Ok(v) => Some(view_reply(v)),
                 Err(e) => {
-                    tracing::debug!(key = it.key, error = %e, "reading a leased key's view failed");
+                    tracing::debug!(key, error = %e, "reading a leased key's view failed");
                     None
                 }
             })

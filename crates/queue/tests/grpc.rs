@@ -681,3 +681,69 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
     // The admin port is gone with the service, so nothing reports it ready any more.
     assert!(reqwest::get(format!("{admin_url}/readyz")).await.is_err());
 }
+
+/// A Lease that waits with views and is handed a key by an Add gets the view that Add's script
+/// read after its own writes (the pod it wrote is there), and the hand-off is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
+    let redis = RedisServer::start().unwrap();
+    let r = start(&redis).await;
+    let c = r.strict();
+    let http = reqwest::Client::new();
+    let op = |kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str| v1::CacheOp {
+        kind: kind as i32,
+        name: name.into(),
+        object: object.to_vec(),
+        resource_version: rv.into(),
+    };
+    assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
+    let write = |key: &str, only: bool, cache: Vec<v1::CacheOp>| v1::AddItem {
+        queue: "job".into(),
+        key: key.into(),
+        observe_only: only,
+        cache_session: "s1".into(),
+        cache,
+        ..Default::default()
+    };
+    let snapshot = |key: &str| {
+        let ops = vec![
+            op(v1::CacheOpKind::Reset, "u1", b"", ""),
+            op(v1::CacheOpKind::Job, "u1", b"{\"job\":1}", "7"),
+            op(v1::CacheOpKind::Trust, "", b"", ""),
+        ];
+        write(key, true, ops)
+    };
+    c.add((0..5).map(|i| snapshot(&format!("ns/h{i}"))).collect()).await.unwrap();
+    assert!(c.cache_session("s1", v1::CacheSessionPhase::Commit).await.unwrap());
+    let handed = async || {
+        metric(&http, &r.admin, "kjob_queue_handoff_views_total{name=\"job\"}").await.unwrap()
+    };
+    assert_eq!(handed().await, 0.0);
+    // The Add must find the Lease waiting (past its first LEASE): a few tries, each checked.
+    for i in 0..5 {
+        let key = format!("ns/h{i}");
+        let waiting = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.lease_with_views("job", 1, LEASE, Duration::from_secs(10), "w", &["backoff"])
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pod = op(v1::CacheOpKind::Pod, "p", b"{\"pod\":2}", "");
+        c.add(vec![write(&key, false, vec![pod])]).await.unwrap();
+        let got = waiting.await.unwrap().unwrap();
+        assert_eq!(got.len(), 1);
+        let v = got[0].view.as_ref().expect("a view with every Job key");
+        assert!(v.trusted, "{v:?}");
+        assert_eq!((got[0].key.as_str(), v.job_uid.as_str()), (key.as_str(), "u1"));
+        assert_eq!(v.pods, vec![b"{\"pod\":2}".to_vec()], "the Add's own write is in the view");
+        let e = v.expectations.as_ref().unwrap();
+        assert!(!e.exists && e.satisfied, "{e:?}");
+        if handed().await == 1.0 {
+            r.stop().await;
+            return;
+        }
+    }
+    panic!("no Add handed its key to the waiting Lease in five tries");
+}

@@ -33,7 +33,7 @@ pub use store::{
     LeaseOutcome, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,
 };
 pub use view::{JobView, SessionPhase, ViewOp};
-pub use wake::Waker;
+pub use wake::{LeaseAsk, Waker};
 
 /// Errors of the workqueue.
 #[derive(Debug, thiserror::Error)]

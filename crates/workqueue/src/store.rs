@@ -132,6 +132,10 @@ pub struct Leased {
     /// Leases of the item that expired without a Done since its last Done: more than zero
     /// when the previous lessee died or lost its lease mid-sync.
     pub expiries: u32,
+    /// The Job's shared view, read in the script that leased the item when that was an Add's
+    /// hand-off to a lessee that asked for views: `Some(None)` when the view is not trusted,
+    /// `None` when it was not read (the lessee's server reads it itself).
+    pub view: Option<Option<crate::JobView>>,
 }
 
 /// Result of one lease attempt.

@@ -194,6 +194,29 @@ local function apply_view(JOB, PODS, META, gc_ms, session, ops, first, count)
   redis.call('PEXPIRE', PODS, gc_ms)
   redis.call('PEXPIRE', META, gc_ms)
 end
+
+-- One Job's view as GET_VIEW replies it: {0} unless its epoch is the `current` session, which a
+-- pending session never equals; else {1, object, orphans_seen, orphans_handled, {pod…}, uid,
+-- exp, {record…}} with `exp` as GET_EXPECTATIONS replies it and the records named by
+-- names[first .. first + count - 1] (each `expiry|value`, '' when absent).
+local function read_view(current, JOB, PODS, META, EXP, FIN, REC, now, names, first, count)
+  local m = redis.call('HMGET', META, 'epoch', 'orphans', 'handled', 'uid')
+  if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
+  local job = redis.call('GET', JOB)
+  if not job then return {0} end
+  local fin = redis.call('HGETALL', FIN)
+  local exp
+  if redis.call('EXISTS', EXP) == 0 then
+    exp = {0, '', 0, 0, 0, now, fin}
+  else
+    local r = redis.call('HMGET', EXP, 'uid', 'add', 'del', 'ts')
+    exp = {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] or 0), now, fin}
+  end
+  local recs = {}
+  if count > 0 then recs = redis.call('HMGET', REC, unpack(names, first, first + count - 1)) end
+  for i = 1, count do if not recs[i] then recs[i] = '' end end
+  return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', PODS), m[4] or '', exp, recs}
+end
 "#
     };
 }
@@ -225,32 +248,14 @@ impl GetViewKeys {
 /// KEYS: [`GetViewKeys`]: 1 session, 2 object, 3 pods, 4 meta, 5 the Job's expectation record,
 /// 6 its finalizer set, 7 run, 8 its per-Job records.
 /// ARGV: record names.
-/// Reply: `{0}` (not trusted) or `{1, object, orphans_seen, orphans_handled, {pod…}, uid, exp,
-/// {record or ''…}}` where `exp` is what GET_EXPECTATIONS returns, read in the same script,
-/// and records are `expiry|value`. Trusted: the record's epoch is the current, committed
-/// session (a pending session never equals an epoch).
+/// Reply: `read_view`'s (see `apply_view_fn!`), read in one script with the session check.
 const GET_VIEW: &str = concat!(
     apply_view_fn!(),
     r#"
-local current = view_current(KEYS[1], KEYS[7])
-local m = redis.call('HMGET', KEYS[4], 'epoch', 'orphans', 'handled', 'uid')
-if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
-local job = redis.call('GET', KEYS[2])
-if not job then return {0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local fin = redis.call('HGETALL', KEYS[6])
-local exp
-if redis.call('EXISTS', KEYS[5]) == 0 then
-  exp = {0, '', 0, 0, 0, now, fin}
-else
-  local r = redis.call('HMGET', KEYS[5], 'uid', 'add', 'del', 'ts')
-  exp = {1, r[1] or '', tonumber(r[2] or 0), tonumber(r[3] or 0), tonumber(r[4] or 0), now, fin}
-end
-local recs = {}
-if #ARGV > 0 then recs = redis.call('HMGET', KEYS[8], unpack(ARGV)) end
-for i = 1, #ARGV do if not recs[i] then recs[i] = '' end end
-return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', KEYS[3]), m[4] or '', exp, recs}
+local current = view_current(KEYS[1], KEYS[7])
+return read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], now, ARGV, 1, #ARGV)
 "#
 );
 
@@ -271,7 +276,16 @@ impl Store {
         };
         let args = records.iter().map(Arg::arg).collect();
         let v: Value = self.run(&GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
-        let mut f = Fields::new("get_job_view", &v)?;
+        self.job_view_reply(Fields::new("get_job_view", &v)?, records)
+    }
+
+    /// Reads a view as `read_view` replies it (GET_VIEW, and ADD's hand-offs): `None` when it
+    /// is not trusted.
+    pub(crate) fn job_view_reply(
+        &self,
+        mut f: Fields<'_>,
+        records: &[String],
+    ) -> Result<Option<JobView>, WqError> {
         if !f.flag("trusted")? {
             return Ok(None);
         }

@@ -107,6 +107,21 @@ impl QueueWake {
     }
 }
 
+/// What a lessee asks of [`Waker::lease_for`].
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseAsk<'a> {
+    /// The lessee's worker id.
+    pub worker: &'a str,
+    /// Most items to lease.
+    pub n: u32,
+    /// Lease duration.
+    pub lease: Duration,
+    /// Longest wait for the first item.
+    pub wait: Duration,
+    /// Records to read with each hand-off's view (job queue); `None`: no views.
+    pub view_records: Option<&'a [String]>,
+}
+
 /// Wake-up hub of one replica; cheap to clone.
 #[derive(Clone)]
 pub struct Waker {
@@ -167,6 +182,19 @@ impl Waker {
         lease: Duration,
         wait: Duration,
     ) -> Result<LeaseBatch, WqError> {
+        let ask = LeaseAsk { worker, n, lease, wait, view_records: None };
+        self.lease_for(store, queue, ask).await
+    }
+
+    /// [`Waker::lease`] for `ask`: with `view_records`, an Add that hands items over reads the
+    /// views of those it wrote views for in the same script ([`Leased::view`]).
+    pub async fn lease_for(
+        &self,
+        store: &Store,
+        queue: &str,
+        ask: LeaseAsk<'_>,
+    ) -> Result<LeaseBatch, WqError> {
+        let LeaseAsk { worker, n, lease, wait, view_records } = ask;
         let deadline = Instant::now() + wait;
         let q = self.queues.get(queue).cloned();
         let _guard = match (&q, wait.is_zero()) {
@@ -206,7 +234,8 @@ impl Waker {
             // Offer ourselves to this replica's Adds; a wake-up (another replica's Add, a Done,
             // a due item) or the timer makes us look again ourselves.
             let (tx, mut rx) = oneshot::channel();
-            let taker = Taker { worker: worker.to_string(), n, lease };
+            let view_records = view_records.map(<[String]>::to_vec);
+            let taker = Taker { worker: worker.to_string(), n, lease, view_records };
             let id = q.offer(taker, tx);
             let handed = tokio::select! {
                 h = &mut rx => h.ok(),
@@ -373,7 +402,7 @@ mod tests {
         let q = waker.queues.get("job").unwrap().clone();
         let (tx, rx) = oneshot::channel();
         let lease = Duration::from_secs(30);
-        q.offer(Taker { worker: "gone".into(), n: 1, lease }, tx);
+        q.offer(Taker { worker: "gone".into(), n: 1, lease, view_records: None }, tx);
         assert_eq!(waker.waiting("job"), 1);
         let claimed = q.claim(1);
         assert_eq!((claimed.len(), waker.waiting("job")), (1, 0));

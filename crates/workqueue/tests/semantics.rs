@@ -7,8 +7,8 @@ use std::time::Duration;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, Enqueue, KeyState, LeaseOutcome, Observation, ObservationKind, SessionPhase, Store,
-    StoreConfig, ViewOp, Waker, WqError,
+    Done, Enqueue, KeyState, LeaseAsk, LeaseOutcome, Observation, ObservationKind, SessionPhase,
+    Store, StoreConfig, ViewOp, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -885,6 +885,7 @@ both!(
     handoff_leases_each_item_exactly_once,
     handoff_leaves_the_rest_to_other_replicas,
     handoff_skips_a_lessee_that_went_away,
+    handoff_brings_the_view_read_in_the_add_script,
 );
 
 /// A Redis that restarted may have lost the last view writes: nothing written before is
@@ -1109,4 +1110,75 @@ async fn handoff_skips_a_lessee_that_went_away(s: Store) {
     assert_eq!(v.state, KeyState::Ready, "not leased to a lessee that left");
     let got = waker.lease(&s, Q, "next", 1, LEASE, Duration::from_secs(1)).await.unwrap().items;
     assert_eq!(got.len(), 1);
+}
+
+/// A lessee that asks for views gets, with each item an Add hands it, the Job's view read in
+/// the Add's own script (after its view writes): what GET_VIEW would return, with the records
+/// asked. Items the Add wrote no view for, and lessees that asked for none, get no view; an
+/// untrusted view comes back as such.
+async fn handoff_brings_the_view_read_in_the_add_script(s: Store) {
+    let (k, names) = ("ns/v", vec!["backoff".to_string(), "absent".to_string()]);
+    s.view_session("s", SessionPhase::Begin).await.unwrap();
+    let snap = Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view("s", snapshot("u", "1", &[("p1", "a")]))
+    };
+    s.add(Q, &[snap]).await.unwrap();
+    s.view_session("s", SessionPhase::Commit).await.unwrap();
+    s.set_expectations(k, "u", 1, 0).await.unwrap();
+    s.put_record(k, "backoff", b"b1", None).await.unwrap();
+    let waker = Waker::new(&s, [Q]);
+    let (stop, runner) = run_waker(&waker, &s);
+    let lessee = |worker: &'static str, views: Option<Vec<String>>| {
+        let (w, s) = (waker.clone(), s.clone());
+        tokio::spawn(async move {
+            let ask = LeaseAsk {
+                worker,
+                n: 5,
+                lease: LEASE,
+                wait: Duration::from_secs(10),
+                view_records: views.as_deref(),
+            };
+            w.lease_for(&s, Q, ask).await
+        })
+    };
+    // The pod the Add writes and the creation it observes are in the view handed over.
+    let waiting = lessee("w", Some(names.clone()));
+    until_waiting(&waker, 1).await;
+    let obs = Observation::new(ObservationKind::Creation, "u", "pu");
+    let write = Enqueue::now(k).observing(vec![obs]).writing_view("s", vec![pod_op("p2", "b")]);
+    waker.add(&s, Q, vec![write, now("ns/plain")]).await.unwrap();
+    let items = waiting.await.unwrap().unwrap().items;
+    let by_key = |key: &str| items.iter().find(|i| i.key == key).unwrap().clone();
+    assert_eq!(by_key("ns/plain").view, None, "no view written by this Add: not read");
+    let v = by_key(k).view.expect("read with the hand-off").expect("trusted");
+    assert_eq!(sorted_pods(&v), ["a", "b"]);
+    assert_eq!((v.job.as_slice(), v.uid.as_str()), (b"job".as_slice(), "u"));
+    assert_eq!(v.records, [("backoff".to_string(), b"b1".to_vec())]);
+    assert!(v.expectations.satisfied, "the creation observed in the same script");
+    let read = s.get_job_view(k, &names).await.unwrap().unwrap();
+    assert_eq!((read.pods.len(), &read.records), (v.pods.len(), &v.records));
+    assert_eq!(read.expectations.record, v.expectations.record);
+    // A lessee that asked for no views gets none.
+    let plain = lessee("p", None);
+    until_waiting(&waker, 1).await;
+    waker
+        .add(&s, Q, vec![Enqueue::now("ns/v2").writing_view("s", vec![pod_op("q", "c")])])
+        .await
+        .unwrap();
+    let items = plain.await.unwrap().unwrap().items;
+    assert_eq!((items.len(), items[0].view.clone()), (1, None));
+    // A session begun and not committed: the view is handed over as untrusted.
+    s.view_session("s2", SessionPhase::Begin).await.unwrap();
+    let waiting = lessee("w", Some(names.clone()));
+    until_waiting(&waker, 1).await;
+    s.done(Q, k, &by_key(k).lease_id, LeaseOutcome::Forget).await.unwrap();
+    waker
+        .add(&s, Q, vec![Enqueue::now(k).writing_view("s2", vec![pod_op("p3", "d")])])
+        .await
+        .unwrap();
+    let items = waiting.await.unwrap().unwrap().items;
+    assert_eq!((items.len(), items[0].view.clone()), (1, Some(None)));
+    let _ = stop.send(());
+    runner.await.unwrap();
 }

@@ -15,19 +15,23 @@ use crate::view::{ViewKeys, ViewOp, push_view_ops, view_run_key, view_session_ke
 use crate::{Observation, WqError};
 
 /// KEYS: the [`QueueKeys`]; then, with has_view, KEYS[8] the view session and KEYS[9] the view
-/// run; then, in entry order, the four [`ExpKeys`] of each entry with n_obs > 0 and the three
-/// [`ViewKeys`] of each with n_view > 0.
+/// run; then, in entry order, the four [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
+/// followed by the three [`ViewKeys`] of each with n_view > 0.
 /// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> n_takers, then per taker (a
-/// waiting lessee of the calling replica): worker, n, lease_ms; then per entry: item,
-/// delay_ms, observe_only (0/1), n_obs, n_view, session, then n_obs × (kind, job_uid, pod_uid)
-/// and n_view × (kind, name, object, resource_version).
+/// waiting lessee of the calling replica): worker, n, lease_ms, views (0/1); then n_records and
+/// that many record names; then per entry: item, delay_ms, observe_only (0/1), n_obs, n_view,
+/// session, then n_obs × (kind, job_uid, pod_uid) and n_view × (kind, name, object,
+/// resource_version).
 /// Reply: [`AddReply`] `{added, accepted_now, now, observed, view_lost, {lease item…} per
 /// taker}` (view_lost 1 when view writes found no current session: the writer must begin a new
-/// one; a lease item as LEASE returns it).
+/// one; a lease item as LEASE returns it, and for a taker that asked for views, when the item
+/// is an entry of this Add with view writes, its view as GET_VIEW returns it with the records
+/// named).
 ///
 /// View writes are applied before the observations of their item, and both before its enqueue,
 /// in the same script: a worker that leases the key and sees an observation also sees the pod
-/// it was made from, and no crash can apply one without the other.
+/// it was made from, and no crash can apply one without the other. A hand-off carries the view
+/// read in the same script too, so the lessee needs no GET_VIEW.
 const ADD: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
@@ -53,22 +57,31 @@ local gc_ms = ARGV[1]
 local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
 -- The current view session, read the first time an entry carries view writes (INFO costs).
 local has_view, session_read, current_session, view_lost = ARGV[2] == '1', false, false, 0
+local function session()
+  if not session_read then
+    current_session, session_read = view_current(KEYS[8], KEYS[9]), true
+  end
+  return current_session
+end
 if has_view then k = 10 end
 local now_items, seen = {}, {}
 local takers = tonumber(ARGV[3])
-local i = 4 + 3 * takers
+local rec_at = 5 + 4 * takers
+local nrec = tonumber(ARGV[rec_at - 1])
+-- item -> KEYS index of its ExpKeys (its ViewKeys follow), for the views of hand-offs.
+local view_keys = {}
+local i = rec_at + nrec
 while i <= #ARGV do
   local item, delay, only = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  local nobs, nview, session = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5]
+  local nobs, nview, writer = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5]
   local obs_at, view_at = i + 6, i + 6 + 3 * nobs
+  local ek, vk = k, k + 4
+  if nobs > 0 or nview > 0 then k = k + 4 end
   if nview > 0 then
-    local ek = k
-    if nobs > 0 then ek = k + 4 end
-    if not session_read then
-      current_session, session_read = view_current(KEYS[8], KEYS[9]), true
-    end
-    if session_accepts(current_session, session) then
-      apply_view(KEYS[ek], KEYS[ek + 1], KEYS[ek + 2], gc_ms, session, ARGV, view_at, nview)
+    k = k + 3
+    view_keys[item] = ek
+    if session_accepts(session(), writer) then
+      apply_view(KEYS[vk], KEYS[vk + 1], KEYS[vk + 2], gc_ms, writer, ARGV, view_at, nview)
     elseif not current_session then
       -- No session at all: this Redis lost it (restarted from an older state). The writer
       -- must begin a new one.
@@ -76,10 +89,8 @@ while i <= #ARGV do
     end
   end
   if nobs > 0 then
-    observed = observed + observe(KEYS[k], KEYS[k + 1], KEYS[k + 2], gc_ms, ARGV, obs_at, nobs)
-    k = k + 4
+    observed = observed + observe(KEYS[ek], KEYS[ek + 1], KEYS[ek + 2], gc_ms, ARGV, obs_at, nobs)
   end
-  if nview > 0 then k = k + 3 end
   if only == '0' then
     if delay > 0 then
       added = added + add_after(item, delay)
@@ -119,8 +130,17 @@ local out, handed = {added, accepted, now, observed, view_lost}, 0
 for w = 1, takers do
   local got = {}
   if readied > 0 and handed < readied then
-    local a = 4 + 3 * (w - 1)
+    local a = 4 + 4 * (w - 1)
     handed = handed + grant(ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), got)
+    if ARGV[a + 3] == '1' then
+      for _, g in ipairs(got) do
+        local e = view_keys[g[1]]
+        if e then
+          g[#g + 1] = read_view(session(), KEYS[e + 4], KEYS[e + 5], KEYS[e + 6], KEYS[e],
+            KEYS[e + 2], KEYS[e + 3], now, ARGV, rec_at, nrec)
+        end
+      end
+    end
   end
   out[#out + 1] = got
 end
@@ -140,6 +160,9 @@ pub(crate) struct Taker {
     pub n: u32,
     /// Its lease duration.
     pub lease: Duration,
+    /// On the job queue: the records its server reads with each leased key's view (the view
+    /// comes with a hand-off); `None`: no views.
+    pub view_records: Option<Vec<String>>,
 }
 
 /// ADD's reply.
@@ -153,17 +176,25 @@ pub(crate) struct AddReply {
 }
 
 impl AddReply {
-    fn parse(v: &Value, takers: usize) -> Result<Self, WqError> {
+    /// Reads ADD's reply for `takers`, the views of hand-offs with the `records` asked.
+    fn parse(store: &Store, v: &Value, takers: usize, records: &[String]) -> Result<Self, WqError> {
         let mut f = Fields::new("add", v)?;
         let added = f.count("added")?;
         let accepted_now = f.count("accepted_now")?;
         let now_ms = f.int("now")?;
         let observed = f.count("observed")?;
         let view_lost = f.flag("view_lost")?;
+        let handed_item = |mut f: Fields<'_>| {
+            let mut leased = Leased::parse(&mut f)?;
+            if f.remaining() > 0 {
+                leased.view = Some(store.job_view_reply(f.array("view")?, records)?);
+            }
+            Ok(leased)
+        };
         let handed = f
             .rest("handed")?
             .into_iter()
-            .map(|t| t.rest("lease item")?.into_iter().map(Leased::parse).collect())
+            .map(|t| t.rest("lease item")?.into_iter().map(handed_item).collect())
             .collect::<Result<Vec<Vec<Leased>>, WqError>>()?;
         if handed.len() != takers {
             return Err(WqError::Protocol(format!(
@@ -220,11 +251,21 @@ impl Store {
             args.push(b"0".to_vec());
         }
         args.push(takers.len().arg());
+        // One list of records per script: takers that asked for another list (none do: every
+        // worker asks for the same) read their views themselves.
+        let records: &[String] = match takers.iter().find_map(|t| t.view_records.as_ref()) {
+            Some(r) if same_slot => r,
+            _ => &[],
+        };
         for t in takers {
+            let views = same_slot && t.view_records.as_deref() == Some(records);
             args.push(t.worker.arg());
             args.push(t.n.arg());
             args.push(t.lease.arg());
+            args.push(if views { b"1".to_vec() } else { b"0".to_vec() });
         }
+        args.push(records.len().arg());
+        args.extend(records.iter().map(Arg::arg));
         let mut delayed = 0;
         let mut entries = 0;
         for it in items {
@@ -243,7 +284,9 @@ impl Store {
             args.push(obs.len().arg());
             args.push(view.len().arg());
             args.push(it.session.clone().into_bytes());
-            if !obs.is_empty() {
+            // An entry with view writes names its expectation keys too: a hand-off of its
+            // item reads the view with the expectations.
+            if !obs.is_empty() || !view.is_empty() {
                 keys.extend(ExpKeys::new(&it.key).to_vec());
                 push_observations(&mut args, obs);
             }
@@ -256,7 +299,7 @@ impl Store {
             return Ok(nothing(observed));
         }
         let v: Value = self.run(&ADD_SCRIPT, &keys, args).await?;
-        let mut r = AddReply::parse(&v, takers.len())?;
+        let mut r = AddReply::parse(self, &v, takers.len(), records)?;
         r.outcome.delayed = delayed;
         r.outcome.observed += observed;
         Ok(r)

@@ -43,14 +43,14 @@ impl Reply for LeaseBatch {
         let reaped = f.count("reaped")?;
         let poisoned = f.count("poisoned")?;
         let items =
-            f.rest("lease item")?.into_iter().map(Leased::parse).collect::<Result<_, _>>()?;
+            f.rest("lease item")?.iter_mut().map(Leased::parse).collect::<Result<_, _>>()?;
         Ok(Self { now_ms, next_due_ms, promoted, reaped, poisoned, items })
     }
 }
 
 impl Leased {
     /// One `{item, lease_id, requeues, deadline, added_at, expiries}` of a lease reply.
-    pub(crate) fn parse(mut f: Fields<'_>) -> Result<Self, WqError> {
+    pub(crate) fn parse(f: &mut Fields<'_>) -> Result<Self, WqError> {
         Ok(Self {
             key: f.string("item")?,
             lease_id: f.string("lease_id")?,
@@ -58,6 +58,7 @@ impl Leased {
             deadline_ms: f.int("deadline")?,
             enqueued_ms: f.int("added_at")?,
             expiries: f.count("expiries")?,
+            view: None,
         })
     }
 }
