@@ -25,6 +25,9 @@ pub struct Counters {
     pub requests: BTreeMap<(String, String), f64>,
     /// Bytes of responses.
     pub response_bytes: f64,
+    /// Of which, by `(verb, resource)` as [`Counters::requests`] keys them (a watch's own
+    /// response is its events, counted apart).
+    pub response_bytes_by: BTreeMap<(String, String), f64>,
     /// Bytes of watch events.
     pub watch_event_bytes: f64,
     /// Watches closed as unresponsive.
@@ -34,22 +37,10 @@ pub struct Counters {
 impl Counters {
     /// Parses the text of kube-apiserver's `/metrics`.
     pub fn parse(text: &str) -> Self {
-        let mut requests = BTreeMap::new();
-        for s in promtext::samples(text, REQUESTS) {
-            let resource = s.labels.get("resource").cloned().unwrap_or_default();
-            if resource.is_empty() {
-                continue;
-            }
-            let resource = match s.labels.get("subresource").filter(|r| !r.is_empty()) {
-                Some(sub) => format!("{resource}/{sub}"),
-                None => resource,
-            };
-            let verb = s.labels.get("verb").cloned().unwrap_or_default();
-            *requests.entry((verb, resource)).or_insert(0.0) += s.value;
-        }
         Self {
-            requests,
+            requests: by_request(text, REQUESTS),
             response_bytes: promtext::total(text, RESPONSE_BYTES),
+            response_bytes_by: by_request(text, RESPONSE_BYTES),
             watch_event_bytes: promtext::total(text, WATCH_EVENT_BYTES),
             terminated_watchers: promtext::total(text, TERMINATED_WATCHERS),
         }
@@ -57,17 +48,10 @@ impl Counters {
 
     /// What grew from `before` to `self` (a counter that went down counts 0).
     pub fn since(&self, before: &Counters) -> Counters {
-        let requests = self
-            .requests
-            .iter()
-            .filter_map(|(k, v)| {
-                let d = v - before.requests.get(k).copied().unwrap_or(0.0);
-                (d > 0.0).then(|| (k.clone(), d))
-            })
-            .collect();
         Counters {
-            requests,
+            requests: grown(&self.requests, &before.requests),
             response_bytes: (self.response_bytes - before.response_bytes).max(0.0),
+            response_bytes_by: grown(&self.response_bytes_by, &before.response_bytes_by),
             watch_event_bytes: (self.watch_event_bytes - before.watch_event_bytes).max(0.0),
             terminated_watchers: (self.terminated_watchers - before.terminated_watchers).max(0.0),
         }
@@ -85,13 +69,50 @@ impl Counters {
 
     /// Adds `other` into `self`.
     pub fn add(&mut self, other: &Counters) {
-        for (k, v) in &other.requests {
-            *self.requests.entry(k.clone()).or_insert(0.0) += v;
+        for (mine, theirs) in [
+            (&mut self.requests, &other.requests),
+            (&mut self.response_bytes_by, &other.response_bytes_by),
+        ] {
+            for (k, v) in theirs {
+                *mine.entry(k.clone()).or_insert(0.0) += v;
+            }
         }
         self.response_bytes += other.response_bytes;
         self.watch_event_bytes += other.watch_event_bytes;
         self.terminated_watchers += other.terminated_watchers;
     }
+}
+
+/// The samples of `name` summed by `(verb, resource)`, the resource with its subresource
+/// (`pods/status`); samples without a resource (`/metrics`, `/readyz`) are left out.
+fn by_request(text: &str, name: &str) -> BTreeMap<(String, String), f64> {
+    let mut out = BTreeMap::new();
+    for s in promtext::samples(text, name) {
+        let resource = s.labels.get("resource").cloned().unwrap_or_default();
+        if resource.is_empty() {
+            continue;
+        }
+        let resource = match s.labels.get("subresource").filter(|r| !r.is_empty()) {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource,
+        };
+        let verb = s.labels.get("verb").cloned().unwrap_or_default();
+        *out.entry((verb, resource)).or_insert(0.0) += s.value;
+    }
+    out
+}
+
+/// What grew from `before` to `now`, key by key; keys that did not grow drop out.
+fn grown(
+    now: &BTreeMap<(String, String), f64>,
+    before: &BTreeMap<(String, String), f64>,
+) -> BTreeMap<(String, String), f64> {
+    now.iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| (k.clone(), d))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -116,6 +137,7 @@ apiserver_request_total{code="409",component="apiserver",dry_run="",group="",res
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="batch",resource="jobs",scope="resource",subresource="status",verb="PUT",version="v1"} 4
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 5
 apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 75000
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 4000
 apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 3000
 apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500.5
 apiserver_terminated_watchers_total{group="",resource="pods",version="v1"} 4
@@ -131,6 +153,8 @@ apiserver_terminated_watchers_total{group="batch",resource="jobs",version="v1"} 
         // Non-resource requests and buckets/counts of histograms are not counted.
         assert_eq!(c.requests.len(), 2);
         assert_eq!(c.response_bytes, 25_000.0);
+        assert_eq!(c.response_bytes_by.get(&key("POST", "pods")), Some(&25_000.0));
+        assert_eq!(c.response_bytes_by.len(), 1);
         assert_eq!(c.watch_event_bytes, 1500.5);
     }
 
@@ -143,9 +167,11 @@ apiserver_terminated_watchers_total{group="batch",resource="jobs",version="v1"} 
         assert_eq!(d.requests.get(&key("LIST", "pods")), Some(&5.0));
         // Unchanged counters drop out.
         assert_eq!(d.requests.get(&key("PUT", "jobs/status")), None);
-        assert_eq!(d.response_bytes, 50_000.0);
+        assert_eq!(d.response_bytes, 54_000.0);
+        assert_eq!(d.response_bytes_by.get(&key("POST", "pods")), Some(&50_000.0));
+        assert_eq!(d.response_bytes_by.get(&key("LIST", "pods")), Some(&4_000.0));
         assert_eq!(d.watch_event_bytes, 2000.0);
-        assert_eq!(d.bytes_sent(), 52_000.0);
+        assert_eq!(d.bytes_sent(), 56_000.0);
         // Watches closed as too slow, over every resource: 3 more of pods, 2 new of jobs.
         assert_eq!(d.terminated_watchers, 5.0);
         assert_eq!(d.total_requests(), 27.0);

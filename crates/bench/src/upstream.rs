@@ -268,6 +268,8 @@ pub struct RunFigures {
     pub requests: BTreeMap<String, f64>,
     /// Bytes of kube-apiserver's responses.
     pub response_bytes: f64,
+    /// Of which, by `"VERB resource"`.
+    pub response_bytes_by_request: BTreeMap<String, f64>,
     /// Bytes of kube-apiserver's watch events.
     pub watch_event_bytes: f64,
     /// Processes of the control plane and of kjob.
@@ -340,6 +342,8 @@ pub struct ConfigFigures {
     pub bytes_sent_per_pod: Option<f64>,
     /// Of which responses.
     pub response_bytes_per_pod: Option<f64>,
+    /// Response bytes per pod by `"VERB resource"`.
+    pub response_bytes_per_pod_by_request: BTreeMap<String, f64>,
     /// Of which watch events.
     pub watch_event_bytes_per_pod: Option<f64>,
     /// kube-apiserver CPU seconds per 1,000 pods.
@@ -374,12 +378,18 @@ pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures
     let mine: Vec<&RunFigures> = runs.iter().filter(|r| r.config == c.id).collect();
     let of = |w: Workload| mine.iter().copied().filter(move |r| r.workload == w.name());
     let pods: u64 = mine.iter().map(|r| r.counts.pods_created).sum();
-    let mut requests: BTreeMap<String, f64> = BTreeMap::new();
+    let (mut requests, mut response_by) = (BTreeMap::new(), BTreeMap::new());
     for r in &mine {
         for (k, v) in &r.requests {
             *requests.entry(k.clone()).or_insert(0.0) += v;
         }
+        for (k, v) in &r.response_bytes_by_request {
+            *response_by.entry(k.clone()).or_insert(0.0) += v;
+        }
     }
+    let per_pod = |m: BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+        m.into_iter().filter_map(|(k, v)| per(v, pods, 1.0).map(|p| (k, p))).collect()
+    };
     let total_requests: f64 = requests.values().sum();
     let sum = |f: &dyn Fn(&RunFigures) -> f64| mine.iter().map(|r| f(r)).sum::<f64>();
     let response = sum(&|r| r.response_bytes);
@@ -406,13 +416,11 @@ pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures
         burst_first_pod_p99: mean(of(Workload::Burst).filter_map(|r| r.first_pod.map(|l| l.p99))),
         burst_counted_p99: mean(of(Workload::Burst).filter_map(|r| r.counted.map(|l| l.p99))),
         pods,
-        requests_per_pod: requests
-            .into_iter()
-            .filter_map(|(k, v)| per(v, pods, 1.0).map(|p| (k, p)))
-            .collect(),
+        requests_per_pod: per_pod(requests),
         requests_per_pod_total: per(total_requests, pods, 1.0),
         bytes_sent_per_pod: per(response + watch, pods, 1.0),
         response_bytes_per_pod: per(response, pods, 1.0),
+        response_bytes_per_pod_by_request: per_pod(response_by),
         watch_event_bytes_per_pod: per(watch, pods, 1.0),
         apiserver_cpu_per_1k_pods: per(api_cpu, pods, 1000.0),
         etcd_cpu_per_1k_pods: per(etcd_cpu, pods, 1000.0),
@@ -777,17 +785,44 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
          sides of it (one run moves by about ±10 % on two cores)."
     );
 
-    let _ = writeln!(s, "\n## API requests per pod by verb and resource\n");
-    let mut keys: Vec<&String> = r.figures.iter().flat_map(|f| f.requests_per_pod.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", "| request |", 1));
-    for k in keys {
-        let mut line = format!("| {k} |");
-        for f in &r.figures {
-            let _ = write!(line, " {} |", fmt_opt(f.requests_per_pod.get(k).copied(), 3));
+    let by_request = [
+        ("API requests per pod by verb and resource", "request", 3, None),
+        (
+            "Response bytes per pod by verb and resource",
+            "response",
+            0,
+            Some(
+                "Each row: the bytes of kube-apiserver's answers to that request, per pod (every \
+                 client). A watch's events are not its response: they are the watch event bytes \
+                 of the figures above. A client whose watch kube-apiserver closed as too slow \
+                 lists again, which shows here as LIST bytes.",
+            ),
+        ),
+    ];
+    for (title, what, digits, note) in by_request {
+        let _ = writeln!(s, "\n## {title}\n");
+        if let Some(note) = note {
+            let _ = writeln!(s, "{note}\n");
         }
-        let _ = writeln!(s, "{line}");
+        let table = |f: &ConfigFigures| {
+            if what == "request" {
+                f.requests_per_pod.clone()
+            } else {
+                f.response_bytes_per_pod_by_request.clone()
+            }
+        };
+        let tables: Vec<BTreeMap<String, f64>> = r.figures.iter().map(table).collect();
+        let mut keys: Vec<&String> = tables.iter().flat_map(|t| t.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", &format!("| {what} |"), 1));
+        for k in keys {
+            let mut line = format!("| {k} |");
+            for t in &tables {
+                let _ = write!(line, " {} |", fmt_opt(t.get(k).copied(), digits));
+            }
+            let _ = writeln!(s, "{line}");
+        }
     }
 
     if !r.charts.is_empty() {
@@ -865,6 +900,7 @@ mod tests {
             time_to_complete_secs: (workload == Workload::Indexed).then_some(secs),
             requests: [("POST pods".to_string(), pods as f64)].into(),
             response_bytes: 1000.0 * pods as f64,
+            response_bytes_by_request: [("POST pods".to_string(), 1000.0 * pods as f64)].into(),
             watch_event_bytes: 500.0 * pods as f64,
             processes,
             ..Default::default()
@@ -962,6 +998,7 @@ mod tests {
         assert_eq!(c.jobs_per_s, Some(20.0));
         assert_eq!(c.indexed_time_to_complete_secs, Some(40.0));
         assert_eq!(b.requests_per_pod.get("POST pods"), Some(&1.0));
+        assert_eq!(b.response_bytes_per_pod_by_request.get("POST pods"), Some(&1000.0));
         assert_eq!(b.bytes_sent_per_pod, Some(1500.0));
         // 3 runs × (10 + 5) CPU s over 300 pods.
         assert_eq!(b.apiserver_etcd_cpu_per_1k_pods, Some(150.0));
@@ -1005,7 +1042,13 @@ mod tests {
         let md = render_markdown(&report);
         assert!(md.contains("| pods created/s (burst) | 20.0 | 40.0 (2.00×) | – |"), "{md}");
         assert!(md.contains("`pods_per_s_1w`"));
+        let (requests, responses) = md
+            .split_once("## Response bytes per pod by verb and resource")
+            .expect("a response bytes table");
+        assert!(requests.contains("| POST pods | 1.000 | 1.000 | – |"), "{md}");
+        assert!(responses.contains("| POST pods | 1000 | 1000 | – |"), "{md}");
         let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["runs"][0]["response_bytes_by_request"]["POST pods"], 100_000.0);
         assert_eq!(json["ratios"]["pods_per_s_1w"], 2.0);
         assert!(json["ratios"]["pods_per_s_2w"].is_null());
     }

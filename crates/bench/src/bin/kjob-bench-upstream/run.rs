@@ -306,6 +306,11 @@ async fn measure(
         },
         requests: api.requests.iter().map(|((v, r), n)| (format!("{v} {r}"), *n)).collect(),
         response_bytes: api.response_bytes,
+        response_bytes_by_request: api
+            .response_bytes_by
+            .iter()
+            .map(|((v, r), n)| (format!("{v} {r}"), *n))
+            .collect(),
         watch_event_bytes: api.watch_event_bytes,
         processes,
         watch_errors: rec.watch_errors(),
