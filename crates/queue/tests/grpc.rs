@@ -232,6 +232,16 @@ async fn records_are_deleted_and_finalizer_removals_forgotten() {
     r.stop().await;
 }
 
+/// One shared-cache write as the watcher sends it with an Add.
+fn cache_op(kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str) -> v1::CacheOp {
+    v1::CacheOp {
+        kind: kind as i32,
+        name: name.into(),
+        object: object.to_vec(),
+        resource_version: rv.into(),
+    }
+}
+
 /// A Lease of the Job queue asked `with_views` brings each key's shared view, as GetJobView
 /// would answer it, read after the lease: trusted with its pods, expectations and records, or
 /// untrusted; other queues carry none, and bad record names are refused before leasing.
@@ -240,12 +250,6 @@ async fn leases_bring_the_job_view() {
     let redis = RedisServer::start().unwrap();
     let r = start(&redis).await;
     let c = r.strict();
-    let op = |kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str| v1::CacheOp {
-        kind: kind as i32,
-        name: name.into(),
-        object: object.to_vec(),
-        resource_version: rv.into(),
-    };
     assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
     let snapshot = v1::AddItem {
         queue: "job".into(),
@@ -253,10 +257,10 @@ async fn leases_bring_the_job_view() {
         observe_only: true,
         cache_session: "s1".into(),
         cache: vec![
-            op(v1::CacheOpKind::Reset, "u1", b"", ""),
-            op(v1::CacheOpKind::Job, "u1", b"{\"job\":1}", "7"),
-            op(v1::CacheOpKind::Pod, "p1", b"{\"pod\":1}", ""),
-            op(v1::CacheOpKind::Trust, "", b"", ""),
+            cache_op(v1::CacheOpKind::Reset, "u1", b"", ""),
+            cache_op(v1::CacheOpKind::Job, "u1", b"{\"job\":1}", "7"),
+            cache_op(v1::CacheOpKind::Pod, "p1", b"{\"pod\":1}", ""),
+            cache_op(v1::CacheOpKind::Trust, "", b"", ""),
         ],
         ..Default::default()
     };
@@ -690,12 +694,6 @@ async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
     let r = start(&redis).await;
     let c = r.strict();
     let http = reqwest::Client::new();
-    let op = |kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str| v1::CacheOp {
-        kind: kind as i32,
-        name: name.into(),
-        object: object.to_vec(),
-        resource_version: rv.into(),
-    };
     assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
     let write = |key: &str, only: bool, cache: Vec<v1::CacheOp>| v1::AddItem {
         queue: "job".into(),
@@ -707,9 +705,9 @@ async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
     };
     let snapshot = |key: &str| {
         let ops = vec![
-            op(v1::CacheOpKind::Reset, "u1", b"", ""),
-            op(v1::CacheOpKind::Job, "u1", b"{\"job\":1}", "7"),
-            op(v1::CacheOpKind::Trust, "", b"", ""),
+            cache_op(v1::CacheOpKind::Reset, "u1", b"", ""),
+            cache_op(v1::CacheOpKind::Job, "u1", b"{\"job\":1}", "7"),
+            cache_op(v1::CacheOpKind::Trust, "", b"", ""),
         ];
         write(key, true, ops)
     };
@@ -730,7 +728,7 @@ async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let pod = op(v1::CacheOpKind::Pod, "p", b"{\"pod\":2}", "");
+        let pod = cache_op(v1::CacheOpKind::Pod, "p", b"{\"pod\":2}", "");
         c.add(vec![write(&key, false, vec![pod])]).await.unwrap();
         let got = waiting.await.unwrap().unwrap();
         assert_eq!(got.len(), 1);
