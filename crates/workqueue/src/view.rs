@@ -195,11 +195,13 @@ local function apply_view(JOB, PODS, META, gc_ms, session, ops, first, count)
   redis.call('PEXPIRE', META, gc_ms)
 end
 
--- One Job's view as GET_VIEW replies it: {0} unless its epoch is the `current` session, which a
--- pending session never equals; else {1, object, orphans_seen, orphans_handled, {pod…}, uid,
--- exp, {record…}} with `exp` as GET_EXPECTATIONS replies it and the records named by
--- names[first .. first + count - 1] (each `expiry|value`, '' when absent).
-local function read_view(current, JOB, PODS, META, EXP, FIN, REC, now, names, first, count)
+-- One Job's view: {0} unless its epoch is the `current` session, which a pending session never
+-- equals; else {1, object, orphans_seen, orphans_handled, {pod…}, uid, exp, {record…}} with
+-- `exp` as GET_EXPECTATIONS replies it and the records named by names[first .. first + count -
+-- 1] (each `expiry|value`, '' when absent). The pods only `with_pods` (else {}): GET_VIEW reads
+-- them with an HVALS after the script, in the same transaction (see `Store::run_then_read`).
+local function read_view(current, JOB, PODS, META, EXP, FIN, REC, now, names, first, count,
+                         with_pods)
   local m = redis.call('HMGET', META, 'epoch', 'orphans', 'handled', 'uid')
   if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
   local job = redis.call('GET', JOB)
@@ -215,7 +217,9 @@ local function read_view(current, JOB, PODS, META, EXP, FIN, REC, now, names, fi
   local recs = {}
   if count > 0 then recs = redis.call('HMGET', REC, unpack(names, first, first + count - 1)) end
   for i = 1, count do if not recs[i] then recs[i] = '' end end
-  return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HVALS', PODS), m[4] or '', exp, recs}
+  local pods = {}
+  if with_pods then pods = redis.call('HVALS', PODS) end
+  return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), pods, m[4] or '', exp, recs}
 end
 "#
     };
@@ -248,21 +252,26 @@ impl GetViewKeys {
 /// KEYS: [`GetViewKeys`]: 1 session, 2 object, 3 pods, 4 meta, 5 the Job's expectation record,
 /// 6 its finalizer set, 7 run, 8 its per-Job records.
 /// ARGV: record names.
-/// Reply: `read_view`'s (see `apply_view_fn!`), read in one script with the session check.
+/// Reply: `read_view`'s (see `apply_view_fn!`) without the pods, read in one script with the
+/// session check; [`Store::get_job_view`] reads the pods with an HVALS in the same transaction.
 const GET_VIEW: &str = concat!(
     apply_view_fn!(),
     r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local current = view_current(KEYS[1], KEYS[7])
-return read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], now, ARGV, 1, #ARGV)
+return read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], now, ARGV, 1, #ARGV,
+  false)
 "#
 );
 
 static GET_VIEW_SCRIPT: Lua = Lua::new("get_job_view", GET_VIEW);
 
 impl Store {
-    /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs).
+    /// Reads the view of Job `key`: `None` unless it is trusted (see the module docs). The
+    /// script checks the session and reads the object, expectations and records; the pods,
+    /// kilobytes each and thousands for a large Job, come from an HVALS in the same MULTI/EXEC
+    /// (atomic with the script, and never copied through Lua).
     pub async fn get_job_view(
         &self,
         key: &str,
@@ -274,9 +283,19 @@ impl Store {
             exp: ExpKeys::new(key),
             run: view_run_key(),
         };
-        let args = records.iter().map(Arg::arg).collect();
-        let v: Value = self.run(&GET_VIEW_SCRIPT, &keys.to_vec(), args).await?;
-        self.job_view_reply(Fields::new("get_job_view", &v)?, records)
+        let args: Vec<Vec<u8>> = records.iter().map(Arg::arg).collect();
+        let mut hvals = redis::cmd("HVALS");
+        hvals.arg(&keys.view.pods);
+        let (v, mut reads) =
+            self.run_then_read(&GET_VIEW_SCRIPT, &keys.to_vec(), &args, &[hvals]).await?;
+        let Some(mut view) = self.job_view_reply(Fields::new("get_job_view", &v)?, records)? else {
+            return Ok(None);
+        };
+        let pods = reads.pop().unwrap_or(Value::Nil);
+        let mut pods_f = Fields::new("get_job_view", &pods)?;
+        view.pods =
+            (0..pods_f.remaining()).map(|_| pods_f.bytes("pod")).collect::<Result<_, _>>()?;
+        Ok(Some(view))
     }
 
     /// Reads a view as `read_view` replies it (GET_VIEW, and ADD's hand-offs): `None` when it

@@ -7,8 +7,8 @@ use std::time::Duration;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, Enqueue, KeyState, LeaseAsk, LeaseOutcome, Observation, ObservationKind, SessionPhase,
-    Store, StoreConfig, ViewOp, Waker, WqError,
+    Done, Enqueue, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseOutcome, Observation,
+    ObservationKind, SessionPhase, Store, StoreConfig, ViewOp, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -886,6 +886,7 @@ both!(
     handoff_leaves_the_rest_to_other_replicas,
     handoff_skips_a_lessee_that_went_away,
     handoff_brings_the_view_read_in_the_add_script,
+    a_large_view_is_left_to_get_view,
 );
 
 /// A Redis that restarted may have lost the last view writes: nothing written before is
@@ -1179,6 +1180,62 @@ async fn handoff_brings_the_view_read_in_the_add_script(s: Store) {
         .unwrap();
     let items = waiting.await.unwrap().unwrap().items;
     assert_eq!((items.len(), items[0].view.clone()), (1, Some(None)));
+    let _ = stop.send(());
+    runner.await.unwrap();
+}
+
+/// A hand-off whose view holds more than `HANDOFF_VIEW_MAX_PODS` pods comes without it (the
+/// ADD script does not copy thousands of pods through Lua); GET_VIEW then reads the whole view,
+/// its pods with an HVALS in the script's transaction: trusted with every pod, the
+/// expectations and the records, or untrusted. GET_VIEW's first run here finds its script not
+/// yet loaded (only ADD has run), so the transaction is sent again after loading it.
+async fn a_large_view_is_left_to_get_view(s: Store) {
+    let (k, names) = ("ns/big", vec!["backoff".to_string()]);
+    let body = |i: usize| format!("{i:05}{}", "x".repeat(4096));
+    let pods: Vec<(String, String)> =
+        (0..=HANDOFF_VIEW_MAX_PODS).map(|i| (format!("p{i:05}"), body(i))).collect();
+    let refs: Vec<(&str, &str)> = pods.iter().map(|(n, b)| (n.as_str(), b.as_str())).collect();
+    s.view_session("s", SessionPhase::Begin).await.unwrap();
+    let snap = Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view("s", snapshot("u", "1", &refs))
+    };
+    s.add(Q, &[snap]).await.unwrap();
+    s.view_session("s", SessionPhase::Commit).await.unwrap();
+    s.set_expectations(k, "u", 2, 0).await.unwrap();
+    s.put_record(k, "backoff", b"b1", None).await.unwrap();
+    let waker = Waker::new(&s, [Q]);
+    let (stop, runner) = run_waker(&waker, &s);
+    let waiting = {
+        let (w, s, names) = (waker.clone(), s.clone(), names.clone());
+        tokio::spawn(async move {
+            let ask = LeaseAsk {
+                worker: "w",
+                n: 5,
+                lease: LEASE,
+                wait: Duration::from_secs(10),
+                view_records: Some(&names),
+            };
+            w.lease_for(&s, Q, ask).await
+        })
+    };
+    until_waiting(&waker, 1).await;
+    let obs = Observation::new(ObservationKind::Creation, "u", "pu");
+    let last = body(HANDOFF_VIEW_MAX_PODS + 1);
+    let write = Enqueue::now(k).observing(vec![obs]).writing_view("s", vec![pod_op("pz", &last)]);
+    waker.add(&s, Q, vec![write]).await.unwrap();
+    let items = waiting.await.unwrap().unwrap().items;
+    assert_eq!((items.len(), items[0].view.clone()), (1, None), "handed over without its view");
+    let v = s.get_job_view(k, &names).await.unwrap().expect("trusted");
+    let mut want: Vec<String> = pods.iter().map(|(_, b)| b.clone()).collect();
+    want.push(last);
+    assert_eq!(sorted_pods(&v), want, "every pod, the Add's too");
+    assert_eq!((v.job.as_slice(), v.uid.as_str()), (b"job".as_slice(), "u"));
+    assert_eq!(v.records, [("backoff".to_string(), b"b1".to_vec())]);
+    assert_eq!(v.expectations.record.as_ref().map(|r| r.add), Some(1), "one creation observed");
+    // A new session distrusts the view: no pods come back with it.
+    s.view_session("s2", SessionPhase::Begin).await.unwrap();
+    assert_eq!(s.get_job_view(k, &names).await.unwrap(), None);
     let _ = stop.send(());
     runner.await.unwrap();
 }

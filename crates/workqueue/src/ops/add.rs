@@ -53,6 +53,8 @@ local function chunked(cmd, key, args, per)
   return out, total
 end
 
+-- Most pods a hand-off's view may hold (`HANDOFF_VIEW_MAX_PODS` in the Rust).
+local HANDOFF_VIEW_MAX_PODS = 16
 local gc_ms = ARGV[1]
 local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
 -- The current view session, read the first time an entry carries view writes (INFO costs).
@@ -135,9 +137,10 @@ for w = 1, takers do
     if ARGV[a + 3] == '1' then
       for _, g in ipairs(got) do
         local e = view_keys[g[1]]
-        if e then
+        -- A large view is left to GET_VIEW, which reads its pods outside Lua.
+        if e and redis.call('HLEN', KEYS[e + 5]) <= HANDOFF_VIEW_MAX_PODS then
           g[#g + 1] = read_view(session(), KEYS[e + 4], KEYS[e + 5], KEYS[e + 6], KEYS[e],
-            KEYS[e + 2], KEYS[e + 3], now, ARGV, rec_at, nrec)
+            KEYS[e + 2], KEYS[e + 3], now, ARGV, rec_at, nrec, true)
         end
       end
     end
@@ -150,6 +153,11 @@ return out
 );
 
 static ADD_SCRIPT: Lua = Lua::new("add", ADD);
+
+/// Most pods the view of a hand-off may hold for ADD to read it (a Job's first sync: one pod or
+/// none). A larger view is left out of the hand-off, and the queue service reads it with
+/// GET_VIEW, whose pods do not pass through Lua (see [`Store::run_then_read`]).
+pub const HANDOFF_VIEW_MAX_PODS: usize = 16;
 
 /// A waiting lessee an Add may lease to directly (see [`crate::Waker`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,5 +311,16 @@ impl Store {
         r.outcome.delayed = delayed;
         r.outcome.observed += observed;
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_uses_the_handoff_view_limit() {
+        let line = format!("local HANDOFF_VIEW_MAX_PODS = {HANDOFF_VIEW_MAX_PODS}\n");
+        assert!(ADD.contains(&line), "ADD defines {line:?}");
     }
 }

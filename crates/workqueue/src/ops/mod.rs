@@ -10,4 +10,5 @@ mod maintain;
 mod records;
 mod stats;
 
+pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
