@@ -297,8 +297,54 @@ impl Informer {
             }
         };
         self.update_gauges();
-        out
+        fold_views(out)
     }
+}
+
+/// Moves each view-only item's writes into the first later item of one event's output that
+/// enqueues the same key (a handler's: no writes or session of its own), and drops the
+/// view-only item. The
+/// writes then travel with that enqueue — in the same Add entry, applied before its
+/// observations and its enqueue, as before — and wait for company as long as it may
+/// ([`crate::sender::linger_for`]: up to 100 ms for a pod event's 1 s batched sync, where a
+/// view-only item waits 10 ms), so a busy Job's events go in fuller Adds. A sync that starts
+/// before they land is followed by the one their enqueue asks for, as with any event that
+/// arrives during a sync. Writes with no enqueue of their key in the event stay view-only.
+fn fold_views(mut out: Vec<Enqueue>) -> Vec<Enqueue> {
+    let is_view_only =
+        |e: &Enqueue| e.observe_only && e.observations.is_empty() && e.control.is_none();
+    if out.len() < 2 || !out.iter().any(is_view_only) {
+        return out;
+    }
+    let mut i = 0;
+    while i < out.len() {
+        let target = is_view_only(&out[i])
+            .then(|| {
+                let (queue, key) = (out[i].queue, &out[i].key);
+                out.iter().skip(i + 1).position(|e| {
+                    !e.observe_only
+                        && e.session.is_none()
+                        && e.view.is_empty()
+                        && e.control.is_none()
+                        && !e.settle
+                        && e.queue == queue
+                        && &e.key == key
+                })
+            })
+            .flatten();
+        match target {
+            Some(offset) => {
+                let view_item = out.remove(i);
+                let t = &mut out[i + offset];
+                let mut view = view_item.view;
+                view.append(&mut t.view);
+                t.view = view;
+                t.session = view_item.session;
+            }
+            None => i += 1,
+        }
+    }
+    out
 }
 
 /// What the relist machine ([`Informer::event`]) needs of one kind beyond its cache
@@ -553,11 +599,14 @@ mod tests {
     }
 
     #[test]
-    fn pod_events_write_the_view_before_the_handlers_items() {
+    fn pod_events_carry_their_view_writes_with_the_handlers_enqueue() {
         let mut inf = viewing();
         let out = inf.pod_event(Event::Apply(pod("p1", "a", "3")), true);
+        assert_eq!(out.len(), 1, "one item: the view write rides with the enqueue");
         assert_eq!(view_shape(&out)[0], ("ns/a".to_string(), strs(&["pod:p1"])));
-        assert_eq!(out[1].observations[0].kind, ObservationKind::Creation, "then the handler's");
+        assert_eq!(out[0].observations[0].kind, ObservationKind::Creation, "and the handler's");
+        assert!(!out[0].observe_only && out[0].delay == SYNC_JOB_BATCH_PERIOD);
+        assert_eq!(out[0].session.as_deref(), Some("w-1"), "the writes' session");
         // The written pod is the trimmed object.
         let ViewWrite::Pod { object, .. } = &out[0].view[0] else { panic!() };
         let back: Pod = serde_json::from_slice(object).unwrap();
@@ -592,7 +641,8 @@ mod tests {
         orphan.controller = None;
         orphan.view = None;
         let out = inf.pod_event(Event::Apply(orphan), true);
-        assert_eq!(view_shape(&out)[0], ("ns/a".to_string(), strs(&["orphans"])));
+        let to_a: Vec<_> = view_shape(&out).into_iter().filter(|(k, _)| k == "ns/a").collect();
+        assert_eq!(to_a, [("ns/a".to_string(), strs(&["orphans"]))], "with a's enqueue");
     }
 
     #[test]
@@ -626,6 +676,52 @@ mod tests {
         assert_eq!(shape.len(), 4, "begin, two chunks, commit");
         assert_eq!(shape[1].1.len(), view::SNAPSHOT_CHUNK, "reset and pods");
         assert_eq!(shape[2].1.last().map(String::as_str), Some("trust"), "only the last trusts");
+    }
+
+    #[test]
+    fn view_writes_fold_into_the_next_enqueue_of_their_key_only() {
+        let view = |key: &str, pod: &str| {
+            Enqueue::view_only(
+                key.into(),
+                "s".into(),
+                vec![ViewWrite::DeletePod { name: pod.into() }],
+            )
+        };
+        let enqueue = |key: &str| Enqueue {
+            queue: JOB_QUEUE,
+            key: key.into(),
+            delay: SYNC_JOB_BATCH_PERIOD,
+            ..Default::default()
+        };
+        let settle = Enqueue { settle: true, ..enqueue("ns/c") };
+        let mut with_own = enqueue("ns/a");
+        with_own.view = vec![ViewWrite::DeletePod { name: "own".into() }];
+        let out = fold_views(vec![
+            view("ns/a", "a1"),
+            view("ns/b", "b1"),
+            view("ns/c", "c1"),
+            settle,
+            enqueue("ns/x"),
+            with_own,
+            enqueue("ns/a"),
+        ]);
+        let shape = view_shape(&out);
+        assert_eq!(
+            shape,
+            [
+                ("ns/b".to_string(), strs(&["delete-pod:b1"])),
+                ("ns/c".to_string(), strs(&["delete-pod:c1"])),
+                ("ns/c".to_string(), vec![]),
+                ("ns/x".to_string(), vec![]),
+                ("ns/a".to_string(), strs(&["delete-pod:own"])),
+                ("ns/a".to_string(), strs(&["delete-pod:a1"])),
+            ],
+            "no enqueue of b, a settling entry of c: both stay view-only; a's writes go to \
+             the first enqueue of a that has none of its own"
+        );
+        assert!(out[0].observe_only && out[1].observe_only);
+        assert_eq!(out[4].session, None);
+        assert!(!out[5].observe_only && out[5].session.as_deref() == Some("s"));
     }
 
     #[test]
