@@ -303,9 +303,8 @@ impl Informer {
 
 /// Moves each view-only item's writes into the first later item of one event's output that
 /// enqueues the same key (a handler's: no writes or session of its own), and drops the
-/// view-only item. The
-/// writes then travel with that enqueue — in the same Add entry, applied before its
-/// observations and its enqueue, as before — and wait for company as long as it may
+/// view-only item. The writes then travel with that enqueue — in the same Add entry, applied
+/// before its observations and its enqueue, as before — and wait for company as long as it may
 /// ([`crate::sender::linger_for`]: up to 100 ms for a pod event's 1 s batched sync, where a
 /// view-only item waits 10 ms), so a busy Job's events go in fuller Adds. A sync that starts
 /// before they land is followed by the one their enqueue asks for, as with any event that

@@ -7,8 +7,8 @@ use std::time::Duration;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, Enqueue, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseOutcome, Observation,
-    ObservationKind, SessionPhase, Store, StoreConfig, ViewOp, Waker, WqError,
+    Done, Enqueue, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch, LeaseOutcome,
+    Observation, ObservationKind, SessionPhase, Store, StoreConfig, ViewOp, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -991,6 +991,41 @@ async fn until_waiting(waker: &Waker, n: usize) {
     }
 }
 
+/// A committed view session "s" holding Job `k` (UID "u") with `pods`, expectations of
+/// `adds` creations, and a stored "backoff" record `b1`.
+async fn committed_view(s: &Store, k: &str, pods: &[(&str, &str)], adds: i64) {
+    s.view_session("s", SessionPhase::Begin).await.unwrap();
+    let snap = Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view("s", snapshot("u", "1", pods))
+    };
+    s.add(Q, &[snap]).await.unwrap();
+    s.view_session("s", SessionPhase::Commit).await.unwrap();
+    s.set_expectations(k, "u", adds, 0).await.unwrap();
+    s.put_record(k, "backoff", b"b1", None).await.unwrap();
+}
+
+/// A lessee `worker` waiting on `waker` for up to 5 items, asking for views with the records
+/// `views` (or none).
+fn spawn_lessee(
+    waker: &Waker,
+    s: &Store,
+    worker: &'static str,
+    views: Option<Vec<String>>,
+) -> tokio::task::JoinHandle<Result<LeaseBatch, WqError>> {
+    let (w, s) = (waker.clone(), s.clone());
+    tokio::spawn(async move {
+        let ask = LeaseAsk {
+            worker,
+            n: 5,
+            lease: LEASE,
+            wait: Duration::from_secs(10),
+            view_records: views.as_deref(),
+        };
+        w.lease_for(&s, Q, ask).await
+    })
+}
+
 /// An Add served by the replica whose lessees wait hands the new items to them in its own
 /// script: every item is leased exactly once, to one of them, with a live lease record.
 async fn handoff_leases_each_item_exactly_once(s: Store) {
@@ -1119,30 +1154,10 @@ async fn handoff_skips_a_lessee_that_went_away(s: Store) {
 /// untrusted view comes back as such.
 async fn handoff_brings_the_view_read_in_the_add_script(s: Store) {
     let (k, names) = ("ns/v", vec!["backoff".to_string(), "absent".to_string()]);
-    s.view_session("s", SessionPhase::Begin).await.unwrap();
-    let snap = Enqueue {
-        observe_only: true,
-        ..Enqueue::now(k).writing_view("s", snapshot("u", "1", &[("p1", "a")]))
-    };
-    s.add(Q, &[snap]).await.unwrap();
-    s.view_session("s", SessionPhase::Commit).await.unwrap();
-    s.set_expectations(k, "u", 1, 0).await.unwrap();
-    s.put_record(k, "backoff", b"b1", None).await.unwrap();
+    committed_view(&s, k, &[("p1", "a")], 1).await;
     let waker = Waker::new(&s, [Q]);
     let (stop, runner) = run_waker(&waker, &s);
-    let lessee = |worker: &'static str, views: Option<Vec<String>>| {
-        let (w, s) = (waker.clone(), s.clone());
-        tokio::spawn(async move {
-            let ask = LeaseAsk {
-                worker,
-                n: 5,
-                lease: LEASE,
-                wait: Duration::from_secs(10),
-                view_records: views.as_deref(),
-            };
-            w.lease_for(&s, Q, ask).await
-        })
-    };
+    let lessee = |worker, views| spawn_lessee(&waker, &s, worker, views);
     // The pod the Add writes and the creation it observes are in the view handed over.
     let waiting = lessee("w", Some(names.clone()));
     until_waiting(&waker, 1).await;
@@ -1195,30 +1210,10 @@ async fn a_large_view_is_left_to_get_view(s: Store) {
     let pods: Vec<(String, String)> =
         (0..=HANDOFF_VIEW_MAX_PODS).map(|i| (format!("p{i:05}"), body(i))).collect();
     let refs: Vec<(&str, &str)> = pods.iter().map(|(n, b)| (n.as_str(), b.as_str())).collect();
-    s.view_session("s", SessionPhase::Begin).await.unwrap();
-    let snap = Enqueue {
-        observe_only: true,
-        ..Enqueue::now(k).writing_view("s", snapshot("u", "1", &refs))
-    };
-    s.add(Q, &[snap]).await.unwrap();
-    s.view_session("s", SessionPhase::Commit).await.unwrap();
-    s.set_expectations(k, "u", 2, 0).await.unwrap();
-    s.put_record(k, "backoff", b"b1", None).await.unwrap();
+    committed_view(&s, k, &refs, 2).await;
     let waker = Waker::new(&s, [Q]);
     let (stop, runner) = run_waker(&waker, &s);
-    let waiting = {
-        let (w, s, names) = (waker.clone(), s.clone(), names.clone());
-        tokio::spawn(async move {
-            let ask = LeaseAsk {
-                worker: "w",
-                n: 5,
-                lease: LEASE,
-                wait: Duration::from_secs(10),
-                view_records: Some(&names),
-            };
-            w.lease_for(&s, Q, ask).await
-        })
-    };
+    let waiting = spawn_lessee(&waker, &s, "w", Some(names.clone()));
     until_waiting(&waker, 1).await;
     let obs = Observation::new(ObservationKind::Creation, "u", "pu");
     let last = body(HANDOFF_VIEW_MAX_PODS + 1);
