@@ -73,6 +73,21 @@ fn axis_max(max: f64) -> f64 {
     if max > 0.0 && max.is_finite() { max * 1.15 } else { 1.0 }
 }
 
+/// Height in pixels of a chart's plotting area, about: [`SIZE`] less the caption, the margins
+/// and the x label area.
+const PLOT_HEIGHT_PX: f64 = 440.0;
+
+/// The y axis' top for a bar chart of `entries` bars whose tallest is `max`: above the tallest
+/// bar and its value stays free room for the legend in the upper right corner (a row of about
+/// 20 px per entry, its border and offset) and for the value written above the bar, so neither
+/// hides the other.
+fn bar_axis_max(max: f64, entries: usize) -> f64 {
+    let legend_px = 20.0 * entries as f64 + 30.0;
+    let value_px = 30.0;
+    let free = ((legend_px + value_px) / PLOT_HEIGHT_PX).min(0.6);
+    if max > 0.0 && max.is_finite() { max / (1.0 - free) } else { 1.0 }
+}
+
 type Canvas<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 type Chart<'a, X> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, RangedCoordf64>>;
 
@@ -147,7 +162,7 @@ pub fn bar_chart(
 ) -> Result<(), PlotError> {
     let err = draw_err(path);
     let n = bars.len().max(1);
-    let y_max = axis_max(bars.iter().map(|b| b.1).fold(0.0, f64::max));
+    let y_max = bar_axis_max(bars.iter().map(|b| b.1).fold(0.0, f64::max), bars.len());
     let root = canvas(path)?;
     let mut chart = builder(&root, title, (40, 80))
         .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
@@ -275,6 +290,44 @@ mod tests {
     fn value_labels_keep_three_figures() {
         let labels = [1234.5, 12.345, 1.2345, 0.012345].map(format_value);
         assert_eq!(labels, ["1234", "12.3", "1.23", "0.012"]);
+    }
+
+    /// The legend (upper right) hides neither the rightmost bar, the tallest here, nor the
+    /// value written above it: down the bar's middle column the legend's lowest border row
+    /// comes at least a text line above the bar's first row.
+    #[test]
+    fn the_legend_leaves_the_tallest_bar_and_its_value_free() {
+        if font_path().is_none() {
+            eprintln!("SKIP: no TrueType font on this machine (scripts/setup.sh installs one)");
+            return;
+        }
+        for n in [3usize, 5] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("bars.png");
+            let bars: Vec<(String, f64)> = (0..n)
+                .map(|i| (format!("({i}) a configuration"), 50.0 + 10.0 * i as f64))
+                .collect();
+            bar_chart(&path, "Pods created per second (burst)", "pods/s", &bars).unwrap();
+            let img = image::open(&path).unwrap().to_rgb8();
+            let c = colour(n - 1);
+            let bar = image::Rgb([c.0, c.1, c.2]);
+            // The last bar's middle column: find it as the column of bar pixels furthest right.
+            let x = (0..img.width())
+                .rev()
+                .find(|&x| (0..img.height()).any(|y| *img.get_pixel(x, y) == bar))
+                .expect("the last bar is drawn")
+                - 20;
+            let top = (0..img.height()).find(|&y| *img.get_pixel(x, y) == bar).unwrap();
+            let dark = |p: &image::Rgb<u8>| p.0.iter().all(|&v| v < 60);
+            let legend_bottom = (0..top)
+                .rev()
+                .find(|&y| dark(img.get_pixel(x, y)))
+                .expect("the legend spans the last bar's column");
+            assert!(
+                top >= legend_bottom + 24,
+                "{n} bars: bar top at row {top}, legend's bottom at row {legend_bottom}"
+            );
+        }
     }
 
     #[test]
