@@ -380,11 +380,7 @@ impl Store {
                     return Ok((script_reply, v));
                 }
                 Ok(Err(e)) => e,
-                Err(_) => {
-                    return Err(WqError::Unavailable(format!(
-                        "{what}: no reply in {RESPONSE_TIMEOUT:?}"
-                    )));
-                }
+                Err(_) => return Err(Self::no_reply(what)),
             };
             if e.kind() == redis::ErrorKind::NoScriptError && !loaded {
                 loaded = true;
@@ -392,15 +388,16 @@ impl Store {
                 match load.await {
                     Ok(Ok(_)) => continue,
                     Ok(Err(e)) => return Err(Self::named(what, e)),
-                    Err(_) => {
-                        return Err(WqError::Unavailable(format!(
-                            "{what}: no reply in {RESPONSE_TIMEOUT:?}"
-                        )));
-                    }
+                    Err(_) => return Err(Self::no_reply(what)),
                 }
             }
             return Err(Self::named(what, e));
         }
+    }
+
+    /// Script `what` got no reply within [`RESPONSE_TIMEOUT`].
+    fn no_reply(what: &'static str) -> WqError {
+        WqError::Unavailable(format!("{what}: no reply in {RESPONSE_TIMEOUT:?}"))
     }
 
     /// A Redis error of script `what` as this crate reports it.
@@ -427,9 +424,7 @@ impl Store {
         match tokio::time::timeout(RESPONSE_TIMEOUT, inv.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Self::named(what, e)),
-            Err(_) => {
-                Err(WqError::Unavailable(format!("{what}: no reply in {RESPONSE_TIMEOUT:?}")))
-            }
+            Err(_) => Err(Self::no_reply(what)),
         }
     }
 
