@@ -67,6 +67,9 @@ pub struct Counts {
     pub elapsed_secs: f64,
     /// Seconds from the first Job created to the last pod seen.
     pub pods_window_secs: f64,
+    /// Seconds from the first Job created to the last (how long the clients took to create
+    /// them: on a saturated API server a controller's load slows its clients' creates too).
+    pub jobs_window_secs: f64,
     /// Whether the run hit its deadline before every Job finished.
     pub timed_out: bool,
 }
@@ -75,6 +78,10 @@ impl Counts {
     /// Pods created per second.
     pub fn pods_per_sec(&self) -> f64 {
         rate(self.pods_created, self.pods_window_secs)
+    }
+    /// Jobs the clients created per second (one Job: none, it has no window).
+    pub fn jobs_created_per_sec(&self) -> f64 {
+        if self.jobs < 2 { 0.0 } else { rate(self.jobs, self.jobs_window_secs) }
     }
     /// Jobs finished per second.
     pub fn jobs_per_sec(&self) -> f64 {
@@ -293,7 +300,8 @@ impl Recorder {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Observed::default();
         out.counts.jobs = names.len() as u64;
-        let (mut last_finish, mut last_pod) = (None::<Instant>, None::<Instant>);
+        let (mut last_finish, mut last_pod, mut last_created) =
+            (None::<Instant>, None::<Instant>, None::<Instant>);
         let mut all_finished = true;
         for (i, n) in names.iter().enumerate() {
             let Some(t) = jobs.get(n) else {
@@ -318,11 +326,14 @@ impl Recorder {
                 None => all_finished = false,
             }
             last_pod = last_pod.max(t.last_pod);
+            last_created = last_created.max(t.created);
         }
         let finish = if all_finished { last_finish.unwrap_or(end) } else { end };
         out.counts.elapsed_secs = finish.saturating_duration_since(t0).as_secs_f64();
         out.counts.pods_window_secs =
             last_pod.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
+        out.counts.jobs_window_secs =
+            last_created.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
         for v in [&mut out.first_pod, &mut out.counted, &mut out.counted_from_finished_at] {
             v.sort_by(f64::total_cmp);
         }
@@ -492,5 +503,10 @@ mod tests {
         // A Job that never finished stretches the run to its end.
         let o = rec.observed(&["a".into(), "missing".into()], t0, at(5000));
         assert!((o.counts.elapsed_secs - 5.0).abs() < 1e-9);
+        assert_eq!(o.counts.jobs_window_secs, 0.0, "one Job, created at t0");
+        // The clients' window ends at the last create.
+        rec.submitted("b", at(700));
+        let o = rec.observed(&["a".into(), "b".into()], t0, at(5000));
+        assert!((o.counts.jobs_window_secs - 0.7).abs() < 1e-9);
     }
 }

@@ -432,6 +432,7 @@ mod tests {
                 pods_created: pods,
                 elapsed_secs: secs,
                 pods_window_secs: secs,
+                jobs_window_secs: secs,
                 timed_out: false,
             },
             api_workers: vec![

@@ -316,6 +316,9 @@ pub struct ConfigFigures {
     pub pods_per_s: Option<f64>,
     /// Jobs finished/s in the burst workload.
     pub jobs_per_s: Option<f64>,
+    /// Jobs the harness's clients created per second in the burst workload: its pods/s cannot
+    /// beat this, and a controller that loads kube-apiserver while they create slows it.
+    pub jobs_created_per_s: Option<f64>,
     /// Pods created/s of the Indexed Job.
     pub indexed_pods_per_s: Option<f64>,
     /// The Indexed Job's time from created to Complete, seconds.
@@ -403,6 +406,7 @@ pub fn summarize_config(c: &Configuration, runs: &[RunFigures]) -> ConfigFigures
         timed_out_runs: mine.iter().filter(|r| r.counts.timed_out).count(),
         pods_per_s: mean(of(Workload::Burst).map(|r| r.counts.pods_per_sec())),
         jobs_per_s: mean(of(Workload::Burst).map(|r| r.counts.jobs_per_sec())),
+        jobs_created_per_s: mean(of(Workload::Burst).map(|r| r.counts.jobs_created_per_sec())),
         indexed_pods_per_s: mean(of(Workload::Indexed).map(|r| r.counts.pods_per_sec())),
         indexed_time_to_complete_secs: mean(
             of(Workload::Indexed)
@@ -703,9 +707,10 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     }
     let _ = writeln!(s, "{header}\n{rule}");
     type Row = (&'static str, fn(&ConfigFigures) -> Option<f64>, usize);
-    let rows: [Row; 17] = [
+    let rows: [Row; 18] = [
         ("pods created/s (burst)", |f| f.pods_per_s, 1),
         ("Jobs finished/s (burst)", |f| f.jobs_per_s, 1),
+        ("Jobs the harness created/s (burst)", |f| f.jobs_created_per_s, 1),
         ("pods created/s (Indexed)", |f| f.indexed_pods_per_s, 1),
         ("Indexed Job created → Complete (s)", |f| f.indexed_time_to_complete_secs, 2),
         ("p50 Job created → first pod, steady (s)", |f| f.first_pod_p50, 3),
@@ -835,13 +840,13 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     let _ = writeln!(s, "## Runs\n");
     let _ = writeln!(
         s,
-        "| pass | workload | config | Jobs | finished | pods | s | pods/s | Jobs/s | p99 first pod (s) | p99 counted (s) | requests | MB sent | apiserver CPU s | etcd CPU s | controller CPU s | timed out |\n\
-         |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "| pass | workload | config | Jobs | finished | pods | s | Jobs created/s | pods/s | Jobs/s | p99 first pod (s) | p99 counted (s) | requests | MB sent | apiserver CPU s | etcd CPU s | controller CPU s | timed out |\n\
+         |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for run in &r.runs {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
             run.pass,
             run.workload,
             run.config,
@@ -849,6 +854,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             run.counts.jobs_finished,
             run.counts.pods_created,
             run.counts.elapsed_secs,
+            run.counts.jobs_created_per_sec(),
             run.counts.pods_per_sec(),
             run.counts.jobs_per_sec(),
             fmt_opt(run.first_pod.map(|l| l.p99), 3),
@@ -894,6 +900,7 @@ mod tests {
                 pods_created: pods,
                 elapsed_secs: secs,
                 pods_window_secs: secs / 2.0,
+                jobs_window_secs: secs / 2.0,
                 timed_out: false,
             },
             first_pod: Some(Latency { count: 1, p50: 0.1, p99: secs / 100.0, max: 1.0, mean: 0.1 }),
@@ -996,6 +1003,8 @@ mod tests {
         assert_eq!((b.runs, b.pods), (3, 300));
         assert_eq!(b.pods_per_s, Some(20.0));
         assert_eq!(c.jobs_per_s, Some(20.0));
+        // The runs' clients created their Jobs in half the run: 100 Jobs in 2.5 s.
+        assert_eq!(c.jobs_created_per_s, Some(40.0));
         assert_eq!(c.indexed_time_to_complete_secs, Some(40.0));
         assert_eq!(b.requests_per_pod.get("POST pods"), Some(&1.0));
         assert_eq!(b.response_bytes_per_pod_by_request.get("POST pods"), Some(&1000.0));
