@@ -569,12 +569,16 @@ async fn a_finished_jobs_orphan_entries_wait_for_the_pods_own_finalizer_removals
              "lastTransitionTime": now}
         ]
     }});
+    let job_updates = w.metric(JOB_UPDATES).await;
     Api::<Job>::namespaced(client.clone(), NS)
         .patch_status("fin", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-    // fin-a loses its finalizer just after the Job's finish, as the worker's own removal
-    // arrives when the pod watch lags; fin-b keeps it.
+    // fin-a loses its finalizer just after the watcher has seen the Job finish (its two watches
+    // may deliver in either order under load), as the worker's own removal arrives when the pod
+    // watch lags; fin-b keeps it.
+    w.wait_metric("the Job's finish seen", Duration::from_secs(10), JOB_UPDATES, job_updates + 1.0)
+        .await;
     Api::<Pod>::namespaced(client.clone(), NS)
         .patch(
             "fin-a",
@@ -594,3 +598,4 @@ async fn a_finished_jobs_orphan_entries_wait_for_the_pods_own_finalizer_removals
 }
 
 const POD_ADDS: &str = "kjob_watcher_events_total{kind=\"pod\",type=\"add\"}";
+const JOB_UPDATES: &str = "kjob_watcher_events_total{kind=\"job\",type=\"update\"}";
