@@ -58,7 +58,7 @@ enum Req {
         lease_id: String,
         lease_ms: u64,
     },
-    Done(Done),
+    Done(Box<Done>),
     /// DoneBatch of `items` repeated `times` (0 items, or 201 and more, are malformed batches).
     DoneBatch {
         items: Vec<Done>,
@@ -79,14 +79,15 @@ enum Req {
     },
 }
 
-/// A Done's (queue, key, lease_id, outcome, requeue_after_ms), its view write-back and the
-/// expectations it raises.
+/// A Done's (queue, key, lease_id, outcome, requeue_after_ms), its view write-back, the
+/// expectations it raises and the finalizer removals it expects.
 #[derive(Debug, Clone)]
-struct Done((String, String, String, i32, u64), Option<WriteBack>, Option<Raise>);
+struct Done((String, String, String, i32, u64), Option<WriteBack>, Option<Raise>, Option<Removals>);
 
 impl Done {
     fn into_proto(self) -> v1::DoneRequest {
-        let Done((queue, key, lease_id, outcome, requeue_after_ms), write_back, raise) = self;
+        let Done((queue, key, lease_id, outcome, requeue_after_ms), write_back, raise, removals) =
+            self;
         v1::DoneRequest {
             queue,
             key,
@@ -95,6 +96,7 @@ impl Done {
             requeue_after_ms,
             view_write_back: write_back.map(WriteBack::into_proto),
             expectations: raise.map(Raise::into_proto),
+            finalizer_removals: removals.map(Removals::into_proto),
         }
     }
 }
@@ -104,8 +106,25 @@ fn done() -> impl Strategy<Value = Done> {
         (text(), text(), text(), -2i32..6, count()),
         proptest::option::of(write_back()),
         proptest::option::of(raise()),
+        proptest::option::of(removals()),
     )
-        .prop_map(|(fields, write_back, raise)| Done(fields, write_back, raise))
+        .prop_map(|(fields, write_back, raise, removals)| Done(fields, write_back, raise, removals))
+}
+
+/// Finalizer removals riding on a Done: (key, job UID, pod UIDs).
+#[derive(Debug, Clone)]
+struct Removals(String, String, Vec<String>);
+
+impl Removals {
+    fn into_proto(self) -> v1::ExpectFinalizerRemovalsRequest {
+        let Removals(key, job_uid, pod_uids) = self;
+        v1::ExpectFinalizerRemovalsRequest { key, job_uid, pod_uids }
+    }
+}
+
+fn removals() -> impl Strategy<Value = Removals> {
+    (text(), text(), proptest::collection::vec(text(), 0..4))
+        .prop_map(|(k, u, p)| Removals(k, u, p))
 }
 
 /// Expectations riding on a Done: (key, job UID, add, del, created pod UIDs).
@@ -225,7 +244,7 @@ fn req() -> impl Strategy<Value = Req> {
             lease_id,
             lease_ms
         }),
-        done().prop_map(Req::Done),
+        done().prop_map(|d| Req::Done(Box::new(d))),
         (proptest::collection::vec(done(), 0..5), prop_oneof![Just(1usize), Just(67)])
             .prop_map(|(items, times)| Req::DoneBatch { items, times }),
         (text(), proptest::collection::vec(text(), 0..5))

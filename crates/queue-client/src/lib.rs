@@ -197,6 +197,7 @@ pub fn done_request(
         requeue_after_ms,
         view_write_back,
         expectations: None,
+        finalizer_removals: None,
     }
 }
 

@@ -15,8 +15,8 @@ use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, DoneResult, Enqueue, LeaseAsk, Observation, ObservationKind, SessionPhase, Store, ViewOp,
-    Waker, WqError,
+    Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
+    SessionPhase, Store, ViewOp, Waker, WqError,
 };
 use tonic::{Request, Response, Status};
 
@@ -215,6 +215,19 @@ fn done_expectations(r: &v1::DoneRequest) -> Result<Option<v1::SetExpectationsRe
     Ok(Some(e))
 }
 
+/// The checked finalizer removals a Done carries, if any (its key made the Done's own).
+fn done_finalizer_removals(r: &v1::DoneRequest) -> Result<Option<FinalizerRemovals>, String> {
+    let Some(f) = &r.finalizer_removals else { return Ok(None) };
+    rides_this_done(r, "finalizer_removals", &f.key)?;
+    validate::id("job_uid", &f.job_uid, false).map_err(|e| format!("finalizer_removals: {e}"))?;
+    pod_uids(&f.pod_uids).map_err(|Refused(s)| format!("finalizer_removals: {}", s.message()))?;
+    Ok(Some(FinalizerRemovals {
+        key: r.key.clone(),
+        job_uid: f.job_uid.clone(),
+        pod_uids: f.pod_uids.clone(),
+    }))
+}
+
 fn expectations_reply(e: kjob_workqueue::Expectations) -> v1::GetExpectationsResponse {
     v1::GetExpectationsResponse {
         satisfied: e.satisfied,
@@ -301,11 +314,18 @@ struct BeforeDone<'a> {
     view: Option<&'a v1::PutJobViewRequest>,
     /// The expectations raised after the sync's creates.
     expectations: Option<v1::SetExpectationsRequest>,
+    /// The finalizer removals expected after the sync made them.
+    removals: Option<FinalizerRemovals>,
 }
 
 impl<'a> BeforeDone<'a> {
     fn of(r: &'a v1::DoneRequest) -> Result<Self, String> {
-        Ok(Self { key: &r.key, view: view_write_back(r)?, expectations: done_expectations(r)? })
+        Ok(Self {
+            key: &r.key,
+            view: view_write_back(r)?,
+            expectations: done_expectations(r)?,
+            removals: done_finalizer_removals(r)?,
+        })
     }
 }
 
@@ -451,6 +471,7 @@ impl QueueService {
                     view: it.view.map(view_reply),
                     lease_expiries: it.expiries,
                     done_raises_expectations: true,
+                    done_expects_finalizer_removals: true,
                 }
             })
             .collect::<Vec<_>>();
@@ -489,7 +510,7 @@ impl QueueService {
 
     async fn done_rpc(&self, r: v1::DoneRequest) -> Result<v1::DoneResponse, Refused> {
         let done = done_item(&r)?;
-        self.land(&BeforeDone::of(&r)?).await?;
+        self.land_all(&[BeforeDone::of(&r)?]).await?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
                 self.done_applied(&r.queue, &d);
@@ -546,9 +567,7 @@ impl QueueService {
             })
             .collect::<Result<Vec<_>, _>>()?;
         // What the Dones carry lands before any lease of the batch is finished.
-        for r in futures::future::join_all(writes.iter().map(|w| self.land(w))).await {
-            r?;
-        }
+        self.land_all(&writes).await?;
         let mut results = vec![v1::DoneItemResult::default(); items.len()];
         // The queues' batches run concurrently: each goes through its queue's batch loop and
         // shares a script call with whatever other Dones of that queue arrived meanwhile.
@@ -634,8 +653,25 @@ impl QueueService {
         Ok(v1::SetExpectationsResponse {})
     }
 
-    /// Writes what a Done carries, concurrently, before its lease is finished: whoever leases
-    /// the key next plans from the view and the expectations.
+    /// Writes what Dones carry, concurrently, before their leases are finished: whoever leases
+    /// a key next plans from its view and expectations. The finalizer removals of them all go
+    /// in one script call.
+    async fn land_all(&self, writes: &[BeforeDone<'_>]) -> Result<(), Refused> {
+        let removals: Vec<FinalizerRemovals> =
+            writes.iter().filter_map(|w| w.removals.clone()).collect();
+        let expect_removals = async {
+            self.store.expect_finalizer_removals_done(&removals).await.map_err(Refused::from)
+        };
+        let (landed, expected) = futures::future::join(
+            futures::future::join_all(writes.iter().map(|w| self.land(w))),
+            expect_removals,
+        )
+        .await;
+        landed.into_iter().collect::<Result<Vec<()>, Refused>>()?;
+        expected.map(drop)
+    }
+
+    /// Writes a Done's view and expectations, concurrently.
     async fn land(&self, w: &BeforeDone<'_>) -> Result<(), Refused> {
         let view = async {
             match w.view {

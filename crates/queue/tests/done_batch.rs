@@ -170,6 +170,7 @@ async fn bad_done_batches_are_refused_whole() {
         requeue_after_ms: 0,
         view_write_back: None,
         expectations: None,
+        finalizer_removals: None,
     };
     let e = raw.done_batch(v1::DoneBatchRequest { items: vec![unspecified.clone()] }).await;
     assert!(e.unwrap_err().message().contains("outcome 0"));
@@ -291,5 +292,70 @@ async fn a_lease_call_finishes_the_dones_it_carries_first() {
     let (_, results) = c.lease_finishing(lease_call("job"), vec![good]).await.unwrap();
     assert!(results.unwrap()[0].is_ok());
     assert_eq!(c.stats("job").await.unwrap().leased, 1);
+    r.stop().await;
+}
+
+/// The finalizer removals a sync made ride its Done: checked first, expected before the lease
+/// ends (for every Done of a Lease call in one script), less the pods the watcher has already
+/// seen without the finalizer; the leases say the server does this.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dones_expect_the_finalizer_removals_they_carry() {
+    let redis = RedisServer::start().unwrap();
+    let r = Running::start(redis.url()).await;
+    let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
+    let removals = |key: &str, pods: &[&str]| v1::ExpectFinalizerRemovalsRequest {
+        key: key.into(),
+        job_uid: "u1".into(),
+        pod_uids: pods.iter().map(|p| p.to_string()).collect(),
+    };
+    let with = |d: v1::DoneRequest, f| v1::DoneRequest { finalizer_removals: Some(f), ..d };
+    c.add(vec![add("job", "ns/a"), add("job", "ns/b"), add("orphan-pod", "ns/p")]).await.unwrap();
+    let (items, _) = c.lease_finishing(lease_call("job"), vec![]).await.unwrap();
+    assert!(items.iter().all(|i| i.done_expects_finalizer_removals), "{items:?}");
+    let id = |k: &str| items.iter().find(|i| i.key == k).unwrap().lease_id.clone();
+    let pid = lease_all(&c, "orphan-pod", &["ns/p"]).await.remove(0);
+    // The watcher sees ns/a's p1 lose its finalizer while the sync still holds the lease.
+    let seen = v1::AddItem {
+        observations: vec![v1::Observation {
+            kind: v1::ObservationKind::FinalizerRemoval as i32,
+            job_uid: "u1".into(),
+            pod_uid: "p1".into(),
+        }],
+        observe_only: true,
+        ..add("job", "ns/a")
+    };
+    c.add(vec![seen]).await.unwrap();
+    let a = carried("job", "ns/a", &id("ns/a"), Outcome::Forget);
+    let b = carried("job", "ns/b", &id("ns/b"), Outcome::Forget);
+    let bad = |e: Result<_, ClientError>| match e {
+        Err(ClientError::InvalidArgument(m)) => m,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    for (done, want) in [
+        (with(a.clone(), removals("ns/b", &["p2"])), "is for key \"ns/b\""),
+        (with(a.clone(), removals("", &[""])), "finalizer_removals: pod_uid"),
+        (
+            with(carried("orphan-pod", "ns/p", &pid, Outcome::Forget), removals("", &["p2"])),
+            "finalizer_removals is for the \"job\" queue only",
+        ),
+    ] {
+        let m = bad(c.lease_finishing(lease_call("job"), vec![b.clone(), done]).await);
+        assert!(m.contains(want), "{m} should contain {want}");
+    }
+    assert_eq!(c.stats("job").await.unwrap().leased, 2, "a refused call finishes nothing");
+    let dones = vec![with(a, removals("", &["p1", "p2"])), with(b, removals("ns/b", &["q1"]))];
+    let (_, results) = c.lease_finishing(lease_call("job"), dones).await.unwrap();
+    assert!(results.unwrap().iter().all(Result::is_ok));
+    let in_flight = |k: &'static str| {
+        let c = &c;
+        async move { c.get_expectations(k, "u1").await.unwrap().finalizer_removals }
+    };
+    assert_eq!(in_flight("ns/a").await, vec!["p2"], "p1 was seen before the Done");
+    assert_eq!(in_flight("ns/b").await, vec!["q1"]);
+    // A stale Done's removals are expected all the same (the pods lost their finalizers).
+    let stale = with(carried("job", "ns/a", "1-1", Outcome::Forget), removals("", &["p3"]));
+    let err = c.done_as(&stale).await.unwrap_err();
+    assert!(matches!(err, ClientError::LeaseLost(_)), "{err:?}");
+    assert_eq!(in_flight("ns/a").await, vec!["p2", "p3"]);
     r.stop().await;
 }

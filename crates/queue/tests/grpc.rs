@@ -349,6 +349,7 @@ async fn leases_bring_the_job_view() {
         requeue_after_ms: 0,
         view_write_back: Some(wb("ns/viewed", "10")),
         expectations: Some(expectations),
+        finalizer_removals: None,
     };
     let refused = raw
         .done_batch(v1::DoneBatchRequest { items: vec![done(raise(1, &["p7", "p8"]))] })

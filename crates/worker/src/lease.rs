@@ -70,25 +70,72 @@ pub struct WriteBack {
     pub view: Option<v1::PutJobViewRequest>,
     /// The expectations the sync raised after creating pods (see [`Raised`]).
     pub expectations: Option<v1::SetExpectationsRequest>,
+    /// The finalizer removals the sync expects after making them (see [`Raised`]).
+    pub removals: Option<v1::ExpectFinalizerRemovalsRequest>,
 }
 
-/// Where a sync that created pods before raising its expectations keeps the record it owes
-/// (`Worker::drive` explains why). The lease loop owns it, so that the Done carries it even
+/// Where a sync that created pods before raising its expectations keeps the record it owes,
+/// and one that removed tracking finalizers before expecting the removals keeps those
+/// (`Worker::drive` explains why). The lease loop owns it, so that the Done carries them even
 /// when the sync future is dropped at the wind-down limit.
 #[derive(Debug, Default)]
 pub struct Raised {
     /// The record owed.
     owed: Mutex<Option<v1::SetExpectationsRequest>>,
-    /// Whether it may be owed at all: the queue service applies a Done's expectations
+    /// The finalizer removals owed.
+    removals: Mutex<Option<v1::ExpectFinalizerRemovalsRequest>>,
+    /// Whether a record may be owed at all: the queue service applies a Done's expectations
     /// (`LeasedItem.done_raises_expectations`; one from before that field ignores them, so
     /// syncs raise their records before the creates, as upstream).
     pub deferrable: bool,
+    /// Whether removals may be owed at all (`LeasedItem.done_expects_finalizer_removals`;
+    /// otherwise syncs expect them before removing, as upstream).
+    pub removals_deferrable: bool,
 }
 
 impl Raised {
-    /// A slot syncs may leave a record in when `deferrable`.
-    pub fn new(deferrable: bool) -> Self {
-        Self { owed: Mutex::default(), deferrable }
+    /// A slot syncs may leave a record in when `deferrable`, and finalizer removals when
+    /// `removals_deferrable`.
+    pub fn new(deferrable: bool, removals_deferrable: bool) -> Self {
+        Self { deferrable, removals_deferrable, ..Self::default() }
+    }
+
+    /// The finalizer removals owed, to read or change.
+    pub fn owed_removals(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<v1::ExpectFinalizerRemovalsRequest>> {
+        self.removals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Owes the Done the expectation of removing the finalizers of `pod_uids` (Job `key`,
+    /// UID `job_uid`).
+    pub fn owe_removals(&self, key: &str, job_uid: &str, pod_uids: Vec<String>) {
+        let mut owed = self.owed_removals();
+        let r = owed.get_or_insert_with(|| v1::ExpectFinalizerRemovalsRequest {
+            key: key.to_string(),
+            job_uid: job_uid.to_string(),
+            pod_uids: Vec::new(),
+        });
+        r.pod_uids.extend(pod_uids);
+    }
+
+    /// Drops `pod_uids` (removals that failed) from the removals owed; returns those that were
+    /// not owed (expected already, so the queue service must forget them).
+    pub fn forgive_removals(&self, pod_uids: Vec<String>) -> Vec<String> {
+        let mut owed = self.owed_removals();
+        let Some(r) = owed.as_mut() else { return pod_uids };
+        let (forgiven, rest): (Vec<String>, Vec<String>) =
+            pod_uids.into_iter().partition(|p| r.pod_uids.contains(p));
+        r.pod_uids.retain(|p| !forgiven.contains(p));
+        if r.pod_uids.is_empty() {
+            *owed = None;
+        }
+        rest
+    }
+
+    /// Takes the finalizer removals owed.
+    pub fn take_removals(&self) -> Option<v1::ExpectFinalizerRemovalsRequest> {
+        self.owed_removals().take()
     }
 
     /// The record owed, to read or change.
@@ -193,6 +240,7 @@ impl LeaseSource for QueueClient {
 fn done_writing(queue: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> v1::DoneRequest {
     v1::DoneRequest {
         expectations: back.expectations,
+        finalizer_removals: back.removals,
         ..done_request(queue, &item.key, &item.lease_id, end, back.view)
     }
 }
@@ -537,7 +585,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
         0 => view,
         _ => Some(v1::GetJobViewResponse { trusted: false, ..Default::default() }),
     };
-    let raised = Raised::new(item.done_raises_expectations);
+    let raised = Raised::new(item.done_raises_expectations, item.done_expects_finalizer_removals);
     let ending = {
         let sync = worker.run(qname, &item.key, view, &hand_back, &raised);
         let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
@@ -567,14 +615,17 @@ async fn process<S: Syncer, Q: LeaseSource>(
     };
     match ending {
         Ending::Finished(outcome, view) => {
-            let back = WriteBack { view, expectations: raised.take() };
+            let back =
+                WriteBack { view, expectations: raised.take(), removals: raised.take_removals() };
             if let Some(f) = carry.offer(Finished { item, outcome, back }) {
                 finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
             }
         }
         Ending::HandedBack => {
-            // Pods the dropped sync created still get their expectations.
-            let back = WriteBack { view: None, expectations: raised.take() };
+            // Pods the dropped sync created, or removed the finalizers of, still get their
+            // expectations.
+            let (expectations, removals) = (raised.take(), raised.take_removals());
+            let back = WriteBack { view: None, expectations, removals };
             let outcome = Outcome::RequeueAfter(Duration::ZERO);
             finish_writing_back(&queue, qname, &item, outcome, back).await
         }

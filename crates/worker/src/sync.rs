@@ -289,6 +289,14 @@ impl Worker {
     /// every pod (a sync dropped at the wind-down limit hands that to its Done); creates that
     /// failed lower it as the plan says. A lease that expires instead (its holder died or lost
     /// it) makes the next lessee read the API server.
+    ///
+    /// Upstream likewise expects tracking-finalizer removals before it patches the pods
+    /// (`ExpectFinalizersRemoved`). Here they go with the Done too, after the patches, sparing
+    /// every sync that counts finished pods a queue call: kjob-queue leaves out the pods the
+    /// watcher has seen without the finalizer meanwhile (each such observation is kept until
+    /// the next Done that expects removals), and the view already shows those pods without
+    /// it, so the next sync plans from the same facts as with expectations raised first.
+    /// Removals that failed are dropped from what the Done expects.
     #[allow(clippy::too_many_arguments)]
     async fn drive(
         &self,
@@ -341,6 +349,25 @@ impl Worker {
                 Step::Expectations(Expectations::Lower { add, del: 0 }) if deferred => {
                     if let Some(r) = raised.owed().as_mut() {
                         r.add = r.add.saturating_sub(i64::from(add)).max(0);
+                    }
+                    continue;
+                }
+                // Removals are expected with the Done, after they are made (see above).
+                Step::Expectations(Expectations::ExpectFinalizerRemovals { pod_uids })
+                    if raised.removals_deferrable =>
+                {
+                    raised.owe_removals(key, uid, pod_uids);
+                    continue;
+                }
+                // Removals that failed are not expected; any expected already are forgotten.
+                // Neither touches the record, so neither waits for the one the Done raises.
+                Step::Expectations(Expectations::FinalizerRemovalsFailed { pod_uids }) => {
+                    let rest = raised.forgive_removals(pod_uids);
+                    if !rest.is_empty() {
+                        let forget = Expectations::FinalizerRemovalsFailed { pod_uids: rest };
+                        if let Err(e) = self.apply_expectations(key, uid, forget).await {
+                            return plan.abort(format!("expectations: {e}"));
+                        }
                     }
                     continue;
                 }

@@ -109,7 +109,8 @@ impl Worker {
         wind_down: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
         let mut write_back = None;
-        let raised = crate::lease::Raised::new(true);
+        // Removals are expected before they are made here: this Done carries nothing.
+        let raised = crate::lease::Raised::new(true, false);
         let result = self.sync_leased(queue, key, None, wind_down, &mut write_back, &raised).await;
         if let Some(e) = raised.take() {
             let (k, uid, uids) = (&e.key, &e.job_uid, &e.created_pod_uids);

@@ -618,7 +618,7 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
     let sync = |view: Option<kjob_queue_client::v1::GetJobViewResponse>| {
         let (worker, never, key) = (&worker, &never, key.clone());
         async move {
-            let raised = kjob_worker::lease::Raised::new(false);
+            let raised = kjob_worker::lease::Raised::new(false, false);
             let mut write_back = None;
             let queue_name = kjob_core::JOB_QUEUE;
             worker.sync_leased(queue_name, &key, view, never, &mut write_back, &raised).await
@@ -678,7 +678,7 @@ async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: 
         let job = create_plain_job(&server.client(), &ns, job_name, 1, 1).await;
         let uid = job.metadata.uid.clone().unwrap();
         let key = format!("{ns}/{job_name}");
-        let raised = kjob_worker::lease::Raised::new(deferrable);
+        let raised = kjob_worker::lease::Raised::new(deferrable, deferrable);
         let mut write_back = None;
         let queue_name = kjob_core::JOB_QUEUE;
         worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
@@ -705,6 +705,63 @@ async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: 
     writer.abort();
 }
 
+/// Against a kjob-queue that expects a Done's finalizer removals a sync that counts a finished
+/// pod leaves the expectation of its finalizer's removal to the Done; against one from before
+/// that it expects the removal before making it, as upstream.
+async fn a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects_them(
+    server: TestServer,
+) {
+    let ns = server.namespace("removals");
+    server.create_namespace(&ns).await;
+    let queue = QueueService::start();
+    let (worker, writer, _registry) = in_process_worker(&server, &queue);
+    let never = tokio_util::sync::CancellationToken::new();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(server.client(), &ns);
+    for (job_name, deferrable) in [("first", false), ("after", true)] {
+        let job = create_plain_job(&server.client(), &ns, job_name, 1, 1).await;
+        let uid = job.metadata.uid.clone().unwrap();
+        let key = format!("{ns}/{job_name}");
+        let queue_name = kjob_core::JOB_QUEUE;
+        // The first sync creates the pod (its record, owed to a Done, is dropped: no watcher
+        // runs here to observe the creation).
+        let raised = kjob_worker::lease::Raised::new(true, deferrable);
+        let mut write_back = None;
+        worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
+        assert!(raised.take().is_some(), "{job_name}");
+        let lp = kube::api::ListParams::default()
+            .labels(&format!("batch.kubernetes.io/job-name={job_name}"));
+        let created = pods.list(&lp).await.unwrap().items;
+        assert_eq!(created.len(), 1, "{job_name}");
+        let pod_uid = created[0].metadata.uid.clone().unwrap();
+        common::set_phase(&pods, &created[0], &Fate::Succeed).await;
+        // The second counts it: status, finalizer removal, status.
+        let raised = kjob_worker::lease::Raised::new(true, deferrable);
+        worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
+        let pod = pods.get(created[0].metadata.name.as_deref().unwrap()).await.unwrap();
+        assert!(
+            pod.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .all(|f| f != "batch.kubernetes.io/job-tracking")
+        );
+        let in_flight =
+            queue.client().get_expectations(&key, &uid).await.unwrap().finalizer_removals;
+        let owed = raised.take_removals();
+        if deferrable {
+            assert!(in_flight.is_empty(), "{in_flight:?}");
+            let owed = owed.expect("the removal is owed to the Done");
+            assert_eq!((owed.key.as_str(), owed.job_uid.as_str()), (key.as_str(), uid.as_str()));
+            assert_eq!(owed.pod_uids, vec![pod_uid]);
+        } else {
+            assert_eq!(owed, None);
+            assert_eq!(in_flight, vec![pod_uid]);
+        }
+    }
+    drop(worker);
+    writer.abort();
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     non_indexed_completes,
     indexed_completes_with_every_index,
@@ -723,5 +780,6 @@ kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     pod_replacement_policy_failed_waits_for_terminating_pods,
     expectations_of_one_batch_are_raised_after_the_creates,
     a_sync_owes_its_done_the_record_only_when_the_queue_applies_it,
+    a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects_them,
     a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list,
 );

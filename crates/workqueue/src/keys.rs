@@ -77,19 +77,34 @@ pub(crate) struct ExpKeys {
     pub fin: String,
     /// HASH name → `expiry|bytes`: the Job's records.
     pub rec: String,
+    /// SET of podUIDs the watcher saw without the tracking finalizer while they were not in
+    /// `fin`: removals observed before the Done that expects them (emptied by that Done).
+    pub fin_seen: String,
 }
 
 impl ExpKeys {
     /// The keys of Job `key`.
     pub(crate) fn new(key: &str) -> Self {
         let t = format!("{{wq:{}}}:exp:{key}", kjob_core::JOB_QUEUE);
-        Self { seen: format!("{t}:seen"), fin: format!("{t}:fin"), rec: format!("{t}:rec"), exp: t }
+        Self {
+            seen: format!("{t}:seen"),
+            fin: format!("{t}:fin"),
+            rec: format!("{t}:rec"),
+            fin_seen: format!("{t}:finseen"),
+            exp: t,
+        }
     }
 
-    /// KEYS[1..=4] of every script that starts with [`exp_prelude!`] (and the four keys ADD
+    /// KEYS[1..=5] of every script that starts with [`exp_prelude!`] (and the five keys ADD
     /// takes per observing item), in that order.
     pub(crate) fn to_vec(&self) -> Vec<String> {
-        vec![self.exp.clone(), self.seen.clone(), self.fin.clone(), self.rec.clone()]
+        vec![
+            self.exp.clone(),
+            self.seen.clone(),
+            self.fin.clone(),
+            self.rec.clone(),
+            self.fin_seen.clone(),
+        ]
     }
 }
 
@@ -99,7 +114,7 @@ macro_rules! exp_prelude {
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local EXP, SEEN, FIN, REC = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local EXP, SEEN, FIN, REC, FINSEEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 "#
     };
 }
@@ -123,7 +138,8 @@ mod tests {
                 "{wq:job}:exp:ns/a",
                 "{wq:job}:exp:ns/a:seen",
                 "{wq:job}:exp:ns/a:fin",
-                "{wq:job}:exp:ns/a:rec"
+                "{wq:job}:exp:ns/a:rec",
+                "{wq:job}:exp:ns/a:finseen"
             ]
         );
     }

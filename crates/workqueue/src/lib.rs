@@ -28,7 +28,7 @@ pub mod wake;
 pub use conn::{Conn, RedisTarget};
 pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
-pub use ops::HANDOFF_VIEW_MAX_PODS;
+pub use ops::{FinalizerRemovals, HANDOFF_VIEW_MAX_PODS};
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,
     LeaseOutcome, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,

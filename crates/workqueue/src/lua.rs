@@ -225,12 +225,19 @@ macro_rules! observe_fn {
 -- 3 finalizer removal (drop the pod from the in-flight set). Returns observations that changed
 -- something. A pod's creation is remembered even with no record of its Job: a sync that
 -- created pods raises its record afterwards (SET_CREATED) and must not expect those seen.
-local function observe(EXP, SEEN, FIN, gc_ms, obs, first, count)
+-- Likewise a removal of a pod not in the in-flight set goes into FINSEEN: a sync expects its
+-- removals with its Done, after them (EXPECT_FIN_DONE), and must not expect those seen.
+local function observe(EXP, SEEN, FIN, FINSEEN, gc_ms, obs, first, count)
   local changed = 0
   for i = first, first + 3 * (count - 1), 3 do
     local kind, juid, puid = tonumber(obs[i]), obs[i + 1], obs[i + 2]
     if kind == 3 then
-      changed = changed + redis.call('HDEL', FIN, puid)
+      local n = redis.call('HDEL', FIN, puid)
+      if n == 0 and puid ~= '' then
+        redis.call('SADD', FINSEEN, puid)
+        redis.call('PEXPIRE', FINSEEN, gc_ms)
+      end
+      changed = changed + n
     elseif redis.call('EXISTS', EXP) == 1 and (juid == '' or redis.call('HGET', EXP, 'uid') == juid) then
       local fresh = true
       if puid ~= '' then

@@ -7,8 +7,9 @@ use std::time::Duration;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    Done, Enqueue, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch, LeaseOutcome,
-    Observation, ObservationKind, SessionPhase, Store, StoreConfig, ViewOp, Waker, WqError,
+    Done, Enqueue, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch,
+    LeaseOutcome, Observation, ObservationKind, SessionPhase, Store, StoreConfig, ViewOp, Waker,
+    WqError,
 };
 
 const Q: &str = "job";
@@ -340,6 +341,46 @@ async fn finalizer_uid_sets_and_records(s: Store) {
     let e = s.get_expectations(k, "u1").await.unwrap();
     assert!(e.record.is_none() && e.finalizer_removals.is_empty() && e.satisfied);
     assert_eq!(s.get_record(k, "backoff").await.unwrap(), None);
+}
+
+/// A sync expects its finalizer removals with its Done, after making them: the ones the
+/// watcher has seen meanwhile (through an Add, as the watcher sends them) are not expected.
+async fn finalizer_removals_expected_with_the_done(s: Store) {
+    let (k, k2) = ("ns/fin", "ns/fin2");
+    let fr = |p: &str| Observation::new(ObservationKind::FinalizerRemoval, "u1", p);
+    let raise = |key: &str, pods: &[&str]| FinalizerRemovals {
+        key: key.into(),
+        job_uid: "u1".into(),
+        pod_uids: pods.iter().map(|p| p.to_string()).collect(),
+    };
+    let in_flight = |key: &'static str| {
+        let s = &s;
+        async move { s.get_expectations(key, "u1").await.unwrap().finalizer_removals }
+    };
+    let seen = Enqueue { observe_only: true, ..now(k).observing(vec![fr("p1")]) };
+    assert_eq!(s.add(Q, &[seen]).await.unwrap().observed, 0, "nothing in flight to drop");
+    // One script call for two Jobs' Dones: p1 is counted out.
+    let two = [raise(k, &["p1", "p2", "p3"]), raise(k2, &["q1"])];
+    assert_eq!(s.expect_finalizer_removals_done(&two).await.unwrap(), 3);
+    assert_eq!(in_flight(k).await, vec!["p2", "p3"]);
+    assert_eq!(in_flight(k2).await, vec!["q1"]);
+    // Seen after the Done: dropped from the in-flight set, as always.
+    assert_eq!(s.observe(k, &[fr("p2")]).await.unwrap(), 1);
+    assert_eq!(in_flight(k).await, vec!["p3"]);
+    // The Done emptied what had been seen: a later Done expects p1 again, not p4 (seen since).
+    assert_eq!(s.observe(k, &[fr("p4")]).await.unwrap(), 0);
+    let later = [raise(k, &["p1", "p4", "p5"])];
+    assert_eq!(s.expect_finalizer_removals_done(&later).await.unwrap(), 2);
+    assert_eq!(in_flight(k).await, vec!["p1", "p3", "p5"]);
+    // Nothing to expect costs no script call.
+    let before = scripts_run(&s).await;
+    assert_eq!(s.expect_finalizer_removals_done(&[raise(k, &[])]).await.unwrap(), 0);
+    assert_eq!(scripts_run(&s).await, before);
+    // Deleting the Job's expectations deletes what was seen too.
+    assert_eq!(s.observe(k, &[fr("p6")]).await.unwrap(), 0);
+    s.delete_expectations(k).await.unwrap();
+    assert_eq!(s.expect_finalizer_removals_done(&[raise(k, &["p6"])]).await.unwrap(), 1);
+    assert_eq!(in_flight(k).await, vec!["p6"]);
 }
 
 async fn stats_and_inspect(s: Store) {
@@ -870,6 +911,7 @@ both!(
     expectations_raised_after_the_creates,
     expectations_timeout(super::short_expectations()),
     finalizer_uid_sets_and_records,
+    finalizer_removals_expected_with_the_done,
     stats_and_inspect,
     waiting_lease_wakes_on_add,
     observations_applied_in_the_enqueue_script,

@@ -15,7 +15,7 @@ use crate::view::{ViewKeys, ViewOp, push_view_ops, view_run_key, view_session_ke
 use crate::{Observation, WqError};
 
 /// KEYS: the [`QueueKeys`]; then, with has_view, KEYS[8] the view session and KEYS[9] the view
-/// run; then, in entry order, the four [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
+/// run; then, in entry order, the five [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
 /// followed by the three [`ViewKeys`] of each with n_view > 0.
 /// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> n_takers, then per taker (a
 /// waiting lessee of the calling replica): worker, n, lease_ms, views (0/1); then n_records and
@@ -77,8 +77,8 @@ while i <= #ARGV do
   local item, delay, only = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local nobs, nview, writer = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5]
   local obs_at, view_at = i + 6, i + 6 + 3 * nobs
-  local ek, vk = k, k + 4
-  if nobs > 0 or nview > 0 then k = k + 4 end
+  local ek, vk = k, k + 5
+  if nobs > 0 or nview > 0 then k = k + 5 end
   if nview > 0 then
     k = k + 3
     view_keys[item] = ek
@@ -91,7 +91,8 @@ while i <= #ARGV do
     end
   end
   if nobs > 0 then
-    observed = observed + observe(KEYS[ek], KEYS[ek + 1], KEYS[ek + 2], gc_ms, ARGV, obs_at, nobs)
+    local e = KEYS
+    observed = observed + observe(e[ek], e[ek + 1], e[ek + 2], e[ek + 4], gc_ms, ARGV, obs_at, nobs)
   end
   if only == '0' then
     if delay > 0 then
@@ -138,8 +139,8 @@ for w = 1, takers do
       for _, g in ipairs(got) do
         local e = view_keys[g[1]]
         -- A large view is left to GET_VIEW, which reads its pods outside Lua.
-        if e and redis.call('HLEN', KEYS[e + 5]) <= HANDOFF_VIEW_MAX_PODS then
-          g[#g + 1] = read_view(session(), KEYS[e + 4], KEYS[e + 5], KEYS[e + 6], KEYS[e],
+        if e and redis.call('HLEN', KEYS[e + 6]) <= HANDOFF_VIEW_MAX_PODS then
+          g[#g + 1] = read_view(session(), KEYS[e + 5], KEYS[e + 6], KEYS[e + 7], KEYS[e],
             KEYS[e + 2], KEYS[e + 3], now, ARGV, rec_at, nrec, true)
         end
       end

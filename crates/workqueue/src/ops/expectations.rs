@@ -219,7 +219,7 @@ const OBSERVE: &str = concat!(
     exp_prelude!(),
     observe_fn!(),
     r#"
-return observe(EXP, SEEN, FIN, ARGV[1], ARGV, 2, (#ARGV - 1) / 3)
+return observe(EXP, SEEN, FIN, FINSEEN, ARGV[1], ARGV, 2, (#ARGV - 1) / 3)
 "#
 );
 
@@ -285,6 +285,72 @@ impl Store {
         args.extend(pod_uids.iter().map(Arg::arg));
         let keys = ExpKeys::new(key).to_vec();
         self.run(&EXPECT_FIN_SCRIPT, &keys, args).await
+    }
+}
+
+/// KEYS: per raise, the in-flight set (`fin`) and the seen-without-finalizer set (`fin_seen`)
+/// of its Job ([`ExpKeys`]).
+/// ARGV[1] -> gc_ms, then per raise: job_uid, n, n pod UIDs.
+/// Reply: how many pod UIDs went into in-flight sets.
+///
+/// EXPECT_FIN for a sync that expects its removals after making them, with its lease's Done:
+/// the pods the watcher has seen without the finalizer meanwhile (in `fin_seen`, which holds
+/// nothing older than the key's previous such Done) are not expected. `fin_seen` starts afresh.
+const EXPECT_FIN_DONE: &str = r#"
+local gc, a, expected = ARGV[1], 2, 0
+for r = 1, #KEYS, 2 do
+  local fin, seen = KEYS[r], KEYS[r + 1]
+  local juid, n = ARGV[a], tonumber(ARGV[a + 1])
+  local raised = false
+  for i = a + 2, a + 1 + n do
+    if redis.call('SISMEMBER', seen, ARGV[i]) == 0 then
+      redis.call('HSET', fin, ARGV[i], juid)
+      expected, raised = expected + 1, true
+    end
+  end
+  redis.call('DEL', seen)
+  if raised then redis.call('PEXPIRE', fin, gc) end
+  a = a + 2 + n
+end
+return expected
+"#;
+
+static EXPECT_FIN_DONE_SCRIPT: Lua = Lua::new("expect_finalizer_removals_done", EXPECT_FIN_DONE);
+
+/// The tracking-finalizer removals one sync made, expected with its lease's Done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalizerRemovals {
+    /// The Job's key.
+    pub key: String,
+    /// The Job's UID.
+    pub job_uid: String,
+    /// The pods whose finalizers the sync removed.
+    pub pod_uids: Vec<String>,
+}
+
+impl Store {
+    /// Expects the finalizer removals several syncs made (one script call), except those the
+    /// watcher has observed since each Job's previous such call; returns how many are expected.
+    pub async fn expect_finalizer_removals_done(
+        &self,
+        raises: &[FinalizerRemovals],
+    ) -> Result<u32, WqError> {
+        let raises: Vec<&FinalizerRemovals> =
+            raises.iter().filter(|r| !r.pod_uids.is_empty()).collect();
+        if raises.is_empty() {
+            return Ok(0);
+        }
+        let mut keys = Vec::with_capacity(2 * raises.len());
+        let mut args = argv![self.config().idle_gc];
+        for r in raises {
+            let k = ExpKeys::new(&r.key);
+            keys.push(k.fin);
+            keys.push(k.fin_seen);
+            args.push(r.job_uid.arg());
+            args.push(r.pod_uids.len().arg());
+            args.extend(r.pod_uids.iter().map(Arg::arg));
+        }
+        self.run(&EXPECT_FIN_DONE_SCRIPT, &keys, args).await
     }
 }
 

@@ -12,3 +12,4 @@ mod stats;
 
 pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
+pub use expectations::FinalizerRemovals;
