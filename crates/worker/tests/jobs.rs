@@ -664,29 +664,62 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
     writer.abort();
 }
 
+/// A test that drives one in-process worker's syncs by hand, in a namespace of its own.
+struct ByHand {
+    ns: String,
+    queue: QueueService,
+    worker: kjob_worker::Worker,
+    writer: tokio::task::JoinHandle<()>,
+    _registry: prometheus_client::registry::Registry,
+    never: tokio_util::sync::CancellationToken,
+    pods: kube::Api<Pod>,
+}
+
+impl ByHand {
+    async fn start(server: &TestServer, name: &str) -> Self {
+        let ns = server.namespace(name);
+        server.create_namespace(&ns).await;
+        let queue = QueueService::start();
+        let (worker, writer, _registry) = in_process_worker(server, &queue);
+        let never = tokio_util::sync::CancellationToken::new();
+        let pods = kube::Api::namespaced(server.client(), &ns);
+        Self { ns, queue, worker, writer, _registry, never, pods }
+    }
+
+    /// One sync of Job `key` (from the API server), owing what it may to `raised`.
+    async fn sync(&self, key: &str, raised: &kjob_worker::lease::Raised) {
+        let mut write_back = None;
+        let (queue, never) = (kjob_core::JOB_QUEUE, &self.never);
+        self.worker.sync_leased(queue, key, None, never, &mut write_back, raised).await.unwrap();
+    }
+
+    /// The pods of Job `job_name`.
+    async fn pods_of(&self, job_name: &str) -> Vec<Pod> {
+        let lp = kube::api::ListParams::default()
+            .labels(&format!("batch.kubernetes.io/job-name={job_name}"));
+        self.pods.list(&lp).await.unwrap().items
+    }
+
+    fn stop(self) {
+        drop(self.worker);
+        self.writer.abort();
+    }
+}
+
 /// Against a kjob-queue that applies a Done's expectations a sync leaves the record of the pods
 /// it creates to the Done, with their UIDs; against one from before that (its leases do not
 /// say so) it raises the record before the creates, as upstream.
 async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: TestServer) {
-    let ns = server.namespace("owed");
-    server.create_namespace(&ns).await;
-    let queue = QueueService::start();
-    let (worker, writer, _registry) = in_process_worker(&server, &queue);
-    let never = tokio_util::sync::CancellationToken::new();
-    let pods: kube::Api<Pod> = kube::Api::namespaced(server.client(), &ns);
+    let h = ByHand::start(&server, "owed").await;
     for (job_name, deferrable) in [("first", false), ("after", true)] {
-        let job = create_plain_job(&server.client(), &ns, job_name, 1, 1).await;
+        let job = create_plain_job(&server.client(), &h.ns, job_name, 1, 1).await;
         let uid = job.metadata.uid.clone().unwrap();
-        let key = format!("{ns}/{job_name}");
+        let key = format!("{}/{job_name}", h.ns);
         let raised = kjob_worker::lease::Raised::new(deferrable, deferrable);
-        let mut write_back = None;
-        let queue_name = kjob_core::JOB_QUEUE;
-        worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
-        let lp = kube::api::ListParams::default()
-            .labels(&format!("batch.kubernetes.io/job-name={job_name}"));
-        let created = pods.list(&lp).await.unwrap().items;
+        h.sync(&key, &raised).await;
+        let created = h.pods_of(job_name).await;
         assert_eq!(created.len(), 1, "{job_name}");
-        let record = queue.client().get_expectations(&key, &uid).await.unwrap();
+        let record = h.queue.client().get_expectations(&key, &uid).await.unwrap();
         let owed = raised.take();
         if deferrable {
             assert!(!record.exists, "{record:?}");
@@ -701,8 +734,7 @@ async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: 
             assert!(record.exists && (record.add, record.del) == (1, 0), "{record:?}");
         }
     }
-    drop(worker);
-    writer.abort();
+    h.stop();
 }
 
 /// Against a kjob-queue that expects a Done's finalizer removals a sync that counts a finished
@@ -711,55 +743,39 @@ async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: 
 async fn a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects_them(
     server: TestServer,
 ) {
-    let ns = server.namespace("removals");
-    server.create_namespace(&ns).await;
-    let queue = QueueService::start();
-    let (worker, writer, _registry) = in_process_worker(&server, &queue);
-    let never = tokio_util::sync::CancellationToken::new();
-    let pods: kube::Api<Pod> = kube::Api::namespaced(server.client(), &ns);
+    let h = ByHand::start(&server, "removals").await;
     for (job_name, deferrable) in [("first", false), ("after", true)] {
-        let job = create_plain_job(&server.client(), &ns, job_name, 1, 1).await;
+        let job = create_plain_job(&server.client(), &h.ns, job_name, 1, 1).await;
         let uid = job.metadata.uid.clone().unwrap();
-        let key = format!("{ns}/{job_name}");
-        let queue_name = kjob_core::JOB_QUEUE;
+        let key = format!("{}/{job_name}", h.ns);
         // The first sync creates the pod (its record, owed to a Done, is dropped: no watcher
         // runs here to observe the creation).
         let raised = kjob_worker::lease::Raised::new(true, deferrable);
-        let mut write_back = None;
-        worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
+        h.sync(&key, &raised).await;
         assert!(raised.take().is_some(), "{job_name}");
-        let lp = kube::api::ListParams::default()
-            .labels(&format!("batch.kubernetes.io/job-name={job_name}"));
-        let created = pods.list(&lp).await.unwrap().items;
+        let created = h.pods_of(job_name).await;
         assert_eq!(created.len(), 1, "{job_name}");
         let pod_uid = created[0].metadata.uid.clone().unwrap();
-        common::set_phase(&pods, &created[0], &Fate::Succeed).await;
+        common::set_phase(&h.pods, &created[0], &Fate::Succeed).await;
         // The second counts it: status, finalizer removal, status.
         let raised = kjob_worker::lease::Raised::new(true, deferrable);
-        worker.sync_leased(queue_name, &key, None, &never, &mut write_back, &raised).await.unwrap();
-        let pod = pods.get(created[0].metadata.name.as_deref().unwrap()).await.unwrap();
-        assert!(
-            pod.metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .all(|f| f != "batch.kubernetes.io/job-tracking")
-        );
-        let in_flight =
-            queue.client().get_expectations(&key, &uid).await.unwrap().finalizer_removals;
+        h.sync(&key, &raised).await;
+        let pod = h.pods.get(created[0].metadata.name.as_deref().unwrap()).await.unwrap();
+        let finalizers = pod.metadata.finalizers.unwrap_or_default();
+        assert!(!finalizers.iter().any(|f| f == "batch.kubernetes.io/job-tracking"));
+        let exp = h.queue.client().get_expectations(&key, &uid).await.unwrap();
         let owed = raised.take_removals();
         if deferrable {
-            assert!(in_flight.is_empty(), "{in_flight:?}");
+            assert!(exp.finalizer_removals.is_empty(), "{exp:?}");
             let owed = owed.expect("the removal is owed to the Done");
             assert_eq!((owed.key.as_str(), owed.job_uid.as_str()), (key.as_str(), uid.as_str()));
             assert_eq!(owed.pod_uids, vec![pod_uid]);
         } else {
             assert_eq!(owed, None);
-            assert_eq!(in_flight, vec![pod_uid]);
+            assert_eq!(exp.finalizer_removals, vec![pod_uid]);
         }
     }
-    drop(worker);
-    writer.abort();
+    h.stop();
 }
 
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
