@@ -1,7 +1,8 @@
 //! The shared expectations of each Job: set by workers, lowered by the watcher's observations,
 //! read before a sync; and the in-flight tracking-finalizer removals beside them.
 //!
-//! Every script here takes the four [`ExpKeys`] of one Job (bound by `exp_prelude!`).
+//! Every script here takes the five [`ExpKeys`] of one Job (bound by `exp_prelude!`), except
+//! EXPECT_FIN_DONE, which takes two of them per Job for several Jobs.
 
 use redis::Value;
 
