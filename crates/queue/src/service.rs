@@ -657,10 +657,9 @@ impl QueueService {
     /// a key next plans from its view and expectations. The finalizer removals of them all go
     /// in one script call.
     async fn land_all(&self, writes: &[BeforeDone<'_>]) -> Result<(), Refused> {
-        let removals: Vec<FinalizerRemovals> =
-            writes.iter().filter_map(|w| w.removals.clone()).collect();
+        let removals = writes.iter().filter_map(|w| w.removals.as_ref());
         let expect_removals = async {
-            self.store.expect_finalizer_removals_done(&removals).await.map_err(Refused::from)
+            self.store.expect_finalizer_removals_done(removals).await.map_err(Refused::from)
         };
         let (landed, expected) = futures::future::join(
             futures::future::join_all(writes.iter().map(|w| self.land(w))),

@@ -101,7 +101,7 @@ impl Raised {
     }
 
     /// The finalizer removals owed, to read or change.
-    pub fn owed_removals(
+    fn owed_removals(
         &self,
     ) -> std::sync::MutexGuard<'_, Option<v1::ExpectFinalizerRemovalsRequest>> {
         self.removals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -332,12 +332,12 @@ pub struct FinalizerRemovals {
 impl Store {
     /// Expects the finalizer removals several syncs made (one script call), except those the
     /// watcher has observed since each Job's previous such call; returns how many are expected.
-    pub async fn expect_finalizer_removals_done(
+    pub async fn expect_finalizer_removals_done<'a>(
         &self,
-        raises: &[FinalizerRemovals],
+        raises: impl IntoIterator<Item = &'a FinalizerRemovals>,
     ) -> Result<u32, WqError> {
         let raises: Vec<&FinalizerRemovals> =
-            raises.iter().filter(|r| !r.pod_uids.is_empty()).collect();
+            raises.into_iter().filter(|r| !r.pod_uids.is_empty()).collect();
         if raises.is_empty() {
             return Ok(0);
         }
