@@ -195,6 +195,27 @@ impl Answer {
         Ok(CreatedPod { name, uid })
     }
 
+    /// The written object's resourceVersion (a Job status write's answer).
+    fn written_version(&self) -> Result<String, kube::Error> {
+        if self.protobuf {
+            let job = crate::kube_proto::decode::<crate::kube_proto::JobMeta>(&self.body)
+                .map_err(|e| kube::Error::Service(e.into()))?;
+            return Ok(job.metadata.unwrap_or_default().resource_version);
+        }
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            #[serde(default, rename = "resourceVersion")]
+            resource_version: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct Written {
+            metadata: Meta,
+        }
+        let written: Written =
+            serde_json::from_slice(&self.body).map_err(kube::Error::SerdeError)?;
+        Ok(written.metadata.resource_version)
+    }
+
     /// The written event's name, resourceVersion and count.
     fn written_event(&self) -> Result<WrittenEvent, kube::Error> {
         if self.protobuf {
@@ -458,13 +479,24 @@ impl KubeApi {
     }
 
     /// Writes a Job's status with its resourceVersion (PUT /status); 409 on a stale version.
-    pub async fn replace_job_status(&self, job: &Job) -> Result<Job, ApiError> {
+    /// Returns the written Job's resourceVersion, all the sync reads of the answer, which is
+    /// asked for as protobuf (see [`kube_proto`](crate::kube_proto)).
+    pub async fn replace_job_status(&self, job: &Job) -> Result<String, ApiError> {
         let ns = job.metadata.namespace.as_deref().unwrap_or_default();
         let name = job.metadata.name.as_deref().unwrap_or_default();
-        let api = self.jobs(ns);
         let what = format!("status of job {ns}/{name}");
+        let path = Job::url_path(&(), Some(ns));
+        let body = serde_json::to_vec(job).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
-        self.call("update_status", "jobs", &what, true, || api.replace_status(name, &pp, job)).await
+        let build = || {
+            kube::core::Request::new(path.as_str()).replace_subresource(
+                "status",
+                name,
+                &pp,
+                body.clone(),
+            )
+        };
+        self.write_call("update_status", "jobs", &what, true, build, |a| a.written_version()).await
     }
 
     /// Creates a core/v1 Event (never resent: a resent create of a named event is a 409, and
@@ -564,6 +596,21 @@ mod tests {
         }
         // Items that are not Pods fail the call instead of reading as no pods.
         assert!(serde_json::from_str::<PodListItems>(r#"{"items":[7]}"#).is_err());
+    }
+
+    #[test]
+    fn a_status_write_answer_gives_its_resource_version() {
+        let json = r#"{"kind":"Job","metadata":{"name":"pi","resourceVersion":"88"},
+            "status":{"active":1}}"#;
+        let a = Answer { protobuf: false, body: bytes::Bytes::from_static(json.as_bytes()) };
+        assert_eq!(a.written_version().expect("decodes"), "88");
+        let a = Answer { protobuf: false, body: bytes::Bytes::from_static(b"{\"metadata\":{}}") };
+        assert_eq!(a.written_version().expect("decodes"), "");
+        // Not the encoding it claims: an error, not an empty version.
+        let a = Answer { protobuf: true, body: bytes::Bytes::from_static(json.as_bytes()) };
+        assert!(a.written_version().is_err());
+        let a = Answer { protobuf: false, body: bytes::Bytes::from_static(b"k8s\0") };
+        assert!(a.written_version().is_err());
     }
 
     #[test]

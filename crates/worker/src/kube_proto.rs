@@ -1,12 +1,12 @@
 //! The few parts of the API server's protobuf answers the worker reads.
 //!
 //! A pod create, delete or finalizer patch answers with the whole pod, an event create or
-//! count patch with the whole event. Encoded as JSON that
-//! costs kube-apiserver a JSON encoding per write and the worker a JSON decoding of a pod it
+//! count patch with the whole event, a Job status write with the whole Job. Encoded as JSON that
+//! costs kube-apiserver a JSON encoding per write and the worker a JSON decoding of an object it
 //! reads one or two fields of; upstream's controller asks for protobuf. These writes ask for
 //! protobuf too (`Accept: application/vnd.kubernetes.protobuf, application/json`) and decode
-//! only what they use: the pod's name and UID, the event's name, resourceVersion and count, or a
-//! failure's `Status`. prost skips every field
+//! only what they use: the pod's name and UID, the event's name, resourceVersion and count, the
+//! Job's new resourceVersion, or a failure's `Status`. prost skips every field
 //! a message here does not declare, so the rest of the pod costs a skip, not a decoding.
 //!
 //! Wire format (k8s.io/apimachinery `runtime/serializer/protobuf`): the 4-byte magic `k8s\0`,
@@ -50,6 +50,14 @@ pub struct ObjectMeta {
 /// `core.v1.Pod`, its metadata only (spec and status are skipped).
 #[derive(Clone, PartialEq, Message)]
 pub struct PodMeta {
+    /// `metadata`.
+    #[prost(message, optional, tag = "1")]
+    pub metadata: Option<ObjectMeta>,
+}
+
+/// `batch.v1.Job`, its metadata only (spec and status are skipped).
+#[derive(Clone, PartialEq, Message)]
+pub struct JobMeta {
     /// `metadata`.
     #[prost(message, optional, tag = "1")]
     pub metadata: Option<ObjectMeta>,
@@ -166,6 +174,28 @@ mod tests {
         // No magic: not an object of the protobuf encoding.
         assert!(decode::<PodMeta>(&pod.encode_to_vec()).is_err());
         assert!(decode::<PodMeta>(b"k8s\0\xff\xff").is_err());
+    }
+
+    #[test]
+    fn a_job_decodes_to_its_metadata_skipping_spec_and_status() {
+        #[derive(Clone, PartialEq, Message)]
+        struct FullJob {
+            #[prost(message, optional, tag = "1")]
+            metadata: Option<ObjectMeta>,
+            #[prost(bytes = "vec", tag = "2")]
+            spec: Vec<u8>,
+            #[prost(bytes = "vec", tag = "3")]
+            status: Vec<u8>,
+        }
+        let meta = ObjectMeta {
+            name: "pi".into(),
+            namespace: "ns".into(),
+            uid: "u1".into(),
+            resource_version: "1207".into(),
+        };
+        let job = FullJob { metadata: Some(meta.clone()), spec: vec![3; 900], status: vec![5; 40] };
+        let got: JobMeta = decode(&encoded(&job)).expect("decodes");
+        assert_eq!(got.metadata, Some(meta));
     }
 
     #[test]

@@ -455,13 +455,18 @@ impl Worker {
                     let before = uncounted_uids(current.status.as_ref());
                     current.status = Some(*status);
                     match self.api.replace_job_status(&current).await {
-                        Ok(written) => {
+                        Ok(version) => {
                             // Upstream counts `add` when its informer first sees a finished pod
                             // with the finalizer; kjob's watcher reads pod metadata only, so the
                             // worker counts each pod as it records it, once per fenced write.
                             let after = uncounted_uids(current.status.as_ref());
                             self.count_finished_with_finalizer(after.difference(&before).count());
-                            current.metadata.resource_version = written.metadata.resource_version;
+                            // An answer without a version (no real server sends one)
+                            // keeps the old one: the next write is then refused as stale,
+                            // never sent unfenced.
+                            if !version.is_empty() {
+                                current.metadata.resource_version = Some(version);
+                            }
                             wrote_status = true;
                             Report::StatusUpdated(Ok(()))
                         }

@@ -1,11 +1,12 @@
 //! The writes that ask for protobuf answers (pod create, delete and finalizer patch; event
-//! create and count patch), against
+//! create and count patch; Job status write), against
 //! kjob-sim (which answers JSON) and the real control plane (protobuf): what they return and
 //! how they fail, failures compared with what kube's own JSON calls report for the same
 //! request.
 
 mod common;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kjob_testkit::server::TestServer;
 use kjob_worker::kube_api::{ApiError, KubeApi};
@@ -123,6 +124,49 @@ async fn event_writes_answer_name_version_and_count(server: TestServer) {
     assert!(matches!(again, Err(ApiError::Conflict { .. })), "{again:?}");
 }
 
+async fn status_writes_answer_the_new_version_and_stay_fenced(server: TestServer) {
+    let (ns, api) = namespace_and_api(&server, "statuswrites").await;
+    let ns = ns.as_str();
+    let jobs: Api<Job> = Api::namespaced(server.client(), ns);
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "pi"},
+        "spec": {"managedBy": kjob_core::DEFAULT_CONTROLLER_NAME,
+                 "template": {"spec": {"restartPolicy": "Never",
+                   "containers": [{"name": "main", "image": "busybox"}]}}}
+    }))
+    .unwrap();
+    let mut job = jobs.create(&PostParams::default(), &job).await.expect("created");
+    let before = job.metadata.resource_version.clone().expect("a version");
+
+    // The answer's version is the one the server stored.
+    job.status = Some(serde_json::from_value(serde_json::json!({"active": 1})).unwrap());
+    let written = api.replace_job_status(&job).await.expect("written");
+    let stored = jobs.get_status("pi").await.expect("stored");
+    assert_eq!(Some(written.as_str()), stored.metadata.resource_version.as_deref());
+    assert_ne!(written, before);
+    assert_eq!(stored.status.and_then(|s| s.active), Some(1));
+
+    // The old version again: a conflict, as a JSON write gets; the new one writes.
+    job.status = Some(serde_json::from_value(serde_json::json!({"active": 2})).unwrap());
+    let stale = api.replace_job_status(&job).await;
+    assert!(matches!(stale, Err(ApiError::Conflict { .. })), "{stale:?}");
+    job.metadata.resource_version = Some(written);
+    api.replace_job_status(&job).await.expect("written with the new version");
+    let stored = jobs.get_status("pi").await.expect("stored");
+    assert_eq!(stored.status.and_then(|s| s.active), Some(2));
+
+    // A Job that is gone: NotFound.
+    jobs.delete("pi", &Default::default()).await.expect("deleted");
+    common::eventually("the deleted Job gone", std::time::Duration::from_secs(30), || async {
+        jobs.get_opt("pi").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let missing = api.replace_job_status(&job).await;
+    assert!(matches!(missing, Err(ApiError::NotFound(_))), "{missing:?}");
+}
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     pod_writes_answer_and_fail_as_json_calls_do,
-    event_writes_answer_name_version_and_count);
+    event_writes_answer_name_version_and_count,
+    status_writes_answer_the_new_version_and_stay_fenced);
