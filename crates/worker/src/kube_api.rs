@@ -169,51 +169,46 @@ struct Answer {
 }
 
 impl Answer {
-    /// The created pod's name and UID.
-    fn created_pod(&self) -> Result<CreatedPod, kube::Error> {
-        let (name, uid) = if self.protobuf {
-            let pod = crate::kube_proto::decode::<crate::kube_proto::PodMeta>(&self.body)
-                .map_err(|e| kube::Error::Service(e.into()))?;
-            let meta = pod.metadata.unwrap_or_default();
-            (meta.name, meta.uid)
-        } else {
-            #[derive(serde::Deserialize)]
-            struct Meta {
-                #[serde(default)]
-                name: String,
-                #[serde(default)]
-                uid: String,
-            }
-            #[derive(serde::Deserialize)]
-            struct Created {
-                metadata: Meta,
-            }
-            let pod: Created =
-                serde_json::from_slice(&self.body).map_err(kube::Error::SerdeError)?;
-            (pod.metadata.name, pod.metadata.uid)
-        };
-        Ok(CreatedPod { name, uid })
-    }
-
-    /// The written object's resourceVersion (a Job status write's answer).
-    fn written_version(&self) -> Result<String, kube::Error> {
+    /// The answered object's metadata, as far as [`kube_proto::ObjectMeta`](crate::kube_proto::ObjectMeta)
+    /// reads it: a created pod's, a Job status write's.
+    fn metadata(&self) -> Result<crate::kube_proto::ObjectMeta, kube::Error> {
         if self.protobuf {
-            let job = crate::kube_proto::decode::<crate::kube_proto::JobMeta>(&self.body)
+            let object = crate::kube_proto::decode::<crate::kube_proto::MetaOnly>(&self.body)
                 .map_err(|e| kube::Error::Service(e.into()))?;
-            return Ok(job.metadata.unwrap_or_default().resource_version);
+            return Ok(object.metadata.unwrap_or_default());
         }
         #[derive(serde::Deserialize)]
         struct Meta {
+            #[serde(default)]
+            name: String,
+            #[serde(default)]
+            uid: String,
             #[serde(default, rename = "resourceVersion")]
             resource_version: String,
         }
         #[derive(serde::Deserialize)]
-        struct Written {
+        struct Answered {
             metadata: Meta,
         }
-        let written: Written =
+        let Answered { metadata: m } =
             serde_json::from_slice(&self.body).map_err(kube::Error::SerdeError)?;
-        Ok(written.metadata.resource_version)
+        Ok(crate::kube_proto::ObjectMeta {
+            name: m.name,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            ..Default::default()
+        })
+    }
+
+    /// The created pod's name and UID.
+    fn created_pod(&self) -> Result<CreatedPod, kube::Error> {
+        let meta = self.metadata()?;
+        Ok(CreatedPod { name: meta.name, uid: meta.uid })
+    }
+
+    /// The written object's resourceVersion (a Job status write's answer).
+    fn written_version(&self) -> Result<String, kube::Error> {
+        Ok(self.metadata()?.resource_version)
     }
 
     /// The written event's name, resourceVersion and count.

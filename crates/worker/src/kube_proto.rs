@@ -47,17 +47,10 @@ pub struct ObjectMeta {
     pub resource_version: String,
 }
 
-/// `core.v1.Pod`, its metadata only (spec and status are skipped).
+/// Any object (a `core.v1.Pod`, a `batch.v1.Job`), its metadata only: `metadata` is field 1 of
+/// every Kubernetes object, so spec and status are skipped.
 #[derive(Clone, PartialEq, Message)]
-pub struct PodMeta {
-    /// `metadata`.
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-}
-
-/// `batch.v1.Job`, its metadata only (spec and status are skipped).
-#[derive(Clone, PartialEq, Message)]
-pub struct JobMeta {
+pub struct MetaOnly {
     /// `metadata`.
     #[prost(message, optional, tag = "1")]
     pub metadata: Option<ObjectMeta>,
@@ -150,51 +143,45 @@ mod tests {
         [MAGIC.as_slice(), &env.encode_to_vec()].concat()
     }
 
+    /// An object with spec and status (fields 2 and 3), which the worker does not declare.
+    #[derive(Clone, PartialEq, Message)]
+    struct FullObject {
+        #[prost(message, optional, tag = "1")]
+        metadata: Option<ObjectMeta>,
+        #[prost(bytes = "vec", tag = "2")]
+        spec: Vec<u8>,
+        #[prost(bytes = "vec", tag = "3")]
+        status: Vec<u8>,
+    }
+
     #[test]
     fn a_pod_decodes_to_its_name_and_uid_skipping_the_rest() {
-        // A pod with spec and status (fields 2 and 3) the worker does not declare.
-        #[derive(Clone, PartialEq, Message)]
-        struct FullPod {
-            #[prost(message, optional, tag = "1")]
-            metadata: Option<ObjectMeta>,
-            #[prost(bytes = "vec", tag = "2")]
-            spec: Vec<u8>,
-            #[prost(bytes = "vec", tag = "3")]
-            status: Vec<u8>,
-        }
         let meta = ObjectMeta {
             name: "job-0-x7k2p".into(),
             namespace: "ns".into(),
             uid: "5c3f".into(),
             resource_version: "42".into(),
         };
-        let pod = FullPod { metadata: Some(meta.clone()), spec: vec![7; 300], status: vec![1; 9] };
-        let got: PodMeta = decode(&encoded(&pod)).expect("decodes");
+        let pod =
+            FullObject { metadata: Some(meta.clone()), spec: vec![7; 300], status: vec![1; 9] };
+        let got: MetaOnly = decode(&encoded(&pod)).expect("decodes");
         assert_eq!(got.metadata, Some(meta));
         // No magic: not an object of the protobuf encoding.
-        assert!(decode::<PodMeta>(&pod.encode_to_vec()).is_err());
-        assert!(decode::<PodMeta>(b"k8s\0\xff\xff").is_err());
+        assert!(decode::<MetaOnly>(&pod.encode_to_vec()).is_err());
+        assert!(decode::<MetaOnly>(b"k8s\0\xff\xff").is_err());
     }
 
     #[test]
     fn a_job_decodes_to_its_metadata_skipping_spec_and_status() {
-        #[derive(Clone, PartialEq, Message)]
-        struct FullJob {
-            #[prost(message, optional, tag = "1")]
-            metadata: Option<ObjectMeta>,
-            #[prost(bytes = "vec", tag = "2")]
-            spec: Vec<u8>,
-            #[prost(bytes = "vec", tag = "3")]
-            status: Vec<u8>,
-        }
         let meta = ObjectMeta {
             name: "pi".into(),
             namespace: "ns".into(),
             uid: "u1".into(),
             resource_version: "1207".into(),
         };
-        let job = FullJob { metadata: Some(meta.clone()), spec: vec![3; 900], status: vec![5; 40] };
-        let got: JobMeta = decode(&encoded(&job)).expect("decodes");
+        let job =
+            FullObject { metadata: Some(meta.clone()), spec: vec![3; 900], status: vec![5; 40] };
+        let got: MetaOnly = decode(&encoded(&job)).expect("decodes");
         assert_eq!(got.metadata, Some(meta));
     }
 
