@@ -6,6 +6,7 @@
 //! I/O around them.
 
 pub mod apiserver;
+pub mod audit;
 pub mod chart;
 pub mod cli;
 pub mod harness;

@@ -8,6 +8,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::audit::{ControllerWrites, ServerTime};
 use crate::harness::Counts;
 use crate::report::Provenance;
 use crate::stats::Summary;
@@ -278,6 +279,8 @@ pub struct RunFigures {
     pub watch_errors: u64,
     /// Watches (of any client) kube-apiserver closed because they read too slowly.
     pub terminated_watchers: f64,
+    /// The Job controller's writes as kube-apiserver's audit log timed them.
+    pub controller_writes: ControllerWrites,
 }
 
 impl RunFigures {
@@ -668,6 +671,81 @@ fn fmt_ratio(v: Option<f64>) -> String {
     v.map_or(String::new(), |r| format!(" ({r:.2}×)"))
 }
 
+/// The section on the Job controller's writes as the audit log timed them: per workload and
+/// configuration, the mean over its runs of each run's figure.
+fn render_controller_writes(s: &mut String, r: &UpstreamReport, header: &str, rule: &str) {
+    if r.runs.iter().all(|run| run.controller_writes.by_request.is_empty()) {
+        return;
+    }
+    let _ = writeln!(s, "\n## The Job controller's writes as kube-apiserver timed them\n");
+    let _ = writeln!(
+        s,
+        "From kube-apiserver's audit log (the controller's own writes only; per workload the mean \
+         over passes of each run's figure). *ms*: from the server receiving a write to completing \
+         its answer, p50 / p99. *Create rounds*: a sync creates pods in slow-start rounds (1, 2, \
+         4, … at once, each after the last answered); *between rounds*: from the server's last \
+         answer of one round to its receiving the next (rounds of one sync), p50 / p99 — the \
+         part of a round trip spent outside the server's handling.\n"
+    );
+    let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", "| write |", 1));
+    let pair = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
+        _ => "–".to_string(),
+    };
+    for w in Workload::ALL {
+        let runs_of = |c: &str| -> Vec<&ControllerWrites> {
+            r.runs
+                .iter()
+                .filter(|run| run.config == c && run.workload == w.name())
+                .map(|run| &run.controller_writes)
+                .collect()
+        };
+        if r.figures.iter().all(|f| runs_of(&f.id).is_empty()) {
+            continue;
+        }
+        for kind in ["POST pods", "PATCH pods", "DELETE pods", "PUT jobs/status"] {
+            let cells: Vec<String> = r
+                .figures
+                .iter()
+                .map(|f| {
+                    let times: Vec<ServerTime> = runs_of(&f.id)
+                        .iter()
+                        .filter_map(|cw| cw.by_request.get(kind).copied())
+                        .collect();
+                    pair(mean(times.iter().map(|t| t.p50_ms)), mean(times.iter().map(|t| t.p99_ms)))
+                })
+                .collect();
+            if cells.iter().all(|c| c == "–") {
+                continue;
+            }
+            let _ = writeln!(s, "| {} {kind} ms |{}", w.name(), row(&cells));
+        }
+        let rounds: Vec<String> = r
+            .figures
+            .iter()
+            .map(|f| fmt_opt(mean(runs_of(&f.id).iter().map(|cw| cw.create_rounds as f64)), 0))
+            .collect();
+        let _ = writeln!(s, "| {} create rounds |{}", w.name(), row(&rounds));
+        let gaps: Vec<String> = r
+            .figures
+            .iter()
+            .map(|f| {
+                let cws = runs_of(&f.id);
+                pair(
+                    mean(cws.iter().filter_map(|cw| cw.round_gap_p50_ms)),
+                    mean(cws.iter().filter_map(|cw| cw.round_gap_p99_ms)),
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "| {} between rounds ms |{}", w.name(), row(&gaps));
+    }
+}
+
+/// Table cells as the rest of a markdown row (` a | b |`).
+fn row(cells: &[String]) -> String {
+    cells.iter().map(|c| format!(" {c} |")).collect()
+}
+
 /// The Markdown report.
 pub fn render_markdown(r: &UpstreamReport) -> String {
     let mut s = String::new();
@@ -829,6 +907,8 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             let _ = writeln!(s, "{line}");
         }
     }
+
+    render_controller_writes(&mut s, r, &header, &rule);
 
     if !r.charts.is_empty() {
         let _ = writeln!(s, "\n## Charts\n");
@@ -1060,6 +1140,41 @@ mod tests {
         assert_eq!(json["runs"][0]["response_bytes_by_request"]["POST pods"], 100_000.0);
         assert_eq!(json["ratios"]["pods_per_s_1w"], 2.0);
         assert!(json["ratios"]["pods_per_s_2w"].is_null());
+        assert!(!md.contains("as kube-apiserver timed them"), "no audit figures, no section");
+    }
+
+    #[test]
+    fn the_audit_section_averages_each_runs_figures() {
+        let writes = |p50: f64, rounds: u64, gap: Option<f64>| ControllerWrites {
+            by_request: [(
+                "POST pods".to_string(),
+                ServerTime { count: 10, p50_ms: p50, p99_ms: 2.0 * p50 },
+            )]
+            .into(),
+            create_rounds: rounds,
+            round_gap_p50_ms: gap,
+            round_gap_p99_ms: gap.map(|g| 3.0 * g),
+        };
+        let mut runs = vec![
+            run("b", Workload::Indexed, 100, 20.0, 10.0),
+            run("b", Workload::Indexed, 100, 20.0, 10.0),
+            run("c", Workload::Indexed, 100, 20.0, 10.0),
+        ];
+        runs[0].controller_writes = writes(2.0, 100, Some(10.0));
+        runs[1].controller_writes = writes(4.0, 120, Some(20.0));
+        runs[2].controller_writes = writes(5.0, 170, None);
+        let configurations = vec![cfg("b"), cfg("c")];
+        let figures = configurations.iter().map(|c| summarize_config(c, &runs)).collect();
+        let report = UpstreamReport { configurations, figures, runs, ..Default::default() };
+        let md = render_markdown(&report);
+        let (_, section) = md.split_once("as kube-apiserver timed them").expect("an audit section");
+        assert!(section.contains("| indexed POST pods ms | 3.0 / 6.0 | 5.0 / 10.0 |"), "{md}");
+        assert!(section.contains("| indexed create rounds | 110 | 170 |"), "{md}");
+        assert!(section.contains("| indexed between rounds ms | 15.0 / 45.0 | – |"), "{md}");
+        assert!(!section.contains("PATCH pods"), "no such writes, no row: {md}");
+        assert!(!section.contains("| burst"), "no burst runs: {md}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["runs"][2]["controller_writes"]["create_rounds"], 170);
     }
 
     #[test]

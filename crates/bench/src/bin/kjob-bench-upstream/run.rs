@@ -9,12 +9,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use k8s_openapi::api::batch::v1::Job;
 use kjob_bench::apiserver::Counters;
+use kjob_bench::audit::ControllerWrites;
 use kjob_bench::procfs::{Usage, read_usage};
 use kjob_bench::upstream::{
     APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, Workload,
 };
 use kjob_testkit::Program;
-use kjob_testkit::cluster::{ClusterInfo, ClusterOptions, ControlPlane, JobController};
+use kjob_testkit::cluster::{
+    ClusterInfo, ClusterOptions, ControlPlane, JobController, KJOB_NAMESPACE,
+    UPSTREAM_JOB_CONTROLLER_USER,
+};
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 use kube::api::Api;
 use tokio::task::JoinSet;
@@ -315,6 +319,24 @@ async fn measure(
         processes,
         watch_errors: rec.watch_errors(),
         terminated_watchers: api.terminated_watchers,
+        controller_writes: controller_writes(info, upstream),
     };
     Ok((figures, observed))
+}
+
+/// The Job controller's writes in the run's audit log (kube-controller-manager's Job controller
+/// for upstream, kjob's workers otherwise); none when the log cannot be read.
+fn controller_writes(info: &ClusterInfo, upstream: bool) -> ControllerWrites {
+    let user = if upstream {
+        UPSTREAM_JOB_CONTROLLER_USER.to_string()
+    } else {
+        format!("system:serviceaccount:{KJOB_NAMESPACE}:kjob-worker")
+    };
+    match std::fs::read_to_string(&info.audit_log) {
+        Ok(text) => kjob_bench::audit::controller_writes(&text, &user),
+        Err(e) => {
+            tracing::warn!(path = %info.audit_log.display(), error = %e, "audit log unreadable");
+            ControllerWrites::default()
+        }
+    }
 }
