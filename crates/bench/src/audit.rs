@@ -36,13 +36,22 @@ pub struct ServerTime {
 pub struct ControllerWrites {
     /// By `"VERB resource"` (`POST pods`, `PUT jobs/status`, …).
     pub by_request: BTreeMap<String, ServerTime>,
-    /// Rounds of pod creates.
-    pub create_rounds: u64,
+    /// The slow-start rounds of pod creates, when one Job was syncing (see [`CreateRounds`]).
+    pub create_rounds: Option<CreateRounds>,
+}
+
+/// The slow-start rounds of a Job's pod creates. Read only where one Job syncs at a time (the
+/// Indexed workload): with many Jobs syncing at once, the creates of different syncs interleave
+/// and cannot be told apart in the audit log (a create's object has no name yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CreateRounds {
+    /// Rounds.
+    pub count: u64,
     /// Between one round's last answer and the next round's first request, milliseconds: p50,
     /// over rounds that follow each other with no other write of the controller between them.
-    pub round_gap_p50_ms: Option<f64>,
+    pub gap_p50_ms: Option<f64>,
     /// The same, 99th percentile.
-    pub round_gap_p99_ms: Option<f64>,
+    pub gap_p99_ms: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -123,8 +132,9 @@ fn writes_of(text: &str, user: &str) -> Vec<Write> {
     out
 }
 
-/// The writes of `user` (a username as the audit log records it) in the audit log `text`.
-pub fn controller_writes(text: &str, user: &str) -> ControllerWrites {
+/// The writes of `user` (a username as the audit log records it) in the audit log `text`; with
+/// `one_job` (a single Job synced during the run) also its create rounds.
+pub fn controller_writes(text: &str, user: &str, one_job: bool) -> ControllerWrites {
     let writes = writes_of(text, user);
     let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for w in &writes {
@@ -142,37 +152,37 @@ pub fn controller_writes(text: &str, user: &str) -> ControllerWrites {
             (k, t)
         })
         .collect();
-    // Rounds: a create starts one when it arrives after the current round's last answer.
-    // `last` is the round being filled (its first request and last answer), `None` after a
-    // write that is not a pod create.
-    let mut rounds = 0u64;
+    let create_rounds = one_job.then(|| create_rounds(&writes));
+    ControllerWrites { by_request, create_rounds }
+}
+
+/// The rounds of pod creates among `writes` (by when they were received): a create starts one
+/// when it arrives after the current round's last answer.
+fn create_rounds(writes: &[Write]) -> CreateRounds {
+    let mut count = 0u64;
     let mut gaps = Vec::new();
-    let mut last: Option<(f64, f64)> = None;
-    for w in &writes {
+    // The round being filled: its last answer; `None` after a write that is not a pod create.
+    let mut last: Option<f64> = None;
+    for w in writes {
         if w.request != "POST pods" {
             last = None;
             continue;
         }
         match last {
-            Some((_, answered)) if w.received <= answered + SAME_ROUND => {
-                last = last.map(|(s, a)| (s, a.max(w.answered)));
+            Some(answered) if w.received <= answered + SAME_ROUND => {
+                last = Some(answered.max(w.answered));
             }
             prev => {
-                rounds += 1;
-                if let Some((_, answered)) = prev {
+                count += 1;
+                if let Some(answered) = prev {
                     gaps.push(1000.0 * (w.received - answered));
                 }
-                last = Some((w.received, w.answered));
+                last = Some(w.answered);
             }
         }
     }
     gaps.sort_by(f64::total_cmp);
-    ControllerWrites {
-        by_request,
-        create_rounds: rounds,
-        round_gap_p50_ms: percentile(&gaps, 0.50),
-        round_gap_p99_ms: percentile(&gaps, 0.99),
-    }
+    CreateRounds { count, gap_p50_ms: percentile(&gaps, 0.50), gap_p99_ms: percentile(&gaps, 0.99) }
 }
 
 #[cfg(test)]
@@ -211,8 +221,9 @@ mod tests {
             "{\"kind\":\"Event\",\"torn".to_string(),
         ]
         .join("\n");
-        let w = controller_writes(&log, KJOB);
+        let w = controller_writes(&log, KJOB, false);
         assert_eq!(w.by_request.len(), 2, "{:?}", w.by_request);
+        assert_eq!(w.create_rounds, None, "many Jobs: no rounds");
         let pods = w.by_request["POST pods"];
         assert_eq!((pods.count, pods.p50_ms.round(), pods.p99_ms.round()), (2, 4.0, 8.0));
         assert_eq!(w.by_request["PUT jobs/status"].count, 1);
@@ -232,16 +243,17 @@ mod tests {
         lines.push(line(KJOB, "update", "jobs/status", 100, 5));
         lines.push(line(KJOB, "create", "pods", 500, 5));
         lines.push(line(KJOB, "create", "pods", 545, 5));
-        let w = controller_writes(&lines.join("\n"), KJOB);
-        assert_eq!(w.create_rounds, 5);
+        let rounds = controller_writes(&lines.join("\n"), KJOB, true).create_rounds.unwrap();
+        assert_eq!(rounds.count, 5);
         // Gaps: 30 − 10 = 20, 60 − 50 = 10, 545 − 505 = 40.
-        assert_eq!(w.round_gap_p50_ms.map(f64::round), Some(20.0));
-        assert_eq!(w.round_gap_p99_ms.map(f64::round), Some(40.0));
+        assert_eq!(rounds.gap_p50_ms.map(f64::round), Some(20.0));
+        assert_eq!(rounds.gap_p99_ms.map(f64::round), Some(40.0));
     }
 
     #[test]
     fn an_empty_log_has_no_rounds() {
-        let w = controller_writes("", KJOB);
-        assert_eq!(w, ControllerWrites::default());
+        let w = controller_writes("", KJOB, true);
+        assert!(w.by_request.is_empty());
+        assert_eq!(w.create_rounds, Some(CreateRounds::default()));
     }
 }

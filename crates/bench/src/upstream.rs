@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::audit::{ControllerWrites, ServerTime};
+use crate::audit::{ControllerWrites, CreateRounds, ServerTime};
 use crate::harness::Counts;
 use crate::report::Provenance;
 use crate::stats::Summary;
@@ -682,10 +682,11 @@ fn render_controller_writes(s: &mut String, r: &UpstreamReport, header: &str, ru
         s,
         "From kube-apiserver's audit log (the controller's own writes only; per workload the mean \
          over passes of each run's figure). *ms*: from the server receiving a write to completing \
-         its answer, p50 / p99. *Create rounds*: a sync creates pods in slow-start rounds (1, 2, \
-         4, … at once, each after the last answered); *between rounds*: from the server's last \
-         answer of one round to its receiving the next (rounds of one sync), p50 / p99 — the \
-         part of a round trip spent outside the server's handling.\n"
+         its answer, p50 / p99. *Create rounds* (where one Job syncs: the Indexed Job): a sync \
+         creates pods in slow-start rounds (1, 2, 4, … at once, each after the last answered); \
+         *between rounds*: from the server's last answer of one round to its receiving the next \
+         (rounds of one sync), p50 / p99 — the part of a round trip spent outside the server's \
+         handling.\n"
     );
     let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", "| write |", 1));
     let pair = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -720,20 +721,26 @@ fn render_controller_writes(s: &mut String, r: &UpstreamReport, header: &str, ru
             }
             let _ = writeln!(s, "| {} {kind} ms |{}", w.name(), row(&cells));
         }
-        let rounds: Vec<String> = r
+        let rounds_of = |c: &str| -> Vec<CreateRounds> {
+            runs_of(c).iter().filter_map(|cw| cw.create_rounds).collect()
+        };
+        if r.figures.iter().all(|f| rounds_of(&f.id).is_empty()) {
+            continue;
+        }
+        let counts: Vec<String> = r
             .figures
             .iter()
-            .map(|f| fmt_opt(mean(runs_of(&f.id).iter().map(|cw| cw.create_rounds as f64)), 0))
+            .map(|f| fmt_opt(mean(rounds_of(&f.id).iter().map(|cr| cr.count as f64)), 0))
             .collect();
-        let _ = writeln!(s, "| {} create rounds |{}", w.name(), row(&rounds));
+        let _ = writeln!(s, "| {} create rounds |{}", w.name(), row(&counts));
         let gaps: Vec<String> = r
             .figures
             .iter()
             .map(|f| {
-                let cws = runs_of(&f.id);
+                let crs = rounds_of(&f.id);
                 pair(
-                    mean(cws.iter().filter_map(|cw| cw.round_gap_p50_ms)),
-                    mean(cws.iter().filter_map(|cw| cw.round_gap_p99_ms)),
+                    mean(crs.iter().filter_map(|cr| cr.gap_p50_ms)),
+                    mean(crs.iter().filter_map(|cr| cr.gap_p99_ms)),
                 )
             })
             .collect();
@@ -1151,18 +1158,24 @@ mod tests {
                 ServerTime { count: 10, p50_ms: p50, p99_ms: 2.0 * p50 },
             )]
             .into(),
-            create_rounds: rounds,
-            round_gap_p50_ms: gap,
-            round_gap_p99_ms: gap.map(|g| 3.0 * g),
+            create_rounds: Some(CreateRounds {
+                count: rounds,
+                gap_p50_ms: gap,
+                gap_p99_ms: gap.map(|g| 3.0 * g),
+            }),
         };
         let mut runs = vec![
             run("b", Workload::Indexed, 100, 20.0, 10.0),
             run("b", Workload::Indexed, 100, 20.0, 10.0),
             run("c", Workload::Indexed, 100, 20.0, 10.0),
+            run("c", Workload::Steady, 100, 20.0, 10.0),
         ];
         runs[0].controller_writes = writes(2.0, 100, Some(10.0));
         runs[1].controller_writes = writes(4.0, 120, Some(20.0));
         runs[2].controller_writes = writes(5.0, 170, None);
+        // Many Jobs: server times, no rounds.
+        runs[3].controller_writes =
+            ControllerWrites { create_rounds: None, ..writes(1.0, 0, None) };
         let configurations = vec![cfg("b"), cfg("c")];
         let figures = configurations.iter().map(|c| summarize_config(c, &runs)).collect();
         let report = UpstreamReport { configurations, figures, runs, ..Default::default() };
@@ -1173,8 +1186,11 @@ mod tests {
         assert!(section.contains("| indexed between rounds ms | 15.0 / 45.0 | – |"), "{md}");
         assert!(!section.contains("PATCH pods"), "no such writes, no row: {md}");
         assert!(!section.contains("| burst"), "no burst runs: {md}");
+        assert!(section.contains("| steady POST pods ms | – | 1.0 / 2.0 |"), "{md}");
+        assert!(!section.contains("steady create rounds"), "{md}");
         let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(json["runs"][2]["controller_writes"]["create_rounds"], 170);
+        assert_eq!(json["runs"][2]["controller_writes"]["create_rounds"]["count"], 170);
+        assert!(json["runs"][3]["controller_writes"]["create_rounds"].is_null());
     }
 
     #[test]

@@ -319,21 +319,22 @@ async fn measure(
         processes,
         watch_errors: rec.watch_errors(),
         terminated_watchers: api.terminated_watchers,
-        controller_writes: controller_writes(info, upstream),
+        controller_writes: controller_writes(info, upstream, matches!(spec, Spec::Indexed { .. })),
     };
     Ok((figures, observed))
 }
 
 /// The Job controller's writes in the run's audit log (kube-controller-manager's Job controller
-/// for upstream, kjob's workers otherwise); none when the log cannot be read.
-fn controller_writes(info: &ClusterInfo, upstream: bool) -> ControllerWrites {
+/// for upstream, kjob's workers otherwise), with the create rounds when `one_job` synced; none
+/// when the log cannot be read.
+fn controller_writes(info: &ClusterInfo, upstream: bool, one_job: bool) -> ControllerWrites {
     let user = if upstream {
         UPSTREAM_JOB_CONTROLLER_USER.to_string()
     } else {
         format!("system:serviceaccount:{KJOB_NAMESPACE}:kjob-worker")
     };
     match std::fs::read_to_string(&info.audit_log) {
-        Ok(text) => kjob_bench::audit::controller_writes(&text, &user),
+        Ok(text) => kjob_bench::audit::controller_writes(&text, &user, one_job),
         Err(e) => {
             tracing::warn!(path = %info.audit_log.display(), error = %e, "audit log unreadable");
             ControllerWrites::default()
