@@ -11,6 +11,7 @@ pub mod chart;
 pub mod cli;
 pub mod harness;
 pub mod plot;
+pub mod pprof;
 pub mod procfs;
 pub mod promtext;
 pub mod redisinfo;

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::audit::{ControllerWrites, CreateRounds, ServerTime};
 use crate::harness::Counts;
+use crate::pprof::CpuByPart;
 use crate::report::Provenance;
 use crate::stats::Summary;
 
@@ -281,6 +282,10 @@ pub struct RunFigures {
     pub terminated_watchers: f64,
     /// The Job controller's writes as kube-apiserver's audit log timed them.
     pub controller_writes: ControllerWrites,
+    /// kube-apiserver's CPU through the run by what it was doing (from its CPU profiles), when
+    /// profiled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub apiserver_cpu: Option<CpuByPart>,
 }
 
 impl RunFigures {
@@ -749,6 +754,71 @@ fn render_controller_writes(s: &mut String, r: &UpstreamReport, header: &str, ru
 }
 
 /// Table cells as the rest of a markdown row (` a | b |`).
+/// "Where kube-apiserver's CPU went": per configuration, its profiles of every run summed, each
+/// part as CPU seconds per 1,000 pods and as a share of the profiled CPU.
+fn render_apiserver_cpu(s: &mut String, r: &UpstreamReport, header: &str, rule: &str) {
+    let sums: Vec<Option<(CpuByPart, f64)>> = r
+        .figures
+        .iter()
+        .map(|f| {
+            let runs: Vec<&RunFigures> = r
+                .runs
+                .iter()
+                .filter(|run| run.config == f.id && run.apiserver_cpu.is_some())
+                .collect();
+            let pods: f64 = runs.iter().map(|run| run.counts.pods_created as f64).sum();
+            let mut sum = CpuByPart::default();
+            runs.iter().filter_map(|run| run.apiserver_cpu.as_ref()).for_each(|c| sum.add(c));
+            (pods > 0.0).then_some((sum, pods))
+        })
+        .collect();
+    let Some(names) = sums.iter().flatten().map(|(c, _)| c.parts.clone()).next() else {
+        return;
+    };
+    let _ = writeln!(s, "\n## Where kube-apiserver's CPU went\n");
+    let _ = writeln!(
+        s,
+        "From kube-apiserver's CPU profiles (Go's pprof, taken in 5 s pieces through every run and \
+         kept as `cluster/kube-apiserver-cpu-<n>.pprof` in each run's folder), every run of a \
+         configuration summed: CPU seconds per 1,000 pods created, and the share of the profiled \
+         CPU. A sample counts in the first part one of whose functions is on its stack; whose \
+         requests a part holds is what the workloads send (pod status from the nodes, bindings \
+         from the scheduler, PATCHes of pods from the Job controller). The other clients are the \
+         same in every configuration, so a difference between columns is the Job controller's.\n"
+    );
+    let _ = writeln!(s, "{}\n{rule}", header.replacen("| figure |", "| part |", 1));
+    let mut lines: Vec<(String, Vec<String>)> = names
+        .iter()
+        .map(|(name, _)| {
+            let cells = sums
+                .iter()
+                .map(|c| match c {
+                    Some((c, pods)) if c.cpu_secs > 0.0 => {
+                        let secs = c.secs_of(name);
+                        format!("{:.2} ({:.1} %)", secs / pods * 1000.0, 100.0 * secs / c.cpu_secs)
+                    }
+                    _ => "–".to_string(),
+                })
+                .collect();
+            (name.clone(), cells)
+        })
+        .collect();
+    lines.push((
+        "all profiled CPU".into(),
+        sums.iter()
+            .map(|c| match c {
+                Some((c, pods)) => {
+                    format!("{:.2} (over {:.0} s)", c.cpu_secs / pods * 1000.0, c.profiled_secs)
+                }
+                None => "–".to_string(),
+            })
+            .collect(),
+    ));
+    for (name, cells) in lines {
+        let _ = writeln!(s, "| {name} |{}", row(&cells));
+    }
+}
+
 fn row(cells: &[String]) -> String {
     cells.iter().map(|c| format!(" {c} |")).collect()
 }
@@ -916,6 +986,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     }
 
     render_controller_writes(&mut s, r, &header, &rule);
+    render_apiserver_cpu(&mut s, r, &header, &rule);
 
     if !r.charts.is_empty() {
         let _ = writeln!(s, "\n## Charts\n");
@@ -1242,5 +1313,51 @@ mod tests {
         let first = &json["verdicts"][0];
         assert!(first["per_pass"].is_array(), "{first}");
         assert!(first["passes_agree"].is_boolean());
+    }
+
+    #[test]
+    fn apiserver_cpu_section_sums_the_runs_per_pod_and_as_shares() {
+        let part = |patch: f64, other: f64| CpuByPart {
+            profiled_secs: 10.0,
+            cpu_secs: patch + other,
+            parts: vec![
+                ("PATCH (pods: the Job controller's finalizer removals)".into(), patch),
+                ("other".into(), other),
+            ],
+        };
+        let mut b = run("b", Workload::Burst, 100, 10.0, 10.0);
+        b.apiserver_cpu = Some(part(1.0, 3.0));
+        let mut c1 = run("c", Workload::Burst, 100, 10.0, 10.0);
+        c1.apiserver_cpu = Some(part(0.5, 1.5));
+        let mut c2 = run("c", Workload::Indexed, 300, 10.0, 10.0);
+        c2.apiserver_cpu = Some(part(0.5, 1.5));
+        let configs = [cfg("b"), cfg("c")];
+        let runs = vec![b, c1, c2];
+        let figures = configs.iter().map(|c| summarize_config(c, &runs)).collect();
+        let report = UpstreamReport {
+            configurations: configs.to_vec(),
+            figures,
+            runs,
+            ..Default::default()
+        };
+        let md = render_markdown(&report);
+        assert!(md.contains("## Where kube-apiserver's CPU went"), "{md}");
+        // b: 1 s of 4 over 100 pods; c: 1 s of 4 over 400 pods.
+        assert!(
+            md.contains("| PATCH (pods: the Job controller's finalizer removals) | 10.00 (25.0 %) | 2.50 (25.0 %) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| all profiled CPU | 40.00 (over 10 s) | 10.00 (over 20 s) |"),
+            "{md}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["runs"][0]["apiserver_cpu"]["cpu_secs"], 4.0);
+
+        // Runs without profiles: no section, and no key in the JSON.
+        let mut plain = report;
+        plain.runs.iter_mut().for_each(|r| r.apiserver_cpu = None);
+        assert!(!render_markdown(&plain).contains("kube-apiserver's CPU went"));
+        assert!(serde_json::to_value(&plain).unwrap()["runs"][0].get("apiserver_cpu").is_none());
     }
 }

@@ -84,6 +84,10 @@ struct Args {
     /// `--kube-burst` of each kjob-worker.
     #[arg(long, default_value_t = 400)]
     worker_kube_burst: u32,
+    /// Profile kube-apiserver's CPU through every run (Go's pprof, in 5 s pieces kept in the
+    /// run's cluster folder) and report where it went; `false` leaves profiling off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    apiserver_profile: bool,
 }
 
 /// Sizes after `--quick` and the explicit flags.
@@ -139,6 +143,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         run_timeout: _,
         worker_kube_qps,
         worker_kube_burst,
+        apiserver_profile,
     } = args;
     let configs: Vec<Configuration> = configs
         .iter()
@@ -176,6 +181,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         timeout: sz.timeout,
         service_log,
         ticks: kjob_bench::procfs::clock_ticks(),
+        apiserver_profile,
     };
     let started = Instant::now();
     let mut report = UpstreamReport {

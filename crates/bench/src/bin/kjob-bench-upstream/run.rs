@@ -4,12 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::batch::v1::Job;
 use kjob_bench::apiserver::Counters;
 use kjob_bench::audit::ControllerWrites;
+use kjob_bench::pprof::{self, CpuByPart};
 use kjob_bench::procfs::{Usage, read_usage};
 use kjob_bench::upstream::{
     APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, Workload,
@@ -30,6 +33,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause after the last Job finished before the final scrape, so the last status writes and
 /// the watch events they cause are in the counters.
 const SETTLE: Duration = Duration::from_secs(2);
+/// Length of each CPU profile taken of kube-apiserver during a run: profiles follow each other
+/// until the run ends, so a run's last one outlasts it by at most this.
+const PROFILE_CHUNK_SECS: u64 = 5;
 /// How long kjob's watcher may take to win its Lease.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Namespace of the benchmark's Jobs.
@@ -77,6 +83,8 @@ pub struct Env {
     pub service_log: String,
     /// `CLK_TCK`.
     pub ticks: f64,
+    /// Whether kube-apiserver's CPU is profiled through each run.
+    pub apiserver_profile: bool,
 }
 
 /// Counters and process usage at one moment.
@@ -200,6 +208,10 @@ pub async fn run(
     opts.extra_args
         .add(Program::KubeControllerManager, cfg.controller_manager_args())
         .add(Program::NodeAgent, [run_time]);
+    if env.apiserver_profile {
+        // The cluster turns profiling off; a later flag wins.
+        opts.extra_args.add(Program::KubeApiserver, ["--profiling=true"]);
+    }
     let started = Instant::now();
     let cp = tokio::task::block_in_place(|| ControlPlane::start(opts))?;
     let info = ClusterInfo::read(&cp.dir)?;
@@ -252,6 +264,10 @@ async fn measure(
         pids.extend(s.pids());
     }
     let before = snapshot(&client, &pids, env.ticks).await?;
+    let run_over = Arc::new(AtomicBool::new(false));
+    let profiler = env.apiserver_profile.then(|| {
+        tokio::spawn(profile_apiserver(client.clone(), info.dir.clone(), run_over.clone()))
+    });
     let t0 = Instant::now();
     let deadline = t0 + env.timeout;
     let names = create(&client, &rec, spec, env.pod_run_time).await?;
@@ -262,7 +278,12 @@ async fn measure(
     };
     let timed_out = rec.wait_finished(&names, deadline, alive).await?;
     let end = Instant::now();
+    run_over.store(true, Ordering::Relaxed);
     tokio::time::sleep(SETTLE).await;
+    let apiserver_cpu = match profiler {
+        Some(task) => task.await.context("the profiling task panicked")?,
+        None => None,
+    };
     let after = snapshot(&client, &pids, env.ticks).await?;
     watches.abort_all();
     if let Some(s) = &stack {
@@ -320,8 +341,48 @@ async fn measure(
         watch_errors: rec.watch_errors(),
         terminated_watchers: api.terminated_watchers,
         controller_writes: controller_writes(info, upstream, matches!(spec, Spec::Indexed { .. })),
+        apiserver_cpu,
     };
     Ok((figures, observed))
+}
+
+/// Profiles kube-apiserver's CPU in [`PROFILE_CHUNK_SECS`] pieces until `run_over`, keeping
+/// each profile in the cluster's folder (`kube-apiserver-cpu-<n>.pprof`, for `go tool pprof`);
+/// their sum split by part, or `None` when no profile could be taken.
+async fn profile_apiserver(
+    client: kube::Client,
+    dir: PathBuf,
+    run_over: Arc<AtomicBool>,
+) -> Option<CpuByPart> {
+    use futures::AsyncReadExt;
+    let mut sum: Option<CpuByPart> = None;
+    for n in 1.. {
+        if run_over.load(Ordering::Relaxed) {
+            break;
+        }
+        let uri = format!("/debug/pprof/profile?seconds={PROFILE_CHUNK_SECS}");
+        let fetched = async {
+            let req = http::Request::get(uri).body(Vec::new())?;
+            let mut body = Vec::new();
+            client.request_stream(req).await?.read_to_end(&mut body).await?;
+            let part = pprof::cpu_by_part(&pprof::decode(&body)?)?;
+            std::fs::write(dir.join(format!("kube-apiserver-cpu-{n}.pprof")), &body)?;
+            anyhow::Ok(part)
+        };
+        let limit = Duration::from_secs(PROFILE_CHUNK_SECS) + CALL_TIMEOUT;
+        match tokio::time::timeout(limit, fetched).await {
+            Ok(Ok(part)) => sum.get_or_insert_with(CpuByPart::default).add(&part),
+            Ok(Err(e)) => {
+                tracing::warn!(error = format!("{e:#}"), "profiling kube-apiserver failed");
+                break;
+            }
+            Err(_) => {
+                tracing::warn!("profiling kube-apiserver timed out");
+                break;
+            }
+        }
+    }
+    sum
 }
 
 /// The Job controller's writes in the run's audit log (kube-controller-manager's Job controller
