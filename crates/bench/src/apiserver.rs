@@ -23,10 +23,12 @@ pub struct Counters {
     /// `(verb, resource)` → requests; the resource carries its subresource (`pods/status`);
     /// requests without a resource (`/metrics`, `/readyz`) are left out.
     pub requests: BTreeMap<(String, String), f64>,
-    /// Bytes of responses.
+    /// Bytes of responses, watches left out: kube-apiserver records a watch's whole stream as
+    /// its response once the watch ends (a watch it closed as too slow, or one at the end of a
+    /// run), and every byte of that stream is already in [`Counters::watch_event_bytes`].
     pub response_bytes: f64,
-    /// Of which, by `(verb, resource)` as [`Counters::requests`] keys them (a watch's own
-    /// response is its events, counted apart).
+    /// Bytes of responses by `(verb, resource)` as [`Counters::requests`] keys them; `WATCH`
+    /// keys hold the streams of the watches that ended (not in [`Counters::response_bytes`]).
     pub response_bytes_by: BTreeMap<(String, String), f64>,
     /// Bytes of watch events.
     pub watch_event_bytes: f64,
@@ -37,10 +39,13 @@ pub struct Counters {
 impl Counters {
     /// Parses the text of kube-apiserver's `/metrics`.
     pub fn parse(text: &str) -> Self {
+        let response_bytes_by = by_request(text, RESPONSE_BYTES);
+        let watches: f64 =
+            response_bytes_by.iter().filter(|((verb, _), _)| verb == "WATCH").map(|(_, b)| b).sum();
         Self {
             requests: by_request(text, REQUESTS),
-            response_bytes: promtext::total(text, RESPONSE_BYTES),
-            response_bytes_by: by_request(text, RESPONSE_BYTES),
+            response_bytes: (promtext::total(text, RESPONSE_BYTES) - watches).max(0.0),
+            response_bytes_by,
             watch_event_bytes: promtext::total(text, WATCH_EVENT_BYTES),
             terminated_watchers: promtext::total(text, TERMINATED_WATCHERS),
         }
@@ -138,6 +143,7 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="batch
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 5
 apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 75000
 apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 4000
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="WATCH",version="v1"} 1800
 apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 3000
 apiserver_watch_events_sizes_sum{group="batch",resource="jobs",version="v1"} 500.5
 apiserver_terminated_watchers_total{group="",resource="pods",version="v1"} 4
@@ -171,6 +177,9 @@ apiserver_terminated_watchers_total{group="batch",resource="jobs",version="v1"} 
         assert_eq!(d.response_bytes_by.get(&key("POST", "pods")), Some(&50_000.0));
         assert_eq!(d.response_bytes_by.get(&key("LIST", "pods")), Some(&4_000.0));
         assert_eq!(d.watch_event_bytes, 2000.0);
+        // A watch that ended: its stream is listed by request, but its bytes are its events,
+        // already counted, so bytes sent leave it out.
+        assert_eq!(d.response_bytes_by.get(&key("WATCH", "pods")), Some(&1_800.0));
         assert_eq!(d.bytes_sent(), 56_000.0);
         // Watches closed as too slow, over every resource: 3 more of pods, 2 new of jobs.
         assert_eq!(d.terminated_watchers, 5.0);

@@ -268,9 +268,10 @@ pub struct RunFigures {
     /// API requests by `"VERB resource"` (every client; the other clients are the same in
     /// every configuration).
     pub requests: BTreeMap<String, f64>,
-    /// Bytes of kube-apiserver's responses.
+    /// Bytes of kube-apiserver's responses, watches left out (a watch's stream is its events).
     pub response_bytes: f64,
-    /// Of which, by `"VERB resource"`.
+    /// Bytes of kube-apiserver's responses by `"VERB resource"`; a `WATCH` key holds the
+    /// streams of the watches that ended during the run (in `watch_event_bytes` already).
     pub response_bytes_by_request: BTreeMap<String, f64>,
     /// Bytes of kube-apiserver's watch events.
     pub watch_event_bytes: f64,
@@ -953,9 +954,10 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             0,
             Some(
                 "Each row: the bytes of kube-apiserver's answers to that request, per pod (every \
-                 client). A watch's events are not its response: they are the watch event bytes \
-                 of the figures above. A client whose watch kube-apiserver closed as too slow \
-                 lists again, which shows here as LIST bytes.",
+                 client). A WATCH row is the whole stream of the watches that ended during the \
+                 run (kube-apiserver records a watch's stream as its response when it ends: a \
+                 watch it closed as too slow, or one at the end); those bytes are the watch \
+                 events', already in the bytes sent above, and are not counted twice there.",
             ),
         ),
     ];
