@@ -280,11 +280,13 @@ async fn measure(
     let end = Instant::now();
     run_over.store(true, Ordering::Relaxed);
     tokio::time::sleep(SETTLE).await;
+    let after = snapshot(&client, &pids, env.ticks).await?;
+    // After the snapshot: the last profile may outlast the run by a piece, which must not
+    // stretch the window the counters and CPU figures cover.
     let apiserver_cpu = match profiler {
         Some(task) => task.await.context("the profiling task panicked")?,
         None => None,
     };
-    let after = snapshot(&client, &pids, env.ticks).await?;
     watches.abort_all();
     if let Some(s) = &stack {
         save_metrics(s).await;
