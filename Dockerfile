@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# One multi-stage build for every kjob binary. Either pick the binary with a build arg
+# One multi-stage build for the three kjob services (nothing from tools/ ships). Either pick the binary with a build arg
 #   docker build --build-arg BIN=kjob-queue -t kjob/queue:dev .
 # or with its target
 #   docker build --target kjob-queue -t kjob/queue:dev .
@@ -15,10 +15,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim --bins \
+    cargo build --locked --release -p kjob-queue -p kjob-watcher -p kjob-worker --bins \
     && mkdir -p /out \
-    && cp target/release/kjob-queue target/release/kjob-watcher target/release/kjob-worker \
-          target/release/kjob-sim /out/
+    && cp target/release/kjob-queue target/release/kjob-watcher target/release/kjob-worker /out/
 
 # distroless/cc: glibc + libgcc only, no shell; the :nonroot tag runs as UID/GID 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
@@ -38,10 +37,6 @@ FROM runtime AS kjob-worker
 COPY --from=builder /out/kjob-worker /usr/local/bin/kjob-worker
 EXPOSE 9090
 ENTRYPOINT ["/usr/local/bin/kjob-worker"]
-
-FROM runtime AS kjob-sim
-COPY --from=builder /out/kjob-sim /usr/local/bin/kjob-sim
-ENTRYPOINT ["/usr/local/bin/kjob-sim"]
 
 # The default target: the binary named by BIN.
 FROM ${BIN} AS default

@@ -18,7 +18,7 @@ all: build
 
 ## build: every binary (debug)
 build:
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --locked --workspace --bins
 
 ## setup: install what a fresh machine lacks (redis-server, Python client, pytest)
 setup:
@@ -30,27 +30,27 @@ fmt:
 ## lint: rustfmt check and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 ## test: what CI runs. Installs what a fresh machine lacks (redis-server, cargo-nextest, the
 ## Python client, the Go-built control plane), then lint + every test suite, the real-server
 ## ones on one control plane started for the run (scripts/with-cluster.sh), then the
 ## differential suite at CI size (test-diff-run).
 test: setup lint
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --locked --workspace --bins
 	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-rust-run test-python-run
 	$(MAKE) --no-print-directory test-diff-run
 
 test-rust:
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --locked --workspace --bins
 	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-rust-run
 
 test-python:
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --locked --workspace --bins
 	./scripts/with-cluster.sh $(MAKE) --no-print-directory test-python-run
 
 test-rust-run:
-	$(CARGO) nextest run --workspace --profile $(NEXTEST_PROFILE)
+	$(CARGO) nextest run --locked --workspace --profile $(NEXTEST_PROFILE)
 
 ## test-diff-run: the differential suite at CI size (the built-in cases and DIFF_CI_CASES generated
 ## ones of seed DIFF_CI_SEED) on its own two control planes (it needs KUBELET=off and one with
@@ -72,8 +72,8 @@ test-python-run:
 ## real control plane of make cluster-up, started first when it is not up)
 CLUSTER ?= sim
 demo:
-	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
-	$(CARGO) build -p kjob-demo -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-testkit --bins
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
+	$(CARGO) build --locked -p kjob-demo -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-testkit --bins
 ifeq ($(CLUSTER),real)
 	[ -f $(CLUSTER_DIR)/cluster.json ] || $(MAKE) cluster-up
 	$(TARGET_DIR)/debug/kjob-demo --cluster $(CLUSTER_DIR) $(DEMO_ARGS)
@@ -83,44 +83,44 @@ endif
 
 ## bench: the whole-stack benchmark; report and plots under target/bench/
 bench:
-	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
-	$(CARGO) build --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
+	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench --bin-dir $(TARGET_DIR)/release $(BENCH_ARGS)
 
 ## bench-upstream: kjob side by side with kube-controller-manager's Job controller on fresh real
 ## control planes (upstream defaults, upstream tuned, kjob with 1 and 2 workers, interleaved, then
 ## reversed); target/bench/upstream.md, upstream.json and PNG charts (BENCH_ARGS=--quick: one short pass)
 bench-upstream: cluster-build
-	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
-	$(CARGO) build --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
+	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench $(BENCH_ARGS)
 
 ## bench-sim: kjob-sim's raw throughput (creates/s, status updates/s, watch events/s, RSS)
 bench-sim:
-	$(CARGO) build --release -p kjob-sim --bins
+	$(CARGO) build --locked --release -p kjob-sim --bins
 	$(TARGET_DIR)/release/kjob-sim-bench $(BENCH_ARGS)
 
 ## bench-queue: kjob-queue vs BullMQ (node + npm): items/s, Redis commands and CPU per item, enqueue-to-lease latency
 bench-queue:
-	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
-	$(CARGO) build --release -p kjob-bench --bin kjob-queue-bench
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
+	$(CARGO) build --locked --release -p kjob-bench --bin kjob-queue-bench
 	RUST_LOG=warn $(TARGET_DIR)/release/kjob-queue-bench run $(BENCH_ARGS)
 
 ## bench-reconcile: Criterion bench of one sync plan for Indexed Jobs of 1k/10k/20k pods
 bench-reconcile:
-	$(CARGO) bench -p kjob-reconcile --bench plan
+	$(CARGO) bench --locked -p kjob-reconcile --bench plan
 
 ## chaos: the fault suite (kill workers, restart queue and redis, kill the leader, API errors)
 chaos:
-	KJOB_SKIP_PYTHON=1 KJOB_DISK_GIB=5 ./scripts/setup.sh
-	$(CARGO) build --workspace --bins
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=5 ./scripts/setup.sh
+	$(CARGO) build --locked --workspace --bins
 	$(TARGET_DIR)/debug/kjob-chaos --bin-dir $(TARGET_DIR)/debug $(CHAOS_ARGS)
 
 ## diff-upstream: every case under kube-controller-manager's Job controller and under kjob (two
 ## fresh control planes up at once, KUBELET=off, a scripted kubelet), compared; report in
 ## target/diff/ (DIFF_ARGS: --seed N --cases N --case NAME --parallel N --reruns N)
 diff-upstream: cluster-build
-	$(CARGO) build -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim -p kjob-diff --bins
+	$(CARGO) build --locked -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim -p kjob-diff --bins
 	$(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff $(DIFF_ARGS)
 
 ## cluster-build: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
@@ -130,12 +130,12 @@ cluster-build:
 
 ## cluster-up: the real control plane on loopback, in the background (KUBELET=off, JOB_CONTROLLER=upstream)
 cluster-up: cluster-build
-	$(CARGO) build -p kjob-testkit -p kjob-sim --bins
+	$(CARGO) build --locked -p kjob-testkit -p kjob-sim --bins
 	$(TARGET_DIR)/debug/kjob-cluster up --dir $(CLUSTER_DIR) --kubelet $(KUBELET) --job-controller $(JOB_CONTROLLER) $(CLUSTER_ARGS)
 
 ## cluster-down: stop every process of make cluster-up and remove its data
 cluster-down:
-	$(CARGO) build -p kjob-testkit --bins
+	$(CARGO) build --locked -p kjob-testkit --bins
 	$(TARGET_DIR)/debug/kjob-cluster down --dir $(CLUSTER_DIR)
 
 ## images: container images kjob/<component>:dev (needs a Docker engine)

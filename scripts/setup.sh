@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for kjob's tests and demo: redis-server (Debian), the Python
-# client and pytest (PyPI). Idempotent; quiet when everything is present.
+# client and pytest (PyPI), cargo-nextest (crates.io). KJOB_SKIP_PYTHON=1 and KJOB_SKIP_NEXTEST=1
+# leave out what a target does not run. Idempotent; quiet when everything is present.
 set -euo pipefail
 
 # Disk: a cold `make test` grows target/ to about 10 GiB (debug build, clippy, test binaries); a
@@ -44,4 +45,7 @@ if [ "${KJOB_SKIP_PYTHON:-0}" != "1" ]; then
   fi
 fi
 
-command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+# Only the test suites run nextest; the demo, benchmarks and chaos suite skip its ~6 min build.
+if [ "${KJOB_SKIP_NEXTEST:-0}" != "1" ]; then
+  command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+fi

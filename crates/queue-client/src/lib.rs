@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use kjob_proto::convert::{millis, outcome_to_wire};
 pub use kjob_proto::v1;
-use kjob_proto::v1::expectations_client::ExpectationsClient;
+use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_proto::v1::queue_client::QueueClient as RawQueueClient;
 use kjob_svc::Backoff;
 use tonic::transport::{Channel, Endpoint};
@@ -237,7 +237,7 @@ macro_rules! rpc {
 #[derive(Debug, Clone)]
 pub struct QueueClient {
     queue: RawQueueClient<Channel>,
-    expectations: ExpectationsClient<Channel>,
+    job_state: JobStateClient<Channel>,
     retry: RetryPolicy,
 }
 
@@ -260,7 +260,7 @@ impl QueueClient {
             queue: RawQueueClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            expectations: ExpectationsClient::new(channel)
+            job_state: JobStateClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             retry: RetryPolicy::default(),
@@ -457,7 +457,7 @@ unary_calls! {
 
     /// Replaces the expectations of Job `key` (UID `job_uid`).
     fn set_expectations(key: &str, job_uid: &str, add: i64, del: i64) -> ()
-        = expectations.set_expectations(v1::SetExpectationsRequest {
+        = job_state.set_expectations(v1::SetExpectationsRequest {
             key: owned(key), job_uid: owned(job_uid), add, del, created_pod_uids: Vec::new()
         }) => |_| ();
 
@@ -467,60 +467,60 @@ unary_calls! {
     fn set_expectations_created(
         key: &str, job_uid: &str, add: i64, del: i64, created: &[String]
     ) -> ()
-        = expectations.set_expectations(v1::SetExpectationsRequest {
+        = job_state.set_expectations(v1::SetExpectationsRequest {
             key: owned(key), job_uid: owned(job_uid), add, del, created_pod_uids: created.to_vec()
         }) => |_| ();
 
     /// Lowers existing expectations of Job `key` by `add`/`del` (no-op without a record).
     fn lower_expectations(key: &str, job_uid: &str, add: i64, del: i64) -> ()
-        = expectations.lower_expectations(v1::LowerExpectationsRequest {
+        = job_state.lower_expectations(v1::LowerExpectationsRequest {
             key: owned(key), job_uid: owned(job_uid), add, del
         }) => |_| ();
 
     /// Reads the expectations of Job `key` as seen by a Job with UID `job_uid`.
     fn get_expectations(key: &str, job_uid: &str) -> v1::GetExpectationsResponse
-        = expectations.get_expectations(v1::GetExpectationsRequest {
+        = job_state.get_expectations(v1::GetExpectationsRequest {
             key: owned(key), job_uid: owned(job_uid)
         }) => |r| r;
 
     /// Deletes the expectations, finalizer-removal set and records of Job `key`.
     fn delete_expectations(key: &str) -> ()
-        = expectations.delete_expectations(v1::DeleteExpectationsRequest { key: owned(key) })
+        = job_state.delete_expectations(v1::DeleteExpectationsRequest { key: owned(key) })
         => |_| ();
 
     /// Adds pod UIDs whose tracking-finalizer removal is in flight for Job `key`.
     fn expect_finalizer_removals(key: &str, job_uid: &str, pod_uids: Vec<String>) -> ()
-        = expectations.expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest {
+        = job_state.expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest {
             key: owned(key), job_uid: owned(job_uid), pod_uids
         }) => |_| ();
 
     /// Drops pod UIDs from Job `key`'s in-flight finalizer-removal set (their removals failed);
     /// returns how many were in it.
     fn forget_finalizer_removals(key: &str, pod_uids: Vec<String>) -> u32
-        = expectations.forget_finalizer_removals(v1::ForgetFinalizerRemovalsRequest {
+        = job_state.forget_finalizer_removals(v1::ForgetFinalizerRemovalsRequest {
             key: owned(key), pod_uids
         }) => |r| r.forgotten;
 
     /// Reads the record `name` of Job `key`.
     fn get_record(key: &str, name: &str) -> Option<Vec<u8>>
-        = expectations.get_record(v1::GetRecordRequest { key: owned(key), name: owned(name) })
+        = job_state.get_record(v1::GetRecordRequest { key: owned(key), name: owned(name) })
         => |r| r.found.then_some(r.value);
 
     /// Writes the record `name` of Job `key`, optionally expiring after `ttl`.
     fn put_record(key: &str, name: &str, value: Vec<u8>, ttl: Option<Duration>) -> ()
-        = expectations.put_record(v1::PutRecordRequest {
+        = job_state.put_record(v1::PutRecordRequest {
             key: owned(key), name: owned(name), value, ttl_ms: ttl.map(millis).unwrap_or(0)
         }) => |_| ();
 
     /// Removes record `name` of Job `key`; whether it existed.
     fn delete_record(key: &str, name: &str) -> bool
-        = expectations.delete_record(v1::DeleteRecordRequest { key: owned(key), name: owned(name) })
+        = job_state.delete_record(v1::DeleteRecordRequest { key: owned(key), name: owned(name) })
         => |r| r.deleted;
 
     /// Reads the shared view of Job `key` with the per-Job `records` asked for; `None` when it
     /// is not trusted.
     fn get_job_view(key: &str, records: &[&str]) -> Option<v1::GetJobViewResponse>
-        = expectations.get_job_view(v1::GetJobViewRequest {
+        = job_state.get_job_view(v1::GetJobViewRequest {
             key: owned(key), records: records.iter().map(|r| owned(r)).collect()
         }) => |r| r.trusted.then_some(r);
 
@@ -529,21 +529,21 @@ unary_calls! {
     fn put_job_view(
         key: &str, job_uid: &str, job: Vec<u8>, resource_version: &str, orphans_handled: u64
     ) -> bool
-        = expectations.put_job_view(v1::PutJobViewRequest {
+        = job_state.put_job_view(v1::PutJobViewRequest {
             key: owned(key), job_uid: owned(job_uid), job, resource_version: owned(resource_version),
             orphans_handled
         }) => |r| r.stored;
 
     /// Begins, commits or ends a watcher's view session; returns whether it applied.
     fn cache_session(session: &str, phase: v1::CacheSessionPhase) -> bool
-        = expectations.cache_session(v1::CacheSessionRequest {
+        = job_state.cache_session(v1::CacheSessionRequest {
             session: owned(session), phase: phase as i32
         }) => |r| r.applied;
 
     /// Passes a batch of events through the shared aggregator and spam filter; one answer per
     /// event, in order.
     fn gate_events(events: Vec<v1::GateEvent>) -> Vec<v1::GatedEvent>
-        = expectations.gate_events(v1::GateEventsRequest { events }) => |r| r.events;
+        = job_state.gate_events(v1::GateEventsRequest { events }) => |r| r.events;
 
     /// Reports the depth of each part of `queue`.
     fn stats(queue: &str) -> v1::StatsResponse

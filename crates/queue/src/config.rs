@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use clap::Subcommand;
 use kjob_svc::AdminArgs;
 
-use crate::{Config, Listeners};
+use crate::{Listeners, QueueConfig};
 
 /// The kjob queue service: a distributed rate-limiting workqueue over Redis.
 #[derive(Debug, Clone, clap::Parser)]
@@ -43,15 +43,15 @@ pub enum Command {
 
 impl Args {
     /// Binds the listeners the flags name and splits off the configuration.
-    pub async fn bind(self) -> anyhow::Result<(Listeners, Config)> {
+    pub async fn bind(self) -> anyhow::Result<(Listeners, QueueConfig)> {
         let grpc = kjob_svc::bind(self.listen, "the gRPC port").await?;
         let admin = self.admin.bind().await?;
         Ok((Listeners { grpc, admin: Some(admin) }, self.into_config()))
     }
 
     /// The service configuration the flags describe (the listen and admin flags aside).
-    pub fn into_config(self) -> Config {
+    pub fn into_config(self) -> QueueConfig {
         let Args { command: _, listen: _, redis_url, admin: _ } = self;
-        Config { redis_url, store: Default::default() }
+        QueueConfig { redis_url, store: Default::default() }
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::FutureExt;
-use kjob_proto::v1::expectations_server::ExpectationsServer;
+use kjob_proto::v1::job_state_server::JobStateServer;
 use kjob_proto::v1::queue_server::QueueServer;
 use kjob_svc::{AdminServer, AdminState, Backoff, Shutdown, Vital};
 use kjob_workqueue::{Store, StoreConfig, Waker};
@@ -43,7 +43,7 @@ const KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// Configuration of [`run`].
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct QueueConfig {
     /// Redis URL: `redis://host:port` or `redis+cluster://host:port,host:port`.
     pub redis_url: String,
     /// Store tunables.
@@ -74,9 +74,13 @@ impl Listeners {
 /// gRPC health mirror and the admin server are vital: if one of them ends before shutdown (a listener that cannot
 /// accept any more ends the server), the service goes not ready, drains and returns an error
 /// naming it, so the process exits with a non-zero status.
-pub async fn run(listeners: Listeners, config: Config, shutdown: Shutdown) -> anyhow::Result<()> {
+pub async fn run(
+    listeners: Listeners,
+    config: QueueConfig,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
     let Listeners { grpc: listener, admin } = listeners;
-    let Config { redis_url, store: store_config } = config;
+    let QueueConfig { redis_url, store: store_config } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
@@ -121,7 +125,7 @@ async fn serve(
                 .max_encoding_message_size(validate::MAX_MESSAGE_BYTES),
         )
         .add_service(
-            ExpectationsServer::new(service)
+            JobStateServer::new(service)
                 .max_decoding_message_size(validate::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(validate::MAX_MESSAGE_BYTES),
         )
@@ -239,7 +243,7 @@ async fn mirror_health(
         } else {
             ServingStatus::NotServing
         };
-        for service in ["", service::QUEUE_SERVICE, service::EXPECTATIONS_SERVICE] {
+        for service in ["", service::QUEUE_SERVICE, service::JOB_STATE_SERVICE] {
             health.set_service_status(service, status).await;
         }
         tokio::select! {

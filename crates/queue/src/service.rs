@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kjob_proto::convert::outcome_from_wire;
 use kjob_proto::v1;
-use kjob_proto::v1::expectations_server::{self, Expectations};
+use kjob_proto::v1::job_state_server::{self, JobState};
 use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
@@ -26,12 +26,12 @@ use crate::validate;
 
 /// The `Queue` service's name, as in the proto package.
 pub const QUEUE_SERVICE: &str = queue_server::SERVICE_NAME;
-/// The `Expectations` service's name.
-pub const EXPECTATIONS_SERVICE: &str = expectations_server::SERVICE_NAME;
+/// The `JobState` service's name (expectations, records, views, event gates).
+pub const JOB_STATE_SERVICE: &str = job_state_server::SERVICE_NAME;
 
 /// Every RPC kjob-queue serves, as (service, methods): their metrics exist from start.
 pub const RPCS: [(&str, &[&str]); 2] =
-    [(QUEUE_SERVICE, QUEUE_METHODS), (EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS)];
+    [(QUEUE_SERVICE, QUEUE_METHODS), (JOB_STATE_SERVICE, JOB_STATE_METHODS)];
 
 /// Implements a service trait for [`QueueService`]: every RPC runs its handler under one
 /// metrics handle ([`QueueService::measured`]); `$methods` lists the methods as the proto
@@ -62,7 +62,7 @@ measured_service!(Queue, QUEUE_SERVICE, QUEUE_METHODS, {
     inspect(v1::InspectRequest) -> v1::InspectResponse = "Inspect" by inspect_rpc;
 });
 
-measured_service!(Expectations, EXPECTATIONS_SERVICE, EXPECTATIONS_METHODS, {
+measured_service!(JobState, JOB_STATE_SERVICE, JOB_STATE_METHODS, {
     set_expectations(v1::SetExpectationsRequest) -> v1::SetExpectationsResponse
         = "SetExpectations" by set_expectations_rpc;
     lower_expectations(v1::LowerExpectationsRequest) -> v1::LowerExpectationsResponse

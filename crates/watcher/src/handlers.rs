@@ -15,7 +15,7 @@ use jiff::Timestamp;
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
 use kjob_reconcile::util::{Claim, ClaimFacts, Owner};
 
-use crate::model::{ControllerRef, JobInfo, PodInfo, Store};
+use crate::cache::{ControllerRef, JobInfo, PodInfo, Store};
 use crate::view::ViewWrite;
 
 pub use kjob_core::SYNC_JOB_BATCH_PERIOD;

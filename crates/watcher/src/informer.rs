@@ -18,9 +18,9 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kube::runtime::watcher::Event;
 
+use crate::cache::{JobInfo, PodInfo, Store, Stored};
 use crate::handlers::{self, Enqueue, HandlerConfig, SessionControl};
 use crate::metrics::{ControllerNameLabels, EventLabels, KindLabels, Metrics};
-use crate::model::{JobInfo, PodInfo, Store, Stored};
 use crate::view::{self, ViewWrite};
 
 /// Converts the objects of a watcher event (e.g. to the slim views the informer keeps).

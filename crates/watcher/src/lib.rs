@@ -6,12 +6,12 @@
 //! [`sender`] (batched, retried `Add` calls to kjob-queue). [`leader`] decides whether this
 //! process emits anything; standbys keep warm caches.
 
+pub mod cache;
 pub mod config;
 pub mod handlers;
 pub mod informer;
 pub mod leader;
 pub mod metrics;
-pub mod model;
 pub mod sender;
 mod settle;
 pub mod view;
@@ -30,11 +30,11 @@ use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
+use crate::cache::{JobInfo, PodInfo};
 use crate::handlers::{Enqueue, HandlerConfig};
 use crate::informer::{Informer, map_event};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::{KindLabels, Metrics, OutcomeLabels};
-use crate::model::{JobInfo, PodInfo};
 
 pub use config::Args;
 

@@ -12,7 +12,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::model::{JobInfo, PodInfo, Store};
+use crate::cache::{JobInfo, PodInfo, Store};
 
 /// Most pods written by one snapshot item: keeps one Add item (and one script run) well under a
 /// megabyte of pods.

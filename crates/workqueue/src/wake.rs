@@ -392,11 +392,47 @@ mod tests {
     use super::*;
     use crate::{KeyState, StoreConfig};
 
+    /// A throwaway redis-server on a free loopback port, killed on drop. The shared harness
+    /// (tools/testkit) is a tool crate, which a shipping crate does not depend on; this one
+    /// test needs only a plain server.
+    struct Redis(std::process::Child, u16);
+
+    impl Redis {
+        fn start() -> Self {
+            let port =
+                std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let bin = std::env::var("KJOB_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+            let child = std::process::Command::new(bin)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+                .args(["--appendonly", "no", "--maxmemory-policy", "noeviction"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server (make test installs it)");
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(std::time::Instant::now() < deadline, "redis-server did not listen");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Self(child, port)
+        }
+
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}", self.1)
+        }
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     /// The lessee goes away after an Add claimed its offer and before the hand-off reaches it:
     /// the item goes back to ready at once (no expiry counted) for the next lessee.
     #[tokio::test]
     async fn a_hand_off_nobody_receives_goes_back_to_ready() {
-        let server = kjob_testkit::RedisServer::start().expect("redis-server");
+        let server = Redis::start();
         let s = Store::connect(&server.url(), StoreConfig::default()).await.unwrap();
         let waker = Waker::new(&s, ["job"]);
         let q = waker.queues.get("job").unwrap().clone();

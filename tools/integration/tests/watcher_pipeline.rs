@@ -456,7 +456,9 @@ async fn leased_orphan_keys(stack: &Stack) -> Vec<String> {
 }
 
 fn spawn_watcher_process(stack: &Stack, identity: &str, admin_port: u16) -> ChildGuard {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kjob-watcher"));
+    let mut cmd = Command::new(
+        kjob_testkit::bin_path("kjob-watcher").expect("make build builds kjob-watcher"),
+    );
     cmd.arg("--queue-url")
         .arg(queue_url(stack.queue_port))
         .arg("--admin-listen")

@@ -62,7 +62,7 @@ fn compose_file_is_valid_and_workers_scale() {
     }
 }
 
-/// Flags kjob-demo, kjob-bench and the chaos suite pass (through crates/testkit/src/stack.rs), kept here so a renamed flag fails a test
+/// Flags kjob-demo, kjob-bench and the chaos suite pass (through tools/testkit/src/stack.rs), kept here so a renamed flag fails a test
 /// rather than the demo at run time.
 const DEMO_FLAGS: [(&str, &[&str]); 4] = [
     ("kjob-sim", &["--listen", "--kubelet", "--kubeconfig-out"]),

@@ -13,7 +13,6 @@ use kjob_testkit::{ChildGuard, RedisServer, free_port, wait_for_tcp};
 use parking_lot::Mutex;
 use rand::Rng;
 
-const QUEUE_BIN: &str = env!("CARGO_BIN_EXE_kjob-queue");
 /// Long-poll wait of the doomed lessee's Lease calls.
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -42,7 +41,8 @@ impl QueueProc {
 }
 
 fn spawn_queue(port: u16, redis_url: &str) -> ChildGuard {
-    let mut cmd = Command::new(QUEUE_BIN);
+    let mut cmd =
+        Command::new(kjob_testkit::bin_path("kjob-queue").expect("make build builds kjob-queue"));
     cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url])
         .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
         .env("RUST_LOG", "warn")

@@ -1,7 +1,7 @@
 //! Resident memory of a real `kjob-watcher` process whose caches hold N pods (default 100,000)
 //! served by a `kjob-sim` process. Needs `cargo build -p kjob-sim -p kjob-watcher` first.
 //!
-//! `cargo run -p kjob-watcher --example rss_with_sim -- 100000`
+//! `cargo run --release -p kjob-bench --example rss_with_sim -- 100000`
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

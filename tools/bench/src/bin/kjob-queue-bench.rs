@@ -4,7 +4,7 @@
 //! one private redis-server (pinned to core 0; this process, the BullMQ driver and
 //! redis-benchmark pinned to core 1): redis-benchmark ZADD/LPUSH as the raw ceiling, then
 //! interleaved rounds (forward, reverse, …) of kjob-queue in gRPC service mode with 1 and N
-//! lessees and of BullMQ 6.7.0 (`crates/bench/bullmq`, Worker concurrency 100, no-op processor), each
+//! lessees and of BullMQ 6.7.0 (`tools/bench/bullmq`, Worker concurrency 100, no-op processor), each
 //! after a warm-up, reporting items/s, Redis commands and CPU µs per item (INFO commandstats /
 //! INFO cpu deltas) and the per-round ratios with their min–max spread; then enqueue→lease
 //! latency p50/p99 with waiting lessees. Correctness gates (every key processed, none held by
@@ -312,8 +312,10 @@ mod bench {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let shutdown = kjob_svc::Shutdown::new();
-            let config =
-                kjob_queue::Config { redis_url: redis_url.to_string(), store: Default::default() };
+            let config = kjob_queue::QueueConfig {
+                redis_url: redis_url.to_string(),
+                store: Default::default(),
+            };
             let listeners = kjob_queue::Listeners::grpc(listener);
             let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
             let client = QueueClient::connect_lazy(&url)?;

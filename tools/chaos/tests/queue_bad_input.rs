@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kjob_proto::v1;
-use kjob_proto::v1::expectations_client::ExpectationsClient;
+use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_proto::v1::queue_client::QueueClient;
 use kjob_testkit::{ChildGuard, RedisServer, bin_path, free_port, wait_for_tcp};
 use proptest::prelude::*;
@@ -260,7 +260,7 @@ fn req() -> impl Strategy<Value = Req> {
 
 async fn send(
     c: &mut QueueClient<Channel>,
-    e: &ExpectationsClient<Channel>,
+    e: &JobStateClient<Channel>,
     r: Req,
 ) -> Result<(), tonic::Status> {
     let call = async {
@@ -386,7 +386,7 @@ fn malformed_queue_requests_get_answers_and_keep_invariants() {
         .block_on(async { tonic::transport::Endpoint::from_shared(url)?.connect().await })
         .unwrap();
     let mut client = QueueClient::new(channel.clone());
-    let expectations = ExpectationsClient::new(channel);
+    let expectations = JobStateClient::new(channel);
 
     let cfg = ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() };
     let mut runner = proptest::test_runner::TestRunner::new(cfg);

@@ -2,13 +2,13 @@
 //! 100,000), stores their slim view the way the watcher does, and reports the growth of the
 //! process's resident memory.
 //!
-//! `cargo run -p kjob-watcher --example cache_memory -- 100000`
+//! `cargo run --release -p kjob-bench --example cache_memory -- 100000`
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kjob_watcher::model::{PodInfo, Store};
+use kjob_watcher::cache::{PodInfo, Store};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
