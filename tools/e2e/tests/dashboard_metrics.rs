@@ -201,11 +201,11 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
         "dashboard queries metrics no binary exports: {absent:?}\nexported: {exported:?}"
     );
 
-    // README's metrics reference names exactly what the services export: every name it
+    // docs/metrics.md's reference names exactly what the services export: every name it
     // lists is exported (or registered, for fault-only families), and every exported family
     // is listed.
-    let documented = readme_metrics();
-    assert!(documented.len() > 20, "README lists only {documented:?}");
+    let documented = documented_metrics();
+    assert!(documented.len() > 20, "docs/metrics.md lists only {documented:?}");
     let registered = |fam: &str| {
         FAULT_ONLY.iter().any(|(f, as_)| *f == fam && sources.contains(&format!("\"{as_}\"")))
     };
@@ -214,26 +214,26 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
         .iter()
         .filter(|m| !m.starts_with("kjob_sim_"))
         .filter(|m| !exported.contains(family_of(m)) && !registered(family_of(m)))
-        .map(|m| format!("README names {m}, which no service exports"))
+        .map(|m| format!("docs/metrics.md names {m}, which no service exports"))
         .collect();
     problems.extend(
         exported
             .iter()
             .filter(|f| !undocumented_ok(f))
-            .map(|f| format!("{f} is exported but missing from README's metrics reference")),
+            .map(|f| format!("{f} is exported but missing from docs/metrics.md's reference")),
     );
     problems.extend(
         FAULT_ONLY
             .iter()
             .filter(|(f, _)| !undocumented_ok(f))
-            .map(|(f, _)| format!("{f} (fault-only) is missing from README's metrics reference")),
+            .map(|(f, _)| format!("{f} (fault-only) is missing from docs/metrics.md's reference")),
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Metric names in README's "Metrics reference" table (second column, backticked).
-fn readme_metrics() -> BTreeSet<String> {
-    let text = std::fs::read_to_string(kjob_e2e::root().join("README.md")).unwrap();
+/// Metric names in docs/metrics.md's "Metrics reference" table (second column, backticked).
+fn documented_metrics() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(kjob_e2e::root().join("docs/metrics.md")).unwrap();
     let section = text.split("## Metrics reference").nth(1).unwrap_or_default();
     let section = section.split("\n## ").next().unwrap_or_default();
     let mut out = BTreeSet::new();
