@@ -73,8 +73,9 @@ test-python-run:
 CLUSTER ?= sim
 demo:
 	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
-	$(CARGO) build --locked -p kjob-demo -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-testkit --bins
+	$(CARGO) build --locked $(addprefix --bin ,kjob-demo kjob-sim $(addprefix kjob-,$(COMPONENTS)))
 ifeq ($(CLUSTER),real)
+	$(CARGO) build --locked --bin kjob-cluster --bin kjob-node-agent
 	[ -f $(CLUSTER_DIR)/cluster.json ] || $(MAKE) cluster-up
 	$(TARGET_DIR)/debug/kjob-demo --cluster $(CLUSTER_DIR) $(DEMO_ARGS)
 else

@@ -68,6 +68,61 @@ pub enum KeyError {
     /// The key is not of the form `namespace/name`.
     #[error("key {0:?} is not of the form namespace/name")]
     Malformed(String),
+    /// The namespace is not a DNS-1123 label, as Kubernetes requires of every namespace.
+    #[error("key {key:?}: namespace {why}")]
+    Namespace {
+        /// The whole key.
+        key: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The name is not a DNS-1123 subdomain, as Kubernetes requires of Job and pod names.
+    #[error("key {key:?}: name {why}")]
+    Name {
+        /// The whole key.
+        key: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+/// Longest namespace: a DNS-1123 label.
+const MAX_NAMESPACE_LEN: usize = 63;
+/// Longest Job or pod name: a DNS-1123 subdomain.
+const MAX_NAME_LEN: usize = 253;
+
+/// Why `s` is not a DNS-1123 label (lowercase alphanumerics and '-', starting and ending with an
+/// alphanumeric, at most 63 bytes), or None when it is.
+fn dns1123_label_problem(s: &str) -> Option<&'static str> {
+    dns1123_problem(s, MAX_NAMESPACE_LEN, false)
+}
+
+/// Why `s` is not a DNS-1123 subdomain (as a label, '.' also allowed, at most 253 bytes).
+fn dns1123_subdomain_problem(s: &str) -> Option<&'static str> {
+    dns1123_problem(s, MAX_NAME_LEN, true)
+}
+
+fn dns1123_problem(s: &str, max: usize, dots: bool) -> Option<&'static str> {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if s.len() > max {
+        return Some(if dots {
+            "is longer than 253 bytes (a DNS-1123 subdomain)"
+        } else {
+            "is longer than 63 bytes (a DNS-1123 label)"
+        });
+    }
+    let b = s.as_bytes();
+    if !b.iter().all(|&c| alnum(c) || c == b'-' || (dots && c == b'.')) {
+        return Some(if dots {
+            "may hold only lowercase letters, digits, '-' and '.' (a DNS-1123 subdomain)"
+        } else {
+            "may hold only lowercase letters, digits and '-' (a DNS-1123 label)"
+        });
+    }
+    if !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return Some("must start and end with a lowercase letter or digit");
+    }
+    None
 }
 
 /// A namespaced object key, `namespace/name`.
@@ -85,7 +140,9 @@ impl ObjectKey {
         Self { namespace: namespace.into(), name: name.into() }
     }
 
-    /// Parses `namespace/name`, refusing empty parts, extra slashes and oversized keys.
+    /// Parses `namespace/name` as Kubernetes names them: the namespace a DNS-1123 label, the
+    /// name a DNS-1123 subdomain. So a key never holds ':', '{', '}' or a second '/', and the
+    /// Redis keys built from it cannot collide with another key's or hit another hash tag.
     pub fn parse(key: &str) -> Result<Self, KeyError> {
         if key.is_empty() {
             return Err(KeyError::Empty);
@@ -95,6 +152,12 @@ impl ObjectKey {
         }
         match key.split_once('/') {
             Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                if let Some(why) = dns1123_label_problem(ns) {
+                    return Err(KeyError::Namespace { key: key.to_string(), why });
+                }
+                if let Some(why) = dns1123_subdomain_problem(name) {
+                    return Err(KeyError::Name { key: key.to_string(), why });
+                }
                 Ok(Self::new(ns, name))
             }
             _ => Err(KeyError::Malformed(key.to_string())),
@@ -127,6 +190,31 @@ mod tests {
         }
         let long = format!("ns/{}", "x".repeat(MAX_KEY_LEN));
         assert!(matches!(ObjectKey::parse(&long), Err(KeyError::TooLong(_))));
+    }
+
+    #[test]
+    fn key_parts_are_kubernetes_names() {
+        for good in [
+            "a/b",
+            "kube-system/pi-1",
+            "ns0/job.v2",
+            &format!("{}/{}", "n".repeat(63), "x".repeat(253)),
+        ] {
+            assert!(ObjectKey::parse(good).is_ok(), "{good}");
+        }
+        // Each of these would build a Redis key that names another key or hash tag.
+        for bad in
+            ["ns/a:seen", "ns/a:pods", "ns/{wq:job}", "ns/A", "ns/-a", "ns/a-", "ns/a_b", "ns/a b"]
+        {
+            let e = ObjectKey::parse(bad).unwrap_err();
+            assert!(matches!(e, KeyError::Name { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("name"), "{e}");
+        }
+        for bad in ["ns.x/a", "NS/a", "n:s/a", &format!("{}/a", "n".repeat(64))] {
+            let e = ObjectKey::parse(bad).unwrap_err();
+            assert!(matches!(e, KeyError::Namespace { .. }), "{bad}: {e}");
+        }
+        assert!(ObjectKey::parse("ns/a:seen").unwrap_err().to_string().contains("DNS-1123"));
     }
 }
 
