@@ -15,9 +15,13 @@ pub mod backoff;
 pub mod conditions;
 pub mod events;
 pub mod indexes;
+pub mod job;
 mod leaf;
 pub mod metrics;
+pub mod ownership;
+pub mod pod;
 pub mod pod_failure_policy;
+pub mod removal;
 pub mod selector;
 pub mod success_policy;
 pub mod summary;
@@ -25,10 +29,10 @@ pub mod sync;
 pub mod template;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
-pub mod util;
 pub mod validation;
 
 pub use backoff::BackoffRecord;
+pub use ownership::{Claim, ClaimFacts, Owner, claim};
 pub use summary::{PodSummary, SummarizedPods};
 pub use sync::{
     BackoffUpdate, CallError, Expectations, JobSync, Outcome, PodRef, Report, Skipped, Step,

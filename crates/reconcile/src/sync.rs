@@ -35,7 +35,7 @@ use crate::events::{self, Event};
 use crate::leaf::{self, IndexSet};
 use crate::metrics::{self as m, MetricDeltas};
 use crate::summary::{PodPhase, PodSummary};
-use crate::util;
+use crate::{job, pod};
 
 /// Most pods recorded in `uncountedTerminatedPods` (plus new completed indexes) per sync.
 pub const MAX_UNCOUNTED_PODS: usize = 500;
@@ -396,7 +396,7 @@ fn uid_set(list: Option<&Vec<String>>) -> HashSet<String> {
 }
 
 fn pod_ref(pod: &Pod) -> PodRef {
-    PodRef { name: util::name(pod).to_string(), uid: util::uid(pod).to_string() }
+    PodRef { name: pod::name(pod).to_string(), uid: pod::uid(pod).to_string() }
 }
 
 fn min_requeue(current: Option<Duration>, new: Duration) -> Option<Duration> {
@@ -437,7 +437,7 @@ impl<'a> JobSync<'a> {
         {
             return false;
         }
-        match util::completions(self.job()) {
+        match job::completions(self.job()) {
             None => self.succeeded > 0,
             Some(c) => self.succeeded >= c,
         }
@@ -448,7 +448,7 @@ impl<'a> JobSync<'a> {
         let status = job.status.clone().unwrap_or_default();
         let mut sync = JobSync {
             input,
-            indexed: util::is_indexed(job),
+            indexed: job::is_indexed(job),
             active_pods: Vec::new(),
             active: 0,
             ready: 0,
@@ -499,13 +499,13 @@ impl<'a> JobSync<'a> {
             // A finished Job never comes back; its backoff history is useless from now on.
             sync.outcome.backoff = BackoffUpdate::Remove;
             sync.skip(Skipped::Finished);
-        } else if util::has_unknown_completion_mode(job) {
+        } else if job::has_unknown_completion_mode(job) {
             sync.outcome.events.push(events::unknown_completion_mode());
             sync.skip(Skipped::UnknownCompletionMode);
         } else {
-            sync.metrics.completion_mode = util::completion_mode_label(job);
+            sync.metrics.completion_mode = job::completion_mode_label(job);
             sync.metrics.action = m::ACTION_RECONCILING;
-            sync.metrics.backoff_limit_label = if util::has_backoff_limit_per_index(job) {
+            sync.metrics.backoff_limit_label = if job::has_backoff_limit_per_index(job) {
                 m::BACKOFF_LIMIT_PER_INDEX
             } else {
                 m::BACKOFF_LIMIT_GLOBAL
@@ -527,7 +527,7 @@ impl<'a> JobSync<'a> {
     }
 
     fn completions(&self) -> i32 {
-        util::completions(self.job()).unwrap_or(0)
+        job::completions(self.job()).unwrap_or(0)
     }
 
     /// The completion index of the `i`-th input pod.
@@ -607,8 +607,8 @@ impl<'a> JobSync<'a> {
         let mut active_valid = Vec::new();
         let mut terminating_valid = Vec::new();
         let mut new_completed = Vec::new();
-        let only_replace_failed = crate::util::only_replace_failed_pods(job);
-        let on_failure = crate::util::restarts_on_failure(job);
+        let only_replace_failed = job::only_replace_failed_pods(job);
+        let on_failure = job::restarts_on_failure(job);
         let mut restarts: i64 = 0;
         for (i, (pod, s)) in pods.iter().zip(self.summaries.iter()).enumerate() {
             let index = if self.indexed { s.index } else { None };
@@ -617,7 +617,7 @@ impl<'a> JobSync<'a> {
             let f = PodFacts {
                 index,
                 finalizer,
-                tracked: finalizer && (in_flight.is_empty() || !in_flight.contains(util::uid(pod))),
+                tracked: finalizer && (in_flight.is_empty() || !in_flight.contains(pod::uid(pod))),
                 succeeded: s.phase == PodPhase::Succeeded,
                 failed: s.is_failed(only_replace_failed),
             };
@@ -653,7 +653,7 @@ impl<'a> JobSync<'a> {
             if !f.tracked || (self.indexed && valid.is_none()) {
                 continue;
             }
-            let uncounted = |set: &HashSet<String>| !set.is_empty() && set.contains(util::uid(pod));
+            let uncounted = |set: &HashSet<String>| !set.is_empty() && set.contains(pod::uid(pod));
             if f.succeeded && !uncounted(&self.uncounted_succeeded) {
                 new_succeeded.push(i);
             }
@@ -686,7 +686,7 @@ impl<'a> JobSync<'a> {
             + non_ignored as i32
             + self.uncounted_failed.len() as i32;
 
-        if self.status.start_time.is_none() && !util::is_suspended(job) {
+        if self.status.start_time.is_none() && !job::is_suspended(job) {
             self.status.start_time = Some(Time(now));
         }
         let finished_at =
@@ -722,25 +722,25 @@ impl<'a> JobSync<'a> {
         }
         if self.finished_condition.is_none() {
             let start = self.status.start_time.as_ref().map(|t| t.0);
-            if self.failed > util::backoff_limit(job)
-                || (on_failure && crate::util::restarts_past_backoff_limit(job, restarts))
+            if self.failed > job::backoff_limit(job)
+                || (on_failure && job::restarts_past_backoff_limit(job, restarts))
             {
                 self.finished_condition = Some(failure_target(
                     cond::REASON_BACKOFF_LIMIT_EXCEEDED,
                     cond::MSG_BACKOFF_LIMIT_EXCEEDED,
                     now,
                 ));
-            } else if util::past_active_deadline(job, start, now) {
+            } else if job::past_active_deadline(job, start, now) {
                 self.finished_condition = Some(failure_target(
                     cond::REASON_DEADLINE_EXCEEDED,
                     cond::MSG_DEADLINE_EXCEEDED,
                     now,
                 ));
             } else if let (Some(ads), Some(start), false) =
-                (util::active_deadline(job), start, util::is_suspended(job))
+                (job::active_deadline(job), start, job::is_suspended(job))
             {
                 // Wake up exactly when the deadline passes.
-                let left = ads.saturating_sub(util::elapsed_since(start, now));
+                let left = ads.saturating_sub(job::elapsed_since(start, now));
                 self.outcome.requeue_after = min_requeue(self.outcome.requeue_after, left);
             }
         }
@@ -753,7 +753,7 @@ impl<'a> JobSync<'a> {
             self.succeeded_indexes = prev.merge(&IndexSet::from_sorted(&new_completed));
             self.prev_succeeded_indexes = prev;
             self.succeeded = self.succeeded_indexes.total() as i32;
-            if util::has_backoff_limit_per_index(job) {
+            if job::has_backoff_limit_per_index(job) {
                 let failed_indexes = self.failed_indexes_now();
                 if self.finished_condition.is_none() {
                     let max_failed = job.spec.as_ref().and_then(|s| s.max_failed_indexes);
@@ -915,7 +915,7 @@ impl<'a> JobSync<'a> {
             return;
         }
         self.phase = Phase::AfterManage;
-        if self.input.expectations_satisfied && !util::is_job_deleting(self.job()) {
+        if self.input.expectations_satisfied && !job::is_job_deleting(self.job()) {
             self.manage_called = true;
             self.manage_job();
         }
@@ -928,7 +928,7 @@ impl<'a> JobSync<'a> {
             match result {
                 Ok(()) => {
                     deleted += 1;
-                    self.outcome.events.push(events::deleted(util::name(pod)));
+                    self.outcome.events.push(events::deleted(pod::name(pod)));
                 }
                 Err(CallError::NotFound) => deleted += 1,
                 Err(e) => {
@@ -953,14 +953,14 @@ impl<'a> JobSync<'a> {
     /// Upstream `manageJob`: queue deletes or creates (never both).
     fn manage_job(&mut self) {
         let job = self.job();
-        if util::is_suspended(job) {
+        if job::is_suspended(job) {
             let pods = self.active_pods_for_removal(self.active_pods.len());
             self.metrics.action = m::ACTION_PODS_DELETED;
             self.queue_manage_deletes(pods);
             return;
         }
-        let parallelism = util::parallelism(job);
-        let want = match util::completions(job) {
+        let parallelism = job::parallelism(job);
+        let want = match job::completions(job) {
             None if self.succeeded > 0 => self.active,
             None => parallelism,
             Some(c) => (c - self.succeeded).min(parallelism).max(0),
@@ -977,7 +977,7 @@ impl<'a> JobSync<'a> {
             self.queue_manage_deletes(to_delete);
             return;
         }
-        let terminating = if util::only_replace_failed_pods(job) { self.terminating } else { 0 };
+        let terminating = if job::only_replace_failed_pods(job) { self.terminating } else { 0 };
         let diff = want - terminating - self.active;
         if diff <= 0 {
             self.metrics.action = m::ACTION_TRACKING;
@@ -985,7 +985,7 @@ impl<'a> JobSync<'a> {
         }
         self.metrics.action = m::ACTION_PODS_CREATED;
         let now = self.input.now;
-        if !util::has_backoff_limit_per_index(job) {
+        if !job::has_backoff_limit_per_index(job) {
             let left = self
                 .new_backoff
                 .as_ref()
@@ -1002,14 +1002,14 @@ impl<'a> JobSync<'a> {
             // firstPendingIndexes over the indexes gathered in `prepare`.
             let mut non_pending =
                 self.succeeded_indexes.merge(&IndexSet::from_sorted(&self.active_valid_indexes));
-            if util::only_replace_failed_pods(job) {
+            if job::only_replace_failed_pods(job) {
                 non_pending = non_pending.merge(&IndexSet::from_sorted(&self.terminating_indexes));
             }
             if let Some(failed) = self.failed_indexes.as_ref() {
                 non_pending = non_pending.merge(failed);
             }
             let mut indexes = leaf::first_pending_outside(&non_pending, self.completions(), diff);
-            if util::has_backoff_limit_per_index(job) {
+            if job::has_backoff_limit_per_index(job) {
                 let (now_ready, left) =
                     leaf::indexes_ready_to_create(&indexes, &self.delayed_deletion, now);
                 if now_ready.is_empty() && !left.is_zero() {
@@ -1062,7 +1062,7 @@ impl<'a> JobSync<'a> {
 
     /// `reason` label of `job_pods_creation_total` (upstream `recordJobPodsCreationTotal`).
     fn creation_reason(&self) -> &'static str {
-        if util::only_replace_failed_pods(self.job()) && self.failed > 0 {
+        if job::only_replace_failed_pods(self.job()) && self.failed > 0 {
             m::POD_RECREATE_FAILED
         } else if self.failed > 0 || self.terminating > 0 {
             m::POD_RECREATE_TERMINATING_OR_FAILED
@@ -1093,7 +1093,7 @@ impl<'a> JobSync<'a> {
             match result {
                 Ok(()) => {
                     removed += 1;
-                    self.outcome.events.push(events::deleted(util::name(pod)));
+                    self.outcome.events.push(events::deleted(pod::name(pod)));
                 }
                 Err(CallError::NotFound) => {
                     // Gone already: counts as removed, but no delete event will be observed.
@@ -1198,7 +1198,7 @@ impl<'a> JobSync<'a> {
         // Upstream evaluates completion and suspension only on the manageJob branch, even when
         // the finishing branch had to drop its verdict.
         if self.finished_condition.is_none() && !self.finishing {
-            let complete = match util::completions(job) {
+            let complete = match job::completions(job) {
                 None => self.succeeded > 0 && self.active == 0,
                 Some(c) => self.succeeded >= c && self.active == 0,
             };
@@ -1214,7 +1214,7 @@ impl<'a> JobSync<'a> {
                 let conditions = self.status.conditions.get_or_insert_with(Vec::new);
                 // Scheduling directives may change while suspended, so the deadline restarts
                 // on resume; activeDeadlineSeconds counts continuous active time.
-                let (status, reason, message, event, start_time) = if util::is_suspended(job) {
+                let (status, reason, message, event, start_time) = if job::is_suspended(job) {
                     let (r, m) = (cond::REASON_JOB_SUSPENDED, cond::MSG_JOB_SUSPENDED);
                     (cond::TRUE, r, m, events::suspended as fn() -> Event, None)
                 } else {
@@ -1261,7 +1261,7 @@ impl<'a> JobSync<'a> {
                 if !f.tracked {
                     continue;
                 }
-                let uid = util::uid(p);
+                let uid = pod::uid(p);
                 if self.uncounted_succeeded.contains(uid) || self.uncounted_failed.contains(uid) {
                     with_finalizer.insert(uid);
                 }
@@ -1290,7 +1290,7 @@ impl<'a> JobSync<'a> {
                 continue;
             }
             self.pods_to_remove_finalizer.push(pod);
-            let uid = util::uid(pod);
+            let uid = pod::uid(pod);
             if f.succeeded && !self.uncounted_failed.contains(uid) {
                 if self.indexed {
                     // The index alone prevents double counting; no UID bookkeeping.
@@ -1381,16 +1381,16 @@ impl<'a> JobSync<'a> {
 
     /// Upstream `canRemoveFinalizer`.
     fn can_remove_finalizer(&self, pod: &Pod, f: &PodFacts) -> bool {
-        if util::is_job_deleting(self.job()) || self.finished_condition.is_some() || f.succeeded {
+        if job::is_job_deleting(self.job()) || self.finished_condition.is_some() || f.succeeded {
             return true;
         }
         if !f.failed {
             return false;
         }
-        if util::has_backoff_limit_per_index(self.job())
+        if job::has_backoff_limit_per_index(self.job())
             && let Some(ix) = f.index
             && let Some(held) = self.delayed_deletion.get(&ix)
-            && util::uid(held) == util::uid(pod)
+            && pod::uid(held) == pod::uid(pod)
         {
             // Kept until its replacement exists, so the failure count can be copied over.
             return false;
@@ -1444,7 +1444,7 @@ impl<'a> JobSync<'a> {
             return;
         }
         let pods = std::mem::take(&mut self.pods_to_remove_finalizer);
-        let uids = pods.iter().map(|p| util::uid(p).to_string()).collect();
+        let uids = pods.iter().map(|p| pod::uid(p).to_string()).collect();
         self.queue.push_back(Step::Expectations(Expectations::ExpectFinalizerRemovals {
             pod_uids: uids,
         }));
@@ -1455,7 +1455,7 @@ impl<'a> JobSync<'a> {
     fn on_finalizers_removed(&mut self, pods: &[&'a Pod], results: Vec<Result<(), CallError>>) {
         let mut failed_uids = Vec::new();
         for (pod, result) in pods.iter().zip(results) {
-            let uid = util::uid(pod);
+            let uid = pod::uid(pod);
             match result {
                 Ok(()) => {
                     self.uids_with_finalizer.remove(uid);
@@ -1546,7 +1546,7 @@ impl<'a> JobSync<'a> {
         let Some(fc) = self.finished_condition.as_ref() else { return };
         self.outcome.finished = true;
         if fc.type_ == cond::COMPLETE {
-            if let Some(c) = util::completions(self.job())
+            if let Some(c) = job::completions(self.job())
                 && self.status.succeeded.unwrap_or(0) > c
             {
                 self.outcome.events.push(events::too_many_succeeded_pods());
@@ -1575,7 +1575,7 @@ impl<'a> JobSync<'a> {
                 0
             };
             self.metrics.finished_indexes_succeeded += succeeded_diff.max(0) as u64;
-            if util::has_backoff_limit_per_index(self.job())
+            if job::has_backoff_limit_per_index(self.job())
                 && st.failed_indexes != self.old_failed_indexes
             {
                 let new =
