@@ -16,7 +16,6 @@ pub mod conditions;
 pub mod events;
 pub mod indexes;
 pub mod job;
-mod leaf;
 pub mod metrics;
 pub mod ownership;
 pub mod pod;

@@ -1,6 +1,6 @@
-//! The narrow interface the sync engine needs from the leaf modules (`pod`, `indexes`,
-//! `pod_failure_policy`, `success_policy`, `backoff`, `template`), so the engine reads as the
-//! upstream `syncJob` does. Each function names the upstream function it matches.
+//! What the sync engine asks of the policy and index modules (`pod_failure_policy`,
+//! `success_policy`, `backoff`, `indexes`, `pod`), through a narrow interface, so the engine
+//! reads as the upstream `syncJob` does. Each function names the upstream function it matches.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

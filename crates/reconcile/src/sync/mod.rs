@@ -32,10 +32,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::backoff::BackoffRecord;
 use crate::conditions as cond;
 use crate::events::{self, Event};
-use crate::leaf::{self, IndexSet};
 use crate::metrics::{self as m, MetricDeltas};
 use crate::summary::{PodPhase, PodSummary};
 use crate::{job, pod};
+
+mod policy;
+
+use policy::IndexSet;
 
 /// Most pods recorded in `uncountedTerminatedPods` (plus new completed indexes) per sync.
 pub const MAX_UNCOUNTED_PODS: usize = 500;
@@ -556,7 +559,7 @@ impl<'a> JobSync<'a> {
             .zip(&self.facts)
             .filter_map(|(pod, f)| {
                 let ix = f.index.filter(|ix| *ix < completions)?;
-                (f.failed && f.finalizer && leaf::is_index_failed(job, pod)).then_some(ix)
+                (f.failed && f.finalizer && policy::is_index_failed(job, pod)).then_some(ix)
             })
             .collect();
         new.sort_unstable();
@@ -572,7 +575,7 @@ impl<'a> JobSync<'a> {
             let ix = f.index.filter(|ix| *ix < completions)?;
             (f.tracked && f.failed).then_some((ix, pod))
         });
-        leaf::delayed_deletion_among(
+        policy::delayed_deletion_among(
             candidates,
             &self.succeeded_indexes,
             failed_indexes,
@@ -678,7 +681,7 @@ impl<'a> JobSync<'a> {
         self.ready = ready;
         self.terminating = terminating;
         let non_ignored =
-            new_failed.iter().filter(|&&i| leaf::policy_counts_failure(job, &pods[i])).count();
+            new_failed.iter().filter(|&&i| policy::policy_counts_failure(job, &pods[i])).count();
         self.succeeded = self.status.succeeded.unwrap_or(0)
             + new_succeeded.len() as i32
             + self.uncounted_succeeded.len() as i32;
@@ -691,7 +694,7 @@ impl<'a> JobSync<'a> {
         }
         let finished_at =
             |i: &usize| self.summaries[*i].finished_at.unwrap_or(Timestamp::UNIX_EPOCH);
-        self.new_backoff = Some(leaf::new_backoff_record(
+        self.new_backoff = Some(policy::new_backoff_record(
             self.input.backoff,
             new_succeeded.iter().map(finished_at),
             new_failed.iter().map(finished_at),
@@ -707,7 +710,7 @@ impl<'a> JobSync<'a> {
                 cond::find(conditions, cond::FAILURE_TARGET).filter(|c| c.status == cond::TRUE);
             if let Some(target) = target {
                 self.finished_condition = Some(failed_from_target(target, now));
-            } else if let Some(msg) = leaf::fail_job_message(
+            } else if let Some(msg) = policy::fail_job_message(
                 job,
                 pods.iter().zip(&self.facts).filter(|(_, f)| f.failed).map(|(p, _)| p),
             ) {
@@ -779,7 +782,7 @@ impl<'a> JobSync<'a> {
                 self.failed_indexes = Some(failed_indexes);
             }
             if self.finished_condition.is_none()
-                && let Some(msg) = leaf::success_policy_message(job, &self.succeeded_indexes)
+                && let Some(msg) = policy::success_policy_message(job, &self.succeeded_indexes)
             {
                 self.finished_condition = Some(cond::new_condition(
                     cond::SUCCESS_CRITERIA_MET,
@@ -937,7 +940,7 @@ impl<'a> JobSync<'a> {
                 }
             }
             // Upstream counts a ready pod as removed even when its delete failed.
-            if leaf::is_ready(pod) {
+            if policy::is_ready(pod) {
                 deleted_ready += 1;
             }
         }
@@ -989,7 +992,7 @@ impl<'a> JobSync<'a> {
             let left = self
                 .new_backoff
                 .as_ref()
-                .map_or(Duration::ZERO, |r| leaf::backoff_remaining(r, now));
+                .map_or(Duration::ZERO, |r| policy::backoff_remaining(r, now));
             if !left.is_zero() {
                 self.outcome.requeue_after =
                     min_requeue(self.outcome.requeue_after, left.max(SYNC_JOB_BATCH_PERIOD));
@@ -1008,10 +1011,10 @@ impl<'a> JobSync<'a> {
             if let Some(failed) = self.failed_indexes.as_ref() {
                 non_pending = non_pending.merge(failed);
             }
-            let mut indexes = leaf::first_pending_outside(&non_pending, self.completions(), diff);
+            let mut indexes = policy::first_pending_outside(&non_pending, self.completions(), diff);
             if job::has_backoff_limit_per_index(job) {
                 let (now_ready, left) =
-                    leaf::indexes_ready_to_create(&indexes, &self.delayed_deletion, now);
+                    policy::indexes_ready_to_create(&indexes, &self.delayed_deletion, now);
                 if now_ready.is_empty() && !left.is_zero() {
                     self.outcome.requeue_after =
                         min_requeue(self.outcome.requeue_after, left.max(SYNC_JOB_BATCH_PERIOD));
@@ -1048,7 +1051,7 @@ impl<'a> JobSync<'a> {
         let indexes = self.indexed.then_some(self.active_index.as_slice());
         let summaries = &self.summaries;
         let key = |i: usize| summaries[self.active_positions[i] as usize].key;
-        leaf::active_pods_for_removal_with(
+        policy::active_pods_for_removal_with(
             self.job(),
             self.active_positions.len(),
             key,
@@ -1112,7 +1115,7 @@ impl<'a> JobSync<'a> {
             }
             // Upstream counts a ready pod as removed once its finalizer patch passed, even if
             // the delete then failed.
-            if patched && leaf::is_ready(pod) {
+            if patched && policy::is_ready(pod) {
                 removed_ready += 1;
             }
         }
@@ -1311,7 +1314,7 @@ impl<'a> JobSync<'a> {
                 && self.countable_index(i)
             {
                 // When the Job is failing, every unfinished tracked pod counts as failed.
-                let (counts, action) = leaf::failure_policy_outcome(job, pod);
+                let (counts, action) = policy::failure_policy_outcome(job, pod);
                 if let Some(action) = action {
                     *self.metrics.pod_failures_by_policy_action.entry(action).or_insert(0) += 1;
                 }
@@ -1569,8 +1572,8 @@ impl<'a> JobSync<'a> {
             let completions = self.completions();
             let now_completed = st.completed_indexes.clone().unwrap_or_default();
             succeeded_diff = if now_completed != self.old_completed_indexes {
-                leaf::count_indexes(&now_completed, completions) as i64
-                    - leaf::count_indexes(&self.old_completed_indexes, completions) as i64
+                policy::count_indexes(&now_completed, completions) as i64
+                    - policy::count_indexes(&self.old_completed_indexes, completions) as i64
             } else {
                 0
             };
@@ -1578,13 +1581,15 @@ impl<'a> JobSync<'a> {
             if job::has_backoff_limit_per_index(self.job())
                 && st.failed_indexes != self.old_failed_indexes
             {
-                let new =
-                    st.failed_indexes.as_deref().map_or(0, |s| leaf::count_indexes(s, completions))
-                        as i64;
+                let new = st
+                    .failed_indexes
+                    .as_deref()
+                    .map_or(0, |s| policy::count_indexes(s, completions))
+                    as i64;
                 let old = self
                     .old_failed_indexes
                     .as_deref()
-                    .map_or(0, |s| leaf::count_indexes(s, completions))
+                    .map_or(0, |s| policy::count_indexes(s, completions))
                     as i64;
                 self.metrics.finished_indexes_failed += (new - old).max(0) as u64;
             }
