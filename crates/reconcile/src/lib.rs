@@ -6,8 +6,10 @@
 //! status) whose results the worker feeds back with [`JobSync::report`], ending in an
 //! [`Outcome`] (events, metric deltas, requeue delay, backoff record to persist).
 //! [`validation`] holds the API server's status-update rules, [`conditions`] and [`events`] the
-//! exact upstream reasons and messages; the other modules are the pod/index/policy helpers the
-//! engine is built from.
+//! exact upstream reasons and messages. [`job`], [`pod`] and [`selector`] are the helpers the
+//! rest builds on (they import nothing from the index or policy modules), [`ownership`] the
+//! `ClaimPods` decision; the other modules are the index and policy helpers the engine is built
+//! from.
 
 #![warn(missing_docs)]
 
