@@ -261,7 +261,7 @@ fn bench_summarize(c: &mut Criterion) {
 fn bench_floor(c: &mut Criterion) {
     per_pod_group(c, "floor/read_index", 20, steady_pods, |pods| {
         let sum: i64 =
-            pods.iter().filter_map(kjob_reconcile::indexes::completion_index).map(i64::from).sum();
+            pods.iter().filter_map(kjob_reconcile::pod::completion_index).map(i64::from).sum();
         black_box(sum);
     });
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use crate::indexes::index_absolute_failure_count;
-use crate::util::finished_time;
+use crate::pod::finished_time;
 
 /// Delay after the first consecutive failure (upstream `DefaultJobPodFailureBackOff`).
 pub const DEFAULT_POD_FAILURE_BACKOFF: Duration = Duration::from_secs(10);

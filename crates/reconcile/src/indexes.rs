@@ -7,16 +7,14 @@ use std::fmt;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kjob_core::{
-    JOB_COMPLETION_INDEX_ANNOTATION, JOB_INDEX_FAILURE_COUNT_ANNOTATION,
-    JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION,
-};
+use kjob_core::{JOB_INDEX_FAILURE_COUNT_ANNOTATION, JOB_INDEX_IGNORED_FAILURE_COUNT_ANNOTATION};
 
-use crate::pod_failure_policy::{PodFailurePolicyAction, match_pod_failure_policy};
-use crate::util::{
-    RemovalKey, completions, finished_time, has_tracking_finalizer, is_pod_failed,
-    is_valid_tracked_pod, only_replace_failed_pods, removal_key, terminating_pods,
+use crate::job::{completions, only_replace_failed_pods};
+use crate::pod::{
+    RemovalKey, completion_index, finished_time, has_tracking_finalizer, is_pod_failed,
+    is_valid_tracked_pod, removal_key, terminating_pods,
 };
+use crate::pod_failure_policy::{PodFailurePolicyAction, match_pod_failure_policy};
 
 /// A closed range of indexes `first..=last`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,22 +175,6 @@ impl fmt::Display for OrderedIntervals {
     }
 }
 
-fn parse_non_negative(v: &str) -> Option<i32> {
-    v.parse::<i32>().ok().filter(|i| *i >= 0)
-}
-
-/// The pod's completion index, read from the `batch.kubernetes.io/job-completion-index`
-/// annotation only; `None` when missing, unparsable or negative (upstream `getCompletionIndex`).
-/// The label of the same name is not consulted: a pod whose annotation is gone is index-less,
-/// so the Job deletes and replaces it as upstream does.
-pub fn completion_index(pod: &Pod) -> Option<i32> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION))
-        .and_then(|v| parse_non_negative(v))
-}
-
 /// Indexes of `pods` that have a valid index (upstream `getIndexes`).
 pub fn indexes_of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeSet<i32> {
     pods.into_iter().filter_map(completion_index).collect()
@@ -206,7 +188,7 @@ pub fn calculate_succeeded_indexes<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
 ) -> (OrderedIntervals, OrderedIntervals) {
     let recorded = job.status.as_ref().and_then(|s| s.completed_indexes.as_deref());
-    recorded_and_tracked(job, recorded, pods, crate::util::is_succeeded)
+    recorded_and_tracked(job, recorded, pods, crate::pod::is_succeeded)
 }
 
 /// `status.failedIndexes` plus the indexes of tracked pods whose failure fails the index
@@ -311,7 +293,7 @@ pub(crate) fn first_pending_outside(
 
 /// Splits active pods of an Indexed Job into (to remove, to keep): pods without a valid index or
 /// with index ≥ `completions` are removed, and of each duplicated index all but the pod that sorts
-/// last in [`crate::util::active_pods_order`] (the most advanced one) (upstream
+/// last in upstream `ActivePods` order ([`RemovalKey`]) (the most advanced one) (upstream
 /// `appendDuplicatedIndexPodsForRemoval`).
 pub fn duplicated_index_pods_for_removal<'a>(
     pods: &[&'a Pod],
@@ -455,6 +437,8 @@ pub fn new_index_failure_counts(job: &Job, replaced: Option<&Pod>) -> (i32, i32)
 #[cfg(test)]
 #[allow(clippy::type_complexity)] // Table rows are spelled out as tuples on purpose.
 mod tests {
+    use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
+
     use super::*;
     use crate::testutil::{at, exit_code_rule, mk_job, mk_pod};
 
@@ -766,7 +750,7 @@ mod tests {
                 .as_ref()
                 .and_then(|a| a.get(JOB_COMPLETION_INDEX_ANNOTATION).cloned())
                 .unwrap_or_else(|| "-".to_string());
-            (ix, crate::util::phase(p).to_string())
+            (ix, crate::pod::phase(p).to_string())
         };
         let sorted = |mut v: Vec<(String, String)>| {
             v.sort();
@@ -846,33 +830,6 @@ mod tests {
         assert_eq!(delayed.len(), 2500);
         let (rm, left) = duplicated_index_pods_for_removal(&active, n);
         assert_eq!((rm.len(), left.len()), (0, 5000));
-    }
-
-    #[test]
-    fn completion_index_sources() {
-        let job = mk_job("j").build();
-        let p = |f: fn(crate::testutil::PodBuilder) -> crate::testutil::PodBuilder| {
-            f(mk_pod(&job, "p")).build()
-        };
-        assert_eq!(completion_index(&p(|b| b.index(4))), Some(4));
-        // The label alone gives no index (upstream reads only the annotation).
-        assert_eq!(completion_index(&p(|b| b.label(JOB_COMPLETION_INDEX_ANNOTATION, "6"))), None);
-        // The annotation wins over a contradicting label.
-        assert_eq!(
-            completion_index(&p(|b| b
-                .annotation(JOB_COMPLETION_INDEX_ANNOTATION, "2")
-                .label(JOB_COMPLETION_INDEX_ANNOTATION, "6"))),
-            Some(2)
-        );
-        assert_eq!(
-            completion_index(&p(|b| b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, "-1"))),
-            None
-        );
-        assert_eq!(
-            completion_index(&p(|b| b.annotation(JOB_COMPLETION_INDEX_ANNOTATION, "x"))),
-            None
-        );
-        assert_eq!(completion_index(&p(|b| b)), None);
     }
 
     #[test]

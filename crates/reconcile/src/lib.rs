@@ -6,8 +6,10 @@
 //! status) whose results the worker feeds back with [`JobSync::report`], ending in an
 //! [`Outcome`] (events, metric deltas, requeue delay, backoff record to persist).
 //! [`validation`] holds the API server's status-update rules, [`conditions`] and [`events`] the
-//! exact upstream reasons and messages; the other modules are the pod/index/policy helpers the
-//! engine is built from.
+//! exact upstream reasons and messages. [`job`], [`pod`] and [`selector`] are the helpers the
+//! rest builds on (they import nothing from the index or policy modules), [`ownership`] the
+//! `ClaimPods` decision; the other modules are the index and policy helpers the engine is built
+//! from.
 
 #![warn(missing_docs)]
 
@@ -15,9 +17,12 @@ pub mod backoff;
 pub mod conditions;
 pub mod events;
 pub mod indexes;
-mod leaf;
+pub mod job;
 pub mod metrics;
+pub mod ownership;
+pub mod pod;
 pub mod pod_failure_policy;
+pub mod removal;
 pub mod selector;
 pub mod success_policy;
 pub mod summary;
@@ -25,10 +30,10 @@ pub mod sync;
 pub mod template;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
-pub mod util;
 pub mod validation;
 
 pub use backoff::BackoffRecord;
+pub use ownership::{Claim, ClaimFacts, Owner, claim};
 pub use summary::{PodSummary, SummarizedPods};
 pub use sync::{
     BackoffUpdate, CallError, Expectations, JobSync, Outcome, PodRef, Report, Skipped, Step,

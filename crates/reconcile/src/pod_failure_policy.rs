@@ -6,7 +6,7 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 
-use crate::util::is_pod_failed;
+use crate::pod::is_pod_failed;
 
 /// A pod-failure-policy rule action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -16,8 +16,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 
-use crate::indexes::completion_index;
-use crate::util::{self, RemovalKey};
+use crate::pod::{self, RemovalKey, completion_index};
 
 /// A pod's phase, as far as the Job controller tells phases apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,11 +39,11 @@ impl PodPhase {
     /// Parses `status.phase` (`""` when unset).
     pub fn parse(phase: &str) -> Self {
         match phase {
-            util::PHASE_PENDING => PodPhase::Pending,
-            util::PHASE_RUNNING => PodPhase::Running,
-            util::PHASE_SUCCEEDED => PodPhase::Succeeded,
-            util::PHASE_FAILED => PodPhase::Failed,
-            util::PHASE_UNKNOWN => PodPhase::Unknown,
+            pod::PHASE_PENDING => PodPhase::Pending,
+            pod::PHASE_RUNNING => PodPhase::Running,
+            pod::PHASE_SUCCEEDED => PodPhase::Succeeded,
+            pod::PHASE_FAILED => PodPhase::Failed,
+            pod::PHASE_UNKNOWN => PodPhase::Unknown,
             _ => PodPhase::Other,
         }
     }
@@ -56,7 +55,7 @@ impl PodPhase {
 }
 
 /// Everything the sync engine reads of one pod on its pass over all of them (see the module
-/// docs). Each answer equals the `util` / `indexes` function of the same name on the Pod.
+/// docs). Each answer equals the `pod` / `indexes` function of the same name on the Pod.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PodSummary {
     /// Completion index from the annotation only; `None` when missing or invalid.
@@ -78,16 +77,16 @@ pub struct PodSummary {
 impl PodSummary {
     /// Reads the summary off a Pod.
     pub fn of(pod: &Pod) -> Self {
-        let phase = PodPhase::parse(util::phase(pod));
-        let deleting = util::is_deleting(pod);
+        let phase = PodPhase::parse(pod::phase(pod));
+        let deleting = pod::is_deleting(pod);
         PodSummary {
             index: completion_index(pod),
             phase,
             deleting,
-            finalizer: util::has_tracking_finalizer(pod),
-            key: util::removal_key(pod),
-            restarts_total: util::total_restarts(pod),
-            finished_at: (phase.is_terminal() || deleting).then(|| util::finished_time(pod)),
+            finalizer: pod::has_tracking_finalizer(pod),
+            key: pod::removal_key(pod),
+            restarts_total: pod::total_restarts(pod),
+            finished_at: (phase.is_terminal() || deleting).then(|| pod::finished_time(pod)),
         }
     }
 
@@ -106,23 +105,23 @@ impl PodSummary {
         self.phase
     }
 
-    /// Carries the tracking finalizer ([`util::has_tracking_finalizer`]).
+    /// Carries the tracking finalizer ([`pod::has_tracking_finalizer`]).
     pub fn has_tracking_finalizer(&self) -> bool {
         self.finalizer
     }
 
-    /// Not terminal and not being deleted ([`util::is_active`]).
+    /// Not terminal and not being deleted ([`pod::is_active`]).
     pub fn is_active(&self) -> bool {
         !self.phase.is_terminal() && !self.deleting
     }
 
-    /// Being deleted but not terminal ([`util::is_terminating`]).
+    /// Being deleted but not terminal ([`pod::is_terminating`]).
     pub fn is_terminating(&self) -> bool {
         !self.phase.is_terminal() && self.deleting
     }
 
-    /// Upstream `isPodFailed` ([`util::is_pod_failed`]), given the Job's
-    /// [`util::only_replace_failed_pods`].
+    /// Upstream `isPodFailed` ([`pod::is_pod_failed`]), given the Job's
+    /// [`crate::job::only_replace_failed_pods`].
     pub fn is_failed(&self, only_replace_failed_pods: bool) -> bool {
         match self.phase {
             PodPhase::Failed => true,
@@ -131,12 +130,12 @@ impl PodSummary {
         }
     }
 
-    /// The deletion-order key ([`util::removal_key`]).
+    /// The deletion-order key ([`pod::removal_key`]).
     pub fn removal_key(&self) -> RemovalKey {
         self.key
     }
 
-    /// When the pod finished ([`util::finished_time`]); `None` unless terminal or deleting.
+    /// When the pod finished ([`pod::finished_time`]); `None` unless terminal or deleting.
     pub fn finished_at(&self) -> Option<Timestamp> {
         self.finished_at
     }
@@ -237,11 +236,12 @@ impl<'de> Deserialize<'de> for SummarizedPods {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{at, mk_job, mk_pod};
-    use crate::util::{
+    use crate::job::only_replace_failed_pods;
+    use crate::pod::{
         finished_time, has_tracking_finalizer, is_active, is_pod_failed, is_terminating,
-        only_replace_failed_pods, removal_key,
+        removal_key,
     };
+    use crate::testutil::{at, mk_job, mk_pod};
     use proptest::prelude::*;
 
     /// A pod built from random choices of everything the summary reads.
@@ -314,7 +314,7 @@ mod tests {
             prop_assert_eq!(s.is_terminating(), is_terminating(&pod));
             prop_assert_eq!(s.is_failed(only_replace_failed_pods(&job)), is_pod_failed(&pod, &job));
             prop_assert_eq!(s.removal_key(), removal_key(&pod));
-            prop_assert_eq!(s.restarts_total, util::total_restarts(&pod));
+            prop_assert_eq!(s.restarts_total, pod::total_restarts(&pod));
             if s.phase().is_terminal() || deleting {
                 prop_assert_eq!(s.finished_at(), Some(finished_time(&pod)));
             } else {

@@ -15,7 +15,7 @@ use kjob_core::{
 };
 
 use crate::indexes::new_index_failure_counts;
-use crate::util::{POD_REPLACEMENT_POLICY_FAILED, has_backoff_limit_per_index, is_indexed};
+use crate::job::{POD_REPLACEMENT_POLICY_FAILED, has_backoff_limit_per_index, is_indexed};
 
 /// Longest generateName prefix the API server keeps whole (upstream `names.MaxGeneratedNameLength`:
 /// 63 minus the 5 random characters).

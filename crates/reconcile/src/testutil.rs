@@ -8,13 +8,13 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::indexes::completion_index;
-use crate::util::{
-    PHASE_PENDING, PHASE_RUNNING, RemovalKey, active_pods_for_removal_with, controller_ref,
-    is_active, is_indexed, is_pod_failed, is_ready, is_succeeded, is_valid_tracked_pod,
-    max_container_restarts, node_name, phase, phase_rank, ready_since, removal_key,
-    restarts_on_failure, restarts_past_backoff_limit, total_restarts, uid,
+use crate::job::{is_indexed, restarts_on_failure, restarts_past_backoff_limit};
+use crate::pod::{
+    PHASE_PENDING, PHASE_RUNNING, RemovalKey, completion_index, controller_ref, is_active,
+    is_pod_failed, is_ready, is_succeeded, is_valid_tracked_pod, max_container_restarts, node_name,
+    phase, phase_rank, ready_since, removal_key, total_restarts, uid,
 };
+use crate::removal::active_pods_for_removal_with;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, JobStatus, PodFailurePolicy, PodFailurePolicyRule, SuccessPolicy,
@@ -729,7 +729,7 @@ pub fn active_pods_for_removal<'a>(
 
 /// Finished pods not yet accounted for: tracked (finalizer), not in `uncounted`, not awaiting a
 /// finalizer removal, with a valid index for Indexed Jobs; split into (succeeded, failed) where
-/// failed follows [`is_pod_failed`](crate::util::is_pod_failed) (upstream `getNewFinishedPods` / `getValidPodsWithFilter`).
+/// failed follows [`is_pod_failed`](crate::pod::is_pod_failed) (upstream `getNewFinishedPods` / `getValidPodsWithFilter`).
 pub fn new_finished_pods<'a>(
     job: &Job,
     pods: impl IntoIterator<Item = &'a Pod>,

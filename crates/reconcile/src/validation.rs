@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
 
 use crate::conditions as cond;
-use crate::util;
+use crate::job;
 
 fn true_cond(conds: &[JobCondition], type_: &str) -> bool {
     cond::has_true(conds, type_)
@@ -123,7 +123,7 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
         errs.push("status.failed: cannot decrease".into());
     }
     let elastic_indexed =
-        util::is_indexed(old) && util::completions(old) == Some(util::parallelism(old));
+        job::is_indexed(old) && job::completions(old) == Some(job::parallelism(old));
     if n(new.succeeded) < n(old_status.succeeded) && !elastic_indexed {
         errs.push("status.succeeded: cannot decrease".into());
     }
@@ -185,19 +185,16 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
     // Resuming a Job suspended by an older controller (start time kept) must be able to reset
     // it, as newer API servers allow; a Job that never was suspended may not move it.
     let was_suspended = true_cond(old_conds, cond::SUSPENDED);
-    if start_changed
-        && !util::is_suspended(old)
-        && !was_suspended
-        && old_status.start_time.is_some()
+    if start_changed && !job::is_suspended(old) && !was_suspended && old_status.start_time.is_some()
     {
         errs.push("status.startTime: cannot be changed for an unsuspended job".into());
     }
 
-    let completions = util::completions(old).unwrap_or(0);
+    let completions = job::completions(old).unwrap_or(0);
     let completed = if completed_changed || failed_indexes_changed {
         match new.completed_indexes.as_deref().filter(|s| !s.is_empty()) {
             Some(s) => {
-                if completed_changed && !util::is_indexed(old) {
+                if completed_changed && !job::is_indexed(old) {
                     errs.push("status.completedIndexes: only for Indexed jobs".into());
                 }
                 match parse_strict(s, completions) {
@@ -218,7 +215,7 @@ pub fn status_update_errors(old: &Job, new: &JobStatus) -> Vec<String> {
     if let Some(s) = new.failed_indexes.as_deref()
         && (failed_indexes_changed || completed_changed)
     {
-        if failed_indexes_changed && !util::has_backoff_limit_per_index(old) {
+        if failed_indexes_changed && !job::has_backoff_limit_per_index(old) {
             errs.push("status.failedIndexes: only with backoffLimitPerIndex".into());
         }
         match parse_strict(s, completions) {

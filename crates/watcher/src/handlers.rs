@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE};
-use kjob_reconcile::util::{Claim, ClaimFacts, Owner};
+use kjob_reconcile::{Claim, ClaimFacts, Owner};
 
 use crate::cache::{ControllerRef, JobInfo, PodInfo, Store};
 use crate::view::ViewWrite;

@@ -4,7 +4,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
-use kjob_reconcile::util::{Claim, claim};
+use kjob_reconcile::{Claim, claim};
 
 use crate::kube_api::ApiError;
 use crate::worker::{SyncError, SyncOutcome, Worker};

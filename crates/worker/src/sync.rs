@@ -12,11 +12,11 @@ use kjob_queue_client::v1;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::selector::Selector;
-use kjob_reconcile::util::{Claim, claim};
 use kjob_reconcile::{
     BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
     SummarizedPods, SyncInput,
 };
+use kjob_reconcile::{Claim, claim};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;

@@ -1,6 +1,6 @@
-//! The narrow interface the sync engine needs from the leaf modules (`util`, `indexes`,
-//! `pod_failure_policy`, `success_policy`, `backoff`, `template`), so the engine reads as the
-//! upstream `syncJob` does. Each function names the upstream function it matches.
+//! What the sync engine asks of the policy and index modules (`pod_failure_policy`,
+//! `success_policy`, `backoff`, `indexes`, `pod`), through a narrow interface, so the engine
+//! reads as the upstream `syncJob` does. Each function names the upstream function it matches.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::backoff::{self, BackoffRecord};
 use crate::pod_failure_policy::match_pod_failure_policy;
-use crate::{indexes, success_policy, util};
+use crate::{indexes, pod, success_policy};
 
 /// Ordered set of completion indexes (upstream `orderedIntervals`).
 pub type IndexSet = indexes::OrderedIntervals;
@@ -21,11 +21,11 @@ pub fn count_indexes(s: &str, completions: i32) -> usize {
     IndexSet::parse(s, completions).total()
 }
 
-pub use util::is_ready;
+pub use pod::is_ready;
 
+pub(crate) use crate::removal::active_pods_for_removal_with;
 pub use indexes::is_index_failed;
 pub(crate) use indexes::{delayed_deletion_among, first_pending_outside};
-pub(crate) use util::active_pods_for_removal_with;
 
 fn policy(job: &Job) -> Option<&k8s_openapi::api::batch::v1::PodFailurePolicy> {
     job.spec.as_ref().and_then(|s| s.pod_failure_policy.as_ref())
