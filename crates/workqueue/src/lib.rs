@@ -1,4 +1,7 @@
-//! Redis-backed distributed workqueue: data model, Lua scripts, rate limiters, expectations.
+//! kjob's Redis data model: the distributed workqueue, and beside it the state kept per Job —
+//! expectations, records (backoff), the shared Job view ([`view`]) and the event correlator
+//! ([`events`]). They live in one crate because one script often touches several of them (an
+//! Add applies a pod event's view write, its observations and the enqueue at once).
 //!
 //! The semantics are client-go's rate-limiting delaying workqueue, made distributed: every
 //! operation is one Lua script, so it is atomic across any number of kjob-queue replicas, and the
