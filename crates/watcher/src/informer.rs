@@ -198,6 +198,17 @@ impl Informer {
         handlers::enqueue_all_jobs(&self.cfg, &self.store)
     }
 
+    /// The periodic resync: every managed Job, and every cached pod that still needs its
+    /// tracking finalizer removed (as at a takeover). Upstream's informer resync reaches such
+    /// pods through `updatePod`; here it also repairs a Redis that lost the orphan queue (wiped,
+    /// or failed over to a replica that missed the last writes), which would otherwise leave
+    /// those pods Terminating until the next leader change.
+    pub fn resync(&self) -> Vec<Enqueue> {
+        let mut out = self.enqueue_all();
+        out.extend(handlers::orphans_of_cached_pods(&self.cfg, &self.store));
+        out
+    }
+
     /// What a watcher that starts leading with a synced cache enqueues: every managed Job, and
     /// the orphan-queue entries the pod add handler gives for the cached pods (upstream's
     /// initial list goes through `addPod`; see [`handlers::orphans_of_cached_pods`]). Counts
@@ -872,6 +883,28 @@ mod tests {
             ]
         );
         assert!(out.iter().all(|e| e.observations.is_empty()), "no observation is replayed");
+    }
+
+    /// The periodic resync points out a pod that kept its tracking finalizer after its Job
+    /// vanished, as a takeover does: an orphan-queue entry lost with Redis comes back.
+    #[test]
+    fn resync_points_out_pods_that_kept_their_finalizer() {
+        let mut inf = synced();
+        assert!(inf.job_event(Event::Apply(job("a", "1")), true, now()).is_empty());
+        let mut orphan = pod("orphan", "none", "4");
+        orphan.controller = None;
+        let mut plain = pod("plain", "none", "5");
+        plain.controller = None;
+        plain.has_tracking_finalizer = false;
+        inf.pod_event(Event::Apply(orphan), true);
+        inf.pod_event(Event::Apply(plain), true);
+        let got: Vec<_> = inf.resync().iter().map(|e| (e.queue, e.key.clone())).collect();
+        assert_eq!(
+            got,
+            [(JOB_QUEUE, "ns/a".to_string()), (ORPHAN_POD_QUEUE, "ns/orphan".to_string())]
+        );
+        let jobs_only: Vec<_> = inf.enqueue_all().iter().map(|e| e.key.clone()).collect();
+        assert_eq!(jobs_only, ["ns/a"]);
     }
 
     #[test]

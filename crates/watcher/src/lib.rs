@@ -289,7 +289,7 @@ async fn event_loop(
             _ = resync.tick() => {
                 if is_leader && informer.synced() {
                     tracing::debug!(jobs = informer.store().job_count(), "periodic resync");
-                    informer.enqueue_all()
+                    informer.resync()
                 } else {
                     vec![]
                 }
