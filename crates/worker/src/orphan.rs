@@ -4,6 +4,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
+use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::util::{Claim, claim};
 
 use crate::kube_api::ApiError;
@@ -66,17 +67,13 @@ pub fn controller_of(pod: &Pod) -> Controller {
     Controller::Job { name: owner.name.clone(), uid: owner.uid.clone() }
 }
 
-/// Whether a Job has a `Complete` or `Failed` condition with status True (upstream
-/// `IsJobFinished`).
-pub use kjob_reconcile::conditions::is_finished as is_job_finished;
-
 /// Whether upstream `ClaimPods` would release `pod` from `job` (its controller): the Job is
 /// running (upstream's sync of a finished Job stops before claiming) and not being deleted,
 /// the pod is not being deleted, and the Job's selector no longer matches the pod's labels. A
 /// Job whose selector cannot be compiled never releases (its syncs refuse to run at all); one
 /// whose selector is empty matches, so keeps, every pod.
 pub fn should_release(pod: &Pod, job: &Job) -> bool {
-    if pod.metadata.deletion_timestamp.is_some() || is_job_finished(job) {
+    if pod.metadata.deletion_timestamp.is_some() || is_finished(job) {
         return false;
     }
     let Ok(selector) = crate::sync::job_selector(job) else { return false };
@@ -113,7 +110,7 @@ pub fn decide(
             let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
             if !kjob_core::manages(managed_by, controller_name, manage_all) {
                 OrphanDecision::Keep("Job is managed by another controller")
-            } else if !is_job_finished(job) {
+            } else if !is_finished(job) {
                 OrphanDecision::Keep("Job is running; it owns the pod")
             } else {
                 OrphanDecision::RemoveFinalizer

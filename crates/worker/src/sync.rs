@@ -9,6 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
 use kjob_queue_client::v1;
+use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::selector::Selector;
@@ -27,7 +28,6 @@ use crate::lease::Raised;
 use crate::metrics::{
     ActionLabels, CreationLabels, FinishedLabels, IndexesLabels, PodsFinishedLabels, SyncLabels,
 };
-use crate::orphan::is_job_finished;
 use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// Name of the per-Job record holding the pod-failure backoff state in the queue service.
@@ -139,7 +139,7 @@ impl Worker {
         if !kjob_core::manages(managed_by, &self.controller_name, self.manage_all) {
             return Ok(SyncOutcome::Done);
         }
-        if is_job_finished(&job) {
+        if is_finished(&job) {
             return Ok(SyncOutcome::Done);
         }
         let uid = job.metadata.uid.clone().unwrap_or_default();
