@@ -8,7 +8,9 @@
 //! own Done at once, so a finished lease is never held back for long.
 //!
 //! The loop meets the queue service through [`LeaseSource`] and the syncs through [`Syncer`]
-//! ([`QueueClient`] and [`Worker`] in the service), so its timing (renew margin, shutdown grace,
+//! ([`QueueClient`] and `Worker` in the service): it parses each leased key once, hands the
+//! sync a [`LeasedJob`] and makes the Done of the [`SyncResult`] it returns, knowing nothing
+//! of how a sync works. Its timing (renew margin, shutdown grace,
 //! wind-down) is tested on tokio's paused clock without a process.
 
 use std::future::Future;
@@ -16,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
-use kjob_core::{JOB_QUEUE, MAX_DONE_BATCH};
+use kjob_core::{MAX_DONE_BATCH, ObjectKey};
 use kjob_queue_client::v1::{self, LeasedItem};
 use kjob_queue_client::{ClientError, LeaseCall, Outcome, QueueClient, done_request};
 use kjob_svc::{Backoff, Shutdown};
@@ -26,9 +28,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::context::{Journal, LeasedJob, Owed, SyncOutcome, SyncResult};
 use crate::metrics::{Metrics, OutcomeLabels};
-use crate::sync::BACKOFF_RECORD;
-use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// Long-poll wait of one Lease call: long enough to keep idle workers quiet, short enough that
 /// a lost connection is noticed soon.
@@ -61,6 +62,9 @@ pub struct LeaseSettings {
     pub worker_id: String,
     /// How long in-flight syncs may run after shutdown before being handed back.
     pub shutdown_grace: Duration,
+    /// Bring each leased key's shared view with these per-Job records (Job queue only;
+    /// `None`: no views).
+    pub view_records: Option<&'static [&'static str]>,
 }
 
 /// What a lease's Done writes before it ends the lease (Job queue only).
@@ -73,85 +77,6 @@ pub struct WriteBack {
     /// The finalizer removals the sync expects after making them (see [`Raised`]).
     pub removals: Option<v1::ExpectFinalizerRemovalsRequest>,
 }
-
-/// Where a sync that created pods before raising its expectations keeps the record it owes,
-/// and one that removed tracking finalizers before expecting the removals keeps those
-/// (`Worker::drive` explains why). The lease loop owns it, so that the Done carries them even
-/// when the sync future is dropped at the wind-down limit.
-#[derive(Debug, Default)]
-pub struct Raised {
-    /// The record owed.
-    owed: Mutex<Option<v1::SetExpectationsRequest>>,
-    /// The finalizer removals owed.
-    removals: Mutex<Option<v1::ExpectFinalizerRemovalsRequest>>,
-    /// Whether a record may be owed at all: the queue service applies a Done's expectations
-    /// (`LeasedItem.done_raises_expectations`; one from before that field ignores them, so
-    /// syncs raise their records before the creates, as upstream).
-    pub deferrable: bool,
-    /// Whether removals may be owed at all (`LeasedItem.done_expects_finalizer_removals`;
-    /// otherwise syncs expect them before removing, as upstream).
-    pub removals_deferrable: bool,
-}
-
-impl Raised {
-    /// A slot syncs may leave a record in when `deferrable`, and finalizer removals when
-    /// `removals_deferrable`.
-    pub fn new(deferrable: bool, removals_deferrable: bool) -> Self {
-        Self { deferrable, removals_deferrable, ..Self::default() }
-    }
-
-    /// The finalizer removals owed, to read or change.
-    fn owed_removals(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Option<v1::ExpectFinalizerRemovalsRequest>> {
-        self.removals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Owes the Done the expectation of removing the finalizers of `pod_uids` (Job `key`,
-    /// UID `job_uid`).
-    pub fn owe_removals(&self, key: &str, job_uid: &str, pod_uids: Vec<String>) {
-        let mut owed = self.owed_removals();
-        let r = owed.get_or_insert_with(|| v1::ExpectFinalizerRemovalsRequest {
-            key: key.to_string(),
-            job_uid: job_uid.to_string(),
-            pod_uids: Vec::new(),
-        });
-        r.pod_uids.extend(pod_uids);
-    }
-
-    /// Drops `pod_uids` (removals that failed) from the removals owed; returns those that were
-    /// not owed (expected already, so the queue service must forget them).
-    pub fn forgive_removals(&self, pod_uids: Vec<String>) -> Vec<String> {
-        let mut owed = self.owed_removals();
-        let Some(r) = owed.as_mut() else { return pod_uids };
-        let (forgiven, rest): (Vec<String>, Vec<String>) =
-            pod_uids.into_iter().partition(|p| r.pod_uids.contains(p));
-        r.pod_uids.retain(|p| !forgiven.contains(p));
-        if r.pod_uids.is_empty() {
-            *owed = None;
-        }
-        rest
-    }
-
-    /// Takes the finalizer removals owed.
-    pub fn take_removals(&self) -> Option<v1::ExpectFinalizerRemovalsRequest> {
-        self.owed_removals().take()
-    }
-
-    /// The record owed, to read or change.
-    pub fn owed(&self) -> std::sync::MutexGuard<'_, Option<v1::SetExpectationsRequest>> {
-        self.owed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Takes the record owed.
-    pub fn take(&self) -> Option<v1::SetExpectationsRequest> {
-        self.owed().take()
-    }
-}
-/// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).
-pub type View = Option<v1::GetJobViewResponse>;
-/// How a sync ended, and the Job object it hands back for the shared view.
-pub type Synced = (Result<SyncOutcome, SyncError>, Option<v1::PutJobViewRequest>);
 
 /// A lease whose sync has ended, waiting for its Done.
 #[derive(Debug, Clone)]
@@ -169,8 +94,8 @@ pub trait Call<T>: Future<Output = Result<T, ClientError>> + Send {}
 impl<T, F: Future<Output = Result<T, ClientError>> + Send> Call<T> for F {}
 
 /// One sync of a leased key.
-pub trait SyncFuture: Future<Output = Synced> + Send {}
-impl<F: Future<Output = Synced> + Send> SyncFuture for F {}
+pub trait SyncFuture: Future<Output = SyncResult> + Send {}
+impl<F: Future<Output = SyncResult> + Send> SyncFuture for F {}
 
 /// The queue service as the lease loop uses it.
 pub trait LeaseSource: Clone + Send + Sync + 'static {
@@ -201,21 +126,20 @@ impl LeaseSource for QueueClient {
         finished: &[Finished],
         wait: bool,
     ) -> impl Call<(Vec<LeasedItem>, bool)> {
-        let LeaseSettings { queue, lease, worker_id, .. } = settings;
+        let LeaseSettings { queue, lease, worker_id, view_records, .. } = settings;
         let dones = finished
             .iter()
             .map(|f| done_writing(queue, &f.item, f.outcome, f.back.clone()))
             .collect();
         let ends: Vec<Outcome> = finished.iter().map(|f| f.outcome).collect();
         async move {
-            const RECORDS: &[&str] = &[BACKOFF_RECORD];
             let call = LeaseCall {
                 queue,
                 max_items,
                 lease: *lease,
                 wait: if wait { LEASE_WAIT } else { Duration::ZERO },
                 worker_id,
-                records: (*queue == JOB_QUEUE).then_some(RECORDS),
+                records: *view_records,
             };
             let (items, results) = self.lease_finishing(call, dones).await?;
             let Some(results) = results else { return Ok((items, false)) };
@@ -247,40 +171,10 @@ fn done_writing(queue: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -
 
 /// What the lease loop runs for each leased key.
 pub trait Syncer: Send + Sync + 'static {
-    /// Syncs `key` of `queue`; once `wind_down` fires it makes no more pod calls. Expectations
-    /// it owes the lease's Done go into `raised`.
-    fn run(
-        &self,
-        queue: &str,
-        key: &str,
-        view: View,
-        wind_down: &Shutdown,
-        raised: &Raised,
-    ) -> impl SyncFuture;
+    /// Syncs `job` of `queue`; once `wind_down` fires it makes no more pod calls.
+    fn run(&self, queue: &str, job: LeasedJob, wind_down: &Shutdown) -> impl SyncFuture;
     /// Where the loop counts leases and renewals.
     fn metrics(&self) -> &Metrics;
-}
-
-impl Syncer for Worker {
-    fn run(
-        &self,
-        queue: &str,
-        key: &str,
-        view: View,
-        wind_down: &Shutdown,
-        raised: &Raised,
-    ) -> impl SyncFuture {
-        async move {
-            let mut write_back = None;
-            let result =
-                self.sync_leased(queue, key, view, wind_down, &mut write_back, raised).await;
-            (result, write_back)
-        }
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
 }
 
 /// Leases keys of `settings.queue` and syncs them until `shutdown`, then drains.
@@ -561,7 +455,7 @@ fn log_join(r: Result<(), tokio::task::JoinError>) {
 
 /// How one lease ended, for logs and metrics.
 enum Ending {
-    Finished(Outcome, Option<v1::PutJobViewRequest>),
+    Finished(Outcome, Box<WriteBack>),
     LeaseLost,
     HandedBack,
 }
@@ -585,23 +479,42 @@ async fn process<S: Syncer, Q: LeaseSource>(
         0 => view,
         _ => Some(v1::GetJobViewResponse { trusted: false, ..Default::default() }),
     };
-    let raised = Raised::new(item.done_raises_expectations, item.done_expects_finalizer_removals);
+    // The key is parsed here, once; one that does not parse is dropped (retrying cannot fix it).
+    let Ok(key) = ObjectKey::parse(&item.key)
+        .inspect_err(|e| tracing::error!(key = item.key, error = %e, "dropping malformed key"))
+    else {
+        let f = Finished { item, outcome: Outcome::Forget, back: WriteBack::default() };
+        if let Some(f) = carry.offer(f) {
+            finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
+        }
+        count_finished(worker.metrics(), qname, Outcome::Forget.label());
+        return;
+    };
+    // A kjob-queue from before a Done could carry expectations does not say it applies them.
+    let deferrable = (item.done_raises_expectations, item.done_expects_finalizer_removals);
+    let job = LeasedJob::with_journal(key, view, Journal::new(deferrable.0, deferrable.1));
+    // Kept for a sync dropped below: it returns nothing, yet still owes its Done.
+    let journal = job.journal();
     let ending = {
-        let sync = worker.run(qname, &item.key, view, &hand_back, &raised);
+        let sync = worker.run(qname, job, &hand_back);
         let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;
             tokio::time::sleep(WIND_DOWN_LIMIT).await;
         };
         tokio::select! {
-            (r, view) = sync => Ending::Finished(match r {
+            SyncResult { outcome, write_back, owed } = sync => Ending::Finished(match outcome {
                 Ok(SyncOutcome::Done) => Outcome::Forget,
                 Ok(SyncOutcome::RequeueAfter(d)) => Outcome::RequeueAfter(d),
                 Err(e) => {
                     tracing::warn!(error = %e, "sync failed; requeueing with backoff");
                     Outcome::RateLimited
                 }
-            }, view),
+            }, Box::new(WriteBack {
+                view: write_back,
+                expectations: owed.expectations,
+                removals: owed.removals,
+            })),
             // Dropping the sync future stops every write it had in flight or planned.
             () = renew => Ending::LeaseLost,
             // A sync that cannot wind down in time is dropped; its key is handed back as is.
@@ -609,14 +522,13 @@ async fn process<S: Syncer, Q: LeaseSource>(
         }
     };
     let outcome_label = match &ending {
-        Ending::Finished(outcome, _) => outcome.label(),
+        Ending::Finished(outcome, ..) => outcome.label(),
         Ending::LeaseLost => "lease_lost",
         Ending::HandedBack => "handed_back",
     };
     match ending {
-        Ending::Finished(outcome, view) => {
-            let back =
-                WriteBack { view, expectations: raised.take(), removals: raised.take_removals() };
+        Ending::Finished(outcome, back) => {
+            let back = *back;
             if let Some(f) = carry.offer(Finished { item, outcome, back }) {
                 finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
             }
@@ -624,7 +536,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
         Ending::HandedBack => {
             // Pods the dropped sync created, or removed the finalizers of, still get their
             // expectations.
-            let (expectations, removals) = (raised.take(), raised.take_removals());
+            let Owed { expectations, removals } = journal.take();
             let back = WriteBack { view: None, expectations, removals };
             let outcome = Outcome::RequeueAfter(Duration::ZERO);
             finish_writing_back(&queue, qname, &item, outcome, back).await
@@ -745,6 +657,8 @@ mod tests {
 
     use prometheus_client::registry::Registry;
 
+    use kjob_core::JOB_QUEUE;
+
     use super::*;
 
     /// What the loop did, and when (time since the test began).
@@ -770,6 +684,11 @@ mod tests {
 
     fn record(log: &Log, start: Instant, call: Ev) {
         log.lock().unwrap().push((start.elapsed(), call));
+    }
+
+    /// The name part of a test key (every key lives in namespace `t`).
+    fn short(key: &str) -> String {
+        key.strip_prefix("t/").unwrap_or(key).to_string()
     }
 
     /// A queue that hands out `items` once, then has nothing; Lease fails `lease_errors` times
@@ -808,9 +727,9 @@ mod tests {
                 || (!finished.is_empty() && take_one(&self.carrying_errors));
             if !failed && self.carries {
                 for f in finished {
-                    record(&self.log, self.start, Ev::Carried(f.item.key.clone(), f.outcome));
+                    record(&self.log, self.start, Ev::Carried(short(&f.item.key), f.outcome));
                     if let Some(e) = &f.back.expectations {
-                        record(&self.log, self.start, Ev::Raised(f.item.key.clone(), e.add));
+                        record(&self.log, self.start, Ev::Raised(short(&f.item.key), e.add));
                     }
                 }
             }
@@ -835,15 +754,15 @@ mod tests {
         }
 
         fn renew(&self, _: &str, item: &LeasedItem, _: Duration) -> impl Call<()> {
-            record(&self.log, self.start, Ev::Renew(item.key.clone()));
+            record(&self.log, self.start, Ev::Renew(short(&item.key)));
             let down = ClientError::Unavailable("queue down".into());
             std::future::ready(if self.renew_ok { Ok(()) } else { Err(down) })
         }
 
         fn done(&self, _: &str, item: &LeasedItem, end: Outcome, b: WriteBack) -> impl Call<()> {
-            record(&self.log, self.start, Ev::Done(item.key.clone(), end));
+            record(&self.log, self.start, Ev::Done(short(&item.key), end));
             if let Some(e) = b.expectations {
-                record(&self.log, self.start, Ev::Raised(item.key.clone(), e.add));
+                record(&self.log, self.start, Ev::Raised(short(&item.key), e.add));
             }
             std::future::ready(Ok(()))
         }
@@ -876,22 +795,17 @@ mod tests {
     }
 
     impl Syncer for FakeSync {
-        fn run(
-            &self,
-            _: &str,
-            key: &str,
-            view: View,
-            wind_down: &Shutdown,
-            raised: &Raised,
-        ) -> impl SyncFuture {
-            let mut guard = DropGuard(Some((self.log.clone(), self.start, key.to_string())));
-            if view.is_some_and(|v| !v.trusted) {
-                record(&self.log, self.start, Ev::Untrusted(key.into()));
+        fn run(&self, _: &str, job: LeasedJob, wind_down: &Shutdown) -> impl SyncFuture {
+            let key = job.key.name.clone();
+            let mut guard = DropGuard(Some((self.log.clone(), self.start, key.clone())));
+            if job.view.as_ref().is_some_and(|v| !v.trusted) {
+                record(&self.log, self.start, Ev::Untrusted(key.clone()));
             }
             // Keys starting with `creating` owe their Done a record of two creations.
+            let journal = job.journal();
             if key.starts_with("creating") {
-                *raised.owed() = Some(v1::SetExpectationsRequest {
-                    key: key.into(),
+                *journal.owed() = Some(v1::SetExpectationsRequest {
+                    key: job.key.to_string(),
                     add: 2,
                     ..Default::default()
                 });
@@ -907,11 +821,15 @@ mod tests {
                 tokio::select! {
                     _ = tokio::time::sleep(run_for) => {}
                     _ = wind_down.cancelled(), if polite => {
-                        record(&self.log, self.start, Ev::WindDown(key.into()));
+                        record(&self.log, self.start, Ev::WindDown(key.clone()));
                     }
                 }
                 guard.disarm();
-                (Ok(SyncOutcome::Done), None)
+                SyncResult {
+                    outcome: Ok(SyncOutcome::Done),
+                    write_back: None,
+                    owed: journal.take(),
+                }
             }
         }
 
@@ -961,7 +879,7 @@ mod tests {
         let log: Log = Arc::default();
         // Keys starting with `expired` come after a lease that expired.
         let items = setup.keys.iter().map(|k| LeasedItem {
-            key: k.to_string(),
+            key: format!("t/{k}"),
             lease_id: format!("id-{k}"),
             lease_expiries: u32::from(k.starts_with("expired")),
             done_raises_expectations: true,
@@ -986,6 +904,7 @@ mod tests {
             lease: setup.lease,
             worker_id: "w".into(),
             shutdown_grace: setup.grace,
+            view_records: Some(&[]),
         };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();

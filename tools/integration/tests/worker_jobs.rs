@@ -14,6 +14,7 @@ use common::{
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_testkit::server::TestServer;
+use kjob_worker::context::Journal;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -618,10 +619,9 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
     let sync = |view: Option<kjob_queue_client::v1::GetJobViewResponse>| {
         let (worker, never, key) = (&worker, &never, key.clone());
         async move {
-            let raised = kjob_worker::lease::Raised::new(false, false);
-            let mut write_back = None;
-            let queue_name = kjob_core::JOB_QUEUE;
-            worker.sync_leased(queue_name, &key, view, never, &mut write_back, &raised).await
+            let key = kjob_core::ObjectKey::parse(&key).unwrap();
+            let job = kjob_worker::LeasedJob::with_journal(key, view, Journal::new(false, false));
+            worker.sync_leased(kjob_core::JOB_QUEUE, job, never).await.outcome
         }
     };
     // A first sync (from the API server) creates both pods; one succeeds.
@@ -686,11 +686,13 @@ impl ByHand {
         Self { ns, queue, worker, writer, _registry, never, pods }
     }
 
-    /// One sync of Job `key` (from the API server), owing what it may to `raised`.
-    async fn sync(&self, key: &str, raised: &kjob_worker::lease::Raised) {
-        let mut write_back = None;
-        let (queue, never) = (kjob_core::JOB_QUEUE, &self.never);
-        self.worker.sync_leased(queue, key, None, never, &mut write_back, raised).await.unwrap();
+    /// One sync of Job `key` (from the API server), owing what `journal` allows: what it owes.
+    async fn sync(&self, key: &str, journal: Journal) -> kjob_worker::context::Owed {
+        let key = kjob_core::ObjectKey::parse(key).unwrap();
+        let job = kjob_worker::LeasedJob::with_journal(key, None, journal);
+        let r = self.worker.sync_leased(kjob_core::JOB_QUEUE, job, &self.never).await;
+        r.outcome.unwrap();
+        r.owed
     }
 
     /// The pods of Job `job_name`.
@@ -715,12 +717,10 @@ async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: 
         let job = create_plain_job(&server.client(), &h.ns, job_name, 1, 1).await;
         let uid = job.metadata.uid.clone().unwrap();
         let key = format!("{}/{job_name}", h.ns);
-        let raised = kjob_worker::lease::Raised::new(deferrable, deferrable);
-        h.sync(&key, &raised).await;
+        let owed = h.sync(&key, Journal::new(deferrable, deferrable)).await.expectations;
         let created = h.pods_of(job_name).await;
         assert_eq!(created.len(), 1, "{job_name}");
         let record = h.queue.client().get_expectations(&key, &uid).await.unwrap();
-        let owed = raised.take();
         if deferrable {
             assert!(!record.exists, "{record:?}");
             let owed = owed.expect("the record is owed to the Done");
@@ -750,21 +750,18 @@ async fn a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects
         let key = format!("{}/{job_name}", h.ns);
         // The first sync creates the pod (its record, owed to a Done, is dropped: no watcher
         // runs here to observe the creation).
-        let raised = kjob_worker::lease::Raised::new(true, deferrable);
-        h.sync(&key, &raised).await;
-        assert!(raised.take().is_some(), "{job_name}");
+        let owed = h.sync(&key, Journal::new(true, deferrable)).await;
+        assert!(owed.expectations.is_some(), "{job_name}");
         let created = h.pods_of(job_name).await;
         assert_eq!(created.len(), 1, "{job_name}");
         let pod_uid = created[0].metadata.uid.clone().unwrap();
         common::set_phase(&h.pods, &created[0], &Fate::Succeed).await;
         // The second counts it: status, finalizer removal, status.
-        let raised = kjob_worker::lease::Raised::new(true, deferrable);
-        h.sync(&key, &raised).await;
+        let owed = h.sync(&key, Journal::new(true, deferrable)).await.removals;
         let pod = h.pods.get(created[0].metadata.name.as_deref().unwrap()).await.unwrap();
         let finalizers = pod.metadata.finalizers.unwrap_or_default();
         assert!(!finalizers.iter().any(|f| f == "batch.kubernetes.io/job-tracking"));
         let exp = h.queue.client().get_expectations(&key, &uid).await.unwrap();
-        let owed = raised.take_removals();
         if deferrable {
             assert!(exp.finalizer_removals.is_empty(), "{exp:?}");
             let owed = owed.expect("the removal is owed to the Done");
