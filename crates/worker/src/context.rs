@@ -75,19 +75,14 @@ impl LeasedJob {
     /// A key whose lease ends with a Done: the expectations of creations and of
     /// tracking-finalizer removals go with it, after the calls are made.
     pub fn new(key: ObjectKey, view: View) -> Self {
-        Self { key, view, journal: Journal::new(true, true) }
+        Self { key, view, journal: Journal::new(true) }
     }
 
     /// A key synced without a Done to hand expectations to: the caller raises the record of
     /// creations itself afterwards, and removals are expected before they are made (as
     /// upstream).
     pub fn without_done(key: ObjectKey, view: View) -> Self {
-        Self { key, view, journal: Journal::new(true, false) }
-    }
-
-    /// A key whose sync may owe what `journal` allows.
-    pub fn with_journal(key: ObjectKey, view: View, journal: Journal) -> Self {
-        Self { key, view, journal }
+        Self { key, view, journal: Journal::new(false) }
     }
 
     /// The journal of what this sync owes, shared with whoever holds the returned handle.
@@ -134,17 +129,15 @@ pub struct Journal {
     owed: Arc<Mutex<Option<v1::SetExpectationsRequest>>>,
     /// The finalizer removals owed.
     removals: Arc<Mutex<Option<v1::ExpectFinalizerRemovalsRequest>>>,
-    /// Whether a record may be owed at all (otherwise syncs raise it before the creates).
-    pub deferrable: bool,
     /// Whether removals may be owed at all (otherwise syncs expect them before removing).
     pub removals_deferrable: bool,
 }
 
 impl Journal {
-    /// A journal syncs may leave a record in when `deferrable`, and finalizer removals when
-    /// `removals_deferrable`.
-    pub fn new(deferrable: bool, removals_deferrable: bool) -> Self {
-        Self { owed: Arc::default(), removals: Arc::default(), deferrable, removals_deferrable }
+    /// A journal syncs leave the record of their creations in, and finalizer removals too
+    /// when `removals_deferrable`.
+    fn new(removals_deferrable: bool) -> Self {
+        Self { owed: Arc::default(), removals: Arc::default(), removals_deferrable }
     }
 
     /// The finalizer removals owed, to read or change.

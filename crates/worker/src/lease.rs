@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::context::{Journal, LeasedJob, Owed, SyncOutcome, SyncResult};
+use crate::context::{LeasedJob, Owed, SyncOutcome, SyncResult};
 use crate::metrics::{Metrics, OutcomeLabels};
 
 /// Long-poll wait of one Lease call: long enough to keep idle workers quiet, short enough that
@@ -100,16 +100,14 @@ impl<F: Future<Output = SyncResult> + Send> SyncFuture for F {}
 /// The queue service as the lease loop uses it.
 pub trait LeaseSource: Clone + Send + Sync + 'static {
     /// Finishes the leases of `finished` (each as [`Self::done`] would), then leases up to
-    /// `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`] if `wait`, in one
-    /// call. Returns the leased keys and whether `finished` was applied (`false`: the server
-    /// predates carried Dones and ignored them; the loop then sends them on their own).
+    /// `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`] for the first, in one
+    /// call. Returns the leased keys.
     fn lease(
         &self,
         settings: &LeaseSettings,
         max_items: u32,
         finished: &[Finished],
-        wait: bool,
-    ) -> impl Call<(Vec<LeasedItem>, bool)>;
+    ) -> impl Call<Vec<LeasedItem>>;
     /// Extends the lease of `item` by `lease`.
     fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()>;
     /// Finishes the lease of `item` with `end`, writing `back` into the Job's view first.
@@ -124,8 +122,7 @@ impl LeaseSource for QueueClient {
         settings: &LeaseSettings,
         max_items: u32,
         finished: &[Finished],
-        wait: bool,
-    ) -> impl Call<(Vec<LeasedItem>, bool)> {
+    ) -> impl Call<Vec<LeasedItem>> {
         let LeaseSettings { queue, lease, worker_id, view_records, .. } = settings;
         let dones = finished
             .iter()
@@ -137,16 +134,15 @@ impl LeaseSource for QueueClient {
                 queue,
                 max_items,
                 lease: *lease,
-                wait: if wait { LEASE_WAIT } else { Duration::ZERO },
+                wait: LEASE_WAIT,
                 worker_id,
                 records: *view_records,
             };
             let (items, results) = self.lease_finishing(call, dones).await?;
-            let Some(results) = results else { return Ok((items, false)) };
             for (outcome, r) in ends.into_iter().zip(results) {
                 log_done(outcome, r.map(drop));
             }
-            Ok((items, true))
+            Ok(items)
         }
     }
 
@@ -211,12 +207,12 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
         // Shutdown abandons a waiting Lease call so the drain starts at once. Should the server
         // have leased keys in that instant, they come back when their lease expires: late,
         // never lost.
-        let Start { carried: finished, overflow, wait, hold } = carry.start_lease(backlog);
+        let Start { carried: finished, overflow, hold } = carry.start_lease(backlog);
         if !overflow.is_empty() {
             tokio::spawn(finish_all(queue.clone(), settings.queue, overflow));
         }
         let res = {
-            let lease = queue.lease(&settings, asked, &finished, wait);
+            let lease = queue.lease(&settings, asked, &finished);
             tokio::pin!(lease);
             // Dones of syncs ending meanwhile wait for this call's answer and ride the next
             // one, unless it is still out after CARRY_HOLD (a long poll, or a slow server).
@@ -243,23 +239,11 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
         };
         carry.end_lease();
         let items = match res {
-            Ok((items, applied)) => {
+            Ok(items) => {
                 failures = 0;
                 backlog = items.len() >= slots.len();
-                if applied && !finished.is_empty() {
-                    carry.prove();
-                    let carried = worker.metrics().dones_carried.get_or_create(&labels);
-                    carried.inc_by(finished.len() as u64);
-                }
-                if !applied {
-                    // A server from before carried Dones: stop carrying them.
-                    tracing::warn!(
-                        "the queue service ignored the Dones carried by Lease; sending each on its own from now on"
-                    );
-                    let mut all = finished;
-                    all.extend(carry.close());
-                    finish_all(queue.clone(), settings.queue, all).await;
-                }
+                let carried = worker.metrics().dones_carried.get_or_create(&labels);
+                carried.inc_by(finished.len() as u64);
                 items
             }
             Err(e) => {
@@ -324,8 +308,6 @@ struct Start {
     carried: Vec<Finished>,
     /// Dones beyond that, to be sent on their own.
     overflow: Vec<Finished>,
-    /// Whether it may long-poll.
-    wait: bool,
     /// Whether Dones of syncs ending meanwhile wait for it (up to [`CARRY_HOLD`]).
     hold: bool,
 }
@@ -343,10 +325,8 @@ struct CarryState {
     /// The Lease call in flight is expected to answer soon: a Done now waits for it and rides
     /// the next one. Otherwise (a long poll) it goes on its own.
     hold: bool,
-    /// No more Lease calls will carry Dones (shutdown, or a server without the field).
+    /// No more Lease calls will carry Dones (shutdown).
     closed: bool,
-    /// The server has applied carried Dones (so it knows the field).
-    proven: bool,
     pending: Vec<Finished>,
 }
 
@@ -367,13 +347,10 @@ impl Carry {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut carried = std::mem::take(&mut st.pending);
         let overflow = carried.split_off(carried.len().min(MAX_DONE_BATCH));
-        // Until the server has shown it applies carried Dones, a call carrying some does not
-        // long-poll: a server that ignores them must say so at once, not after LEASE_WAIT.
-        let wait = st.proven || carried.is_empty();
-        let hold = !wait || backlog;
+        let hold = backlog;
         st.leasing = true;
         st.hold = hold;
-        Start { carried, overflow, wait, hold }
+        Start { carried, overflow, hold }
     }
 
     /// The Lease call in flight is slow: Dones stop waiting for it; returns those that did.
@@ -389,11 +366,6 @@ impl Carry {
         st.leasing = true;
         st.hold = false;
         std::mem::take(&mut st.pending)
-    }
-
-    /// The server applied carried Dones.
-    fn prove(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).proven = true;
     }
 
     /// The Lease call has answered (or the backoff after a failed one is over).
@@ -490,9 +462,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
         count_finished(worker.metrics(), qname, Outcome::Forget.label());
         return;
     };
-    // A kjob-queue from before a Done could carry expectations does not say it applies them.
-    let deferrable = (item.done_raises_expectations, item.done_expects_finalizer_removals);
-    let job = LeasedJob::with_journal(key, view, Journal::new(deferrable.0, deferrable.1));
+    let job = LeasedJob::new(key, view);
     // Kept for a sync dropped below: it returns nothing, yet still owes its Done.
     let journal = job.journal();
     let ending = {
@@ -692,14 +662,13 @@ mod tests {
     }
 
     /// A queue that hands out `items` once, then has nothing; Lease fails `lease_errors` times
-    /// first (and each of the first `carrying_errors` calls that carry Dones), ignores carried
-    /// Dones unless `carries`, and Renew always fails unless `renew_ok`.
+    /// first (and each of the first `carrying_errors` calls that carry Dones), and Renew always
+    /// fails unless `renew_ok`.
     #[derive(Clone)]
     struct FakeQueue {
         items: Arc<Mutex<VecDeque<LeasedItem>>>,
         lease_errors: Arc<Mutex<u32>>,
         carrying_errors: Arc<Mutex<u32>>,
-        carries: bool,
         renew_ok: bool,
         /// How long every Lease call takes to answer (before any long poll).
         lease_takes: Duration,
@@ -721,11 +690,10 @@ mod tests {
             _: &LeaseSettings,
             max_items: u32,
             finished: &[Finished],
-            wait: bool,
-        ) -> impl Call<(Vec<LeasedItem>, bool)> {
+        ) -> impl Call<Vec<LeasedItem>> {
             let failed = take_one(&self.lease_errors)
                 || (!finished.is_empty() && take_one(&self.carrying_errors));
-            if !failed && self.carries {
+            if !failed {
                 for f in finished {
                     record(&self.log, self.start, Ev::Carried(short(&f.item.key), f.outcome));
                     if let Some(e) = &f.back.expectations {
@@ -734,7 +702,6 @@ mod tests {
                 }
             }
             record(&self.log, self.start, Ev::Lease);
-            let applied = self.carries || finished.is_empty();
             let takes = self.lease_takes;
             let items: Vec<_> = {
                 let mut q = self.items.lock().unwrap();
@@ -746,10 +713,10 @@ mod tests {
                     return Err(ClientError::Unavailable("queue down".into()));
                 }
                 tokio::time::sleep(takes).await;
-                if items.is_empty() && wait {
+                if items.is_empty() {
                     tokio::time::sleep(LEASE_WAIT).await;
                 }
-                Ok((items, applied))
+                Ok(items)
             }
         }
 
@@ -845,7 +812,6 @@ mod tests {
         renew_ok: bool,
         lease_errors: u32,
         carrying_errors: u32,
-        carries: bool,
         lease_takes: Duration,
         /// Syncs at once (default: one per key).
         concurrency: Option<usize>,
@@ -863,7 +829,6 @@ mod tests {
                 renew_ok: true,
                 lease_errors: 0,
                 carrying_errors: 0,
-                carries: true,
                 lease_takes: Duration::ZERO,
                 concurrency: None,
                 grace: Duration::from_secs(30),
@@ -882,14 +847,12 @@ mod tests {
             key: format!("t/{k}"),
             lease_id: format!("id-{k}"),
             lease_expiries: u32::from(k.starts_with("expired")),
-            done_raises_expectations: true,
             ..Default::default()
         });
         let queue = FakeQueue {
             items: Arc::new(Mutex::new(items.collect())),
             lease_errors: Arc::new(Mutex::new(setup.lease_errors)),
             carrying_errors: Arc::new(Mutex::new(setup.carrying_errors)),
-            carries: setup.carries,
             renew_ok: setup.renew_ok,
             lease_takes: setup.lease_takes,
             log: log.clone(),
@@ -1043,12 +1006,9 @@ mod tests {
         let (calls, m) = run(setup).await;
         let forget = Outcome::Forget;
         let want = vec![
-            // "a" frees a slot at 1 s: the Lease refilling it carries a's Done. It is the first
-            // to carry one, so it does not wait (a server that ignored the Done must say so at
-            // once)...
+            // "a" frees a slot at 1 s: the Lease refilling it carries a's Done, finds nothing
+            // and waits (LEASE_WAIT)...
             (s(1.0), Ev::Carried("a".into(), forget)),
-            (s(1.0), Ev::Lease),
-            // ...and the next finds nothing and waits (LEASE_WAIT)...
             (s(1.0), Ev::Lease),
             // ...so "late", done at 2 s, sends its own Done at once rather than waiting for it.
             (s(2.0), Ev::Done("late".into(), forget)),
@@ -1087,27 +1047,6 @@ mod tests {
         ];
         assert_eq!(after(&calls, s(1.0)), want);
         assert_eq!(m.dones_carried.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 3);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_server_that_ignores_carried_dones_gets_them_on_their_own() {
-        let setup = Setup {
-            keys: &["a", "late"],
-            carries: false,
-            shutdown_at: s(10.0),
-            ..Default::default()
-        };
-        let (calls, _) = run(setup).await;
-        let forget = Outcome::Forget;
-        let want = vec![
-            (s(1.0), Ev::Lease),
-            // The reply had no results for it: a's Done goes again, on its own, at once.
-            (s(1.0), Ev::Done("a".into(), forget)),
-            (s(1.0), Ev::Lease),
-            // Carrying is off from now on.
-            (s(2.0), Ev::Done("late".into(), forget)),
-        ];
-        assert_eq!(after(&calls, s(1.0)), want);
     }
 
     #[tokio::test(start_paused = true)]

@@ -344,7 +344,7 @@ impl JobRun<'_> {
             }
             if let Some(add) = held.take() {
                 let creates = matches!(step, Step::CreatePods { .. });
-                if creates && raised.deferrable && !wind_down.is_cancelled() {
+                if creates && !wind_down.is_cancelled() {
                     // Until the creates answer, every one of them is expected.
                     *raised.owed() = Some(raise_after_creates(key, uid, add));
                 } else if let Err(e) =
