@@ -337,15 +337,14 @@ impl QueueClient {
     /// is given; Job queue only) after finishing the leases of `dones` in the same call (at most
     /// [`MAX_DONE_BATCH`]), so a lessee hands in its finished leases with the call that refills
     /// its slots. Besides the leased items, one result per Done as [`Self::done`] would return
-    /// it (a stale lease is [`ClientError::LeaseLost`] for that item only), or `None` when the
-    /// server answered none: it predates carried Dones and ignored them, so the caller must send
-    /// them on their own. An error is the call's (nothing leased; the Dones may or may not have
-    /// been applied, so the caller sends them again, and any applied meanwhile come back stale).
+    /// it (a stale lease is [`ClientError::LeaseLost`] for that item only). An error is the
+    /// call's (nothing leased; the Dones may or may not have been applied, so the caller sends
+    /// them again, and any applied meanwhile come back stale).
     pub async fn lease_finishing(
         &self,
         request: LeaseCall<'_>,
         dones: Vec<v1::DoneRequest>,
-    ) -> Result<(Vec<v1::LeasedItem>, Option<DoneResults>), ClientError> {
+    ) -> Result<(Vec<v1::LeasedItem>, DoneResults), ClientError> {
         let LeaseCall { queue, max_items, lease, wait, worker_id, records } = request;
         let carried = dones.len();
         let msg = v1::LeaseRequest {
@@ -355,9 +354,13 @@ impl QueueClient {
             ..lease_request(queue, max_items, lease, wait, worker_id)
         };
         let resp = rpc!(self, queue.lease(msg), wait + REQUEST_TIMEOUT).await?;
-        let results = (resp.done_results.len() == carried)
-            .then(|| resp.done_results.into_iter().map(done_item_result).collect());
-        Ok((resp.items, results))
+        if resp.done_results.len() != carried {
+            return Err(ClientError::Status(Box::new(Status::internal(format!(
+                "Lease answered {} Done results for {carried} Dones",
+                resp.done_results.len()
+            )))));
+        }
+        Ok((resp.items, resp.done_results.into_iter().map(done_item_result).collect()))
     }
 
     /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of
@@ -424,8 +427,8 @@ unary_calls! {
     /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
     /// the per-Job `records`), read by the queue service right after granting the lease (or,
     /// for a key an Add hands to this waiting Lease, by that Add's own script): the lessee can
-    /// plan without a [`Self::get_job_view`] call. An item without a view (a server
-    /// that predates the field, or a read that failed) needs that call.
+    /// plan without a [`Self::get_job_view`] call. An item without a view (a read that failed)
+    /// needs that call.
     fn lease_with_views(
         queue: &str, max_items: u32, lease: Duration, wait: Duration, worker_id: &str,
         records: &[&str]

@@ -8,7 +8,9 @@
 //! own Done at once, so a finished lease is never held back for long.
 //!
 //! The loop meets the queue service through [`LeaseSource`] and the syncs through [`Syncer`]
-//! ([`QueueClient`] and [`Worker`] in the service), so its timing (renew margin, shutdown grace,
+//! ([`QueueClient`] and `Worker` in the service): it parses each leased key once, hands the
+//! sync a [`LeasedJob`] and makes the Done of the [`SyncResult`] it returns, knowing nothing
+//! of how a sync works. Its timing (renew margin, shutdown grace,
 //! wind-down) is tested on tokio's paused clock without a process.
 
 use std::future::Future;
@@ -16,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
-use kjob_core::{JOB_QUEUE, MAX_DONE_BATCH};
+use kjob_core::{MAX_DONE_BATCH, ObjectKey};
 use kjob_queue_client::v1::{self, LeasedItem};
 use kjob_queue_client::{ClientError, LeaseCall, Outcome, QueueClient, done_request};
 use kjob_svc::{Backoff, Shutdown};
@@ -26,9 +28,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::context::{LeasedJob, Owed, SyncOutcome, SyncResult};
 use crate::metrics::{Metrics, OutcomeLabels};
-use crate::sync::BACKOFF_RECORD;
-use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// Long-poll wait of one Lease call: long enough to keep idle workers quiet, short enough that
 /// a lost connection is noticed soon.
@@ -61,6 +62,9 @@ pub struct LeaseSettings {
     pub worker_id: String,
     /// How long in-flight syncs may run after shutdown before being handed back.
     pub shutdown_grace: Duration,
+    /// Bring each leased key's shared view with these per-Job records (Job queue only;
+    /// `None`: no views).
+    pub view_records: Option<&'static [&'static str]>,
 }
 
 /// What a lease's Done writes before it ends the lease (Job queue only).
@@ -73,85 +77,6 @@ pub struct WriteBack {
     /// The finalizer removals the sync expects after making them (see [`Raised`]).
     pub removals: Option<v1::ExpectFinalizerRemovalsRequest>,
 }
-
-/// Where a sync that created pods before raising its expectations keeps the record it owes,
-/// and one that removed tracking finalizers before expecting the removals keeps those
-/// (`Worker::drive` explains why). The lease loop owns it, so that the Done carries them even
-/// when the sync future is dropped at the wind-down limit.
-#[derive(Debug, Default)]
-pub struct Raised {
-    /// The record owed.
-    owed: Mutex<Option<v1::SetExpectationsRequest>>,
-    /// The finalizer removals owed.
-    removals: Mutex<Option<v1::ExpectFinalizerRemovalsRequest>>,
-    /// Whether a record may be owed at all: the queue service applies a Done's expectations
-    /// (`LeasedItem.done_raises_expectations`; one from before that field ignores them, so
-    /// syncs raise their records before the creates, as upstream).
-    pub deferrable: bool,
-    /// Whether removals may be owed at all (`LeasedItem.done_expects_finalizer_removals`;
-    /// otherwise syncs expect them before removing, as upstream).
-    pub removals_deferrable: bool,
-}
-
-impl Raised {
-    /// A slot syncs may leave a record in when `deferrable`, and finalizer removals when
-    /// `removals_deferrable`.
-    pub fn new(deferrable: bool, removals_deferrable: bool) -> Self {
-        Self { deferrable, removals_deferrable, ..Self::default() }
-    }
-
-    /// The finalizer removals owed, to read or change.
-    fn owed_removals(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Option<v1::ExpectFinalizerRemovalsRequest>> {
-        self.removals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Owes the Done the expectation of removing the finalizers of `pod_uids` (Job `key`,
-    /// UID `job_uid`).
-    pub fn owe_removals(&self, key: &str, job_uid: &str, pod_uids: Vec<String>) {
-        let mut owed = self.owed_removals();
-        let r = owed.get_or_insert_with(|| v1::ExpectFinalizerRemovalsRequest {
-            key: key.to_string(),
-            job_uid: job_uid.to_string(),
-            pod_uids: Vec::new(),
-        });
-        r.pod_uids.extend(pod_uids);
-    }
-
-    /// Drops `pod_uids` (removals that failed) from the removals owed; returns those that were
-    /// not owed (expected already, so the queue service must forget them).
-    pub fn forgive_removals(&self, pod_uids: Vec<String>) -> Vec<String> {
-        let mut owed = self.owed_removals();
-        let Some(r) = owed.as_mut() else { return pod_uids };
-        let (forgiven, rest): (Vec<String>, Vec<String>) =
-            pod_uids.into_iter().partition(|p| r.pod_uids.contains(p));
-        r.pod_uids.retain(|p| !forgiven.contains(p));
-        if r.pod_uids.is_empty() {
-            *owed = None;
-        }
-        rest
-    }
-
-    /// Takes the finalizer removals owed.
-    pub fn take_removals(&self) -> Option<v1::ExpectFinalizerRemovalsRequest> {
-        self.owed_removals().take()
-    }
-
-    /// The record owed, to read or change.
-    pub fn owed(&self) -> std::sync::MutexGuard<'_, Option<v1::SetExpectationsRequest>> {
-        self.owed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Takes the record owed.
-    pub fn take(&self) -> Option<v1::SetExpectationsRequest> {
-        self.owed().take()
-    }
-}
-/// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).
-pub type View = Option<v1::GetJobViewResponse>;
-/// How a sync ended, and the Job object it hands back for the shared view.
-pub type Synced = (Result<SyncOutcome, SyncError>, Option<v1::PutJobViewRequest>);
 
 /// A lease whose sync has ended, waiting for its Done.
 #[derive(Debug, Clone)]
@@ -169,22 +94,20 @@ pub trait Call<T>: Future<Output = Result<T, ClientError>> + Send {}
 impl<T, F: Future<Output = Result<T, ClientError>> + Send> Call<T> for F {}
 
 /// One sync of a leased key.
-pub trait SyncFuture: Future<Output = Synced> + Send {}
-impl<F: Future<Output = Synced> + Send> SyncFuture for F {}
+pub trait SyncFuture: Future<Output = SyncResult> + Send {}
+impl<F: Future<Output = SyncResult> + Send> SyncFuture for F {}
 
 /// The queue service as the lease loop uses it.
 pub trait LeaseSource: Clone + Send + Sync + 'static {
     /// Finishes the leases of `finished` (each as [`Self::done`] would), then leases up to
-    /// `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`] if `wait`, in one
-    /// call. Returns the leased keys and whether `finished` was applied (`false`: the server
-    /// predates carried Dones and ignored them; the loop then sends them on their own).
+    /// `max_items` keys of `settings.queue`, waiting up to [`LEASE_WAIT`] for the first, in one
+    /// call. Returns the leased keys.
     fn lease(
         &self,
         settings: &LeaseSettings,
         max_items: u32,
         finished: &[Finished],
-        wait: bool,
-    ) -> impl Call<(Vec<LeasedItem>, bool)>;
+    ) -> impl Call<Vec<LeasedItem>>;
     /// Extends the lease of `item` by `lease`.
     fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()>;
     /// Finishes the lease of `item` with `end`, writing `back` into the Job's view first.
@@ -199,30 +122,27 @@ impl LeaseSource for QueueClient {
         settings: &LeaseSettings,
         max_items: u32,
         finished: &[Finished],
-        wait: bool,
-    ) -> impl Call<(Vec<LeasedItem>, bool)> {
-        let LeaseSettings { queue, lease, worker_id, .. } = settings;
+    ) -> impl Call<Vec<LeasedItem>> {
+        let LeaseSettings { queue, lease, worker_id, view_records, .. } = settings;
         let dones = finished
             .iter()
             .map(|f| done_writing(queue, &f.item, f.outcome, f.back.clone()))
             .collect();
         let ends: Vec<Outcome> = finished.iter().map(|f| f.outcome).collect();
         async move {
-            const RECORDS: &[&str] = &[BACKOFF_RECORD];
             let call = LeaseCall {
                 queue,
                 max_items,
                 lease: *lease,
-                wait: if wait { LEASE_WAIT } else { Duration::ZERO },
+                wait: LEASE_WAIT,
                 worker_id,
-                records: (*queue == JOB_QUEUE).then_some(RECORDS),
+                records: *view_records,
             };
             let (items, results) = self.lease_finishing(call, dones).await?;
-            let Some(results) = results else { return Ok((items, false)) };
             for (outcome, r) in ends.into_iter().zip(results) {
                 log_done(outcome, r.map(drop));
             }
-            Ok((items, true))
+            Ok(items)
         }
     }
 
@@ -247,40 +167,10 @@ fn done_writing(queue: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -
 
 /// What the lease loop runs for each leased key.
 pub trait Syncer: Send + Sync + 'static {
-    /// Syncs `key` of `queue`; once `wind_down` fires it makes no more pod calls. Expectations
-    /// it owes the lease's Done go into `raised`.
-    fn run(
-        &self,
-        queue: &str,
-        key: &str,
-        view: View,
-        wind_down: &Shutdown,
-        raised: &Raised,
-    ) -> impl SyncFuture;
+    /// Syncs `job` of `queue`; once `wind_down` fires it makes no more pod calls.
+    fn run(&self, queue: &str, job: LeasedJob, wind_down: &Shutdown) -> impl SyncFuture;
     /// Where the loop counts leases and renewals.
     fn metrics(&self) -> &Metrics;
-}
-
-impl Syncer for Worker {
-    fn run(
-        &self,
-        queue: &str,
-        key: &str,
-        view: View,
-        wind_down: &Shutdown,
-        raised: &Raised,
-    ) -> impl SyncFuture {
-        async move {
-            let mut write_back = None;
-            let result =
-                self.sync_leased(queue, key, view, wind_down, &mut write_back, raised).await;
-            (result, write_back)
-        }
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
 }
 
 /// Leases keys of `settings.queue` and syncs them until `shutdown`, then drains.
@@ -317,12 +207,12 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
         // Shutdown abandons a waiting Lease call so the drain starts at once. Should the server
         // have leased keys in that instant, they come back when their lease expires: late,
         // never lost.
-        let Start { carried: finished, overflow, wait, hold } = carry.start_lease(backlog);
+        let Start { carried: finished, overflow, hold } = carry.start_lease(backlog);
         if !overflow.is_empty() {
             tokio::spawn(finish_all(queue.clone(), settings.queue, overflow));
         }
         let res = {
-            let lease = queue.lease(&settings, asked, &finished, wait);
+            let lease = queue.lease(&settings, asked, &finished);
             tokio::pin!(lease);
             // Dones of syncs ending meanwhile wait for this call's answer and ride the next
             // one, unless it is still out after CARRY_HOLD (a long poll, or a slow server).
@@ -349,23 +239,11 @@ pub async fn lease_loop<S: Syncer, Q: LeaseSource>(
         };
         carry.end_lease();
         let items = match res {
-            Ok((items, applied)) => {
+            Ok(items) => {
                 failures = 0;
                 backlog = items.len() >= slots.len();
-                if applied && !finished.is_empty() {
-                    carry.prove();
-                    let carried = worker.metrics().dones_carried.get_or_create(&labels);
-                    carried.inc_by(finished.len() as u64);
-                }
-                if !applied {
-                    // A server from before carried Dones: stop carrying them.
-                    tracing::warn!(
-                        "the queue service ignored the Dones carried by Lease; sending each on its own from now on"
-                    );
-                    let mut all = finished;
-                    all.extend(carry.close());
-                    finish_all(queue.clone(), settings.queue, all).await;
-                }
+                let carried = worker.metrics().dones_carried.get_or_create(&labels);
+                carried.inc_by(finished.len() as u64);
                 items
             }
             Err(e) => {
@@ -430,8 +308,6 @@ struct Start {
     carried: Vec<Finished>,
     /// Dones beyond that, to be sent on their own.
     overflow: Vec<Finished>,
-    /// Whether it may long-poll.
-    wait: bool,
     /// Whether Dones of syncs ending meanwhile wait for it (up to [`CARRY_HOLD`]).
     hold: bool,
 }
@@ -449,10 +325,8 @@ struct CarryState {
     /// The Lease call in flight is expected to answer soon: a Done now waits for it and rides
     /// the next one. Otherwise (a long poll) it goes on its own.
     hold: bool,
-    /// No more Lease calls will carry Dones (shutdown, or a server without the field).
+    /// No more Lease calls will carry Dones (shutdown).
     closed: bool,
-    /// The server has applied carried Dones (so it knows the field).
-    proven: bool,
     pending: Vec<Finished>,
 }
 
@@ -473,13 +347,10 @@ impl Carry {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut carried = std::mem::take(&mut st.pending);
         let overflow = carried.split_off(carried.len().min(MAX_DONE_BATCH));
-        // Until the server has shown it applies carried Dones, a call carrying some does not
-        // long-poll: a server that ignores them must say so at once, not after LEASE_WAIT.
-        let wait = st.proven || carried.is_empty();
-        let hold = !wait || backlog;
+        let hold = backlog;
         st.leasing = true;
         st.hold = hold;
-        Start { carried, overflow, wait, hold }
+        Start { carried, overflow, hold }
     }
 
     /// The Lease call in flight is slow: Dones stop waiting for it; returns those that did.
@@ -495,11 +366,6 @@ impl Carry {
         st.leasing = true;
         st.hold = false;
         std::mem::take(&mut st.pending)
-    }
-
-    /// The server applied carried Dones.
-    fn prove(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).proven = true;
     }
 
     /// The Lease call has answered (or the backoff after a failed one is over).
@@ -561,7 +427,7 @@ fn log_join(r: Result<(), tokio::task::JoinError>) {
 
 /// How one lease ended, for logs and metrics.
 enum Ending {
-    Finished(Outcome, Option<v1::PutJobViewRequest>),
+    Finished(Outcome, Box<WriteBack>),
     LeaseLost,
     HandedBack,
 }
@@ -585,23 +451,40 @@ async fn process<S: Syncer, Q: LeaseSource>(
         0 => view,
         _ => Some(v1::GetJobViewResponse { trusted: false, ..Default::default() }),
     };
-    let raised = Raised::new(item.done_raises_expectations, item.done_expects_finalizer_removals);
+    // The key is parsed here, once; one that does not parse is dropped (retrying cannot fix it).
+    let Ok(key) = ObjectKey::parse(&item.key)
+        .inspect_err(|e| tracing::error!(key = item.key, error = %e, "dropping malformed key"))
+    else {
+        let f = Finished { item, outcome: Outcome::Forget, back: WriteBack::default() };
+        if let Some(f) = carry.offer(f) {
+            finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
+        }
+        count_finished(worker.metrics(), qname, Outcome::Forget.label());
+        return;
+    };
+    let job = LeasedJob::new(key, view);
+    // Kept for a sync dropped below: it returns nothing, yet still owes its Done.
+    let journal = job.journal();
     let ending = {
-        let sync = worker.run(qname, &item.key, view, &hand_back, &raised);
+        let sync = worker.run(qname, job, &hand_back);
         let renew = renew_until_lost(worker.metrics(), &queue, qname, &item, settings.lease);
         let hard_stop = async {
             hand_back.cancelled().await;
             tokio::time::sleep(WIND_DOWN_LIMIT).await;
         };
         tokio::select! {
-            (r, view) = sync => Ending::Finished(match r {
+            SyncResult { outcome, write_back, owed } = sync => Ending::Finished(match outcome {
                 Ok(SyncOutcome::Done) => Outcome::Forget,
                 Ok(SyncOutcome::RequeueAfter(d)) => Outcome::RequeueAfter(d),
                 Err(e) => {
                     tracing::warn!(error = %e, "sync failed; requeueing with backoff");
                     Outcome::RateLimited
                 }
-            }, view),
+            }, Box::new(WriteBack {
+                view: write_back,
+                expectations: owed.expectations,
+                removals: owed.removals,
+            })),
             // Dropping the sync future stops every write it had in flight or planned.
             () = renew => Ending::LeaseLost,
             // A sync that cannot wind down in time is dropped; its key is handed back as is.
@@ -609,14 +492,13 @@ async fn process<S: Syncer, Q: LeaseSource>(
         }
     };
     let outcome_label = match &ending {
-        Ending::Finished(outcome, _) => outcome.label(),
+        Ending::Finished(outcome, ..) => outcome.label(),
         Ending::LeaseLost => "lease_lost",
         Ending::HandedBack => "handed_back",
     };
     match ending {
-        Ending::Finished(outcome, view) => {
-            let back =
-                WriteBack { view, expectations: raised.take(), removals: raised.take_removals() };
+        Ending::Finished(outcome, back) => {
+            let back = *back;
             if let Some(f) = carry.offer(Finished { item, outcome, back }) {
                 finish_writing_back(&queue, qname, &f.item, f.outcome, f.back).await
             }
@@ -624,7 +506,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
         Ending::HandedBack => {
             // Pods the dropped sync created, or removed the finalizers of, still get their
             // expectations.
-            let (expectations, removals) = (raised.take(), raised.take_removals());
+            let Owed { expectations, removals } = journal.take();
             let back = WriteBack { view: None, expectations, removals };
             let outcome = Outcome::RequeueAfter(Duration::ZERO);
             finish_writing_back(&queue, qname, &item, outcome, back).await
@@ -745,6 +627,8 @@ mod tests {
 
     use prometheus_client::registry::Registry;
 
+    use kjob_core::JOB_QUEUE;
+
     use super::*;
 
     /// What the loop did, and when (time since the test began).
@@ -772,15 +656,19 @@ mod tests {
         log.lock().unwrap().push((start.elapsed(), call));
     }
 
+    /// The name part of a test key (every key lives in namespace `t`).
+    fn short(key: &str) -> String {
+        key.strip_prefix("t/").unwrap_or(key).to_string()
+    }
+
     /// A queue that hands out `items` once, then has nothing; Lease fails `lease_errors` times
-    /// first (and each of the first `carrying_errors` calls that carry Dones), ignores carried
-    /// Dones unless `carries`, and Renew always fails unless `renew_ok`.
+    /// first (and each of the first `carrying_errors` calls that carry Dones), and Renew always
+    /// fails unless `renew_ok`.
     #[derive(Clone)]
     struct FakeQueue {
         items: Arc<Mutex<VecDeque<LeasedItem>>>,
         lease_errors: Arc<Mutex<u32>>,
         carrying_errors: Arc<Mutex<u32>>,
-        carries: bool,
         renew_ok: bool,
         /// How long every Lease call takes to answer (before any long poll).
         lease_takes: Duration,
@@ -802,20 +690,18 @@ mod tests {
             _: &LeaseSettings,
             max_items: u32,
             finished: &[Finished],
-            wait: bool,
-        ) -> impl Call<(Vec<LeasedItem>, bool)> {
+        ) -> impl Call<Vec<LeasedItem>> {
             let failed = take_one(&self.lease_errors)
                 || (!finished.is_empty() && take_one(&self.carrying_errors));
-            if !failed && self.carries {
+            if !failed {
                 for f in finished {
-                    record(&self.log, self.start, Ev::Carried(f.item.key.clone(), f.outcome));
+                    record(&self.log, self.start, Ev::Carried(short(&f.item.key), f.outcome));
                     if let Some(e) = &f.back.expectations {
-                        record(&self.log, self.start, Ev::Raised(f.item.key.clone(), e.add));
+                        record(&self.log, self.start, Ev::Raised(short(&f.item.key), e.add));
                     }
                 }
             }
             record(&self.log, self.start, Ev::Lease);
-            let applied = self.carries || finished.is_empty();
             let takes = self.lease_takes;
             let items: Vec<_> = {
                 let mut q = self.items.lock().unwrap();
@@ -827,23 +713,23 @@ mod tests {
                     return Err(ClientError::Unavailable("queue down".into()));
                 }
                 tokio::time::sleep(takes).await;
-                if items.is_empty() && wait {
+                if items.is_empty() {
                     tokio::time::sleep(LEASE_WAIT).await;
                 }
-                Ok((items, applied))
+                Ok(items)
             }
         }
 
         fn renew(&self, _: &str, item: &LeasedItem, _: Duration) -> impl Call<()> {
-            record(&self.log, self.start, Ev::Renew(item.key.clone()));
+            record(&self.log, self.start, Ev::Renew(short(&item.key)));
             let down = ClientError::Unavailable("queue down".into());
             std::future::ready(if self.renew_ok { Ok(()) } else { Err(down) })
         }
 
         fn done(&self, _: &str, item: &LeasedItem, end: Outcome, b: WriteBack) -> impl Call<()> {
-            record(&self.log, self.start, Ev::Done(item.key.clone(), end));
+            record(&self.log, self.start, Ev::Done(short(&item.key), end));
             if let Some(e) = b.expectations {
-                record(&self.log, self.start, Ev::Raised(item.key.clone(), e.add));
+                record(&self.log, self.start, Ev::Raised(short(&item.key), e.add));
             }
             std::future::ready(Ok(()))
         }
@@ -876,22 +762,17 @@ mod tests {
     }
 
     impl Syncer for FakeSync {
-        fn run(
-            &self,
-            _: &str,
-            key: &str,
-            view: View,
-            wind_down: &Shutdown,
-            raised: &Raised,
-        ) -> impl SyncFuture {
-            let mut guard = DropGuard(Some((self.log.clone(), self.start, key.to_string())));
-            if view.is_some_and(|v| !v.trusted) {
-                record(&self.log, self.start, Ev::Untrusted(key.into()));
+        fn run(&self, _: &str, job: LeasedJob, wind_down: &Shutdown) -> impl SyncFuture {
+            let key = job.key.name.clone();
+            let mut guard = DropGuard(Some((self.log.clone(), self.start, key.clone())));
+            if job.view.as_ref().is_some_and(|v| !v.trusted) {
+                record(&self.log, self.start, Ev::Untrusted(key.clone()));
             }
             // Keys starting with `creating` owe their Done a record of two creations.
+            let journal = job.journal();
             if key.starts_with("creating") {
-                *raised.owed() = Some(v1::SetExpectationsRequest {
-                    key: key.into(),
+                *journal.owed() = Some(v1::SetExpectationsRequest {
+                    key: job.key.to_string(),
                     add: 2,
                     ..Default::default()
                 });
@@ -907,11 +788,15 @@ mod tests {
                 tokio::select! {
                     _ = tokio::time::sleep(run_for) => {}
                     _ = wind_down.cancelled(), if polite => {
-                        record(&self.log, self.start, Ev::WindDown(key.into()));
+                        record(&self.log, self.start, Ev::WindDown(key.clone()));
                     }
                 }
                 guard.disarm();
-                (Ok(SyncOutcome::Done), None)
+                SyncResult {
+                    outcome: Ok(SyncOutcome::Done),
+                    write_back: None,
+                    owed: journal.take(),
+                }
             }
         }
 
@@ -927,7 +812,6 @@ mod tests {
         renew_ok: bool,
         lease_errors: u32,
         carrying_errors: u32,
-        carries: bool,
         lease_takes: Duration,
         /// Syncs at once (default: one per key).
         concurrency: Option<usize>,
@@ -945,7 +829,6 @@ mod tests {
                 renew_ok: true,
                 lease_errors: 0,
                 carrying_errors: 0,
-                carries: true,
                 lease_takes: Duration::ZERO,
                 concurrency: None,
                 grace: Duration::from_secs(30),
@@ -961,17 +844,15 @@ mod tests {
         let log: Log = Arc::default();
         // Keys starting with `expired` come after a lease that expired.
         let items = setup.keys.iter().map(|k| LeasedItem {
-            key: k.to_string(),
+            key: format!("t/{k}"),
             lease_id: format!("id-{k}"),
             lease_expiries: u32::from(k.starts_with("expired")),
-            done_raises_expectations: true,
             ..Default::default()
         });
         let queue = FakeQueue {
             items: Arc::new(Mutex::new(items.collect())),
             lease_errors: Arc::new(Mutex::new(setup.lease_errors)),
             carrying_errors: Arc::new(Mutex::new(setup.carrying_errors)),
-            carries: setup.carries,
             renew_ok: setup.renew_ok,
             lease_takes: setup.lease_takes,
             log: log.clone(),
@@ -986,6 +867,7 @@ mod tests {
             lease: setup.lease,
             worker_id: "w".into(),
             shutdown_grace: setup.grace,
+            view_records: Some(&[]),
         };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
@@ -1124,12 +1006,9 @@ mod tests {
         let (calls, m) = run(setup).await;
         let forget = Outcome::Forget;
         let want = vec![
-            // "a" frees a slot at 1 s: the Lease refilling it carries a's Done. It is the first
-            // to carry one, so it does not wait (a server that ignored the Done must say so at
-            // once)...
+            // "a" frees a slot at 1 s: the Lease refilling it carries a's Done, finds nothing
+            // and waits (LEASE_WAIT)...
             (s(1.0), Ev::Carried("a".into(), forget)),
-            (s(1.0), Ev::Lease),
-            // ...and the next finds nothing and waits (LEASE_WAIT)...
             (s(1.0), Ev::Lease),
             // ...so "late", done at 2 s, sends its own Done at once rather than waiting for it.
             (s(2.0), Ev::Done("late".into(), forget)),
@@ -1168,27 +1047,6 @@ mod tests {
         ];
         assert_eq!(after(&calls, s(1.0)), want);
         assert_eq!(m.dones_carried.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 3);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_server_that_ignores_carried_dones_gets_them_on_their_own() {
-        let setup = Setup {
-            keys: &["a", "late"],
-            carries: false,
-            shutdown_at: s(10.0),
-            ..Default::default()
-        };
-        let (calls, _) = run(setup).await;
-        let forget = Outcome::Forget;
-        let want = vec![
-            (s(1.0), Ev::Lease),
-            // The reply had no results for it: a's Done goes again, on its own, at once.
-            (s(1.0), Ev::Done("a".into(), forget)),
-            (s(1.0), Ev::Lease),
-            // Carrying is off from now on.
-            (s(2.0), Ev::Done("late".into(), forget)),
-        ];
-        assert_eq!(after(&calls, s(1.0)), want);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,13 +1,18 @@
 //! kjob-worker: leases keys from kjob-queue and syncs them against the API server.
 //!
-//! * [`lease`]: the lease loop (batches, concurrency, renewals, one Done per lease, drain).
-//! * [`kube_api`]: every API server call, rate limited, timed out, retried and counted.
+//! Read top to bottom, each module uses only those below it:
+//! * [`worker`]: the [`Worker`], which wires the lease loop to the syncs.
+//! * [`lease`]: the lease loop (batches, concurrency, renewals, one Done per lease, drain); it
+//!   parses each key once and runs a sync it is given.
 //! * [`orphan`]: the `orphan-pod` queue (tracking-finalizer cleanup of orphan pods).
 //! * [`sync`]: syncJob — consistent reads, adoption, shared expectations, then the
-//!   `kjob-reconcile` plan executed step by step.
-//! * [`metrics`]: upstream `job_controller_*` metrics plus worker metrics.
+//!   `kjob-reconcile` plan executed step by step; a leased Job in, a [`SyncResult`] out.
+//! * [`context`]: what a sync is given and hands back.
+//! * [`events`], [`kube_api`], [`metrics`]: events, every API server call (rate limited, timed
+//!   out, retried and counted), upstream `job_controller_*` metrics plus worker metrics.
 
 pub mod config;
+pub mod context;
 pub mod events;
 pub mod kube_api;
 pub mod kube_proto;
@@ -28,7 +33,8 @@ use kjob_svc::{AdminServer, AdminState, Shutdown, Vital};
 use prometheus_client::registry::Registry;
 
 pub use config::{Args, WorkerConfig};
-pub use worker::{SyncError, SyncOutcome, Worker};
+pub use context::{LeasedJob, SyncError, SyncOutcome, SyncResult};
+pub use worker::Worker;
 
 /// How often `/readyz` re-checks that the queue service answers.
 const READY_PROBE_PERIOD: Duration = Duration::from_secs(5);
@@ -38,6 +44,9 @@ const EVENT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// The queues a worker serves, with the share of `--concurrency` each gets (upstream runs one
 /// orphan worker per Job worker).
 const SERVED_QUEUES: [&str; 2] = [kjob_core::JOB_QUEUE, kjob_core::ORPHAN_POD_QUEUE];
+
+/// The per-Job records a Job key's view brings along: a sync needs the pod-failure backoff.
+const JOB_VIEW_RECORDS: &[&str] = &[sync::BACKOFF_RECORD];
 
 /// The sockets a worker serves on (its admin port only), bound by the caller.
 pub type Listeners = kjob_svc::AdminListeners;
@@ -95,6 +104,7 @@ pub async fn run(
                 lease: lease_duration,
                 worker_id: worker_id.clone(),
                 shutdown_grace,
+                view_records: (q == kjob_core::JOB_QUEUE).then_some(JOB_VIEW_RECORDS),
             };
             let lease_loop =
                 lease::lease_loop(worker.clone(), queue.clone(), settings, shutdown.clone());

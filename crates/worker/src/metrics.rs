@@ -229,6 +229,24 @@ impl Metrics {
         self.job_view_reads.get_or_create(&ViewLabels { result: result.to_string() }).inc();
     }
 
+    /// Counts `n` finished pods seen still holding the tracking finalizer (`event="add"`).
+    pub fn finished_with_finalizer(&self, n: usize) {
+        if n > 0 {
+            self.terminated_pods_tracking_finalizer
+                .get_or_create(&EventLabels { event: "add".into() })
+                .inc_by(n as u64);
+        }
+    }
+
+    /// Counts `n` tracking finalizers removed from finished pods (`event="delete"`).
+    pub fn finalizer_removals(&self, n: u64) {
+        if n > 0 {
+            self.terminated_pods_tracking_finalizer
+                .get_or_create(&EventLabels { event: "delete".into() })
+                .inc_by(n);
+        }
+    }
+
     /// The per-queue label set.
     pub fn queue(queue: &str) -> QueueLabels {
         QueueLabels { queue: queue.to_string() }

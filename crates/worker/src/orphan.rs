@@ -4,10 +4,11 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
+use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::{Claim, claim};
 
+use crate::context::{SyncContext, SyncError, SyncOutcome};
 use crate::kube_api::ApiError;
-use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// What to do with a pod that reached the orphan queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,17 +67,13 @@ pub fn controller_of(pod: &Pod) -> Controller {
     Controller::Job { name: owner.name.clone(), uid: owner.uid.clone() }
 }
 
-/// Whether a Job has a `Complete` or `Failed` condition with status True (upstream
-/// `IsJobFinished`).
-pub use kjob_reconcile::conditions::is_finished as is_job_finished;
-
 /// Whether upstream `ClaimPods` would release `pod` from `job` (its controller): the Job is
 /// running (upstream's sync of a finished Job stops before claiming) and not being deleted,
 /// the pod is not being deleted, and the Job's selector no longer matches the pod's labels. A
 /// Job whose selector cannot be compiled never releases (its syncs refuse to run at all); one
 /// whose selector is empty matches, so keeps, every pod.
 pub fn should_release(pod: &Pod, job: &Job) -> bool {
-    if pod.metadata.deletion_timestamp.is_some() || is_job_finished(job) {
+    if pod.metadata.deletion_timestamp.is_some() || is_finished(job) {
         return false;
     }
     let Ok(selector) = crate::sync::job_selector(job) else { return false };
@@ -113,7 +110,7 @@ pub fn decide(
             let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
             if !kjob_core::manages(managed_by, controller_name, manage_all) {
                 OrphanDecision::Keep("Job is managed by another controller")
-            } else if !is_job_finished(job) {
+            } else if !is_finished(job) {
                 OrphanDecision::Keep("Job is running; it owns the pod")
             } else {
                 OrphanDecision::RemoveFinalizer
@@ -127,72 +124,74 @@ pub fn has_tracking_finalizer(pod: &Pod) -> bool {
     pod.metadata.finalizers.iter().flatten().any(|f| f == JOB_TRACKING_FINALIZER)
 }
 
-impl Worker {
-    /// Syncs one `orphan-pod` key (`namespace/podname`).
-    pub(crate) async fn sync_orphan_pod(&self, key: &ObjectKey) -> Result<SyncOutcome, SyncError> {
-        let Some(mut pod) = self.api.get_pod(&key.namespace, &key.name).await? else {
-            return Ok(SyncOutcome::Done);
-        };
-        let job = match controller_of(&pod) {
-            Controller::Job { name, uid } => self
-                .api
-                .get_job(&key.namespace, &name)
-                .await?
-                // A Job of the same name but another UID is a successor, not the pod's owner.
-                .filter(|j| j.metadata.uid.as_deref() == Some(uid.as_str())),
-            _ => None,
-        };
-        let mut decision =
-            decide(&pod, &lookup(&pod, job.as_ref()), &self.controller_name, self.manage_all);
-        if let OrphanDecision::Release { job_uid } = &decision {
-            match self.release_pod(&pod, job_uid).await? {
-                Some(released) => pod = released,
-                None => return Ok(SyncOutcome::Done),
-            }
-            // Released, the pod is an orphan like any other (unless another controller
-            // reference remains, which the decision reads from the patched pod).
-            let rest = decide(&pod, &lookup(&pod, None), &self.controller_name, self.manage_all);
-            decision = match rest {
-                OrphanDecision::Release { .. } => OrphanDecision::Keep("still controlled"),
-                d => d,
-            };
+/// Syncs one `orphan-pod` key (`namespace/podname`).
+pub async fn sync_orphan_pod(ctx: &SyncContext, key: &ObjectKey) -> Result<SyncOutcome, SyncError> {
+    let Some(mut pod) = ctx.api.get_pod(&key.namespace, &key.name).await? else {
+        return Ok(SyncOutcome::Done);
+    };
+    let job = match controller_of(&pod) {
+        Controller::Job { name, uid } => ctx
+            .api
+            .get_job(&key.namespace, &name)
+            .await?
+            // A Job of the same name but another UID is a successor, not the pod's owner.
+            .filter(|j| j.metadata.uid.as_deref() == Some(uid.as_str())),
+        _ => None,
+    };
+    let mut decision =
+        decide(&pod, &lookup(&pod, job.as_ref()), &ctx.controller_name, ctx.manage_all);
+    if let OrphanDecision::Release { job_uid } = &decision {
+        match release_pod(ctx, &pod, job_uid).await? {
+            Some(released) => pod = released,
+            None => return Ok(SyncOutcome::Done),
         }
-        match decision {
-            OrphanDecision::Release { .. } => {}
-            OrphanDecision::Keep(why) => {
-                tracing::debug!(pod = %key, why, "leaving orphan pod alone");
-            }
-            OrphanDecision::RemoveFinalizer => {
-                self.api.remove_tracking_finalizer(&key.namespace, &key.name).await?;
-                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-                if matches!(phase, Some("Succeeded" | "Failed")) {
-                    // Seen finished with the finalizer, then without it.
-                    self.count_finished_with_finalizer(1);
-                    self.count_finalizer_removals(1);
-                }
-                tracing::debug!(pod = %key, "removed tracking finalizer from orphan pod");
-            }
-        }
-        Ok(SyncOutcome::Done)
+        // Released, the pod is an orphan like any other (unless another controller
+        // reference remains, which the decision reads from the patched pod).
+        let rest = decide(&pod, &lookup(&pod, None), &ctx.controller_name, ctx.manage_all);
+        decision = match rest {
+            OrphanDecision::Release { .. } => OrphanDecision::Keep("still controlled"),
+            d => d,
+        };
     }
-
-    /// Removes the Job's owner reference from `pod` (upstream `ReleasePod`: a strategic merge
-    /// `$patch: delete` by UID, with the pod's UID as precondition). Returns the patched pod,
-    /// or `None` when the pod is gone or was replaced by a namesake.
-    async fn release_pod(&self, pod: &Pod, job_uid: &str) -> Result<Option<Pod>, SyncError> {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        match self.api.patch_pod(ns, name, &release_patch(pod, job_uid)).await {
-            Ok(p) => {
-                tracing::info!(pod = %format!("{ns}/{name}"), job_uid,
-                    "released pod whose labels no longer match its Job");
-                Ok(Some(p))
-            }
-            Err(ApiError::NotFound(_) | ApiError::Conflict { .. }) => Ok(None),
-            // The UID precondition failed: the name now belongs to another pod.
-            Err(ApiError::Refused { code: 422, .. }) => Ok(None),
-            Err(e) => Err(e.into()),
+    match decision {
+        OrphanDecision::Release { .. } => {}
+        OrphanDecision::Keep(why) => {
+            tracing::debug!(pod = %key, why, "leaving orphan pod alone");
         }
+        OrphanDecision::RemoveFinalizer => {
+            ctx.api.remove_tracking_finalizer(&key.namespace, &key.name).await?;
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                // Seen finished with the finalizer, then without it.
+                ctx.metrics.finished_with_finalizer(1);
+                ctx.metrics.finalizer_removals(1);
+            }
+            tracing::debug!(pod = %key, "removed tracking finalizer from orphan pod");
+        }
+    }
+    Ok(SyncOutcome::Done)
+}
+
+/// Removes the Job's owner reference from `pod` (upstream `ReleasePod`: a strategic merge
+/// `$patch: delete` by UID, with the pod's UID as precondition). Returns the patched pod,
+/// or `None` when the pod is gone or was replaced by a namesake.
+async fn release_pod(
+    ctx: &SyncContext,
+    pod: &Pod,
+    job_uid: &str,
+) -> Result<Option<Pod>, SyncError> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    match ctx.api.patch_pod(ns, name, &release_patch(pod, job_uid)).await {
+        Ok(p) => {
+            tracing::info!(pod = %format!("{ns}/{name}"), job_uid,
+                    "released pod whose labels no longer match its Job");
+            Ok(Some(p))
+        }
+        Err(ApiError::NotFound(_) | ApiError::Conflict { .. }) => Ok(None),
+        // The UID precondition failed: the name now belongs to another pod.
+        Err(ApiError::Refused { code: 422, .. }) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 

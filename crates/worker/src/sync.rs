@@ -9,6 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
 use kjob_queue_client::v1;
+use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::selector::Selector;
@@ -21,14 +22,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;
 
+use crate::context::{Journal, LeasedJob, SyncContext, SyncError, SyncOutcome, SyncResult};
 use crate::events::EventType;
 use crate::kube_api::ApiError;
-use crate::lease::Raised;
 use crate::metrics::{
     ActionLabels, CreationLabels, FinishedLabels, IndexesLabels, PodsFinishedLabels, SyncLabels,
 };
-use crate::orphan::is_job_finished;
-use crate::worker::{SyncError, SyncOutcome, Worker};
 
 /// Name of the per-Job record holding the pod-failure backoff state in the queue service.
 pub const BACKOFF_RECORD: &str = "backoff";
@@ -107,18 +106,45 @@ pub fn expectations_usable(
     satisfied || (exists && age >= stale_after)
 }
 
-impl Worker {
-    /// Syncs one Job key (upstream `syncJob`).
-    pub(crate) async fn sync_job(
-        &self,
-        key: &ObjectKey,
-        leased_view: Option<v1::GetJobViewResponse>,
-        wind_down: &CancellationToken,
-        write_back: &mut Option<v1::PutJobViewRequest>,
-        raised: &Raised,
-    ) -> Result<SyncOutcome, SyncError> {
+/// Syncs one leased Job (upstream `syncJob`): what its lease's Done hands back.
+pub async fn sync_job(
+    ctx: &SyncContext,
+    job: LeasedJob,
+    wind_down: &CancellationToken,
+) -> SyncResult {
+    let journal = job.journal();
+    let run =
+        JobRun { ctx, key: &job.key, wire_key: job.key.to_string(), wind_down, journal: &journal };
+    let (outcome, write_back) = match run.sync(job.view).await {
+        Ok(synced) => synced,
+        Err(e) => (Err(e), None),
+    };
+    SyncResult { outcome, write_back, owed: journal.take() }
+}
+
+/// How a sync ended, and the Job object it hands back for the shared view.
+type Synced = (Result<SyncOutcome, SyncError>, Option<v1::PutJobViewRequest>);
+
+/// One sync of one Job: what every step of it reads.
+struct JobRun<'a> {
+    /// The per-process context.
+    ctx: &'a SyncContext,
+    /// The Job's key.
+    key: &'a ObjectKey,
+    /// The key as the queue service names it.
+    wire_key: String,
+    /// Fires when the worker hands its keys back: no more pod calls.
+    wind_down: &'a CancellationToken,
+    /// What the sync owes its Done so far.
+    journal: &'a Journal,
+}
+
+impl JobRun<'_> {
+    /// Reads, plans and acts; an error before the plan runs hands nothing back.
+    async fn sync(&self, leased_view: Option<v1::GetJobViewResponse>) -> Result<Synced, SyncError> {
         let started = Instant::now();
-        let key_str = key.to_string();
+        let key = self.key;
+        let key_str = self.wire_key.clone();
         // The shared view (the leading watcher's informer state) when it can be trusted; else
         // consistent reads, as before the view existed. The Lease reply usually brought it.
         let (job, exp, view_pods, view_backoff) = match self
@@ -127,20 +153,20 @@ impl Worker {
         {
             Some(v) => (v.job, v.expectations, Some((v.pods, v.orphans_pending)), Some(v.backoff)),
             None => {
-                let Some(job) = self.api.get_job(&key.namespace, &key.name).await? else {
+                let Some(job) = self.ctx.api.get_job(&key.namespace, &key.name).await? else {
                     // The Job is gone: its expectations, finalizer-removal set and records go.
-                    self.queue.delete_expectations(&key_str).await?;
-                    return Ok(SyncOutcome::Done);
+                    self.ctx.queue.delete_expectations(&key_str).await?;
+                    return Ok((Ok(SyncOutcome::Done), None));
                 };
                 (job, None, None, None)
             }
         };
         let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
-        if !kjob_core::manages(managed_by, &self.controller_name, self.manage_all) {
-            return Ok(SyncOutcome::Done);
+        if !kjob_core::manages(managed_by, &self.ctx.controller_name, self.ctx.manage_all) {
+            return Ok((Ok(SyncOutcome::Done), None));
         }
-        if is_job_finished(&job) {
-            return Ok(SyncOutcome::Done);
+        if is_finished(&job) {
+            return Ok((Ok(SyncOutcome::Done), None));
         }
         let uid = job.metadata.uid.clone().unwrap_or_default();
         // Expectations are read before the pods, as upstream: an observation that lands in
@@ -148,11 +174,11 @@ impl Worker {
         // brings them from the same script as its pods.
         let exp = match exp {
             Some(e) => e,
-            None => self.queue.get_expectations(&key_str, &uid).await?,
+            None => self.ctx.queue.get_expectations(&key_str, &uid).await?,
         };
         if !exp.satisfied
             && exp.exists
-            && exp.age_ms >= self.stale_expectations_after.as_millis() as u64
+            && exp.age_ms >= self.ctx.stale_expectations_after.as_millis() as u64
         {
             tracing::info!(job = %key_str, add = exp.add, del = exp.del, age_ms = exp.age_ms,
                 "expectations outlived every lease that could lower them; syncing from a fresh LIST");
@@ -160,7 +186,7 @@ impl Worker {
         let in_flight: BTreeSet<String> = exp.finalizer_removals.into_iter().collect();
         let stale = !exp.satisfied
             && exp.exists
-            && exp.age_ms >= self.stale_expectations_after.as_millis() as u64;
+            && exp.age_ms >= self.ctx.stale_expectations_after.as_millis() as u64;
         // Pods this sync plans from the view, which misses any pod created but not observed yet.
         let mut from_view = false;
         let pods = match view_pods {
@@ -184,11 +210,11 @@ impl Worker {
         };
         let age = Duration::from_millis(exp.age_ms);
         let satisfied =
-            expectations_usable(exp.satisfied, exp.exists, age, self.stale_expectations_after);
+            expectations_usable(exp.satisfied, exp.exists, age, self.ctx.stale_expectations_after);
         // Upstream waits for the observation that satisfies the record to enqueue the Job again.
         // If that observation is lost (a watcher failover, a crashed worker) nothing would, so
         // come back when the record turns stale.
-        let recheck = (!satisfied).then(|| self.stale_expectations_after.saturating_sub(age));
+        let recheck = (!satisfied).then(|| self.ctx.stale_expectations_after.saturating_sub(age));
         let input = SyncInput {
             job: &job,
             pods: &[],
@@ -196,8 +222,8 @@ impl Worker {
             expectations_satisfied: satisfied,
             finalizer_removals_in_flight: &in_flight,
             backoff: backoff.as_ref(),
-            controller_name: &self.controller_name,
-            manage_all: self.manage_all,
+            controller_name: &self.ctx.controller_name,
+            manage_all: self.ctx.manage_all,
         };
         // Pods created but not observed yet are missing from the view, so it can show a Job's
         // last running pod as absent; upstream decides success without looking at the
@@ -209,17 +235,16 @@ impl Worker {
             JobSync::with_summaries(SyncInput { pods: pods.pods(), ..input }, pods.summaries());
         if from_view && exp.add > 0 && plan.succeeds_unmanaged() {
             drop(plan);
-            self.metrics.view_read("unobserved_creations");
+            self.ctx.metrics.view_read("unobserved_creations");
             listed = self.pods_for_job(&job).await?;
             plan = JobSync::with_summaries(
                 SyncInput { pods: listed.pods(), ..input },
                 listed.summaries(),
             );
         }
-        let mut outcome =
-            self.drive(&job, &uid, &key_str, plan, wind_down, write_back, raised).await;
+        let (mut outcome, write_back) = self.drive(&job, &uid, plan).await;
         outcome.requeue_after = earliest(outcome.requeue_after, recheck);
-        self.finish_sync(&job, &key_str, outcome, started).await
+        Ok((self.finish_sync(&job, &key_str, outcome, started).await, write_back))
     }
 
     /// Reads the shared view of `key`: the Job, its pods (in name order, as a LIST returns
@@ -232,21 +257,21 @@ impl Worker {
     ) -> Result<Option<ViewRead>, SyncError> {
         let v = match leased {
             Some(v) => v.trusted.then_some(v),
-            None => self.queue.get_job_view(key, &[BACKOFF_RECORD]).await?,
+            None => self.ctx.queue.get_job_view(key, &[BACKOFF_RECORD]).await?,
         };
         let Some(v) = v else {
-            self.metrics.view_read("untrusted");
+            self.ctx.metrics.view_read("untrusted");
             return Ok(None);
         };
         match decode_view(v) {
             Ok(read) => {
                 let result = if read.orphans_pending.is_some() { "orphans" } else { "trusted" };
-                self.metrics.view_read(result);
+                self.ctx.metrics.view_read(result);
                 Ok(Some(read))
             }
             Err(e) => {
                 tracing::warn!(job = key, error = %e, "the shared view does not parse; reading the API server");
-                self.metrics.view_read("undecodable");
+                self.ctx.metrics.view_read("undecodable");
                 Ok(None)
             }
         }
@@ -255,7 +280,7 @@ impl Worker {
     /// Records that orphan notices up to `seen` were handled by a LIST (best effort: a failure
     /// only means the next sync lists again).
     async fn ack_orphans(&self, key: &str, uid: &str, seen: u64) {
-        if let Err(e) = self.queue.put_job_view(key, uid, Vec::new(), "", seen).await {
+        if let Err(e) = self.ctx.queue.put_job_view(key, uid, Vec::new(), "", seen).await {
             tracing::debug!(job = key, error = %e, "could not acknowledge orphan notices");
         }
     }
@@ -270,7 +295,7 @@ impl Worker {
     async fn write_back(&self, key: &str, job: &Job) {
         let Some(w) = view_write_back(key, job) else { return };
         if let Err(e) =
-            self.queue.put_job_view(key, &w.job_uid, w.job, &w.resource_version, 0).await
+            self.ctx.queue.put_job_view(key, &w.job_uid, w.job, &w.resource_version, 0).await
         {
             tracing::debug!(job = key, error = %e, "could not write the Job back to the shared view");
         }
@@ -297,17 +322,13 @@ impl Worker {
     /// the next Done that expects removals), and the view already shows those pods without
     /// it, so the next sync plans from the same facts as with expectations raised first.
     /// Removals that failed are dropped from what the Done expects.
-    #[allow(clippy::too_many_arguments)]
     async fn drive(
         &self,
         job: &Job,
         uid: &str,
-        key: &str,
         mut plan: JobSync<'_>,
-        wind_down: &CancellationToken,
-        write_back: &mut Option<v1::PutJobViewRequest>,
-        raised: &Raised,
-    ) -> Outcome {
+    ) -> (Outcome, Option<v1::PutJobViewRequest>) {
+        let (key, wind_down, raised) = (self.wire_key.as_str(), self.wind_down, self.journal);
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         // Status writes carry the latest resourceVersion this sync holds (its own last write).
         let mut current = job.clone();
@@ -323,23 +344,21 @@ impl Worker {
             }
             if let Some(add) = held.take() {
                 let creates = matches!(step, Step::CreatePods { .. });
-                if creates && raised.deferrable && !wind_down.is_cancelled() {
+                if creates && !wind_down.is_cancelled() {
                     // Until the creates answer, every one of them is expected.
                     *raised.owed() = Some(raise_after_creates(key, uid, add));
                 } else if let Err(e) =
                     self.apply_expectations(key, uid, Expectations::Set { add, del: 0 }).await
                 {
-                    return plan.abort(format!("expectations: {e}"));
+                    return (plan.abort(format!("expectations: {e}")), None);
                 }
             }
             let deferred = raised.owed().is_some();
             let report = match step {
                 Step::Done(outcome) => {
                     // Goes with the lease's Done (see `write_back`).
-                    if wrote_status {
-                        *write_back = view_write_back(key, &current);
-                    }
-                    return *outcome;
+                    let back = if wrote_status { view_write_back(key, &current) } else { None };
+                    return (*outcome, back);
                 }
                 Step::Expectations(Expectations::Set { add, del: 0 }) if add > 0 && !deferred => {
                     held = Some(add);
@@ -366,7 +385,7 @@ impl Worker {
                     if !rest.is_empty() {
                         let forget = Expectations::FinalizerRemovalsFailed { pod_uids: rest };
                         if let Err(e) = self.apply_expectations(key, uid, forget).await {
-                            return plan.abort(format!("expectations: {e}"));
+                            return (plan.abort(format!("expectations: {e}")), None);
                         }
                     }
                     continue;
@@ -378,7 +397,7 @@ impl Worker {
                     let raised_now = match &pending {
                         Some(r) => {
                             let (add, uids) = (r.add, &r.created_pod_uids);
-                            self.queue.set_expectations_created(key, uid, add, 0, uids).await
+                            self.ctx.queue.set_expectations_created(key, uid, add, 0, uids).await
                         }
                         None => Ok(()),
                     };
@@ -391,7 +410,7 @@ impl Worker {
                         }
                     };
                     if let Err(e) = applied {
-                        return plan.abort(format!("expectations: {e}"));
+                        return (plan.abort(format!("expectations: {e}")), None);
                     }
                     continue;
                 }
@@ -405,7 +424,7 @@ impl Worker {
                     Report::FinalizersRemoved(pods.iter().map(|_| Err(winding_down())).collect())
                 }
                 Step::CreatePods { pods } => {
-                    let calls = pods.iter().map(|p| self.api.create_pod(&ns, p));
+                    let calls = pods.iter().map(|p| self.ctx.api.create_pod(&ns, p));
                     let results = join_all(calls).await;
                     if deferred && let Some(r) = raised.owed().as_mut() {
                         r.created_pod_uids.extend(
@@ -426,20 +445,21 @@ impl Worker {
                 Step::DeletePods { pods, remove_finalizer } => {
                     let calls = pods.iter().map(|p| async {
                         if remove_finalizer {
-                            self.api.patch_out_tracking_finalizer(&ns, &p.name).await.map_err(
+                            self.ctx.api.patch_out_tracking_finalizer(&ns, &p.name).await.map_err(
                                 |e| match e {
                                     ApiError::NotFound(_) => CallError::NotFound,
                                     e => CallError::FinalizerPatch(e.to_string()),
                                 },
                             )?;
                         }
-                        self.api.delete_pod(&ns, &p.name).await.map_err(call_error)
+                        self.ctx.api.delete_pod(&ns, &p.name).await.map_err(call_error)
                     });
                     Report::PodsDeleted(join_all(calls).await)
                 }
                 Step::RemoveFinalizers { pods } => {
                     let calls = pods.iter().map(|p| async {
-                        self.api
+                        self.ctx
+                            .api
                             .patch_out_tracking_finalizer(&ns, &p.name)
                             .await
                             .map_err(call_error)
@@ -448,19 +468,21 @@ impl Worker {
                     // Upstream counts finished pods losing the finalizer from pod events; here the
                     // remover counts them (the watcher owns the `add` side).
                     let removed = results.iter().filter(|r| r.is_ok()).count() as u64;
-                    self.count_finalizer_removals(removed);
+                    self.ctx.metrics.finalizer_removals(removed);
                     Report::FinalizersRemoved(results)
                 }
                 Step::UpdateStatus { status } => {
                     let before = uncounted_uids(current.status.as_ref());
                     current.status = Some(*status);
-                    match self.api.replace_job_status(&current).await {
+                    match self.ctx.api.replace_job_status(&current).await {
                         Ok(version) => {
                             // Upstream counts `add` when its informer first sees a finished pod
                             // with the finalizer; kjob's watcher reads pod metadata only, so the
                             // worker counts each pod as it records it, once per fenced write.
                             let after = uncounted_uids(current.status.as_ref());
-                            self.count_finished_with_finalizer(after.difference(&before).count());
+                            self.ctx
+                                .metrics
+                                .finished_with_finalizer(after.difference(&before).count());
                             // An answer without a version (no real server sends one)
                             // keeps the old one: the next write is then refused as stale,
                             // never sent unfenced.
@@ -475,7 +497,8 @@ impl Worker {
                                 // Planned from an older Job than the server's (a view the
                                 // watcher had not caught up on): refresh the view so the retry
                                 // plans from the current one.
-                                if let Ok(Some(fresh)) = self.api.get_job(&ns, job_name(job)).await
+                                if let Ok(Some(fresh)) =
+                                    self.ctx.api.get_job(&ns, job_name(job)).await
                                     && fresh.metadata.uid.as_deref() == Some(uid)
                                 {
                                     self.write_back(key, &fresh).await;
@@ -502,16 +525,16 @@ impl Worker {
     ) -> Result<(), kjob_queue_client::ClientError> {
         match op {
             Expectations::Set { add, del } => {
-                self.queue.set_expectations(key, uid, i64::from(add), i64::from(del)).await
+                self.ctx.queue.set_expectations(key, uid, i64::from(add), i64::from(del)).await
             }
             Expectations::Lower { add, del } => {
-                self.queue.lower_expectations(key, uid, i64::from(add), i64::from(del)).await
+                self.ctx.queue.lower_expectations(key, uid, i64::from(add), i64::from(del)).await
             }
             Expectations::ExpectFinalizerRemovals { pod_uids } => {
-                self.queue.expect_finalizer_removals(key, uid, pod_uids).await
+                self.ctx.queue.expect_finalizer_removals(key, uid, pod_uids).await
             }
             Expectations::FinalizerRemovalsFailed { pod_uids } => {
-                self.queue.forget_finalizer_removals(key, pod_uids).await.map(drop)
+                self.ctx.queue.forget_finalizer_removals(key, pod_uids).await.map(drop)
             }
         }
     }
@@ -560,33 +583,13 @@ impl Worker {
             BackoffUpdate::Put(record) => {
                 let uid = job.metadata.uid.as_deref().unwrap_or_default();
                 let bytes = encode_backoff(record, uid);
-                self.queue.put_record(key, BACKOFF_RECORD, bytes, None).await?;
+                self.ctx.queue.put_record(key, BACKOFF_RECORD, bytes, None).await?;
             }
             BackoffUpdate::Remove => {
-                self.queue.delete_record(key, BACKOFF_RECORD).await?;
+                self.ctx.queue.delete_record(key, BACKOFF_RECORD).await?;
             }
         }
         Ok(())
-    }
-
-    /// Counts finished pods seen still holding the tracking finalizer (`event="add"`).
-    pub(crate) fn count_finished_with_finalizer(&self, n: usize) {
-        if n > 0 {
-            self.metrics
-                .terminated_pods_tracking_finalizer
-                .get_or_create(&crate::metrics::EventLabels { event: "add".into() })
-                .inc_by(n as u64);
-        }
-    }
-
-    /// Counts tracking finalizers removed from finished pods.
-    pub(crate) fn count_finalizer_removals(&self, n: u64) {
-        if n > 0 {
-            self.metrics
-                .terminated_pods_tracking_finalizer
-                .get_or_create(&crate::metrics::EventLabels { event: "delete".into() })
-                .inc_by(n);
-        }
     }
 
     /// Makes sure a failed sync's key comes back after `after` at the latest. Upstream's syncJob
@@ -602,7 +605,7 @@ impl Worker {
             delay_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
             ..Default::default()
         };
-        if let Err(e) = self.queue.add(vec![item]).await {
+        if let Err(e) = self.ctx.queue.add(vec![item]).await {
             tracing::warn!(error = %e, ?after, "could not keep the requeue of a failed sync");
         }
     }
@@ -610,7 +613,7 @@ impl Worker {
     /// Reads the persisted pod-failure backoff record of the Job with UID `uid` (see
     /// [`decode_backoff`]).
     async fn read_backoff(&self, key: &str, uid: &str) -> Result<Option<BackoffRecord>, SyncError> {
-        let bytes = self.queue.get_record(key, BACKOFF_RECORD).await?;
+        let bytes = self.ctx.queue.get_record(key, BACKOFF_RECORD).await?;
         Ok(bytes.and_then(|b| decode_backoff(&b, uid)))
     }
 
@@ -619,11 +622,11 @@ impl Worker {
             PlanEventType::Normal => EventType::Normal,
             PlanEventType::Warning => EventType::Warning,
         };
-        self.events.job_event(job, kind, &ev.reason, &ev.message);
+        self.ctx.events.job_event(job, kind, &ev.reason, &ev.message);
     }
 
     fn add_metrics(&self, d: &MetricDeltas, success: bool, elapsed: Duration) {
-        let m = &self.metrics;
+        let m = &self.ctx.metrics;
         let mode = d.completion_mode.to_string();
         let labels = SyncLabels {
             completion_mode: mode.clone(),
@@ -676,7 +679,7 @@ impl Worker {
         let selector = job_selector(job)?;
         // `job_selector` refuses the nil selector, the one no query expresses.
         let query = selector.api_query().unwrap_or_default();
-        let listed = self.api.list_pods(&ns, &query).await?;
+        let listed = self.ctx.api.list_pods(&ns, &query).await?;
         let mut claimed = SummarizedPods::with_capacity(listed.len());
         let mut can_adopt: Option<bool> = None;
         let (listed, summaries) = listed.into_parts();
@@ -697,7 +700,7 @@ impl Worker {
                         continue;
                     }
                     let name = pod.metadata.name.clone().unwrap_or_default();
-                    match self.api.patch_pod(&ns, &name, &adoption_patch(job, &pod)).await {
+                    match self.ctx.api.patch_pod(&ns, &name, &adoption_patch(job, &pod)).await {
                         Ok(p) => claimed.push(p),
                         Err(ApiError::NotFound(_)) => {}
                         Err(e) => return Err(e.into()),
@@ -713,7 +716,7 @@ impl Worker {
     async fn job_still_adopts(&self, job: &Job) -> Result<bool, SyncError> {
         let ns = job.metadata.namespace.as_deref().unwrap_or_default();
         let name = job.metadata.name.as_deref().unwrap_or_default();
-        let fresh = self.api.get_job(ns, name).await?;
+        let fresh = self.ctx.api.get_job(ns, name).await?;
         Ok(fresh.is_some_and(|f| {
             f.metadata.uid == job.metadata.uid && f.metadata.deletion_timestamp.is_none()
         }))

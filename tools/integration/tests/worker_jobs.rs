@@ -618,10 +618,9 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
     let sync = |view: Option<kjob_queue_client::v1::GetJobViewResponse>| {
         let (worker, never, key) = (&worker, &never, key.clone());
         async move {
-            let raised = kjob_worker::lease::Raised::new(false, false);
-            let mut write_back = None;
-            let queue_name = kjob_core::JOB_QUEUE;
-            worker.sync_leased(queue_name, &key, view, never, &mut write_back, &raised).await
+            let key = kjob_core::ObjectKey::parse(&key).unwrap();
+            let job = kjob_worker::LeasedJob::without_done(key, view);
+            worker.sync_leased(kjob_core::JOB_QUEUE, job, never).await.outcome
         }
     };
     // A first sync (from the API server) creates both pods; one succeeds.
@@ -686,11 +685,17 @@ impl ByHand {
         Self { ns, queue, worker, writer, _registry, never, pods }
     }
 
-    /// One sync of Job `key` (from the API server), owing what it may to `raised`.
-    async fn sync(&self, key: &str, raised: &kjob_worker::lease::Raised) {
-        let mut write_back = None;
-        let (queue, never) = (kjob_core::JOB_QUEUE, &self.never);
-        self.worker.sync_leased(queue, key, None, never, &mut write_back, raised).await.unwrap();
+    /// One sync of Job `key` (from the API server), as a lease ending with a Done runs it
+    /// (`done`) or as one without: what it owes.
+    async fn sync(&self, key: &str, done: bool) -> kjob_worker::context::Owed {
+        let key = kjob_core::ObjectKey::parse(key).unwrap();
+        let job = match done {
+            true => kjob_worker::LeasedJob::new(key, None),
+            false => kjob_worker::LeasedJob::without_done(key, None),
+        };
+        let r = self.worker.sync_leased(kjob_core::JOB_QUEUE, job, &self.never).await;
+        r.outcome.unwrap();
+        r.owed
     }
 
     /// The pods of Job `job_name`.
@@ -706,43 +711,31 @@ impl ByHand {
     }
 }
 
-/// Against a kjob-queue that applies a Done's expectations a sync leaves the record of the pods
-/// it creates to the Done, with their UIDs; against one from before that (its leases do not
-/// say so) it raises the record before the creates, as upstream.
-async fn a_sync_owes_its_done_the_record_only_when_the_queue_applies_it(server: TestServer) {
+/// A sync leaves the record of the pods it creates to its lease's Done, with their UIDs: none
+/// is raised before the creates.
+async fn a_sync_owes_its_done_the_record_of_its_creations(server: TestServer) {
     let h = ByHand::start(&server, "owed").await;
-    for (job_name, deferrable) in [("first", false), ("after", true)] {
-        let job = create_plain_job(&server.client(), &h.ns, job_name, 1, 1).await;
-        let uid = job.metadata.uid.clone().unwrap();
-        let key = format!("{}/{job_name}", h.ns);
-        let raised = kjob_worker::lease::Raised::new(deferrable, deferrable);
-        h.sync(&key, &raised).await;
-        let created = h.pods_of(job_name).await;
-        assert_eq!(created.len(), 1, "{job_name}");
-        let record = h.queue.client().get_expectations(&key, &uid).await.unwrap();
-        let owed = raised.take();
-        if deferrable {
-            assert!(!record.exists, "{record:?}");
-            let owed = owed.expect("the record is owed to the Done");
-            assert_eq!(
-                (owed.key.as_str(), owed.job_uid.as_str(), owed.add, owed.del),
-                (key.as_str(), uid.as_str(), 1, 0)
-            );
-            assert_eq!(owed.created_pod_uids, vec![created[0].metadata.uid.clone().unwrap()]);
-        } else {
-            assert_eq!(owed, None);
-            assert!(record.exists && (record.add, record.del) == (1, 0), "{record:?}");
-        }
-    }
+    let job_name = "after";
+    let job = create_plain_job(&server.client(), &h.ns, job_name, 1, 1).await;
+    let uid = job.metadata.uid.clone().unwrap();
+    let key = format!("{}/{job_name}", h.ns);
+    let owed = h.sync(&key, true).await.expectations;
+    let created = h.pods_of(job_name).await;
+    assert_eq!(created.len(), 1, "{job_name}");
+    let record = h.queue.client().get_expectations(&key, &uid).await.unwrap();
+    assert!(!record.exists, "{record:?}");
+    let owed = owed.expect("the record is owed to the Done");
+    assert_eq!(
+        (owed.key.as_str(), owed.job_uid.as_str(), owed.add, owed.del),
+        (key.as_str(), uid.as_str(), 1, 0)
+    );
+    assert_eq!(owed.created_pod_uids, vec![created[0].metadata.uid.clone().unwrap()]);
     h.stop();
 }
 
-/// Against a kjob-queue that expects a Done's finalizer removals a sync that counts a finished
-/// pod leaves the expectation of its finalizer's removal to the Done; against one from before
-/// that it expects the removal before making it, as upstream.
-async fn a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects_them(
-    server: TestServer,
-) {
+/// A sync that counts a finished pod leaves the expectation of its finalizer's removal to its
+/// lease's Done; a sync without a Done expects the removal before making it, as upstream.
+async fn a_sync_owes_its_done_the_finalizer_removals_it_makes(server: TestServer) {
     let h = ByHand::start(&server, "removals").await;
     for (job_name, deferrable) in [("first", false), ("after", true)] {
         let job = create_plain_job(&server.client(), &h.ns, job_name, 1, 1).await;
@@ -750,21 +743,18 @@ async fn a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects
         let key = format!("{}/{job_name}", h.ns);
         // The first sync creates the pod (its record, owed to a Done, is dropped: no watcher
         // runs here to observe the creation).
-        let raised = kjob_worker::lease::Raised::new(true, deferrable);
-        h.sync(&key, &raised).await;
-        assert!(raised.take().is_some(), "{job_name}");
+        let owed = h.sync(&key, deferrable).await;
+        assert!(owed.expectations.is_some(), "{job_name}");
         let created = h.pods_of(job_name).await;
         assert_eq!(created.len(), 1, "{job_name}");
         let pod_uid = created[0].metadata.uid.clone().unwrap();
         common::set_phase(&h.pods, &created[0], &Fate::Succeed).await;
         // The second counts it: status, finalizer removal, status.
-        let raised = kjob_worker::lease::Raised::new(true, deferrable);
-        h.sync(&key, &raised).await;
+        let owed = h.sync(&key, deferrable).await.removals;
         let pod = h.pods.get(created[0].metadata.name.as_deref().unwrap()).await.unwrap();
         let finalizers = pod.metadata.finalizers.unwrap_or_default();
         assert!(!finalizers.iter().any(|f| f == "batch.kubernetes.io/job-tracking"));
         let exp = h.queue.client().get_expectations(&key, &uid).await.unwrap();
-        let owed = raised.take_removals();
         if deferrable {
             assert!(exp.finalizer_removals.is_empty(), "{exp:?}");
             let owed = owed.expect("the removal is owed to the Done");
@@ -795,7 +785,7 @@ kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     suspend_then_resume,
     pod_replacement_policy_failed_waits_for_terminating_pods,
     expectations_of_one_batch_are_raised_after_the_creates,
-    a_sync_owes_its_done_the_record_only_when_the_queue_applies_it,
-    a_sync_owes_its_done_the_finalizer_removals_only_when_the_queue_expects_them,
+    a_sync_owes_its_done_the_record_of_its_creations,
+    a_sync_owes_its_done_the_finalizer_removals_it_makes,
     a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list,
 );
