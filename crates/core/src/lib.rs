@@ -5,6 +5,7 @@
 pub mod events;
 pub mod queue;
 pub mod rbac;
+pub mod seal;
 
 pub use queue::{LeaseOutcome, Observation, ObservationKind, ViewOp};
 
