@@ -6,7 +6,10 @@ pub mod events;
 pub mod queue;
 pub mod rbac;
 
-pub use queue::{LeaseOutcome, Observation, ObservationKind, ViewOp};
+pub use queue::{
+    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome, Leased,
+    Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
+};
 
 use std::time::Duration;
 
