@@ -7,7 +7,10 @@ pub mod queue;
 pub mod rbac;
 pub mod seal;
 
-pub use queue::{LeaseOutcome, Observation, ObservationKind, ViewOp};
+pub use queue::{
+    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome, Leased,
+    Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
+};
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The queue vocabulary every service speaks, defined once: what the watcher observes about a
-//! Job's pods and how a lease ends. The wire forms are in `kjob-proto` (`kjob_proto::convert`),
+//! Job's pods, what a lease brings (the Job's shared view and expectations) and how it ends. The wire forms are in `kjob-proto` (`kjob_proto::convert`),
 //! the Redis forms in `kjob-workqueue`; both are conversions of these types.
 
 use std::time::Duration;
@@ -141,4 +141,202 @@ impl<B: AsRef<[u8]>> ViewOp<B> {
             _ => 64,
         }
     }
+}
+
+/// A lease as kjob-queue grants it (wire `LeasedItem`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Leased {
+    /// The leased key, `namespace/name`.
+    pub key: String,
+    /// The lease's fencing id.
+    pub lease_id: String,
+    /// Rate-limited requeues of the key so far.
+    pub requeues: u32,
+    /// Lease deadline (Unix ms, on the Redis clock).
+    pub deadline_unix_ms: i64,
+    /// When the key was last enqueued (Unix ms).
+    pub enqueued_unix_ms: i64,
+    /// Leases of this key that expired since it was last finished.
+    pub lease_expiries: u32,
+    /// The Job's shared view, when the lease asked for views.
+    pub view: Option<JobView>,
+}
+
+/// A Job's expectations as kjob-queue reads them (wire `GetExpectationsResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobExpectations {
+    /// Nothing expected is still outstanding (or there is no record).
+    pub satisfied: bool,
+    /// A record exists for the Job's UID.
+    pub exists: bool,
+    /// Creations still expected.
+    pub add: i64,
+    /// Deletions still expected.
+    pub del: i64,
+    /// Age of the record.
+    pub age_ms: u64,
+    /// Pod UIDs whose tracking-finalizer removal is in flight.
+    pub finalizer_removals: Vec<String>,
+}
+
+/// One per-Job record read with a view.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ViewRecord {
+    /// Record name.
+    pub name: String,
+    /// Its value.
+    pub value: Vec<u8>,
+}
+
+/// A Job's shared view (wire `GetJobViewResponse`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobView {
+    /// Written in full by the current watcher session; when false the rest is empty.
+    pub trusted: bool,
+    /// The Job object (JSON).
+    pub job: Vec<u8>,
+    /// The Job's pods (JSON each), in no particular order.
+    pub pods: Vec<Vec<u8>>,
+    /// Orphan notices seen.
+    pub orphans_seen: u64,
+    /// Orphan notices acknowledged.
+    pub orphans_handled: u64,
+    /// The expectations of the view's Job UID, read with the view.
+    pub expectations: Option<JobExpectations>,
+    /// The UID of the Job the view holds.
+    pub job_uid: String,
+    /// The records asked for that exist.
+    pub records: Vec<ViewRecord>,
+}
+
+/// A Job object written back into its shared view (wire `PutJobViewRequest`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ViewWriteBack {
+    /// The Job's key.
+    pub key: String,
+    /// The Job's UID.
+    pub job_uid: String,
+    /// The object (JSON).
+    pub job: Vec<u8>,
+    /// Its resourceVersion.
+    pub resource_version: String,
+}
+
+/// The expectations a sync raises after creating pods (wire `SetExpectationsRequest`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetExpectations {
+    /// The Job's key.
+    pub key: String,
+    /// The Job's UID.
+    pub job_uid: String,
+    /// Creations expected.
+    pub add: i64,
+    /// Deletions expected.
+    pub del: i64,
+    /// UIDs of the pods created (the ones the watcher observed already are not expected).
+    pub created_pod_uids: Vec<String>,
+}
+
+/// Tracking-finalizer removals a sync made (wire `ExpectFinalizerRemovalsRequest`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FinalizerRemovals {
+    /// The Job's key.
+    pub key: String,
+    /// The Job's UID.
+    pub job_uid: String,
+    /// The pods whose finalizers were removed.
+    pub pod_uids: Vec<String>,
+}
+
+/// The Done that ends a lease, with what it writes first (wire `DoneRequest`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Done {
+    /// Queue name.
+    pub queue: String,
+    /// The leased key.
+    pub key: String,
+    /// The lease's fencing id.
+    pub lease_id: String,
+    /// How the lease ends.
+    pub outcome: LeaseOutcome,
+    /// Job queue only: a Job object for the shared view.
+    pub view_write_back: Option<ViewWriteBack>,
+    /// Job queue only: expectations raised after creates.
+    pub expectations: Option<SetExpectations>,
+    /// Job queue only: finalizer removals made.
+    pub finalizer_removals: Option<FinalizerRemovals>,
+}
+
+impl Done {
+    /// The Done ending lease `lease_id` of `key` with `outcome`, writing nothing first.
+    pub fn new(queue: &str, key: &str, lease_id: &str, outcome: LeaseOutcome) -> Self {
+        Self {
+            queue: queue.to_string(),
+            key: key.to_string(),
+            lease_id: lease_id.to_string(),
+            outcome,
+            view_write_back: None,
+            expectations: None,
+            finalizer_removals: None,
+        }
+    }
+}
+
+/// What kjob-queue answers to a Done (wire `DoneResponse`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DoneAnswer {
+    /// The key went back to the queue (it was dirty, or a requeue was asked for).
+    pub requeued: bool,
+    /// When it is ready again (Unix ms), if requeued.
+    pub ready_unix_ms: i64,
+}
+
+impl<B: AsRef<[u8]>> ViewOp<B> {
+    /// The same write holding its object as owned bytes (what [`AddItem`] carries).
+    pub fn to_owned_bytes(&self) -> ViewOp<Vec<u8>> {
+        match self {
+            ViewOp::Job { uid, object, resource_version } => ViewOp::Job {
+                uid: uid.clone(),
+                object: object.as_ref().to_vec(),
+                resource_version: resource_version.clone(),
+            },
+            ViewOp::DeleteJob => ViewOp::DeleteJob,
+            ViewOp::Pod { name, object } => {
+                ViewOp::Pod { name: name.clone(), object: object.as_ref().to_vec() }
+            }
+            ViewOp::DeletePod { name } => ViewOp::DeletePod { name: name.clone() },
+            ViewOp::Reset { uid } => ViewOp::Reset { uid: uid.clone() },
+            ViewOp::Trust => ViewOp::Trust,
+            ViewOp::Orphans => ViewOp::Orphans,
+        }
+    }
+}
+
+/// One key to enqueue, with the observations and view writes that ride with it (wire
+/// `AddItem`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AddItem {
+    /// Queue name.
+    pub queue: String,
+    /// `namespace/name`.
+    pub key: String,
+    /// Ready after this delay (an earlier ready time already asked for wins).
+    pub delay: Duration,
+    /// Expectation observations to apply first.
+    pub observations: Vec<Observation>,
+    /// Apply the observations and view writes only; enqueue nothing.
+    pub observe_only: bool,
+    /// Writes to the Job's shared view.
+    pub cache: Vec<ViewOp<Vec<u8>>>,
+    /// The view session the writes belong to.
+    pub cache_session: String,
+}
+
+/// What kjob-queue answers to an Add (wire `AddResponse`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddAnswer {
+    /// Items enqueued.
+    pub added: u32,
+    /// The view session the writes named is gone from Redis: the watcher begins a new one.
+    pub view_session_lost: bool,
 }

@@ -3,7 +3,12 @@
 
 use std::time::Duration;
 
-use kjob_core::{LeaseOutcome, Observation, ObservationKind};
+use kjob_core::events::{GateEvent, Gated};
+use kjob_core::queue::{AddAnswer, AddItem};
+use kjob_core::{
+    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome, Leased,
+    Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
+};
 
 use crate::v1;
 
@@ -74,6 +79,151 @@ pub fn outcome_from_wire(outcome: i32, requeue_after_ms: u64) -> Result<LeaseOut
     }
 }
 
+impl From<v1::GetExpectationsResponse> for JobExpectations {
+    fn from(r: v1::GetExpectationsResponse) -> Self {
+        let v1::GetExpectationsResponse { satisfied, exists, add, del, age_ms, finalizer_removals } =
+            r;
+        Self { satisfied, exists, add, del, age_ms, finalizer_removals }
+    }
+}
+
+impl From<JobExpectations> for v1::GetExpectationsResponse {
+    fn from(e: JobExpectations) -> Self {
+        let JobExpectations { satisfied, exists, add, del, age_ms, finalizer_removals } = e;
+        Self { satisfied, exists, add, del, age_ms, finalizer_removals }
+    }
+}
+
+impl From<v1::GetJobViewResponse> for JobView {
+    fn from(v: v1::GetJobViewResponse) -> Self {
+        Self {
+            trusted: v.trusted,
+            job: v.job,
+            pods: v.pods,
+            orphans_seen: v.orphans_seen,
+            orphans_handled: v.orphans_handled,
+            expectations: v.expectations.map(JobExpectations::from),
+            job_uid: v.job_uid,
+            records: v
+                .records
+                .into_iter()
+                .map(|r| ViewRecord { name: r.name, value: r.value })
+                .collect(),
+        }
+    }
+}
+
+impl From<v1::LeasedItem> for Leased {
+    /// The `done_*` capability fields are left out: every kjob-queue of this release sets them.
+    fn from(i: v1::LeasedItem) -> Self {
+        Self {
+            key: i.key,
+            lease_id: i.lease_id,
+            requeues: i.requeues,
+            deadline_unix_ms: i.deadline_unix_ms,
+            enqueued_unix_ms: i.enqueued_unix_ms,
+            lease_expiries: i.lease_expiries,
+            view: i.view.map(JobView::from),
+        }
+    }
+}
+
+impl From<ViewWriteBack> for v1::PutJobViewRequest {
+    fn from(w: ViewWriteBack) -> Self {
+        let ViewWriteBack { key, job_uid, job, resource_version } = w;
+        Self { key, job_uid, job, resource_version, orphans_handled: 0 }
+    }
+}
+
+impl From<SetExpectations> for v1::SetExpectationsRequest {
+    fn from(e: SetExpectations) -> Self {
+        let SetExpectations { key, job_uid, add, del, created_pod_uids } = e;
+        Self { key, job_uid, add, del, created_pod_uids }
+    }
+}
+
+impl From<FinalizerRemovals> for v1::ExpectFinalizerRemovalsRequest {
+    fn from(r: FinalizerRemovals) -> Self {
+        let FinalizerRemovals { key, job_uid, pod_uids } = r;
+        Self { key, job_uid, pod_uids }
+    }
+}
+
+impl From<Done> for v1::DoneRequest {
+    fn from(d: Done) -> Self {
+        let (outcome, requeue_after_ms) = outcome_to_wire(d.outcome);
+        Self {
+            queue: d.queue,
+            key: d.key,
+            lease_id: d.lease_id,
+            outcome: outcome as i32,
+            requeue_after_ms,
+            view_write_back: d.view_write_back.map(Into::into),
+            expectations: d.expectations.map(Into::into),
+            finalizer_removals: d.finalizer_removals.map(Into::into),
+        }
+    }
+}
+
+impl From<v1::DoneResponse> for DoneAnswer {
+    fn from(r: v1::DoneResponse) -> Self {
+        Self { requeued: r.requeued, ready_unix_ms: r.ready_unix_ms }
+    }
+}
+
+impl From<GateEvent> for v1::GateEvent {
+    fn from(e: GateEvent) -> Self {
+        let GateEvent { object_key, spam_key, aggregate_key, event_key, message } = e;
+        Self { object_key, spam_key, aggregate_key, event_key, message }
+    }
+}
+
+impl From<v1::GatedEvent> for Gated {
+    fn from(g: v1::GatedEvent) -> Self {
+        let v1::GatedEvent { dropped, aggregated, key, message } = g;
+        Self { dropped, aggregated, key, message }
+    }
+}
+
+impl From<&ViewOp<Vec<u8>>> for v1::CacheOp {
+    fn from(w: &ViewOp<Vec<u8>>) -> Self {
+        use v1::CacheOpKind as K;
+        let none = String::new;
+        let (kind, name, object, rv) = match w {
+            ViewOp::Job { uid, object, resource_version } => {
+                (K::Job, uid.clone(), object.clone(), resource_version.clone())
+            }
+            ViewOp::DeleteJob => (K::DeleteJob, none(), Vec::new(), none()),
+            ViewOp::Pod { name, object } => (K::Pod, name.clone(), object.clone(), none()),
+            ViewOp::DeletePod { name } => (K::DeletePod, name.clone(), Vec::new(), none()),
+            ViewOp::Reset { uid } => (K::Reset, uid.clone(), Vec::new(), none()),
+            ViewOp::Trust => (K::Trust, none(), Vec::new(), none()),
+            ViewOp::Orphans => (K::Orphans, none(), Vec::new(), none()),
+        };
+        v1::CacheOp { kind: kind as i32, name, object, resource_version: rv }
+    }
+}
+
+impl From<&AddItem> for v1::AddItem {
+    fn from(i: &AddItem) -> Self {
+        v1::AddItem {
+            queue: i.queue.clone(),
+            key: i.key.clone(),
+            delay_ms: millis(i.delay),
+            observations: i.observations.iter().map(v1::Observation::from).collect(),
+            observe_only: i.observe_only,
+            cache: i.cache.iter().map(v1::CacheOp::from).collect(),
+            cache_session: i.cache_session.clone(),
+        }
+    }
+}
+
+impl From<v1::AddResponse> for AddAnswer {
+    fn from(r: v1::AddResponse) -> Self {
+        Self { added: r.added, view_session_lost: r.view_session_lost }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +260,51 @@ mod tests {
         );
         assert!(outcome_from_wire(0, 0).is_err());
         assert_eq!(millis(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn dones_and_adds_encode_every_field() {
+        let done = Done {
+            view_write_back: Some(ViewWriteBack { key: "ns/a".into(), ..Default::default() }),
+            expectations: Some(SetExpectations { add: 2, ..Default::default() }),
+            finalizer_removals: Some(FinalizerRemovals {
+                pod_uids: vec!["p".into()],
+                ..Default::default()
+            }),
+            ..Done::new("job", "ns/a", "1-1", LeaseOutcome::RequeueAfter(Duration::from_secs(2)))
+        };
+        let wire = v1::DoneRequest::from(done);
+        assert_eq!(
+            (wire.queue.as_str(), wire.key.as_str(), wire.lease_id.as_str()),
+            ("job", "ns/a", "1-1")
+        );
+        assert_eq!(
+            (wire.outcome, wire.requeue_after_ms),
+            (v1::DoneOutcome::RequeueAfter as i32, 2000)
+        );
+        assert_eq!(wire.view_write_back.map(|w| w.key), Some("ns/a".into()));
+        assert_eq!(wire.expectations.map(|e| e.add), Some(2));
+        assert_eq!(wire.finalizer_removals.map(|r| r.pod_uids), Some(vec!["p".to_string()]));
+        let item = AddItem {
+            queue: "job".into(),
+            key: "ns/a".into(),
+            delay: Duration::from_millis(1500),
+            observations: vec![Observation::new(ObservationKind::Creation, "j", "p")],
+            observe_only: true,
+            cache: vec![ViewOp::Pod { name: "p".into(), object: b"{}".to_vec() }, ViewOp::Trust],
+            cache_session: "s".into(),
+        };
+        let wire = v1::AddItem::from(&item);
+        assert_eq!(
+            (wire.delay_ms, wire.observe_only, wire.cache_session.as_str()),
+            (1500, true, "s")
+        );
+        assert_eq!(wire.observations[0].kind, v1::ObservationKind::Creation as i32);
+        assert_eq!(wire.cache[0].kind, v1::CacheOpKind::Pod as i32);
+        assert_eq!(
+            (wire.cache[0].name.as_str(), wire.cache[0].object.as_slice()),
+            ("p", &b"{}"[..])
+        );
+        assert_eq!(wire.cache[1].kind, v1::CacheOpKind::Trust as i32);
     }
 }

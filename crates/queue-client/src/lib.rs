@@ -1,5 +1,8 @@
 //! Typed client of kjob-queue with retries and backoff.
 //!
+//! Its methods speak kjob's queue vocabulary ([`kjob_core::queue`]: [`Leased`], [`JobView`],
+//! [`Done`], …); the wire forms stay behind them, converted in `kjob_proto::convert`.
+//!
 //! One [`QueueClient`] wraps one lazily connected tonic channel; clone it freely (clones share
 //! the channel). Transport failures and `UNAVAILABLE` are retried with capped exponential
 //! backoff plus jitter, as the [`RetryPolicy`] says (by default forever); `INVALID_ARGUMENT`,
@@ -7,16 +10,22 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kjob_queue_client::ClientError> {
-//! use kjob_queue_client::{QueueClient, v1};
+//! use kjob_queue_client::{AddItem, QueueClient};
 //! let client = QueueClient::connect_lazy("http://127.0.0.1:50051")?;
-//! client.add(vec![v1::AddItem { queue: "job".into(), key: "default/pi".into(), ..Default::default() }]).await?;
+//! client.add(vec![AddItem { queue: "job".into(), key: "default/pi".into(), ..Default::default() }]).await?;
 //! # Ok(()) }
 //! ```
 
 use std::future::Future;
 use std::time::Duration;
 
-use kjob_proto::convert::{millis, outcome_to_wire};
+use kjob_core::events::{GateEvent, Gated};
+pub use kjob_core::queue::{AddAnswer, AddItem};
+pub use kjob_core::{
+    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, Leased, SetExpectations,
+    ViewRecord, ViewWriteBack,
+};
+use kjob_proto::convert::millis;
 pub use kjob_proto::v1;
 use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_proto::v1::queue_client::QueueClient as RawQueueClient;
@@ -147,12 +156,12 @@ pub struct DoneItem {
 
 impl DoneItem {
     fn to_proto(&self) -> v1::DoneRequest {
-        done_request(&self.queue, &self.key, &self.lease_id, self.outcome, None)
+        Done::new(&self.queue, &self.key, &self.lease_id, self.outcome).into()
     }
 }
 
 /// One result per Done, as [`QueueClient::done`] returns it.
-pub type DoneResults = Vec<Result<v1::DoneResponse, ClientError>>;
+pub type DoneResults = Vec<Result<DoneAnswer, ClientError>>;
 
 /// What a [`QueueClient::lease_finishing`] call asks for.
 #[derive(Debug, Clone, Copy)]
@@ -172,32 +181,10 @@ pub struct LeaseCall<'a> {
 }
 
 /// Maps one DoneBatch item result onto what [`QueueClient::done`] would have returned.
-fn done_item_result(r: v1::DoneItemResult) -> Result<v1::DoneResponse, ClientError> {
+fn done_item_result(r: v1::DoneItemResult) -> Result<DoneAnswer, ClientError> {
     match Code::from(r.code) {
-        Code::Ok => Ok(v1::DoneResponse { requeued: r.requeued, ready_unix_ms: r.ready_unix_ms }),
+        Code::Ok => Ok(DoneAnswer { requeued: r.requeued, ready_unix_ms: r.ready_unix_ms }),
         code => Err(from_status(Status::new(code, r.message))),
-    }
-}
-
-/// The Done request finishing lease `lease_id` of `key` with `outcome`, writing
-/// `view_write_back` into the Job's view first (Job queue only).
-pub fn done_request(
-    queue: &str,
-    key: &str,
-    lease_id: &str,
-    outcome: Outcome,
-    view_write_back: Option<v1::PutJobViewRequest>,
-) -> v1::DoneRequest {
-    let (outcome, requeue_after_ms) = outcome_to_wire(outcome);
-    v1::DoneRequest {
-        queue: queue.to_string(),
-        key: key.to_string(),
-        lease_id: lease_id.to_string(),
-        outcome: outcome as i32,
-        requeue_after_ms,
-        view_write_back,
-        expectations: None,
-        finalizer_removals: None,
     }
 }
 
@@ -329,8 +316,8 @@ impl QueueClient {
         key: &str,
         lease_id: &str,
         outcome: Outcome,
-    ) -> Result<v1::DoneResponse, ClientError> {
-        self.done_writing_back(queue, key, lease_id, outcome, None).await
+    ) -> Result<DoneAnswer, ClientError> {
+        self.done_as(&Done::new(queue, key, lease_id, outcome)).await
     }
 
     /// Leases up to `max_items` keys of `queue` (with their views and `records` when `records`
@@ -343,14 +330,14 @@ impl QueueClient {
     pub async fn lease_finishing(
         &self,
         request: LeaseCall<'_>,
-        dones: Vec<v1::DoneRequest>,
-    ) -> Result<(Vec<v1::LeasedItem>, DoneResults), ClientError> {
+        dones: Vec<Done>,
+    ) -> Result<(Vec<Leased>, DoneResults), ClientError> {
         let LeaseCall { queue, max_items, lease, wait, worker_id, records } = request;
         let carried = dones.len();
         let msg = v1::LeaseRequest {
             with_views: records.is_some(),
             view_records: records.unwrap_or_default().iter().map(|r| owned(r)).collect(),
-            dones,
+            dones: dones.into_iter().map(Into::into).collect(),
             ..lease_request(queue, max_items, lease, wait, worker_id)
         };
         let resp = rpc!(self, queue.lease(msg), wait + REQUEST_TIMEOUT).await?;
@@ -360,17 +347,15 @@ impl QueueClient {
                 resp.done_results.len()
             )))));
         }
-        Ok((resp.items, resp.done_results.into_iter().map(done_item_result).collect()))
+        let results = resp.done_results.into_iter().map(done_item_result).collect();
+        Ok((resp.items.into_iter().map(Leased::from).collect(), results))
     }
 
     /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of
     /// [`Self::done`]. The outer error is the call's (nothing applied, or bad input); otherwise
     /// one result per item in order, as `done` would return it: a stale lease is
     /// [`ClientError::LeaseLost`] for that item only. An empty list makes no call.
-    pub async fn done_many(
-        &self,
-        items: &[DoneItem],
-    ) -> Result<Vec<Result<v1::DoneResponse, ClientError>>, ClientError> {
+    pub async fn done_many(&self, items: &[DoneItem]) -> Result<DoneResults, ClientError> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -415,14 +400,15 @@ fn owned(v: &str) -> String {
 
 unary_calls! {
     /// Enqueues a batch; returns once Redis has applied every item.
-    fn add(items: Vec<v1::AddItem>) -> v1::AddResponse
-        = queue.add(v1::AddRequest { items }) => |r| r;
+    fn add(items: Vec<AddItem>) -> AddAnswer
+        = queue.add(v1::AddRequest { items: items.iter().map(Into::into).collect() })
+        => |r| r.into();
 
     /// Leases up to `max_items` ready keys of `queue`, waiting up to `wait` for the first.
     fn lease(queue: &str, max_items: u32, lease: Duration, wait: Duration, worker_id: &str)
-        -> Vec<v1::LeasedItem>
+        -> Vec<Leased>
         = queue.lease(lease_request(queue, max_items, lease, wait, worker_id))
-        within wait + REQUEST_TIMEOUT => |r| r.items;
+        within wait + REQUEST_TIMEOUT => |r| r.items.into_iter().map(Leased::from).collect();
 
     /// [`Self::lease`] of the Job queue that also brings each leased key's shared view (with
     /// the per-Job `records`), read by the queue service right after granting the lease (or,
@@ -432,12 +418,12 @@ unary_calls! {
     fn lease_with_views(
         queue: &str, max_items: u32, lease: Duration, wait: Duration, worker_id: &str,
         records: &[&str]
-    ) -> Vec<v1::LeasedItem>
+    ) -> Vec<Leased>
         = queue.lease(v1::LeaseRequest {
             with_views: true,
             view_records: records.iter().map(|r| owned(r)).collect(),
             ..lease_request(queue, max_items, lease, wait, worker_id)
-        }) within wait + REQUEST_TIMEOUT => |r| r.items;
+        }) within wait + REQUEST_TIMEOUT => |r| r.items.into_iter().map(Leased::from).collect();
 
     /// Extends a lease; returns the new deadline (Unix ms). A stale id is
     /// [`ClientError::LeaseLost`].
@@ -450,13 +436,15 @@ unary_calls! {
     /// [`Self::put_job_view`] would; Job queue only), in the same call.
     fn done_writing_back(
         queue: &str, key: &str, lease_id: &str, outcome: Outcome,
-        view_write_back: Option<v1::PutJobViewRequest>
-    ) -> v1::DoneResponse
-        = queue.done(done_request(queue, key, lease_id, outcome, view_write_back)) => |r| r;
+        view_write_back: Option<ViewWriteBack>
+    ) -> DoneAnswer
+        = queue.done(Done {
+            view_write_back, ..Done::new(queue, key, lease_id, outcome)
+        }.into()) => |r| r.into();
 
-    /// Sends a Done built by the caller (e.g. [`done_request`] carrying expectations).
-    fn done_as(request: &v1::DoneRequest) -> v1::DoneResponse
-        = queue.done(request.clone()) => |r| r;
+    /// Sends a Done built by the caller (e.g. one carrying expectations).
+    fn done_as(done: &Done) -> DoneAnswer
+        = queue.done(done.clone().into()) => |r| r.into();
 
     /// Replaces the expectations of Job `key` (UID `job_uid`).
     fn set_expectations(key: &str, job_uid: &str, add: i64, del: i64) -> ()
@@ -481,10 +469,10 @@ unary_calls! {
         }) => |_| ();
 
     /// Reads the expectations of Job `key` as seen by a Job with UID `job_uid`.
-    fn get_expectations(key: &str, job_uid: &str) -> v1::GetExpectationsResponse
+    fn get_expectations(key: &str, job_uid: &str) -> JobExpectations
         = job_state.get_expectations(v1::GetExpectationsRequest {
             key: owned(key), job_uid: owned(job_uid)
-        }) => |r| r;
+        }) => |r| r.into();
 
     /// Deletes the expectations, finalizer-removal set and records of Job `key`.
     fn delete_expectations(key: &str) -> ()
@@ -522,10 +510,10 @@ unary_calls! {
 
     /// Reads the shared view of Job `key` with the per-Job `records` asked for; `None` when it
     /// is not trusted.
-    fn get_job_view(key: &str, records: &[&str]) -> Option<v1::GetJobViewResponse>
+    fn get_job_view(key: &str, records: &[&str]) -> Option<JobView>
         = job_state.get_job_view(v1::GetJobViewRequest {
             key: owned(key), records: records.iter().map(|r| owned(r)).collect()
-        }) => |r| r.trusted.then_some(r);
+        }) => |r| r.trusted.then(|| r.into());
 
     /// Writes back a Job object (as the API server returned it) into the shared view of `key`,
     /// and acknowledges `orphans_handled` orphan notices; returns whether the object was stored.
@@ -545,8 +533,10 @@ unary_calls! {
 
     /// Passes a batch of events through the shared aggregator and spam filter; one answer per
     /// event, in order.
-    fn gate_events(events: Vec<v1::GateEvent>) -> Vec<v1::GatedEvent>
-        = job_state.gate_events(v1::GateEventsRequest { events }) => |r| r.events;
+    fn gate_events(events: Vec<GateEvent>) -> Vec<Gated>
+        = job_state.gate_events(v1::GateEventsRequest {
+            events: events.into_iter().map(Into::into).collect()
+        }) => |r| r.events.into_iter().map(Into::into).collect();
 
     /// Reports the depth of each part of `queue`.
     fn stats(queue: &str) -> v1::StatsResponse

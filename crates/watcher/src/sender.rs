@@ -23,8 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kjob_proto::convert::millis;
-use kjob_queue_client::{ClientError, QueueClient, v1};
+use kjob_queue_client::{AddItem, ClientError, QueueClient, v1};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -118,32 +117,15 @@ pub fn coalesce(batch: Vec<Enqueue>) -> Vec<Enqueue> {
     out
 }
 
-/// The wire form of one view write.
-fn cache_op(w: &ViewWrite) -> v1::CacheOp {
-    use v1::CacheOpKind as K;
-    let (kind, name, object, rv) = match w {
-        ViewWrite::Job { uid, object, resource_version } => {
-            (K::Job, uid.clone(), object.to_vec(), resource_version.clone())
-        }
-        ViewWrite::DeleteJob => (K::DeleteJob, String::new(), Vec::new(), String::new()),
-        ViewWrite::Pod { name, object } => (K::Pod, name.clone(), object.to_vec(), String::new()),
-        ViewWrite::DeletePod { name } => (K::DeletePod, name.clone(), Vec::new(), String::new()),
-        ViewWrite::Reset { uid } => (K::Reset, uid.clone(), Vec::new(), String::new()),
-        ViewWrite::Trust => (K::Trust, String::new(), Vec::new(), String::new()),
-        ViewWrite::Orphans => (K::Orphans, String::new(), Vec::new(), String::new()),
-    };
-    v1::CacheOp { kind: kind as i32, name, object, resource_version: rv }
-}
-
-/// The wire form of a handler decision.
-pub fn to_proto(e: &Enqueue) -> v1::AddItem {
-    v1::AddItem {
+/// A handler decision as kjob-queue's Add takes it.
+pub fn to_item(e: &Enqueue) -> AddItem {
+    AddItem {
         queue: e.queue.to_string(),
         key: e.key.clone(),
-        delay_ms: millis(e.delay),
-        observations: e.observations.iter().map(v1::Observation::from).collect(),
+        delay: e.delay,
+        observations: e.observations.clone(),
         observe_only: e.observe_only,
-        cache: e.view.iter().map(cache_op).collect(),
+        cache: e.view.iter().map(ViewWrite::to_owned_bytes).collect(),
         cache_session: e.session.as_deref().unwrap_or_default().to_string(),
     }
 }
@@ -639,7 +621,7 @@ impl Link {
     /// Sends one batch, retrying with backoff until kjob-queue has it (runs as its own task;
     /// the sender loop keeps the channel flowing meanwhile).
     async fn send_batch(&mut self, batch: Vec<Enqueue>) -> Result<(), SendError> {
-        let items: Vec<v1::AddItem> = batch.iter().map(to_proto).collect();
+        let items: Vec<AddItem> = batch.iter().map(to_item).collect();
         let mut attempt = 0u32;
         loop {
             let started = Instant::now();
@@ -736,14 +718,14 @@ mod tests {
     }
 
     #[test]
-    fn proto_conversion() {
+    fn add_item_conversion() {
         let mut item = e(JOB_QUEUE, "ns/a", 1500, &["p1"]);
         item.observations[0].kind = ObservationKind::FinalizerRemoval;
-        let p = to_proto(&item);
+        let p = to_item(&item);
         assert_eq!(p.queue, "job");
-        assert_eq!(p.delay_ms, 1500);
+        assert_eq!(p.delay, Duration::from_millis(1500));
         assert!(!p.observe_only);
-        assert_eq!(p.observations[0].kind, v1::ObservationKind::FinalizerRemoval as i32);
+        assert_eq!(p.observations[0].kind, ObservationKind::FinalizerRemoval);
         assert_eq!(p.observations[0].pod_uid, "p1");
     }
 

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kjob_core::ObjectKey;
-use kjob_queue_client::{ClientError, QueueClient, v1};
+use kjob_queue_client::{
+    ClientError, FinalizerRemovals, JobView, QueueClient, SetExpectations, ViewWriteBack,
+};
 
 use crate::events::EventSink;
 use crate::kube_api::{ApiError, KubeApi};
@@ -58,7 +60,7 @@ pub struct SyncContext {
 }
 
 /// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).
-pub type View = Option<v1::GetJobViewResponse>;
+pub type View = Option<JobView>;
 
 /// A leased key, parsed once where the lease hands it over, with the view that came with it.
 #[derive(Debug)]
@@ -97,7 +99,7 @@ pub struct SyncResult {
     /// How the sync ended.
     pub outcome: Result<SyncOutcome, SyncError>,
     /// The Job object the sync wrote last, for the shared view.
-    pub write_back: Option<v1::PutJobViewRequest>,
+    pub write_back: Option<ViewWriteBack>,
     /// The expectations the sync made calls for but did not raise (see [`Journal`]).
     pub owed: Owed,
 }
@@ -113,9 +115,9 @@ impl SyncResult {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Owed {
     /// The record of pods it created.
-    pub expectations: Option<v1::SetExpectationsRequest>,
+    pub expectations: Option<SetExpectations>,
     /// The tracking-finalizer removals it made.
-    pub removals: Option<v1::ExpectFinalizerRemovalsRequest>,
+    pub removals: Option<FinalizerRemovals>,
 }
 
 /// The running account of what a sync owes its Done, written as the sync goes. A finished
@@ -126,9 +128,9 @@ pub struct Owed {
 #[derive(Debug, Clone)]
 pub struct Journal {
     /// The record owed.
-    owed: Arc<Mutex<Option<v1::SetExpectationsRequest>>>,
+    owed: Arc<Mutex<Option<SetExpectations>>>,
     /// The finalizer removals owed.
-    removals: Arc<Mutex<Option<v1::ExpectFinalizerRemovalsRequest>>>,
+    removals: Arc<Mutex<Option<FinalizerRemovals>>>,
     /// Whether removals may be owed at all (otherwise syncs expect them before removing).
     pub removals_deferrable: bool,
 }
@@ -141,7 +143,7 @@ impl Journal {
     }
 
     /// The finalizer removals owed, to read or change.
-    fn owed_removals(&self) -> MutexGuard<'_, Option<v1::ExpectFinalizerRemovalsRequest>> {
+    fn owed_removals(&self) -> MutexGuard<'_, Option<FinalizerRemovals>> {
         self.removals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -149,7 +151,7 @@ impl Journal {
     /// UID `job_uid`).
     pub fn owe_removals(&self, key: &str, job_uid: &str, pod_uids: Vec<String>) {
         let mut owed = self.owed_removals();
-        let r = owed.get_or_insert_with(|| v1::ExpectFinalizerRemovalsRequest {
+        let r = owed.get_or_insert_with(|| FinalizerRemovals {
             key: key.to_string(),
             job_uid: job_uid.to_string(),
             pod_uids: Vec::new(),
@@ -172,7 +174,7 @@ impl Journal {
     }
 
     /// The record owed, to read or change.
-    pub fn owed(&self) -> MutexGuard<'_, Option<v1::SetExpectationsRequest>> {
+    pub fn owed(&self) -> MutexGuard<'_, Option<SetExpectations>> {
         self.owed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

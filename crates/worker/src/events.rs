@@ -35,8 +35,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kjob_core::events::{MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES};
-use kjob_proto::v1;
+use kjob_core::events::{GateEvent, Gated, MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES};
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use tokio::sync::mpsc;
 
@@ -315,8 +314,8 @@ pub struct Gate {
     pub dropped: bool,
 }
 
-impl From<v1::GatedEvent> for Gate {
-    fn from(g: v1::GatedEvent) -> Self {
+impl From<Gated> for Gate {
+    fn from(g: Gated) -> Self {
         Self { key: g.key, message: g.message, dropped: g.dropped }
     }
 }
@@ -374,9 +373,9 @@ impl Correlator {
     }
 
     /// The shared-state request of `ev` (client-go's keys of it).
-    pub fn gate_request(&self, ev: &NewEvent) -> v1::GateEvent {
+    pub fn gate_request(&self, ev: &NewEvent) -> GateEvent {
         let o = &ev.regarding;
-        v1::GateEvent {
+        GateEvent {
             object_key: format!(
                 "{}/{}",
                 o.namespace.as_deref().unwrap_or_default(),
@@ -649,7 +648,7 @@ impl EventWriter {
         } else if let Some(shared) = &mut self.shared
             && batch.iter().any(shareable)
         {
-            let requests: Vec<v1::GateEvent> = batch
+            let requests: Vec<GateEvent> = batch
                 .iter()
                 .filter(|ev| shareable(ev))
                 .map(|ev| self.correlator.gate_request(ev))

@@ -19,8 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use kjob_core::{MAX_DONE_BATCH, ObjectKey};
-use kjob_queue_client::v1::{self, LeasedItem};
-use kjob_queue_client::{ClientError, LeaseCall, Outcome, QueueClient, done_request};
+use kjob_queue_client::{
+    ClientError, Done, FinalizerRemovals, JobView, LeaseCall, Leased, Outcome, QueueClient,
+    SetExpectations, ViewWriteBack,
+};
 use kjob_svc::{Backoff, Shutdown};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -71,18 +73,18 @@ pub struct LeaseSettings {
 #[derive(Debug, Clone, Default)]
 pub struct WriteBack {
     /// The Job object the sync wrote last, for the shared view.
-    pub view: Option<v1::PutJobViewRequest>,
+    pub view: Option<ViewWriteBack>,
     /// The expectations the sync raised after creating pods (see [`Raised`]).
-    pub expectations: Option<v1::SetExpectationsRequest>,
+    pub expectations: Option<SetExpectations>,
     /// The finalizer removals the sync expects after making them (see [`Raised`]).
-    pub removals: Option<v1::ExpectFinalizerRemovalsRequest>,
+    pub removals: Option<FinalizerRemovals>,
 }
 
 /// A lease whose sync has ended, waiting for its Done.
 #[derive(Debug, Clone)]
 pub struct Finished {
     /// The leased key (its view already taken).
-    pub item: LeasedItem,
+    pub item: Leased,
     /// How the lease ends.
     pub outcome: Outcome,
     /// The Job object to write into the shared view first.
@@ -107,11 +109,11 @@ pub trait LeaseSource: Clone + Send + Sync + 'static {
         settings: &LeaseSettings,
         max_items: u32,
         finished: &[Finished],
-    ) -> impl Call<Vec<LeasedItem>>;
+    ) -> impl Call<Vec<Leased>>;
     /// Extends the lease of `item` by `lease`.
-    fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()>;
+    fn renew(&self, queue: &str, item: &Leased, lease: Duration) -> impl Call<()>;
     /// Finishes the lease of `item` with `end`, writing `back` into the Job's view first.
-    fn done(&self, q: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> impl Call<()>;
+    fn done(&self, q: &str, item: &Leased, end: Outcome, back: WriteBack) -> impl Call<()>;
 }
 
 impl LeaseSource for QueueClient {
@@ -122,7 +124,7 @@ impl LeaseSource for QueueClient {
         settings: &LeaseSettings,
         max_items: u32,
         finished: &[Finished],
-    ) -> impl Call<Vec<LeasedItem>> {
+    ) -> impl Call<Vec<Leased>> {
         let LeaseSettings { queue, lease, worker_id, view_records, .. } = settings;
         let dones = finished
             .iter()
@@ -146,22 +148,23 @@ impl LeaseSource for QueueClient {
         }
     }
 
-    fn renew(&self, queue: &str, item: &LeasedItem, lease: Duration) -> impl Call<()> {
+    fn renew(&self, queue: &str, item: &Leased, lease: Duration) -> impl Call<()> {
         QueueClient::renew(self, queue, &item.key, &item.lease_id, lease).map(|r| r.map(drop))
     }
 
-    fn done(&self, q: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> impl Call<()> {
+    fn done(&self, q: &str, item: &Leased, end: Outcome, back: WriteBack) -> impl Call<()> {
         let request = done_writing(q, item, end, back);
         async move { self.done_as(&request).await.map(drop) }
     }
 }
 
 /// The Done of `item` with what the sync writes first.
-fn done_writing(queue: &str, item: &LeasedItem, end: Outcome, back: WriteBack) -> v1::DoneRequest {
-    v1::DoneRequest {
+fn done_writing(queue: &str, item: &Leased, end: Outcome, back: WriteBack) -> Done {
+    Done {
+        view_write_back: back.view,
         expectations: back.expectations,
         finalizer_removals: back.removals,
-        ..done_request(queue, &item.key, &item.lease_id, end, back.view)
+        ..Done::new(queue, &item.key, &item.lease_id, end)
     }
 }
 
@@ -437,7 +440,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
     worker: Arc<S>,
     queue: Q,
     settings: LeaseSettings,
-    mut item: LeasedItem,
+    mut item: Leased,
     _slot: OwnedSemaphorePermit,
     hand_back: CancellationToken,
     carry: Arc<Carry>,
@@ -449,7 +452,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
     // sync reads the API server.
     let view = match item.lease_expiries {
         0 => view,
-        _ => Some(v1::GetJobViewResponse { trusted: false, ..Default::default() }),
+        _ => Some(JobView { trusted: false, ..Default::default() }),
     };
     // The key is parsed here, once; one that does not parse is dropped (retrying cannot fix it).
     let Ok(key) = ObjectKey::parse(&item.key)
@@ -526,19 +529,14 @@ fn count_finished(metrics: &Metrics, qname: &str, outcome: &str) {
 }
 
 /// Keys leased while shutting down go straight back.
-async fn hand_back_now(
-    metrics: &Metrics,
-    queue: &impl LeaseSource,
-    qname: &str,
-    item: &LeasedItem,
-) {
+async fn hand_back_now(metrics: &Metrics, queue: &impl LeaseSource, qname: &str, item: &Leased) {
     finish(queue, qname, item, Outcome::RequeueAfter(Duration::ZERO)).await;
     count_finished(metrics, qname, "handed_back");
 }
 
 /// Sends the one Done of a lease. A refused Done means the lease expired meanwhile; the key is
 /// then back in the queue already, so there is nothing more to do.
-async fn finish(queue: &impl LeaseSource, qname: &str, item: &LeasedItem, outcome: Outcome) {
+async fn finish(queue: &impl LeaseSource, qname: &str, item: &Leased, outcome: Outcome) {
     finish_writing_back(queue, qname, item, outcome, WriteBack::default()).await
 }
 
@@ -547,7 +545,7 @@ async fn finish(queue: &impl LeaseSource, qname: &str, item: &LeasedItem, outcom
 async fn finish_writing_back(
     queue: &impl LeaseSource,
     qname: &str,
-    item: &LeasedItem,
+    item: &Leased,
     outcome: Outcome,
     write_back: WriteBack,
 ) {
@@ -572,7 +570,7 @@ async fn renew_until_lost(
     metrics: &Metrics,
     queue: &impl LeaseSource,
     qname: &str,
-    item: &LeasedItem,
+    item: &Leased,
     lease: Duration,
 ) {
     let period = (lease / 3).max(Duration::from_millis(50));
@@ -666,7 +664,7 @@ mod tests {
     /// fails unless `renew_ok`.
     #[derive(Clone)]
     struct FakeQueue {
-        items: Arc<Mutex<VecDeque<LeasedItem>>>,
+        items: Arc<Mutex<VecDeque<Leased>>>,
         lease_errors: Arc<Mutex<u32>>,
         carrying_errors: Arc<Mutex<u32>>,
         renew_ok: bool,
@@ -690,7 +688,7 @@ mod tests {
             _: &LeaseSettings,
             max_items: u32,
             finished: &[Finished],
-        ) -> impl Call<Vec<LeasedItem>> {
+        ) -> impl Call<Vec<Leased>> {
             let failed = take_one(&self.lease_errors)
                 || (!finished.is_empty() && take_one(&self.carrying_errors));
             if !failed {
@@ -720,13 +718,13 @@ mod tests {
             }
         }
 
-        fn renew(&self, _: &str, item: &LeasedItem, _: Duration) -> impl Call<()> {
+        fn renew(&self, _: &str, item: &Leased, _: Duration) -> impl Call<()> {
             record(&self.log, self.start, Ev::Renew(short(&item.key)));
             let down = ClientError::Unavailable("queue down".into());
             std::future::ready(if self.renew_ok { Ok(()) } else { Err(down) })
         }
 
-        fn done(&self, _: &str, item: &LeasedItem, end: Outcome, b: WriteBack) -> impl Call<()> {
+        fn done(&self, _: &str, item: &Leased, end: Outcome, b: WriteBack) -> impl Call<()> {
             record(&self.log, self.start, Ev::Done(short(&item.key), end));
             if let Some(e) = b.expectations {
                 record(&self.log, self.start, Ev::Raised(short(&item.key), e.add));
@@ -771,7 +769,7 @@ mod tests {
             // Keys starting with `creating` owe their Done a record of two creations.
             let journal = job.journal();
             if key.starts_with("creating") {
-                *journal.owed() = Some(v1::SetExpectationsRequest {
+                *journal.owed() = Some(SetExpectations {
                     key: job.key.to_string(),
                     add: 2,
                     ..Default::default()
@@ -843,7 +841,7 @@ mod tests {
         let start = Instant::now();
         let log: Log = Arc::default();
         // Keys starting with `expired` come after a lease that expired.
-        let items = setup.keys.iter().map(|k| LeasedItem {
+        let items = setup.keys.iter().map(|k| Leased {
             key: format!("t/{k}"),
             lease_id: format!("id-{k}"),
             lease_expiries: u32::from(k.starts_with("expired")),

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
-use kjob_queue_client::v1;
+use kjob_queue_client::{AddItem, JobExpectations, JobView, SetExpectations, ViewWriteBack};
 use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
@@ -76,8 +76,8 @@ pub fn decode_backoff(bytes: &[u8], job_uid: &str) -> Option<BackoffRecord> {
 }
 
 /// The expectations a sync that creates `add` pods before raising them owes its Done.
-fn raise_after_creates(key: &str, uid: &str, add: u32) -> v1::SetExpectationsRequest {
-    v1::SetExpectationsRequest {
+fn raise_after_creates(key: &str, uid: &str, add: u32) -> SetExpectations {
+    SetExpectations {
         key: key.to_string(),
         job_uid: uid.to_string(),
         add: i64::from(add),
@@ -123,7 +123,7 @@ pub async fn sync_job(
 }
 
 /// How a sync ended, and the Job object it hands back for the shared view.
-type Synced = (Result<SyncOutcome, SyncError>, Option<v1::PutJobViewRequest>);
+type Synced = (Result<SyncOutcome, SyncError>, Option<ViewWriteBack>);
 
 /// One sync of one Job: what every step of it reads.
 struct JobRun<'a> {
@@ -141,7 +141,7 @@ struct JobRun<'a> {
 
 impl JobRun<'_> {
     /// Reads, plans and acts; an error before the plan runs hands nothing back.
-    async fn sync(&self, leased_view: Option<v1::GetJobViewResponse>) -> Result<Synced, SyncError> {
+    async fn sync(&self, leased_view: Option<JobView>) -> Result<Synced, SyncError> {
         let started = Instant::now();
         let key = self.key;
         let key_str = self.wire_key.clone();
@@ -253,7 +253,7 @@ impl JobRun<'_> {
     async fn read_view(
         &self,
         key: &str,
-        leased: Option<v1::GetJobViewResponse>,
+        leased: Option<JobView>,
     ) -> Result<Option<ViewRead>, SyncError> {
         let v = match leased {
             Some(v) => v.trusted.then_some(v),
@@ -327,7 +327,7 @@ impl JobRun<'_> {
         job: &Job,
         uid: &str,
         mut plan: JobSync<'_>,
-    ) -> (Outcome, Option<v1::PutJobViewRequest>) {
+    ) -> (Outcome, Option<ViewWriteBack>) {
         let (key, wind_down, raised) = (self.wire_key.as_str(), self.wind_down, self.journal);
         let ns = job.metadata.namespace.clone().unwrap_or_default();
         // Status writes carry the latest resourceVersion this sync holds (its own last write).
@@ -599,10 +599,10 @@ impl JobRun<'_> {
     /// while leased is kept and the Done keeps the earlier ready time). If it fails the key still
     /// comes back, only later, through the rate limiter.
     async fn requeue_no_later_than(&self, key: &str, after: Duration) {
-        let item = kjob_queue_client::v1::AddItem {
+        let item = AddItem {
             queue: kjob_core::JOB_QUEUE.to_string(),
             key: key.to_string(),
-            delay_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            delay: after,
             ..Default::default()
         };
         if let Err(e) = self.ctx.queue.add(vec![item]).await {
@@ -727,7 +727,7 @@ impl JobRun<'_> {
 struct ViewRead {
     job: Job,
     pods: SummarizedPods,
-    expectations: Option<kjob_queue_client::v1::GetExpectationsResponse>,
+    expectations: Option<JobExpectations>,
     /// `Some(seen)` when orphan notices wait for a LIST to adopt them.
     orphans_pending: Option<u64>,
     /// The stored pod-failure backoff record, read with the view (not yet checked for the UID).
@@ -737,22 +737,21 @@ struct ViewRead {
 /// Decodes a view: the Job, and its pods in name order (the order a LIST returns).
 /// The view write-back of a Job the API server returned (managedFields left out); `None`
 /// without a UID or resourceVersion.
-fn view_write_back(key: &str, job: &Job) -> Option<v1::PutJobViewRequest> {
+fn view_write_back(key: &str, job: &Job) -> Option<ViewWriteBack> {
     let uid = job.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
     let rv = job.metadata.resource_version.as_deref().filter(|r| !r.is_empty())?;
     let mut trimmed = job.clone();
     trimmed.metadata.managed_fields = None;
     let bytes = serde_json::to_vec(&trimmed).ok()?;
-    Some(v1::PutJobViewRequest {
+    Some(ViewWriteBack {
         key: key.to_string(),
         job_uid: uid.to_string(),
         job: bytes,
         resource_version: rv.to_string(),
-        orphans_handled: 0,
     })
 }
 
-fn decode_view(v: kjob_queue_client::v1::GetJobViewResponse) -> Result<ViewRead, String> {
+fn decode_view(v: JobView) -> Result<ViewRead, String> {
     let job: Job = serde_json::from_slice(&v.job).map_err(|e| format!("job: {e}"))?;
     if job.metadata.uid.as_deref() != Some(v.job_uid.as_str()) {
         return Err(format!("job UID {:?} is not the view's {:?}", job.metadata.uid, v.job_uid));
@@ -872,7 +871,7 @@ mod tests {
             .iter()
             .map(|(n, i)| serde_json::to_vec(&mk_pod(&job, n).index(*i).build()).unwrap())
             .collect();
-        let view = kjob_queue_client::v1::GetJobViewResponse {
+        let view = JobView {
             job: serde_json::to_vec(&job).unwrap(),
             job_uid: job.metadata.uid.clone().unwrap(),
             pods,

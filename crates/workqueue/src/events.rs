@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use kjob_core::events::{
-    AGGREGATE_INTERVAL, AGGREGATE_MAX_EVENTS, AGGREGATE_PREFIX, SPAM_BURST, SPAM_REFILL_PERIOD,
-};
+use kjob_core::events::{AGGREGATE_INTERVAL, AGGREGATE_MAX_EVENTS, SPAM_BURST, SPAM_REFILL_PERIOD};
 use redis::Value;
 
 use crate::lua::Arg;
@@ -49,45 +47,7 @@ impl EventGateConfig {
     }
 }
 
-/// One event before correlation (the keys are client-go's, built by the recorder).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GateEvent {
-    /// Key of the involved object (`namespace/name`): where its state lives.
-    pub object_key: String,
-    /// `getSpamKey`: source and involved object.
-    pub spam_key: String,
-    /// `EventAggregatorByReasonFunc`'s aggregate key.
-    pub aggregate_key: String,
-    /// `getEventKey`: the correlation key of an event that is not combined.
-    pub event_key: String,
-    /// The message (the aggregator's local key).
-    pub message: String,
-}
-
-/// What the correlator made of one event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gated {
-    /// The spam filter dropped it.
-    pub dropped: bool,
-    /// It is combined with similar events.
-    pub aggregated: bool,
-    /// Correlation key to count it under: the event key, or the aggregate key when combined.
-    pub key: String,
-    /// Message to write: the event's, or the combined one.
-    pub message: String,
-}
-
-impl Gated {
-    /// The aggregated form of `ev` (`EventAggregate`'s result) and the filter's verdict.
-    pub fn of(ev: &GateEvent, aggregated: bool, dropped: bool) -> Self {
-        let (key, message) = if aggregated {
-            (ev.aggregate_key.clone(), format!("{AGGREGATE_PREFIX}{}", ev.message))
-        } else {
-            (ev.event_key.clone(), ev.message.clone())
-        };
-        Self { dropped, aggregated, key, message }
-    }
-}
+pub use kjob_core::events::{GateEvent, Gated};
 
 /// The hash holding the correlator state of involved object `object_key`, under the `job`
 /// queue's hash tag like every per-Job record (one Cluster slot for a batch of any Jobs).

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use kjob_core::{Observation, ObservationKind};
 use kjob_queue::{Listeners, QueueConfig};
 use kjob_queue_client::{
-    ClientError, DoneItem, LeaseCall, MAX_DONE_BATCH, Outcome, QueueClient, RetryPolicy,
-    done_request, v1,
+    AddItem, ClientError, Done, DoneItem, FinalizerRemovals, LeaseCall, MAX_DONE_BATCH, Outcome,
+    QueueClient, RetryPolicy, v1,
 };
 use kjob_svc::Shutdown;
 use kjob_testkit::{RedisCluster, RedisServer};
@@ -46,8 +47,8 @@ impl Running {
     }
 }
 
-fn add(queue: &str, key: &str) -> v1::AddItem {
-    v1::AddItem { queue: queue.into(), key: key.into(), ..Default::default() }
+fn add(queue: &str, key: &str) -> AddItem {
+    AddItem { queue: queue.into(), key: key.into(), ..Default::default() }
 }
 
 fn done(queue: &str, key: &str, lease_id: &str, outcome: Outcome) -> DoneItem {
@@ -238,8 +239,8 @@ fn lease_call(queue: &str) -> LeaseCall<'_> {
     }
 }
 
-fn carried(queue: &str, key: &str, lease_id: &str, outcome: Outcome) -> v1::DoneRequest {
-    done_request(queue, key, lease_id, outcome, None)
+fn carried(queue: &str, key: &str, lease_id: &str, outcome: Outcome) -> Done {
+    Done::new(queue, key, lease_id, outcome)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,24 +303,19 @@ async fn dones_expect_the_finalizer_removals_they_carry() {
     let redis = RedisServer::start().unwrap();
     let r = Running::start(redis.url()).await;
     let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
-    let removals = |key: &str, pods: &[&str]| v1::ExpectFinalizerRemovalsRequest {
+    let removals = |key: &str, pods: &[&str]| FinalizerRemovals {
         key: key.into(),
         job_uid: "u1".into(),
         pod_uids: pods.iter().map(|p| p.to_string()).collect(),
     };
-    let with = |d: v1::DoneRequest, f| v1::DoneRequest { finalizer_removals: Some(f), ..d };
+    let with = |d: Done, f| Done { finalizer_removals: Some(f), ..d };
     c.add(vec![add("job", "ns/a"), add("job", "ns/b"), add("orphan-pod", "ns/p")]).await.unwrap();
     let (items, _) = c.lease_finishing(lease_call("job"), vec![]).await.unwrap();
-    assert!(items.iter().all(|i| i.done_expects_finalizer_removals), "{items:?}");
     let id = |k: &str| items.iter().find(|i| i.key == k).unwrap().lease_id.clone();
     let pid = lease_all(&c, "orphan-pod", &["ns/p"]).await.remove(0);
     // The watcher sees ns/a's p1 lose its finalizer while the sync still holds the lease.
-    let seen = v1::AddItem {
-        observations: vec![v1::Observation {
-            kind: v1::ObservationKind::FinalizerRemoval as i32,
-            job_uid: "u1".into(),
-            pod_uid: "p1".into(),
-        }],
+    let seen = AddItem {
+        observations: vec![Observation::new(ObservationKind::FinalizerRemoval, "u1", "p1")],
         observe_only: true,
         ..add("job", "ns/a")
     };

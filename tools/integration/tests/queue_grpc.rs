@@ -7,8 +7,13 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kjob_core::events::GateEvent;
+use kjob_core::{Observation, ObservationKind, ViewOp};
 use kjob_queue::{Listeners, QueueConfig};
-use kjob_queue_client::{ClientError, Outcome, QueueClient, RetryPolicy, v1};
+use kjob_queue_client::{
+    AddItem, ClientError, Done, Outcome, QueueClient, RetryPolicy, SetExpectations, ViewRecord,
+    ViewWriteBack, v1,
+};
 use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use tokio::net::TcpListener;
@@ -52,8 +57,9 @@ async fn start_with(redis: &RedisServer, store: kjob_workqueue::StoreConfig) -> 
     Running { client, url, admin: admin_url, shutdown, task }
 }
 
-fn item(key: &str, delay_ms: u64) -> v1::AddItem {
-    v1::AddItem { queue: "job".into(), key: key.into(), delay_ms, ..Default::default() }
+fn item(key: &str, delay_ms: u64) -> AddItem {
+    let delay = Duration::from_millis(delay_ms);
+    AddItem { queue: "job".into(), key: key.into(), delay, ..Default::default() }
 }
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -97,12 +103,8 @@ async fn round_trip_metrics_health_and_shutdown() {
     // Expectations and records through the client.
     c.set_expectations("ns/a", "u1", 1, 0).await.unwrap();
     assert!(!c.get_expectations("ns/a", "u1").await.unwrap().satisfied);
-    let obs = v1::AddItem {
-        observations: vec![v1::Observation {
-            kind: v1::ObservationKind::Creation as i32,
-            job_uid: "u1".into(),
-            pod_uid: "p1".into(),
-        }],
+    let obs = AddItem {
+        observations: vec![Observation::new(ObservationKind::Creation, "u1", "p1")],
         observe_only: true,
         ..item("ns/a", 0)
     };
@@ -233,12 +235,18 @@ async fn records_are_deleted_and_finalizer_removals_forgotten() {
 }
 
 /// One shared-cache write as the watcher sends it with an Add.
-fn cache_op(kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str) -> v1::CacheOp {
-    v1::CacheOp {
-        kind: kind as i32,
-        name: name.into(),
-        object: object.to_vec(),
-        resource_version: rv.into(),
+fn cache_op(kind: v1::CacheOpKind, name: &str, object: &[u8], rv: &str) -> ViewOp<Vec<u8>> {
+    use v1::CacheOpKind as K;
+    let (name, object) = (name.to_string(), object.to_vec());
+    match kind {
+        K::Job => ViewOp::Job { uid: name, object, resource_version: rv.into() },
+        K::DeleteJob => ViewOp::DeleteJob,
+        K::Pod => ViewOp::Pod { name, object },
+        K::DeletePod => ViewOp::DeletePod { name },
+        K::Reset => ViewOp::Reset { uid: name },
+        K::Trust => ViewOp::Trust,
+        K::Orphans => ViewOp::Orphans,
+        K::Unspecified => panic!("no view write of an unspecified kind"),
     }
 }
 
@@ -251,7 +259,7 @@ async fn leases_bring_the_job_view() {
     let r = start(&redis).await;
     let c = r.strict();
     assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
-    let snapshot = v1::AddItem {
+    let snapshot = AddItem {
         queue: "job".into(),
         key: "ns/viewed".into(),
         observe_only: true,
@@ -284,14 +292,14 @@ async fn leases_bring_the_job_view() {
     assert!(v.trusted);
     assert_eq!((v.job.as_slice(), v.job_uid.as_str()), (&b"{\"job\":1}"[..], "u1"));
     assert_eq!(v.pods, vec![b"{\"pod\":1}".to_vec()]);
-    assert_eq!(v.records, vec![v1::ViewRecord { name: "backoff".into(), value: b"rec".to_vec() }]);
+    assert_eq!(v.records, vec![ViewRecord { name: "backoff".into(), value: b"rec".to_vec() }]);
     let e = v.expectations.as_ref().unwrap();
     assert!(e.exists && !e.satisfied && e.add == 1, "{e:?}");
     // The same as GetJobView answers.
     let direct = c.get_job_view("ns/viewed", &["backoff"]).await.unwrap().unwrap();
     assert_eq!((&direct.job, &direct.pods, &direct.records), (&v.job, &v.pods, &v.records));
     // Without with_views, and on other queues, no view rides along.
-    c.add(vec![v1::AddItem { queue: "orphan-pod".into(), ..item("ns/pod", 0) }]).await.unwrap();
+    c.add(vec![AddItem { queue: "orphan-pod".into(), ..item("ns/pod", 0) }]).await.unwrap();
     let orphan = c
         .lease_with_views("orphan-pod", 1, LEASE, Duration::from_secs(5), "w", &["backoff"])
         .await
@@ -299,23 +307,17 @@ async fn leases_bring_the_job_view() {
     assert_eq!(orphan.len(), 1);
     assert_eq!(orphan[0].view, None);
     // A Done can carry the sync's last Job object back into the view, checked first.
-    let wb = |key: &str, rv: &str| v1::PutJobViewRequest {
+    let wb = |key: &str, rv: &str| ViewWriteBack {
         key: key.into(),
         job_uid: "u1".into(),
         job: format!("{{\"job\":{rv}}}").into_bytes(),
         resource_version: rv.into(),
-        orphans_handled: 0,
     };
     let viewed = &got[1];
     for (queue, key, w, want) in [
         ("job", "ns/viewed", wb("ns/other", "9"), "not this Done's"),
         ("orphan-pod", "ns/pod", wb("", "9"), "queue only"),
-        (
-            "job",
-            "ns/viewed",
-            v1::PutJobViewRequest { job_uid: "".into(), ..wb("", "9") },
-            "job_uid",
-        ),
+        ("job", "ns/viewed", ViewWriteBack { job_uid: "".into(), ..wb("", "9") }, "job_uid"),
     ] {
         let lease_id = if queue == "job" { &viewed.lease_id } else { &orphan[0].lease_id };
         let err =
@@ -334,29 +336,24 @@ async fn leases_bring_the_job_view() {
     c.add(vec![item("ns/viewed", 0)]).await.unwrap();
     let again = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
     let mut raw = kjob_proto::v1::queue_client::QueueClient::connect(r.url.clone()).await.unwrap();
-    let raise = |add: i64, pods: &[&str]| v1::SetExpectationsRequest {
+    let raise = |add: i64, pods: &[&str]| SetExpectations {
         key: String::new(),
         job_uid: "u1".into(),
         add,
         del: 0,
         created_pod_uids: pods.iter().map(|p| p.to_string()).collect(),
     };
-    let done = |expectations| v1::DoneRequest {
-        queue: "job".into(),
-        key: "ns/viewed".into(),
-        lease_id: again[0].lease_id.clone(),
-        outcome: v1::DoneOutcome::Forget as i32,
-        requeue_after_ms: 0,
+    let done = |expectations| Done {
         view_write_back: Some(wb("ns/viewed", "10")),
         expectations: Some(expectations),
-        finalizer_removals: None,
+        ..Done::new("job", "ns/viewed", &again[0].lease_id, Outcome::Forget)
     };
     let refused = raw
-        .done_batch(v1::DoneBatchRequest { items: vec![done(raise(1, &["p7", "p8"]))] })
+        .done_batch(v1::DoneBatchRequest { items: vec![done(raise(1, &["p7", "p8"])).into()] })
         .await
         .unwrap_err();
     assert!(refused.message().contains("created_pod_uids"), "{refused:?}");
-    let batch = v1::DoneBatchRequest { items: vec![done(raise(3, &["p7", "p8"]))] };
+    let batch = v1::DoneBatchRequest { items: vec![done(raise(3, &["p7", "p8"])).into()] };
     let res = raw.done_batch(batch).await.unwrap().into_inner();
     assert_eq!(res.results[0].code, 0, "{res:?}");
     let v = c.get_job_view("ns/viewed", &[]).await.unwrap().unwrap();
@@ -366,7 +363,7 @@ async fn leases_bring_the_job_view() {
     // And in a Done on its own.
     c.add(vec![item("ns/viewed", 0)]).await.unwrap();
     let again = c.lease("job", 1, LEASE, Duration::from_secs(5), "w").await.unwrap();
-    let single = v1::DoneRequest { lease_id: again[0].lease_id.clone(), ..done(raise(1, &["p9"])) };
+    let single = Done { lease_id: again[0].lease_id.clone(), ..done(raise(1, &["p9"])) };
     c.done_as(&single).await.unwrap();
     let e = c.get_expectations("ns/viewed", "u1").await.unwrap();
     assert!(e.exists && (e.add, e.del) == (1, 0), "{e:?}");
@@ -409,7 +406,7 @@ async fn invalid_arguments_are_refused_with_clear_messages() {
             .contains("lease_ms")
     );
     assert!(bad(c.set_expectations("ns/a", "u", -1, 0).await).contains("add"));
-    let gate = |object_key: &str, spam_key: &str| v1::GateEvent {
+    let gate = |object_key: &str, spam_key: &str| GateEvent {
         object_key: object_key.into(),
         spam_key: spam_key.into(),
         aggregate_key: "a".into(),
@@ -696,7 +693,7 @@ async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
     let c = r.strict();
     let http = reqwest::Client::new();
     assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
-    let write = |key: &str, only: bool, cache: Vec<v1::CacheOp>| v1::AddItem {
+    let write = |key: &str, only: bool, cache: Vec<ViewOp<Vec<u8>>>| AddItem {
         queue: "job".into(),
         key: key.into(),
         observe_only: only,

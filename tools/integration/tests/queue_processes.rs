@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kjob_queue_client::{ClientError, Outcome, QueueClient, v1};
+use kjob_queue_client::{AddItem, ClientError, Outcome, QueueClient};
 use kjob_testkit::{ChildGuard, RedisServer, free_port, wait_for_tcp};
 use parking_lot::Mutex;
 use rand::Rng;
@@ -53,8 +53,9 @@ fn spawn_queue(port: u16, redis_url: &str) -> ChildGuard {
     child
 }
 
-fn item(key: &str, delay_ms: u64) -> v1::AddItem {
-    v1::AddItem { queue: "job".into(), key: key.into(), delay_ms, ..Default::default() }
+fn item(key: &str, delay_ms: u64) -> AddItem {
+    let delay = Duration::from_millis(delay_ms);
+    AddItem { queue: "job".into(), key: key.into(), delay, ..Default::default() }
 }
 
 async fn empty(c: &QueueClient) -> bool {
@@ -160,7 +161,7 @@ async fn eight_lessees_two_replicas_ten_thousand_keys() {
                 (0..KEYS).map(|i| format!("ns-{:02}/job-{i:05}", i % 17)).collect();
             let mut readds = 0;
             for (n, chunk) in keys.chunks(100).enumerate() {
-                let mut batch: Vec<v1::AddItem> = chunk.iter().map(|k| item(k, 0)).collect();
+                let mut batch: Vec<AddItem> = chunk.iter().map(|k| item(k, 0)).collect();
                 // Random re-adds of keys added earlier, some with a short delay.
                 {
                     let mut rng = rand::rng();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kjob_queue_client::{Outcome, QueueClient, v1};
+use kjob_queue_client::{JobExpectations, Outcome, QueueClient, v1};
 use kjob_sim::testing::TestSim;
 use kjob_testkit::{ChildGuard, RedisServer, free_port};
 use kjob_watcher::WatcherConfig;
@@ -240,7 +240,7 @@ async fn wait_key(
     poll(what, limit, || async { ok(&key_state(&stack.queue, &k).await.state) }).await
 }
 
-async fn expectations(q: &QueueClient, k: &str, job_uid: &str) -> v1::GetExpectationsResponse {
+async fn expectations(q: &QueueClient, k: &str, job_uid: &str) -> JobExpectations {
     q.get_expectations(k, job_uid).await.unwrap()
 }
 

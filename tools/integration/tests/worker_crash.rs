@@ -51,7 +51,7 @@ async fn a_worker_killed_after_creating_pods_leaves_no_duplicates(server: TestSe
     let mut d = Driver::new(client.clone(), queue.client(), &ns, "cj");
     create_plain_job(&client, &ns, "cj", 3, 3).await;
     d.queue
-        .add(vec![kjob_queue_client::v1::AddItem {
+        .add(vec![kjob_queue_client::AddItem {
             queue: kjob_core::JOB_QUEUE.into(),
             key: format!("{ns}/cj"),
             ..Default::default()

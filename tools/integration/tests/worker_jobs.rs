@@ -318,7 +318,7 @@ async fn deadline_fires_on_time_while_syncs_fail(server: TestServer) {
     refuse_pods(&e).await;
     e.create(serde_json::json!({"completions": 1, "activeDeadlineSeconds": 8})).await;
     let created = std::time::Instant::now();
-    let item = kjob_queue_client::v1::AddItem {
+    let item = kjob_queue_client::AddItem {
         queue: kjob_core::JOB_QUEUE.into(),
         key: format!("{ns}/dq"),
         ..Default::default()
@@ -558,7 +558,7 @@ async fn expectations_of_one_batch_are_raised_after_the_creates(server: TestServ
     let key = format!("{}/one", e.ns);
     let queue = e.driver.queue.clone();
     // Enqueue the Job without observing anything: the driver sees no pod yet.
-    let item = kjob_queue_client::v1::AddItem {
+    let item = kjob_queue_client::AddItem {
         queue: kjob_core::JOB_QUEUE.into(),
         key: key.clone(),
         ..Default::default()
@@ -615,7 +615,7 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
         "spec": {"parallelism": 2, "template": template("Never")}});
     let job = create_job(&client, &ns, manifest).await;
     let key = format!("{ns}/wq");
-    let sync = |view: Option<kjob_queue_client::v1::GetJobViewResponse>| {
+    let sync = |view: Option<kjob_queue_client::JobView>| {
         let (worker, never, key) = (&worker, &never, key.clone());
         async move {
             let key = kjob_core::ObjectKey::parse(&key).unwrap();
@@ -636,11 +636,11 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
     let jobs_api: kube::Api<Job> = kube::Api::namespaced(client.clone(), &ns);
     let job = jobs_api.get("wq").await.unwrap_or(job);
     let uid = job.metadata.uid.clone().unwrap();
-    let view = kjob_queue_client::v1::GetJobViewResponse {
+    let view = kjob_queue_client::JobView {
         trusted: true,
         job: serde_json::to_vec(&job).unwrap(),
         pods: vec![serde_json::to_vec(&done).unwrap()],
-        expectations: Some(kjob_queue_client::v1::GetExpectationsResponse {
+        expectations: Some(kjob_queue_client::JobExpectations {
             satisfied: false,
             exists: true,
             add: 1,

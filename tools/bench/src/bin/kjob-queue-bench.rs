@@ -107,7 +107,7 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use anyhow::Context;
-    use kjob_queue_client::{DoneItem, Outcome, QueueClient, v1};
+    use kjob_queue_client::{AddItem, DoneItem, Outcome, QueueClient};
     use parking_lot::Mutex;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -391,7 +391,7 @@ mod bench {
         for chunk in keys.chunks(ADD_BATCH) {
             let batch = chunk
                 .iter()
-                .map(|k| v1::AddItem { queue: "job".into(), key: k.clone(), ..Default::default() })
+                .map(|k| AddItem { queue: "job".into(), key: k.clone(), ..Default::default() })
                 .collect();
             c.add(batch).await?;
         }
@@ -476,7 +476,7 @@ mod bench {
             sent.lock()[i] = Some(Instant::now());
             let c = c.clone();
             sends.push(tokio::spawn(async move {
-                c.add(vec![v1::AddItem { queue: "job".into(), key, ..Default::default() }]).await
+                c.add(vec![AddItem { queue: "job".into(), key, ..Default::default() }]).await
             }));
         }
         for s in sends {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kjob_queue_client::{QueueClient, v1};
+use kjob_core::{Observation, ObservationKind};
+use kjob_queue_client::{AddItem, QueueClient};
 use kjob_sim::testing::TestSim;
 use kjob_testkit::{ChildGuard, RedisServer, free_port};
 use kube::Api;
@@ -265,7 +266,7 @@ impl Driver {
             }
             self.all_pods.insert(uid.clone(), name.clone());
             if self.seen.insert(uid.clone()) {
-                observations.push(obs(v1::ObservationKind::Creation, &job_uid, &uid));
+                observations.push(obs(ObservationKind::Creation, &job_uid, &uid));
             }
             let has_fin = pod
                 .metadata
@@ -276,13 +277,13 @@ impl Driver {
             if has_fin {
                 self.with_finalizer.insert(uid.clone());
             } else if self.with_finalizer.remove(&uid) {
-                observations.push(obs(v1::ObservationKind::FinalizerRemoval, &job_uid, &uid));
+                observations.push(obs(ObservationKind::FinalizerRemoval, &job_uid, &uid));
             }
             let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
             let terminal = phase == "Succeeded" || phase == "Failed";
             if pod.metadata.deletion_timestamp.is_some() {
                 if self.deleting.insert(uid.clone()) {
-                    observations.push(obs(v1::ObservationKind::Deletion, &job_uid, &uid));
+                    observations.push(obs(ObservationKind::Deletion, &job_uid, &uid));
                 }
                 if self.hold_terminating {
                     continue;
@@ -308,14 +309,14 @@ impl Driver {
             if !present.contains(&uid) {
                 self.seen.remove(&uid);
                 if self.deleting.insert(uid.clone()) {
-                    observations.push(obs(v1::ObservationKind::Deletion, &job_uid, &uid));
+                    observations.push(obs(ObservationKind::Deletion, &job_uid, &uid));
                 }
                 if self.with_finalizer.remove(&uid) {
-                    observations.push(obs(v1::ObservationKind::FinalizerRemoval, &job_uid, &uid));
+                    observations.push(obs(ObservationKind::FinalizerRemoval, &job_uid, &uid));
                 }
             }
         }
-        let item = v1::AddItem {
+        let item = AddItem {
             queue: kjob_core::JOB_QUEUE.into(),
             key: format!("{}/{}", self.ns, self.job),
             observations,
@@ -351,8 +352,8 @@ impl Driver {
     }
 }
 
-fn obs(kind: v1::ObservationKind, job_uid: &str, pod_uid: &str) -> v1::Observation {
-    v1::Observation { kind: kind as i32, job_uid: job_uid.into(), pod_uid: pod_uid.into() }
+fn obs(kind: ObservationKind, job_uid: &str, pod_uid: &str) -> Observation {
+    Observation::new(kind, job_uid, pod_uid)
 }
 
 /// Writes a pod's phase (and container state) through `/status`, as a kubelet would.
