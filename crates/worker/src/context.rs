@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kjob_core::ObjectKey;
+use kjob_core::seal::ViewKey;
 use kjob_queue_client::{
     ClientError, FinalizerRemovals, JobView, QueueClient, SetExpectations, ViewWriteBack,
 };
@@ -57,6 +58,8 @@ pub struct SyncContext {
     pub manage_all: bool,
     /// Age after which unsatisfied expectations count as satisfied.
     pub stale_expectations_after: Duration,
+    /// Opens the sealed entries of the shared view and seals this worker's write-backs.
+    pub view_key: ViewKey,
 }
 
 /// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use kjob_core::seal::{EntryKind, SealError, ViewKey};
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
 use kjob_queue_client::{AddItem, JobExpectations, JobView, SetExpectations, ViewWriteBack};
 use kjob_reconcile::conditions::is_finished;
@@ -263,13 +264,20 @@ impl JobRun<'_> {
             self.ctx.metrics.view_read("untrusted");
             return Ok(None);
         };
-        match decode_view(v) {
+        match decode_view(v, key, &self.ctx.view_key) {
             Ok(read) => {
                 let result = if read.orphans_pending.is_some() { "orphans" } else { "trusted" };
                 self.ctx.metrics.view_read(result);
                 Ok(Some(read))
             }
-            Err(e) => {
+            Err(ViewProblem::Forged(e)) => {
+                // Not written by the watcher or a worker (or moved from another Job): whoever
+                // reached kjob-queue or Redis must not choose the pods this sync makes.
+                tracing::warn!(job = key, error = %e, "the shared view is not sealed by kjob; reading the API server");
+                self.ctx.metrics.view_read("forged");
+                Ok(None)
+            }
+            Err(ViewProblem::Undecodable(e)) => {
                 tracing::warn!(job = key, error = %e, "the shared view does not parse; reading the API server");
                 self.ctx.metrics.view_read("undecodable");
                 Ok(None)
@@ -293,7 +301,7 @@ impl JobRun<'_> {
     /// a stale status and have its own write refused after acting). After a conflict, the
     /// fresh GET goes in the same way.
     async fn write_back(&self, key: &str, job: &Job) {
-        let Some(w) = view_write_back(key, job) else { return };
+        let Some(w) = view_write_back(key, job, &self.ctx.view_key) else { return };
         if let Err(e) =
             self.ctx.queue.put_job_view(key, &w.job_uid, w.job, &w.resource_version, 0).await
         {
@@ -357,7 +365,11 @@ impl JobRun<'_> {
             let report = match step {
                 Step::Done(outcome) => {
                     // Goes with the lease's Done (see `write_back`).
-                    let back = if wrote_status { view_write_back(key, &current) } else { None };
+                    let back = if wrote_status {
+                        view_write_back(key, &current, &self.ctx.view_key)
+                    } else {
+                        None
+                    };
                     return (*outcome, back);
                 }
                 Step::Expectations(Expectations::Set { add, del: 0 }) if add > 0 && !deferred => {
@@ -735,9 +747,9 @@ struct ViewRead {
 }
 
 /// Decodes a view: the Job, and its pods in name order (the order a LIST returns).
-/// The view write-back of a Job the API server returned (managedFields left out); `None`
-/// without a UID or resourceVersion.
-fn view_write_back(key: &str, job: &Job) -> Option<ViewWriteBack> {
+/// The view write-back of a Job the API server returned (managedFields left out), sealed as
+/// Job `key`'s object; `None` without a UID or resourceVersion.
+fn view_write_back(key: &str, job: &Job, view_key: &ViewKey) -> Option<ViewWriteBack> {
     let uid = job.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
     let rv = job.metadata.resource_version.as_deref().filter(|r| !r.is_empty())?;
     let mut trimmed = job.clone();
@@ -746,19 +758,48 @@ fn view_write_back(key: &str, job: &Job) -> Option<ViewWriteBack> {
     Some(ViewWriteBack {
         key: key.to_string(),
         job_uid: uid.to_string(),
-        job: bytes,
+        job: view_key.seal(EntryKind::Job, key, &bytes),
         resource_version: rv.to_string(),
     })
 }
 
-fn decode_view(v: JobView) -> Result<ViewRead, String> {
-    let job: Job = serde_json::from_slice(&v.job).map_err(|e| format!("job: {e}"))?;
+/// Why a view was not planned from.
+#[derive(Debug)]
+enum ViewProblem {
+    /// An entry's seal does not open, or the Job is not the leased one.
+    Forged(String),
+    /// An entry does not parse.
+    Undecodable(String),
+}
+
+/// Decodes the view of Job `key`: every entry must open with `view_key` as an entry of that
+/// Job, and the Job must be the one leased (namespace, name and UID), before anything of it is
+/// believed.
+fn decode_view(v: JobView, key: &str, view_key: &ViewKey) -> Result<ViewRead, ViewProblem> {
+    let forged = |what: &str, e: SealError| ViewProblem::Forged(format!("{what}: {e}"));
+    let undecodable =
+        |what: &str, e: serde_json::Error| ViewProblem::Undecodable(format!("{what}: {e}"));
+    let job_bytes = view_key.open(EntryKind::Job, key, &v.job).map_err(|e| forged("job", e))?;
+    let job: Job = serde_json::from_slice(job_bytes).map_err(|e| undecodable("job", e))?;
+    let named = format!(
+        "{}/{}",
+        job.metadata.namespace.as_deref().unwrap_or_default(),
+        job.metadata.name.as_deref().unwrap_or_default()
+    );
+    if named != key {
+        return Err(ViewProblem::Forged(format!("the view of {key} holds Job {named}")));
+    }
     if job.metadata.uid.as_deref() != Some(v.job_uid.as_str()) {
-        return Err(format!("job UID {:?} is not the view's {:?}", job.metadata.uid, v.job_uid));
+        return Err(ViewProblem::Forged(format!(
+            "job UID {:?} is not the view's {:?}",
+            job.metadata.uid, v.job_uid
+        )));
     }
     let mut decoded = Vec::with_capacity(v.pods.len());
     for p in &v.pods {
-        decoded.push(Some(serde_json::from_slice::<Pod>(p).map_err(|e| format!("pod: {e}"))?));
+        let bytes = view_key.open(EntryKind::Pod, key, p).map_err(|e| forged("pod", e))?;
+        decoded
+            .push(Some(serde_json::from_slice::<Pod>(bytes).map_err(|e| undecodable("pod", e))?));
     }
     // In name order, as a LIST returns them. A Pod is kilobytes inline, so the order is sorted
     // as indices and each pod moved once (sorting the pods moved each ~log n times: a quarter
@@ -864,20 +905,70 @@ mod tests {
 
     use super::*;
 
+    fn job_key(job: &Job) -> String {
+        format!("{}/{}", job.metadata.namespace.as_deref().unwrap(), job_name(job))
+    }
+
+    /// A view entry counts only when it opens with the view key as an entry of the leased Job:
+    /// a bare or re-sealed object, a pod sealed for another Job, or another Job under this key
+    /// are all refused as forged, and nothing of that view is planned from.
+    #[test]
+    fn only_a_view_sealed_for_the_leased_job_is_believed() {
+        let job = mk_job("pi").build();
+        let other = mk_job("other").build();
+        let (k, key) = (ViewKey::new(&[9; 32]).unwrap(), job_key(&job));
+        let json = serde_json::to_vec(&job).unwrap();
+        let pod = serde_json::to_vec(&mk_pod(&job, "p").build()).unwrap();
+        let view = |job: Vec<u8>, pods: Vec<Vec<u8>>| JobView {
+            job,
+            job_uid: "not-the-uid".into(),
+            pods,
+            ..Default::default()
+        };
+        let uid = job.metadata.uid.clone().unwrap();
+        let with_uid = |mut v: JobView| {
+            v.job_uid = uid.clone();
+            v
+        };
+        let good = with_uid(view(
+            k.seal(EntryKind::Job, &key, &json),
+            vec![k.seal(EntryKind::Pod, &key, &pod)],
+        ));
+        assert!(decode_view(good, &key, &k).is_ok());
+        let forged = |v: JobView| matches!(decode_view(v, &key, &k), Err(ViewProblem::Forged(_)));
+        assert!(forged(with_uid(view(json.clone(), vec![]))), "unsealed Job");
+        let attacker = ViewKey::new(&[1; 32]).unwrap();
+        assert!(forged(with_uid(view(attacker.seal(EntryKind::Job, &key, &json), vec![]))));
+        let moved_pod = k.seal(EntryKind::Pod, &job_key(&other), &pod);
+        assert!(forged(with_uid(view(k.seal(EntryKind::Job, &key, &json), vec![moved_pod]))));
+        let as_pod = k.seal(EntryKind::Pod, &key, &json);
+        assert!(forged(with_uid(view(as_pod, vec![]))), "a pod entry passed off as the Job");
+        let other_json = serde_json::to_vec(&other).unwrap();
+        let mut under_key = view(k.seal(EntryKind::Job, &key, &other_json), vec![]);
+        under_key.job_uid = other.metadata.uid.clone().unwrap();
+        assert!(forged(under_key), "another Job sealed under this key");
+        let wrong_uid = view(k.seal(EntryKind::Job, &key, &json), vec![]);
+        assert!(forged(wrong_uid), "the view's UID is not the Job's");
+        let back = view_write_back(&key, &job, &k).unwrap();
+        assert!(k.open(EntryKind::Job, &key, &back.job).is_ok(), "write-backs are sealed");
+    }
+
     #[test]
     fn view_pods_come_in_name_order_with_their_summaries() {
         let job = mk_job("pi").indexed().completions(Some(4)).build();
+        let (k, key) = (ViewKey::new(&[9; 32]).unwrap(), job_key(&job));
         let pods: Vec<Vec<u8>> = [("c", 2), ("a", 0), ("d", 3), ("b", 1)]
             .iter()
             .map(|(n, i)| serde_json::to_vec(&mk_pod(&job, n).index(*i).build()).unwrap())
+            .map(|p| k.seal(EntryKind::Pod, &key, &p))
             .collect();
         let view = JobView {
-            job: serde_json::to_vec(&job).unwrap(),
+            job: k.seal(EntryKind::Job, &key, &serde_json::to_vec(&job).unwrap()),
             job_uid: job.metadata.uid.clone().unwrap(),
             pods,
             ..Default::default()
         };
-        let read = decode_view(view).unwrap();
+        let read = decode_view(view, &key, &k).unwrap();
         let names: Vec<_> =
             read.pods.pods().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
         assert_eq!(names, ["a", "b", "c", "d"]);

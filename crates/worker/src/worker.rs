@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use kjob_core::seal::ViewKey;
 use kjob_core::{JOB_QUEUE, ORPHAN_POD_QUEUE, ObjectKey};
 use kjob_queue_client::QueueClient;
 use tokio_util::sync::CancellationToken;
@@ -39,8 +40,16 @@ impl Worker {
             controller_name,
             manage_all,
             stale_expectations_after: sync::DEFAULT_STALE_EXPECTATIONS_AFTER,
+            view_key: ViewKey::insecure_development(),
         };
         Self { ctx }
+    }
+
+    /// Sets the key that opens the shared view's sealed entries (the watcher's). Until set, the
+    /// public development key of `--insecure-no-auth` is used: `kjob-worker` always sets it.
+    pub fn with_view_key(mut self, key: ViewKey) -> Self {
+        self.ctx.view_key = key;
+        self
     }
 
     /// Sets the age after which unsatisfied expectations count as satisfied. Workers read the
