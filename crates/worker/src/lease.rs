@@ -776,8 +776,9 @@ mod tests {
                 });
             }
             let polite = key.starts_with("polite");
-            // Keys starting with `late` take twice as long; `name@ms` takes ms.
-            let run_for = match key.split_once('@') {
+            // Keys starting with `late` take twice as long; `name-msN` takes N ms (keys are
+            // Kubernetes names, so no other separator is allowed).
+            let run_for = match key.rsplit_once("-ms") {
                 Some((_, ms)) => Duration::from_millis(ms.parse().unwrap()),
                 None if key.starts_with("late") => self.run_for * 2,
                 None => self.run_for,
@@ -1019,7 +1020,7 @@ mod tests {
     async fn a_done_waits_briefly_for_a_lease_call_expected_soon() {
         // Two slots, four keys; every Lease call takes 40 ms to answer.
         let setup = Setup {
-            keys: &["a@1000", "b@1030", "c@1000", "d@1000"],
+            keys: &["a-ms1000", "b-ms1030", "c-ms1000", "d-ms1000"],
             concurrency: Some(2),
             lease_takes: s(0.04),
             shutdown_at: s(10.0),
@@ -1029,19 +1030,19 @@ mod tests {
         let carried = |k: &str| Ev::Carried(k.into(), Outcome::Forget);
         let want = vec![
             // a and b run from 0.04 s. a ends at 1.04: the refill carries its Done...
-            (s(1.04), carried("a@1000")),
+            (s(1.04), carried("a-ms1000")),
             (s(1.04), Ev::Lease),
             // ...b ends at 1.07 while that call is out; it was expected soon (the one before
             // filled every slot), so b's Done waited for its answer (c, at 1.08) and rides
             // the next one.
-            (s(1.08), carried("b@1030")),
+            (s(1.08), carried("b-ms1030")),
             (s(1.08), Ev::Lease),
             // c (from 1.08) ends at 2.08: the refill carries its Done, finds the queue empty
             // and long-polls. d (from 1.12) ends at 2.12 and waits for it, but only until
             // CARRY_HOLD after the call began: at 2.13 its Done goes on its own.
-            (s(2.08), carried("c@1000")),
+            (s(2.08), carried("c-ms1000")),
             (s(2.08), Ev::Lease),
-            (s(2.13), Ev::Done("d@1000".into(), Outcome::Forget)),
+            (s(2.13), Ev::Done("d-ms1000".into(), Outcome::Forget)),
         ];
         assert_eq!(after(&calls, s(1.0)), want);
         assert_eq!(m.dones_carried.get_or_create(&Metrics::queue(JOB_QUEUE)).get(), 3);
