@@ -15,6 +15,7 @@ pub mod kube_client;
 pub mod logging;
 pub mod metrics;
 pub mod shutdown;
+pub mod view_key;
 pub mod vital;
 
 pub use admin::{
@@ -29,4 +30,5 @@ pub use incoming::tcp_incoming;
 pub use kube_client::KubeClientArgs;
 pub use logging::{LogArgs, LogFormat, init_logging};
 pub use shutdown::{Shutdown, shutdown_on_signals};
+pub use view_key::ViewKeyArgs;
 pub use vital::{Vital, VitalFuture, VitalTaskError};

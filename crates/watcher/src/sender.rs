@@ -31,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 use crate::handlers::{Enqueue, SessionControl};
 use crate::metrics::{Metrics, ObservationLabels, QueueLabels};
 use crate::view::ViewWrite;
+use kjob_core::ViewOp;
+use kjob_core::seal::{EntryKind, ViewKey};
 
 /// Items buffered between the informer and the sender: enough for a burst of events while one
 /// batch is in flight, small enough that a stuck queue stalls the watches quickly.
@@ -117,15 +119,29 @@ pub fn coalesce(batch: Vec<Enqueue>) -> Vec<Enqueue> {
     out
 }
 
-/// A handler decision as kjob-queue's Add takes it.
-pub fn to_item(e: &Enqueue) -> AddItem {
+/// A handler decision as kjob-queue's Add takes it, its view objects sealed with `view_key` as
+/// entries of the item's Job (the copy into the request is made here anyway, so the seal costs
+/// an HMAC and no extra copy).
+pub fn to_item(e: &Enqueue, view_key: &ViewKey) -> AddItem {
+    let seal = |w: &ViewWrite| match w {
+        ViewWrite::Job { uid, object, resource_version } => ViewOp::Job {
+            uid: uid.clone(),
+            object: view_key.seal(EntryKind::Job, &e.key, object),
+            resource_version: resource_version.clone(),
+        },
+        ViewWrite::Pod { name, object } => ViewOp::Pod {
+            name: name.clone(),
+            object: view_key.seal(EntryKind::Pod, &e.key, object),
+        },
+        other => other.to_owned_bytes(),
+    };
     AddItem {
         queue: e.queue.to_string(),
         key: e.key.clone(),
         delay: e.delay,
         observations: e.observations.clone(),
         observe_only: e.observe_only,
-        cache: e.view.iter().map(ViewWrite::to_owned_bytes).collect(),
+        cache: e.view.iter().map(seal).collect(),
         cache_session: e.session.as_deref().unwrap_or_default().to_string(),
     }
 }
@@ -170,6 +186,8 @@ struct Link {
     queue_ok: Arc<AtomicBool>,
     /// Poked when kjob-queue says its Redis lost the view session.
     view_lost: Arc<Notify>,
+    /// Seals the view objects sent (see [`to_item`]).
+    view_key: ViewKey,
     /// Bounds how long the last items are retried.
     shutdown: CancellationToken,
     /// Set once shutdown began: retries stop at this instant.
@@ -186,9 +204,11 @@ pub async fn run_sender(
     metrics: Metrics,
     queue_ok: Arc<AtomicBool>,
     view_lost: Arc<Notify>,
+    view_key: ViewKey,
     shutdown: CancellationToken,
 ) -> Result<(), SendError> {
-    let mut link = Link { client, metrics, queue_ok, view_lost, shutdown, give_up_at: None };
+    let mut link =
+        Link { client, metrics, queue_ok, view_lost, view_key, shutdown, give_up_at: None };
     let mut batcher = Batcher::default();
     let mut flight = InFlight::default();
     loop {
@@ -621,7 +641,7 @@ impl Link {
     /// Sends one batch, retrying with backoff until kjob-queue has it (runs as its own task;
     /// the sender loop keeps the channel flowing meanwhile).
     async fn send_batch(&mut self, batch: Vec<Enqueue>) -> Result<(), SendError> {
-        let items: Vec<AddItem> = batch.iter().map(to_item).collect();
+        let items: Vec<AddItem> = batch.iter().map(|e| to_item(e, &self.view_key)).collect();
         let mut attempt = 0u32;
         loop {
             let started = Instant::now();
@@ -721,12 +741,23 @@ mod tests {
     fn add_item_conversion() {
         let mut item = e(JOB_QUEUE, "ns/a", 1500, &["p1"]);
         item.observations[0].kind = ObservationKind::FinalizerRemoval;
-        let p = to_item(&item);
+        let key = ViewKey::new(&[3; 32]).unwrap();
+        let p = to_item(&item, &key);
         assert_eq!(p.queue, "job");
         assert_eq!(p.delay, Duration::from_millis(1500));
         assert!(!p.observe_only);
         assert_eq!(p.observations[0].kind, ObservationKind::FinalizerRemoval);
         assert_eq!(p.observations[0].pod_uid, "p1");
+        // View objects leave sealed as entries of the item's Job; other writes as they are.
+        item.view = vec![
+            ViewWrite::Pod { name: "p1".into(), object: Arc::from(&b"{}"[..]) },
+            ViewWrite::Trust,
+        ];
+        let p = to_item(&item, &key);
+        let ViewOp::Pod { object, .. } = &p.cache[0] else { panic!("{:?}", p.cache) };
+        assert_eq!(key.open(EntryKind::Pod, "ns/a", object), Ok(&b"{}"[..]));
+        assert!(key.open(EntryKind::Pod, "ns/b", object).is_err());
+        assert_eq!(p.cache[1], ViewOp::Trust);
     }
 
     /// The batching rules on tokio's paused clock: the clock only moves when every task waits,
