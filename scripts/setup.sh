@@ -39,9 +39,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if [ "${KJOB_SKIP_PYTHON:-0}" != "1" ]; then
-  if ! python3 -c 'import kubernetes, pytest; assert kubernetes.__version__.startswith("32.")' 2>/dev/null; then
-    echo "setup: installing kubernetes==32.* and pytest from PyPI"
-    python3 -m pip install -q --disable-pip-version-check 'kubernetes==32.*' 'pytest>=8' >/dev/null
+  # grpcio: tests/python/test_queue_auth.py calls kjob-queue as a hostile client.
+  if ! python3 -c 'import kubernetes, pytest, grpc; assert kubernetes.__version__.startswith("32.")' 2>/dev/null; then
+    echo "setup: installing kubernetes==32.*, pytest and grpcio from PyPI"
+    python3 -m pip install -q --disable-pip-version-check 'kubernetes==32.*' 'pytest>=8' 'grpcio>=1.60' >/dev/null
   fi
 fi
 

@@ -19,6 +19,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+mod security;
+
 use kjob_core::events::{GateEvent, Gated};
 pub use kjob_core::queue::{AddAnswer, AddItem};
 pub use kjob_core::{
@@ -30,6 +32,7 @@ pub use kjob_proto::v1;
 use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_proto::v1::queue_client::QueueClient as RawQueueClient;
 use kjob_svc::Backoff;
+pub use security::{QueueSecurity, QueueTlsArgs};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -229,19 +232,29 @@ pub struct QueueClient {
 }
 
 impl QueueClient {
-    /// Creates a client for `url` (e.g. `http://127.0.0.1:50051`) without connecting yet; the
-    /// first call connects, and later calls reconnect after failures.
+    /// Creates a plaintext client for `url` (e.g. `http://127.0.0.1:50051`, a kjob-queue run
+    /// with `--insecure-no-auth`) without connecting yet; the first call connects, and later
+    /// calls reconnect after failures.
     pub fn connect_lazy(url: &str) -> Result<Self, ClientError> {
+        Self::connect_lazy_with(url, &QueueSecurity::Insecure)
+    }
+
+    /// [`Self::connect_lazy`] secured by `security`: mTLS for an `https://` URL, plaintext for
+    /// an `http://` one; any other pairing is an error.
+    pub fn connect_lazy_with(url: &str, security: &QueueSecurity) -> Result<Self, ClientError> {
         let invalid = |reason: String| ClientError::InvalidUrl { url: url.to_string(), reason };
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(invalid("expected http://host:port".into()));
         }
-        let endpoint = Endpoint::from_shared(url.to_string())
+        let mut endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| invalid(e.to_string()))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_while_idle(true);
+        if let Some(tls) = security.tls_for(url)? {
+            endpoint = endpoint.tls_config(tls).map_err(|e| invalid(e.to_string()))?;
+        }
         let channel = endpoint.connect_lazy();
         Ok(Self {
             queue: RawQueueClient::new(channel.clone())

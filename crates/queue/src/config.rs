@@ -1,11 +1,19 @@
 //! Flags of `kjob-queue` (clap derive, each with an `env` twin).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Subcommand;
+use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::AdminArgs;
 
-use crate::{Listeners, QueueConfig};
+use crate::{Listeners, QueueConfig, Security};
+
+/// The one line kjob-queue exits with when it has no security configuration.
+pub const NO_SECURITY: &str = "kjob-queue serves only authenticated TLS: give --tls-cert-file, \
+     --tls-key-file and --client-ca-file (see `kjob-queue certs`), or --insecure-no-auth for \
+     development only";
 
 /// The kjob queue service: a distributed rate-limiting workqueue over Redis.
 #[derive(Debug, Clone, clap::Parser)]
@@ -20,6 +28,18 @@ pub struct Args {
     /// Redis URL: redis://host:port for one server, redis+cluster://host:port,host:port for a Cluster.
     #[arg(long, env = "KJOB_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+    /// kjob-queue's serving certificate (PEM), signed by the CA its clients trust.
+    #[arg(long, env = "KJOB_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert-file.
+    #[arg(long, env = "KJOB_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// The kjob CA (PEM) that signs callers' certificates; a caller's role is its certificate's CN.
+    #[arg(long, env = "KJOB_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Development only: serve plaintext gRPC and let every caller call everything (logs a warning).
+    #[arg(long, env = "KJOB_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -38,20 +58,89 @@ pub enum Command {
         queue: String,
         /// Keys (namespace/name) to show.
         keys: Vec<String>,
+        /// How to reach kjob-queue (as the `kjob-inspector` role over https://).
+        #[command(flatten)]
+        tls: QueueTlsArgs,
+    },
+    /// Write a new kjob CA and the certificates of kjob-queue and of each role (watcher,
+    /// worker, inspector), and print the kubectl commands that load them as Secrets.
+    Certs {
+        /// Folder to write into (one sub-folder per Secret).
+        #[arg(long)]
+        out: PathBuf,
+        /// Names (DNS or IP) in kjob-queue's serving certificate [default: the in-cluster
+        /// Service names, localhost, 127.0.0.1].
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Namespace in the printed kubectl commands.
+        #[arg(long, default_value = "kjob-system")]
+        namespace: String,
     },
 }
 
 impl Args {
-    /// Binds the listeners the flags name and splits off the configuration.
+    /// Binds the listeners the flags name and splits off the configuration (checked first:
+    /// without security settings nothing is bound).
     pub async fn bind(self) -> anyhow::Result<(Listeners, QueueConfig)> {
-        let grpc = kjob_svc::bind(self.listen, "the gRPC port").await?;
-        let admin = self.admin.bind().await?;
-        Ok((Listeners { grpc, admin: Some(admin) }, self.into_config()))
+        let (listen, admin_args) = (self.listen, self.admin.clone());
+        let config = self.into_config()?;
+        let grpc = kjob_svc::bind(listen, "the gRPC port").await?;
+        let admin = admin_args.bind().await?;
+        Ok((Listeners { grpc, admin: Some(admin) }, config))
     }
 
-    /// The service configuration the flags describe (the listen and admin flags aside).
-    pub fn into_config(self) -> QueueConfig {
-        let Args { command: _, listen: _, redis_url, admin: _ } = self;
-        QueueConfig { redis_url, store: Default::default() }
+    /// The service configuration the flags describe (the listen and admin flags aside),
+    /// reading the certificate files. With neither TLS files nor `--insecure-no-auth` the
+    /// error is [`NO_SECURITY`], one line.
+    pub fn into_config(self) -> anyhow::Result<QueueConfig> {
+        let Args {
+            command: _,
+            listen: _,
+            redis_url,
+            tls_cert_file,
+            tls_key_file,
+            client_ca_file,
+            insecure_no_auth,
+            admin: _,
+        } = self;
+        let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
+            (Some(cert), Some(key), Some(client_ca), false) => {
+                let read = |p: PathBuf| {
+                    std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
+                };
+                Security::Tls { cert: read(cert)?, key: read(key)?, client_ca: read(client_ca)? }
+            }
+            (None, None, None, true) => Security::InsecureNoAuth,
+            (None, None, None, false) => anyhow::bail!(NO_SECURITY),
+            (.., true) => anyhow::bail!(
+                "--insecure-no-auth turns TLS off: give it without --tls-cert-file, \
+                 --tls-key-file and --client-ca-file"
+            ),
+            _ => anyhow::bail!(
+                "kjob-queue's TLS needs all three of --tls-cert-file, --tls-key-file and \
+                 --client-ca-file"
+            ),
+        };
+        Ok(QueueConfig { redis_url, store: Default::default(), security })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn refuses_to_serve_without_security_settings() {
+        let err = Args::try_parse_from(["kjob-queue"]).unwrap().into_config().unwrap_err();
+        assert_eq!(format!("{err:#}"), NO_SECURITY);
+        let c = Args::try_parse_from(["kjob-queue", "--insecure-no-auth"]).unwrap();
+        assert!(matches!(c.into_config().unwrap().security, Security::InsecureNoAuth));
+        let half = Args::try_parse_from(["kjob-queue", "--tls-cert-file=/x"]).unwrap();
+        assert!(half.into_config().unwrap_err().to_string().contains("all three"));
+        let both = ["kjob-queue", "--insecure-no-auth", "--tls-cert-file=/a"];
+        let both = Args::try_parse_from(both).unwrap();
+        assert!(both.into_config().is_err());
     }
 }

@@ -5,7 +5,9 @@
 //! may run against one Redis (every operation is one atomic script). [`inspect`] is the
 //! `kjob-queue inspect` subcommand.
 
+pub mod auth;
 pub mod batch;
+pub mod certs;
 pub mod config;
 pub mod metrics;
 pub mod service;
@@ -23,6 +25,7 @@ use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 pub use config::{Args, Command};
@@ -48,6 +51,35 @@ pub struct QueueConfig {
     pub redis_url: String,
     /// Store tunables.
     pub store: StoreConfig,
+    /// Who may call, and over what.
+    pub security: Security,
+}
+
+/// How kjob-queue secures its gRPC port.
+#[derive(Clone)]
+pub enum Security {
+    /// TLS with this serving certificate and key (PEM); callers present a certificate signed by
+    /// `client_ca` whose CN is their role ([`auth`]), or are refused.
+    Tls {
+        /// Serving certificate chain, PEM.
+        cert: Vec<u8>,
+        /// Its private key, PEM.
+        key: Vec<u8>,
+        /// The CA of callers' certificates, PEM.
+        client_ca: Vec<u8>,
+    },
+    /// `--insecure-no-auth`: plaintext, every caller allowed (development only).
+    InsecureNoAuth,
+}
+
+impl std::fmt::Debug for Security {
+    // Never prints the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Security::Tls { .. } => "Tls",
+            Security::InsecureNoAuth => "InsecureNoAuth",
+        })
+    }
 }
 
 /// The sockets kjob-queue serves on, bound by the caller (tests bind `127.0.0.1:0`).
@@ -80,7 +112,7 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let Listeners { grpc: listener, admin } = listeners;
-    let QueueConfig { redis_url, store: store_config } = config;
+    let QueueConfig { redis_url, store: store_config, security } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
@@ -88,7 +120,7 @@ pub async fn run(
         let Some(store) = connect(&redis_url, store_config, &shutdown).await? else {
             return Ok(());
         };
-        serve(listener, &redis_url, store, metrics, admin, &shutdown).await
+        serve(listener, &redis_url, &security, store, metrics, admin, &shutdown).await
     })
     .await?;
     tracing::info!("kjob-queue stopped");
@@ -99,6 +131,7 @@ pub async fn run(
 async fn serve(
     listener: TcpListener,
     redis_url: &str,
+    security: &Security,
     store: Store,
     metrics: Metrics,
     admin: &mut AdminServer,
@@ -111,10 +144,32 @@ async fn serve(
     let service =
         QueueService::new(store.clone(), waker.clone(), dones, metrics.clone(), shutdown.clone());
 
-    tracing::info!(addr = %listener.local_addr()?, redis = %redis_url, "kjob-queue serving");
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    let auth = match security {
+        Security::Tls { cert, key, client_ca } => {
+            // Optional at the TLS layer, so a caller without a certificate gets a gRPC answer
+            // (UNAUTHENTICATED, counted) rather than a failed handshake; one that presents a
+            // certificate must chain to `client_ca`.
+            let tls = ServerTlsConfig::new()
+                .identity(Identity::from_pem(cert, key))
+                .client_ca_root(Certificate::from_pem(client_ca))
+                .client_auth_optional(true);
+            builder = builder.tls_config(tls).context("kjob-queue's TLS settings")?;
+            auth::AuthLayer::roles(metrics.auth_refused())
+        }
+        Security::InsecureNoAuth => {
+            tracing::warn!(
+                "--insecure-no-auth: plaintext gRPC, and every caller may call every RPC \
+                 (development only)"
+            );
+            auth::AuthLayer::allow_all()
+        }
+    };
+    tracing::info!(addr = %listener.local_addr()?, redis = %redis_url, security = ?security, "kjob-queue serving");
+    let server = builder
         .concurrency_limit_per_connection(MAX_CONCURRENT_PER_CONN)
         .http2_keepalive_interval(Some(KEEPALIVE))
+        .layer(auth)
         .add_service(health_service)
         .add_service(reflection().build_v1().context("building the reflection service")?)
         // Older grpcurl, Postman and the Python gRPC client ask for v1alpha.
@@ -253,15 +308,44 @@ async fn mirror_health(
     }
 }
 
+/// `kjob-queue certs`: writes the CA and certificates into `out` and prints the commands
+/// that load them as Secrets.
+pub fn certs(
+    out_dir: &std::path::Path,
+    hosts: Vec<String>,
+    namespace: &str,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<()> {
+    let hosts =
+        if hosts.is_empty() { certs::DEFAULT_HOSTS.map(String::from).into() } else { hosts };
+    certs::write(out_dir, &hosts)?;
+    writeln!(
+        out,
+        "# wrote a kjob CA and the certificates of {} into {}",
+        hosts.join(","),
+        out_dir.display()
+    )?;
+    writeln!(
+        out,
+        "# load them (the inspector's is for `kjob-queue inspect`; keep ca.key offline):"
+    )?;
+    for c in certs::kubectl_commands(out_dir, namespace) {
+        writeln!(out, "{c}")?;
+    }
+    Ok(())
+}
+
 /// `kjob-queue inspect`: prints the stats of `queue` and the state of `keys` for a person.
 pub async fn inspect(
     queue_url: &str,
+    tls: &kjob_queue_client::QueueTlsArgs,
     queue: &str,
     keys: Vec<String>,
     out: &mut impl std::io::Write,
 ) -> anyhow::Result<()> {
-    use kjob_queue_client::{QueueClient, RetryPolicy};
-    let client = QueueClient::connect_lazy(queue_url)?
+    use kjob_queue_client::RetryPolicy;
+    let client = tls
+        .connect_lazy(queue_url)?
         .with_retry_policy(RetryPolicy { max_retries: Some(3), ..RetryPolicy::default() });
     let s = client.stats(queue).await?;
     writeln!(out, "queue {queue}")?;

@@ -1,11 +1,19 @@
-//! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`).
+//! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`, `kjob-queue certs`).
 
 fn main() -> anyhow::Result<()> {
     kjob_svc::main(kjob_svc::Threads::One, |mut args: kjob_queue::Args| async move {
-        if let Some(kjob_queue::Command::Inspect { queue_url, queue, keys }) = args.command.take() {
-            return kjob_queue::inspect(&queue_url, &queue, keys, &mut std::io::stdout()).await;
+        let stdout = &mut std::io::stdout();
+        match args.command.take() {
+            Some(kjob_queue::Command::Inspect { queue_url, queue, keys, tls }) => {
+                kjob_queue::inspect(&queue_url, &tls, &queue, keys, stdout).await
+            }
+            Some(kjob_queue::Command::Certs { out, hosts, namespace }) => {
+                kjob_queue::certs(&out, hosts, &namespace, stdout)
+            }
+            None => {
+                let (listeners, config) = args.bind().await?;
+                kjob_queue::run(listeners, config, kjob_svc::shutdown_on_signals()).await
+            }
         }
-        let (listeners, config) = args.bind().await?;
-        kjob_queue::run(listeners, config, kjob_svc::shutdown_on_signals()).await
     })
 }

@@ -19,6 +19,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tonic::Code;
 
+use crate::auth::RefusedLabels;
+
 /// Label of per-queue metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabel {
@@ -115,6 +117,7 @@ pub struct Metrics {
     /// Handles registered nowhere, for a queue name that validation refuses anyway.
     unknown: Arc<QueueMetrics>,
     grpc: Arc<GrpcMetrics>,
+    auth_refused: Family<RefusedLabels, Counter>,
 }
 
 impl Metrics {
@@ -129,7 +132,21 @@ impl Metrics {
         let queues = queues.iter().map(|q| (*q, families.queue(q))).collect();
         let unknown = Arc::new(QueueFamilies::register(&mut Registry::default()).queue("unknown"));
         let grpc = Arc::new(GrpcMetrics::register(registry, rpcs));
-        Self { queues, unknown, grpc }
+        let auth_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "kjob_queue_auth_refused",
+            "Calls refused before any service saw them (UNAUTHENTICATED or PERMISSION_DENIED), by reason and the caller's role",
+            auth_refused.clone(),
+        );
+        // Present from start, at 0: the refusal an alert on probing would watch first.
+        let _ =
+            auth_refused.get_or_create(&RefusedLabels { reason: "no_certificate", role: "none" });
+        Self { queues, unknown, grpc, auth_refused }
+    }
+
+    /// `kjob_queue_auth_refused_total`, for the [`crate::auth::AuthLayer`].
+    pub fn auth_refused(&self) -> Family<RefusedLabels, Counter> {
+        self.auth_refused.clone()
     }
 
     /// The metrics of `queue`.
@@ -392,5 +409,11 @@ mod tests {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }
         assert!(!text.contains("nope") && !text.contains("unknown"), "{text}");
+        assert!(
+            text.contains(
+                "kjob_queue_auth_refused_total{reason=\"no_certificate\",role=\"none\"} 0"
+            ),
+            "{text}"
+        );
     }
 }

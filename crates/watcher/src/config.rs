@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::{AdminArgs, KubeClientArgs, parse_duration};
 
 use crate::leader::LeaseConfig;
@@ -14,6 +15,9 @@ pub struct Args {
     /// kjob-queue gRPC URL.
     #[arg(long, env = "KJOB_QUEUE_URL", default_value = "http://127.0.0.1:50051")]
     pub queue_url: String,
+    /// How to reach kjob-queue (mTLS as the `kjob-watcher` role).
+    #[command(flatten)]
+    pub queue_tls: QueueTlsArgs,
     /// The spec.managedBy value this controller answers to.
     #[arg(long, env = "KJOB_CONTROLLER_NAME", default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
     pub controller_name: String,
@@ -53,8 +57,10 @@ pub struct Args {
 }
 
 impl Args {
-    /// Binds the listeners the flags name and splits off the configuration.
+    /// Binds the listeners the flags name and splits off the configuration; unusable queue
+    /// security settings fail first, in one line, before anything is bound.
     pub async fn bind(self) -> anyhow::Result<(Listeners, WatcherConfig)> {
+        self.queue_tls.security(&self.queue_url)?;
         let admin = self.admin.bind().await?;
         Ok((Listeners { admin: Some(admin) }, self.into_config()))
     }
@@ -63,6 +69,7 @@ impl Args {
     pub fn into_config(self) -> WatcherConfig {
         let Args {
             queue_url,
+            queue_tls,
             controller_name,
             manage_all_jobs,
             namespace,
@@ -78,6 +85,7 @@ impl Args {
         } = self;
         WatcherConfig {
             queue_url,
+            queue_tls,
             controller_name,
             manage_all: manage_all_jobs,
             namespace,

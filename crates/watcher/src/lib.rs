@@ -43,6 +43,8 @@ pub use config::Args;
 pub struct WatcherConfig {
     /// kjob-queue gRPC URL, e.g. `http://127.0.0.1:50051`.
     pub queue_url: String,
+    /// How to reach kjob-queue (mTLS for `https://`, or plaintext when allowed).
+    pub queue_tls: kjob_queue_client::QueueTlsArgs,
     /// `spec.managedBy` value this controller owns.
     pub controller_name: String,
     /// Also take Jobs without managedBy.
@@ -107,6 +109,7 @@ pub async fn run(
     kjob_svc::with_admin(listeners.admin, registry, async move |admin: &mut AdminServer| {
         let WatcherConfig {
             queue_url,
+            queue_tls,
             controller_name,
             manage_all,
             namespace,
@@ -120,7 +123,7 @@ pub async fn run(
         tracing::info!(%identity, admin = %admin_addr, %queue_url, "kjob-watcher starting");
         // Retries happen in the sender, which counts them and bounds them at shutdown.
         let queue =
-            QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
+            queue_tls.connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy::no_retries());
         let (tx, rx) = sender::channel();
         let queue_ok = Arc::new(AtomicBool::new(false));
         let view_lost = Arc::new(tokio::sync::Notify::new());

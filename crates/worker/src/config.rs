@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::{AdminArgs, KubeClientArgs, parse_duration};
 
 use crate::Listeners;
@@ -25,6 +26,9 @@ pub struct WorkerConfig {
     /// URL of the kjob-queue gRPC service.
     #[arg(long, env = "KJOB_QUEUE_URL", default_value = "http://127.0.0.1:50051")]
     pub queue_url: String,
+    /// How to reach kjob-queue (mTLS as the `kjob-worker` role).
+    #[command(flatten)]
+    pub queue_tls: QueueTlsArgs,
     /// Syncs in flight at once in this process, per queue (upstream --concurrent-job-syncs).
     #[arg(long, env = "KJOB_CONCURRENCY", default_value_t = 5)]
     pub concurrency: usize,
@@ -55,8 +59,10 @@ pub struct WorkerConfig {
 }
 
 impl Args {
-    /// Binds the listeners the flags name and splits off the configuration.
+    /// Binds the listeners the flags name and splits off the configuration; unusable queue
+    /// security settings fail first, in one line, before anything is bound.
     pub async fn bind(self) -> anyhow::Result<(Listeners, WorkerConfig)> {
+        self.config.queue_tls.security(&self.config.queue_url)?;
         let admin = self.admin.bind().await?;
         Ok((Listeners { admin: Some(admin) }, self.config))
     }

@@ -63,6 +63,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let WorkerConfig {
         queue_url,
+        queue_tls,
         concurrency,
         lease_duration,
         kube_qps,
@@ -81,7 +82,7 @@ pub async fn run(
         let client = kube_client(&kube).await.context("building the kube client")?;
         // Bounded retries: a sync must fail (and be requeued) rather than hang on a dead queue,
         // and a renewal that waits too long is as good as lost.
-        let queue = QueueClient::connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy {
+        let queue = queue_tls.connect_lazy(&queue_url)?.with_retry_policy(RetryPolicy {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(2),
             max_retries: Some(3),

@@ -94,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
     w_cmd
         .arg("--kubeconfig")
         .arg(&kubeconfig)
-        .args(["--queue-url", &format!("http://127.0.0.1:{}", free_port())])
+        .args(["--queue-url", &format!("http://127.0.0.1:{}", free_port()), "--insecure-no-auth"])
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--lease-namespace", "default", "--identity", "rss"])
         .stdout(Stdio::null())

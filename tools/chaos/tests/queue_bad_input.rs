@@ -376,6 +376,7 @@ fn malformed_queue_requests_get_answers_and_keep_invariants() {
     cmd.arg(format!("--listen=127.0.0.1:{port}"))
         .arg(format!("--redis-url={}", redis.url()))
         .arg(format!("--admin-listen=127.0.0.1:{}", free_port()))
+        .arg("--insecure-no-auth")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let queue = std::cell::RefCell::new(ChildGuard::spawn("kjob-queue", &mut cmd).unwrap());

@@ -152,7 +152,8 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
     let mut q = Command::new(bin_path("kjob-queue").unwrap());
     q.arg(format!("--listen=127.0.0.1:{grpc}"))
         .arg(format!("--redis-url={}", redis.url()))
-        .arg(format!("--admin-listen=127.0.0.1:{queue_admin}"));
+        .arg(format!("--admin-listen=127.0.0.1:{queue_admin}"))
+        .arg("--insecure-no-auth");
     quiet(&mut q);
     let _queue = ChildGuard::spawn("kjob-queue", &mut q).unwrap();
     wait_for_tcp(addr(grpc), START_TIMEOUT).unwrap();
@@ -161,12 +162,13 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
     let kc = format!("--kubeconfig={}", kubeconfig.display());
     let (watcher_admin, worker_admin) = (free_port(), free_port());
     let mut w = Command::new(bin_path("kjob-watcher").unwrap());
-    w.args([&queue_url, &kc, "--lease-namespace=default", "--identity=metrics-test"])
+    w.args([&queue_url, &kc, "--insecure-no-auth", "--lease-namespace=default"])
+        .arg("--identity=metrics-test")
         .arg(format!("--admin-listen=127.0.0.1:{watcher_admin}"));
     quiet(&mut w);
     let _watcher = ChildGuard::spawn("kjob-watcher", &mut w).unwrap();
     let mut k = Command::new(bin_path("kjob-worker").unwrap());
-    k.args([&queue_url, &kc, "--worker-id=metrics-test"])
+    k.args([&queue_url, &kc, "--insecure-no-auth", "--worker-id=metrics-test"])
         .arg(format!("--admin-listen=127.0.0.1:{worker_admin}"));
     quiet(&mut k);
     let _worker = ChildGuard::spawn("kjob-worker", &mut k).unwrap();

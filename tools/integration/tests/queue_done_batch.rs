@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use kjob_core::{Observation, ObservationKind};
-use kjob_queue::{Listeners, QueueConfig};
+use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{
     AddItem, ClientError, Done, DoneItem, FinalizerRemovals, LeaseCall, MAX_DONE_BATCH, Outcome,
     QueueClient, RetryPolicy, v1,
@@ -29,7 +29,11 @@ impl Running {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = Shutdown::new();
-        let config = QueueConfig { redis_url, store: Default::default() };
+        let config = QueueConfig {
+            redis_url,
+            store: Default::default(),
+            security: Security::InsecureNoAuth,
+        };
         let task =
             tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
         let client = QueueClient::connect_lazy(&url).unwrap();

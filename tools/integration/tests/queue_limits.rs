@@ -9,7 +9,7 @@ use kjob_proto::v1;
 use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_proto::v1::queue_client::QueueClient;
 use kjob_queue::validate;
-use kjob_queue::{Listeners, QueueConfig};
+use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use tokio::net::TcpListener;
@@ -47,7 +47,11 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig { redis_url: redis.url(), store: Default::default() };
+    let config = QueueConfig {
+        redis_url: redis.url(),
+        store: Default::default(),
+        security: Security::InsecureNoAuth,
+    };
     let listeners = Listeners { grpc: listener, admin: None };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     let channel = Channel::from_shared(url).unwrap().connect_lazy();

@@ -44,6 +44,7 @@ fn spawn_queue(port: u16, redis_url: &str) -> ChildGuard {
     let mut cmd =
         Command::new(kjob_testkit::bin_path("kjob-queue").expect("make build builds kjob-queue"));
     cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url])
+        .arg("--insecure-no-auth")
         .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

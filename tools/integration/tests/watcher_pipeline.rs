@@ -87,6 +87,7 @@ impl InProcWatcher {
     async fn start_with_resync(stack: &Stack, resync_period: Duration) -> Self {
         let config = WatcherConfig {
             queue_url: queue_url(stack.queue_port),
+            queue_tls: kjob_queue_client::QueueTlsArgs::insecure(),
             controller_name: CONTROLLER.into(),
             manage_all: false,
             namespace: None,
@@ -461,6 +462,7 @@ fn spawn_watcher_process(stack: &Stack, identity: &str, admin_port: u16) -> Chil
     );
     cmd.arg("--queue-url")
         .arg(queue_url(stack.queue_port))
+        .arg("--insecure-no-auth")
         .arg("--admin-listen")
         .arg(format!("127.0.0.1:{admin_port}"))
         .arg("--kubeconfig")

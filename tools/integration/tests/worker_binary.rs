@@ -18,7 +18,7 @@ async fn binary_syncs_reports_ready_and_drains_on_sigterm(server: TestServer) {
     let admin = free_port();
     let bin = bin_path("kjob-worker").expect("kjob-worker binary (cargo build -p kjob-worker)");
     let mut cmd = Command::new(bin);
-    cmd.args(["--queue-url", &queue.url])
+    cmd.args(["--queue-url", &queue.url, "--insecure-no-auth"])
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .arg("--kubeconfig")
         .arg(server.worker_kubeconfig())

@@ -143,12 +143,14 @@ pub fn require_bins(names: &[&str]) -> anyhow::Result<()> {
 const QUEUE_START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Starts the built kjob-queue binary on `127.0.0.1:port` over `redis_url` (admin port free,
-/// stdout discarded) and returns once it accepts connections.
+/// stdout discarded, `--insecure-no-auth`: plaintext, every caller allowed) and returns once it
+/// accepts connections.
 pub fn start_queue(redis_url: &str, port: u16) -> anyhow::Result<ChildGuard> {
     let mut cmd = Command::new(bin_path("kjob-queue")?);
     cmd.arg(format!("--listen=127.0.0.1:{port}"))
         .arg(format!("--redis-url={redis_url}"))
         .arg("--admin-listen=127.0.0.1:0")
+        .arg("--insecure-no-auth")
         .stdout(std::process::Stdio::null());
     let child = ChildGuard::spawn("kjob-queue", &mut cmd)?;
     wait_for_tcp(SocketAddr::from(([127, 0, 0, 1], port)), QUEUE_START_TIMEOUT)?;

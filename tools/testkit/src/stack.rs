@@ -47,6 +47,15 @@ pub const LEASE_NAMESPACE: &str = "default";
 /// Name of the watchers' Lease.
 pub const LEASE_NAME: &str = "kjob-watcher";
 
+/// The folder (under [`Stack::cert_dir`]) and Secret name of kjob-queue's certificate.
+pub const QUEUE_SECRET: &str = "kjob-queue-tls";
+/// The watcher role's certificate.
+pub const WATCHER_SECRET: &str = "kjob-watcher-tls";
+/// The worker role's certificate.
+pub const WORKER_SECRET: &str = "kjob-worker-tls";
+/// The read-only inspector role's certificate.
+pub const INSPECTOR_SECRET: &str = "kjob-inspector-tls";
+
 /// The kjob binaries a stack runs, all built by `cargo build --bins`.
 pub const BINARIES: [&str; 4] = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
 
@@ -114,6 +123,10 @@ pub struct StackConfig {
     pub own_process_groups: bool,
     /// Run against this real API server instead of starting kjob-sim.
     pub real: Option<RealServer>,
+    /// Serve kjob-queue with mTLS (certificates from `kjob-queue certs` in `<run dir>/certs`,
+    /// the watchers and workers on their roles' certificates, an `https://` queue URL) instead
+    /// of `--insecure-no-auth`.
+    pub tls: bool,
 }
 
 impl StackConfig {
@@ -131,6 +144,7 @@ impl StackConfig {
             sim_only: false,
             own_process_groups: false,
             real: None,
+            tls: false,
         }
     }
 }
@@ -262,13 +276,14 @@ impl Stack {
             let _ = std::fs::remove_file(&kubeconfig);
         }
         let (redis_port, sim_port, grpc_port) = (free_port(), free_port(), free_port());
+        let scheme = if cfg.tls { "https" } else { "http" };
         let mut stack = Stack {
             procs: BTreeMap::new(),
             next_worker: 0,
             sim_addr: loopback(sim_port),
             sim_url: format!("http://127.0.0.1:{sim_port}"),
             kubeconfig: kubeconfig.clone(),
-            queue_url: format!("http://127.0.0.1:{grpc_port}"),
+            queue_url: format!("{scheme}://127.0.0.1:{grpc_port}"),
             redis_url: format!("redis://127.0.0.1:{redis_port}"),
             log_dir,
             cfg: cfg.clone(),
@@ -342,6 +357,7 @@ impl Stack {
             format!("--redis-url={}", stack.redis_url),
             format!("--admin-listen=127.0.0.1:{admin}"),
         ];
+        args.extend(stack.queue_security_flags()?);
         args.extend(cfg.extra_args.of(Program::Queue).iter().cloned());
         let spec = stack.spec(cfg.bin_dir.join(QUEUE), args, grpc_port, Some(admin));
         stack.launch(QUEUE, spec)?;
@@ -363,6 +379,7 @@ impl Stack {
                 format!("--lease-name={lease_name}"),
                 format!("--identity={name}"),
             ];
+            args.extend(stack.client_flags(WATCHER_SECRET));
             if let Some(ns) = cfg.real.as_ref().and_then(|r| r.namespace.as_ref()) {
                 args.push(format!("--namespace={ns}"));
             }
@@ -374,6 +391,48 @@ impl Stack {
             stack.add_worker()?;
         }
         Ok(())
+    }
+
+    /// The folder of the stack's certificates (`ca.crt`, and one folder per Secret with
+    /// `tls.crt`, `tls.key`, `ca.crt`), when it serves mTLS.
+    pub fn cert_dir(&self) -> Option<PathBuf> {
+        self.cfg.tls.then(|| self.cfg.run_dir.join("certs"))
+    }
+
+    /// kjob-queue's security flags: its certificates (written by `kjob-queue certs` on first
+    /// use) or `--insecure-no-auth`.
+    fn queue_security_flags(&self) -> anyhow::Result<Vec<String>> {
+        let Some(dir) = self.cert_dir() else { return Ok(vec!["--insecure-no-auth".into()]) };
+        if !dir.join("ca.crt").is_file() {
+            let out = Command::new(self.cfg.bin_dir.join(QUEUE))
+                .args(["certs", "--host=127.0.0.1", "--host=localhost"])
+                .arg(format!("--out={}", dir.display()))
+                .stdin(Stdio::null())
+                .output()
+                .context("running kjob-queue certs")?;
+            if !out.status.success() {
+                bail!("kjob-queue certs: {}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+        }
+        let s = dir.join(QUEUE_SECRET);
+        Ok(vec![
+            format!("--tls-cert-file={}", s.join("tls.crt").display()),
+            format!("--tls-key-file={}", s.join("tls.key").display()),
+            format!("--client-ca-file={}", dir.join("ca.crt").display()),
+        ])
+    }
+
+    /// The flags a kjob-queue client (watcher, worker, `kjob-queue inspect`) needs to reach
+    /// this stack's queue with the certificate of Secret `secret` (e.g. [`WORKER_SECRET`]), or
+    /// `--insecure-no-auth` when the stack serves plaintext.
+    pub fn client_flags(&self, secret: &str) -> Vec<String> {
+        let Some(dir) = self.cert_dir() else { return vec!["--insecure-no-auth".into()] };
+        let s = dir.join(secret);
+        vec![
+            format!("--queue-ca-file={}", s.join("ca.crt").display()),
+            format!("--queue-cert-file={}", s.join("tls.crt").display()),
+            format!("--queue-key-file={}", s.join("tls.key").display()),
+        ]
     }
 
     /// Namespace and name of the watchers' Lease.
@@ -533,6 +592,7 @@ impl Stack {
             format!("--controller-name={}", self.cfg.controller_name),
             format!("--worker-id={name}"),
         ];
+        args.extend(self.client_flags(WORKER_SECRET));
         args.extend(self.cfg.extra_args.of(Program::Worker).iter().cloned());
         let spec = self.spec(self.cfg.bin_dir.join("kjob-worker"), args, admin, Some(admin));
         self.launch(&name, spec)?;

@@ -315,6 +315,7 @@ mod bench {
             let config = kjob_queue::QueueConfig {
                 redis_url: redis_url.to_string(),
                 store: Default::default(),
+                security: kjob_queue::Security::InsecureNoAuth,
             };
             let listeners = kjob_queue::Listeners::grpc(listener);
             let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));

@@ -127,6 +127,7 @@ impl WorkerHandle {
     ) -> WorkerHandle {
         let config = kjob_worker::WorkerConfig {
             queue_url: queue_url.to_string(),
+            queue_tls: kjob_queue_client::QueueTlsArgs::insecure(),
             concurrency: 4,
             lease_duration: lease,
             kube_qps: 500.0,
