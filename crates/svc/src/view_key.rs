@@ -21,6 +21,15 @@ impl ViewKeyArgs {
         Self { view_key_file: Some(path.into()) }
     }
 
+    /// Whether [`Self::key`] would succeed (without its warning): for a binary's early check.
+    pub fn check(&self, insecure: bool) -> anyhow::Result<()> {
+        match (&self.view_key_file, insecure) {
+            (Some(path), _) => ViewKey::from_file(path).map(drop).map_err(Into::into),
+            (None, true) => Ok(()),
+            (None, false) => self.key(false).map(drop),
+        }
+    }
+
     /// The key these flags name. Without a file, only `insecure` (the process's
     /// `--insecure-no-auth`) allows running, with the public development key and a warning;
     /// otherwise the error says in one line what is missing.

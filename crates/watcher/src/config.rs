@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use kjob_queue_client::QueueTlsArgs;
-use kjob_svc::{AdminArgs, KubeClientArgs, parse_duration};
+use kjob_svc::{AdminArgs, KubeClientArgs, ViewKeyArgs, parse_duration};
 
 use crate::leader::LeaseConfig;
 use crate::{Listeners, WatcherConfig};
@@ -18,6 +18,9 @@ pub struct Args {
     /// How to reach kjob-queue (mTLS as the `kjob-watcher` role).
     #[command(flatten)]
     pub queue_tls: QueueTlsArgs,
+    /// The key that seals the shared Job view.
+    #[command(flatten)]
+    pub view_key: ViewKeyArgs,
     /// The spec.managedBy value this controller answers to.
     #[arg(long, env = "KJOB_CONTROLLER_NAME", default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
     pub controller_name: String,
@@ -61,6 +64,7 @@ impl Args {
     /// security settings fail first, in one line, before anything is bound.
     pub async fn bind(self) -> anyhow::Result<(Listeners, WatcherConfig)> {
         self.queue_tls.security(&self.queue_url)?;
+        self.view_key.check(self.queue_tls.insecure_no_auth)?;
         let admin = self.admin.bind().await?;
         Ok((Listeners { admin: Some(admin) }, self.into_config()))
     }
@@ -70,6 +74,7 @@ impl Args {
         let Args {
             queue_url,
             queue_tls,
+            view_key,
             controller_name,
             manage_all_jobs,
             namespace,
@@ -86,6 +91,7 @@ impl Args {
         WatcherConfig {
             queue_url,
             queue_tls,
+            view_key,
             controller_name,
             manage_all: manage_all_jobs,
             namespace,

@@ -45,6 +45,8 @@ pub struct WatcherConfig {
     pub queue_url: String,
     /// How to reach kjob-queue (mTLS for `https://`, or plaintext when allowed).
     pub queue_tls: kjob_queue_client::QueueTlsArgs,
+    /// The key that seals the view entries this watcher writes.
+    pub view_key: kjob_svc::ViewKeyArgs,
     /// `spec.managedBy` value this controller owns.
     pub controller_name: String,
     /// Also take Jobs without managedBy.
@@ -110,6 +112,7 @@ pub async fn run(
         let WatcherConfig {
             queue_url,
             queue_tls,
+            view_key,
             controller_name,
             manage_all,
             namespace,
@@ -118,6 +121,7 @@ pub async fn run(
             kube,
         } = config;
         lease.validate()?;
+        let view_key = view_key.key(queue_tls.insecure_no_auth)?;
         let client = kube.client().await.context("building the kube client")?;
         let identity = &lease.identity;
         tracing::info!(%identity, admin = %admin_addr, %queue_url, "kjob-watcher starting");
@@ -133,6 +137,7 @@ pub async fn run(
             metrics.clone(),
             queue_ok.clone(),
             view_lost.clone(),
+            view_key,
             shutdown.clone(),
         ));
 

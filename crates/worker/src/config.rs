@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use kjob_queue_client::QueueTlsArgs;
-use kjob_svc::{AdminArgs, KubeClientArgs, parse_duration};
+use kjob_svc::{AdminArgs, KubeClientArgs, ViewKeyArgs, parse_duration};
 
 use crate::Listeners;
 
@@ -29,6 +29,9 @@ pub struct WorkerConfig {
     /// How to reach kjob-queue (mTLS as the `kjob-worker` role).
     #[command(flatten)]
     pub queue_tls: QueueTlsArgs,
+    /// The key that opens the shared Job view's sealed entries.
+    #[command(flatten)]
+    pub view_key: ViewKeyArgs,
     /// Syncs in flight at once in this process, per queue (upstream --concurrent-job-syncs).
     #[arg(long, env = "KJOB_CONCURRENCY", default_value_t = 5)]
     pub concurrency: usize,
@@ -63,6 +66,7 @@ impl Args {
     /// security settings fail first, in one line, before anything is bound.
     pub async fn bind(self) -> anyhow::Result<(Listeners, WorkerConfig)> {
         self.config.queue_tls.security(&self.config.queue_url)?;
+        self.config.view_key.check(self.config.queue_tls.insecure_no_auth)?;
         let admin = self.admin.bind().await?;
         Ok((Listeners { admin: Some(admin) }, self.config))
     }

@@ -64,6 +64,7 @@ pub async fn run(
     let WorkerConfig {
         queue_url,
         queue_tls,
+        view_key,
         concurrency,
         lease_duration,
         kube_qps,
@@ -75,6 +76,7 @@ pub async fn run(
         kube,
     } = config;
     let worker_id = kjob_svc::identity_or_default(worker_id, "kjob-worker");
+    let view_key = view_key.key(queue_tls.insecure_no_auth)?;
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     kjob_svc::with_admin(listeners.admin, registry, async move |admin: &mut AdminServer| {
@@ -93,7 +95,8 @@ pub async fn run(
         let writer = writer.with_shared_gate(queue.clone());
         let worker = Arc::new(
             Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
-                .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN),
+                .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN)
+                .with_view_key(view_key),
         );
         let writer_task = tokio::spawn(writer.run());
 

@@ -294,6 +294,26 @@ fn services_mount_their_tls_secrets_and_speak_mtls() {
         if n != "kjob-queue" {
             assert!(args.contains(&"--queue-url=https://kjob-queue.kjob-system.svc:50051"), "{n}");
         }
+        // The view key: the watcher and workers mount it, kjob-queue never does.
+        let view_key = pod["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["secret"]["secretName"] == "kjob-view-key"));
+        let key_flag = args.iter().find(|a| a.starts_with("--view-key-file="));
+        if n == "kjob-queue" {
+            assert!(
+                view_key.is_none() && key_flag.is_none(),
+                "kjob-queue must not hold the view key"
+            );
+        } else {
+            let v = view_key.unwrap_or_else(|| panic!("{n}: no kjob-view-key volume"));
+            let m = c["volumeMounts"]
+                .as_array()
+                .and_then(|m| m.iter().find(|m| m["name"] == v["name"]))
+                .unwrap_or_else(|| panic!("{n}: kjob-view-key not mounted"));
+            assert_eq!(m["readOnly"], true, "{n}");
+            let dir = m["mountPath"].as_str().unwrap();
+            assert_eq!(key_flag, Some(&format!("--view-key-file={dir}/key").as_str()), "{n}");
+        }
     }
 }
 

@@ -88,6 +88,7 @@ impl InProcWatcher {
         let config = WatcherConfig {
             queue_url: queue_url(stack.queue_port),
             queue_tls: kjob_queue_client::QueueTlsArgs::insecure(),
+            view_key: Default::default(),
             controller_name: CONTROLLER.into(),
             manage_all: false,
             namespace: None,

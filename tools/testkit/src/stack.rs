@@ -428,11 +428,27 @@ impl Stack {
     pub fn client_flags(&self, secret: &str) -> Vec<String> {
         let Some(dir) = self.cert_dir() else { return vec!["--insecure-no-auth".into()] };
         let s = dir.join(secret);
-        vec![
+        let mut flags = vec![
             format!("--queue-ca-file={}", s.join("ca.crt").display()),
             format!("--queue-cert-file={}", s.join("tls.crt").display()),
             format!("--queue-key-file={}", s.join("tls.key").display()),
-        ]
+        ];
+        if secret == WATCHER_SECRET || secret == WORKER_SECRET {
+            flags.push(format!("--view-key-file={}", self.view_key_file(&dir).display()));
+        }
+        flags
+    }
+
+    /// The view key the stack's watcher and workers share (the `kjob-view-key` Secret of a
+    /// deploy), written on first use: 32 random bytes.
+    fn view_key_file(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("view.key");
+        if !path.is_file() {
+            let key: [u8; 32] = rand::random();
+            std::fs::create_dir_all(dir).expect("the stack's certificate folder");
+            std::fs::write(&path, key).expect("writing the stack's view key");
+        }
+        path
     }
 
     /// Namespace and name of the watchers' Lease.

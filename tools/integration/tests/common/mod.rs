@@ -128,6 +128,7 @@ impl WorkerHandle {
         let config = kjob_worker::WorkerConfig {
             queue_url: queue_url.to_string(),
             queue_tls: kjob_queue_client::QueueTlsArgs::insecure(),
+            view_key: Default::default(),
             concurrency: 4,
             lease_duration: lease,
             kube_qps: 500.0,
