@@ -86,10 +86,16 @@ async fn a_view_written_into_redis_by_someone_else_makes_no_pod() {
     let mut lifted = stored[..32].to_vec();
     lifted.extend_from_slice(&forged_json);
     for (i, body) in [forged_json, lifted].into_iter().enumerate() {
-        let _: () = redis::cmd("SET").arg(&view_key).arg(body).query_async(&mut conn).await.unwrap();
-        let meta = format!("{view_key}:meta");
         let _: () =
-            redis::cmd("HSET").arg(&meta).arg("rv").arg("999999999999").query_async(&mut conn).await.unwrap();
+            redis::cmd("SET").arg(&view_key).arg(body).query_async(&mut conn).await.unwrap();
+        let meta = format!("{view_key}:meta");
+        let _: () = redis::cmd("HSET")
+            .arg(&meta)
+            .arg("rv")
+            .arg("999999999999")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         if i == 0 {
             // The user resumes their Job: the watcher enqueues it, and its own view write of the
             // resumed Job is outranked by the pinned resourceVersion.
