@@ -636,10 +636,13 @@ async fn a_success_the_view_shows_with_pods_unobserved_is_checked_by_a_list(serv
     let jobs_api: kube::Api<Job> = kube::Api::namespaced(client.clone(), &ns);
     let job = jobs_api.get("wq").await.unwrap_or(job);
     let uid = job.metadata.uid.clone().unwrap();
+    // Sealed as the watcher seals it (the in-process worker opens with the development key).
+    let seal = kjob_core::seal::ViewKey::insecure_development();
+    let (job_kind, pod_kind) = (kjob_core::seal::EntryKind::Job, kjob_core::seal::EntryKind::Pod);
     let view = kjob_queue_client::JobView {
         trusted: true,
-        job: serde_json::to_vec(&job).unwrap(),
-        pods: vec![serde_json::to_vec(&done).unwrap()],
+        job: seal.seal(job_kind, &key, &serde_json::to_vec(&job).unwrap()),
+        pods: vec![seal.seal(pod_kind, &key, &serde_json::to_vec(&done).unwrap())],
         expectations: Some(kjob_queue_client::JobExpectations {
             satisfied: false,
             exists: true,
