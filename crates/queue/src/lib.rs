@@ -18,7 +18,7 @@ use futures::FutureExt;
 use kjob_proto::v1::job_state_server::JobStateServer;
 use kjob_proto::v1::queue_server::QueueServer;
 use kjob_svc::{AdminServer, AdminState, Backoff, Shutdown, Vital};
-use kjob_workqueue::{Store, StoreConfig, Waker};
+use kjob_workqueue::{RedisOptions, RedisTarget, Store, StoreConfig, Waker, redact};
 use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::net::TcpListener;
@@ -41,13 +41,37 @@ const MAX_CONCURRENT_PER_CONN: usize = 256;
 /// HTTP/2 keepalive pings notice dead clients (their long polls are then dropped).
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
-/// Configuration of [`run`].
-#[derive(Debug, Clone)]
+/// Configuration of [`run`]. Printing it shows the URL and the password redacted.
+#[derive(Clone)]
 pub struct QueueConfig {
-    /// Redis URL: `redis://host:port` or `redis+cluster://host:port,host:port`.
+    /// Redis URL: `redis[s]://[user:password@]host:port` or
+    /// `redis[s]+cluster://host:port,host:port`.
     pub redis_url: String,
+    /// Credentials and TLS files beyond the URL.
+    pub redis: RedisOptions,
     /// Store tunables.
     pub store: StoreConfig,
+}
+
+impl QueueConfig {
+    /// Redis at `redis_url`, no options beyond the URL, default tunables.
+    pub fn new(redis_url: impl Into<String>) -> Self {
+        Self {
+            redis_url: redis_url.into(),
+            redis: RedisOptions::default(),
+            store: Default::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for QueueConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueConfig")
+            .field("redis_url", &redact(&self.redis_url))
+            .field("redis", &self.redis)
+            .field("store", &self.store)
+            .finish()
+    }
 }
 
 /// The sockets kjob-queue serves on, bound by the caller (tests bind `127.0.0.1:0`).
@@ -80,15 +104,17 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let Listeners { grpc: listener, admin } = listeners;
-    let QueueConfig { redis_url, store: store_config } = config;
+    let QueueConfig { redis_url, redis, store: store_config } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
         // Unusable settings fail here: nothing to serve, and nothing left behind.
-        let Some(store) = connect(&redis_url, store_config, &shutdown).await? else {
+        let target = RedisTarget::new(&redis_url, &redis)
+            .with_context(|| format!("redis URL {}", redact(&redis_url)))?;
+        let Some(store) = connect(target, store_config, &shutdown).await? else {
             return Ok(());
         };
-        serve(listener, &redis_url, store, metrics, admin, &shutdown).await
+        serve(listener, store, metrics, admin, &shutdown).await
     })
     .await?;
     tracing::info!("kjob-queue stopped");
@@ -98,7 +124,6 @@ pub async fn run(
 /// The service proper, between the admin port's start and stop.
 async fn serve(
     listener: TcpListener,
-    redis_url: &str,
     store: Store,
     metrics: Metrics,
     admin: &mut AdminServer,
@@ -111,7 +136,7 @@ async fn serve(
     let service =
         QueueService::new(store.clone(), waker.clone(), dones, metrics.clone(), shutdown.clone());
 
-    tracing::info!(addr = %listener.local_addr()?, redis = %redis_url, "kjob-queue serving");
+    tracing::info!(addr = %listener.local_addr()?, redis = %store.target(), "kjob-queue serving");
     let server = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(MAX_CONCURRENT_PER_CONN)
         .http2_keepalive_interval(Some(KEEPALIVE))
@@ -167,18 +192,18 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 
 /// Connects to Redis, retrying while it is unreachable; configuration errors are fatal.
 async fn connect(
-    url: &str,
+    target: RedisTarget,
     config: StoreConfig,
     shutdown: &Shutdown,
 ) -> anyhow::Result<Option<Store>> {
     let mut attempts = CONNECT_BACKOFF.attempts();
     loop {
-        match Store::connect(url, config.clone()).await {
+        match Store::connect_to(target.clone(), config.clone()).await {
             Ok(s) => return Ok(Some(s)),
             Err(e) if e.is_unavailable() => {
-                tracing::warn!(error = %e, "redis not reachable yet; retrying");
+                tracing::warn!(redis = %target, error = %e, "redis not reachable yet; retrying");
             }
-            Err(e) => return Err(e).context("connecting to redis"),
+            Err(e) => return Err(e).with_context(|| format!("connecting to redis {target}")),
         }
         tokio::select! {
             _ = tokio::time::sleep(attempts.next_delay()) => {}

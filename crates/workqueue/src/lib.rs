@@ -13,6 +13,7 @@
 //! * [`limiter`] and [`expectations`]: the pure formulas (rate limiter, satisfied check).
 //! * [`wake`]: prompt wake-ups of waiting lessees across replicas.
 
+pub mod acl;
 pub mod conn;
 pub mod events;
 pub mod expectations;
@@ -25,7 +26,7 @@ pub mod store;
 pub mod view;
 pub mod wake;
 
-pub use conn::{Conn, RedisTarget};
+pub use conn::{Conn, RedisOptions, RedisTarget, RedisTls, redact};
 pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
 pub use ops::{FinalizerRemovals, HANDOFF_VIEW_MAX_PODS};

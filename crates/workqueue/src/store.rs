@@ -308,7 +308,12 @@ impl Store {
     /// Connects to `url` (see [`crate::conn`] for the forms), refusing a Redis whose
     /// `maxmemory-policy` is not `noeviction`.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self, WqError> {
-        let target = RedisTarget::parse(url)?;
+        Self::connect_to(RedisTarget::parse(url)?, config).await
+    }
+
+    /// Connects to `target` (credentials and TLS included), refusing a Redis whose
+    /// `maxmemory-policy` is not `noeviction`.
+    pub async fn connect_to(target: RedisTarget, config: StoreConfig) -> Result<Self, WqError> {
         conn::check_noeviction(&target).await?;
         let conn = conn::connect(&target, RESPONSE_TIMEOUT).await?;
         Ok(Self { target, conn, config })
