@@ -32,8 +32,13 @@ pub use service::QueueService;
 /// How often the reaper promotes due items and puts expired leases back. Every replica runs it;
 /// the script is atomic and idempotent, so concurrent sweeps are harmless.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// How often readiness (a Redis PING) and the Redis-derived gauges are refreshed.
+/// How often readiness (a Redis PING and `INFO memory`) and the Redis-derived gauges are
+/// refreshed.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long after Redis refused a write for lack of memory this replica stays not ready, even
+/// when `INFO memory` already reads below `maxmemory` (the refused request's own bytes can be
+/// what crossed it): a few probe beats, so a full Redis does not flap ready and not ready.
+const OOM_HOLD: Duration = Duration::from_secs(5);
 /// Attempts to reach Redis at start-up: quick at first, then once a second.
 const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 /// Concurrent calls per client connection; each worker holds a few (one long poll plus Done/Renew).
@@ -240,18 +245,31 @@ async fn reaper(store: &Store, metrics: &Metrics, shutdown: &Shutdown) {
     }
 }
 
-/// Ready while Redis answers; the queue gauges are refreshed on the same beat.
+/// Ready while Redis answers and has room to write: a node at its `maxmemory` refuses every
+/// write (`noeviction`), so Adds would fail, and the replica says so. The queue gauges and the
+/// Redis memory gauges are refreshed on the same beat.
 async fn probe(store: &Store, metrics: &Metrics, ready: &AdminState, shutdown: &Shutdown) {
     kjob_svc::probe_readiness(ready, "redis", PROBE_INTERVAL, shutdown, || async {
-        let ok = store.ping().await.is_ok();
-        if ok {
-            for q in kjob_core::QUEUES {
-                if let Ok(s) = store.stats(q).await {
-                    metrics.set_stats(q, &s);
-                }
+        if store.ping().await.is_err() {
+            return false;
+        }
+        let room = match store.memory().await {
+            Ok(nodes) => {
+                metrics.set_redis_memory(&nodes);
+                // (The probe logs the change to not ready; the gauges say which node.)
+                !nodes.iter().any(|n| n.is_full()) && !store.refused_for_memory_within(OOM_HOLD)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading redis memory failed");
+                false
+            }
+        };
+        for q in kjob_core::QUEUES {
+            if let Ok(s) = store.stats(q).await {
+                metrics.set_stats(q, &s);
             }
         }
-        ok
+        room
     })
     .await;
 }
