@@ -1,15 +1,19 @@
-//! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`).
+//! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`, `kjob-queue redis-acl`).
 
 fn main() -> anyhow::Result<()> {
     kjob_svc::main(kjob_svc::Threads::One, |mut args: kjob_queue::Args| async move {
-        if let Some(kjob_queue::Command::Inspect { queue_url, queue, keys }) = args.command.take() {
-            return kjob_queue::inspect(&queue_url, &queue, keys, &mut std::io::stdout()).await;
+        match args.command.take() {
+            Some(kjob_queue::Command::Inspect { queue_url, queue, keys }) => {
+                kjob_queue::inspect(&queue_url, &queue, keys, &mut std::io::stdout()).await
+            }
+            Some(kjob_queue::Command::RedisAcl { username, password }) => {
+                println!("{}", kjob_workqueue::acl::acl_user_line(&username, &password));
+                Ok(())
+            }
+            None => {
+                let (listeners, config) = args.bind().await?;
+                kjob_queue::run(listeners, config, kjob_svc::shutdown_on_signals()).await
+            }
         }
-        if let Some(kjob_queue::Command::RedisAcl { username, password }) = args.command.take() {
-            println!("{}", kjob_workqueue::acl::acl_user_line(&username, &password));
-            return Ok(());
-        }
-        let (listeners, config) = args.bind().await?;
-        kjob_queue::run(listeners, config, kjob_svc::shutdown_on_signals()).await
     })
 }
