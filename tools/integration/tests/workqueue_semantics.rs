@@ -63,6 +63,17 @@ async fn secured(config: StoreConfig) -> (Backend, Store) {
     (Backend::Secured(server, pki), store)
 }
 
+/// `INFO memory` reaches every node (a Cluster's too), for the per-node memory gauges.
+async fn memory_of_every_node(s: Store) {
+    let nodes = s.memory().await.unwrap();
+    let expected = if s.target().is_cluster() { 3 } else { 1 };
+    assert_eq!(nodes.len(), expected, "{nodes:?}");
+    for n in &nodes {
+        assert!(n.used > 0 && n.node.contains(':'), "{n:?}");
+        assert!(!n.is_full(), "{n:?}");
+    }
+}
+
 fn now(key: &str) -> Enqueue {
     Enqueue::now(key)
 }
@@ -911,6 +922,7 @@ macro_rules! every_backend {
 }
 
 every_backend!(
+    memory_of_every_node,
     dedupe,
     earliest_ready_time_wins,
     dirty_while_processing,
