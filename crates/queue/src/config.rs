@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::AdminArgs;
+use kjob_workqueue::{RedisOptions, RedisTls};
 
 use crate::{Listeners, QueueConfig, Security};
 
@@ -25,8 +26,13 @@ pub struct Args {
     /// gRPC listen address.
     #[arg(long, env = "KJOB_QUEUE_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
-    /// Redis URL: redis://host:port for one server, redis+cluster://host:port,host:port for a Cluster.
-    #[arg(long, env = "KJOB_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    /// Redis URL: redis://host:port for one server, redis+cluster://host:port,host:port for a Cluster; rediss:// and rediss+cluster:// for TLS. It may hold user:password@ (logged redacted).
+    #[arg(
+        long,
+        env = "KJOB_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
     pub redis_url: String,
     /// kjob-queue's serving certificate (PEM), signed by the CA its clients trust.
     #[arg(long, env = "KJOB_TLS_CERT_FILE")]
@@ -40,6 +46,24 @@ pub struct Args {
     /// Development only: serve plaintext gRPC and let every caller call everything (logs a warning).
     #[arg(long, env = "KJOB_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Redis ACL username (overrides the URL's).
+    #[arg(long, env = "KJOB_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// Redis password (overrides the URL's); give it through the environment from a Secret, not on the command line.
+    #[arg(long, env = "KJOB_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+    /// File holding the Redis password (a mounted Secret; surrounding whitespace is ignored).
+    #[arg(long, env = "KJOB_REDIS_PASSWORD_FILE", conflicts_with = "redis_password")]
+    pub redis_password_file: Option<PathBuf>,
+    /// CA bundle (PEM) that verifies the Redis server's certificate (rediss://); default: the system's roots.
+    #[arg(long, env = "KJOB_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for a Redis that verifies clients (tls-auth-clients yes).
+    #[arg(long, env = "KJOB_REDIS_CERT_FILE", requires = "redis_key_file")]
+    pub redis_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --redis-cert-file.
+    #[arg(long, env = "KJOB_REDIS_KEY_FILE", requires = "redis_cert_file")]
+    pub redis_key_file: Option<PathBuf>,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -76,6 +100,15 @@ pub enum Command {
         #[arg(long, default_value = "kjob-system")]
         namespace: String,
     },
+    /// Print the aclfile line of kjob's Redis user: exactly the commands and keys kjob-queue needs.
+    RedisAcl {
+        /// The ACL username.
+        #[arg(long, default_value = "kjob")]
+        username: String,
+        /// The password part of the line (`>password`, or `#<sha256 hex>` to store only a hash).
+        #[arg(long, default_value = ">CHANGE-ME")]
+        password: String,
+    },
 }
 
 impl Args {
@@ -90,8 +123,8 @@ impl Args {
     }
 
     /// The service configuration the flags describe (the listen and admin flags aside),
-    /// reading the certificate files. With neither TLS files nor `--insecure-no-auth` the
-    /// error is [`NO_SECURITY`], one line.
+    /// reading the certificate and password files. With neither TLS files nor
+    /// `--insecure-no-auth` the error is [`NO_SECURITY`], one line.
     pub fn into_config(self) -> anyhow::Result<QueueConfig> {
         let Args {
             command: _,
@@ -101,6 +134,12 @@ impl Args {
             tls_key_file,
             client_ca_file,
             insecure_no_auth,
+            redis_username,
+            redis_password,
+            redis_password_file,
+            redis_ca_file,
+            redis_cert_file,
+            redis_key_file,
             admin: _,
         } = self;
         let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
@@ -121,7 +160,25 @@ impl Args {
                  --client-ca-file"
             ),
         };
-        Ok(QueueConfig { redis_url, store: Default::default(), security })
+        let password = match redis_password_file {
+            Some(p) => Some(
+                std::fs::read_to_string(&p)
+                    .with_context(|| format!("reading --redis-password-file {}", p.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => redis_password,
+        };
+        let redis = RedisOptions {
+            username: redis_username,
+            password,
+            tls: RedisTls {
+                ca_file: redis_ca_file,
+                cert_file: redis_cert_file,
+                key_file: redis_key_file,
+            },
+        };
+        Ok(QueueConfig { redis_url, redis, store: Default::default(), security })
     }
 }
 

@@ -20,7 +20,7 @@ use futures::FutureExt;
 use kjob_proto::v1::job_state_server::JobStateServer;
 use kjob_proto::v1::queue_server::QueueServer;
 use kjob_svc::{AdminServer, AdminState, Backoff, Shutdown, Vital};
-use kjob_workqueue::{Store, StoreConfig, Waker};
+use kjob_workqueue::{RedisOptions, RedisTarget, Store, StoreConfig, Waker, redact};
 use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::net::TcpListener;
@@ -35,8 +35,13 @@ pub use service::QueueService;
 /// How often the reaper promotes due items and puts expired leases back. Every replica runs it;
 /// the script is atomic and idempotent, so concurrent sweeps are harmless.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// How often readiness (a Redis PING) and the Redis-derived gauges are refreshed.
+/// How often readiness (a Redis PING and `INFO memory`) and the Redis-derived gauges are
+/// refreshed.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long after Redis refused a write for lack of memory this replica stays not ready, even
+/// when `INFO memory` already reads below `maxmemory` (the refused request's own bytes can be
+/// what crossed it): a few probe beats, so a full Redis does not flap ready and not ready.
+const OOM_HOLD: Duration = Duration::from_secs(5);
 /// Attempts to reach Redis at start-up: quick at first, then once a second.
 const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 /// Concurrent calls per client connection; each worker holds a few (one long poll plus Done/Renew).
@@ -44,11 +49,14 @@ const MAX_CONCURRENT_PER_CONN: usize = 256;
 /// HTTP/2 keepalive pings notice dead clients (their long polls are then dropped).
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
-/// Configuration of [`run`].
-#[derive(Debug, Clone)]
+/// Configuration of [`run`]. Printing it shows the URL and the password redacted.
+#[derive(Clone)]
 pub struct QueueConfig {
-    /// Redis URL: `redis://host:port` or `redis+cluster://host:port,host:port`.
+    /// Redis URL: `redis[s]://[user:password@]host:port` or
+    /// `redis[s]+cluster://host:port,host:port`.
     pub redis_url: String,
+    /// Credentials and TLS files beyond the URL.
+    pub redis: RedisOptions,
     /// Store tunables.
     pub store: StoreConfig,
     /// Who may call, and over what.
@@ -82,6 +90,30 @@ impl std::fmt::Debug for Security {
     }
 }
 
+impl QueueConfig {
+    /// Redis at `redis_url`, no options beyond the URL, default tunables, gRPC secured as
+    /// `security` says.
+    pub fn new(redis_url: impl Into<String>, security: Security) -> Self {
+        Self {
+            redis_url: redis_url.into(),
+            redis: RedisOptions::default(),
+            store: Default::default(),
+            security,
+        }
+    }
+}
+
+impl std::fmt::Debug for QueueConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueConfig")
+            .field("redis_url", &redact(&self.redis_url))
+            .field("redis", &self.redis)
+            .field("store", &self.store)
+            .field("security", &self.security)
+            .finish()
+    }
+}
+
 /// The sockets kjob-queue serves on, bound by the caller (tests bind `127.0.0.1:0`).
 #[derive(Debug)]
 pub struct Listeners {
@@ -112,15 +144,17 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let Listeners { grpc: listener, admin } = listeners;
-    let QueueConfig { redis_url, store: store_config, security } = config;
+    let QueueConfig { redis_url, redis, store: store_config, security } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
         // Unusable settings fail here: nothing to serve, and nothing left behind.
-        let Some(store) = connect(&redis_url, store_config, &shutdown).await? else {
+        let target = RedisTarget::new(&redis_url, &redis)
+            .with_context(|| format!("redis URL {}", redact(&redis_url)))?;
+        let Some(store) = connect(target, store_config, &shutdown).await? else {
             return Ok(());
         };
-        serve(listener, &redis_url, &security, store, metrics, admin, &shutdown).await
+        serve(listener, &security, store, metrics, admin, &shutdown).await
     })
     .await?;
     tracing::info!("kjob-queue stopped");
@@ -130,7 +164,6 @@ pub async fn run(
 /// The service proper, between the admin port's start and stop.
 async fn serve(
     listener: TcpListener,
-    redis_url: &str,
     security: &Security,
     store: Store,
     metrics: Metrics,
@@ -165,7 +198,7 @@ async fn serve(
             auth::AuthLayer::allow_all()
         }
     };
-    tracing::info!(addr = %listener.local_addr()?, redis = %redis_url, security = ?security, "kjob-queue serving");
+    tracing::info!(addr = %listener.local_addr()?, redis = %store.target(), security = ?security, "kjob-queue serving");
     let server = builder
         .concurrency_limit_per_connection(MAX_CONCURRENT_PER_CONN)
         .http2_keepalive_interval(Some(KEEPALIVE))
@@ -222,18 +255,18 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 
 /// Connects to Redis, retrying while it is unreachable; configuration errors are fatal.
 async fn connect(
-    url: &str,
+    target: RedisTarget,
     config: StoreConfig,
     shutdown: &Shutdown,
 ) -> anyhow::Result<Option<Store>> {
     let mut attempts = CONNECT_BACKOFF.attempts();
     loop {
-        match Store::connect(url, config.clone()).await {
+        match Store::connect_to(target.clone(), config.clone()).await {
             Ok(s) => return Ok(Some(s)),
             Err(e) if e.is_unavailable() => {
-                tracing::warn!(error = %e, "redis not reachable yet; retrying");
+                tracing::warn!(redis = %target, error = %e, "redis not reachable yet; retrying");
             }
-            Err(e) => return Err(e).context("connecting to redis"),
+            Err(e) => return Err(e).with_context(|| format!("connecting to redis {target}")),
         }
         tokio::select! {
             _ = tokio::time::sleep(attempts.next_delay()) => {}
@@ -270,18 +303,31 @@ async fn reaper(store: &Store, metrics: &Metrics, shutdown: &Shutdown) {
     }
 }
 
-/// Ready while Redis answers; the queue gauges are refreshed on the same beat.
+/// Ready while Redis answers and has room to write: a node at its `maxmemory` refuses every
+/// write (`noeviction`), so Adds would fail, and the replica says so. The queue gauges and the
+/// Redis memory gauges are refreshed on the same beat.
 async fn probe(store: &Store, metrics: &Metrics, ready: &AdminState, shutdown: &Shutdown) {
     kjob_svc::probe_readiness(ready, "redis", PROBE_INTERVAL, shutdown, || async {
-        let ok = store.ping().await.is_ok();
-        if ok {
-            for q in kjob_core::QUEUES {
-                if let Ok(s) = store.stats(q).await {
-                    metrics.set_stats(q, &s);
-                }
+        if store.ping().await.is_err() {
+            return false;
+        }
+        let room = match store.memory().await {
+            Ok(nodes) => {
+                metrics.set_redis_memory(&nodes);
+                // (The probe logs the change to not ready; the gauges say which node.)
+                !nodes.iter().any(|n| n.is_full()) && !store.refused_for_memory_within(OOM_HOLD)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading redis memory failed");
+                false
+            }
+        };
+        for q in kjob_core::QUEUES {
+            if let Ok(s) = store.stats(q).await {
+                metrics.set_stats(q, &s);
             }
         }
-        ok
+        room
     })
     .await;
 }

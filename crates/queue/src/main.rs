@@ -1,4 +1,5 @@
-//! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`, `kjob-queue certs`).
+//! `kjob-queue`: the gRPC queue service (and `kjob-queue inspect`, `kjob-queue certs`,
+//! `kjob-queue redis-acl`).
 
 fn main() -> anyhow::Result<()> {
     kjob_svc::main(kjob_svc::Threads::One, |mut args: kjob_queue::Args| async move {
@@ -9,6 +10,10 @@ fn main() -> anyhow::Result<()> {
             }
             Some(kjob_queue::Command::Certs { out, hosts, namespace }) => {
                 kjob_queue::certs(&out, hosts, &namespace, stdout)
+            }
+            Some(kjob_queue::Command::RedisAcl { username, password }) => {
+                println!("{}", kjob_workqueue::acl::acl_user_line(&username, &password));
+                Ok(())
             }
             None => {
                 let (listeners, config) = args.bind().await?;

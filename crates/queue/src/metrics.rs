@@ -110,9 +110,20 @@ queue_metrics! {
     leased: Gauge = Gauge::default, "kjob_queue_leased", "Items leased to workers";
 }
 
+/// Label of the Redis memory gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The Redis node, `host:port`.
+    pub node: String,
+}
+
 /// All metrics of kjob-queue.
 #[derive(Clone)]
 pub struct Metrics {
+    /// `kjob_redis_used_memory_bytes` by node.
+    redis_used: Family<NodeLabel, Gauge>,
+    /// `kjob_redis_maxmemory_bytes` by node.
+    redis_max: Family<NodeLabel, Gauge>,
     queues: Arc<[(&'static str, QueueMetrics)]>,
     /// Handles registered nowhere, for a queue name that validation refuses anyway.
     unknown: Arc<QueueMetrics>,
@@ -141,12 +152,34 @@ impl Metrics {
         // Present from start, at 0: the refusal an alert on probing would watch first.
         let _ =
             auth_refused.get_or_create(&RefusedLabels { reason: "no_certificate", role: "none" });
-        Self { queues, unknown, grpc, auth_refused }
+        let redis_used = Family::<NodeLabel, Gauge>::default();
+        let redis_max = Family::<NodeLabel, Gauge>::default();
+        registry.register(
+            "kjob_redis_used_memory_bytes",
+            "Redis used_memory (INFO memory) of each node, sampled every second",
+            redis_used.clone(),
+        );
+        registry.register(
+            "kjob_redis_maxmemory_bytes",
+            "Redis maxmemory of each node (0: no limit); at used >= max Redis refuses writes",
+            redis_max.clone(),
+        );
+        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused }
     }
 
     /// `kjob_queue_auth_refused_total`, for the [`crate::auth::AuthLayer`].
     pub fn auth_refused(&self) -> Family<RefusedLabels, Counter> {
         self.auth_refused.clone()
+    }
+
+    /// Sets the Redis memory gauges from a sample.
+    pub fn set_redis_memory(&self, nodes: &[kjob_workqueue::NodeMemory]) {
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for n in nodes {
+            let l = NodeLabel { node: n.node.clone() };
+            self.redis_used.get_or_create(&l).set(i(n.used));
+            self.redis_max.get_or_create(&l).set(i(n.max));
+        }
     }
 
     /// The metrics of `queue`.

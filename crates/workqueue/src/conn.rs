@@ -2,15 +2,23 @@
 //! multiplexed connection for scripts, and dedicated connections for blocking pops.
 //!
 //! URL forms:
-//! * `redis://host:port[/db]` — a single server (also `rediss://`).
-//! * `redis+cluster://host:port,host:port,…` — a Redis Cluster, given by one or more seed nodes.
+//! * `redis://[user:password@]host:port[/db]` — a single server; `rediss://` for TLS.
+//! * `redis+cluster://[user:password@]host:port,host:port,…` — a Redis Cluster, given by one or
+//!   more seed nodes; `rediss+cluster://` for TLS. The credentials and the TLS settings apply to
+//!   every node, the seeds and those the cluster names later.
+//!
+//! Credentials may instead come from [`RedisOptions`] (a Secret mounted as a file or put in the
+//! environment), which override those of the URL. A URL is printed only through [`redact`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value,
+};
 
 use crate::WqError;
 
@@ -20,52 +28,250 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// bounded, so a healthy server answers in milliseconds.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where Redis is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    /// One server, by its `redis://` URL.
-    Single(String),
-    /// A Cluster, by the `redis://host:port` URLs of its seed nodes.
-    Cluster(Vec<String>),
+/// What a redacted password reads as.
+const REDACTED: &str = "***";
+
+/// `url` with its password replaced by `***` (`rediss://kjob:***@host:port`), for logs, errors
+/// and help texts. Works on any text shaped like a URL, valid or not, so a URL that fails to
+/// parse is redacted too.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    // Userinfo ends at the last `@` (a host never holds one; an unencoded password might).
+    let Some((userinfo, hosts)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{user}:{REDACTED}"),
+        // `redis://user@host`: a username alone is no secret.
+        None => userinfo.to_string(),
+    };
+    format!("{scheme}://{user}@{hosts}")
+}
+
+/// PEM files for TLS to Redis (`rediss://`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// CA bundle that verifies the server's certificate; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain, for Redis servers that ask for one (`tls-auth-clients yes`).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub key_file: Option<PathBuf>,
+}
+
+impl RedisTls {
+    fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// Reads the files into the redis crate's form.
+    fn load(&self) -> Result<redis::TlsCertificates, WqError> {
+        let read = |what: &str, p: &PathBuf| {
+            std::fs::read(p).map_err(|e| {
+                WqError::Config(format!("reading the Redis TLS {what} {}: {e}", p.display()))
+            })
+        };
+        let client_tls = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("client certificate", cert)?,
+                client_key: read("client key", key)?,
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(WqError::Config(
+                    "a Redis TLS client certificate needs both its certificate and its key file"
+                        .into(),
+                ));
+            }
+        };
+        let root_cert = self.ca_file.as_ref().map(|p| read("CA file", p)).transpose()?;
+        Ok(redis::TlsCertificates { client_tls, root_cert })
+    }
+}
+
+/// How to authenticate to Redis and encrypt the connection, beyond what the URL says.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// ACL username; overrides the URL's.
+    pub username: Option<String>,
+    /// Password; overrides the URL's. Never printed.
+    pub password: Option<String>,
+    /// TLS files (with a `rediss://` URL).
+    pub tls: RedisTls,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| REDACTED))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// Where Redis is and how to reach it: the nodes (with credentials and TLS mode) of a single
+/// server or a Cluster's seeds, and the TLS certificates. Printing it shows the URL redacted.
+#[derive(Clone)]
+pub struct RedisTarget {
+    url: String,
+    cluster: bool,
+    nodes: Vec<ConnectionInfo>,
+    certs: Option<redis::TlsCertificates>,
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RedisTarget").field(&self.redacted()).finish()
+    }
+}
+
+impl std::fmt::Display for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
 }
 
 impl RedisTarget {
-    /// Parses `redis://…`, `rediss://…` or `redis+cluster://h:p,h:p`.
+    /// Parses `redis[s]://…` or `redis[s]+cluster://h:p,h:p`, with no options beyond the URL.
     pub fn parse(url: &str) -> Result<Self, WqError> {
-        if let Some(rest) = url.strip_prefix("redis+cluster://") {
-            let nodes: Vec<String> = rest
+        Self::new(url, &RedisOptions::default())
+    }
+
+    /// Parses `url` (see the module docs) and applies `options`.
+    pub fn new(url: &str, options: &RedisOptions) -> Result<Self, WqError> {
+        let shown = redact(url);
+        let (cluster, node_urls) = if let Some((scheme, rest)) = url
+            .strip_prefix("redis+cluster://")
+            .map(|r| ("redis", r))
+            .or_else(|| url.strip_prefix("rediss+cluster://").map(|r| ("rediss", r)))
+        {
+            let (userinfo, hosts) = match rest.rsplit_once('@') {
+                Some((u, h)) => (format!("{u}@"), h),
+                None => (String::new(), rest),
+            };
+            let nodes: Vec<String> = hosts
                 .trim_end_matches('/')
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
-                .map(|hp| format!("redis://{hp}"))
+                .map(|hp| format!("{scheme}://{userinfo}{hp}"))
                 .collect();
             if nodes.is_empty() {
-                return Err(WqError::Config(format!("{url:?}: no cluster nodes given")));
+                return Err(WqError::Config(format!("{shown:?}: no cluster nodes given")));
             }
-            for n in &nodes {
-                redis::parse_redis_url(n)
-                    .ok_or_else(|| WqError::Config(format!("{url:?}: bad cluster node {n:?}")))?;
+            (true, nodes)
+        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+            (false, vec![url.to_string()])
+        } else {
+            return Err(WqError::Config(format!(
+                "{shown:?}: expected redis[s]://host:port or redis[s]+cluster://host:port,host:port"
+            )));
+        };
+        let mut nodes = Vec::with_capacity(node_urls.len());
+        for n in &node_urls {
+            let mut info = n.as_str().into_connection_info().map_err(|e| {
+                WqError::Config(format!("{shown:?}: bad redis node {:?}: {e}", redact(n)))
+            })?;
+            if options.username.is_some() {
+                info.redis.username.clone_from(&options.username);
             }
-            return Ok(Self::Cluster(nodes));
+            if options.password.is_some() {
+                info.redis.password.clone_from(&options.password);
+            }
+            nodes.push(info);
         }
-        if url.starts_with("redis://") || url.starts_with("rediss://") {
-            redis::parse_redis_url(url)
-                .ok_or_else(|| WqError::Config(format!("{url:?} is not a valid redis URL")))?;
-            return Ok(Self::Single(url.to_string()));
-        }
-        Err(WqError::Config(format!(
-            "{url:?}: expected redis://host:port or redis+cluster://host:port,host:port"
-        )))
+        let tls = matches!(nodes[0].addr, ConnectionAddr::TcpTls { .. });
+        let certs = if options.tls.is_empty() {
+            None
+        } else if tls {
+            Some(options.tls.load()?)
+        } else {
+            return Err(WqError::Config(format!(
+                "{shown:?}: Redis TLS files are given but the URL is not rediss:// \
+                 (or rediss+cluster://)"
+            )));
+        };
+        Ok(Self { url: url.to_string(), cluster, nodes, certs })
     }
 
-    /// The nodes named by the target (seed nodes for a Cluster).
-    pub fn nodes(&self) -> Vec<String> {
-        match self {
-            Self::Single(u) => vec![u.clone()],
-            Self::Cluster(n) => n.clone(),
-        }
+    /// The URL as given, which may hold a password: connect with it, never print it (print
+    /// the target itself, or [`redact`] the URL).
+    pub fn url(&self) -> &str {
+        &self.url
     }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// Whether it names a Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Whether connections use TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.nodes[0].addr, ConnectionAddr::TcpTls { .. })
+    }
+
+    /// `host:port` of each node named by the target (seed nodes for a Cluster).
+    pub fn node_addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.to_string()).collect()
+    }
+
+    /// A client of `node` (its credentials and TLS included).
+    fn client(&self, node: &ConnectionInfo) -> Result<redis::Client, WqError> {
+        Ok(match &self.certs {
+            Some(certs) => redis::Client::build_with_tls(node.clone(), certs.clone())?,
+            None => redis::Client::open(node.clone())?,
+        })
+    }
+
+    /// A multiplexed connection to each node named by the target, with its `host:port`.
+    pub async fn node_connections(
+        &self,
+    ) -> Result<Vec<(String, redis::aio::MultiplexedConnection)>, WqError> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            let addr = node.addr.to_string();
+            let client = self.client(node)?;
+            let c =
+                tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
+                    .await
+                    .map_err(|_| WqError::Unavailable(format!("connecting to {addr} timed out")))?
+                    .map_err(|e| connect_error(&addr, e))?;
+            out.push((addr, c));
+        }
+        Ok(out)
+    }
+}
+
+/// A failed connection to `addr`. An untrusted certificate or refused credentials are
+/// configuration errors that say what to fix (retrying would not help); anything else is the
+/// Redis error as it is (unavailable when the server is down).
+fn connect_error(addr: &str, e: redis::RedisError) -> WqError {
+    let text = e.to_string();
+    if text.contains("certificate") || text.contains("UnknownIssuer") {
+        return WqError::Config(format!(
+            "connecting to {addr}: {text} (TLS: the server's certificate is not trusted by the \
+             CA of --redis-ca-file, or does not name {addr}'s host)"
+        ));
+    }
+    if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("NOPERM")
+    {
+        return WqError::Config(format!(
+            "connecting to {addr}: {text} (authentication: check the Redis username and \
+             password, and that the user has kjob's ACL: `kjob-queue redis-acl`)"
+        ));
+    }
+    WqError::from(e)
 }
 
 /// A Redis connection that runs commands and scripts on a single server or a Cluster.
@@ -108,49 +314,46 @@ impl ConnectionLike for Conn {
 /// Opens a connection to `target`. `response_timeout` bounds each command (blocking pops need
 /// more than their own timeout).
 pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result<Conn, WqError> {
-    match target {
-        RedisTarget::Single(url) => {
-            let client = redis::Client::open(url.as_str())?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(CONNECT_TIMEOUT)
-                .set_response_timeout(response_timeout)
-                // Reconnect attempts happen on later commands; keep each one short so a dead
-                // Redis turns into UNAVAILABLE quickly instead of a long stall.
-                .set_number_of_retries(1)
-                .set_max_delay(500);
-            let conn = tokio::time::timeout(
-                CONNECT_TIMEOUT + Duration::from_secs(1),
-                ConnectionManager::new_with_config(client, config),
-            )
-            .await
-            .map_err(|_| WqError::Unavailable(format!("connecting to {url} timed out")))??;
-            Ok(Conn::Single(conn))
-        }
-        RedisTarget::Cluster(nodes) => {
-            let client = ClusterClientBuilder::new(nodes.clone())
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(response_timeout)
-                .retries(2)
-                .build()?;
-            let conn = tokio::time::timeout(CONNECT_TIMEOUT * 2, client.get_async_connection())
-                .await
-                .map_err(|_| {
-                    WqError::Unavailable("connecting to the cluster timed out".into())
-                })??;
-            Ok(Conn::Cluster(conn))
-        }
+    if !target.cluster {
+        let node = &target.nodes[0];
+        let addr = node.addr.to_string();
+        let client = target.client(node)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(response_timeout)
+            // Reconnect attempts happen on later commands; keep each one short so a dead
+            // Redis turns into UNAVAILABLE quickly instead of a long stall.
+            .set_number_of_retries(1)
+            .set_max_delay(500);
+        let conn = tokio::time::timeout(
+            CONNECT_TIMEOUT + Duration::from_secs(1),
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| WqError::Unavailable(format!("connecting to {addr} timed out")))?
+        .map_err(|e| connect_error(&addr, e))?;
+        return Ok(Conn::Single(conn));
     }
+    // The seeds' credentials and TLS mode become the cluster's, for every node it names.
+    let mut builder = ClusterClientBuilder::new(target.nodes.clone())
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(response_timeout)
+        .retries(2);
+    if let Some(certs) = &target.certs {
+        builder = builder.certs(certs.clone());
+    }
+    let client = builder.build()?;
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT * 2, client.get_async_connection())
+        .await
+        .map_err(|_| WqError::Unavailable("connecting to the cluster timed out".into()))?
+        .map_err(|e| connect_error("the cluster", e))?;
+    Ok(Conn::Cluster(conn))
 }
 
 /// Refuses to run on a Redis that may evict keys: an evicted lease or dirty mark would lose or
 /// duplicate work silently. Checks every node named by the target.
 pub async fn check_noeviction(target: &RedisTarget) -> Result<(), WqError> {
-    for node in target.nodes() {
-        let client = redis::Client::open(node.as_str())?;
-        let mut c =
-            tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
-                .await
-                .map_err(|_| WqError::Unavailable(format!("connecting to {node} timed out")))??;
+    for (node, mut c) in target.node_connections().await? {
         let res: Vec<String> = tokio::time::timeout(
             RESPONSE_TIMEOUT,
             redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut c),
@@ -175,16 +378,65 @@ mod tests {
 
     #[test]
     fn parses_urls() {
-        assert_eq!(
-            RedisTarget::parse("redis://127.0.0.1:6379").unwrap(),
-            RedisTarget::Single("redis://127.0.0.1:6379".into())
-        );
-        assert_eq!(
-            RedisTarget::parse("redis+cluster://a:1,b:2").unwrap(),
-            RedisTarget::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
-        );
+        let t = RedisTarget::parse("redis://127.0.0.1:6379").unwrap();
+        assert!(!t.is_cluster() && !t.is_tls());
+        assert_eq!(t.node_addrs(), ["127.0.0.1:6379"]);
+        let t = RedisTarget::parse("redis+cluster://a:1,b:2").unwrap();
+        assert!(t.is_cluster() && !t.is_tls());
+        assert_eq!(t.node_addrs(), ["a:1", "b:2"]);
         for bad in ["", "http://x:1", "redis+cluster://", "redis+cluster://,"] {
             assert!(RedisTarget::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A TLS cluster keeps TLS and the credentials for every seed node.
+    #[test]
+    fn cluster_nodes_keep_scheme_and_credentials() {
+        let t = RedisTarget::parse("rediss+cluster://kjob:s3cret@a:1,b:2").unwrap();
+        assert!(t.is_cluster() && t.is_tls());
+        for n in &t.nodes {
+            assert!(matches!(n.addr, ConnectionAddr::TcpTls { .. }), "{:?}", n.addr);
+            assert_eq!(n.redis.username.as_deref(), Some("kjob"));
+            assert_eq!(n.redis.password.as_deref(), Some("s3cret"));
+        }
+        // Options override the URL's credentials.
+        let o = RedisOptions {
+            username: Some("other".into()),
+            password: Some("pw".into()),
+            ..Default::default()
+        };
+        let t = RedisTarget::new("rediss://kjob:s3cret@a:1", &o).unwrap();
+        assert_eq!(t.nodes[0].redis.username.as_deref(), Some("other"));
+        assert_eq!(t.nodes[0].redis.password.as_deref(), Some("pw"));
+    }
+
+    #[test]
+    fn tls_files_need_a_tls_url() {
+        let o = RedisOptions {
+            tls: RedisTls { ca_file: Some("/nonexistent".into()), ..Default::default() },
+            ..Default::default()
+        };
+        let e = RedisTarget::new("redis://kjob:s3cret@a:1", &o).unwrap_err().to_string();
+        assert!(e.contains("rediss://") && !e.contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        for (url, shown) in [
+            ("rediss://kjob:s3cret@host:6380", "rediss://kjob:***@host:6380"),
+            ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+            ("redis://kjob@host:6379", "redis://kjob@host:6379"),
+            ("redis://host:6379", "redis://host:6379"),
+            ("rediss+cluster://kjob:p@ss@a:1,b:2", "rediss+cluster://kjob:***@a:1,b:2"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact(url), shown);
+        }
+        let t = RedisTarget::parse("rediss://kjob:s3cret@host:6380").unwrap();
+        assert!(!format!("{t} {t:?}").contains("s3cret"));
+        let e = RedisTarget::parse("redis://kjob:s3cret@").map(|_| ()).unwrap_err().to_string();
+        assert!(!e.contains("s3cret"), "{e}");
+        let o = RedisOptions { password: Some("s3cret".into()), ..Default::default() };
+        assert!(!format!("{o:?}").contains("s3cret"));
     }
 }

@@ -16,6 +16,7 @@
 //! * [`limiter`] and [`expectations`]: the pure formulas (rate limiter, satisfied check).
 //! * [`wake`]: prompt wake-ups of waiting lessees across replicas.
 
+pub mod acl;
 pub mod conn;
 pub mod events;
 pub mod expectations;
@@ -28,13 +29,13 @@ pub mod store;
 pub mod view;
 pub mod wake;
 
-pub use conn::{Conn, RedisTarget};
+pub use conn::{Conn, RedisOptions, RedisTarget, RedisTls, redact};
 pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
 pub use ops::{FinalizerRemovals, HANDOFF_VIEW_MAX_PODS};
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,
-    LeaseOutcome, Leased, MAX_DONE_BATCH, QueueStats, Store, StoreConfig, SweepResult,
+    LeaseOutcome, Leased, MAX_DONE_BATCH, NodeMemory, QueueStats, Store, StoreConfig, SweepResult,
 };
 pub use view::{JobView, SessionPhase, ViewOp};
 pub use wake::{LeaseAsk, Waker};
@@ -57,13 +58,14 @@ pub enum WqError {
 }
 
 impl WqError {
-    /// Whether the error means "Redis is unreachable right now" (retry later) rather than a
-    /// definite failure.
+    /// Whether the error means "Redis cannot serve this right now" (retry later) rather than a
+    /// definite failure: unreachable, or out of memory (it refuses writes until memory frees).
     pub fn is_unavailable(&self) -> bool {
         match self {
             WqError::Unavailable(_) => true,
             WqError::Redis(e) => {
-                e.is_io_error()
+                is_out_of_memory(e)
+                    || e.is_io_error()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
                     || e.is_timeout()
@@ -79,4 +81,10 @@ impl WqError {
             _ => false,
         }
     }
+}
+
+/// Whether Redis refused a command (or a script's first write, or a transaction holding one)
+/// because it is over `maxmemory`: `OOM command not allowed when used memory > 'maxmemory'`.
+pub(crate) fn is_out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed")
 }

@@ -1,7 +1,8 @@
 //! The workqueue store: its types, its connection and the one way a script is run
 //! ([`Store::eval`]). The operations are in `crate::ops`, each beside its script.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 
@@ -290,12 +291,43 @@ pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Memory of one Redis node, from `INFO memory`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// `host:port` of the node.
+    pub node: String,
+    /// `used_memory`, in bytes.
+    pub used: u64,
+    /// `maxmemory`, in bytes (0: no limit).
+    pub max: u64,
+}
+
+impl NodeMemory {
+    fn parse(node: String, info: &str) -> Self {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Self { node, used: field("used_memory"), max: field("maxmemory") }
+    }
+
+    /// Whether the node is at its `maxmemory`, where (with `noeviction`) it refuses writes.
+    pub fn is_full(&self) -> bool {
+        self.max > 0 && self.used >= self.max
+    }
+}
+
 /// The Redis-backed workqueue and expectations store. Cheap to clone (one shared connection).
 #[derive(Clone)]
 pub struct Store {
     target: RedisTarget,
     conn: Conn,
     config: StoreConfig,
+    /// When Redis last refused one of this store's writes for lack of memory (shared by
+    /// clones).
+    last_oom: Arc<Mutex<Option<Instant>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -308,10 +340,15 @@ impl Store {
     /// Connects to `url` (see [`crate::conn`] for the forms), refusing a Redis whose
     /// `maxmemory-policy` is not `noeviction`.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self, WqError> {
-        let target = RedisTarget::parse(url)?;
+        Self::connect_to(RedisTarget::parse(url)?, config).await
+    }
+
+    /// Connects to `target` (credentials and TLS included), refusing a Redis whose
+    /// `maxmemory-policy` is not `noeviction`.
+    pub async fn connect_to(target: RedisTarget, config: StoreConfig) -> Result<Self, WqError> {
         conn::check_noeviction(&target).await?;
         let conn = conn::connect(&target, RESPONSE_TIMEOUT).await?;
-        Ok(Self { target, conn, config })
+        Ok(Self { target, conn, config, last_oom: Arc::default() })
     }
 
     /// Where this store connects.
@@ -387,11 +424,11 @@ impl Store {
                 let load = tokio::time::timeout(RESPONSE_TIMEOUT, script.load_async(&mut conn));
                 match load.await {
                     Ok(Ok(_)) => continue,
-                    Ok(Err(e)) => return Err(Self::named(what, e)),
+                    Ok(Err(e)) => return Err(self.named(what, e)),
                     Err(_) => return Err(Self::no_reply(what)),
                 }
             }
-            return Err(Self::named(what, e));
+            return Err(self.named(what, e));
         }
     }
 
@@ -401,7 +438,10 @@ impl Store {
     }
 
     /// A Redis error of script `what` as this crate reports it.
-    fn named(what: &'static str, e: redis::RedisError) -> WqError {
+    fn named(&self, what: &'static str, e: redis::RedisError) -> WqError {
+        if crate::is_out_of_memory(&e) {
+            *self.last_oom.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
         let e = WqError::from(e);
         if e.is_unavailable() { WqError::Unavailable(format!("{what}: {e}")) } else { e }
     }
@@ -423,9 +463,44 @@ impl Store {
         let mut conn = self.conn.clone();
         match tokio::time::timeout(RESPONSE_TIMEOUT, inv.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Self::named(what, e)),
+            Ok(Err(e)) => Err(self.named(what, e)),
             Err(_) => Err(Self::no_reply(what)),
         }
+    }
+
+    /// `used_memory` and `maxmemory` of every node (`INFO memory`; a Cluster answers for each
+    /// of its nodes), for readiness and the memory gauges.
+    pub async fn memory(&self) -> Result<Vec<NodeMemory>, WqError> {
+        let mut conn = self.conn.clone();
+        let reply = tokio::time::timeout(
+            RESPONSE_TIMEOUT,
+            redis::cmd("INFO").arg("memory").query_async::<Value>(&mut conn),
+        )
+        .await
+        .map_err(|_| WqError::Unavailable("INFO memory: no reply".into()))?
+        .map_err(|e| WqError::Unavailable(format!("INFO memory: {e}")))?;
+        let text = |v: &Value| -> Result<String, WqError> {
+            redis::from_redis_value::<String>(v)
+                .map_err(|e| WqError::Protocol(format!("INFO memory: {e}")))
+        };
+        match &reply {
+            Value::Map(nodes) => nodes
+                .iter()
+                .map(|(node, info)| Ok(NodeMemory::parse(text(node)?, &text(info)?)))
+                .collect(),
+            single => {
+                let node = self.target.node_addrs().swap_remove(0);
+                Ok(vec![NodeMemory::parse(node, &text(single)?)])
+            }
+        }
+    }
+
+    /// Whether Redis refused one of this store's writes as out of memory within `window`. A
+    /// refusal can come while `used_memory` reads below `maxmemory` (the refused request's own
+    /// bytes pushed it over), so readiness remembers refusals as well as reading the gauges.
+    pub fn refused_for_memory_within(&self, window: Duration) -> bool {
+        let last = *self.last_oom.lock().unwrap_or_else(|p| p.into_inner());
+        last.is_some_and(|t| t.elapsed() < window)
     }
 
     /// Checks that Redis answers (for readiness).
@@ -441,5 +516,19 @@ impl Store {
             Ok(Err(e)) => Err(WqError::Unavailable(format!("ping: {e}"))),
             Err(_) => Err(WqError::Unavailable("ping: no reply".into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeMemory;
+
+    #[test]
+    fn reads_used_and_max_memory_from_info() {
+        let info = "# Memory\r\nused_memory:4200000\r\nused_memory_human:4.01M\r\nmaxmemory:4194304\r\nmaxmemory_policy:noeviction\r\n";
+        let m = NodeMemory::parse("a:1".into(), info);
+        assert_eq!((m.used, m.max), (4_200_000, 4_194_304));
+        assert!(m.is_full());
+        assert!(!NodeMemory { max: 0, ..m }.is_full(), "no limit is never full");
     }
 }

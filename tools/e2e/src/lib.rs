@@ -128,6 +128,7 @@ pub fn check_typed(obj: &Value) -> anyhow::Result<()> {
         ("v1", "ServiceAccount") => round_trip::<core::v1::ServiceAccount>(obj),
         ("v1", "Service") => round_trip::<core::v1::Service>(obj),
         ("v1", "ConfigMap") => round_trip::<core::v1::ConfigMap>(obj),
+        ("v1", "Secret") => round_trip::<core::v1::Secret>(obj),
         ("apps/v1", "Deployment") => round_trip::<apps::v1::Deployment>(obj),
         ("apps/v1", "StatefulSet") => round_trip::<apps::v1::StatefulSet>(obj),
         ("policy/v1", "PodDisruptionBudget") => round_trip::<policy::v1::PodDisruptionBudget>(obj),
@@ -367,7 +368,7 @@ mod tests {
             "metadata": {"name": "a"}, "automountServiceAcountToken": false});
         let err = format!("{:#}", check_typed(&bad).unwrap_err());
         assert!(err.contains("automountServiceAcountToken"), "{err}");
-        let unknown = serde_json::json!({"apiVersion": "v1", "kind": "Secret"});
+        let unknown = serde_json::json!({"apiVersion": "v1", "kind": "Pod"});
         assert!(check_typed(&unknown).is_err());
     }
 

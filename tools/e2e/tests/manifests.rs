@@ -6,11 +6,12 @@ use std::collections::BTreeSet;
 use kjob_e2e::*;
 use serde_json::Value;
 
-const KUSTOMIZATIONS: [&str; 4] = [
+const KUSTOMIZATIONS: [&str; 5] = [
     "deploy/base",
     "deploy/overlays/kind",
     "deploy/overlays/kind-manage-all",
     "deploy/overlays/hpa",
+    "deploy/overlays/redis-tls",
 ];
 
 /// Renders `dir`, or says loudly why it cannot.
@@ -159,6 +160,105 @@ fn replicas_leader_election_env_and_redis_persistence() {
         of_kind(&objs, "HorizontalPodAutoscaler").is_empty(),
         "the HPA belongs to overlays/hpa"
     );
+}
+
+/// The container `name` of the workload of kind `kind` named `workload`.
+fn container<'a>(objs: &'a [Value], kind: &str, workload: &str) -> &'a Value {
+    let w = of_kind(objs, kind).into_iter().find(|o| name(o) == workload).unwrap();
+    &w["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// The env var `var` of container `c`.
+fn env<'a>(c: &'a Value, var: &str) -> &'a Value {
+    c["env"].as_array().unwrap().iter().find(|e| e["name"] == var).unwrap_or_else(|| {
+        panic!("no env {var}: {}", c["env"]);
+    })
+}
+
+/// Bytes of a Kubernetes quantity like `1Gi`, `512Mi` or Redis's `400mb`.
+fn bytes(q: &str) -> u64 {
+    let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = n.parse().unwrap();
+    n * match unit {
+        "Gi" => 1 << 30,
+        "Mi" | "mb" => 1 << 20,
+        "" => 1,
+        other => panic!("unit {other}"),
+    }
+}
+
+/// Redis authenticates kjob as an ACL user from a Secret with exactly the rules kjob-queue
+/// prints, the default user off; kjob-queue takes the password from the same Secret through
+/// its environment; the Redis memory limit leaves room for an AOF rewrite's fork.
+#[test]
+fn redis_acl_user_from_a_secret_and_room_for_the_fork() {
+    let objs = base();
+    let redis = container(&objs, "StatefulSet", "kjob-redis");
+    for var in ["KJOB_REDIS_PASSWORD", "REDISCLI_AUTH"] {
+        let from = &env(redis, var)["valueFrom"]["secretKeyRef"];
+        assert_eq!(
+            (from["name"].as_str(), from["key"].as_str()),
+            (Some("kjob-redis-auth"), Some("password"))
+        );
+    }
+    let script = redis["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(script.contains("user default off") && script.contains("--aclfile"), "{script}");
+    let acl =
+        of_kind(&objs, "ConfigMap").into_iter().find(|c| name(c) == "kjob-redis-acl").unwrap();
+    let rules = acl["data"]["rules"].as_str().unwrap();
+    // The one source of the rules is kjob_workqueue::acl, printed by `kjob-queue redis-acl`.
+    if let Ok(bin) = kjob_testkit::bin_path("kjob-queue") {
+        let out = std::process::Command::new(bin)
+            .args(["redis-acl", "--password", ">pw"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let printed = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            printed.trim(),
+            format!("user kjob on >pw {rules}"),
+            "deploy's ACL rules drifted from `kjob-queue redis-acl`"
+        );
+    } else {
+        eprintln!("SKIPPED comparing the ACL rules: kjob-queue not built (cargo build --bins)");
+    }
+    let queue = container(&objs, "Deployment", "kjob-queue");
+    assert_eq!(env(queue, "KJOB_REDIS_USERNAME")["value"], "kjob");
+    let from = &env(queue, "KJOB_REDIS_PASSWORD")["valueFrom"]["secretKeyRef"];
+    assert_eq!(
+        (from["name"].as_str(), from["key"].as_str()),
+        (Some("kjob-redis-auth"), Some("password"))
+    );
+
+    let args: Vec<&str> =
+        redis["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let maxmemory = args.windows(2).find(|w| w[0] == "--maxmemory").map(|w| bytes(w[1])).unwrap();
+    let limit = bytes(redis["resources"]["limits"]["memory"].as_str().unwrap());
+    assert!(limit >= 2 * maxmemory, "limit {limit} leaves no room for a fork of {maxmemory}");
+}
+
+/// The TLS overlay: Redis serves TLS only from Secret kjob-redis-tls, kjob-queue dials
+/// rediss:// and verifies it with the Secret's ca.crt.
+#[test]
+fn redis_tls_overlay_serves_tls_only_and_the_queue_verifies_it() {
+    let Some(objs) = render("deploy/overlays/redis-tls") else { return };
+    let redis = container(&objs, "StatefulSet", "kjob-redis");
+    let args: Vec<&str> =
+        redis["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for pair in [["--port", "0"], ["--tls-port", "6379"], ["--tls-cert-file", "/tls/tls.crt"]] {
+        assert!(args.windows(2).any(|w| w == pair), "redis args lack {pair:?}: {args:?}");
+    }
+    let queue = container(&objs, "Deployment", "kjob-queue");
+    let qargs: Vec<&str> =
+        queue["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert!(qargs.contains(&"--redis-url=rediss://kjob-redis.kjob-system.svc:6379"), "{qargs:?}");
+    assert_eq!(env(queue, "KJOB_REDIS_CA_FILE")["value"], "/tls/ca.crt");
 }
 
 #[test]

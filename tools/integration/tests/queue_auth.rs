@@ -66,7 +66,7 @@ impl Secured {
             key: server.key_pem().into_bytes(),
             client_ca: ca.own().cert_pem().into_bytes(),
         };
-        let config = QueueConfig { redis_url: redis.url(), store: Default::default(), security };
+        let config = QueueConfig::new(redis.url(), security);
         let shutdown = Shutdown::new();
         let listeners = Listeners { grpc: listener, admin: Some(admin) };
         let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));

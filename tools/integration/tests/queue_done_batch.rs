@@ -29,11 +29,7 @@ impl Running {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = Shutdown::new();
-        let config = QueueConfig {
-            redis_url,
-            store: Default::default(),
-            security: Security::InsecureNoAuth,
-        };
+        let config = QueueConfig::new(redis_url, Security::InsecureNoAuth);
         let task =
             tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
         let client = QueueClient::connect_lazy(&url).unwrap();

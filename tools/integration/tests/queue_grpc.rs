@@ -50,7 +50,7 @@ async fn start_with(redis: &RedisServer, store: kjob_workqueue::StoreConfig) -> 
     let url = format!("http://{}", listener.local_addr().unwrap());
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig { redis_url: redis.url(), store, security: Security::InsecureNoAuth };
+    let config = QueueConfig { store, ..QueueConfig::new(redis.url(), Security::InsecureNoAuth) };
     let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     let client = QueueClient::connect_lazy(&url).unwrap();
@@ -474,11 +474,7 @@ async fn serves_over_a_redis_cluster() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig {
-        redis_url: cluster.url(),
-        store: Default::default(),
-        security: Security::InsecureNoAuth,
-    };
+    let config = QueueConfig::new(cluster.url(), Security::InsecureNoAuth);
     let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
     let c = QueueClient::connect_lazy(&url).unwrap();
     // A waiting lessee is woken by an Add (the marker lives in the queue's slot).
@@ -653,11 +649,7 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig {
-        redis_url: redis.url(),
-        store: Default::default(),
-        security: Security::InsecureNoAuth,
-    };
+    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
     let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let logs = Logs::default();
     let subscriber = tracing_subscriber::fmt()

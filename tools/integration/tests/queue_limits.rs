@@ -47,11 +47,7 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig {
-        redis_url: redis.url(),
-        store: Default::default(),
-        security: Security::InsecureNoAuth,
-    };
+    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
     let listeners = Listeners { grpc: listener, admin: None };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     let channel = Channel::from_shared(url).unwrap().connect_lazy();

@@ -1,15 +1,17 @@
-//! The semantic suite, written once and run against a single redis-server and a 3-node Redis
-//! Cluster (each test starts its own servers on free ports).
+//! The semantic suite, written once and run against a single redis-server, a 3-node Redis
+//! Cluster, and a secured redis-server (TLS only, client certificates required, `default` user
+//! off, kjob's ACL user with exactly `kjob_workqueue::acl::ACL_RULES`), each test starting its
+//! own servers on free ports.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use kjob_testkit::{RedisCluster, RedisServer};
+use kjob_testkit::{RedisCluster, RedisSecurity, RedisServer, TestPki};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, Enqueue, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch,
-    LeaseOutcome, Observation, ObservationKind, SessionPhase, Store, StoreConfig, ViewOp, Waker,
-    WqError,
+    LeaseOutcome, Observation, ObservationKind, RedisOptions, RedisTarget, RedisTls, SessionPhase,
+    Store, StoreConfig, ViewOp, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -19,6 +21,7 @@ const Q: &str = "job";
 enum Backend {
     Single(RedisServer),
     Cluster(RedisCluster),
+    Secured(RedisServer, TestPki),
 }
 
 async fn single(config: StoreConfig) -> (Backend, Store) {
@@ -31,6 +34,44 @@ async fn cluster(config: StoreConfig) -> (Backend, Store) {
     let c = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().expect("cluster");
     let store = Store::connect(&c.url(), config).await.expect("connect");
     (Backend::Cluster(c), store)
+}
+
+/// A TLS-only redis-server that asks for client certificates, with the `default` user off and
+/// kjob's ACL user, reached as kjob-queue reaches it in production.
+async fn secured(config: StoreConfig) -> (Backend, Store) {
+    let pki = TestPki::generate("semantics").expect("test certificates");
+    let security = RedisSecurity {
+        tls: Some(pki.dir().to_path_buf()),
+        tls_auth_clients: true,
+        acl: vec![
+            "user default off".into(),
+            kjob_workqueue::acl::acl_user_line("kjob", ">s3cret-pw"),
+        ],
+    };
+    let server = RedisServer::start_secured(&security, &[]).expect("redis-server");
+    let options = RedisOptions {
+        username: Some("kjob".into()),
+        password: Some("s3cret-pw".into()),
+        tls: RedisTls {
+            ca_file: Some(pki.ca()),
+            cert_file: Some(pki.client_cert()),
+            key_file: Some(pki.client_key()),
+        },
+    };
+    let target = RedisTarget::new(&server.url(), &options).expect("target");
+    let store = Store::connect_to(target, config).await.expect("connect");
+    (Backend::Secured(server, pki), store)
+}
+
+/// `INFO memory` reaches every node (a Cluster's too), for the per-node memory gauges.
+async fn memory_of_every_node(s: Store) {
+    let nodes = s.memory().await.unwrap();
+    let expected = if s.target().is_cluster() { 3 } else { 1 };
+    assert_eq!(nodes.len(), expected, "{nodes:?}");
+    for n in &nodes {
+        assert!(n.used > 0 && n.node.contains(':'), "{n:?}");
+        assert!(!n.is_full(), "{n:?}");
+    }
 }
 
 fn now(key: &str) -> Enqueue {
@@ -422,7 +463,7 @@ async fn waiting_lease_wakes_on_add(s: Store) {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let added_at = tokio::time::Instant::now();
     // Added through another Store (another replica's connection).
-    let other = Store::connect(&target_url(&s), StoreConfig::default()).await.unwrap();
+    let other = Store::connect_to(s.target().clone(), StoreConfig::default()).await.unwrap();
     other.add(Q, &[now("ns/a")]).await.unwrap();
     let got = waiter.await.unwrap().unwrap().items;
     let latency = added_at.elapsed();
@@ -479,9 +520,7 @@ async fn large_add_batch(s: Store) {
 /// Scripts run so far (EVAL + EVALSHA calls) summed over every node of the store's target.
 async fn scripts_run(s: &Store) -> u64 {
     let mut total = 0;
-    for node in s.target().nodes() {
-        let client = redis::Client::open(node.as_str()).unwrap();
-        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    for (_, mut c) in s.target().node_connections().await.unwrap() {
         let info: String =
             redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
         total += info
@@ -581,16 +620,6 @@ async fn lease_promotes_due_items_and_counts_them(s: Store) {
     assert_eq!(b.promoted, 2);
     assert_eq!(b.items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), vec!["ns/e"]);
     assert!(s.inspect(Q, &["ns/d".into()]).await.unwrap()[0].dirty);
-}
-
-fn target_url(s: &Store) -> String {
-    match s.target() {
-        kjob_workqueue::RedisTarget::Single(u) => u.clone(),
-        kjob_workqueue::RedisTarget::Cluster(n) => format!(
-            "redis+cluster://{}",
-            n.iter().map(|u| u.trim_start_matches("redis://")).collect::<Vec<_>>().join(",")
-        ),
-    }
 }
 
 fn poison_config() -> StoreConfig {
@@ -746,14 +775,7 @@ async fn view_write_and_observation_in_one_script(s: Store) {
 /// A second handle on the same Redis, as another kjob-queue replica (serving another
 /// worker) has: its own connection, no shared memory.
 async fn second_store(s: &Store) -> Store {
-    let url = match s.target() {
-        kjob_workqueue::RedisTarget::Single(u) => u.clone(),
-        kjob_workqueue::RedisTarget::Cluster(nodes) => format!(
-            "redis+cluster://{}",
-            nodes.iter().map(|n| n.trim_start_matches("redis://")).collect::<Vec<_>>().join(",")
-        ),
-    };
-    Store::connect(&url, s.config().clone()).await.unwrap()
+    Store::connect_to(s.target().clone(), s.config().clone()).await.unwrap()
 }
 
 /// An event of Job `ns/<job>` with reason `reason` and `message`, keyed as the worker keys it.
@@ -792,8 +814,9 @@ async fn event_spam_filter_burst_then_refill(s: Store) {
     let got = allowed(&s, &fast, &vec![same.clone(); 26]).await;
     assert_eq!(got, [vec![true; 25], vec![false]].concat());
     // The state is one hash per Job, expiring once it no longer matters (a full refill).
-    if let kjob_workqueue::RedisTarget::Single(url) = s.target() {
-        let mut conn = redis::Client::open(url.as_str())
+    // (The secured server's user may not read TTLs: that is checked on the plain one.)
+    if !s.target().is_cluster() && !s.target().is_tls() {
+        let mut conn = redis::Client::open(s.target().url())
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -890,14 +913,16 @@ macro_rules! suite {
     };
 }
 
-macro_rules! both {
+macro_rules! every_backend {
     ($($t:tt)*) => {
         suite!(single: $($t)*);
         suite!(cluster: $($t)*);
+        suite!(secured: $($t)*);
     };
 }
 
-both!(
+every_backend!(
+    memory_of_every_node,
     dedupe,
     earliest_ready_time_wins,
     dirty_while_processing,
@@ -1127,7 +1152,7 @@ async fn handoff_leases_each_item_exactly_once(s: Store) {
 /// beyond what the local waiters take, and everything when no local lessee waits.
 async fn handoff_leaves_the_rest_to_other_replicas(s: Store) {
     let here = Waker::new(&s, [Q]);
-    let other_store = Store::connect(&target_url(&s), StoreConfig::default()).await.unwrap();
+    let other_store = Store::connect_to(s.target().clone(), StoreConfig::default()).await.unwrap();
     let there = Waker::new(&other_store, [Q]);
     let (stop_here, run_here) = run_waker(&here, &s);
     let (stop_there, run_there) = run_waker(&there, &other_store);

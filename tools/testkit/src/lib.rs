@@ -6,6 +6,7 @@
 pub mod args;
 pub mod cluster;
 pub mod faults;
+pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod raw;
@@ -15,7 +16,8 @@ pub mod server;
 pub mod stack;
 
 pub use args::{ExtraArgs, Program};
+pub use pki::TestPki;
 pub use process::{ChildGuard, bin_path, free_port, require_bins, wait_for_tcp, workspace_root};
-pub use redis::RedisServer;
+pub use redis::{RedisSecurity, RedisServer};
 pub use redis_cluster::RedisCluster;
 pub use stack::{Stack, StackConfig};

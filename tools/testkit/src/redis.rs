@@ -35,6 +35,19 @@ pub fn redis_server_binary() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// How a test redis-server authenticates and encrypts: TLS only (no plain port), and ACL
+/// users from an aclfile.
+#[derive(Debug, Clone, Default)]
+pub struct RedisSecurity {
+    /// Serve TLS only, with the server certificate of this CA's directory
+    /// ([`crate::TestPki`] files: `ca.crt`, `server.crt`, `server.key`).
+    pub tls: Option<PathBuf>,
+    /// With TLS: ask clients for a certificate signed by the CA (`tls-auth-clients yes`).
+    pub tls_auth_clients: bool,
+    /// aclfile lines (e.g. `user default off`, `user kjob on >pw ~{wq:* …`); empty: no aclfile.
+    pub acl: Vec<String>,
+}
+
 /// A redis-server process with its own port and data directory.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -42,6 +55,7 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     aof: bool,
     extra: Vec<String>,
+    tls: bool,
     child: ChildGuard,
 }
 
@@ -60,13 +74,47 @@ impl RedisServer {
     /// A server that exits before it listens (its port was taken meanwhile) is started again
     /// on another port, up to [`START_ATTEMPTS`] times.
     pub fn start_with(aof: bool, extra: &[&str]) -> anyhow::Result<Self> {
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_in(tempfile::tempdir()?, aof, extra, false)
+    }
+
+    /// Starts a server with TLS and/or ACL users (see [`RedisSecurity`]) and extra arguments.
+    pub fn start_secured(security: &RedisSecurity, extra: &[&str]) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut args: Vec<String> = Vec::new();
+        if let Some(pki) = &security.tls {
+            let f = |name: &str| pki.join(name).display().to_string();
+            args.extend([
+                "--tls-cert-file".into(),
+                f("server.crt"),
+                "--tls-key-file".into(),
+                f("server.key"),
+                "--tls-ca-cert-file".into(),
+                f("ca.crt"),
+                "--tls-auth-clients".into(),
+                if security.tls_auth_clients { "yes" } else { "no" }.into(),
+            ]);
+        }
+        if !security.acl.is_empty() {
+            let aclfile = dir.path().join("users.acl");
+            std::fs::write(&aclfile, security.acl.join("\n") + "\n")?;
+            args.extend(["--aclfile".into(), aclfile.display().to_string()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_in(dir, false, args, security.tls.is_some())
+    }
+
+    fn start_in(
+        dir: tempfile::TempDir,
+        aof: bool,
+        extra: Vec<String>,
+        tls: bool,
+    ) -> anyhow::Result<Self> {
         let mut attempt = 1;
         loop {
             let port = free_port();
-            match spawn(port, dir.path(), aof, &extra) {
-                Ok(child) => return Ok(Self { port, dir, aof, extra, child }),
+            match spawn(port, dir.path(), aof, tls, &extra) {
+                Ok(child) => return Ok(Self { port, dir, aof, extra, tls, child }),
                 Err(Start::Exited(why)) if attempt < START_ATTEMPTS => {
                     eprintln!(
                         "redis-server on port {port} exited before listening ({why}); another port"
@@ -83,9 +131,10 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Its data directory.
@@ -101,7 +150,7 @@ impl RedisServer {
     /// Starts the server again on the same port and data directory (after [`Self::kill`]).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.child.kill();
-        self.child = spawn(self.port, self.dir.path(), self.aof, &self.extra)?;
+        self.child = spawn(self.port, self.dir.path(), self.aof, self.tls, &self.extra)?;
         Ok(())
     }
 }
@@ -132,15 +181,24 @@ impl std::fmt::Display for Start {
 
 impl std::error::Error for Start {}
 
-/// Starts redis-server on `port` and waits until it listens; its log goes to `redis.log` in
-/// `dir` (appended across restarts).
-fn spawn(port: u16, dir: &Path, aof: bool, extra: &[String]) -> Result<ChildGuard, Start> {
+/// Starts redis-server on `port` (its TLS port, with no plain port, when `tls`) and waits until
+/// it listens; its log goes to `redis.log` in `dir` (appended across restarts).
+fn spawn(
+    port: u16,
+    dir: &Path,
+    aof: bool,
+    tls: bool,
+    extra: &[String],
+) -> Result<ChildGuard, Start> {
     let bin = redis_server_binary()?;
     let log = dir.join("redis.log");
     let mut cmd = Command::new(bin);
-    cmd.arg("--port")
-        .arg(port.to_string())
-        .arg("--bind")
+    if tls {
+        cmd.arg("--port").arg("0").arg("--tls-port").arg(port.to_string());
+    } else {
+        cmd.arg("--port").arg(port.to_string());
+    }
+    cmd.arg("--bind")
         .arg("127.0.0.1")
         .arg("--dir")
         .arg(dir)
@@ -208,7 +266,7 @@ mod tests {
         let port = taken.local_addr().unwrap().port();
         let dir = tempfile::tempdir().unwrap();
         let started = Instant::now();
-        match spawn(port, dir.path(), false, &[]) {
+        match spawn(port, dir.path(), false, false, &[]) {
             Err(Start::Exited(log)) => {
                 assert!(log.contains(&port.to_string()), "log names the port: {log}");
             }

@@ -312,11 +312,8 @@ mod bench {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let shutdown = kjob_svc::Shutdown::new();
-            let config = kjob_queue::QueueConfig {
-                redis_url: redis_url.to_string(),
-                store: Default::default(),
-                security: kjob_queue::Security::InsecureNoAuth,
-            };
+            let config =
+                kjob_queue::QueueConfig::new(redis_url, kjob_queue::Security::InsecureNoAuth);
             let listeners = kjob_queue::Listeners::grpc(listener);
             let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
             let client = QueueClient::connect_lazy(&url)?;
