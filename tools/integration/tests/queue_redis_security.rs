@@ -160,6 +160,22 @@ async fn plain_clients_and_clients_trusting_another_ca_are_refused() {
     let text = format!("{e:#}");
     assert!(text.contains("--redis-ca-file") && !text.contains(PASSWORD), "{text}");
 
+    // Over TLS with the right CA but without kjob's password, or with another one: refused
+    // too, since Redis's `default` user is off.
+    for password in [None, Some("not-the-password".to_string())] {
+        let without = RedisOptions { password, ..options.clone() };
+        let url = format!("rediss://kjob@127.0.0.1:{}", redis.port());
+        let target = RedisTarget::new(&url, &without).unwrap();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(20),
+            Store::connect_to(target, StoreConfig::default()),
+        )
+        .await
+        .expect("a refusal, not a hang");
+        let e = refused.unwrap_err().to_string();
+        assert!(!e.contains(PASSWORD), "{e}");
+    }
+
     // The right CA and password work (the refusals above were about TLS, nothing else).
     let good = RedisTarget::new(&format!("rediss://kjob@127.0.0.1:{}", redis.port()), &options);
     Store::connect_to(good.unwrap(), StoreConfig::default()).await.unwrap().ping().await.unwrap();
