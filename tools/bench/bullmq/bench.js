@@ -4,21 +4,27 @@
 //   node bench.js throughput --port P --items N [--warmup W] [--batch B] [--concurrency C]
 //   node bench.js latency    --port P --items N --rate R [--concurrency C]
 //
+// With --tls-ca FILE [--username U --password P] it speaks TLS to a TLS-only Redis (verifying
+// its certificate against FILE) as that ACL user.
+//
 // Each mode warms up, prints `ready`, waits for a `go` line on stdin (the driver snapshots the
 // Redis counters in between), runs, and prints one JSON line with its figures and correctness
 // checks. It then waits for stdin to close before disconnecting, so teardown is not measured.
 'use strict';
 
 const { Queue, Worker } = require('bullmq');
+const fs = require('node:fs');
 const { performance } = require('node:perf_hooks');
 const readline = require('node:readline');
+
+const STRING_FLAGS = new Set(['tls-ca', 'username', 'password']);
 
 function args() {
   const a = process.argv.slice(2);
   const out = { mode: a[0], warmup: 1000, batch: 100, concurrency: 100, rate: 500 };
   for (let i = 1; i < a.length; i += 2) {
     const k = a[i].replace(/^--/, '');
-    out[k] = Number(a[i + 1]);
+    out[k] = STRING_FLAGS.has(k) ? a[i + 1] : Number(a[i + 1]);
   }
   return out;
 }
@@ -178,6 +184,9 @@ async function latency(o, connection) {
 async function main() {
   const o = args();
   const connection = { host: '127.0.0.1', port: o.port, maxRetriesPerRequest: null };
+  if (o['tls-ca']) connection.tls = { ca: fs.readFileSync(o['tls-ca']) };
+  if (o.username) connection.username = o.username;
+  if (o.password) connection.password = o.password;
   if (o.mode === 'throughput') await throughput(o, connection);
   else if (o.mode === 'latency') await latency(o, connection);
   else throw new Error(`unknown mode ${o.mode}; expected throughput or latency`);

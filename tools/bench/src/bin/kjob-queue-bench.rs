@@ -10,6 +10,11 @@
 //! latency p50/p99 with waiting lessees. Correctness gates (every key processed, none held by
 //! two lessees at once, queues empty) fail the run.
 //!
+//! `--security both` (the default) runs every system twice: plain (no TLS, no passwords) and
+//! secured as deploy/ runs kjob (Redis over TLS with ACL users, kjob-queue over mTLS with a
+//! worker certificate; BullMQ's ioredis over the same TLS as its own ACL user), and reports what
+//! TLS and authentication cost per item and per call.
+//!
 //! `kjob-queue-bench lessee` is a lessee process for crash and load tests: it leases keys and
 //! either finishes them (Done/Forget) as fast as it can, or, with `--hold`, keeps the leases
 //! without renewing them until it is killed (a worker that hung or died mid-sync).
@@ -155,7 +160,27 @@ mod bench {
         /// Do not pin Redis to core 0 and the clients to core 1.
         #[arg(long)]
         no_pin: bool,
+        /// Plain (no TLS, no passwords), TLS (Redis over TLS with ACL users, kjob-queue over
+        /// mTLS), or both one after the other.
+        #[arg(long, value_enum, default_value_t = SecurityMode::Both)]
+        security: SecurityMode,
     }
+
+    /// `--security`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+    pub enum SecurityMode {
+        /// No TLS, no passwords.
+        Plain,
+        /// Redis over TLS with ACL users; kjob-queue over mTLS.
+        Tls,
+        /// Plain, then TLS.
+        Both,
+    }
+
+    /// Passwords of the TLS Redis's ACL users (a private server on loopback for one run).
+    const KJOB_PASSWORD: &str = "kjob-bench-password";
+    const BULL_PASSWORD: &str = "bull-bench-password";
+    const ADMIN_PASSWORD: &str = "admin-bench-password";
 
     /// Add batch size (BullMQ's addBulk gets the same).
     const ADD_BATCH: usize = 100;
@@ -190,10 +215,137 @@ mod bench {
         }
     }
 
-    fn start_redis(bin: &str, pin: bool) -> anyhow::Result<Redis> {
+    /// What a secured run adds: the Redis CA and server certificate (testkit's PKI, which also
+    /// holds the aclfile) and kjob-queue's CA with its serving and a worker's certificate.
+    struct Secured {
+        redis_pki: kjob_testkit::TestPki,
+        queue_ca: String,
+        queue_server: kjob_queue::certs::Issued,
+        queue_worker: kjob_queue::certs::Issued,
+    }
+
+    impl Secured {
+        fn new() -> anyhow::Result<Self> {
+            let redis_pki = kjob_testkit::TestPki::generate("kjob-queue-bench redis")?;
+            let ca = kjob_queue::certs::Ca::new("kjob-queue-bench")?;
+            let acl = [
+                "user default off".to_string(),
+                format!("user admin on >{ADMIN_PASSWORD} ~* &* +@all"),
+                kjob_workqueue::acl::acl_user_line("kjob", &format!(">{KJOB_PASSWORD}")),
+                // BullMQ documents no minimal command list; its user may run everything.
+                format!("user bull on >{BULL_PASSWORD} ~* &* +@all"),
+            ];
+            std::fs::write(redis_pki.dir().join("users.acl"), acl.join("\n") + "\n")?;
+            Ok(Self {
+                queue_server: ca.server(&["127.0.0.1".to_string()])?,
+                queue_worker: ca.client(kjob_queue::auth::Role::Worker.name())?,
+                queue_ca: ca.own().cert_pem(),
+                redis_pki,
+            })
+        }
+    }
+
+    /// One private redis-server and how each side reaches it.
+    struct Setup {
+        redis: Redis,
+        secured: Option<Secured>,
+    }
+
+    impl Setup {
+        fn name(&self) -> &'static str {
+            if self.secured.is_some() { "TLS + auth" } else { "plain" }
+        }
+
+        /// The bench's own connection (counters, FLUSHALL).
+        async fn admin(&self) -> anyhow::Result<Conn> {
+            let port = self.redis.port;
+            let client = match &self.secured {
+                None => redis::Client::open(format!("redis://127.0.0.1:{port}"))?,
+                Some(s) => redis::Client::build_with_tls(
+                    format!("rediss://admin:{ADMIN_PASSWORD}@127.0.0.1:{port}"),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(std::fs::read(s.redis_pki.ca())?),
+                    },
+                )?,
+            };
+            Ok(client.get_multiplexed_async_connection().await?)
+        }
+
+        /// kjob-queue's configuration, the URL its clients dial and their security.
+        fn kjob(
+            &self,
+            grpc: SocketAddr,
+        ) -> (kjob_queue::QueueConfig, String, kjob_queue_client::QueueSecurity) {
+            let port = self.redis.port;
+            match &self.secured {
+                None => (
+                    kjob_queue::QueueConfig::new(
+                        format!("redis://127.0.0.1:{port}"),
+                        kjob_queue::Security::InsecureNoAuth,
+                    ),
+                    format!("http://{grpc}"),
+                    kjob_queue_client::QueueSecurity::Insecure,
+                ),
+                Some(s) => {
+                    let mut config = kjob_queue::QueueConfig::new(
+                        format!("rediss://127.0.0.1:{port}"),
+                        kjob_queue::Security::Tls {
+                            cert: s.queue_server.cert_pem().into_bytes(),
+                            key: s.queue_server.key_pem().into_bytes(),
+                            client_ca: s.queue_ca.clone().into_bytes(),
+                        },
+                    );
+                    config.redis = kjob_workqueue::RedisOptions {
+                        username: Some("kjob".into()),
+                        password: Some(KJOB_PASSWORD.into()),
+                        tls: kjob_workqueue::RedisTls {
+                            ca_file: Some(s.redis_pki.ca()),
+                            ..Default::default()
+                        },
+                    };
+                    let client = kjob_queue_client::QueueSecurity::Tls {
+                        ca: s.queue_ca.clone().into_bytes(),
+                        cert: s.queue_worker.cert_pem().into_bytes(),
+                        key: s.queue_worker.key_pem().into_bytes(),
+                    };
+                    (config, format!("https://{grpc}"), client)
+                }
+            }
+        }
+
+        /// The BullMQ driver's connection flags.
+        fn bull_args(&self) -> Vec<String> {
+            let mut a = vec!["--port".to_string(), self.redis.port.to_string()];
+            if let Some(s) = &self.secured {
+                a.extend(["--tls-ca".into(), s.redis_pki.ca().display().to_string()]);
+                a.extend(["--username".into(), "bull".into(), "--password".into()]);
+                a.push(BULL_PASSWORD.into());
+            }
+            a
+        }
+    }
+
+    /// Starts redis-server on a free port: plain, or (with `secured`) TLS only with its ACL users.
+    fn start_redis(bin: &str, pin: bool, secured: Option<Secured>) -> anyhow::Result<Setup> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = pinned(pin, 0, bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        let mut cmd = pinned(pin, 0, bin);
+        match &secured {
+            None => {
+                cmd.args(["--port", &port.to_string()]);
+            }
+            Some(s) => {
+                let f = |p: PathBuf| p.display().to_string();
+                cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+                    .args(["--tls-cert-file", &f(s.redis_pki.server_cert())])
+                    .args(["--tls-key-file", &f(s.redis_pki.server_key())])
+                    .args(["--tls-ca-cert-file", &f(s.redis_pki.ca())])
+                    .args(["--tls-auth-clients", "no"])
+                    .args(["--aclfile", &f(s.redis_pki.dir().join("users.acl"))]);
+            }
+        }
+        let child = cmd
+            .args(["--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "no", "--maxmemory-policy", "noeviction"])
             .args(["--io-threads", "1"])
             .stdout(Stdio::null())
@@ -207,7 +359,7 @@ mod bench {
             anyhow::ensure!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(redis)
+        Ok(Setup { redis, secured })
     }
 
     type Conn = redis::aio::MultiplexedConnection;
@@ -260,11 +412,23 @@ mod bench {
         items_per_s: f64,
         cmds_per_item: f64,
         cpu_us_per_item: f64,
+        /// CPU of the client side per item: this process for kjob (kjob-queue and its callers,
+        /// in process), the driver for BullMQ (its producer and Worker).
+        client_cpu_us_per_item: f64,
+        /// RPCs per item (kjob only: Add, Lease and DoneBatch calls).
+        calls_per_item: Option<f64>,
         /// The commands that took most time: (name, calls per item, µs per item).
         top: Vec<(String, f64, f64)>,
     }
 
-    fn round(items: usize, took: Duration, before: &Counters, after: &Counters) -> Round {
+    fn round(
+        items: usize,
+        took: Duration,
+        before: &Counters,
+        after: &Counters,
+        client_cpu_s: f64,
+        calls: Option<u64>,
+    ) -> Round {
         let n = items as f64;
         let mut top: Vec<(String, f64, f64)> = after
             .by_command
@@ -280,6 +444,8 @@ mod bench {
             items_per_s: n / took.as_secs_f64(),
             cmds_per_item: (after.calls.saturating_sub(before.calls)) as f64 / n,
             cpu_us_per_item: (after.cpu_s - before.cpu_s) * 1e6 / n,
+            client_cpu_us_per_item: client_cpu_s * 1e6 / n,
+            calls_per_item: calls.map(|c| c as f64 / n),
             top,
         }
     }
@@ -308,15 +474,13 @@ mod bench {
     }
 
     impl Service {
-        async fn start(redis_url: &str) -> anyhow::Result<Self> {
+        async fn start(setup: &Setup) -> anyhow::Result<Self> {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let url = format!("http://{}", listener.local_addr()?);
+            let (config, url, security) = setup.kjob(listener.local_addr()?);
             let shutdown = kjob_svc::Shutdown::new();
-            let config =
-                kjob_queue::QueueConfig::new(redis_url, kjob_queue::Security::InsecureNoAuth);
             let listeners = kjob_queue::Listeners::grpc(listener);
             let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-            let client = QueueClient::connect_lazy(&url)?;
+            let client = QueueClient::connect_lazy_with(&url, &security)?;
             client.stats("job").await?; // waits (with retries) until the server is up
             Ok(Self { client, shutdown, task })
         }
@@ -329,25 +493,28 @@ mod bench {
     }
 
     /// Adds `items` keys in batches while `lessees` lease (batches of 50) and finish them;
-    /// returns the time until every key was processed.
+    /// returns the time until every key was processed and the RPCs it took.
     async fn throughput(
         c: &QueueClient,
         items: usize,
         lessees: usize,
         prefix: &str,
-    ) -> anyhow::Result<Duration> {
+    ) -> anyhow::Result<(Duration, u64)> {
         let ledger = Arc::new(Mutex::new(Ledger::default()));
         let unique = Arc::new(AtomicU64::new(0));
+        let calls = Arc::new(AtomicU64::new(0));
         let start = Instant::now();
         let mut tasks = Vec::new();
         for w in 0..lessees {
-            let (c, ledger, unique) = (c.clone(), ledger.clone(), unique.clone());
+            let (c, ledger, unique, calls) =
+                (c.clone(), ledger.clone(), unique.clone(), calls.clone());
             tasks.push(tokio::spawn(async move {
                 let worker = format!("bench-{w}");
                 while unique.load(Ordering::SeqCst) < items as u64 {
                     let got = c
                         .lease("job", LEASE_BATCH, LEASE, Duration::from_millis(100), &worker)
                         .await?;
+                    calls.fetch_add(1 + u64::from(!got.is_empty()), Ordering::Relaxed);
                     {
                         let mut l = ledger.lock();
                         for it in &got {
@@ -392,6 +559,7 @@ mod bench {
                 .map(|k| AddItem { queue: "job".into(), key: k.clone(), ..Default::default() })
                 .collect();
             c.add(batch).await?;
+            calls.fetch_add(1, Ordering::Relaxed);
         }
         for t in tasks {
             tokio::time::timeout(ROUND_TIMEOUT, t).await.context("throughput round stuck")???;
@@ -408,24 +576,31 @@ mod bench {
             s.ready + s.delayed + s.leased == 0,
             "GATE: queue not empty after the round: {s:?}"
         );
-        Ok(took)
+        Ok((took, calls.load(Ordering::Relaxed)))
+    }
+
+    /// CPU seconds `pid` has used so far.
+    fn cpu_of(pid: u32) -> anyhow::Result<f64> {
+        Ok(kjob_bench::procfs::read_usage(pid, kjob_bench::procfs::clock_ticks())?.cpu_secs)
     }
 
     async fn kjob_round(
+        setup: &Setup,
         conn: &mut Conn,
-        redis_url: &str,
         items: usize,
         warmup: usize,
         lessees: usize,
     ) -> anyhow::Result<Round> {
         reset(conn).await?;
-        let svc = Service::start(redis_url).await?;
+        let svc = Service::start(setup).await?;
         throughput(&svc.client, warmup, lessees, "warm").await?;
         let before = counters(conn).await?;
-        let took = throughput(&svc.client, items, lessees, "bench").await?;
+        let cpu0 = cpu_of(std::process::id())?;
+        let (took, calls) = throughput(&svc.client, items, lessees, "bench").await?;
+        let cpu = cpu_of(std::process::id())? - cpu0;
         let after = counters(conn).await?;
         svc.stop().await?;
-        Ok(round(items, took, &before, &after))
+        Ok(round(items, took, &before, &after, cpu, Some(calls)))
     }
 
     async fn latency(
@@ -521,15 +696,18 @@ mod bench {
             l.context("BullMQ driver exited early")
         }
 
-        /// Waits for `ready`, runs `before`, says `go`, returns the result line.
-        async fn run(&mut self, conn: &mut Conn) -> anyhow::Result<(Counters, String)> {
+        /// Waits for `ready`, snapshots the Redis counters, says `go`; returns the counters
+        /// before, the result line and the driver's CPU seconds in between.
+        async fn run(&mut self, conn: &mut Conn) -> anyhow::Result<(Counters, String, f64)> {
             let ready = self.line().await?;
             anyhow::ensure!(ready == "ready", "BullMQ driver said {ready:?}");
             let before = counters(conn).await?;
+            let pid = self.child.id().context("BullMQ driver's pid")?;
+            let cpu0 = cpu_of(pid)?;
             self.stdin.write_all(b"go\n").await?;
             self.stdin.flush().await?;
             let result = self.line().await?;
-            Ok((before, result))
+            Ok((before, result, cpu_of(pid)? - cpu0))
         }
 
         async fn finish(self) -> anyhow::Result<()> {
@@ -562,41 +740,43 @@ mod bench {
     async fn bull_round(
         args: &BenchArgs,
         pin: bool,
+        setup: &Setup,
         conn: &mut Conn,
-        port: u16,
     ) -> anyhow::Result<Round> {
         reset(conn).await?;
-        let mode = ["throughput", "--port", &port.to_string(), "--items", &args.items.to_string()]
+        let mode = ["throughput".to_string()]
             .into_iter()
-            .chain(["--warmup", &args.warmup.to_string(), "--batch", &ADD_BATCH.to_string()])
-            .chain(["--concurrency", &BULL_CONCURRENCY.to_string()])
-            .map(String::from)
+            .chain(setup.bull_args())
+            .chain(["--items".to_string(), args.items.to_string()])
+            .chain(["--warmup".to_string(), args.warmup.to_string()])
+            .chain(["--batch".to_string(), ADD_BATCH.to_string()])
+            .chain(["--concurrency".to_string(), BULL_CONCURRENCY.to_string()])
             .collect::<Vec<_>>();
         let mut node = Node::spawn(args, pin, &mode)?;
-        let (before, v) = node.run(conn).await?;
+        let (before, v, cpu) = node.run(conn).await?;
         let after = counters(conn).await?;
         node.finish().await?;
         bull_gates(&v, args.items)?;
         let took = Duration::from_secs_f64(num(&v, "elapsed_ms")? / 1000.0);
-        Ok(round(args.items, took, &before, &after))
+        Ok(round(args.items, took, &before, &after, cpu, None))
     }
 
     async fn bull_latency(
         args: &BenchArgs,
         pin: bool,
+        setup: &Setup,
         conn: &mut Conn,
-        port: u16,
     ) -> anyhow::Result<[f64; 3]> {
         reset(conn).await?;
-        let mode = ["latency", "--port", &port.to_string()]
+        let mode = ["latency".to_string()]
             .into_iter()
-            .chain(["--items", &args.latency_items.to_string()])
-            .chain(["--rate", &args.latency_rate.to_string()])
-            .chain(["--concurrency", &BULL_CONCURRENCY.to_string()])
-            .map(String::from)
+            .chain(setup.bull_args())
+            .chain(["--items".to_string(), args.latency_items.to_string()])
+            .chain(["--rate".to_string(), args.latency_rate.to_string()])
+            .chain(["--concurrency".to_string(), BULL_CONCURRENCY.to_string()])
             .collect::<Vec<_>>();
         let mut node = Node::spawn(args, pin, &mode)?;
-        let (_, v) = node.run(conn).await?;
+        let (_, v, _) = node.run(conn).await?;
         node.finish().await?;
         bull_gates(&v, args.latency_items)?;
         Ok([num(&v, "p50_ms")?, num(&v, "p99_ms")?, num(&v, "max_ms")?])
@@ -674,10 +854,14 @@ mod bench {
         if !args.skip_bullmq {
             npm_ci(&args.bullmq_dir)?;
         }
-        let redis = start_redis(&args.redis_server, pin)?;
-        let redis_url = format!("redis://127.0.0.1:{}", redis.port);
-        let mut conn =
-            redis::Client::open(redis_url.as_str())?.get_multiplexed_async_connection().await?;
+        let mut setups = Vec::new();
+        if args.security != SecurityMode::Tls {
+            setups.push(start_redis(&args.redis_server, pin, None)?);
+        }
+        if args.security != SecurityMode::Plain {
+            setups.push(start_redis(&args.redis_server, pin, Some(Secured::new()?))?);
+        }
+        let mut conn = setups[0].admin().await?;
         let version: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
         let version = version
             .lines()
@@ -693,10 +877,12 @@ mod bench {
             args.warmup,
             args.rounds
         );
-        let zadd =
-            redis_benchmark(&args.redis_benchmark, pin, redis.port, "zadd", args.zadd_requests);
-        let lpush =
-            redis_benchmark(&args.redis_benchmark, pin, redis.port, "lpush", args.zadd_requests);
+        let plain = setups.iter().find(|s| s.secured.is_none());
+        let bench = |test| {
+            let port = plain?.redis.port;
+            redis_benchmark(&args.redis_benchmark, pin, port, test, args.zadd_requests)
+        };
+        let (zadd, lpush) = (bench("zadd"), bench("lpush"));
         let show = |v: Option<f64>| v.map(|v| format!("{v:.0} ops/s")).unwrap_or("not run".into());
         println!("redis-benchmark ZADD (raw ceiling): {}; LPUSH: {}", show(zadd), show(lpush));
 
@@ -708,43 +894,99 @@ mod bench {
         if !args.skip_bullmq {
             systems.push((format!("BullMQ 6.7.0, Worker concurrency {BULL_CONCURRENCY}"), None));
         }
-        let mut results: Vec<Vec<Round>> = vec![Vec::new(); systems.len()];
-        for r in 0..args.rounds {
-            let mut order: Vec<usize> = (0..systems.len()).collect();
-            if r % 2 == 1 {
-                order.reverse();
+        let mut all: Vec<Vec<Vec<Round>>> = Vec::new();
+        for setup in &setups {
+            let mut conn = setup.admin().await?;
+            let mut results: Vec<Vec<Round>> = vec![Vec::new(); systems.len()];
+            for r in 0..args.rounds {
+                let mut order: Vec<usize> = (0..systems.len()).collect();
+                if r % 2 == 1 {
+                    order.reverse();
+                }
+                for i in order {
+                    let res = match systems[i].1 {
+                        Some(l) => kjob_round(setup, &mut conn, args.items, args.warmup, l).await?,
+                        None => bull_round(&args, pin, setup, &mut conn).await?,
+                    };
+                    eprintln!(
+                        "{} round {r}: {}: {:.0} items/s",
+                        setup.name(),
+                        systems[i].0,
+                        res.items_per_s
+                    );
+                    results[i].push(res);
+                }
             }
-            for i in order {
-                let res = match systems[i].1 {
-                    Some(l) => {
-                        kjob_round(&mut conn, &redis_url, args.items, args.warmup, l).await?
-                    }
-                    None => bull_round(&args, pin, &mut conn, redis.port).await?,
-                };
-                eprintln!("round {r}: {}: {:.0} items/s", systems[i].0, res.items_per_s);
-                results[i].push(res);
+            report(setup, &systems, &results, if setup.secured.is_none() { zadd } else { None });
+            println!();
+            println!(
+                "enqueue→lease latency, {} items at {}/s, lessees waiting (target p99 ≤ 5 ms):",
+                args.latency_items, args.latency_rate
+            );
+            for l in [1usize, many] {
+                reset(&mut conn).await?;
+                let svc = Service::start(setup).await?;
+                let v = latency(&svc.client, args.latency_items, l, args.latency_rate).await?;
+                svc.stop().await?;
+                println!(
+                    "  kjob, {l} waiting lessee(s): p50 {:.2?} p99 {:.2?} max {:.2?}",
+                    percentile(&v, 0.5),
+                    percentile(&v, 0.99),
+                    v.last().copied().unwrap_or_default(),
+                );
             }
+            if !args.skip_bullmq {
+                let [p50, p99, max] = bull_latency(&args, pin, setup, &mut conn).await?;
+                println!(
+                    "  BullMQ, Worker concurrency {BULL_CONCURRENCY} waiting: p50 {p50:.2}ms p99 {p99:.2}ms max {max:.2}ms"
+                );
+            }
+            all.push(results);
         }
-
+        if let [plain, secured] = &all[..] {
+            security_cost(&systems, plain, secured);
+        }
         println!();
         println!(
-            "{:<44} {:>24} {:>14} {:>20} {:>12}",
+            "correctness gates passed: every key processed, none held twice at once, queues empty"
+        );
+        Ok(())
+    }
+
+    /// The throughput table, the costliest commands and the ratios against BullMQ of one setup.
+    fn report(
+        setup: &Setup,
+        systems: &[(String, Option<usize>)],
+        results: &[Vec<Round>],
+        zadd: Option<f64>,
+    ) {
+        println!();
+        println!("## {}", setup.name());
+        if setup.secured.is_some() {
+            println!(
+                "Redis serves TLS only (ACL users, `default` off; kjob as deploy's user with exactly its commands, BullMQ as a user allowed every command); kjob-queue serves mTLS and its callers present a kjob-worker certificate; BullMQ's ioredis speaks TLS to the same Redis."
+            );
+        }
+        println!();
+        println!(
+            "{:<44} {:>24} {:>14} {:>20} {:>18} {:>12}",
             "system",
             "items/s med [min–max]",
             "Redis cmds/item",
             "Redis CPU µs/item",
+            "client CPU µs/item",
             "÷ ZADD ops/s"
         );
         for (i, (name, _)) in systems.iter().enumerate() {
-            let ips: Vec<f64> = results[i].iter().map(|r| r.items_per_s).collect();
-            let cmds: Vec<f64> = results[i].iter().map(|r| r.cmds_per_item).collect();
-            let cpu: Vec<f64> = results[i].iter().map(|r| r.cpu_us_per_item).collect();
+            let of = |f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<f64>>();
+            let ips = of(|r| r.items_per_s);
             let frac = zadd.map(|z| format!("{:.3}", spread(&ips).0 / z)).unwrap_or("-".into());
             println!(
-                "{name:<44} {:>24} {:>14.2} {:>20} {frac:>12}",
+                "{name:<44} {:>24} {:>14.2} {:>20} {:>18} {frac:>12}",
                 fmt_spread(&ips, 0),
-                spread(&cmds).0,
-                fmt_spread(&cpu, 1)
+                spread(&of(|r| r.cmds_per_item)).0,
+                fmt_spread(&of(|r| r.cpu_us_per_item), 1),
+                fmt_spread(&of(|r| r.client_cpu_us_per_item), 1),
             );
         }
         println!();
@@ -758,58 +1000,69 @@ mod bench {
                 println!("  {name}: {}", top.join(", "));
             }
         }
-        if !args.skip_bullmq {
-            let bull = systems.len() - 1;
-            println!();
-            println!("ratios per round (pairs run back to back), median [min–max]:");
-            for k in 0..bull {
-                let thr: Vec<f64> = results[k]
-                    .iter()
-                    .zip(&results[bull])
-                    .map(|(a, b)| a.items_per_s / b.items_per_s)
-                    .collect();
-                let cpu: Vec<f64> = results[k]
-                    .iter()
-                    .zip(&results[bull])
-                    .map(|(a, b)| b.cpu_us_per_item / a.cpu_us_per_item)
-                    .collect();
-                println!(
-                    "  {}: items/s ×{} of BullMQ (target ≥ 3); Redis CPU per item BullMQ ÷ kjob = {} (target ≥ 3)",
-                    systems[k].0,
-                    fmt_spread(&thr, 2),
-                    fmt_spread(&cpu, 2)
-                );
-            }
+        let Some(bull) = systems.iter().position(|(_, lessees)| lessees.is_none()) else {
+            return;
+        };
+        println!();
+        println!("ratios per round (pairs run back to back), median [min–max]:");
+        for k in 0..bull {
+            let pair = |f: fn(&Round, &Round) -> f64| {
+                results[k].iter().zip(&results[bull]).map(|(a, b)| f(a, b)).collect::<Vec<f64>>()
+            };
+            println!(
+                "  {}: items/s ×{} of BullMQ (target ≥ 3); Redis CPU per item BullMQ ÷ kjob = {} (target ≥ 3)",
+                systems[k].0,
+                fmt_spread(&pair(|a, b| a.items_per_s / b.items_per_s), 2),
+                fmt_spread(&pair(|a, b| b.cpu_us_per_item / a.cpu_us_per_item), 2)
+            );
         }
+    }
 
+    /// What TLS and authentication cost each system: throughput and CPU, secured against plain
+    /// (medians of each setup's rounds), and for kjob the added CPU per RPC.
+    fn security_cost(
+        systems: &[(String, Option<usize>)],
+        plain: &[Vec<Round>],
+        tls: &[Vec<Round>],
+    ) {
+        let med =
+            |rs: &[Round], f: fn(&Round) -> f64| spread(&rs.iter().map(f).collect::<Vec<_>>()).0;
+        println!();
+        println!("## what TLS and authentication cost (medians, TLS + auth against plain)");
         println!();
         println!(
-            "enqueue→lease latency, {} items at {}/s, lessees waiting (target p99 ≤ 5 ms):",
-            args.latency_items, args.latency_rate
+            "{:<44} {:>14} {:>24} {:>24} {:>26}",
+            "system",
+            "items/s ratio",
+            "Redis CPU µs/item",
+            "client CPU µs/item",
+            "added CPU µs per RPC"
         );
-        for l in [1usize, many] {
-            reset(&mut conn).await?;
-            let svc = Service::start(&redis_url).await?;
-            let v = latency(&svc.client, args.latency_items, l, args.latency_rate).await?;
-            svc.stop().await?;
+        for (i, (name, _)) in systems.iter().enumerate() {
+            let (p, t) = (&plain[i][..], &tls[i][..]);
+            let redis = (med(p, |r| r.cpu_us_per_item), med(t, |r| r.cpu_us_per_item));
+            let client =
+                (med(p, |r| r.client_cpu_us_per_item), med(t, |r| r.client_cpu_us_per_item));
+            let per_call = med(t, |r| r.calls_per_item.unwrap_or(f64::NAN));
+            let per_rpc = if per_call.is_finite() && per_call > 0.0 {
+                format!(
+                    "{:.0} (kjob side) + {:.0} (Redis)",
+                    (client.1 - client.0) / per_call,
+                    (redis.1 - redis.0) / per_call
+                )
+            } else {
+                "-".to_string()
+            };
             println!(
-                "  kjob, {l} waiting lessee(s): p50 {:.2?} p99 {:.2?} max {:.2?}",
-                percentile(&v, 0.5),
-                percentile(&v, 0.99),
-                v.last().copied().unwrap_or_default(),
+                "{name:<44} {:>14} {:>24} {:>24} {per_rpc:>26}",
+                format!("×{:.2}", med(t, |r| r.items_per_s) / med(p, |r| r.items_per_s)),
+                format!("{:.1} → {:.1}", redis.0, redis.1),
+                format!("{:.1} → {:.1}", client.0, client.1),
             );
         }
-        if !args.skip_bullmq {
-            let [p50, p99, max] = bull_latency(&args, pin, &mut conn, redis.port).await?;
-            println!(
-                "  BullMQ, Worker concurrency {BULL_CONCURRENCY} waiting: p50 {p50:.2}ms p99 {p99:.2}ms max {max:.2}ms"
-            );
-        }
-        println!();
         println!(
-            "correctness gates passed: every key processed, none held twice at once, queues empty"
+            "kjob's client CPU is this process: kjob-queue and its callers in one process, so each RPC's TLS is paid on both ends; BullMQ's is its driver (producer and Worker); an RPC here is an Add of {ADD_BATCH} keys, a Lease of up to {LEASE_BATCH} or their DoneBatch."
         );
-        Ok(())
     }
 }
 
