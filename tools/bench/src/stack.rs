@@ -64,9 +64,20 @@ pub fn worker_admin_urls(stack: &Stack) -> Vec<String> {
     stack.workers().iter().filter_map(|w| stack.admin_url(w)).collect()
 }
 
-/// The Redis URL of the stack, unless it runs kjob-sim alone.
-pub fn redis_url(stack: &Stack) -> Option<&str> {
-    stack.pid(REDIS).map(|_| stack.redis_url.as_str())
+/// A client of the stack's Redis (over TLS as its admin user when the stack runs Redis as
+/// deploy/ does), unless it runs kjob-sim alone.
+pub fn redis_client(stack: &Stack) -> anyhow::Result<Option<redis::Client>> {
+    if stack.pid(REDIS).is_none() {
+        return Ok(None);
+    }
+    let url = stack.redis_url.as_str();
+    Ok(Some(match &stack.redis_ca {
+        None => redis::Client::open(url)?,
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates { client_tls: None, root_cert: Some(std::fs::read(ca)?) },
+        )?,
+    }))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::stack::{Stack, redis_url, worker_admin_urls};
+use crate::stack::{Stack, redis_client, worker_admin_urls};
 
 /// Timeout of every single API, metrics or Redis call the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -61,8 +61,7 @@ pub async fn snapshot(
         }
         syncs += promtext::total(&text, "job_controller_job_syncs_total");
     }
-    let redis = if let Some(url) = redis_url(stack) {
-        let client = redis::Client::open(url)?;
+    let redis = if let Some(client) = redis_client(stack)? {
         let info: String = tokio::time::timeout(CALL_TIMEOUT, async {
             let mut con = client.get_multiplexed_async_connection().await?;
             redis::cmd("INFO").arg("commandstats").query_async::<String>(&mut con).await

@@ -357,9 +357,19 @@ async fn a_secure_stack_runs_a_job_to_completion() {
     let redis = kjob_testkit::redis::redis_server_binary().expect("redis-server");
     let run = tempfile::tempdir().unwrap();
     let mut cfg = StackConfig::new(bin_dir, redis, run.path().to_path_buf(), 1);
-    cfg.tls = true;
+    (cfg.tls, cfg.redis_tls) = (true, true);
     let stack = tokio::task::block_in_place(|| kjob_testkit::Stack::start(cfg)).expect("stack");
     assert!(stack.queue_url.starts_with("https://"), "{}", stack.queue_url);
+    // Redis as deployed: TLS only, and no plaintext client gets an answer on its port.
+    let redis_port = stack.redis_url.rsplit(':').next().unwrap().to_string();
+    assert!(stack.redis_url.starts_with("rediss://"), "{}", stack.redis_url);
+    let plain = redis::Client::open(format!("redis://127.0.0.1:{redis_port}")).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut c = plain.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut c).await
+    })
+    .await;
+    assert!(!matches!(answer, Ok(Ok(_))), "a plaintext PING was answered: {answer:?}");
     let client = stack_common::client(&stack).await;
     stack_common::create_namespace(&client, "secure").await;
     let api: Api<Job> = Api::namespaced(client, "secure");
@@ -379,4 +389,13 @@ async fn a_secure_stack_runs_a_job_to_completion() {
     let text = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();
     let refused = stack_common::metric_sum(&text, "kjob_queue_auth_refused_total", &[]);
     assert_eq!(refused, 0.0, "{}", logs());
+    // kjob-queue did its work as the ACL user `kjob`, over TLS: Redis saw its scripts run.
+    let ca = std::fs::read(stack.redis_ca.as_ref().unwrap()).unwrap();
+    let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(ca) };
+    let admin = redis::Client::build_with_tls(stack.redis_url.as_str(), certs).unwrap();
+    let mut c = admin.get_multiplexed_async_connection().await.unwrap();
+    let users: Vec<String> = redis::cmd("ACL").arg("USERS").query_async(&mut c).await.unwrap();
+    assert!(users.contains(&"kjob".to_string()), "{users:?}");
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
 }

@@ -55,6 +55,8 @@ pub const WATCHER_SECRET: &str = "kjob-watcher-tls";
 pub const WORKER_SECRET: &str = "kjob-worker-tls";
 /// The read-only inspector role's certificate.
 pub const INSPECTOR_SECRET: &str = "kjob-inspector-tls";
+/// The file (in the run folder) holding the Redis password of kjob's ACL user, with `redis_tls`.
+pub const REDIS_PASSWORD: &str = "redis-password";
 
 /// The kjob binaries a stack runs, all built by `cargo build --bins`.
 pub const BINARIES: [&str; 4] = ["kjob-sim", "kjob-queue", "kjob-watcher", "kjob-worker"];
@@ -127,6 +129,11 @@ pub struct StackConfig {
     /// the watchers and workers on their roles' certificates, an `https://` queue URL) instead
     /// of `--insecure-no-auth`.
     pub tls: bool,
+    /// Redis as deploy/ runs it (with `tls`): TLS only, the `default` user off, kjob-queue as
+    /// the ACL user `kjob` with exactly kjob's commands ([`kjob_workqueue::acl::ACL_RULES`]) and
+    /// its password from a file. [`Stack::redis_url`] then names an admin user, and
+    /// [`Stack::redis_ca`] the CA its certificate is signed by.
+    pub redis_tls: bool,
 }
 
 impl StackConfig {
@@ -145,6 +152,7 @@ impl StackConfig {
             own_process_groups: false,
             real: None,
             tls: false,
+            redis_tls: false,
         }
     }
 }
@@ -233,8 +241,11 @@ pub struct Stack {
     pub kubeconfig: PathBuf,
     /// kjob-queue's gRPC URL.
     pub queue_url: String,
-    /// redis-server's URL.
+    /// redis-server's URL (for the stack's own readers: with `redis_tls`, a `rediss://` URL
+    /// with an admin user's credentials).
     pub redis_url: String,
+    /// With `redis_tls`: the CA that signed Redis's certificate.
+    pub redis_ca: Option<PathBuf>,
     /// Folder of the log files.
     pub log_dir: PathBuf,
     /// The proxy the services reach the real server through ([`RealServer::fault_proxy`]).
@@ -285,6 +296,7 @@ impl Stack {
             kubeconfig: kubeconfig.clone(),
             queue_url: format!("{scheme}://127.0.0.1:{grpc_port}"),
             redis_url: format!("redis://127.0.0.1:{redis_port}"),
+            redis_ca: None,
             log_dir,
             cfg: cfg.clone(),
             proxy: None,
@@ -299,10 +311,12 @@ impl Stack {
             stack.proxy = Some(proxy);
         }
 
-        let mut args_redis: Vec<String> =
-            ["--port", &redis_port.to_string(), "--bind", "127.0.0.1", "--dir"]
-                .map(String::from)
-                .into();
+        let mut args_redis: Vec<String> = if cfg.redis_tls {
+            stack.secure_redis_args(redis_port)?
+        } else {
+            vec!["--port".into(), redis_port.to_string()]
+        };
+        args_redis.extend(["--bind", "127.0.0.1", "--dir"].map(String::from));
         args_redis.push(redis_dir.display().to_string());
         args_redis.extend(
             ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
@@ -354,9 +368,17 @@ impl Stack {
         let admin = free_port();
         let mut args = vec![
             format!("--listen=127.0.0.1:{grpc_port}"),
-            format!("--redis-url={}", stack.redis_url),
             format!("--admin-listen=127.0.0.1:{admin}"),
         ];
+        match &stack.redis_ca {
+            Some(ca) => args.extend([
+                format!("--redis-url=rediss://127.0.0.1:{redis_port}"),
+                "--redis-username=kjob".into(),
+                format!("--redis-password-file={}", cfg.run_dir.join(REDIS_PASSWORD).display()),
+                format!("--redis-ca-file={}", ca.display()),
+            ]),
+            None => args.push(format!("--redis-url={}", stack.redis_url)),
+        }
         args.extend(stack.queue_security_flags()?);
         args.extend(cfg.extra_args.of(Program::Queue).iter().cloned());
         let spec = stack.spec(cfg.bin_dir.join(QUEUE), args, grpc_port, Some(admin));
@@ -399,10 +421,49 @@ impl Stack {
         self.cfg.tls.then(|| self.cfg.run_dir.join("certs"))
     }
 
-    /// kjob-queue's security flags: its certificates (written by `kjob-queue certs` on first
-    /// use) or `--insecure-no-auth`.
-    fn queue_security_flags(&self) -> anyhow::Result<Vec<String>> {
-        let Some(dir) = self.cert_dir() else { return Ok(vec!["--insecure-no-auth".into()]) };
+    /// redis-server's flags for `redis_tls`: TLS only on `port` with kjob-queue's serving
+    /// certificate (it names 127.0.0.1), and an aclfile with `default` off, an admin user for
+    /// the stack's readers and kjob's user, whose password goes to a file for kjob-queue.
+    fn secure_redis_args(&mut self, port: u16) -> anyhow::Result<Vec<String>> {
+        let dir = self.certs()?.context("Redis over TLS needs the stack's certificates (`tls`)")?;
+        let kjob_password = format!("{:032x}", rand::random::<u128>());
+        let admin_password = format!("{:032x}", rand::random::<u128>());
+        let run_dir = &self.cfg.run_dir;
+        std::fs::write(run_dir.join(REDIS_PASSWORD), &kjob_password)?;
+        let acl = [
+            "user default off".to_string(),
+            format!("user admin on >{admin_password} ~* &* +@all"),
+            kjob_workqueue::acl::acl_user_line("kjob", &format!(">{kjob_password}")),
+        ];
+        let aclfile = run_dir.join("redis-users.acl");
+        std::fs::write(&aclfile, acl.join("\n") + "\n")?;
+        let server = dir.join(QUEUE_SECRET);
+        let ca = dir.join("ca.crt");
+        self.redis_url = format!("rediss://admin:{admin_password}@127.0.0.1:{port}");
+        self.redis_ca = Some(ca.clone());
+        let path = |p: PathBuf| p.display().to_string();
+        Ok(vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            path(server.join("tls.crt")),
+            "--tls-key-file".into(),
+            path(server.join("tls.key")),
+            "--tls-ca-cert-file".into(),
+            path(ca),
+            "--tls-auth-clients".into(),
+            "no".into(),
+            "--aclfile".into(),
+            path(aclfile),
+        ])
+    }
+
+    /// The stack's certificate folder with `kjob-queue certs`' files written on first use, or
+    /// `None` when the stack serves plaintext.
+    fn certs(&self) -> anyhow::Result<Option<PathBuf>> {
+        let Some(dir) = self.cert_dir() else { return Ok(None) };
         if !dir.join("ca.crt").is_file() {
             let out = Command::new(self.cfg.bin_dir.join(QUEUE))
                 .args(["certs", "--host=127.0.0.1", "--host=localhost"])
@@ -414,6 +475,12 @@ impl Stack {
                 bail!("kjob-queue certs: {}", String::from_utf8_lossy(&out.stderr).trim());
             }
         }
+        Ok(Some(dir))
+    }
+
+    /// kjob-queue's security flags: its certificates or `--insecure-no-auth`.
+    fn queue_security_flags(&self) -> anyhow::Result<Vec<String>> {
+        let Some(dir) = self.certs()? else { return Ok(vec!["--insecure-no-auth".into()]) };
         let s = dir.join(QUEUE_SECRET);
         Ok(vec![
             format!("--tls-cert-file={}", s.join("tls.crt").display()),

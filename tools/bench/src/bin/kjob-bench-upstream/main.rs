@@ -88,6 +88,11 @@ struct Args {
     /// run's cluster folder) and report where it went; `false` leaves profiling off.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     apiserver_profile: bool,
+    /// Run kjob secured as deploy/ runs it: kjob-queue over mTLS, sealed views with a view key,
+    /// Redis over TLS with kjob's ACL user; `false` runs every link in plaintext
+    /// (`--insecure-no-auth`, plain Redis).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    kjob_secure: bool,
 }
 
 /// Sizes after `--quick` and the explicit flags.
@@ -144,6 +149,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         worker_kube_qps,
         worker_kube_burst,
         apiserver_profile,
+        kjob_secure,
     } = args;
     let configs: Vec<Configuration> = configs
         .iter()
@@ -182,6 +188,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         service_log,
         ticks: kjob_bench::procfs::clock_ticks(),
         apiserver_profile,
+        kjob_secure,
     };
     let started = Instant::now();
     let mut report = UpstreamReport {
@@ -210,6 +217,14 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         (
             "pods".into(),
             json!(format!("run {} ms each on {nodes} fake nodes", pod_run_time.as_millis())),
+        ),
+        (
+            "kjob security".into(),
+            json!(if env.kjob_secure {
+                "as deployed: kjob-queue over mTLS, sealed views, Redis over TLS as kjob's ACL user"
+            } else {
+                "off: plaintext gRPC (--insecure-no-auth) and plain Redis"
+            }),
         ),
     ]);
     let slots = upstream::schedule(configs.len(), &workloads, sz.passes);

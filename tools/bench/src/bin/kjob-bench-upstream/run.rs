@@ -85,6 +85,8 @@ pub struct Env {
     pub ticks: f64,
     /// Whether kube-apiserver's CPU is profiled through each run.
     pub apiserver_profile: bool,
+    /// Whether kjob runs secured as deploy/ runs it (mTLS, view key, Redis TLS and ACL user).
+    pub kjob_secure: bool,
 }
 
 /// Counters and process usage at one moment.
@@ -233,6 +235,7 @@ pub async fn run(
                 .add(Program::Worker, ["--manage-all-jobs"])
                 .add(Program::Worker, worker_flags);
             sc.env = vec![("RUST_LOG".into(), env.service_log.clone())];
+            (sc.tls, sc.redis_tls) = (env.kjob_secure, env.kjob_secure);
             let stack = tokio::task::block_in_place(|| -> anyhow::Result<Stack> {
                 let s = Stack::start(sc)?;
                 s.wait_for_leader(LEADER_TIMEOUT)?;
