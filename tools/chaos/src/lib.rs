@@ -46,6 +46,9 @@ const NAMESPACE: &str = "chaos";
 /// Lease timings short enough for several failovers per run (client-go's are 15/10/2 s).
 const WATCHER_ARGS: [&str; 4] =
     ["--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "--resync-period=20s"];
+/// How long before the master dies a lagging replica stops replicating: long enough to miss
+/// several lease grants, Dones and Adds of a busy run.
+const FAILOVER_LAG: Duration = Duration::from_millis(500);
 /// A killed worker's leases come back after this long.
 const WORKER_ARGS: [&str; 1] = ["--lease-duration=5s"];
 
@@ -91,6 +94,12 @@ pub enum Fault {
     RestartRedis,
     /// SIGKILL the watcher holding the Lease (and start it again as a standby).
     KillLeader,
+    /// SIGKILL redis-server, delete its AOF, and start it again empty: every lease, queued key,
+    /// expectation, record and view is gone.
+    WipeRedis,
+    /// Fail Redis over to a replica whose replication was cut [`FAILOVER_LAG`] before the
+    /// master died: the writes of that last moment (leases, Dones, Adds) are lost.
+    FailoverLagging,
     /// Make the API server answer a share of the services' requests with 429 and 500 for a
     /// while (kjob-sim's `/sim/faults`, or the fault proxy in front of a real kube-apiserver).
     ApiErrors,
@@ -100,11 +109,13 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in schedule order before shuffling.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 8] = [
         Fault::KillWorker,
         Fault::RestartQueue,
         Fault::RestartRedis,
         Fault::KillLeader,
+        Fault::WipeRedis,
+        Fault::FailoverLagging,
         Fault::ApiErrors,
         Fault::CloseWatches,
     ];
@@ -129,6 +140,8 @@ impl fmt::Display for Fault {
             Fault::RestartQueue => "restart-queue",
             Fault::RestartRedis => "restart-redis",
             Fault::KillLeader => "kill-leader-watcher",
+            Fault::WipeRedis => "wipe-redis",
+            Fault::FailoverLagging => "failover-lagging",
             Fault::ApiErrors => "api-429-500",
             Fault::CloseWatches => "close-watches",
         })
@@ -410,6 +423,10 @@ async fn inject(stack: &mut Stack, rng: &mut StdRng, fault: Fault) -> anyhow::Re
             stack.kill(REDIS)?;
             stack.restart(REDIS)
         }),
+        Fault::WipeRedis => tokio::task::block_in_place(|| stack.wipe_redis()),
+        Fault::FailoverLagging => {
+            tokio::task::block_in_place(|| stack.fail_over_redis_lagging(FAILOVER_LAG))
+        }
         Fault::KillLeader => tokio::task::block_in_place(|| {
             let leader = stack.wait_for_leader(LEADER_TIMEOUT)?;
             stack.kill(&leader)?;

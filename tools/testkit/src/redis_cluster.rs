@@ -15,7 +15,8 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
 
-fn redis_cli() -> anyhow::Result<PathBuf> {
+/// The redis-cli beside redis-server (or on PATH).
+pub fn redis_cli() -> anyhow::Result<PathBuf> {
     let server = redis_server_binary()?;
     let beside = server.with_file_name("redis-cli");
     if beside.is_file() {
