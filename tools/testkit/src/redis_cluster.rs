@@ -1,6 +1,9 @@
-//! A real 3-node Redis Cluster on loopback (no replicas), owned by one test.
+//! A real Redis Cluster on loopback, owned by one test: three masters, and optionally one
+//! replica each with a short node timeout so a killed master fails over in seconds.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -9,10 +12,21 @@ use crate::redis::{RedisServer, redis_server_binary};
 /// How long the cluster may take to report `cluster_state:ok` on every node.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Three `redis-server --cluster-enabled yes` processes joined with `redis-cli --cluster create`.
+/// How long a replica may take to finish its first sync with its master.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+/// `cluster-node-timeout` of a cluster without replicas: nothing fails over, so the default
+/// margin against a slow test machine matters more than detection speed.
+const NODE_TIMEOUT_MS: u64 = 5000;
+/// `cluster-node-timeout` of a replicated cluster: a killed master is marked failed after it
+/// and a replica elected a moment later, so a failover takes a few seconds in a test.
+pub const REPLICATED_NODE_TIMEOUT_MS: u64 = 1000;
+
+/// `redis-server --cluster-enabled yes` processes joined with `redis-cli --cluster create`.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// How many of `nodes` are masters at creation (the first ones).
+    masters: usize,
 }
 
 /// The redis-cli beside redis-server (or on PATH).
@@ -29,13 +43,20 @@ pub fn redis_cli() -> anyhow::Result<PathBuf> {
 /// may not exist for a high free port); the bus port can be taken before the node binds it as
 /// the client port can ([`RedisServer::start_with`] retries that one), so a node that never came
 /// up is started again with another bus port.
-fn start_node() -> anyhow::Result<RedisServer> {
+fn start_node(node_timeout_ms: u64) -> anyhow::Result<RedisServer> {
     const BUS_ATTEMPTS: usize = 3;
     let mut attempt = 1;
+    let timeout = node_timeout_ms.to_string();
     loop {
         let bus = crate::free_port().to_string();
-        let args =
-            ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000", "--cluster-port", &bus];
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            &timeout,
+            "--cluster-port",
+            &bus,
+        ];
         match RedisServer::start_with(false, &args) {
             Ok(node) => return Ok(node),
             Err(e) if attempt < BUS_ATTEMPTS => {
@@ -49,12 +70,33 @@ fn start_node() -> anyhow::Result<RedisServer> {
     }
 }
 
+/// `redis-cli -p port args…`'s output ("" when it cannot run or the node is down).
+fn ask(cli: &Path, port: u16, args: &[&str]) -> String {
+    Command::new(cli)
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 impl RedisCluster {
-    /// Starts three nodes on free ports, assigns all slots and waits until the cluster is ok.
+    /// Starts three masters on free ports, assigns all slots and waits until the cluster is ok.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_nodes(0, NODE_TIMEOUT_MS)
+    }
+
+    /// Three masters with one replica each ([`REPLICATED_NODE_TIMEOUT_MS`]), every replica
+    /// synced.
+    pub fn start_replicated() -> anyhow::Result<Self> {
+        Self::start_nodes(1, REPLICATED_NODE_TIMEOUT_MS)
+    }
+
+    fn start_nodes(replicas: usize, node_timeout_ms: u64) -> anyhow::Result<Self> {
+        const MASTERS: usize = 3;
         let mut nodes = Vec::new();
-        for _ in 0..3 {
-            nodes.push(start_node()?);
+        for _ in 0..MASTERS * (1 + replicas) {
+            nodes.push(start_node(node_timeout_ms)?);
         }
         let cli = redis_cli()?;
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
@@ -62,7 +104,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .map_err(|e| anyhow::anyhow!("running {}: {e}", cli.display()))?;
         if !out.status.success() {
@@ -72,12 +114,117 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let cluster = Self { nodes };
+        let cluster = Self { nodes, masters: MASTERS };
         cluster.wait_ok(&cli)?;
+        if replicas > 0 {
+            cluster.wait_replicas_synced(&cli)?;
+        }
         Ok(cluster)
     }
 
-    fn wait_ok(&self, cli: &PathBuf) -> anyhow::Result<()> {
+    fn wait_replicas_synced(&self, cli: &Path) -> anyhow::Result<()> {
+        let deadline = Instant::now() + SYNC_TIMEOUT;
+        for n in &self.nodes[self.masters..] {
+            loop {
+                let info = ask(cli, n.port(), &["info", "replication"]);
+                if info.contains("role:slave") && info.contains("master_link_status:up") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    anyhow::bail!("replica {} not synced after {SYNC_TIMEOUT:?}: {info}", n.port());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// The port of the master that serves `key`'s slot now.
+    pub fn master_of(&self, key: &str) -> anyhow::Result<u16> {
+        let cli = redis_cli()?;
+        let live = self.live_port().context("no live node")?;
+        let slot: u16 = ask(&cli, live, &["cluster", "keyslot", key]).trim().parse()?;
+        let nodes = ask(&cli, live, &["cluster", "nodes"]);
+        // `<id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <state> <slots…>`
+        for line in nodes.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+                continue;
+            }
+            let serves = f[8..].iter().any(|r| match r.split_once('-') {
+                Some((a, b)) => {
+                    a.parse::<u16>().is_ok_and(|a| a <= slot)
+                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                }
+                None => r.parse::<u16>().is_ok_and(|s| s == slot),
+            });
+            if serves {
+                let port = f[1].split('@').next().and_then(|a| a.rsplit(':').next());
+                return port.and_then(|p| p.parse().ok()).context("node address");
+            }
+        }
+        anyhow::bail!("no live master serves slot {slot}:\n{nodes}")
+    }
+
+    /// Waits until every byte the master on `port` has taken is on its replica: what Redis
+    /// acknowledged before then survives a failover.
+    pub fn wait_replicated(&self, port: u16) -> anyhow::Result<()> {
+        let cli = redis_cli()?;
+        let deadline = Instant::now() + SYNC_TIMEOUT;
+        loop {
+            let info = ask(&cli, port, &["info", "replication"]);
+            let field = |name: &str| {
+                info.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string())
+            };
+            let master = field("master_repl_offset:").and_then(|v| v.parse::<u64>().ok());
+            // `slave0:ip=…,port=…,state=online,offset=N,lag=…`
+            let replica = field("slave0:").and_then(|v| {
+                v.split(',').find_map(|kv| kv.strip_prefix("offset=")?.parse::<u64>().ok())
+            });
+            if let (Some(m), Some(r)) = (master, replica)
+                && r >= m
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("replica of {port} did not catch up in {SYNC_TIMEOUT:?}: {info}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills (SIGKILL) the node listening on `port`.
+    pub fn kill(&mut self, port: u16) -> anyhow::Result<()> {
+        let n = self.nodes.iter_mut().find(|n| n.port() == port).context("no such node")?;
+        n.kill();
+        Ok(())
+    }
+
+    /// Waits until `port` is no longer the master of `key` and the cluster is ok again on a
+    /// live node; returns the new master's port.
+    pub fn wait_failover(&self, key: &str, port: u16, timeout: Duration) -> anyhow::Result<u16> {
+        let cli = redis_cli()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(p) = self.master_of(key)
+                && p != port
+                && ask(&cli, p, &["cluster", "info"]).contains("cluster_state:ok")
+            {
+                return Ok(p);
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("no failover of {key}'s master {port} after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn live_port(&self) -> Option<u16> {
+        let cli = redis_cli().ok()?;
+        self.nodes.iter().map(|n| n.port()).find(|p| ask(&cli, *p, &["ping"]).contains("PONG"))
+    }
+
+    fn wait_ok(&self, cli: &Path) -> anyhow::Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let all_ok = self.nodes.iter().all(|n| {
