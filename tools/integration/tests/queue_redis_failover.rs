@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{AddItem, Outcome, QueueClient};
 use kjob_svc::Shutdown;
-use kjob_testkit::RedisCluster;
+use kjob_testkit::{RedisCluster, TestPki};
+use kjob_workqueue::{RedisOptions, RedisTls};
 use tokio::net::TcpListener;
 
 /// Lease of the one key held across the failover; also the longest lease granted, so the hold.
@@ -33,14 +34,33 @@ fn metric(body: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_queue_follows_a_master_failover_and_fences_leasing() {
-    let mut cluster =
+    let cluster =
         tokio::task::spawn_blocking(RedisCluster::start_replicated).await.unwrap().unwrap();
+    follows_a_failover(cluster, RedisOptions::default()).await;
+}
+
+/// The same over TLS everywhere: clients, the cluster bus and replication. The nodes the
+/// cluster names after the failover are reached with the seeds' TLS settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_queue_follows_a_failover_of_a_tls_cluster() {
+    let pki = TestPki::generate("tls-cluster").unwrap();
+    let dir = pki.dir().to_path_buf();
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_replicated_tls(&dir))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(cluster.url().starts_with("rediss+cluster://"), "{}", cluster.url());
+    let tls = RedisTls { ca_file: Some(pki.ca()), ..Default::default() };
+    follows_a_failover(cluster, RedisOptions { tls, ..Default::default() }).await;
+}
+
+async fn follows_a_failover(mut cluster: RedisCluster, redis: RedisOptions) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig::new(cluster.url(), Security::InsecureNoAuth);
+    let config = QueueConfig { redis, ..QueueConfig::new(cluster.url(), Security::InsecureNoAuth) };
     let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     let c = QueueClient::connect_lazy(&url).unwrap();

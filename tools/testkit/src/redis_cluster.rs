@@ -7,7 +7,7 @@ use anyhow::Context;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::redis::{RedisServer, redis_server_binary};
+use crate::redis::{RedisSecurity, RedisServer, redis_server_binary};
 
 /// How long the cluster may take to report `cluster_state:ok` on every node.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -27,6 +27,8 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     /// How many of `nodes` are masters at creation (the first ones).
     masters: usize,
+    cli: Cli,
+    tls: bool,
 }
 
 /// The redis-cli beside redis-server (or on PATH).
@@ -43,13 +45,25 @@ pub fn redis_cli() -> anyhow::Result<PathBuf> {
 /// may not exist for a high free port); the bus port can be taken before the node binds it as
 /// the client port can ([`RedisServer::start_with`] retries that one), so a node that never came
 /// up is started again with another bus port.
-fn start_node(node_timeout_ms: u64) -> anyhow::Result<RedisServer> {
+///
+/// A TLS node serves TLS only and speaks TLS on the cluster bus and to its master too
+/// (`tls-cluster`, `tls-replication`). Without `tls-cluster yes` a node whose plain port is 0
+/// announces itself as `host:0`, so `CLUSTER SLOTS` names port 0 for every slot: redis-cli's
+/// `--cluster create` never sees the cluster agree, and a client following the slot map dials
+/// port 0 again and again. And the bus always asks the connecting node for a client
+/// certificate (whatever `tls-auth-clients` says): a node presenting its server certificate
+/// (extended key usage serverAuth only) is refused, the nodes never meet, and `--cluster create`
+/// waits for them forever. Each node therefore presents the PKI's client certificate
+/// (`tls-client-cert-file`). Those two were the hang an earlier TLS cluster here ran into.
+fn start_node(node_timeout_ms: u64, tls: Option<&Path>) -> anyhow::Result<RedisServer> {
     const BUS_ATTEMPTS: usize = 3;
     let mut attempt = 1;
     let timeout = node_timeout_ms.to_string();
+    let in_pki = |f: &str| tls.map(|p| p.join(f).display().to_string()).unwrap_or_default();
+    let (client_cert, client_key) = (in_pki("client.crt"), in_pki("client.key"));
     loop {
         let bus = crate::free_port().to_string();
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-node-timeout",
@@ -57,7 +71,21 @@ fn start_node(node_timeout_ms: u64) -> anyhow::Result<RedisServer> {
             "--cluster-port",
             &bus,
         ];
-        match RedisServer::start_with(false, &args) {
+        let started = match tls {
+            Some(pki) => {
+                args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                args.extend([
+                    "--tls-client-cert-file",
+                    &client_cert,
+                    "--tls-client-key-file",
+                    &client_key,
+                ]);
+                let security = RedisSecurity { tls: Some(pki.to_path_buf()), ..Default::default() };
+                RedisServer::start_secured(&security, &args)
+            }
+            None => RedisServer::start_with(false, &args),
+        };
+        match started {
             Ok(node) => return Ok(node),
             Err(e) if attempt < BUS_ATTEMPTS => {
                 eprintln!(
@@ -70,43 +98,101 @@ fn start_node(node_timeout_ms: u64) -> anyhow::Result<RedisServer> {
     }
 }
 
-/// `redis-cli -p port args…`'s output ("" when it cannot run or the node is down).
-fn ask(cli: &Path, port: u16, args: &[&str]) -> String {
-    Command::new(cli)
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+/// Runs `cmd` to its end, or kills it after `timeout`: `redis-cli --cluster create` waits
+/// forever for nodes that cannot meet.
+fn output_within(mut cmd: Command, timeout: Duration) -> anyhow::Result<std::process::Output> {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running redis-cli")?;
+    let deadline = Instant::now() + timeout;
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            anyhow::bail!(
+                "redis-cli --cluster create did not finish in {timeout:?} (the nodes never met): {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child.wait_with_output()?)
+}
+
+/// redis-cli with the flags that reach the cluster's nodes (TLS and its CA for a TLS cluster).
+#[derive(Debug, Clone)]
+struct Cli {
+    path: PathBuf,
+    tls: Vec<String>,
+}
+
+impl Cli {
+    fn new(tls: Option<&Path>) -> anyhow::Result<Self> {
+        let tls = match tls {
+            Some(pki) => {
+                vec!["--tls".into(), "--cacert".into(), pki.join("ca.crt").display().to_string()]
+            }
+            None => Vec::new(),
+        };
+        Ok(Self { path: redis_cli()?, tls })
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.path);
+        c.args(&self.tls);
+        c
+    }
+
+    /// `redis-cli -p port args…`'s output ("" when it cannot run or the node is down).
+    fn ask(&self, port: u16, args: &[&str]) -> String {
+        self.command()
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
 }
 
 impl RedisCluster {
     /// Starts three masters on free ports, assigns all slots and waits until the cluster is ok.
     pub fn start() -> anyhow::Result<Self> {
-        Self::start_nodes(0, NODE_TIMEOUT_MS)
+        Self::start_nodes(0, NODE_TIMEOUT_MS, None)
     }
 
     /// Three masters with one replica each ([`REPLICATED_NODE_TIMEOUT_MS`]), every replica
     /// synced.
     pub fn start_replicated() -> anyhow::Result<Self> {
-        Self::start_nodes(1, REPLICATED_NODE_TIMEOUT_MS)
+        Self::start_nodes(1, REPLICATED_NODE_TIMEOUT_MS, None)
     }
 
-    fn start_nodes(replicas: usize, node_timeout_ms: u64) -> anyhow::Result<Self> {
+    /// [`Self::start_replicated`] serving TLS only, with the server certificate of `pki` (a
+    /// [`crate::TestPki`] folder), on the cluster bus and between replicas too.
+    pub fn start_replicated_tls(pki: &Path) -> anyhow::Result<Self> {
+        Self::start_nodes(1, REPLICATED_NODE_TIMEOUT_MS, Some(pki))
+    }
+
+    fn start_nodes(
+        replicas: usize,
+        node_timeout_ms: u64,
+        tls: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         const MASTERS: usize = 3;
         let mut nodes = Vec::new();
         for _ in 0..MASTERS * (1 + replicas) {
-            nodes.push(start_node(node_timeout_ms)?);
+            nodes.push(start_node(node_timeout_ms, tls)?);
         }
-        let cli = redis_cli()?;
+        let cli = Cli::new(tls)?;
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-        let out = Command::new(&cli)
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
-            .map_err(|e| anyhow::anyhow!("running {}: {e}", cli.display()))?;
+        let mut create = cli.command();
+        create.arg("--cluster").arg("create").args(&addrs).args([
+            "--cluster-replicas",
+            &replicas.to_string(),
+            "--cluster-yes",
+        ]);
+        let out = output_within(create, READY_TIMEOUT)?;
         if !out.status.success() {
             anyhow::bail!(
                 "redis-cli --cluster create failed: {}{}",
@@ -114,19 +200,19 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let cluster = Self { nodes, masters: MASTERS };
-        cluster.wait_ok(&cli)?;
+        let cluster = Self { nodes, masters: MASTERS, cli, tls: tls.is_some() };
+        cluster.wait_ok()?;
         if replicas > 0 {
-            cluster.wait_replicas_synced(&cli)?;
+            cluster.wait_replicas_synced()?;
         }
         Ok(cluster)
     }
 
-    fn wait_replicas_synced(&self, cli: &Path) -> anyhow::Result<()> {
+    fn wait_replicas_synced(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + SYNC_TIMEOUT;
         for n in &self.nodes[self.masters..] {
             loop {
-                let info = ask(cli, n.port(), &["info", "replication"]);
+                let info = self.cli.ask(n.port(), &["info", "replication"]);
                 if info.contains("role:slave") && info.contains("master_link_status:up") {
                     break;
                 }
@@ -141,10 +227,9 @@ impl RedisCluster {
 
     /// The port of the master that serves `key`'s slot now.
     pub fn master_of(&self, key: &str) -> anyhow::Result<u16> {
-        let cli = redis_cli()?;
         let live = self.live_port().context("no live node")?;
-        let slot: u16 = ask(&cli, live, &["cluster", "keyslot", key]).trim().parse()?;
-        let nodes = ask(&cli, live, &["cluster", "nodes"]);
+        let slot: u16 = self.cli.ask(live, &["cluster", "keyslot", key]).trim().parse()?;
+        let nodes = self.cli.ask(live, &["cluster", "nodes"]);
         // `<id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <state> <slots…>`
         for line in nodes.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
@@ -169,10 +254,9 @@ impl RedisCluster {
     /// Waits until every byte the master on `port` has taken is on its replica: what Redis
     /// acknowledged before then survives a failover.
     pub fn wait_replicated(&self, port: u16) -> anyhow::Result<()> {
-        let cli = redis_cli()?;
         let deadline = Instant::now() + SYNC_TIMEOUT;
         loop {
-            let info = ask(&cli, port, &["info", "replication"]);
+            let info = self.cli.ask(port, &["info", "replication"]);
             let field = |name: &str| {
                 info.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string())
             };
@@ -203,12 +287,11 @@ impl RedisCluster {
     /// Waits until `port` is no longer the master of `key` and the cluster is ok again on a
     /// live node; returns the new master's port.
     pub fn wait_failover(&self, key: &str, port: u16, timeout: Duration) -> anyhow::Result<u16> {
-        let cli = redis_cli()?;
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(p) = self.master_of(key)
                 && p != port
-                && ask(&cli, p, &["cluster", "info"]).contains("cluster_state:ok")
+                && self.cli.ask(p, &["cluster", "info"]).contains("cluster_state:ok")
             {
                 return Ok(p);
             }
@@ -220,20 +303,16 @@ impl RedisCluster {
     }
 
     fn live_port(&self) -> Option<u16> {
-        let cli = redis_cli().ok()?;
-        self.nodes.iter().map(|n| n.port()).find(|p| ask(&cli, *p, &["ping"]).contains("PONG"))
+        self.nodes.iter().map(|n| n.port()).find(|p| self.cli.ask(*p, &["ping"]).contains("PONG"))
     }
 
-    fn wait_ok(&self, cli: &Path) -> anyhow::Result<()> {
+    fn wait_ok(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let all_ok = self.nodes.iter().all(|n| {
-                Command::new(cli)
-                    .args(["-p", &n.port().to_string(), "cluster", "info"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
-                    .unwrap_or(false)
-            });
+            let all_ok = self
+                .nodes
+                .iter()
+                .all(|n| self.cli.ask(n.port(), &["cluster", "info"]).contains("cluster_state:ok"));
             if all_ok {
                 return Ok(());
             }
@@ -244,11 +323,13 @@ impl RedisCluster {
         }
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3` (the kjob-queue cluster form).
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (the kjob-queue cluster form; every node
+    /// is a seed), `rediss+cluster://` for a TLS cluster.
     pub fn url(&self) -> String {
         let nodes: Vec<String> =
             self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}", nodes.join(","))
     }
 
     /// The nodes.
