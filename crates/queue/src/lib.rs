@@ -171,7 +171,7 @@ async fn serve(
     shutdown: &Shutdown,
 ) -> anyhow::Result<()> {
     let ready = admin.state().clone();
-    let fence = kjob_workqueue::Fence::new();
+    let fence = kjob_workqueue::Fence::for_target(store.target());
     let waker = Waker::new(&store, kjob_core::QUEUES).with_fence(fence.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     let (dones, batch_loops) = batch::DoneBatcher::new(kjob_core::QUEUES);

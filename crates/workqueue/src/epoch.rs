@@ -14,8 +14,10 @@
 //! set's *epoch* — a random token kept under `{wq:job}:epoch`, set when absent — and the run id
 //! of the Redis node holding it. Either changing since the last poll means writes may be lost:
 //! a wipe loses the token, and any restart or failover changes the run id (a promoted replica
-//! is another process). A lease granted in the moment between the loss and its detection (at
-//! most one [`POLL`]) is not covered; the holds are.
+//! is another process). Between a loss and the check that sees it, leasing waits too: a Redis
+//! that restarted or failed over broke every connection to it, and after any command failed on
+//! a broken connection ([`crate::RedisTarget::connection_breaks`]) nothing is leased until a
+//! check made after that failure has answered.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -117,6 +119,10 @@ pub struct Fence {
 
 #[derive(Debug, Default)]
 struct FenceInner {
+    /// The target's count of commands failed on a broken connection.
+    breaks: Arc<AtomicU64>,
+    /// That count as it was before the last check that answered.
+    confirmed_breaks: AtomicU64,
     /// The epoch and run id seen last.
     seen: Mutex<Option<(String, String)>>,
     /// No lease until then.
@@ -128,9 +134,17 @@ struct FenceInner {
 }
 
 impl Fence {
-    /// A fence that holds nothing until a loss is detected.
+    /// A fence that holds nothing until a loss is detected (and sees no connection breaks:
+    /// for tests of the hold alone).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The fence of connections to `target`: a broken connection holds leasing until the next
+    /// check has answered.
+    pub fn for_target(target: &crate::RedisTarget) -> Self {
+        let inner = FenceInner { breaks: target.breaks_counter(), ..FenceInner::default() };
+        Self { inner: Arc::new(inner) }
     }
 
     /// Notes a lease of `lease` granted or renewed: a loss holds leasing at least this long.
@@ -139,10 +153,16 @@ impl Fence {
         self.inner.longest_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
-    /// The end of the hold, while leasing is held.
+    /// The end of the hold, while leasing is held. After a connection broke and before a check
+    /// has answered since, the hold lasts one more [`POLL`] at a time.
     pub fn held(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let breaks = self.inner.breaks.load(Ordering::SeqCst);
+        if breaks > self.inner.confirmed_breaks.load(Ordering::SeqCst) {
+            return Some(now + POLL);
+        }
         let until = *self.inner.held_until.lock().unwrap_or_else(PoisonError::into_inner);
-        until.filter(|u| *u > Instant::now())
+        until.filter(|u| *u > now)
     }
 
     /// Losses detected since start.
@@ -164,6 +184,8 @@ impl Fence {
     /// Checks the epoch once; on a loss publishes this replica's hold and holds leasing.
     pub async fn check(&self, store: &Store) -> Result<Check, WqError> {
         let fresh = format!("{:016x}", rand::random::<u64>());
+        // Read before the call: a break after it is not confirmed by this answer.
+        let breaks = self.inner.breaks.load(Ordering::SeqCst);
         let mut s = store.epoch(&fresh, Duration::ZERO).await?;
         let prev = self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let lost = prev.is_some_and(|(e, r)| e != s.epoch || r != s.run);
@@ -179,6 +201,7 @@ impl Fence {
         }
         *self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some((s.epoch, s.run));
         self.hold_for(s.hold_left);
+        self.inner.confirmed_breaks.fetch_max(breaks, Ordering::SeqCst);
         Ok(if lost { Check::Lost } else { Check::Same })
     }
 
@@ -225,5 +248,17 @@ mod tests {
         assert_eq!(f.held(), Some(first), "a shorter hold does not shorten it");
         tokio::time::sleep(Duration::from_millis(350)).await;
         assert!(f.held().is_none());
+    }
+
+    /// A command that failed on a broken connection holds leasing until a check answers.
+    #[tokio::test]
+    async fn a_broken_connection_holds_until_a_check_answers() {
+        let target = crate::RedisTarget::parse("redis://127.0.0.1:1").unwrap();
+        let f = Fence::for_target(&target);
+        assert!(f.held().is_none());
+        target.breaks_counter().fetch_add(1, Ordering::SeqCst);
+        assert!(f.held().is_some(), "unsure after a break");
+        f.inner.confirmed_breaks.store(1, Ordering::SeqCst);
+        assert!(f.held().is_none(), "a check that answered after the break clears it");
     }
 }
