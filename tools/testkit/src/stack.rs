@@ -615,6 +615,7 @@ impl Stack {
     /// moves to a new master. It keeps its own data folder (AOF on) from then on, so a later
     /// restart or wipe acts on it.
     pub fn fail_over_redis_lagging(&mut self, lag: Duration) -> anyhow::Result<()> {
+        /// How long the new replica may take to load the master's data and rewrite its AOF.
         const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
         let master = self.proc(REDIS)?.spec.clone();
         let port = master.ready_port;
