@@ -636,7 +636,7 @@ mod tests {
         }
         assert!("kill-everything".parse::<Fault>().is_err());
         let mut rng = StdRng::seed_from_u64(3);
-        let plan = schedule(&mut rng, &Fault::ALL, 12);
+        let plan = schedule(&mut rng, &Fault::ALL, 2 * Fault::ALL.len());
         for f in Fault::ALL {
             assert_eq!(plan.iter().filter(|&&p| p == f).count(), 2, "{plan:?}");
         }
