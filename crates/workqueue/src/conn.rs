@@ -401,25 +401,56 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
 }
 
 /// Refuses to run on a Redis that may evict keys: an evicted lease or dirty mark would lose or
-/// duplicate work silently. Checks every node named by the target.
+/// duplicate work silently. Checks every node named by the target that answers. A Cluster's
+/// seed that does not answer is skipped (a node may be down while its replica serves: that must
+/// not keep kjob-queue from starting), as long as one seed answers; a single server must answer.
 pub async fn check_noeviction(target: &RedisTarget) -> Result<(), WqError> {
-    for (node, mut c) in target.node_connections().await? {
-        let res: Vec<String> = tokio::time::timeout(
-            RESPONSE_TIMEOUT,
-            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut c),
-        )
-        .await
-        .map_err(|_| WqError::Unavailable(format!("CONFIG GET on {node} timed out")))??;
-        let policy = res.get(1).cloned().unwrap_or_default();
+    let mut checked = 0;
+    let mut unreachable = None;
+    for node in &target.nodes {
+        let addr = node.addr.to_string();
+        let policy = match node_policy(target, node, &addr).await {
+            Ok(p) => p,
+            Err(e) if target.cluster && e.is_unavailable() => {
+                tracing::warn!(node = addr, error = %e, "cluster seed not answering; skipped");
+                unreachable = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if policy != "noeviction" {
             return Err(WqError::Config(format!(
-                "redis {node} has maxmemory-policy {policy:?}; kjob-queue needs \"noeviction\" \
+                "redis {addr} has maxmemory-policy {policy:?}; kjob-queue needs \"noeviction\" \
                  (an evicted key would silently lose or duplicate work): set \
                  `maxmemory-policy noeviction` in redis.conf or with CONFIG SET"
             )));
         }
+        checked += 1;
     }
-    Ok(())
+    match unreachable {
+        Some(e) if checked == 0 => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `node`'s `maxmemory-policy`.
+async fn node_policy(
+    target: &RedisTarget,
+    node: &ConnectionInfo,
+    addr: &str,
+) -> Result<String, WqError> {
+    let client = target.client(node)?;
+    let mut c = tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
+        .await
+        .map_err(|_| WqError::Unavailable(format!("connecting to {addr} timed out")))?
+        .map_err(|e| connect_error(addr, e))?;
+    let res: Vec<String> = tokio::time::timeout(
+        RESPONSE_TIMEOUT,
+        redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut c),
+    )
+    .await
+    .map_err(|_| WqError::Unavailable(format!("CONFIG GET on {addr} timed out")))??;
+    Ok(res.get(1).cloned().unwrap_or_default())
 }
 
 #[cfg(test)]

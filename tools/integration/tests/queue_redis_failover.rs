@@ -151,3 +151,36 @@ async fn follows_a_failover(mut cluster: RedisCluster, redis: RedisOptions) {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A Cluster node that is down (here a master whose replica took over) does not keep a new
+/// kjob-queue from starting: the `noeviction` check skips a seed that does not answer, and the
+/// cluster client reaches the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_starts_while_a_cluster_node_is_down() {
+    let mut cluster =
+        tokio::task::spawn_blocking(RedisCluster::start_replicated).await.unwrap().unwrap();
+    let master = cluster.master_of("{wq:job}").unwrap();
+    cluster.kill(master).unwrap();
+    tokio::task::block_in_place(|| cluster.wait_failover("{wq:job}", master, FAILOVER_TIMEOUT))
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config = QueueConfig::new(cluster.url(), Security::InsecureNoAuth);
+    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
+    let c = QueueClient::connect_lazy(&url).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let added = loop {
+        match c.add(vec![item("ns/after")]).await {
+            Ok(a) => break a,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not serving yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("kjob-queue did not start with one node down: {e}"),
+        }
+    };
+    assert_eq!(added.added, 1);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
