@@ -171,7 +171,8 @@ async fn serve(
     shutdown: &Shutdown,
 ) -> anyhow::Result<()> {
     let ready = admin.state().clone();
-    let waker = Waker::new(&store, kjob_core::QUEUES);
+    let fence = kjob_workqueue::Fence::for_target(store.target());
+    let waker = Waker::new(&store, kjob_core::QUEUES).with_fence(fence.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     let (dones, batch_loops) = batch::DoneBatcher::new(kjob_core::QUEUES);
     let service =
@@ -238,6 +239,15 @@ async fn serve(
     let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
     vital.spawn("lease reaper", async move {
         reaper(&s, &m, &stop).await;
+        Ok(())
+    });
+    let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
+    vital.spawn("Redis data-loss fence", async move {
+        fence
+            .run(&s, stop.cancelled_owned(), || {
+                m.redis_data_lost.inc();
+            })
+            .await;
         Ok(())
     });
     vital.task("readiness probe", probe(&store, &metrics, &ready, shutdown).map(Ok));

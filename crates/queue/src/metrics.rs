@@ -129,6 +129,8 @@ pub struct Metrics {
     unknown: Arc<QueueMetrics>,
     grpc: Arc<GrpcMetrics>,
     auth_refused: Family<RefusedLabels, Counter>,
+    /// `kjob_queue_redis_data_lost_total`: Redis epoch or run id changes this replica saw.
+    pub redis_data_lost: Counter,
 }
 
 impl Metrics {
@@ -164,7 +166,13 @@ impl Metrics {
             "Redis maxmemory of each node (0: no limit); at used >= max Redis refuses writes",
             redis_max.clone(),
         );
-        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused }
+        let redis_data_lost = Counter::default();
+        registry.register(
+            "kjob_queue_redis_data_lost",
+            "Times Redis may have lost writes (a wipe, a restart or a failover changed its epoch or run id); each holds leasing for the longest lease granted",
+            redis_data_lost.clone(),
+        );
+        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused, redis_data_lost }
     }
 
     /// `kjob_queue_auth_refused_total`, for the [`crate::auth::AuthLayer`].

@@ -495,7 +495,10 @@ impl QueueService {
         validate::id("lease_id", &r.lease_id, true)?;
         validate::lease_ms_ok(r.lease_ms)?;
         match self.store.renew(&r.queue, &r.key, &r.lease_id, ms(r.lease_ms)).await {
-            Ok(Some(deadline)) => Ok(v1::RenewResponse { deadline_unix_ms: deadline }),
+            Ok(Some(deadline)) => {
+                self.waker.fence().note_lease(ms(r.lease_ms));
+                Ok(v1::RenewResponse { deadline_unix_ms: deadline })
+            }
             Ok(None) => {
                 self.metrics.queue(&r.queue).stale.inc();
                 Err(Status::failed_precondition(format!(

@@ -290,8 +290,12 @@ async fn event_loop(
                 vec![]
             }
             _ = view_lost.notified() => {
-                // kjob-queue's Redis lost the session (restarted from older data): end it so
-                // a new one begins below, with a fresh snapshot.
+                // kjob-queue's Redis lost the session (wiped, restarted or failed over): end it
+                // so a new one begins below, with a fresh snapshot. The same loss may have taken
+                // queued keys, delayed requeues and the orphan queue with it: enqueue every Job
+                // and point out every cached pod that still needs its finalizer removed, as a
+                // takeover does, rather than waiting for the periodic resync.
+                takeover_pending = is_leader;
                 informer.end_view()
             }
             _ = resync.tick() => {

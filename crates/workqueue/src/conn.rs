@@ -11,6 +11,8 @@
 //! environment), which override those of the URL. A URL is printed only through [`redact`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -120,6 +122,9 @@ pub struct RedisTarget {
     cluster: bool,
     nodes: Vec<ConnectionInfo>,
     certs: Option<redis::TlsCertificates>,
+    /// Commands that failed for a broken or refused connection, on any connection made from
+    /// this target or its clones (see [`RedisTarget::connection_breaks`]).
+    breaks: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -194,7 +199,7 @@ impl RedisTarget {
                  (or rediss+cluster://)"
             )));
         };
-        Ok(Self { url: url.to_string(), cluster, nodes, certs })
+        Ok(Self { url: url.to_string(), cluster, nodes, certs, breaks: Arc::default() })
     }
 
     /// The URL as given, which may hold a password: connect with it, never print it (print
@@ -206,6 +211,19 @@ impl RedisTarget {
     /// The URL with its password replaced by `***`.
     pub fn redacted(&self) -> String {
         redact(&self.url)
+    }
+
+    /// How many commands, on every connection made from this target (and its clones), failed
+    /// because the connection broke or was refused. A Redis that restarted or failed over
+    /// breaks every connection to it, so this moving tells the data-loss fence
+    /// ([`crate::epoch`]) to look before the next lease.
+    pub fn connection_breaks(&self) -> u64 {
+        self.breaks.load(Ordering::SeqCst)
+    }
+
+    /// The shared counter behind [`Self::connection_breaks`].
+    pub(crate) fn breaks_counter(&self) -> Arc<AtomicU64> {
+        self.breaks.clone()
     }
 
     /// Whether it names a Cluster.
@@ -274,21 +292,52 @@ fn connect_error(addr: &str, e: redis::RedisError) -> WqError {
     WqError::from(e)
 }
 
-/// A Redis connection that runs commands and scripts on a single server or a Cluster.
+/// A Redis connection that runs commands and scripts on a single server or a Cluster, and
+/// counts the commands that failed on a broken connection into its target's
+/// [`RedisTarget::connection_breaks`].
 #[derive(Clone)]
-pub enum Conn {
+pub struct Conn {
+    link: Link,
+    breaks: Arc<AtomicU64>,
+}
+
+#[derive(Clone)]
+enum Link {
     /// Reconnecting multiplexed connection to one server.
     Single(ConnectionManager),
     /// Cluster connection (routes by key slot, follows redirections).
     Cluster(ClusterConnection),
 }
 
+/// Whether `e` says the connection broke (or was refused, or stopped answering) rather than
+/// that Redis answered with an error.
+fn is_break(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+}
+
+/// `fut`, counting into `breaks` when it fails on a broken connection.
+fn counted<'a, T: Send + 'a>(
+    breaks: Arc<AtomicU64>,
+    fut: RedisFuture<'a, T>,
+) -> RedisFuture<'a, T> {
+    Box::pin(async move {
+        let r = fut.await;
+        if let Err(e) = &r
+            && is_break(e)
+        {
+            breaks.fetch_add(1, Ordering::SeqCst);
+        }
+        r
+    })
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        let fut = match &mut self.link {
+            Link::Single(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        };
+        counted(self.breaks.clone(), fut)
     }
 
     fn req_packed_commands<'a>(
@@ -297,16 +346,17 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
+        let fut = match &mut self.link {
+            Link::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        };
+        counted(self.breaks.clone(), fut)
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+        match &self.link {
+            Link::Single(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -332,7 +382,7 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
         .await
         .map_err(|_| WqError::Unavailable(format!("connecting to {addr} timed out")))?
         .map_err(|e| connect_error(&addr, e))?;
-        return Ok(Conn::Single(conn));
+        return Ok(Conn { link: Link::Single(conn), breaks: target.breaks.clone() });
     }
     // The seeds' credentials and TLS mode become the cluster's, for every node it names.
     let mut builder = ClusterClientBuilder::new(target.nodes.clone())
@@ -347,29 +397,60 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
         .await
         .map_err(|_| WqError::Unavailable("connecting to the cluster timed out".into()))?
         .map_err(|e| connect_error("the cluster", e))?;
-    Ok(Conn::Cluster(conn))
+    Ok(Conn { link: Link::Cluster(conn), breaks: target.breaks.clone() })
 }
 
 /// Refuses to run on a Redis that may evict keys: an evicted lease or dirty mark would lose or
-/// duplicate work silently. Checks every node named by the target.
+/// duplicate work silently. Checks every node named by the target that answers. A Cluster's
+/// seed that does not answer is skipped (a node may be down while its replica serves: that must
+/// not keep kjob-queue from starting), as long as one seed answers; a single server must answer.
 pub async fn check_noeviction(target: &RedisTarget) -> Result<(), WqError> {
-    for (node, mut c) in target.node_connections().await? {
-        let res: Vec<String> = tokio::time::timeout(
-            RESPONSE_TIMEOUT,
-            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut c),
-        )
-        .await
-        .map_err(|_| WqError::Unavailable(format!("CONFIG GET on {node} timed out")))??;
-        let policy = res.get(1).cloned().unwrap_or_default();
+    let mut checked = 0;
+    let mut unreachable = None;
+    for node in &target.nodes {
+        let addr = node.addr.to_string();
+        let policy = match node_policy(target, node, &addr).await {
+            Ok(p) => p,
+            Err(e) if target.cluster && e.is_unavailable() => {
+                tracing::warn!(node = addr, error = %e, "cluster seed not answering; skipped");
+                unreachable = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if policy != "noeviction" {
             return Err(WqError::Config(format!(
-                "redis {node} has maxmemory-policy {policy:?}; kjob-queue needs \"noeviction\" \
+                "redis {addr} has maxmemory-policy {policy:?}; kjob-queue needs \"noeviction\" \
                  (an evicted key would silently lose or duplicate work): set \
                  `maxmemory-policy noeviction` in redis.conf or with CONFIG SET"
             )));
         }
+        checked += 1;
     }
-    Ok(())
+    match unreachable {
+        Some(e) if checked == 0 => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `node`'s `maxmemory-policy`.
+async fn node_policy(
+    target: &RedisTarget,
+    node: &ConnectionInfo,
+    addr: &str,
+) -> Result<String, WqError> {
+    let client = target.client(node)?;
+    let mut c = tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
+        .await
+        .map_err(|_| WqError::Unavailable(format!("connecting to {addr} timed out")))?
+        .map_err(|e| connect_error(addr, e))?;
+    let res: Vec<String> = tokio::time::timeout(
+        RESPONSE_TIMEOUT,
+        redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut c),
+    )
+    .await
+    .map_err(|_| WqError::Unavailable(format!("CONFIG GET on {addr} timed out")))??;
+    Ok(res.get(1).cloned().unwrap_or_default())
 }
 
 #[cfg(test)]

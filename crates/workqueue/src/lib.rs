@@ -18,6 +18,7 @@
 
 pub mod acl;
 pub mod conn;
+pub mod epoch;
 pub mod events;
 pub mod expectations;
 mod keys;
@@ -30,6 +31,7 @@ pub mod view;
 pub mod wake;
 
 pub use conn::{Conn, RedisOptions, RedisTarget, RedisTls, redact};
+pub use epoch::Fence;
 pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
 pub use ops::{FinalizerRemovals, HANDOFF_VIEW_MAX_PODS};

@@ -27,6 +27,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::conn::{self, Conn, RedisTarget};
+use crate::epoch::Fence;
 use crate::keys::QueueKeys;
 use crate::ops::Taker;
 use crate::store::{AddOutcome, Enqueue, LeaseBatch, Leased};
@@ -127,6 +128,8 @@ pub struct LeaseAsk<'a> {
 pub struct Waker {
     target: RedisTarget,
     queues: Arc<HashMap<String, Arc<QueueWake>>>,
+    /// Holds every lease after Redis lost writes ([`crate::epoch`]).
+    fence: Fence,
 }
 
 impl std::fmt::Debug for Waker {
@@ -148,7 +151,17 @@ impl Waker {
     pub fn new<'a>(store: &Store, queues: impl IntoIterator<Item = &'a str>) -> Self {
         let queues =
             queues.into_iter().map(|q| (q.to_string(), Arc::new(QueueWake::default()))).collect();
-        Self { target: store.target().clone(), queues: Arc::new(queues) }
+        Self { target: store.target().clone(), queues: Arc::new(queues), fence: Fence::new() }
+    }
+
+    /// The fence this hub honours.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// The same hub, leasing nothing while `fence` holds (after Redis lost writes).
+    pub fn with_fence(self, fence: Fence) -> Self {
+        Self { fence, ..self }
     }
 
     /// Wakes up to `ready` local waiters of `queue` (after a local Add or Done made `ready`
@@ -213,7 +226,28 @@ impl Waker {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
+            // After a loss of Redis writes no lease is granted until every earlier one ended.
+            if let Some(until) = self.fence.held() {
+                if until >= deadline {
+                    tokio::time::sleep_until(deadline).await;
+                    let now_ms = crate::epoch::local_unix_ms();
+                    let items = Vec::new();
+                    return Ok(LeaseBatch {
+                        now_ms,
+                        next_due_ms: None,
+                        promoted,
+                        reaped,
+                        poisoned,
+                        items,
+                    });
+                }
+                tokio::time::sleep_until(until).await;
+                continue;
+            }
             let batch = store.lease(queue, worker, n, lease).await?;
+            if !batch.items.is_empty() {
+                self.fence.note_lease(lease);
+            }
             promoted += batch.promoted;
             reaped += batch.reaped;
             poisoned += batch.poisoned;
@@ -274,7 +308,12 @@ impl Waker {
         let Some(q) = self.queues.get(queue) else { return store.add(queue, &items).await };
         let immediate =
             items.iter().filter(|e| !e.observe_only && crate::store::ms(e.delay) == 0).count();
-        let claimed = if immediate > 0 { q.claim(immediate) } else { Vec::new() };
+        // No hand-off while the fence holds leasing; the items wait in ready.
+        let claimed = if immediate > 0 && self.fence.held().is_none() {
+            q.claim(immediate)
+        } else {
+            Vec::new()
+        };
         if claimed.is_empty() {
             let r = store.add(queue, &items).await?;
             self.poke(queue, r.accepted_now);
@@ -297,6 +336,9 @@ impl Waker {
         claimed: Vec<Offer>,
     ) -> Result<AddOutcome, WqError> {
         let takers: Vec<Taker> = claimed.iter().map(|o| o.taker.clone()).collect();
+        for t in &takers {
+            self.fence.note_lease(t.lease);
+        }
         // On an error the claimed offers drop here: their lessees look again themselves.
         let r = store.add_handing(queue, items, &takers).await?;
         let mut handed = 0;

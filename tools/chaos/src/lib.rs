@@ -1,6 +1,7 @@
 //! kjob under faults: runs a seeded mix of Jobs through the real kjob processes (via
 //! [`kjob_testkit::Stack`]) while killing workers, restarting kjob-queue and redis-server,
-//! killing the leading watcher, injecting API 429/500 answers and cutting watch streams; then
+//! wiping Redis, failing it over to a replica that missed the last writes, killing the leading
+//! watcher, injecting API 429/500 answers and cutting watch streams; then
 //! checks that every Job ended exactly as upstream would, no pod was created twice, no pod
 //! keeps its tracking finalizer and no queue key is left leased.
 
@@ -46,6 +47,12 @@ const NAMESPACE: &str = "chaos";
 /// Lease timings short enough for several failovers per run (client-go's are 15/10/2 s).
 const WATCHER_ARGS: [&str; 4] =
     ["--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "--resync-period=20s"];
+/// How long before the master dies a lagging replica stops replicating: long enough to miss
+/// several lease grants, Dones and Adds of a busy run.
+const FAILOVER_LAG: Duration = Duration::from_millis(500);
+/// Longest wait for kjob-queue to lease again after a Redis-loss fault (a fence hold is one
+/// worker lease, 5 s here).
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// A killed worker's leases come back after this long.
 const WORKER_ARGS: [&str; 1] = ["--lease-duration=5s"];
 
@@ -91,6 +98,12 @@ pub enum Fault {
     RestartRedis,
     /// SIGKILL the watcher holding the Lease (and start it again as a standby).
     KillLeader,
+    /// SIGKILL redis-server, delete its AOF, and start it again empty: every lease, queued key,
+    /// expectation, record and view is gone.
+    WipeRedis,
+    /// Fail Redis over to a replica whose replication was cut [`FAILOVER_LAG`] before the
+    /// master died: the writes of that last moment (leases, Dones, Adds) are lost.
+    FailoverLagging,
     /// Make the API server answer a share of the services' requests with 429 and 500 for a
     /// while (kjob-sim's `/sim/faults`, or the fault proxy in front of a real kube-apiserver).
     ApiErrors,
@@ -100,11 +113,13 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in schedule order before shuffling.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 8] = [
         Fault::KillWorker,
         Fault::RestartQueue,
         Fault::RestartRedis,
         Fault::KillLeader,
+        Fault::WipeRedis,
+        Fault::FailoverLagging,
         Fault::ApiErrors,
         Fault::CloseWatches,
     ];
@@ -129,6 +144,8 @@ impl fmt::Display for Fault {
             Fault::RestartQueue => "restart-queue",
             Fault::RestartRedis => "restart-redis",
             Fault::KillLeader => "kill-leader-watcher",
+            Fault::WipeRedis => "wipe-redis",
+            Fault::FailoverLagging => "failover-lagging",
             Fault::ApiErrors => "api-429-500",
             Fault::CloseWatches => "close-watches",
         })
@@ -169,6 +186,9 @@ pub struct Report {
     pub elapsed: Duration,
     /// What the fault proxy did, on the real control plane.
     pub proxy: Option<ProxyStats>,
+    /// For each Redis-loss fault (wipe, lagging failover): how long after it kjob-queue granted
+    /// its first lease again (`None`: not within [`RECOVERY_TIMEOUT`]).
+    pub recoveries: Vec<(Fault, Option<Duration>)>,
     /// Every invariant broken, one line each.
     pub violations: Vec<String>,
 }
@@ -190,6 +210,12 @@ impl fmt::Display for Report {
         match self.converge_after_last_fault {
             Some(d) => writeln!(f, "converged {:.1}s after the last fault", d.as_secs_f64())?,
             None => writeln!(f, "did not converge")?,
+        }
+        for (fault, after) in &self.recoveries {
+            match after {
+                Some(d) => writeln!(f, "{fault}: leasing again {:.1}s after it", d.as_secs_f64())?,
+                None => writeln!(f, "{fault}: no lease within {RECOVERY_TIMEOUT:?} after it")?,
+            }
         }
         if let Some(p) = &self.proxy {
             writeln!(
@@ -285,12 +311,22 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let n_faults = (cfg.duration.as_millis() / cfg.fault_interval.as_millis().max(1)) as usize;
     let plan = schedule(&mut rng, &cfg.faults, n_faults.max(1));
     let mut last_fault = Instant::now();
+    let mut recoveries = Vec::new();
     for fault in plan {
         tokio::time::sleep(cfg.fault_interval).await;
         inject(&mut stack, &mut rng, fault).await.with_context(|| format!("injecting {fault}"))?;
         *report.faults.entry(fault).or_default() += 1;
         last_fault = Instant::now();
         tracing::info!(%fault, "fault injected");
+        if matches!(fault, Fault::WipeRedis | Fault::FailoverLagging)
+            && let Some(admin) = stack.admin_url(QUEUE)
+        {
+            let admin = admin.trim_start_matches("http://").parse()?;
+            recoveries.push((fault, tokio::task::spawn_blocking(move || leasing_again(admin))));
+        }
+    }
+    for (fault, after) in recoveries {
+        report.recoveries.push((fault, after.await.context("recovery probe panicked")?));
     }
     creator.await.context("job creator panicked")??;
     tokio::task::block_in_place(|| stack.check_alive())?;
@@ -332,6 +368,31 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     report.elapsed = started.elapsed();
     tokio::task::block_in_place(|| stack.stop());
     Ok(report)
+}
+
+/// kjob-queue's `kjob_queue_leases_total` of the Job queue, from its admin port.
+fn leases_total(admin: std::net::SocketAddr) -> Option<f64> {
+    let (code, body) = kjob_testkit::stack::http_request(admin, "GET", "/metrics", None).ok()?;
+    let body = String::from_utf8(body).ok().filter(|_| code == 200)?;
+    let series = format!("kjob_queue_leases_total{{name=\"{}\"}} ", kjob_core::JOB_QUEUE);
+    body.lines().find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+}
+
+/// How long after now kjob-queue grants a lease again (its lease count grows), polled every
+/// 100 ms; `None` past [`RECOVERY_TIMEOUT`]. A wipe or failover holds leasing for one worker
+/// lease, so this is the fault's cost in time before Jobs progress again.
+fn leasing_again(admin: std::net::SocketAddr) -> Option<Duration> {
+    let start = Instant::now();
+    let before = leases_total(admin);
+    while start.elapsed() < RECOVERY_TIMEOUT {
+        std::thread::sleep(Duration::from_millis(100));
+        if let (Some(now), Some(b)) = (leases_total(admin), before)
+            && now > b
+        {
+            return Some(start.elapsed());
+        }
+    }
+    None
 }
 
 /// The fault proxy's API faults took effect: an injected error window refused some requests,
@@ -410,6 +471,10 @@ async fn inject(stack: &mut Stack, rng: &mut StdRng, fault: Fault) -> anyhow::Re
             stack.kill(REDIS)?;
             stack.restart(REDIS)
         }),
+        Fault::WipeRedis => tokio::task::block_in_place(|| stack.wipe_redis()),
+        Fault::FailoverLagging => {
+            tokio::task::block_in_place(|| stack.fail_over_redis_lagging(FAILOVER_LAG))
+        }
         Fault::KillLeader => tokio::task::block_in_place(|| {
             let leader = stack.wait_for_leader(LEADER_TIMEOUT)?;
             stack.kill(&leader)?;
@@ -571,7 +636,7 @@ mod tests {
         }
         assert!("kill-everything".parse::<Fault>().is_err());
         let mut rng = StdRng::seed_from_u64(3);
-        let plan = schedule(&mut rng, &Fault::ALL, 12);
+        let plan = schedule(&mut rng, &Fault::ALL, 2 * Fault::ALL.len());
         for f in Fault::ALL {
             assert_eq!(plan.iter().filter(|&&p| p == f).count(), 2, "{plan:?}");
         }

@@ -26,7 +26,8 @@ struct Args {
     #[arg(long, default_value = "4s", value_parser = parse_duration)]
     fault_interval: Duration,
     /// Fault kinds to inject, comma-separated (default: all): kill-worker, restart-queue,
-    /// restart-redis, kill-leader-watcher, api-429-500, close-watches.
+    /// restart-redis, kill-leader-watcher, wipe-redis, failover-lagging, api-429-500,
+    /// close-watches.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<kjob_chaos::Fault>,
     /// Worker processes.

@@ -3,7 +3,8 @@
 //!
 //! `make test` runs two bounded variants: the server-side faults alone (queue and redis
 //! restarts, API 429/500, cut watches), and every fault kind including process crashes of a
-//! worker and of the leading watcher. A crash can leave a Job's shared expectations raised (a
+//! worker and of the leading watcher and Redis losing its data (wiped, or failed over to a
+//! replica that missed the last writes), on kjob-sim and on the real control plane. A crash can leave a Job's shared expectations raised (a
 //! creation that never happens or is never observed); workers treat such a record as satisfied
 //! once it is older than one lease plus 15 s and requeue the Job for that moment, so the
 //! crash variant gets room for one such window to converge.

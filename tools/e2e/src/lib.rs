@@ -120,7 +120,7 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
 /// Parses `obj` into the k8s-openapi type of its kind and checks nothing is lost on the way
 /// back (which catches misspelled or misplaced fields that a plain parse would ignore).
 pub fn check_typed(obj: &Value) -> anyhow::Result<()> {
-    use k8s_openapi::api::{apps, autoscaling, core, networking, policy, rbac};
+    use k8s_openapi::api::{apps, autoscaling, batch, core, networking, policy, rbac};
     let kind = obj["kind"].as_str().unwrap_or_default();
     let api = obj["apiVersion"].as_str().unwrap_or_default();
     match (api, kind) {
@@ -131,6 +131,7 @@ pub fn check_typed(obj: &Value) -> anyhow::Result<()> {
         ("v1", "Secret") => round_trip::<core::v1::Secret>(obj),
         ("apps/v1", "Deployment") => round_trip::<apps::v1::Deployment>(obj),
         ("apps/v1", "StatefulSet") => round_trip::<apps::v1::StatefulSet>(obj),
+        ("batch/v1", "Job") => round_trip::<batch::v1::Job>(obj),
         ("policy/v1", "PodDisruptionBudget") => round_trip::<policy::v1::PodDisruptionBudget>(obj),
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             round_trip::<networking::v1::NetworkPolicy>(obj)

@@ -6,12 +6,13 @@ use std::collections::BTreeSet;
 use kjob_e2e::*;
 use serde_json::Value;
 
-const KUSTOMIZATIONS: [&str; 5] = [
+const KUSTOMIZATIONS: [&str; 6] = [
     "deploy/base",
     "deploy/overlays/kind",
     "deploy/overlays/kind-manage-all",
     "deploy/overlays/hpa",
     "deploy/overlays/redis-tls",
+    "deploy/overlays/redis-cluster",
 ];
 
 /// Renders `dir`, or says loudly why it cannot.
@@ -259,6 +260,119 @@ fn redis_tls_overlay_serves_tls_only_and_the_queue_verifies_it() {
         queue["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     assert!(qargs.contains(&"--redis-url=rediss://kjob-redis.kjob-system.svc:6379"), "{qargs:?}");
     assert_eq!(env(queue, "KJOB_REDIS_CA_FILE")["value"], "/tls/ca.crt");
+}
+
+/// The Redis Cluster overlay: six TLS-only nodes (three masters, a replica each) that announce
+/// their stable names, keep the base's ACL user with kjob's exact rules, replicate and form the
+/// cluster as an `admin` user whose password never reaches a command line; kjob-queue names
+/// every node as a seed over rediss+cluster:// and verifies them; the nodes (and the init Job)
+/// reach one another and nobody else new reaches them.
+#[test]
+fn redis_cluster_overlay_forms_a_tls_cluster_with_replicas_that_kjob_follows() {
+    let Some(objs) = render("deploy/overlays/redis-cluster") else { return };
+    let sts = of_kind(&objs, "StatefulSet").into_iter().find(|s| name(s) == "kjob-redis").unwrap();
+    assert_eq!(sts["spec"]["replicas"], 6);
+    assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
+    let redis = container(&objs, "StatefulSet", "kjob-redis");
+    let args: Vec<&str> =
+        redis["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for pair in [
+        ["--cluster-enabled", "yes"],
+        ["--cluster-config-file", "/data/nodes.conf"],
+        ["--cluster-announce-hostname", "$(POD_NAME).kjob-redis.kjob-system.svc"],
+        ["--cluster-preferred-endpoint-type", "hostname"],
+        ["--port", "0"],
+        ["--tls-port", "6379"],
+        ["--tls-cluster", "yes"],
+        ["--tls-replication", "yes"],
+        ["--tls-cert-file", "/tls/tls.crt"],
+        ["--appendonly", "yes"],
+        ["--maxmemory-policy", "noeviction"],
+    ] {
+        assert!(args.windows(2).any(|w| w == pair), "redis args lack {pair:?}: {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.contains("masterauth")), "a password on the command line");
+    let script = redis["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap());
+    let script = script.collect::<Vec<_>>().join(" ");
+    for needed in
+        ["user default off", "user kjob on #", "$KJOB_REDIS_ACL_RULES", "masteruser admin"]
+    {
+        assert!(script.contains(needed), "the start script lacks {needed:?}: {script}");
+    }
+    for (var, key) in
+        [("KJOB_REDIS_PASSWORD", "password"), ("KJOB_REDIS_ADMIN_PASSWORD", "admin-password")]
+    {
+        let from = &env(redis, var)["valueFrom"]["secretKeyRef"];
+        assert_eq!(
+            (from["name"].as_str(), from["key"].as_str()),
+            (Some("kjob-redis-auth"), Some(key))
+        );
+    }
+    let mut ports: Vec<&str> =
+        redis["ports"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    ports.sort();
+    assert_eq!(ports, ["cluster-bus", "redis"]);
+
+    let queue = container(&objs, "Deployment", "kjob-queue");
+    let qargs: Vec<&str> =
+        queue["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let url = qargs.iter().find_map(|a| a.strip_prefix("--redis-url=")).unwrap();
+    let seeds = url.strip_prefix("rediss+cluster://").unwrap_or_else(|| panic!("{url}"));
+    let want: Vec<String> =
+        (0..6).map(|i| format!("kjob-redis-{i}.kjob-redis.kjob-system.svc:6379")).collect();
+    assert_eq!(seeds.split(',').collect::<Vec<_>>(), want, "every node is a seed");
+    assert_eq!(env(queue, "KJOB_REDIS_CA_FILE")["value"], "/tls/ca.crt");
+
+    let init = of_kind(&objs, "Job").into_iter().find(|j| name(j) == "kjob-redis-cluster-init");
+    let init = init.expect("the init Job");
+    let c = &init["spec"]["template"]["spec"]["containers"][0];
+    let from = &env(c, "REDISCLI_AUTH")["valueFrom"]["secretKeyRef"];
+    assert_eq!(
+        (from["name"].as_str(), from["key"].as_str()),
+        (Some("kjob-redis-auth"), Some("admin-password"))
+    );
+    let script = c["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    for needed in [
+        "--cluster create",
+        "--cluster-replicas 1",
+        "for i in 0 1 2 3 4 5",
+        "cluster_known_nodes:6",
+    ] {
+        assert!(script.contains(needed), "the init script lacks {needed:?}: {script}");
+    }
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+
+    let policy =
+        of_kind(&objs, "NetworkPolicy").into_iter().find(|p| name(p) == "kjob-redis").unwrap();
+    let mut reach: BTreeSet<(String, String)> = BTreeSet::new();
+    for rule in policy["spec"]["ingress"].as_array().unwrap() {
+        for f in rule["from"].as_array().unwrap() {
+            for p in rule["ports"].as_array().unwrap() {
+                let who =
+                    f["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str().unwrap();
+                reach.insert((who.into(), p["port"].as_str().unwrap().into()));
+            }
+        }
+    }
+    let want: BTreeSet<(String, String)> = [
+        ("kjob-queue", "redis"),
+        ("kjob-redis", "redis"),
+        ("kjob-redis", "cluster-bus"),
+        ("kjob-redis-cluster-init", "redis"),
+        ("kjob-redis-cluster-init", "cluster-bus"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.into(), b.into()))
+    .collect();
+    assert_eq!(reach, want);
+    let pdb = of_kind(&objs, "PodDisruptionBudget").into_iter().find(|p| name(p) == "kjob-redis");
+    assert_eq!(pdb.expect("a PDB for the nodes")["spec"]["maxUnavailable"], 1);
 }
 
 #[test]

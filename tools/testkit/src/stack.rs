@@ -659,6 +659,91 @@ impl Stack {
         self.wait_ready(name)
     }
 
+    /// Redis loses everything: SIGKILL, its data folder emptied (no AOF, no RDB), and started
+    /// again empty on its port.
+    pub fn wipe_redis(&mut self) -> anyhow::Result<()> {
+        self.kill(REDIS)?;
+        let dir = self.redis_dir()?;
+        std::fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)?;
+        self.restart(REDIS)
+    }
+
+    /// The data folder of the running redis-server (its `--dir`).
+    fn redis_dir(&mut self) -> anyhow::Result<PathBuf> {
+        let args = &self.proc(REDIS)?.spec.args;
+        let i = args.iter().position(|a| a == "--dir").context("redis-server has no --dir")?;
+        Ok(PathBuf::from(&args[i + 1]))
+    }
+
+    /// Redis fails over to a replica that missed the last writes: a replica is started and
+    /// synced, its replication is cut `lag` before the master dies (SIGKILL), and it is
+    /// promoted and takes the master's address — as a Service or a Sentinel-managed address
+    /// moves to a new master. It keeps its own data folder (AOF on) from then on, so a later
+    /// restart or wipe acts on it.
+    pub fn fail_over_redis_lagging(&mut self, lag: Duration) -> anyhow::Result<()> {
+        /// How long the new replica may take to load the master's data and rewrite its AOF.
+        const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+        let master = self.proc(REDIS)?.spec.clone();
+        let port = master.ready_port;
+        let replica_port = free_port();
+        let dir = self.cfg.run_dir.join(format!("redis-{replica_port}"));
+        std::fs::create_dir_all(&dir)?;
+        let mut args = master.args.clone();
+        for (flag, value) in
+            [("--port", replica_port.to_string()), ("--dir", dir.display().to_string())]
+        {
+            let i = args.iter().position(|a| a == flag).with_context(|| format!("no {flag}"))?;
+            args[i + 1] = value;
+        }
+        let mut replica_args = args.clone();
+        replica_args.extend(["--replicaof".into(), "127.0.0.1".into(), port.to_string()]);
+        let spec = Spec { args: replica_args, ready_port: replica_port, ..master.clone() };
+        let name = format!("{REDIS}-replica");
+        self.launch(&name, spec)?;
+        let cli = crate::redis_cluster::redis_cli()?;
+        let ask = |p: u16, cmd: &[&str]| -> anyhow::Result<String> {
+            let out = Command::new(&cli)
+                .args(["-p", &p.to_string()])
+                .args(cmd)
+                .output()
+                .context("running redis-cli")?;
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        // Synced: the link is up, the initial load is done and the AOF rewrite after it ended.
+        let deadline = Instant::now() + SYNC_TIMEOUT;
+        loop {
+            let repl = ask(replica_port, &["info", "replication"])?;
+            let pers = ask(replica_port, &["info", "persistence"])?;
+            if repl.contains("master_link_status:up")
+                && !repl.contains("master_sync_in_progress:1")
+                && pers.contains("aof_rewrite_in_progress:0")
+                && pers.contains("aof_rewrite_scheduled:0")
+                && pers.contains("loading:0")
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the replica did not sync in {SYNC_TIMEOUT:?}: {repl}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Replication stops here: what the master takes from now on, the replica misses.
+        let r = ask(replica_port, &["replicaof", "no", "one"])?;
+        anyhow::ensure!(r.trim() == "OK", "REPLICAOF NO ONE: {r}");
+        std::thread::sleep(lag);
+        self.kill(REDIS)?;
+        let r = ask(replica_port, &["config", "set", "port", &port.to_string()])?;
+        anyhow::ensure!(r.trim() == "OK", "moving the promoted replica to port {port}: {r}");
+        // The promoted replica is the Redis from now on, on the master's port and its own data.
+        let mut promoted = self.procs.remove(&name).context("the replica's slot")?;
+        let i = args.iter().position(|a| a == "--port").context("no --port")?;
+        args[i + 1] = port.to_string();
+        promoted.spec = Spec { args, ready_port: port, ..master };
+        self.procs.insert(REDIS.to_string(), promoted);
+        self.wait_ready(REDIS)
+    }
+
     /// Starts one more worker (`kjob-worker-N`, N never reused) and returns its name.
     pub fn add_worker(&mut self) -> anyhow::Result<String> {
         self.next_worker += 1;
