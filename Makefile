@@ -120,7 +120,7 @@ chaos:
 ## diff-upstream: every case under kube-controller-manager's Job controller and under kjob (two
 ## fresh control planes up at once, KUBELET=off, a scripted kubelet), compared; report in
 ## target/diff/ (DIFF_ARGS: --seed N --cases N --case NAME --parallel N --reruns N)
-diff-upstream: cluster-build
+diff-upstream: cluster-build cluster-build-addons
 	$(CARGO) build --locked -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim -p kjob-diff --bins
 	$(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff $(DIFF_ARGS)
 

@@ -120,6 +120,20 @@ async fn kueue_admits_jobs_whose_managed_by_names_kjob_one_at_a_time() {
     )
     .await;
 
+    // A Job queued before its LocalQueue is active waits as inadmissible and is retried
+    // later, so a later Job could pass it.
+    let t = Instant::now();
+    loop {
+        let lq = lqs.get("queue").await.unwrap();
+        let active = lq.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Active" && c["status"] == "True"));
+        if active {
+            break;
+        }
+        assert!(t.elapsed() < SCENARIO, "LocalQueue not Active within {SCENARIO:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     for name in ["first", "second"] {

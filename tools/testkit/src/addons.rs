@@ -155,11 +155,21 @@ fn read_yaml_docs(path: &Path) -> anyhow::Result<Vec<Value>> {
     Ok(out)
 }
 
-/// A CRD served in more than one version converts through the manager's `/convert` (Kueue's
-/// `config/components/crd/patches/webhook_in_*.yaml`, with a URL for the Service).
+/// Kueue's CRDs that convert between v1beta1 and v1beta2 through the manager: the ones whose
+/// `patches/webhook_in_<plural>.yaml` Kueue v0.17.0's `config/components/crd/kustomization.yaml`
+/// applies (the v1beta1 types with `ConvertTo`/`ConvertFrom`). Its other CRDs serve both
+/// versions with the same schema and no conversion (strategy None), as there.
+pub const KUEUE_CONVERTED_CRDS: [&str; 5] =
+    ["localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"];
+
+/// A CRD Kueue converts ([`KUEUE_CONVERTED_CRDS`]) converts through the manager's `/convert`, as
+/// its kustomize patch says, by URL instead of through the Service.
 pub fn rewrite_crd(mut crd: Value, base_url: &str, ca_bundle: &str) -> Value {
-    let versions = crd["spec"]["versions"].as_array().map_or(0, Vec::len);
-    if versions > 1 {
+    let converted = crd["spec"]["group"] == "kueue.x-k8s.io"
+        && crd["spec"]["names"]["plural"]
+            .as_str()
+            .is_some_and(|p| KUEUE_CONVERTED_CRDS.contains(&p));
+    if converted {
         crd["spec"]["conversion"] = json!({
             "strategy": "Webhook",
             "webhook": {
@@ -436,11 +446,14 @@ mod tests {
     }
 
     #[test]
-    fn only_multi_version_crds_convert_through_the_manager() {
-        let one = json!({"spec": {"versions": [{"name": "v1alpha2"}]}});
-        assert!(rewrite_crd(one, "https://127.0.0.1:9", "Q0E=")["spec"]["conversion"].is_null());
-        let two = json!({"spec": {"versions": [{"name": "v1beta1"}, {"name": "v1beta2"}]}});
-        let out = rewrite_crd(two, "https://127.0.0.1:9", "Q0E=");
+    fn only_the_crds_kueue_patches_convert_through_the_manager() {
+        let crd = |plural: &str| {
+            json!({"spec": {"group": "kueue.x-k8s.io", "names": {"plural": plural},
+                "versions": [{"name": "v1beta1"}, {"name": "v1beta2"}]}})
+        };
+        let flavor = rewrite_crd(crd("resourceflavors"), "https://127.0.0.1:9", "Q0E=");
+        assert!(flavor["spec"]["conversion"].is_null());
+        let out = rewrite_crd(crd("workloads"), "https://127.0.0.1:9", "Q0E=");
         assert_eq!(
             out["spec"]["conversion"]["webhook"]["clientConfig"]["url"],
             "https://127.0.0.1:9/convert"
