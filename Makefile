@@ -11,7 +11,7 @@ JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
 .PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
-	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-up cluster-down \
+	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-up cluster-down \
 	diff-upstream test-diff-run
 
 all: build
@@ -120,7 +120,7 @@ chaos:
 ## diff-upstream: every case under kube-controller-manager's Job controller and under kjob (two
 ## fresh control planes up at once, KUBELET=off, a scripted kubelet), compared; report in
 ## target/diff/ (DIFF_ARGS: --seed N --cases N --case NAME --parallel N --reruns N)
-diff-upstream: cluster-build
+diff-upstream: cluster-build cluster-build-addons
 	$(CARGO) build --locked -p kjob-queue -p kjob-watcher -p kjob-worker -p kjob-sim -p kjob-diff --bins
 	$(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff $(DIFF_ARGS)
 
@@ -129,12 +129,20 @@ diff-upstream: cluster-build
 cluster-build:
 	./cluster/build.sh
 
-## cluster-up: the real control plane on loopback, in the background (KUBELET=off, JOB_CONTROLLER=upstream)
-cluster-up: cluster-build
-	$(CARGO) build --locked -p kjob-testkit -p kjob-sim --bins
-	$(TARGET_DIR)/debug/kjob-cluster up --dir $(CLUSTER_DIR) --kubelet $(KUBELET) --job-controller $(JOB_CONTROLLER) $(CLUSTER_ARGS)
+## cluster-build-addons: build Kueue's and JobSet's managers from the Go modules pinned in
+## cluster/kueue and cluster/jobset, with their CRDs and webhook configurations (once per go.sum;
+## cached outside the repo, apart from the control plane's build)
+cluster-build-addons:
+	./cluster/build-addons.sh
 
-## cluster-down: stop every process of make cluster-up and remove its data
+## cluster-up: the real control plane on loopback, in the background (KUBELET=off, JOB_CONTROLLER=upstream,
+## ADDONS=kueue,jobset: Kueue's and JobSet's managers beside it, docs/ecosystem.md)
+ADDONS ?=
+cluster-up: cluster-build $(if $(ADDONS),cluster-build-addons)
+	$(CARGO) build --locked -p kjob-testkit -p kjob-sim --bins
+	$(TARGET_DIR)/debug/kjob-cluster up --dir $(CLUSTER_DIR) --kubelet $(KUBELET) --job-controller $(JOB_CONTROLLER) $(if $(ADDONS),--addons $(ADDONS)) $(CLUSTER_ARGS)
+
+## cluster-down: stop every process of make cluster-up (the add-ons' managers too) and remove its data
 cluster-down:
 	$(CARGO) build --locked -p kjob-testkit --bins
 	$(TARGET_DIR)/debug/kjob-cluster down --dir $(CLUSTER_DIR)

@@ -15,6 +15,9 @@ if ! command -v go >/dev/null 2>&1; then
   exec "$@"
 fi
 bin=$(./cluster/build.sh) || { echo "with-cluster: building the real control plane failed (see above)" >&2; exit 1; }
+# Kueue and JobSet too (docs/ecosystem.md), before any test: a test that asks for them would
+# otherwise build them inside its own time limit, and tests in parallel would build them twice.
+./cluster/build-addons.sh >/dev/null || { echo "with-cluster: building Kueue and JobSet failed (see above)" >&2; exit 1; }
 "$target/debug/kjob-cluster" up --dir "$dir" --bin-dir "$bin" --node-agent "$target/debug/kjob-node-agent" \
   || { echo "with-cluster: starting the real control plane failed (logs: $dir/logs)" >&2; exit 1; }
 trap '"$target/debug/kjob-cluster" down --dir "$dir" >/dev/null 2>&1 || true' EXIT

@@ -39,7 +39,33 @@ pub struct Case {
     /// instead of ending the run (never set on generated cases, whose Jobs must be valid).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
+    /// Kueue queues the case's Job (created suspended, with the queue-name label and pods of
+    /// 1 CPU); the run starts Kueue beside both control planes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kueue: Option<KueueQueue>,
 }
+
+/// The Kueue queue of a case: a LocalQueue `queue` in the case's namespace pointing at a
+/// ClusterQueue that cases of one group share (so their Jobs compete for its quota).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KueueQueue {
+    /// The shared ClusterQueue (made by the first case that needs it).
+    pub cluster_queue: String,
+    /// Its nominal CPU quota, in whole CPUs (each pod requests 1).
+    pub cpus: u32,
+    /// Place of this case's Job in the group's creation order (0 first): the Job is created
+    /// `position` × [`KUEUE_CREATE_SPACING_MS`] after the case starts, so each has a creation
+    /// timestamp of its own (they have 1-second resolution, and Kueue queues by it).
+    pub position: u32,
+}
+
+/// Spacing of the creations of one Kueue group's Jobs; more than a second (see
+/// [`KueueQueue::position`]).
+pub const KUEUE_CREATE_SPACING_MS: u64 = 1500;
+/// Name of each case's LocalQueue.
+pub const KUEUE_LOCAL_QUEUE: &str = "queue";
+/// Kueue's label naming a Job's LocalQueue.
+pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 
 fn default_horizon() -> u64 {
     DEFAULT_HORIZON_S
@@ -195,6 +221,11 @@ impl Case {
             for (k, v) in spec {
                 j["spec"][k] = v.clone();
             }
+        }
+        if self.kueue.is_some() {
+            j["metadata"]["labels"] = json!({KUEUE_QUEUE_LABEL: KUEUE_LOCAL_QUEUE});
+            j["spec"]["template"]["spec"]["containers"][0]["resources"] =
+                json!({"requests": {"cpu": "1"}});
         }
         j
     }
@@ -529,6 +560,7 @@ fn generate_one(seed: u64, i: usize) -> Case {
         horizon_s,
         quota: Value::Null,
         refused: false,
+        kueue: None,
     };
     // Moving a failure may put a disruption's window on its new end, and moving a disruption a
     // failure's window on it: place both until neither moves (seed 5's gen-5-1964 takes two).
@@ -804,7 +836,11 @@ pub fn select(seed: u64, generated: usize, only: Option<&str>) -> anyhow::Result
             {
                 return Ok(vec![generate_one(seed, i)]);
             }
-            all.retain(|c| c.name == name);
+            // `prefix*`: every built-in case whose name starts so (a Kueue group together).
+            match name.strip_suffix('*') {
+                Some(prefix) => all.retain(|c| c.name.starts_with(prefix)),
+                None => all.retain(|c| c.name == name),
+            }
             anyhow::ensure!(!all.is_empty(), "no case named {name}");
             Ok(all)
         }

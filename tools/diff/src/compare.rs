@@ -29,6 +29,9 @@ pub struct RawRun {
     pub milestones: BTreeMap<String, f64>,
     /// The API server's refusals of the case's own requests, in order (cases of refused Jobs).
     pub refusals: Vec<Value>,
+    /// When the Job was created (the origin of `milestones`), to put cases of one Kueue group
+    /// on one timeline.
+    pub started: Option<std::time::Instant>,
 }
 
 /// A run as compared: normalised and ordered.
@@ -240,11 +243,15 @@ fn pod(r: &PodRecord) -> Value {
         o.remove("nodeName");
     }
     let last = &r.last;
+    let mut annotations = m.get("annotations").cloned().unwrap_or(Value::Null);
+    if let Some(w) = annotations.get_mut(KUEUE_WORKLOAD_ANNOTATION) {
+        *w = json!("<the Job's Workload>");
+    }
     json!({
         "name": strip_suffix(str_at(&r.first, "/metadata/name")),
         "generateName": m.get("generateName"),
         "labels": m.get("labels"),
-        "annotations": m.get("annotations"),
+        "annotations": annotations,
         "finalizers": m.get("finalizers"),
         "ownerReferences": m.get("ownerReferences"),
         "spec": spec,
@@ -263,6 +270,10 @@ fn pod(r: &PodRecord) -> Value {
     })
 }
 
+/// The annotation Kueue copies into a Job's pod template on admission: the name of the Job's
+/// Workload, which ends in a hash of the Job's uid, so it differs between any two runs.
+const KUEUE_WORKLOAD_ANNOTATION: &str = "kueue.x-k8s.io/workload";
+
 /// Occurrences of an event (an aggregated event counts `count` times).
 fn event_count(e: &Value) -> u64 {
     e.pointer("/series/count")
@@ -270,6 +281,24 @@ fn event_count(e: &Value) -> u64 {
         .and_then(Value::as_u64)
         .unwrap_or(1)
         .max(1)
+}
+
+/// Kueue's events (on the Job and on its Workload: `CreatedWorkload`, `QuotaReserved`,
+/// `Admitted`, `Pending`, `Started`, `FinishedWorkload`, …) are compared by kind only (type,
+/// reason, component), once each: their messages carry the Workload's name (a hash of the
+/// Job's uid) and wait times, and how often Kueue repeats one is its own timing, not the Job
+/// controller's.
+fn kueue_event(e: &Value) -> Option<Value> {
+    let component = match str_at(e, "/source/component") {
+        "" => str_at(e, "/reportingComponent"),
+        c => c,
+    };
+    let kind = str_at(e, "/involvedObject/kind");
+    // Kueue's recorders: `kueue-admission`, `batch/job-kueue-controller`, ….
+    if !component.contains("kueue") && kind != "Workload" {
+        return None;
+    }
+    Some(json!([e.get("type"), e.get("reason"), "<Kueue's message>", component, kind]))
 }
 
 /// Normalises one run.
@@ -280,7 +309,15 @@ pub fn observe(raw: &RawRun) -> Observed {
     let mut pods: Vec<Value> = raw.pods.iter().map(pod).collect();
     pods.iter_mut().for_each(|p| rewrite(p, &subst));
     let mut events = Vec::new();
+    let mut kueue_seen = std::collections::BTreeSet::new();
     for e in &raw.events {
+        if let Some(t) = kueue_event(e) {
+            // Once per kind: see [`kueue_event`].
+            if kueue_seen.insert(t.to_string()) {
+                events.push(t);
+            }
+            continue;
+        }
         let mut t = json!([
             e.get("type"),
             e.get("reason"),
@@ -502,6 +539,7 @@ mod tests {
             milestones: [("pod 1 created".to_string(), 0.5)].into(),
             refusals: vec![json!({"request": "patch job", "code": 422, "reason": "Invalid",
                 "message": "Job.batch \"job\" is invalid: spec.completions: field is immutable"})],
+            started: None,
         }
     }
 

@@ -5,5 +5,6 @@
 pub mod case;
 pub mod compare;
 pub mod kubelet;
+pub mod kueue;
 pub mod report;
 pub mod run;

@@ -6,7 +6,8 @@ use std::time::Instant;
 use clap::Parser;
 use futures::StreamExt;
 use kjob_diff::compare::RawRun;
-use kjob_diff::{case, compare, report, run};
+use kjob_diff::{case, compare, kueue, report, run};
+use kjob_testkit::addons::Addon;
 use kjob_testkit::cluster::JobController;
 
 /// Runs cases under the upstream Job controller and under kjob and compares them.
@@ -19,7 +20,8 @@ struct Args {
     /// Number of generated cases (after the built-in ones).
     #[arg(long, default_value_t = 0)]
     cases: usize,
-    /// Run only this case (built-in or generated, `gen-<seed>-<i>`).
+    /// Run only this case (built-in or generated, `gen-<seed>-<i>`), or with a trailing `*`
+    /// every built-in case whose name starts so (`kueue-quota-*`).
     #[arg(long)]
     case: Option<String>,
     /// Cases in flight at once (each on both control planes at the same time).
@@ -110,9 +112,11 @@ async fn main() -> anyhow::Result<()> {
     let cases = case::select(seed, cases, case.as_deref())?;
     let t0 = Instant::now();
     eprintln!("diff-upstream: starting a control plane per Job controller (upstream, kjob)");
+    // Kueue beside both control planes only when a case queues its Job there.
+    let addons = if cases.iter().any(|c| c.kueue.is_some()) { vec![Addon::Kueue] } else { vec![] };
     let (upstream_bench, kjob_bench) = tokio::try_join!(
-        run::Bench::start(JobController::Upstream, bin_dir.clone()),
-        run::Bench::start(JobController::Kjob, bin_dir.clone()),
+        run::Bench::start(JobController::Upstream, bin_dir.clone(), addons.clone()),
+        run::Bench::start(JobController::Kjob, bin_dir.clone(), addons),
     )?;
     eprintln!(
         "diff-upstream: control planes up in {:.0} s; {} cases, {parallel} at a time",
@@ -120,7 +124,16 @@ async fn main() -> anyhow::Result<()> {
         cases.len()
     );
     let (upstream, kjob) = (&upstream_bench, &kjob_bench);
-    let mut results = judge_all(&cases, run_all(upstream, kjob, &cases, parallel).await?);
+    let raws = run_all(upstream, kjob, &cases, parallel).await?;
+    // Each Kueue group's quota and order, on each control plane (first runs only: a rerun
+    // case runs without the rest of its group).
+    let mut group_violations = Vec::new();
+    for (side, pick) in [("upstream", 0), ("kjob", 1)] {
+        let side_raws: Vec<&RawRun> =
+            raws.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
+        group_violations.extend(kueue::check_groups(side, &cases, &side_raws));
+    }
+    let mut results = judge_all(&cases, raws);
     for attempt in 1..=reruns {
         let again: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].verdict == report::Verdict::Different)
@@ -156,8 +169,21 @@ async fn main() -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     println!("{}", report::summary(&results));
+    if cases.iter().any(|c| c.kueue.is_some()) {
+        println!(
+            "Kueue groups (quota held, completed in creation order, on each control plane): {}",
+            if group_violations.is_empty() {
+                "held".to_string()
+            } else {
+                format!("{} violation(s)", group_violations.len())
+            }
+        );
+    }
+    for v in &group_violations {
+        eprintln!("  {v}");
+    }
     let (_, _, different, _) = report::counts(&results);
-    std::process::exit(if different > 0 { 1 } else { 0 });
+    std::process::exit(if different > 0 || !group_violations.is_empty() { 1 } else { 0 });
 }
 
 #[cfg(test)]

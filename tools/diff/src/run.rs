@@ -19,16 +19,20 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ResourceQuota, ServiceAccount};
 use kjob_testkit::Program;
+use kjob_testkit::addons::Addon;
 use kjob_testkit::cluster::{
     ClusterInfo, ClusterOptions, ControlPlane, JobController, KJOB_NAMESPACE,
     UPSTREAM_JOB_CONTROLLER_USER,
 };
 use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
-use crate::case::{Case, JOB_NAME, Since, UserAction};
+use crate::case::{
+    Case, JOB_NAME, KUEUE_CREATE_SPACING_MS, KUEUE_LOCAL_QUEUE, KueueQueue, Since, UserAction,
+};
 use crate::compare::RawRun;
 use crate::kubelet::ScriptedKubelet;
 
@@ -48,6 +52,8 @@ const KJOB_WORKERS: usize = 2;
 /// The scheduler of users' pods, which nobody runs: they stay Pending (unbound), so whether
 /// the garbage collector deletes one before or after a kubelet would run it never shows.
 const USER_POD_SCHEDULER: &str = "kjob-diff-nobody";
+/// The ResourceFlavor of every Kueue case's ClusterQueue (no node labels: any node).
+const KUEUE_FLAVOR: &str = "default-flavor";
 /// Name of a case's ResourceQuota.
 const QUOTA_NAME: &str = "quota";
 /// How long a new namespace may take to get its `default` ServiceAccount (and a quota its
@@ -140,7 +146,13 @@ pub fn writes_by_namespace(
 impl Bench {
     /// Starts a fresh control plane with `mode`'s Job controller (and, for kjob, its stack:
     /// redis, queue, one watcher, two workers, all taking Jobs without `spec.managedBy`).
-    pub async fn start(mode: JobController, kjob_bin: PathBuf) -> anyhow::Result<Self> {
+    ///
+    /// `addons` start beside the control plane (Kueue when a case needs it).
+    pub async fn start(
+        mode: JobController,
+        kjob_bin: PathBuf,
+        addons: Vec<Addon>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("kjob-diff-{}-", mode_name(mode)))
             .tempdir()?;
@@ -154,6 +166,7 @@ impl Bench {
             opts.nodes = 1;
             opts.kubelet = false;
             opts.job_controller = mode;
+            opts.addons = addons;
             let qps = [
                 format!("--kube-api-qps={CLIENT_QPS}"),
                 format!("--kube-api-burst={}", 2 * CLIENT_QPS),
@@ -241,6 +254,11 @@ impl Bench {
         if !case.quota.is_null() {
             self.create_quota(&ns, &case.quota).await?;
         }
+        if let Some(q) = &case.kueue {
+            self.create_kueue_queue(&ns, q).await?;
+            let wait = KUEUE_CREATE_SPACING_MS * u64::from(q.position);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
         let (job_watch, mut job_rx) = watch_job(jobs.clone());
         let mut refusals = Vec::new();
@@ -307,6 +325,7 @@ impl Bench {
             writes: BTreeMap::new(),
             milestones: milestones.0,
             refusals,
+            started: Some(started),
         })
     }
 
@@ -360,6 +379,73 @@ impl Bench {
             pods.create(&PostParams::default(), &pod).await.context("creating a user's pod")?;
         }
         Ok(())
+    }
+
+    /// Makes the Kueue objects of `q`: the ResourceFlavor and the group's ClusterQueue when no
+    /// case made them yet, and the namespace's LocalQueue; waits until Kueue reports the
+    /// LocalQueue active (a Job queued before would wait for it, and say so in events).
+    async fn create_kueue_queue(&self, ns: &str, q: &KueueQueue) -> anyhow::Result<()> {
+        let ar = |kind: &str, plural: &str| ApiResource {
+            group: "kueue.x-k8s.io".into(),
+            version: "v1beta2".into(),
+            api_version: "kueue.x-k8s.io/v1beta2".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let create = |api: Api<DynamicObject>, obj: Value| async move {
+            let o: DynamicObject = serde_json::from_value(obj)?;
+            match api.create(&PostParams::default(), &o).await {
+                Ok(_) => anyhow::Ok(()),
+                // Another case of the group made it first.
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        };
+        let flavor = ar("ResourceFlavor", "resourceflavors");
+        create(
+            Api::all_with(self.client.clone(), &flavor),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                "metadata": {"name": KUEUE_FLAVOR}}),
+        )
+        .await
+        .context("creating the ResourceFlavor")?;
+        let cq = ar("ClusterQueue", "clusterqueues");
+        create(
+            Api::all_with(self.client.clone(), &cq),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                "metadata": {"name": q.cluster_queue},
+                "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                    "coveredResources": ["cpu"],
+                    "flavors": [{"name": KUEUE_FLAVOR,
+                        "resources": [{"name": "cpu", "nominalQuota": q.cpus.to_string()}]}]}]}}),
+        )
+        .await
+        .context("creating the ClusterQueue")?;
+        let lq = ar("LocalQueue", "localqueues");
+        let lqs: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &lq);
+        create(
+            lqs.clone(),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                "metadata": {"name": KUEUE_LOCAL_QUEUE, "namespace": ns},
+                "spec": {"clusterQueue": q.cluster_queue}}),
+        )
+        .await
+        .context("creating the LocalQueue")?;
+        let t = Instant::now();
+        loop {
+            let o = lqs.get(KUEUE_LOCAL_QUEUE).await?;
+            let active = o.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| c["type"] == "Active" && c["status"] == "True")
+            });
+            if active {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                t.elapsed() < NAMESPACE_READY_TIMEOUT,
+                "LocalQueue of {ns} not Active within {NAMESPACE_READY_TIMEOUT:?}"
+            );
+            tokio::time::sleep(TICK).await;
+        }
     }
 
     /// Creates the case's ResourceQuota and waits until the quota controller has written its

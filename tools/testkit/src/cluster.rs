@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use crate::addons::{Addon, build_addons};
 use crate::args::{ExtraArgs, Program};
 use crate::process::{free_port, reap_by, send_sigterm, wait_for_tcp, workspace_root};
 
@@ -82,6 +83,11 @@ pub struct ClusterOptions {
     pub extra_args: ExtraArgs,
     /// Leave the processes running when the [`ControlPlane`] is dropped (`make cluster-up`).
     pub detach: bool,
+    /// Batch add-ons started once the control plane is settled (`make cluster-up ADDONS=…`).
+    pub addons: Vec<Addon>,
+    /// Folder of the built add-ons; `None` runs `cluster/build-addons.sh` when `addons` is not
+    /// empty.
+    pub addons_dir: Option<PathBuf>,
 }
 
 impl ClusterOptions {
@@ -96,6 +102,8 @@ impl ClusterOptions {
             job_controller: JobController::Kjob,
             extra_args: ExtraArgs::default(),
             detach: false,
+            addons: Vec::new(),
+            addons_dir: None,
         }
     }
 }
@@ -328,6 +336,12 @@ impl ControlPlane {
                 bail!("{} lacks {b}: run cluster/build.sh", bin_dir.display());
             }
         }
+        // Built before anything starts, so a failed build leaves no process behind.
+        let addons_dir = match (&opts.addons_dir, opts.addons.is_empty()) {
+            (_, true) => None,
+            (Some(d), false) => Some(d.clone()),
+            (None, false) => Some(build_addons()?),
+        };
         if !opts.node_agent.is_file() {
             bail!("{} not found: run `cargo build -p kjob-sim --bins`", opts.node_agent.display());
         }
@@ -496,6 +510,9 @@ impl ControlPlane {
         agent_args.extend(opts.extra_args.of(Program::NodeAgent).iter().cloned());
         cp.spawn("kjob-node-agent", opts.node_agent.clone(), agent_args)?;
         cp.wait_settled(opts.nodes, started)?;
+        if let Some(d) = &addons_dir {
+            cp.start_addons(&opts.addons, d, &kubeconfig)?;
+        }
         fs::write(
             dir.join("cluster.json"),
             serde_json::to_string_pretty(&json!({
@@ -506,13 +523,19 @@ impl ControlPlane {
                 "nodes": opts.nodes,
                 "etcdData": etcd_data,
                 "binDir": bin_dir,
+                "addons": opts.addons.iter().map(|a| a.name()).collect::<Vec<_>>(),
                 "pids": cp.procs.iter().map(|p| json!({"name": p.name, "pid": p.child.id()})).collect::<Vec<_>>(),
             }))?,
         )?;
         Ok(cp)
     }
 
-    fn spawn(&mut self, name: &str, program: PathBuf, args: Vec<String>) -> anyhow::Result<()> {
+    pub(crate) fn spawn(
+        &mut self,
+        name: &str,
+        program: PathBuf,
+        args: Vec<String>,
+    ) -> anyhow::Result<()> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -531,7 +554,7 @@ impl ControlPlane {
     }
 
     /// Fails with the log tail of any process that already exited.
-    fn check_alive(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check_alive(&mut self) -> anyhow::Result<()> {
         for p in &mut self.procs {
             if let Ok(Some(st)) = p.child.try_wait() {
                 let log = fs::read_to_string(self.log_dir.join(format!("{}.log", p.name)))
@@ -836,6 +859,8 @@ pub struct ClusterInfo {
     pub kubelet: bool,
     /// Whether kube-controller-manager's Job controller runs.
     pub upstream_job_controller: bool,
+    /// Names of the batch add-ons running (`kueue`, `jobset`).
+    pub addons: Vec<String>,
 }
 
 impl ClusterInfo {
@@ -856,6 +881,10 @@ impl ClusterInfo {
             audit_log: dir.join("audit.log"),
             kubelet: v["kubelet"].as_bool().unwrap_or(true),
             upstream_job_controller: v["jobController"] == "upstream",
+            addons: v["addons"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|n| n.as_str().map(String::from)).collect())
+                .unwrap_or_default(),
         })
     }
 

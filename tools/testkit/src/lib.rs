@@ -3,6 +3,7 @@
 //! Every helper owns its child process and kills it on drop, so a failing test never leaves a
 //! server behind, and every test gets its own ports so tests run in parallel.
 
+pub mod addons;
 pub mod args;
 pub mod cluster;
 pub mod faults;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use kjob_testkit::Program;
+use kjob_testkit::addons::{self, Addon};
 use kjob_testkit::cluster::{self, ClusterOptions, ControlPlane, JobController};
 
 /// The real Kubernetes control plane kjob is tested against, on loopback.
@@ -61,6 +62,10 @@ enum Cmd {
         /// Extra kjob-node-agent flag (repeatable), e.g. --agent-arg=--pod-run-time=100ms.
         #[arg(long = "agent-arg", allow_hyphen_values = true)]
         agent_args: Vec<String>,
+        /// Batch add-ons to start beside it, comma-separated: kueue, jobset (built by
+        /// cluster/build-addons.sh; see docs/ecosystem.md).
+        #[arg(long, default_value = "")]
+        addons: String,
     },
     /// Summarise kjob's requests in the audit log; exit 1 if RBAC refused any (a `forbid`
     /// decision) or the server rejected any write as invalid (422).
@@ -89,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             kcm_args,
             apiserver_args,
             agent_args,
+            addons,
         } => {
             let node_agent = match node_agent {
                 Some(p) => p,
@@ -109,6 +115,8 @@ fn main() -> anyhow::Result<()> {
                 .add(Program::KubeApiserver, apiserver_args)
                 .add(Program::NodeAgent, agent_args);
             opts.detach = true;
+            opts.addons = Addon::parse_list(&addons)?;
+            let opts_addons = opts.addons.clone();
             let started = std::time::Instant::now();
             let cp = ControlPlane::start(opts)?;
             println!(
@@ -122,6 +130,17 @@ fn main() -> anyhow::Result<()> {
                     Controller::Upstream => "upstream",
                 }
             );
+            for a in &opts_addons {
+                let v = match a {
+                    Addon::Kueue => addons::KUEUE_VERSION,
+                    Addon::JobSet => addons::JOBSET_VERSION,
+                };
+                println!(
+                    "  addon:  {} {v} (log: {})",
+                    a.name(),
+                    cp.log_dir.join(format!("{}.log", a.name())).display()
+                );
+            }
             println!("  admin:  {}", cp.kubeconfig.display());
             println!("  kjob:   {}", cp.kjob_kubeconfig.display());
             println!("  logs:   {}", cp.log_dir.display());
