@@ -129,6 +129,7 @@ pub struct Metrics {
     unknown: Arc<QueueMetrics>,
     grpc: Arc<GrpcMetrics>,
     auth_refused: Family<RefusedLabels, Counter>,
+    limits: crate::limits::LimitMetrics,
 }
 
 impl Metrics {
@@ -164,7 +165,23 @@ impl Metrics {
             "Redis maxmemory of each node (0: no limit); at used >= max Redis refuses writes",
             redis_max.clone(),
         );
-        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused }
+        let limits = crate::limits::LimitMetrics::default();
+        registry.register(
+            "kjob_queue_calls_in_flight",
+            "gRPC calls being handled now, across every connection (see --max-concurrent-calls)",
+            limits.in_flight.clone(),
+        );
+        registry.register(
+            "kjob_queue_calls_refused",
+            "Calls refused with RESOURCE_EXHAUSTED because --max-concurrent-calls were being handled",
+            limits.refused.clone(),
+        );
+        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused, limits }
+    }
+
+    /// The global concurrency limit's handles, for the [`crate::limits::LimitLayer`].
+    pub fn limits(&self) -> crate::limits::LimitMetrics {
+        self.limits.clone()
     }
 
     /// `kjob_queue_auth_refused_total`, for the [`crate::auth::AuthLayer`].

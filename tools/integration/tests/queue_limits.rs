@@ -2,7 +2,6 @@
 //! which would refuse some of them before sending): every request is refused with
 //! INVALID_ARGUMENT naming the rule, and Redis holds exactly what it held before.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kjob_proto::v1;
@@ -14,19 +13,6 @@ use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
-
-/// Every key in Redis with its DUMP, so "nothing changed" means no key added, removed or changed.
-async fn snapshot(redis: &RedisServer) -> BTreeMap<String, Vec<u8>> {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
-    let mut out = BTreeMap::new();
-    for k in keys {
-        let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(&mut c).await.unwrap();
-        out.insert(k, dump);
-    }
-    out
-}
 
 fn item(key: &str) -> v1::AddItem {
     v1::AddItem { queue: "job".into(), key: key.into(), ..Default::default() }
@@ -70,7 +56,7 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
             Err(e) => panic!("kjob-queue never answered: {e}"),
         }
     }
-    let before = snapshot(&redis).await;
+    let before = redis.snapshot().await.unwrap();
     assert!(!before.is_empty());
 
     // Keys that are not Kubernetes names would land on another key's Redis key.
@@ -137,7 +123,7 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
         .await;
     refused("SetExpectations past the count limit", res, &["1000000"]);
 
-    let after = snapshot(&redis).await;
+    let after = redis.snapshot().await.unwrap();
     assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
     assert!(before == after, "a refused request changed Redis");
 
