@@ -287,18 +287,26 @@ fn selects(selector: &Value, labels: &[(&str, &str)]) -> bool {
         })
 }
 
+/// Labels, as (key, value) pairs.
+type Labels<'a> = Vec<(&'a str, &'a str)>;
+
 /// Whether a rule's peer list (`from` or `to`) admits `peer`.
 fn admits(peers: &Value, peer: Peer) -> bool {
     let Some(peers) = peers.as_array() else { return true }; // absent: any peer
     peers.iter().any(|p| {
-        let (ns, pod): (&[(&str, &str)], Vec<(&str, &str)>) = match peer {
-            Peer::Pod(app) => (&[], vec![("app.kubernetes.io/name", app)]),
-            Peer::Dns => (&[("kubernetes.io/metadata.name", "kube-system")], vec![("k8s-app", "kube-dns")]),
-            Peer::Prometheus => (&[("kjob.io/scrape", "true")], vec![("app.kubernetes.io/name", "prometheus")]),
+        let (ns, pod): (Labels, Labels) = match peer {
+            Peer::Pod(app) => (vec![], vec![("app.kubernetes.io/name", app)]),
+            Peer::Dns => (
+                vec![("kubernetes.io/metadata.name", "kube-system")],
+                vec![("k8s-app", "kube-dns")],
+            ),
+            Peer::Prometheus => {
+                (vec![("kjob.io/scrape", "true")], vec![("app.kubernetes.io/name", "prometheus")])
+            }
             Peer::Outside => return p["ipBlock"].is_object(),
         };
         let ns_ok = match p.get("namespaceSelector") {
-            Some(sel) => !ns.is_empty() && selects(sel, ns),
+            Some(sel) => !ns.is_empty() && selects(sel, &ns),
             None => ns.is_empty(), // the policy's own namespace
         };
         let pod_ok = p.get("podSelector").is_none_or(|sel| selects(sel, &pod));
@@ -323,7 +331,7 @@ fn allowed(pols: &[&Value], app: &str, dir: &str, peer: Peer, port: &str) -> boo
             let port_ok = r["ports"].as_array().is_none_or(|ps| {
                 ps.iter().any(|x| match &x["port"] {
                     Value::String(s) => s == port,
-                    v => v.to_string() == port,
+                    v => v.as_u64().is_some_and(|n| n.to_string() == port),
                 })
             });
             port_ok && admits(&r[from_to], peer)
