@@ -294,3 +294,59 @@ async fn the_call_past_the_concurrency_limit_is_refused_and_the_others_complete(
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// The watcher's sender never sends an Add past kjob-queue's request limit: a snapshot item of
+/// eight pods of 1.2 MiB (9.6 MiB, past the 8 MiB limit) goes as several Adds, in order; every
+/// pod lands, the view is trusted once the session commits, and nothing was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchers_sender_splits_an_add_past_the_request_limit() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use kjob_watcher::handlers::{Enqueue, SessionControl};
+    use kjob_watcher::view::ViewWrite;
+
+    let redis = RedisServer::start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
+    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
+    let client = kjob_queue_client::QueueClient::connect_lazy(&url).unwrap();
+    let metrics = kjob_watcher::metrics::Metrics::register(&mut Default::default());
+    let (tx, rx) = kjob_watcher::sender::channel();
+    let sender = tokio::spawn(kjob_watcher::sender::run_sender(
+        rx,
+        client.clone(),
+        metrics.clone(),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(tokio::sync::Notify::new()),
+        kjob_core::seal::ViewKey::new(&[7; 32]).unwrap(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+
+    let session: Arc<str> = "watcher-1".into();
+    let pod =
+        |i: usize| ViewWrite::Pod { name: format!("p{i}"), object: vec![b'x'; 1200 * 1024].into() };
+    let mut writes = vec![ViewWrite::Reset { uid: "u1".into() }];
+    writes.extend((0..8).map(pod));
+    writes.push(ViewWrite::Job {
+        uid: "u1".into(),
+        object: br#"{"metadata":{"name":"big","namespace":"ns"}}"#.to_vec().into(),
+        resource_version: "5".into(),
+    });
+    writes.push(ViewWrite::Trust);
+    let item = Enqueue::view_only("ns/big".into(), session.clone(), writes);
+    tx.send(Enqueue::session(SessionControl::Begin(session.clone()))).await.unwrap();
+    tx.send(item).await.unwrap();
+    tx.send(Enqueue::session(SessionControl::Commit(session))).await.unwrap();
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(30), sender).await.unwrap().unwrap().unwrap();
+
+    assert_eq!(metrics.send_errors.get(), 0, "kjob-queue refused or failed an Add");
+    assert_eq!(metrics.batches.get(), 2, "9.6 MiB goes as two Adds");
+    let view = client.get_job_view("ns/big", &[]).await.unwrap().expect("a trusted view");
+    assert_eq!(view.pods.len(), 8);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
