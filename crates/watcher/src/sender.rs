@@ -1,7 +1,8 @@
 //! Ships handler decisions to kjob-queue in batches.
 //!
 //! Items arrive over a bounded channel (a full channel stalls the watch streams: backpressure,
-//! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items, at
+//! not memory growth), are grouped into one `Add` per batch (cut further by [`split_adds`] to
+//! stay within kjob-queue's request limits; flushed at [`MAX_BATCH`] items, at
 //! once when one asks for an immediate sync, else when the first of its items has lingered as
 //! long as it may: see [`linger_for`]), and each batch is retried with backoff until kjob-queue
 //! has it. An item that asks for a sync after a delay spends part of that delay lingering, and
@@ -42,8 +43,9 @@ pub const SEND_BUFFER: usize = 4096;
 pub const STAGE_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 /// Largest Add batch: keeps one Redis script run short (upstream caps per-sync work at 500 too).
 pub const MAX_BATCH: usize = 500;
-/// Largest Add batch in bytes (view objects): well under kjob-queue's message limit, and one
-/// script run stays short.
+/// Largest Add batch in bytes as [`item_size`] estimates them (view objects): one script run
+/// stays short. kjob-queue's request limit, a hard one, is kept by [`split_adds`], which cuts
+/// any batch (or single item) past it into several Adds.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// Shortest wait for company of a batch whose items do not ask for a sync now: what view-only
 /// items and items with short delays wait. 10 ms rather than 5 made 35-40 % fewer Adds for the
