@@ -778,7 +778,15 @@ impl QueueService {
             )));
         }
         let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
-        self.store.put_record(&r.key, &r.name, &r.value, ttl).await?;
+        if !self.store.put_record(&r.key, &r.name, &r.value, ttl).await? {
+            return Err(invalid(format!(
+                "{} already has {} records, the limit (MAX_RECORDS_PER_JOB); record {:?} is a \
+                 new one",
+                r.key,
+                validate::MAX_RECORDS_PER_JOB,
+                r.name
+            )));
+        }
         Ok(v1::PutRecordResponse {})
     }
 

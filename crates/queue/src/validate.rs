@@ -19,6 +19,8 @@ pub const MAX_LEASE_MS: u64 = 3600 * 1000;
 pub const MAX_LIST: usize = 10_000;
 /// Longest free-form identifier (worker ids, UIDs, lease ids, record names).
 pub const MAX_ID_LEN: usize = 253;
+/// Most records of one Job (see its why there).
+pub use kjob_workqueue::MAX_RECORDS_PER_JOB;
 /// Largest record value.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 /// Largest object in a view write: etcd's default request limit (1.5 MiB), which bounds every

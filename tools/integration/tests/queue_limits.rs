@@ -59,6 +59,16 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
             Err(e) => panic!("kjob-queue never answered: {e}"),
         }
     }
+    // A Job with as many records as one may keep.
+    let full = |name: String| v1::PutRecordRequest {
+        key: "ns/full".into(),
+        name,
+        value: vec![1],
+        ttl_ms: 0,
+    };
+    for i in 0..validate::MAX_RECORDS_PER_JOB {
+        s.put_record(full(format!("r{i}"))).await.unwrap();
+    }
     let before = redis.snapshot().await.unwrap();
     assert!(!before.is_empty());
 
@@ -192,6 +202,8 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
     refused("PutRecord too large", res, &[&validate::MAX_RECORD_BYTES.to_string()]);
     let res = s.put_record(record("n".repeat(validate::MAX_ID_LEN + 1), vec![1])).await;
     refused("PutRecord name too long", res, &[&validate::MAX_ID_LEN.to_string()]);
+    let res = s.put_record(full("one-more".into())).await;
+    refused("PutRecord past the records of a Job", res, &["MAX_RECORDS_PER_JOB", "16"]);
 
     let res = s
         .set_expectations(v1::SetExpectationsRequest {
