@@ -10,7 +10,7 @@ KUBELET ?= on
 JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
-.PHONY: all build setup fmt lint test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
+.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
 	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-up cluster-down \
 	diff-upstream test-diff-run
 
@@ -27,10 +27,16 @@ setup:
 fmt:
 	$(CARGO) fmt --all
 
-## lint: rustfmt check and clippy with warnings as errors
-lint:
+## lint: rustfmt check, clippy with warnings as errors, and the dependency policy (deny)
+lint: deny
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+## deny: cargo-deny's licenses, bans and sources checks against deny.toml, offline (the advisory
+## database cannot be reached from here); scripts/setup.sh installs the pinned cargo-deny
+deny:
+	@KJOB_NEED_DENY=1 KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=0 ./scripts/setup.sh
+	$(CARGO) deny --offline --locked check licenses bans sources
 
 ## test: what CI runs. Installs what a fresh machine lacks (redis-server, cargo-nextest, the
 ## Python client, the Go-built control plane), then lint + every test suite, the real-server

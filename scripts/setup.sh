@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for kjob's tests and demo: redis-server (Debian), the Python
-# client and pytest (PyPI), cargo-nextest (crates.io). KJOB_SKIP_PYTHON=1 and KJOB_SKIP_NEXTEST=1
+# client and pytest (PyPI), cargo-nextest and cargo-deny (crates.io). KJOB_SKIP_PYTHON=1 and KJOB_SKIP_NEXTEST=1
 # leave out what a target does not run. Idempotent; quiet when everything is present.
 set -euo pipefail
 
@@ -49,4 +49,15 @@ fi
 # Only the test suites run nextest; the demo, benchmarks and chaos suite skip its ~6 min build.
 if [ "${KJOB_SKIP_NEXTEST:-0}" != "1" ]; then
   command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+fi
+
+# The dependency policy (make deny, part of make test's lint): a pinned cargo-deny, built from
+# crates.io (about 6 min on a busy 2-core machine; docs/testing.md), for the test suites and
+# `make deny` (KJOB_NEED_DENY=1) only. Its licenses, bans and sources checks run offline.
+CARGO_DENY_VERSION=0.20.2
+if [ "${KJOB_SKIP_NEXTEST:-0}" != "1" ] || [ "${KJOB_NEED_DENY:-0}" = "1" ]; then
+  if [ "$(cargo-deny --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+    echo "setup: installing cargo-deny $CARGO_DENY_VERSION from crates.io"
+    cargo install --locked "cargo-deny@$CARGO_DENY_VERSION"
+  fi
 fi

@@ -2,8 +2,9 @@
 
 grpcio's generic `unary_unary` on raw bytes, as a client with no stubs would call: no client
 certificate gets UNAUTHENTICATED; the worker's certificate calling the watcher-only CacheSession
-gets PERMISSION_DENIED (and Lease, which workers may call, is not refused). kjob-queue runs as the
-built binary with certificates from `kjob-queue certs`, over its own redis-server.
+gets PERMISSION_DENIED (and Lease, which workers may call, is not refused); a request past the
+size limit gets INVALID_ARGUMENT naming it. kjob-queue runs as the built binary with certificates
+from `kjob-queue certs`, over its own redis-server.
 """
 
 import os
@@ -137,3 +138,17 @@ def test_worker_certificate_may_not_call_the_watchers_rpc(secure_queue):
         assert call(ch, "/kjob.queue.v1.JobState/CacheSession") == grpc.StatusCode.PERMISSION_DENIED
         # Its own RPC gets past authorization: the empty request fails validation instead.
         assert call(ch, "/kjob.queue.v1.Queue/Lease") == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_request_past_the_size_limit_is_refused_naming_it(secure_queue):
+    """One byte past kjob-queue's 8 MiB request limit, from the watcher (who may call Add):
+    refused before it is decoded, with INVALID_ARGUMENT naming the limit."""
+    address, certs = secure_queue
+    limit = 8 * 1024 * 1024
+    with channel(address, certs, "kjob-watcher-tls") as ch:
+        rpc = ch.unary_unary("/kjob.queue.v1.Queue/Add", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as refused:
+            rpc(b"\0" * (limit + 1), timeout=CALL_TIMEOUT_S)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert "MAX_REQUEST_BYTES" in refused.value.details()
+        assert str(limit) in refused.value.details()

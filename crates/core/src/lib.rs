@@ -50,6 +50,25 @@ pub const QUEUES: [&str; 2] = [JOB_QUEUE, ORPHAN_POD_QUEUE];
 /// Longest key accepted anywhere: namespace (63) + '/' + name (253).
 pub const MAX_KEY_LEN: usize = 63 + 1 + 253;
 
+/// Largest request message kjob-queue decodes (8 MiB), and so the most a client sends in one
+/// call. The largest request that must travel whole is one Done carrying a Job object at etcd's
+/// 1.5 MiB object limit plus 10,000 pod UIDs each of expectations and finalizer removals
+/// (about 2.3 MiB), or a GateEvents of 256 events at their key and message caps (about 5 MiB);
+/// batches (Add, DoneBatch, the Dones a Lease carries) are split by their senders by encoded
+/// bytes below it. One call's request then costs kjob-queue at most this much memory to decode.
+pub const MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+/// Largest reply message kjob-queue sends (64 MiB): a Job view comes back whole, at about
+/// 2.2 KB per pod, and a 20,000-pod Job's view (~44 MB) must fit. Views paged by size (issue
+/// 46) would let this come down to the request cap.
+pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
+/// Most items in one Add. The watcher, its only caller, sends at most 500 (its batch limit);
+/// twice that bounds one Add's script run (a script blocks Redis while it runs).
+pub const MAX_ADD_ITEMS: usize = 1000;
+/// Most operations (view writes plus observations) in one Add item. A watcher snapshot item is
+/// 200 pods and 4 other writes; 512 leaves room, and with [`MAX_ADD_ITEMS`] bounds one script's
+/// work. The watcher splits a larger item (coalesced events of one Job) into several.
+pub const MAX_ADD_ITEM_OPS: usize = 512;
+
 /// Most Dones one DoneBatch call carries and one Done script call finishes (a script blocks
 /// the whole Redis server while it runs).
 pub const MAX_DONE_BATCH: usize = 200;

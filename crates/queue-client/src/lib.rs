@@ -36,10 +36,10 @@ pub use security::{QueueSecurity, QueueTlsArgs};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
+/// Largest request sent and largest reply accepted: kjob-queue's own limits (their why is
+/// there). A request past the first fails here, before it is sent.
+pub use kjob_core::{MAX_REPLY_BYTES, MAX_REQUEST_BYTES};
 /// Connecting to the server must not hang longer than this; a retry follows.
-/// Largest gRPC message sent or accepted: a Job's view and a snapshot Add exceed tonic's 4 MiB
-/// default (kjob-queue accepts the same).
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of a unary call, on top of the long-poll wait for Lease: Redis scripts are bounded,
 /// so a healthy server answers far sooner.
@@ -123,8 +123,13 @@ fn retryable(status: &Status) -> bool {
     // DEADLINE_EXCEEDED is a call that did not get through in time. All are safe to resend:
     // Add, Lease and the expectation calls tolerate a duplicate, and a duplicate Done/Renew
     // comes back as LeaseLost, which the worker treats as "someone else owns the key now".
-    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled)
-        || (status.code() == Code::Unknown && std::error::Error::source(status).is_some())
+    // RESOURCE_EXHAUSTED is kjob-queue at its concurrency limit (it answers an oversized
+    // request with INVALID_ARGUMENT): the call is refused before any work, so it is resent
+    // after the policy's backoff.
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted
+    ) || (status.code() == Code::Unknown && std::error::Error::source(status).is_some())
 }
 
 fn from_status(status: Status) -> ClientError {
@@ -258,11 +263,11 @@ impl QueueClient {
         let channel = endpoint.connect_lazy();
         Ok(Self {
             queue: RawQueueClient::new(channel.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(MAX_REPLY_BYTES)
+                .max_encoding_message_size(MAX_REQUEST_BYTES),
             job_state: JobStateClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(MAX_REPLY_BYTES)
+                .max_encoding_message_size(MAX_REQUEST_BYTES),
             retry: RetryPolicy::default(),
         })
     }
@@ -613,6 +618,7 @@ mod tests {
         ));
         assert!(matches!(from_status(Status::not_found("x")), ClientError::Status(_)));
         assert!(retryable(&Status::unavailable("x")));
+        assert!(retryable(&Status::resource_exhausted("x")));
         assert!(!retryable(&Status::invalid_argument("x")));
         assert!(!retryable(&Status::failed_precondition("x")));
     }

@@ -64,6 +64,9 @@ pub struct Args {
     /// Private key (PEM) of --redis-cert-file.
     #[arg(long, env = "KJOB_REDIS_KEY_FILE", requires = "redis_cert_file")]
     pub redis_key_file: Option<PathBuf>,
+    /// Most gRPC calls handled at once across every connection; more are refused with RESOURCE_EXHAUSTED (clients retry with backoff) and counted in kjob_queue_calls_refused_total.
+    #[arg(long, env = "KJOB_MAX_CONCURRENT_CALLS", default_value_t = crate::limits::DEFAULT_MAX_CONCURRENT_CALLS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_concurrent_calls: usize,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -140,6 +143,7 @@ impl Args {
             redis_ca_file,
             redis_cert_file,
             redis_key_file,
+            max_concurrent_calls,
             admin: _,
         } = self;
         let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
@@ -178,7 +182,13 @@ impl Args {
                 key_file: redis_key_file,
             },
         };
-        Ok(QueueConfig { redis_url, redis, store: Default::default(), security })
+        Ok(QueueConfig {
+            redis_url,
+            redis,
+            store: Default::default(),
+            security,
+            max_concurrent_calls,
+        })
     }
 }
 

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod batch;
 pub mod certs;
 pub mod config;
+pub mod limits;
 pub mod metrics;
 pub mod service;
 pub mod validate;
@@ -44,7 +45,9 @@ const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 const OOM_HOLD: Duration = Duration::from_secs(5);
 /// Attempts to reach Redis at start-up: quick at first, then once a second.
 const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-/// Concurrent calls per client connection; each worker holds a few (one long poll plus Done/Renew).
+/// Concurrent calls per client connection, queued past it (tonic's limit): each worker holds a
+/// few (one long poll plus one call per sync slot); the global limit, which refuses, is
+/// `--max-concurrent-calls`.
 const MAX_CONCURRENT_PER_CONN: usize = 256;
 /// HTTP/2 keepalive pings notice dead clients (their long polls are then dropped).
 const KEEPALIVE: Duration = Duration::from_secs(20);
@@ -61,6 +64,9 @@ pub struct QueueConfig {
     pub store: StoreConfig,
     /// Who may call, and over what.
     pub security: Security,
+    /// Most calls handled at once across every connection; more are refused with
+    /// RESOURCE_EXHAUSTED (`--max-concurrent-calls`).
+    pub max_concurrent_calls: usize,
 }
 
 /// How kjob-queue secures its gRPC port.
@@ -99,6 +105,7 @@ impl QueueConfig {
             redis: RedisOptions::default(),
             store: Default::default(),
             security,
+            max_concurrent_calls: limits::DEFAULT_MAX_CONCURRENT_CALLS,
         }
     }
 }
@@ -110,6 +117,7 @@ impl std::fmt::Debug for QueueConfig {
             .field("redis", &self.redis)
             .field("store", &self.store)
             .field("security", &self.security)
+            .field("max_concurrent_calls", &self.max_concurrent_calls)
             .finish()
     }
 }
@@ -144,7 +152,8 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let Listeners { grpc: listener, admin } = listeners;
-    let QueueConfig { redis_url, redis, store: store_config, security } = config;
+    let QueueConfig { redis_url, redis, store: store_config, security, max_concurrent_calls } =
+        config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
@@ -154,7 +163,8 @@ pub async fn run(
         let Some(store) = connect(target, store_config, &shutdown).await? else {
             return Ok(());
         };
-        serve(listener, &security, store, metrics, admin, &shutdown).await
+        let limit = limits::LimitLayer::new(max_concurrent_calls, metrics.limits());
+        serve(listener, &security, limit, store, metrics, admin, &shutdown).await
     })
     .await?;
     tracing::info!("kjob-queue stopped");
@@ -165,6 +175,7 @@ pub async fn run(
 async fn serve(
     listener: TcpListener,
     security: &Security,
+    limit: limits::LimitLayer,
     store: Store,
     metrics: Metrics,
     admin: &mut AdminServer,
@@ -203,20 +214,22 @@ async fn serve(
     let server = builder
         .concurrency_limit_per_connection(MAX_CONCURRENT_PER_CONN)
         .http2_keepalive_interval(Some(KEEPALIVE))
+        // Authorization first: a refused caller never holds one of the limit's slots.
         .layer(auth)
+        .layer(limit)
         .add_service(health_service)
         .add_service(reflection().build_v1().context("building the reflection service")?)
         // Older grpcurl, Postman and the Python gRPC client ask for v1alpha.
         .add_service(reflection().build_v1alpha().context("building the reflection service")?)
         .add_service(
             QueueServer::new(service.clone())
-                .max_decoding_message_size(validate::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(validate::MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(validate::MAX_REQUEST_BYTES)
+                .max_encoding_message_size(validate::MAX_REPLY_BYTES),
         )
         .add_service(
             JobStateServer::new(service)
-                .max_decoding_message_size(validate::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(validate::MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(validate::MAX_REQUEST_BYTES)
+                .max_encoding_message_size(validate::MAX_REPLY_BYTES),
         )
         .serve_with_incoming_shutdown(
             kjob_svc::tcp_incoming(listener),

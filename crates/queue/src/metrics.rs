@@ -131,6 +131,7 @@ pub struct Metrics {
     auth_refused: Family<RefusedLabels, Counter>,
     /// `kjob_queue_redis_data_lost_total`: Redis epoch or run id changes this replica saw.
     pub redis_data_lost: Counter,
+    limits: crate::limits::LimitMetrics,
 }
 
 impl Metrics {
@@ -172,7 +173,23 @@ impl Metrics {
             "Times Redis may have lost writes (a wipe, a restart or a failover changed its epoch or run id); each holds leasing for the longest lease granted",
             redis_data_lost.clone(),
         );
-        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused, redis_data_lost }
+        let limits = crate::limits::LimitMetrics::default();
+        registry.register(
+            "kjob_queue_calls_in_flight",
+            "gRPC calls being handled now, across every connection (see --max-concurrent-calls)",
+            limits.in_flight.clone(),
+        );
+        registry.register(
+            "kjob_queue_calls_refused",
+            "Calls refused with RESOURCE_EXHAUSTED because --max-concurrent-calls were being handled",
+            limits.refused.clone(),
+        );
+        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused, redis_data_lost, limits }
+    }
+
+    /// The global concurrency limit's handles, for the [`crate::limits::LimitLayer`].
+    pub fn limits(&self) -> crate::limits::LimitMetrics {
+        self.limits.clone()
     }
 
     /// `kjob_queue_auth_refused_total`, for the [`crate::auth::AuthLayer`].

@@ -351,13 +351,7 @@ fn ms(v: u64) -> Duration {
 impl QueueService {
     async fn add_rpc(&self, r: v1::AddRequest) -> Result<v1::AddResponse, Refused> {
         let items = r.items;
-        if items.len() > validate::MAX_ADD_ITEMS {
-            return Err(invalid(format!(
-                "{} items in one Add; the limit is {}",
-                items.len(),
-                validate::MAX_ADD_ITEMS
-            )));
-        }
+        validate::add_items(items.len())?;
         // Validate everything first: a batch is applied whole or refused whole.
         let mut per_queue: Vec<(&str, Vec<Enqueue>)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
@@ -365,6 +359,7 @@ impl QueueService {
             validate::key(&it.key).map_err(at)?;
             validate::queue(&it.queue).map_err(at)?;
             validate::delay("delay_ms", it.delay_ms).map_err(at)?;
+            validate::add_item_ops(it.cache.len(), it.observations.len()).map_err(at)?;
             let observations = match it.observations.iter().map(observation).collect() {
                 Ok(o) => o,
                 Err(e) => return Err(invalid(at(e))),
@@ -786,7 +781,15 @@ impl QueueService {
             )));
         }
         let ttl = (r.ttl_ms > 0).then(|| ms(r.ttl_ms));
-        self.store.put_record(&r.key, &r.name, &r.value, ttl).await?;
+        if !self.store.put_record(&r.key, &r.name, &r.value, ttl).await? {
+            return Err(invalid(format!(
+                "{} already has {} records, the limit (MAX_RECORDS_PER_JOB); record {:?} is a \
+                 new one",
+                r.key,
+                validate::MAX_RECORDS_PER_JOB,
+                r.name
+            )));
+        }
         Ok(v1::PutRecordResponse {})
     }
 

@@ -5,10 +5,10 @@ use kjob_core::{ObjectKey, QUEUES};
 /// Longest delay accepted in Add or Done (30 days): longer ones are almost certainly unit
 /// mistakes, and the watcher's resync re-enqueues every Job long before that anyway.
 pub const MAX_DELAY_MS: u64 = 30 * 24 * 3600 * 1000;
-/// Most items in one Add (bounds the script's run time: a script blocks Redis while it runs).
-pub const MAX_ADD_ITEMS: usize = 10_000;
 /// Most items in one DoneBatch: one queue's items then fit one Done script call.
 pub use kjob_core::MAX_DONE_BATCH;
+/// Most items in one Add, and most operations in one Add item (see their why there).
+pub use kjob_core::{MAX_ADD_ITEM_OPS, MAX_ADD_ITEMS};
 /// Most keys leased by one call.
 pub const MAX_LEASE_ITEMS: u32 = 1000;
 /// Longest long-poll wait of Lease.
@@ -19,6 +19,8 @@ pub const MAX_LEASE_MS: u64 = 3600 * 1000;
 pub const MAX_LIST: usize = 10_000;
 /// Longest free-form identifier (worker ids, UIDs, lease ids, record names).
 pub const MAX_ID_LEN: usize = 253;
+/// Most records of one Job (see its why there).
+pub use kjob_workqueue::MAX_RECORDS_PER_JOB;
 /// Largest record value.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 /// Largest object in a view write: etcd's default request limit (1.5 MiB), which bounds every
@@ -26,9 +28,8 @@ pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 pub const MAX_VIEW_OBJECT_BYTES: usize = 1536 * 1024;
 /// Most records read with one view.
 pub const MAX_VIEW_RECORDS: usize = 16;
-/// Largest gRPC message kjob-queue accepts: an Add of a Job's snapshot (up to 500 items of
-/// pods) and a view of a large Job fit; tonic's 4 MiB default does not.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest request kjob-queue decodes and largest reply it sends (see their why there).
+pub use kjob_core::{MAX_REPLY_BYTES, MAX_REQUEST_BYTES};
 
 /// Most events in one GateEvents call, and the longest message it accepts.
 pub use kjob_core::events::{MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES as MAX_EVENT_MESSAGE_BYTES};
@@ -80,6 +81,26 @@ pub fn view_object(field: &str, v: &[u8], required: bool) -> Result<(), String> 
     }
     if v.len() > MAX_VIEW_OBJECT_BYTES {
         return Err(format!("{field} is {} bytes; the limit is {MAX_VIEW_OBJECT_BYTES}", v.len()));
+    }
+    Ok(())
+}
+
+/// Checks the size of an Add.
+pub fn add_items(n: usize) -> Result<(), String> {
+    if n > MAX_ADD_ITEMS {
+        return Err(format!("{n} items in one Add; the limit is {MAX_ADD_ITEMS} (MAX_ADD_ITEMS)"));
+    }
+    Ok(())
+}
+
+/// Checks the operations (view writes and observations) of one Add item.
+pub fn add_item_ops(cache_ops: usize, observations: usize) -> Result<(), String> {
+    let n = cache_ops + observations;
+    if n > MAX_ADD_ITEM_OPS {
+        return Err(format!(
+            "{n} operations ({cache_ops} cache writes, {observations} observations) in one Add \
+             item; the limit is {MAX_ADD_ITEM_OPS} (MAX_ADD_ITEM_OPS)"
+        ));
     }
     Ok(())
 }
@@ -181,6 +202,10 @@ mod tests {
         assert!(done_batch_len(1).is_ok() && done_batch_len(MAX_DONE_BATCH).is_ok());
         assert!(done_batch_len(MAX_DONE_BATCH + 1).is_err());
         assert!(count("add", -1).is_err() && count("add", 3).is_ok());
+        assert!(add_items(MAX_ADD_ITEMS).is_ok());
+        assert!(add_items(MAX_ADD_ITEMS + 1).unwrap_err().contains("MAX_ADD_ITEMS"));
+        assert!(add_item_ops(MAX_ADD_ITEM_OPS, 0).is_ok());
+        assert!(add_item_ops(MAX_ADD_ITEM_OPS, 1).unwrap_err().contains("limit is 512"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Ships handler decisions to kjob-queue in batches.
 //!
 //! Items arrive over a bounded channel (a full channel stalls the watch streams: backpressure,
-//! not memory growth), are grouped into one `Add` per batch (flushed at [`MAX_BATCH`] items, at
+//! not memory growth), are grouped into one `Add` per batch (cut further by [`split_adds`] to
+//! stay within kjob-queue's request limits; flushed at [`MAX_BATCH`] items, at
 //! once when one asks for an immediate sync, else when the first of its items has lingered as
 //! long as it may: see [`linger_for`]), and each batch is retried with backoff until kjob-queue
 //! has it. An item that asks for a sync after a delay spends part of that delay lingering, and
@@ -31,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use crate::handlers::{Enqueue, SessionControl};
 use crate::metrics::{Metrics, ObservationLabels, QueueLabels};
 use crate::view::ViewWrite;
-use kjob_core::ViewOp;
 use kjob_core::seal::{EntryKind, ViewKey};
+use kjob_core::{MAX_ADD_ITEM_OPS, MAX_ADD_ITEMS, MAX_REQUEST_BYTES, ViewOp};
 
 /// Items buffered between the informer and the sender: enough for a burst of events while one
 /// batch is in flight, small enough that a stuck queue stalls the watches quickly.
@@ -42,8 +43,9 @@ pub const SEND_BUFFER: usize = 4096;
 pub const STAGE_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 /// Largest Add batch: keeps one Redis script run short (upstream caps per-sync work at 500 too).
 pub const MAX_BATCH: usize = 500;
-/// Largest Add batch in bytes (view objects): well under kjob-queue's message limit, and one
-/// script run stays short.
+/// Largest Add batch in bytes as [`item_size`] estimates them (view objects): one script run
+/// stays short. kjob-queue's request limit, a hard one, is kept by [`split_adds`], which cuts
+/// any batch (or single item) past it into several Adds.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// Shortest wait for company of a batch whose items do not ask for a sync now: what view-only
 /// items and items with short delays wait. 10 ms rather than 5 made 35-40 % fewer Adds for the
@@ -144,6 +146,123 @@ pub fn to_item(e: &Enqueue, view_key: &ViewKey) -> AddItem {
         cache: e.view.iter().map(seal).collect(),
         cache_session: e.session.as_deref().unwrap_or_default().to_string(),
     }
+}
+
+/// Framing of one protobuf field, at most: its tag and the longest length prefix of a message
+/// under 4 GiB.
+const FIELD_FRAMING: usize = 1 + 5;
+
+/// At least the bytes `op` takes in an encoded Add item, its own framing included.
+fn op_wire_bytes(op: &ViewOp<Vec<u8>>) -> usize {
+    let fields = match op {
+        ViewOp::Job { uid, object, resource_version } => {
+            uid.len() + object.len() + resource_version.len()
+        }
+        ViewOp::Pod { name, object } => name.len() + object.len(),
+        ViewOp::DeletePod { name } => name.len(),
+        ViewOp::Reset { uid } => uid.len(),
+        ViewOp::DeleteJob | ViewOp::Trust | ViewOp::Orphans => 0,
+    };
+    // Its kind, up to three length-delimited fields, and its own frame in the item.
+    fields + 5 * FIELD_FRAMING
+}
+
+/// At least the bytes `o` takes in an encoded Add item.
+fn observation_wire_bytes(o: &kjob_core::Observation) -> usize {
+    o.job_uid.len() + o.pod_uid.len() + 4 * FIELD_FRAMING
+}
+
+/// At least the bytes `it` takes in an encoded Add without its operations: queue, key,
+/// session, delay and flag, and its own frame.
+fn item_base_wire_bytes(it: &AddItem) -> usize {
+    it.queue.len() + it.key.len() + it.cache_session.len() + 6 * FIELD_FRAMING + 16
+}
+
+/// At least the bytes `it` takes in an encoded Add.
+fn item_wire_bytes(it: &AddItem) -> usize {
+    item_base_wire_bytes(it)
+        + it.cache.iter().map(op_wire_bytes).sum::<usize>()
+        + it.observations.iter().map(observation_wire_bytes).sum::<usize>()
+}
+
+/// The Adds that carry `items`, in order, each within kjob-queue's limits: at most
+/// `max_bytes` encoded and [`MAX_ADD_ITEMS`] items, each item at most [`MAX_ADD_ITEM_OPS`]
+/// operations. An item past a limit (coalesced events of one Job, a snapshot chunk of large
+/// pods) goes as several pieces of the same key, applied in order: its view writes first, then
+/// its observations (a worker that sees an observation also sees the pod it was made from),
+/// and only the last piece enqueues. A piece that cannot fit however it is cut (one object
+/// larger than `max_bytes`) comes back in the second list, to be dropped: kjob-queue would
+/// refuse it.
+pub fn split_adds(items: Vec<AddItem>, max_bytes: usize) -> (Vec<Vec<AddItem>>, Vec<AddItem>) {
+    let (mut adds, mut oversized) = (Vec::new(), Vec::new());
+    let (mut add, mut bytes) = (Vec::new(), 0);
+    for item in items {
+        for piece in pieces(item, max_bytes) {
+            let size = item_wire_bytes(&piece);
+            if size > max_bytes {
+                oversized.push(piece);
+                continue;
+            }
+            if !add.is_empty() && (bytes + size > max_bytes || add.len() >= MAX_ADD_ITEMS) {
+                adds.push(std::mem::take(&mut add));
+                bytes = 0;
+            }
+            bytes += size;
+            add.push(piece);
+        }
+    }
+    if !add.is_empty() {
+        adds.push(add);
+    }
+    (adds, oversized)
+}
+
+/// `item` cut into pieces within [`MAX_ADD_ITEM_OPS`] and `max_bytes` (see [`split_adds`]).
+fn pieces(mut item: AddItem, max_bytes: usize) -> Vec<AddItem> {
+    let ops = item.cache.len() + item.observations.len();
+    if ops <= MAX_ADD_ITEM_OPS && item_wire_bytes(&item) <= max_bytes {
+        return vec![item];
+    }
+    let base = item_base_wire_bytes(&item);
+    let shell = || AddItem {
+        queue: item.queue.clone(),
+        key: item.key.clone(),
+        delay: Duration::ZERO,
+        observations: Vec::new(),
+        observe_only: true,
+        cache: Vec::new(),
+        cache_session: item.cache_session.clone(),
+    };
+    let mut out = Vec::new();
+    let (mut piece, mut bytes) = (shell(), base);
+    // Whether `piece` must end before an operation of `size` bytes joins it.
+    let full = |piece: &AddItem, bytes: usize, size: usize| {
+        let n = piece.cache.len() + piece.observations.len();
+        n > 0 && (n >= MAX_ADD_ITEM_OPS || bytes + size > max_bytes)
+    };
+    for op in std::mem::take(&mut item.cache) {
+        let size = op_wire_bytes(&op);
+        if full(&piece, bytes, size) {
+            out.push(std::mem::replace(&mut piece, shell()));
+            bytes = base;
+        }
+        bytes += size;
+        piece.cache.push(op);
+    }
+    for o in std::mem::take(&mut item.observations) {
+        let size = observation_wire_bytes(&o);
+        if full(&piece, bytes, size) {
+            out.push(std::mem::replace(&mut piece, shell()));
+            bytes = base;
+        }
+        bytes += size;
+        piece.observations.push(o);
+    }
+    // The last piece is the item's own: its delay, and its enqueue unless it only observes.
+    piece.delay = item.delay;
+    piece.observe_only = item.observe_only;
+    out.push(piece);
+    out
 }
 
 /// Whether an item asks for a sync now (not after a delay, not only observations).
@@ -639,9 +758,37 @@ impl Link {
     }
 
     /// Sends one batch, retrying with backoff until kjob-queue has it (runs as its own task;
-    /// the sender loop keeps the channel flowing meanwhile).
+    /// the sender loop keeps the channel flowing meanwhile). A batch past kjob-queue's request
+    /// limits goes as several Adds, one after the other ([`split_adds`]).
     async fn send_batch(&mut self, batch: Vec<Enqueue>) -> Result<(), SendError> {
         let items: Vec<AddItem> = batch.iter().map(|e| to_item(e, &self.view_key)).collect();
+        let (adds, oversized) = split_adds(items, MAX_REQUEST_BYTES);
+        for it in &oversized {
+            // One object larger than any request kjob-queue takes: the API server allowed it,
+            // kjob-queue would refuse it. The Job's view misses it, so its worker falls back to
+            // consistent reads for that Job.
+            self.metrics.send_errors.inc();
+            tracing::error!(key = %it.key, bytes = item_wire_bytes(it), limit = MAX_REQUEST_BYTES, "an Add item larger than kjob-queue's request limit; dropping it");
+        }
+        let mut left = adds.iter().map(Vec::len).sum::<usize>();
+        for add in adds {
+            left -= add.len();
+            self.send_add(add)
+                .await
+                .map_err(|SendError::Abandoned(n)| SendError::Abandoned(n + left))?;
+        }
+        let m = &self.metrics;
+        for e in &batch {
+            m.enqueues.get_or_create(&QueueLabels { queue: e.queue }).inc();
+            for o in &e.observations {
+                m.observations.get_or_create(&ObservationLabels { kind: o.kind.label() }).inc();
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one Add, retrying with backoff until kjob-queue has it.
+    async fn send_add(&mut self, items: Vec<AddItem>) -> Result<(), SendError> {
         let mut attempt = 0u32;
         loop {
             let started = Instant::now();
@@ -653,17 +800,8 @@ impl Link {
                         );
                         self.view_lost.notify_one();
                     }
-                    let m = &self.metrics;
-                    m.send_duration.observe(started.elapsed().as_secs_f64());
-                    m.batches.inc();
-                    for e in &batch {
-                        m.enqueues.get_or_create(&QueueLabels { queue: e.queue }).inc();
-                        for o in &e.observations {
-                            m.observations
-                                .get_or_create(&ObservationLabels { kind: o.kind.label() })
-                                .inc();
-                        }
-                    }
+                    self.metrics.send_duration.observe(started.elapsed().as_secs_f64());
+                    self.metrics.batches.inc();
                     self.queue_ok.store(true, Ordering::Relaxed);
                     return Ok(());
                 }
@@ -672,10 +810,10 @@ impl Link {
                     // the refused ones are dropped.
                     tracing::warn!(error = %msg, items = items.len(), "kjob-queue refused a batch; sending its items one by one");
                     self.metrics.send_errors.inc();
-                    let n = batch.len();
-                    for (i, e) in batch.into_iter().enumerate() {
+                    let n = items.len();
+                    for (i, it) in items.into_iter().enumerate() {
                         if let Err(SendError::Abandoned(k)) =
-                            Box::pin(self.send_batch(vec![e])).await
+                            Box::pin(self.send_add(vec![it])).await
                         {
                             return Err(SendError::Abandoned(k + n - i - 1));
                         }
@@ -686,7 +824,7 @@ impl Link {
                     // Keys come from the API server, so this is a bug somewhere; retrying
                     // cannot help.
                     self.metrics.send_errors.inc();
-                    tracing::error!(error = %msg, item = ?batch.first(), "kjob-queue refused an item; dropping it");
+                    tracing::error!(error = %msg, key = ?items.first().map(|it| &it.key), "kjob-queue refused an item; dropping it");
                     return Ok(());
                 }
                 Err(e) => {
@@ -735,6 +873,98 @@ mod tests {
         assert_eq!(pods, ["p1", "p2", "p3"]);
         assert_eq!((out[1].queue, out[1].key.as_str()), (JOB_QUEUE, "ns/b"));
         assert_eq!((out[2].queue, out[2].key.as_str()), (ORPHAN_POD_QUEUE, "ns/a"));
+    }
+
+    /// The exact encoded size of an Add of `items`, as kjob-queue's limit measures it.
+    fn encoded(items: &[AddItem]) -> usize {
+        use prost::Message;
+        v1::AddRequest { items: items.iter().map(Into::into).collect() }.encoded_len()
+    }
+
+    fn pod(name: &str, bytes: usize) -> ViewOp<Vec<u8>> {
+        ViewOp::Pod { name: name.into(), object: vec![b'x'; bytes] }
+    }
+
+    #[test]
+    fn split_adds_cuts_items_past_the_op_limit_view_writes_first() {
+        let obs = |i: usize| kjob_core::Observation {
+            kind: kjob_core::ObservationKind::Creation,
+            job_uid: "j".into(),
+            pod_uid: format!("p{i}"),
+        };
+        let item = AddItem {
+            queue: "job".into(),
+            key: "ns/big".into(),
+            delay: Duration::from_millis(700),
+            observations: (0..600).map(obs).collect(),
+            observe_only: false,
+            cache: (0..1000).map(|i| pod(&format!("p{i}"), 10)).collect(),
+            cache_session: "s".into(),
+        };
+        let small =
+            AddItem { key: "ns/small".into(), cache: vec![], observations: vec![], ..item.clone() };
+        let (adds, oversized) = split_adds(vec![item.clone(), small.clone()], MAX_REQUEST_BYTES);
+        assert!(oversized.is_empty());
+        assert_eq!(adds.len(), 1, "small enough for one Add");
+        let pieces = &adds[0];
+        // 1,600 operations: 512 + 488 view writes, then 24 + 512 + 64 observations.
+        let shape: Vec<(usize, usize)> =
+            pieces.iter().map(|p| (p.cache.len(), p.observations.len())).collect();
+        assert_eq!(shape, [(512, 0), (488, 24), (0, 512), (0, 64), (0, 0)]);
+        assert!(pieces.iter().all(|p| p.cache.len() + p.observations.len() <= MAX_ADD_ITEM_OPS));
+        // Nothing lost or reordered; only the item's last piece enqueues, after its delay.
+        let ops: Vec<_> = pieces[..4].iter().flat_map(|p| p.cache.clone()).collect();
+        assert_eq!(ops, item.cache);
+        let seen: Vec<_> = pieces[..4].iter().flat_map(|p| p.observations.clone()).collect();
+        assert_eq!(seen, item.observations);
+        assert!(pieces[..3].iter().all(|p| p.observe_only && p.delay.is_zero()));
+        assert!(!pieces[3].observe_only && pieces[3].delay == Duration::from_millis(700));
+        assert!(pieces[..4].iter().all(|p| p.key == "ns/big" && p.cache_session == "s"));
+        assert_eq!(pieces[4], small, "an item within the limits goes as it is");
+    }
+
+    #[test]
+    fn split_adds_keeps_every_add_under_the_byte_limit() {
+        let limit = 64 * 1024;
+        // Thirty pods of 5 KiB in one item, two items of the same size, and one object
+        // larger than the limit.
+        let big = AddItem {
+            queue: "job".into(),
+            key: "ns/a".into(),
+            observe_only: true,
+            cache: (0..30).map(|i| pod(&format!("a{i}"), 5 * 1024)).collect(),
+            cache_session: "s".into(),
+            ..Default::default()
+        };
+        let b = AddItem { key: "ns/b".into(), ..big.clone() };
+        let huge = AddItem { key: "ns/c".into(), cache: vec![pod("c", limit)], ..big.clone() };
+        let (adds, oversized) = split_adds(vec![big.clone(), huge, b.clone()], limit);
+        assert_eq!(oversized.len(), 1);
+        assert_eq!(oversized[0].key, "ns/c");
+        assert!(adds.len() >= 5, "{} Adds", adds.len());
+        for add in &adds {
+            let n = encoded(add);
+            assert!(n <= limit, "an Add of {n} bytes");
+        }
+        // Every view write arrives once, in order.
+        let ops: Vec<_> = adds.iter().flatten().flat_map(|p| p.cache.clone()).collect();
+        let want: Vec<_> = big.cache.iter().chain(&b.cache).cloned().collect();
+        assert_eq!(ops, want);
+        // At the real limit, a batch the batcher makes goes whole.
+        let (adds, _) = split_adds(vec![big, b], MAX_REQUEST_BYTES);
+        assert_eq!(adds.len(), 1);
+    }
+
+    #[test]
+    fn split_adds_caps_items_per_add() {
+        let item = |i: usize| AddItem {
+            queue: "job".into(),
+            key: format!("ns/k{i}"),
+            ..Default::default()
+        };
+        let (adds, _) = split_adds((0..MAX_ADD_ITEMS + 1).map(item).collect(), MAX_REQUEST_BYTES);
+        let sizes: Vec<usize> = adds.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [MAX_ADD_ITEMS, 1]);
     }
 
     #[test]

@@ -91,6 +91,23 @@ pub struct Finished {
     pub back: WriteBack,
 }
 
+impl Finished {
+    /// At least the bytes its Done takes in a request: the Job written back, the pod UIDs
+    /// of its expectations and removals, and a generous allowance for the rest.
+    pub fn wire_bytes(&self) -> usize {
+        let uids = |v: &[String]| v.iter().map(|u| u.len() + 6).sum::<usize>();
+        let back = &self.back;
+        1024 + self.item.key.len()
+            + back.view.as_ref().map_or(0, |v| v.job.len() + v.job_uid.len() + 64)
+            + back.expectations.as_ref().map_or(0, |e| uids(&e.created_pod_uids))
+            + back.removals.as_ref().map_or(0, |r| uids(&r.pod_uids))
+    }
+}
+
+/// Most bytes of Dones one Lease call carries: half of kjob-queue's request limit, so the
+/// call stays within it with room to spare; the rest go on their own.
+const MAX_CARRIED_BYTES: usize = kjob_core::MAX_REQUEST_BYTES / 2;
+
 /// A call to the queue service.
 pub trait Call<T>: Future<Output = Result<T, ClientError>> + Send {}
 impl<T, F: Future<Output = Result<T, ClientError>> + Send> Call<T> for F {}
@@ -349,7 +366,19 @@ impl Carry {
     fn start_lease(&self, backlog: bool) -> Start {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut carried = std::mem::take(&mut st.pending);
-        let overflow = carried.split_off(carried.len().min(MAX_DONE_BATCH));
+        // Within the count and the bytes one call may carry (the first always goes).
+        let mut bytes = 0;
+        let fit = carried
+            .iter()
+            .take(MAX_DONE_BATCH)
+            .take_while(|f| {
+                bytes += f.wire_bytes();
+                bytes <= MAX_CARRIED_BYTES
+            })
+            .count()
+            .max(1)
+            .min(carried.len());
+        let overflow = carried.split_off(fit);
         let hold = backlog;
         st.leasing = true;
         st.hold = hold;
@@ -628,6 +657,40 @@ mod tests {
     use kjob_core::JOB_QUEUE;
 
     use super::*;
+
+    /// A Lease call carries Dones up to the byte budget (the first always), the rest go on
+    /// their own: a Lease request stays within kjob-queue's request limit.
+    #[test]
+    fn a_lease_carries_dones_within_the_byte_budget() {
+        let carry = Carry::default();
+        let done = |key: &str, job_bytes: usize| Finished {
+            item: Leased { key: key.into(), lease_id: "1".into(), ..Default::default() },
+            outcome: Outcome::Forget,
+            back: WriteBack {
+                view: Some(ViewWriteBack {
+                    key: key.into(),
+                    job_uid: "u".into(),
+                    job: vec![b'x'; job_bytes],
+                    resource_version: "1".into(),
+                }),
+                ..Default::default()
+            },
+        };
+        let mib = 1024 * 1024;
+        for (i, size) in [mib, mib, mib, 2 * mib, 10].into_iter().enumerate() {
+            assert!(carry.offer(done(&format!("ns/k{i}"), size)).is_none());
+        }
+        let start = carry.start_lease(false);
+        let keys = |v: &[Finished]| v.iter().map(|f| f.item.key.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&start.carried), ["ns/k0", "ns/k1", "ns/k2"]);
+        assert_eq!(keys(&start.overflow), ["ns/k3", "ns/k4"]);
+        let carried: usize = start.carried.iter().map(Finished::wire_bytes).sum();
+        assert!(carried <= MAX_CARRIED_BYTES);
+        // One Done larger than the budget still goes, alone.
+        let carry = Carry::default();
+        assert!(carry.offer(done("ns/huge", 5 * mib)).is_none());
+        assert_eq!(keys(&carry.start_lease(false).carried), ["ns/huge"]);
+    }
 
     /// What the loop did, and when (time since the test began).
     #[derive(Debug, Clone, PartialEq)]

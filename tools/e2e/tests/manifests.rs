@@ -373,40 +373,161 @@ fn redis_cluster_overlay_forms_a_tls_cluster_with_replicas_that_kjob_follows() {
     assert_eq!(reach, want);
     let pdb = of_kind(&objs, "PodDisruptionBudget").into_iter().find(|p| name(p) == "kjob-redis");
     assert_eq!(pdb.expect("a PDB for the nodes")["spec"]["maxUnavailable"], 1);
+    // With the base's deny in both directions: the nodes reach one another and the cluster
+    // DNS, the init Job reaches the nodes, kjob-queue the client port only, nobody else more.
+    use Peer::*;
+    let pols = of_kind(&objs, "NetworkPolicy");
+    let (r, init, q) = ("kjob-redis", "kjob-redis-cluster-init", "kjob-queue");
+    #[rustfmt::skip]
+    let table: &[(&str, &str, Peer, &str, bool)] = &[
+        (r, "egress", Pod(r), "redis", true),
+        (r, "egress", Pod(r), "cluster-bus", true),
+        (r, "egress", Dns, "53", true),
+        (init, "egress", Pod(r), "redis", true),
+        (init, "egress", Pod(r), "cluster-bus", true),
+        (init, "egress", Dns, "53", true),
+        (q, "egress", Pod(r), "redis", true),
+        (r, "ingress", Pod(init), "cluster-bus", true),
+        (q, "egress", Pod(r), "cluster-bus", false),
+        (r, "egress", Outside, "443", false),
+        (r, "egress", Pod(q), "grpc", false),
+        (init, "egress", Outside, "443", false),
+        (init, "ingress", Pod(r), "redis", false),
+        (r, "ingress", Pod("kjob-worker"), "redis", false),
+    ];
+    for &(app, dir, peer, port, want) in table {
+        assert_eq!(allowed(&pols, app, dir, peer, port), want, "{app} {dir} {peer:?} port {port}");
+    }
 }
 
+/// Who is at the other end of a connection, as a NetworkPolicy peer sees it.
+#[derive(Clone, Copy, Debug)]
+enum Peer {
+    /// A pod of kjob-system with this `app.kubernetes.io/name`.
+    Pod(&'static str),
+    /// The cluster DNS (kube-system, `k8s-app: kube-dns`).
+    Dns,
+    /// Prometheus in a namespace labelled `kjob.io/scrape: "true"`.
+    Prometheus,
+    /// An address outside the cluster's pods (kube-apiserver on the control plane's hosts).
+    Outside,
+}
+
+/// Whether `selector` (a LabelSelector) selects `labels`.
+fn selects(selector: &Value, labels: &[(&str, &str)]) -> bool {
+    let has = |k: &str, v: &str| labels.iter().any(|(lk, lv)| *lk == k && *lv == v);
+    let ml = selector["matchLabels"].as_object().cloned().unwrap_or_default();
+    let me = selector["matchExpressions"].as_array().cloned().unwrap_or_default();
+    ml.iter().all(|(k, v)| has(k, v.as_str().unwrap()))
+        && me.iter().all(|e| {
+            assert_eq!(e["operator"], "In", "only In is evaluated here");
+            let key = e["key"].as_str().unwrap();
+            e["values"].as_array().unwrap().iter().any(|v| has(key, v.as_str().unwrap()))
+        })
+}
+
+/// Labels, as (key, value) pairs.
+type Labels<'a> = Vec<(&'a str, &'a str)>;
+
+/// Whether a rule's peer list (`from` or `to`) admits `peer`.
+fn admits(peers: &Value, peer: Peer) -> bool {
+    let Some(peers) = peers.as_array() else { return true }; // absent: any peer
+    peers.iter().any(|p| {
+        let (ns, pod): (Labels, Labels) = match peer {
+            Peer::Pod(app) => (vec![], vec![("app.kubernetes.io/name", app)]),
+            Peer::Dns => (
+                vec![("kubernetes.io/metadata.name", "kube-system")],
+                vec![("k8s-app", "kube-dns")],
+            ),
+            Peer::Prometheus => {
+                (vec![("kjob.io/scrape", "true")], vec![("app.kubernetes.io/name", "prometheus")])
+            }
+            Peer::Outside => return p["ipBlock"].is_object(),
+        };
+        let ns_ok = match p.get("namespaceSelector") {
+            Some(sel) => !ns.is_empty() && selects(sel, &ns),
+            None => ns.is_empty(), // the policy's own namespace
+        };
+        let pod_ok = p.get("podSelector").is_none_or(|sel| selects(sel, &pod));
+        !p["ipBlock"].is_object() && ns_ok && pod_ok
+    })
+}
+
+/// Whether `pols` let a connection through in direction `dir` ("ingress" or "egress") of the
+/// kjob pod `app`, to or from `peer`, on `port` (a port name or number).
+fn allowed(pols: &[&Value], app: &str, dir: &str, peer: Peer, port: &str) -> bool {
+    let labels = [("app.kubernetes.io/name", app)];
+    let kind = if dir == "ingress" { "Ingress" } else { "Egress" };
+    let from_to = if dir == "ingress" { "from" } else { "to" };
+    let applying: Vec<_> = pols
+        .iter()
+        .filter(|p| selects(&p["spec"]["podSelector"], &labels))
+        .filter(|p| p["spec"]["policyTypes"].as_array().unwrap().iter().any(|t| t == kind))
+        .collect();
+    assert!(!applying.is_empty(), "no policy isolates {app}'s {dir}: it would be open");
+    applying.iter().any(|p| {
+        p["spec"][dir].as_array().into_iter().flatten().any(|r| {
+            let port_ok = r["ports"].as_array().is_none_or(|ps| {
+                ps.iter().any(|x| match &x["port"] {
+                    Value::String(s) => s == port,
+                    v => v.as_u64().is_some_and(|n| n.to_string() == port),
+                })
+            });
+            port_ok && admits(&r[from_to], peer)
+        })
+    })
+}
+
+/// deploy/base's NetworkPolicies, evaluated: every connection kjob needs is let through and
+/// every other one tried here is not (docs/operations.md#network-policies).
 #[test]
-fn network_policies_let_only_clients_reach_queue_and_only_the_queue_reach_redis() {
+fn network_policies_admit_exactly_what_kjob_needs() {
+    use Peer::*;
     let objs = base();
     let pols = of_kind(&objs, "NetworkPolicy");
-    let by_name = |n: &str| *pols.iter().find(|p| name(p) == n).unwrap_or_else(|| panic!("no {n}"));
-    assert_eq!(by_name("kjob-default-deny-ingress")["spec"]["podSelector"], serde_json::json!({}));
-    let peers = |p: &Value, port: &str| -> BTreeSet<String> {
-        p["spec"]["ingress"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["ports"].as_array().unwrap().iter().any(|x| x["port"] == port))
-            .flat_map(|r| r["from"].as_array().cloned().unwrap_or_default())
-            .map(|f| {
-                f["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
-                    .as_str()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect()
-    };
-    let q = by_name("kjob-queue");
-    assert_eq!(peers(q, "grpc"), BTreeSet::from(["kjob-watcher".into(), "kjob-worker".into()]));
-    assert_eq!(peers(by_name("kjob-redis"), "redis"), BTreeSet::from(["kjob-queue".into()]));
-    // Admin ports: a rule with no `from` (any source) for scraping.
-    assert!(
-        q["spec"]["ingress"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["from"].is_null() && r["ports"][0]["port"] == "admin")
-    );
+    let deny = pols.iter().find(|p| name(p) == "kjob-default-deny").expect("a default deny");
+    assert_eq!(deny["spec"]["podSelector"], serde_json::json!({}));
+    assert_eq!(deny["spec"]["policyTypes"], serde_json::json!(["Ingress", "Egress"]));
+    let (q, r, wa, wo) = ("kjob-queue", "kjob-redis", "kjob-watcher", "kjob-worker");
+    #[rustfmt::skip]
+    let table: &[(&str, &str, Peer, &str, bool)] = &[
+        // egress: the clients reach kjob-queue and kube-apiserver, kjob-queue reaches Redis
+        (wa, "egress", Pod(q), "grpc", true),
+        (wo, "egress", Pod(q), "grpc", true),
+        (wa, "egress", Outside, "6443", true),
+        (wo, "egress", Outside, "443", true),
+        (q, "egress", Pod(r), "redis", true),
+        (q, "egress", Dns, "53", true),
+        (wa, "egress", Dns, "53", true),
+        (wo, "egress", Dns, "53", true),
+        // and nothing else
+        (wo, "egress", Pod(r), "redis", false),
+        (wa, "egress", Pod(r), "redis", false),
+        (q, "egress", Outside, "443", false),
+        (wo, "egress", Outside, "80", false),
+        (wo, "egress", Pod(wa), "admin", false),
+        (r, "egress", Dns, "53", false),
+        (r, "egress", Outside, "443", false),
+        (r, "egress", Pod(q), "grpc", false),
+        // ingress: kjob-queue from its clients, Redis from kjob-queue, admin ports from Prometheus
+        (q, "ingress", Pod(wa), "grpc", true),
+        (q, "ingress", Pod(wo), "grpc", true),
+        (r, "ingress", Pod(q), "redis", true),
+        (q, "ingress", Prometheus, "admin", true),
+        (wa, "ingress", Prometheus, "admin", true),
+        (wo, "ingress", Prometheus, "admin", true),
+        // and nothing else
+        (q, "ingress", Prometheus, "grpc", false),
+        (q, "ingress", Outside, "grpc", false),
+        (r, "ingress", Pod(wo), "redis", false),
+        (r, "ingress", Prometheus, "redis", false),
+        (wa, "ingress", Pod(wo), "admin", false),
+        (q, "ingress", Pod(wo), "admin", false),
+        (wo, "ingress", Outside, "admin", false),
+    ];
+    for &(app, dir, peer, port, want) in table {
+        assert_eq!(allowed(&pols, app, dir, peer, port), want, "{app} {dir} {peer:?} port {port}");
+    }
 }
 
 #[test]

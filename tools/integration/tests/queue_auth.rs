@@ -28,19 +28,6 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// may keep its stream open, which counts as "let through").
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Every key in Redis with its DUMP, so "nothing changed" means no key added, removed or changed.
-async fn snapshot(redis: &RedisServer) -> BTreeMap<String, Vec<u8>> {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
-    let mut out = BTreeMap::new();
-    for k in keys {
-        let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(&mut c).await.unwrap();
-        out.insert(k, dump);
-    }
-    out
-}
-
 /// kjob-queue in this process with mTLS (certificates of `ca`), over its own Redis.
 struct Secured {
     redis: RedisServer,
@@ -164,7 +151,7 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     assert_eq!(leased.len(), 1);
     worker.set_expectations("ns/a", "uid-a", 1, 0).await.unwrap();
     worker.put_record("ns/a", "backoff", b"x".to_vec(), None).await.unwrap();
-    let before = snapshot(&q.redis).await;
+    let before = q.redis.snapshot().await.unwrap();
     assert!(!before.is_empty());
 
     // (a) No client certificate: every RPC, reflection and health included, UNAUTHENTICATED.
@@ -237,7 +224,7 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     let mallory = q.channel_as("mallory");
     let s = raw_call(&mallory, "kjob.queue.v1.Queue", "Stats").await.unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied);
-    assert_eq!(snapshot(&q.redis).await, before, "a refused call changed Redis");
+    assert_eq!(q.redis.snapshot().await.unwrap(), before, "a refused call changed Redis");
 
     // Typed write calls with real payloads, by the wrong roles: still nothing changes.
     let inspector = q.client(Role::Inspector);
@@ -250,7 +237,7 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     assert!(
         watcher.lease("job", 10, Duration::from_secs(3600), Duration::ZERO, "evil").await.is_err()
     );
-    assert_eq!(snapshot(&q.redis).await, before, "a refused typed call changed Redis");
+    assert_eq!(q.redis.snapshot().await.unwrap(), before, "a refused typed call changed Redis");
 
     // (d) The right roles get through: every RPC by every role it names (the answer may be a
     // validation error for the empty message, never a refusal), and real calls succeed.

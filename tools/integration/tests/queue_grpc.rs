@@ -3,10 +3,11 @@
 //! present at start, server reflection v1 and v1alpha), and its supervision (a listener that
 //! breaks under the server ends the service with an error naming it).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod common;
+
 use std::time::Duration;
 
+use common::logs::Logs;
 use kjob_core::events::GateEvent;
 use kjob_core::{Observation, ObservationKind, ViewOp};
 use kjob_queue::{Listeners, QueueConfig, Security};
@@ -619,20 +620,6 @@ async fn reflection_answers_v1alpha_and_v1_clients() {
     r.stop().await;
 }
 
-/// Log lines written by one future (its own subscriber), for assertions.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The bug of issue 17: a gRPC server that stops must not leave the service running (and
 /// ready). A listening socket shut down under the server makes every accept fail with EINVAL:
 /// the server ends, the service goes not ready, drains, and `run` returns an error naming the
@@ -652,13 +639,7 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
     let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
     let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
+    let subscriber = logs.subscriber();
     let task = tokio::spawn(
         kjob_queue::run(listeners, config, shutdown.clone()).with_subscriber(subscriber),
     );
@@ -674,7 +655,7 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
     let err = ended.expect_err("a service whose server stopped must fail");
     assert!(err.to_string().contains("vital task \"gRPC server\" ended"), "{err:#}");
     assert!(shutdown.is_cancelled(), "the other tasks were asked to drain");
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     let line = text.lines().find(|l| l.contains("vital task ended")).unwrap_or_else(|| {
         panic!("no log line names the task:\n{text}");
     });

@@ -1,8 +1,9 @@
 //! kjob-queue's input limits, sent one past each by a raw gRPC client (not kjob's own client,
 //! which would refuse some of them before sending): every request is refused with
-//! INVALID_ARGUMENT naming the rule, and Redis holds exactly what it held before.
+//! INVALID_ARGUMENT naming the rule, and Redis holds exactly what it held before. Then the
+//! global concurrency limit: calls held up for real in Redis fill it, the one past it is
+//! refused with RESOURCE_EXHAUSTED naming it, and the held ones complete afterwards.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kjob_proto::v1;
@@ -14,19 +15,6 @@ use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
-
-/// Every key in Redis with its DUMP, so "nothing changed" means no key added, removed or changed.
-async fn snapshot(redis: &RedisServer) -> BTreeMap<String, Vec<u8>> {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
-    let mut out = BTreeMap::new();
-    for k in keys {
-        let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(&mut c).await.unwrap();
-        out.insert(k, dump);
-    }
-    out
-}
 
 fn item(key: &str) -> v1::AddItem {
     v1::AddItem { queue: "job".into(), key: key.into(), ..Default::default() }
@@ -51,7 +39,8 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
     let listeners = Listeners { grpc: listener, admin: None };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     let channel = Channel::from_shared(url).unwrap().connect_lazy();
-    let big = validate::MAX_MESSAGE_BYTES;
+    // Larger than the server's request limit, so the server (not this client) refuses.
+    let big = validate::MAX_REPLY_BYTES;
     let mut q = QueueClient::new(channel.clone())
         .max_encoding_message_size(big)
         .max_decoding_message_size(big);
@@ -70,7 +59,17 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
             Err(e) => panic!("kjob-queue never answered: {e}"),
         }
     }
-    let before = snapshot(&redis).await;
+    // A Job with as many records as one may keep.
+    let full = |name: String| v1::PutRecordRequest {
+        key: "ns/full".into(),
+        name,
+        value: vec![1],
+        ttl_ms: 0,
+    };
+    for i in 0..validate::MAX_RECORDS_PER_JOB {
+        s.put_record(full(format!("r{i}"))).await.unwrap();
+    }
+    let before = redis.snapshot().await.unwrap();
     assert!(!before.is_empty());
 
     // Keys that are not Kubernetes names would land on another key's Redis key.
@@ -92,7 +91,84 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
 
     let too_many = vec![item("ns/a"); validate::MAX_ADD_ITEMS + 1];
     let res = q.add(v1::AddRequest { items: too_many }).await;
-    refused("Add of too many items", res, &[&validate::MAX_ADD_ITEMS.to_string()]);
+    refused("Add of too many items", res, &["MAX_ADD_ITEMS", &validate::MAX_ADD_ITEMS.to_string()]);
+
+    // Operations per item: view writes and observations together.
+    let observation = |i: usize| v1::Observation {
+        kind: v1::ObservationKind::Creation as i32,
+        job_uid: "u".into(),
+        pod_uid: format!("p{i}"),
+    };
+    let delete = |i: usize| v1::CacheOp {
+        kind: v1::CacheOpKind::DeletePod as i32,
+        name: format!("p{i}"),
+        ..Default::default()
+    };
+    let half = validate::MAX_ADD_ITEM_OPS / 2;
+    let busy = v1::AddItem {
+        observations: (0..half + 1).map(observation).collect(),
+        cache: (0..half).map(delete).collect(),
+        cache_session: "s".into(),
+        ..item("ns/real")
+    };
+    let res = q.add(v1::AddRequest { items: vec![busy] }).await;
+    refused("Add item of too many operations", res, &["MAX_ADD_ITEM_OPS", "513 operations"]);
+
+    // A request past the size limit, whatever it holds.
+    let huge = v1::AddItem {
+        cache: vec![v1::CacheOp {
+            kind: v1::CacheOpKind::Pod as i32,
+            name: "p".into(),
+            object: vec![b'x'; validate::MAX_REQUEST_BYTES],
+            ..Default::default()
+        }],
+        cache_session: "s".into(),
+        ..item("ns/real")
+    };
+    let res = q.add(v1::AddRequest { items: vec![huge] }).await;
+    refused(
+        "Add past the request size limit",
+        res,
+        &["MAX_REQUEST_BYTES", &validate::MAX_REQUEST_BYTES.to_string()],
+    );
+    let res = s.put_record(v1::PutRecordRequest {
+        key: "ns/real".into(),
+        name: "backoff".into(),
+        value: vec![0; validate::MAX_REQUEST_BYTES],
+        ttl_ms: 0,
+    });
+    refused("PutRecord past the request size limit", res.await, &["MAX_REQUEST_BYTES"]);
+
+    // Lists: Dones per DoneBatch and per Lease, keys per Inspect, pod UIDs per call.
+    let done = |i: usize| v1::DoneRequest {
+        queue: "job".into(),
+        key: format!("ns/d{i}"),
+        lease_id: "1-1".into(),
+        ..Default::default()
+    };
+    let dones: Vec<_> = (0..validate::MAX_DONE_BATCH + 1).map(done).collect();
+    let res = q.done_batch(v1::DoneBatchRequest { items: dones.clone() }).await;
+    refused("DoneBatch of too many items", res, &[&validate::MAX_DONE_BATCH.to_string()]);
+    let res = q
+        .lease(v1::LeaseRequest {
+            queue: "job".into(),
+            max_items: 1,
+            lease_ms: 1000,
+            dones,
+            ..Default::default()
+        })
+        .await;
+    refused("Lease carrying too many Dones", res, &[&validate::MAX_DONE_BATCH.to_string()]);
+    let keys: Vec<String> = (0..validate::MAX_LIST + 1).map(|i| format!("ns/k{i}")).collect();
+    let res = q.inspect(v1::InspectRequest { queue: "job".into(), keys });
+    refused("Inspect of too many keys", res.await, &[&validate::MAX_LIST.to_string()]);
+    let uids: Vec<String> = (0..validate::MAX_LIST + 1).map(|i| format!("p{i}")).collect();
+    let res = s.expect_finalizer_removals(v1::ExpectFinalizerRemovalsRequest {
+        key: "ns/real".into(),
+        job_uid: "u".into(),
+        pod_uids: uids,
+    });
+    refused("ExpectFinalizerRemovals of too many UIDs", res.await, &["pod UIDs"]);
 
     let lease = |max_items, lease_ms, wait_ms| v1::LeaseRequest {
         queue: "job".into(),
@@ -126,6 +202,8 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
     refused("PutRecord too large", res, &[&validate::MAX_RECORD_BYTES.to_string()]);
     let res = s.put_record(record("n".repeat(validate::MAX_ID_LEN + 1), vec![1])).await;
     refused("PutRecord name too long", res, &[&validate::MAX_ID_LEN.to_string()]);
+    let res = s.put_record(full("one-more".into())).await;
+    refused("PutRecord past the records of a Job", res, &["MAX_RECORDS_PER_JOB", "16"]);
 
     let res = s
         .set_expectations(v1::SetExpectationsRequest {
@@ -137,10 +215,150 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
         .await;
     refused("SetExpectations past the count limit", res, &["1000000"]);
 
-    let after = snapshot(&redis).await;
+    let after = redis.snapshot().await.unwrap();
     assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
     assert!(before == after, "a refused request changed Redis");
 
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// The series `name` (no labels) on kjob-queue's admin port.
+async fn metric(admin: &str, name: &str) -> f64 {
+    let body = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{body}"))
+}
+
+/// Four Adds held in Redis (its writes paused from a second connection) fill a limit of four:
+/// the fifth call is refused at once with RESOURCE_EXHAUSTED naming the limit, counted, and
+/// changes nothing; the four complete once Redis answers again, and the limit frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_call_past_the_concurrency_limit_is_refused_and_the_others_complete() {
+    const LIMIT: usize = 4;
+    let redis = RedisServer::start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let admin_url = format!("http://{}", admin.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config = QueueConfig {
+        max_concurrent_calls: LIMIT,
+        ..QueueConfig::new(redis.url(), Security::InsecureNoAuth)
+    };
+    let listeners = Listeners { grpc: listener, admin: Some(admin) };
+    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
+    let q = QueueClient::new(Channel::from_shared(url).unwrap().connect_lazy());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while q.clone().add(v1::AddRequest { items: vec![item("ns/real")] }).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "kjob-queue never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(metric(&admin_url, "kjob_queue_calls_in_flight").await, 0.0);
+
+    // Redis holds every write (scripts included) for 3 s; reads still answer.
+    let pauser = redis::Client::open(redis.url()).unwrap();
+    let mut pauser = pauser.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3000)
+        .arg("WRITE")
+        .query_async(&mut pauser)
+        .await
+        .unwrap();
+    let held: Vec<_> = (0..LIMIT)
+        .map(|i| {
+            let mut q = q.clone();
+            tokio::spawn(async move {
+                q.add(v1::AddRequest { items: vec![item(&format!("ns/held{i}"))] }).await
+            })
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while metric(&admin_url, "kjob_queue_calls_in_flight").await < LIMIT as f64 {
+        assert!(tokio::time::Instant::now() < deadline, "the Adds never piled up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = redis.snapshot().await.unwrap();
+    let res = q.clone().add(v1::AddRequest { items: vec![item("ns/refused")] }).await;
+    let status = res.expect_err("the call past the limit");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    for w in ["--max-concurrent-calls", &LIMIT.to_string()] {
+        assert!(status.message().contains(w), "{:?} lacks {w:?}", status.message());
+    }
+    assert_eq!(metric(&admin_url, "kjob_queue_calls_refused_total").await, 1.0);
+    assert!(redis.snapshot().await.unwrap() == before, "the refused call changed Redis");
+
+    for h in held {
+        let added = h.await.unwrap().expect("a held Add completes once Redis answers");
+        assert_eq!(added.into_inner().added, 1);
+    }
+    assert_eq!(metric(&admin_url, "kjob_queue_calls_in_flight").await, 0.0);
+    let keys = ["ns/held0", "ns/held3", "ns/refused"].map(String::from).to_vec();
+    let states = q.clone().inspect(v1::InspectRequest { queue: "job".into(), keys }).await;
+    let states: Vec<_> = states.unwrap().into_inner().keys.into_iter().map(|k| k.state).collect();
+    assert_eq!(states[..2], ["ready", "ready"]);
+    assert_ne!(states[2], "ready", "the refused Add was not applied: {states:?}");
+    // The limit is free again.
+    q.clone().add(v1::AddRequest { items: vec![item("ns/after")] }).await.unwrap();
+
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// The watcher's sender never sends an Add past kjob-queue's request limit: a snapshot item of
+/// eight pods of 1.2 MiB (9.6 MiB, past the 8 MiB limit) goes as several Adds, in order; every
+/// pod lands, the view is trusted once the session commits, and nothing was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchers_sender_splits_an_add_past_the_request_limit() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use kjob_watcher::handlers::{Enqueue, SessionControl};
+    use kjob_watcher::view::ViewWrite;
+
+    let redis = RedisServer::start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
+    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
+    let client = kjob_queue_client::QueueClient::connect_lazy(&url).unwrap();
+    let metrics = kjob_watcher::metrics::Metrics::register(&mut Default::default());
+    let (tx, rx) = kjob_watcher::sender::channel();
+    let sender = tokio::spawn(kjob_watcher::sender::run_sender(
+        rx,
+        client.clone(),
+        metrics.clone(),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(tokio::sync::Notify::new()),
+        kjob_core::seal::ViewKey::new(&[7; 32]).unwrap(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+
+    let session: Arc<str> = "watcher-1".into();
+    let pod =
+        |i: usize| ViewWrite::Pod { name: format!("p{i}"), object: vec![b'x'; 1200 * 1024].into() };
+    let mut writes = vec![ViewWrite::Reset { uid: "u1".into() }];
+    writes.extend((0..8).map(pod));
+    writes.push(ViewWrite::Job {
+        uid: "u1".into(),
+        object: br#"{"metadata":{"name":"big","namespace":"ns"}}"#.to_vec().into(),
+        resource_version: "5".into(),
+    });
+    writes.push(ViewWrite::Trust);
+    let item = Enqueue::view_only("ns/big".into(), session.clone(), writes);
+    tx.send(Enqueue::session(SessionControl::Begin(session.clone()))).await.unwrap();
+    tx.send(item).await.unwrap();
+    tx.send(Enqueue::session(SessionControl::Commit(session))).await.unwrap();
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(30), sender).await.unwrap().unwrap().unwrap();
+
+    assert_eq!(metrics.send_errors.get(), 0, "kjob-queue refused or failed an Add");
+    assert_eq!(metrics.batches.get(), 2, "9.6 MiB goes as two Adds");
+    let view = client.get_job_view("ns/big", &[]).await.unwrap().expect("a trusted view");
+    assert_eq!(view.pods.len(), 8);
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }

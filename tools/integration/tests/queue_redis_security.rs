@@ -4,10 +4,11 @@
 //! the password; a plain client and a client trusting another CA are refused, the latter with
 //! an error that says what to fix; kjob's user cannot run what it does not need.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod common;
+
 use std::time::Duration;
 
+use common::logs::Logs;
 use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{Outcome, QueueClient};
 use kjob_svc::Shutdown;
@@ -39,34 +40,6 @@ fn client_tls(pki: &TestPki) -> RedisTls {
         ca_file: Some(pki.ca()),
         cert_file: Some(pki.client_cert()),
         key_file: Some(pki.client_key()),
-    }
-}
-
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
-        let logs = self.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish()
     }
 }
 

@@ -1,5 +1,6 @@
 //! A real `redis-server` on a free loopback port, owned by one test.
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -135,6 +136,21 @@ impl RedisServer {
     pub fn url(&self) -> String {
         let scheme = if self.tls { "rediss" } else { "redis" };
         format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// Every key with its DUMP, so two equal snapshots mean no key was added, removed or
+    /// changed (what "a refused request changes nothing" tests compare). A server without TLS
+    /// or ACL users ([`Self::start`], [`Self::start_with`]).
+    pub async fn snapshot(&self) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+        let client = redis::Client::open(self.url())?;
+        let mut c = client.get_multiplexed_async_connection().await?;
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut c).await?;
+        let mut out = BTreeMap::new();
+        for k in keys {
+            let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(&mut c).await?;
+            out.insert(k, dump);
+        }
+        Ok(out)
     }
 
     /// Its data directory.

@@ -13,3 +13,4 @@ mod stats;
 pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
 pub use expectations::FinalizerRemovals;
+pub use records::MAX_RECORDS_PER_JOB;

@@ -38,12 +38,20 @@ impl Store {
     }
 }
 
+/// Most records one Job keeps. kjob keeps one (the backoff record), and a view read returns at
+/// most 16; without a cap one caller could store any number of 64 KiB records under one Job.
+pub const MAX_RECORDS_PER_JOB: usize = 16;
+
 /// KEYS: the [`ExpKeys`].
-/// ARGV[1] -> name, ARGV[2] -> ttl_ms (0 = none), ARGV[3] -> gc_ms, ARGV[4] -> value.
-/// Reply: 1.
+/// ARGV[1] -> name, ARGV[2] -> ttl_ms (0 = none), ARGV[3] -> gc_ms, ARGV[4] -> value,
+/// ARGV[5] -> most records of one Job.
+/// Reply: 1, or 0 (nothing written) when the name is new and the Job has the most records.
 const PUT: &str = concat!(
     exp_prelude!(),
     r#"
+if not redis.call('HGET', REC, ARGV[1]) and redis.call('HLEN', REC) >= tonumber(ARGV[5]) then
+  return 0
+end
 local ttl = tonumber(ARGV[2])
 local expiry = 0
 if ttl > 0 then expiry = now + ttl end
@@ -56,17 +64,20 @@ return 1
 static PUT_SCRIPT: Lua = Lua::new("put_record", PUT);
 
 impl Store {
-    /// Writes record `name` of Job `key`, expiring after `ttl` if given.
+    /// Writes record `name` of Job `key`, expiring after `ttl` if given; `false` (nothing
+    /// written) when `name` is new and the Job already has [`MAX_RECORDS_PER_JOB`] records.
     pub async fn put_record(
         &self,
         key: &str,
         name: &str,
         value: &[u8],
         ttl: Option<Duration>,
-    ) -> Result<(), WqError> {
-        let args = argv![name, ttl.unwrap_or(Duration::ZERO), self.config().idle_gc, value];
+    ) -> Result<bool, WqError> {
+        let ttl = ttl.unwrap_or(Duration::ZERO);
+        let args = argv![name, ttl, self.config().idle_gc, value, MAX_RECORDS_PER_JOB];
         let keys = ExpKeys::new(key).to_vec();
-        self.run(&PUT_SCRIPT, &keys, args).await
+        let stored: i64 = self.run(&PUT_SCRIPT, &keys, args).await?;
+        Ok(stored == 1)
     }
 }
 

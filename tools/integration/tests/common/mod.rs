@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod logs;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
