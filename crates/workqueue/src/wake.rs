@@ -381,11 +381,16 @@ impl Waker {
 async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<QueueWake>) {
     let key = QueueKeys::new(&queue).wake;
     let mut conn: Option<Conn> = None;
+    // Whether the connection sat unused since its last BLPOP. The connection is kept while
+    // nobody waits: a lessee that alternates between waiting and working would otherwise pay a
+    // new connection (over TLS: a handshake and a read of the system's CA store) each time it
+    // waits again, which cost a single lessee over TLS nearly half its lease rate.
+    let mut idle = false;
     loop {
         if q.waiters.load(Ordering::SeqCst) == 0 {
             // Consume no marker while nobody here waits: another replica's waiters need it.
-            conn = None;
             q.arrived.notified().await;
+            idle = true;
             continue;
         }
         let c = match &mut conn {
@@ -402,6 +407,7 @@ async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<Que
         let mut cmd = redis::cmd("BLPOP");
         cmd.arg(&key).arg(BLOCK_TIMEOUT.as_secs_f64());
         let pop = cmd.query_async::<Option<(String, String)>>(c);
+        let was_idle = std::mem::take(&mut idle);
         match tokio::time::timeout(BLOCK_TIMEOUT + BLOCK_SLACK, pop).await {
             Ok(Ok(Some(_))) => {
                 // One marker, one waiter: its LEASE re-pushes the marker if items remain.
@@ -414,6 +420,12 @@ async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<Que
                 }
             }
             Ok(Ok(None)) => q.notify.notify_waiters(),
+            Ok(Err(e)) if was_idle => {
+                // A connection kept idle may have been closed meanwhile (Redis's `timeout`, a
+                // proxy): reconnect at once, and pause only if that one fails too.
+                tracing::debug!(queue, error = %e, "idle wake connection was closed; reconnecting");
+                conn = None;
+            }
             Ok(Err(e)) => {
                 tracing::warn!(queue, error = %e, "BLPOP failed; reconnecting");
                 conn = None;

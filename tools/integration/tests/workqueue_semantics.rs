@@ -477,6 +477,83 @@ async fn waiting_lease_wakes_on_add(s: Store) {
     runner.await.unwrap();
 }
 
+/// The wake loop keeps its blocking connection between waits (a lessee that alternates between
+/// waiting and working must not pay a new connection, over TLS a handshake, each time), and a
+/// kept connection that was closed while idle is replaced at once.
+async fn wake_connection_kept_between_waits(s: Store) {
+    let waker = Waker::new(&s, [Q]);
+    let (stop, runner) = run_waker(&waker, &s);
+    let mut admin = s.target().node_connections().await.unwrap();
+    async fn connections_made(admin: &mut [(String, redis::aio::MultiplexedConnection)]) -> u64 {
+        let mut total = 0;
+        for (_, c) in admin.iter_mut() {
+            let info: String = redis::cmd("INFO").arg("stats").query_async(c).await.unwrap();
+            total += info
+                .lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap();
+        }
+        total
+    }
+    let wait_once = |key: &'static str| {
+        let (w, s) = (waker.clone(), s.clone());
+        async move {
+            let waiter = {
+                let (w, s) = (w.clone(), s.clone());
+                tokio::spawn(
+                    async move { w.lease(&s, Q, "w", 5, LEASE, Duration::from_secs(10)).await },
+                )
+            };
+            until_waiting(&w, 1).await;
+            let added_at = tokio::time::Instant::now();
+            s.add(Q, &[now(key)]).await.unwrap();
+            let got = waiter.await.unwrap().unwrap().items;
+            assert_eq!(got.len(), 1, "{key}");
+            let done = Done {
+                key: key.into(),
+                lease_id: got[0].lease_id.clone(),
+                outcome: LeaseOutcome::Forget,
+            };
+            s.done_many(Q, &[done]).await.unwrap();
+            added_at.elapsed()
+        }
+    };
+    wait_once("ns/first").await;
+    let made = connections_made(&mut admin).await;
+    for key in ["ns/second", "ns/third", "ns/fourth"] {
+        wait_once(key).await;
+        // Long enough for the loop's BLPOP to time out with nobody waiting: it goes idle.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    assert_eq!(connections_made(&mut admin).await, made, "a new connection per wait");
+    // Close the idle blocking connection behind the loop's back, as Redis's `timeout` would
+    // (not on the secured backend: kjob's ACL user may not list or kill clients, rightly).
+    let mut killed = 0;
+    for (_, c) in admin.iter_mut() {
+        let list = redis::cmd("CLIENT").arg("LIST").query_async::<String>(c).await;
+        let list = match list {
+            Err(e) if e.code() == Some("NOPERM") => {
+                let _ = stop.send(());
+                runner.await.unwrap();
+                return;
+            }
+            r => r.unwrap(),
+        };
+        for line in list.lines().filter(|l| l.contains("cmd=blpop")) {
+            let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
+            let n: i64 =
+                redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query_async(c).await.unwrap();
+            killed += n;
+        }
+    }
+    assert_eq!(killed, 1, "one blocking connection, idle");
+    let latency = wait_once("ns/after-kill").await;
+    assert!(latency < Duration::from_millis(800), "woke after {latency:?}");
+    let _ = stop.send(());
+    runner.await.unwrap();
+}
+
 async fn done_many_in_one_call(s: Store) {
     s.add(Q, &[now("ns/a"), now("ns/b"), now("ns/c")]).await.unwrap();
     let l = s.lease(Q, "w", 3, LEASE).await.unwrap().items;
@@ -939,6 +1016,7 @@ every_backend!(
     finalizer_removals_expected_with_the_done,
     stats_and_inspect,
     waiting_lease_wakes_on_add,
+    wake_connection_kept_between_waits,
     observations_applied_in_the_enqueue_script,
     poison_item_goes_through_the_rate_limiter(super::poison_config()),
     lease_promotes_due_items_and_counts_them,
