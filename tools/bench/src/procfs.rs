@@ -50,9 +50,33 @@ pub fn read_usage(pid: u32, ticks_per_sec: f64) -> std::io::Result<Usage> {
     })
 }
 
+/// Busy CPU ticks of the whole machine from the text of `/proc/stat`: user, nice, system, irq
+/// and softirq of the `cpu` line (idle, iowait and steal left out: time no process of this
+/// machine spent).
+pub fn machine_busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line.split_whitespace().skip(1).map_while(|v| v.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal …
+    Some(f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)?)
+}
+
+/// Busy CPU seconds of the whole machine so far (every core); `ticks_per_sec` is `CLK_TCK`.
+pub fn machine_busy_secs(ticks_per_sec: f64) -> std::io::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unparsable /proc/stat");
+    Ok(machine_busy_ticks(&stat).ok_or_else(bad)? as f64 / ticks_per_sec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_busy_leaves_idle_iowait_and_steal_out() {
+        let stat = "cpu  100 5 50 9000 40 3 2 70 0 0\ncpu0 50 2 25 4500 20 1 1 35 0 0\nintr 1\n";
+        assert_eq!(machine_busy_ticks(stat), Some(160));
+        assert_eq!(machine_busy_ticks("intr 1\n"), None);
+    }
 
     #[test]
     fn parses_stat_with_odd_command_names() {

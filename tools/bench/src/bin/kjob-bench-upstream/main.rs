@@ -24,6 +24,8 @@ use kjob_bench::harness::Observed;
 
 /// Most points drawn per CDF line.
 const CDF_POINTS: usize = 300;
+/// Seed of the bootstrap (fixed: the same runs give the same intervals).
+const BOOTSTRAP_SEED: u64 = 0x6b6a_6f62;
 
 /// kjob vs upstream's Job controller on a real kube-apiserver.
 #[derive(Debug, Parser)]
@@ -40,10 +42,13 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Configurations in first-pass order: a (upstream defaults), b (upstream tuned),
-    /// bj (upstream tuned talking JSON), c (kjob, 1 worker), d (kjob, 2 workers).
-    #[arg(long, value_delimiter = ',', default_value = "a,c,b,d,bj")]
+    /// bj (upstream tuned talking JSON), b2 (upstream with the total budget of kjob's two
+    /// workers), c (kjob, 1 worker), d (kjob, 2 workers).
+    #[arg(long, value_delimiter = ',', default_value = "a,c,b,d,b2,bj")]
     configs: Vec<String>,
-    /// Passes; even passes run the configurations in reverse (default 2, 1 with --quick).
+    /// Passes; even passes run the configurations in reverse (default 4, 1 with --quick): four
+    /// runs per configuration and workload are what the bootstrap intervals need to resolve a
+    /// 10 % difference on two cores.
     #[arg(long)]
     passes: Option<usize>,
     /// Workloads to run: burst, indexed, steady.
@@ -113,7 +118,7 @@ fn sizes(a: &Args) -> Sizes {
         indexed_completions: a.indexed_completions.unwrap_or(if q { 500 } else { 5000 }),
         indexed_parallelism: a.indexed_parallelism.unwrap_or(if q { 50 } else { 500 }),
         steady_jobs: a.steady_jobs.unwrap_or(if q { 60 } else { 300 }),
-        passes: a.passes.unwrap_or(if q { 1 } else { 2 }),
+        passes: a.passes.unwrap_or(if q { 1 } else { 4 }),
         timeout: a.run_timeout.unwrap_or(Duration::from_secs(if q { 180 } else { 1200 })),
     }
 }
@@ -278,10 +283,16 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
             }
         }
     }
-    report.figures = configs.iter().map(|c| upstream::summarize_config(c, &report.runs)).collect();
+    report.figures = upstream::summarize_all(&configs, &report.runs);
     report.ratios = upstream::ratios(&report.figures);
     let per_pass = upstream::ratios_per_pass(&configs, &report.runs);
-    report.verdicts = upstream::verdicts(&report.ratios, &per_pass);
+    report.intervals = upstream::bootstrap_intervals(
+        &configs,
+        &report.runs,
+        upstream::BOOTSTRAP_RESAMPLES,
+        BOOTSTRAP_SEED,
+    );
+    report.verdicts = upstream::verdicts(&report.ratios, &per_pass, &report.intervals);
     report.charts = draw_charts(&out, &report.figures, &observed).unwrap_or_else(|e| {
         tracing::error!(error = %e, "charts not drawn");
         Vec::new()
@@ -325,9 +336,12 @@ fn draw_charts(
             "KiB per pod",
             |f| f.bytes_sent_per_pod.map(|b| b / 1024.0),
         ),
-        ("upstream-controller-cpu.png", "Job controller CPU per 1,000 pods", "CPU seconds", |f| {
-            f.controller_cpu_per_1k_pods
-        }),
+        (
+            "upstream-controller-cpu.png",
+            "Marginal Job controller CPU per 1,000 pods",
+            "CPU seconds",
+            |f| f.marginal_controller_cpu_per_1k_pods,
+        ),
     ];
     for (file, title, unit, get) in bars {
         let values: Vec<(String, f64)> = figures
@@ -390,7 +404,7 @@ fn summary(r: &UpstreamReport) -> String {
     let mut s = String::new();
     let opt = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
     s.push_str(&format!(
-        "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10}\n",
+        "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
         "configuration",
         "pods/s",
         "Jobs/s",
@@ -400,11 +414,12 @@ fn summary(r: &UpstreamReport) -> String {
         "req/pod",
         "B/pod",
         "api+etcd",
-        "ctrl CPU"
+        "ctrl CPU",
+        "machine"
     ));
     for f in &r.figures {
         s.push_str(&format!(
-            "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10}\n",
+            "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
             format!("({}) {}", f.id, f.label),
             opt(f.pods_per_s, 1),
             opt(f.jobs_per_s, 1),
@@ -414,17 +429,27 @@ fn summary(r: &UpstreamReport) -> String {
             opt(f.requests_per_pod_total, 2),
             opt(f.bytes_sent_per_pod, 0),
             opt(f.apiserver_etcd_cpu_per_1k_pods, 1),
-            opt(f.controller_cpu_per_1k_pods, 1),
+            opt(f.marginal_controller_cpu_per_1k_pods, 1),
+            opt(f.machine_cpu_per_1k_pods, 1),
         ));
     }
-    s.push_str("(p99 1st/cnt: steady rate, s; api+etcd and ctrl CPU: CPU s per 1,000 pods)\n\n");
+    s.push_str(
+        "(p99 1st/cnt: steady rate, pooled, s; api+etcd, ctrl (marginal) and machine: CPU s per \
+         1,000 pods)\n\n",
+    );
     for v in &r.verdicts {
+        let interval = v.interval.map_or(String::new(), |(lo, hi)| format!("[{lo:.2}–{hi:.2}]"));
         s.push_str(&format!(
-            "{:<34} {:>8}  goal {:<7} {}\n",
+            "{:<40} {:>8} {:<13} goal {:<7} {}\n",
             v.key,
             opt(v.ratio, 2),
+            interval,
             v.goal,
-            if v.met { "met" } else { "not met" }
+            match (v.met, v.decided) {
+                (_, false) => "undecided",
+                (true, true) => "met",
+                (false, true) => "not met",
+            }
         ));
     }
     s
@@ -445,7 +470,7 @@ mod tests {
         let a = Args::try_parse_from(["x"]).unwrap();
         let s = sizes(&a);
         assert_eq!((s.burst_jobs, s.indexed_completions, s.indexed_parallelism), (2000, 5000, 500));
-        assert_eq!((s.steady_jobs, s.passes), (300, 2));
+        assert_eq!((s.steady_jobs, s.passes), (300, 4));
         assert_eq!(a.configs, ["a", "c", "b", "d", "bj"]);
     }
 

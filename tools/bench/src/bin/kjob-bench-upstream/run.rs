@@ -13,7 +13,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kjob_bench::apiserver::Counters;
 use kjob_bench::audit::ControllerWrites;
 use kjob_bench::pprof::{self, CpuByPart};
-use kjob_bench::procfs::{Usage, read_usage};
+use kjob_bench::procfs::{Usage, machine_busy_secs, read_usage};
 use kjob_bench::upstream::{
     APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, Workload,
 };
@@ -30,9 +30,23 @@ use kjob_bench::harness::{Counts, Creator, NAMESPACE, Observed, Recorder, job};
 
 /// Timeout of every single API call and scrape the harness makes.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Pause after the last Job finished before the final scrape, so the last status writes and
-/// the watch events they cause are in the counters.
-const SETTLE: Duration = Duration::from_secs(2);
+/// Shortest wait after the last Job finished before the final scrape.
+const SETTLE_MIN: Duration = Duration::from_secs(1);
+/// Longest wait: a controller still busy after this is cut off (the run records how long it
+/// settled, so a cut-off shows).
+const SETTLE_MAX: Duration = Duration::from_secs(30);
+/// Window over which kube-apiserver's request rate is taken, at rest before the Jobs and while
+/// settling after them.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
+/// How long the rate at rest is taken before the Jobs are created.
+const BASELINE_WINDOW: Duration = Duration::from_secs(3);
+/// After the last Job finished, the run ends once a window's request rate is back within this
+/// factor of the rate at rest, plus [`SETTLE_SLACK`] requests/s: the last status writes, events
+/// and finalizer removals of either controller are then in the counters, whichever is slower to
+/// finish them (a fixed pause cut off kjob's event writer).
+const SETTLE_FACTOR: f64 = 1.5;
+/// Requests/s of slack on top of [`SETTLE_FACTOR`] (the rate at rest is a few requests/s).
+const SETTLE_SLACK: f64 = 2.0;
 /// Length of each CPU profile taken of kube-apiserver during a run: profiles follow each other
 /// until the run ends, so a run's last one outlasts it by at most this.
 const PROFILE_CHUNK_SECS: u64 = 5;
@@ -93,6 +107,20 @@ pub struct Env {
 struct Snapshot {
     api: Counters,
     usage: BTreeMap<String, Usage>,
+    /// Busy CPU seconds of the whole machine.
+    machine_cpu: f64,
+    at: Instant,
+}
+
+impl Snapshot {
+    /// kube-apiserver's requests per second from `earlier` to this one.
+    fn request_rate_since(&self, earlier: &Snapshot) -> f64 {
+        let secs = self.at.duration_since(earlier.at).as_secs_f64();
+        if secs <= 0.0 {
+            return 0.0;
+        }
+        (self.api.total_requests() - earlier.api.total_requests()).max(0.0) / secs
+    }
 }
 
 async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
@@ -155,7 +183,34 @@ async fn snapshot(
         .iter()
         .filter_map(|(n, pid)| read_usage(*pid, ticks).ok().map(|u| (n.clone(), u)))
         .collect();
-    Ok(Snapshot { api: Counters::parse(&text), usage })
+    let machine_cpu = machine_busy_secs(ticks).context("reading /proc/stat")?;
+    Ok(Snapshot { api: Counters::parse(&text), usage, machine_cpu, at: Instant::now() })
+}
+
+/// Waits until kube-apiserver's request rate is back near `baseline` (requests/s at rest),
+/// at least [`SETTLE_MIN`] and at most [`SETTLE_MAX`] after `end`; the last snapshot taken.
+async fn settle(
+    client: &kube::Client,
+    pids: &[(String, u32)],
+    ticks: f64,
+    baseline: f64,
+    end: Instant,
+) -> anyhow::Result<Snapshot> {
+    let mut last = snapshot(client, pids, ticks).await?;
+    loop {
+        tokio::time::sleep(RATE_WINDOW).await;
+        let now = snapshot(client, pids, ticks).await?;
+        let rate = now.request_rate_since(&last);
+        let waited = now.at.duration_since(end);
+        last = now;
+        let quiet = rate <= baseline * SETTLE_FACTOR + SETTLE_SLACK;
+        if (quiet && waited >= SETTLE_MIN) || waited >= SETTLE_MAX {
+            if !quiet {
+                tracing::warn!(rate, baseline, "still busy when the settle ran out");
+            }
+            return Ok(last);
+        }
+    }
 }
 
 /// Creates the Jobs of `spec`; returns their names.
@@ -266,7 +321,10 @@ async fn measure(
     if let Some(s) = &stack {
         pids.extend(s.pids());
     }
+    let rest = snapshot(&client, &pids, env.ticks).await?;
+    tokio::time::sleep(BASELINE_WINDOW).await;
     let before = snapshot(&client, &pids, env.ticks).await?;
+    let baseline_rate = before.request_rate_since(&rest);
     let run_over = Arc::new(AtomicBool::new(false));
     let profiler = env.apiserver_profile.then(|| {
         tokio::spawn(profile_apiserver(client.clone(), info.dir.clone(), run_over.clone()))
@@ -282,8 +340,8 @@ async fn measure(
     let timed_out = rec.wait_finished(&names, deadline, alive).await?;
     let end = Instant::now();
     run_over.store(true, Ordering::Relaxed);
-    tokio::time::sleep(SETTLE).await;
-    let after = snapshot(&client, &pids, env.ticks).await?;
+    let after = settle(&client, &pids, env.ticks, baseline_rate, end).await?;
+    let settle_secs = after.at.duration_since(end).as_secs_f64();
     // After the snapshot: the last profile may outlast the run by a piece, which must not
     // stretch the window the counters and CPU figures cover.
     let apiserver_cpu = match profiler {
@@ -328,7 +386,9 @@ async fn measure(
             _ => None,
         },
         first_pod: observed.first_pod_summary(),
+        first_pod_samples: observed.first_pod.clone(),
         counted: observed.counted_summary(),
+        counted_samples: observed.counted.clone(),
         counted_from_finished_at: observed.counted_from_finished_at_summary(),
         time_to_complete_secs: match spec {
             Spec::Indexed { .. } => observed.time_to_complete_secs,
@@ -346,6 +406,9 @@ async fn measure(
         watch_errors: rec.watch_errors(),
         terminated_watchers: api.terminated_watchers,
         controller_writes: controller_writes(info, upstream, matches!(spec, Spec::Indexed { .. })),
+        machine_cpu_secs: (after.machine_cpu - before.machine_cpu).max(0.0),
+        baseline_requests_per_s: baseline_rate,
+        settle_secs,
         apiserver_cpu,
     };
     Ok((figures, observed))
