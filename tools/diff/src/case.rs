@@ -47,7 +47,7 @@ pub struct Case {
 
 /// The Kueue queue of a case: a LocalQueue `queue` in the case's namespace pointing at a
 /// ClusterQueue that cases of one group share (so their Jobs compete for its quota).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct KueueQueue {
     /// The shared ClusterQueue (made by the first case that needs it).
     pub cluster_queue: String,
@@ -57,6 +57,38 @@ pub struct KueueQueue {
     /// `position` × [`KUEUE_CREATE_SPACING_MS`] after the case starts, so each has a creation
     /// timestamp of its own (they have 1-second resolution, and Kueue queues by it).
     pub position: u32,
+    /// Node labels of the ClusterQueue's ResourceFlavor, which Kueue injects into the pods'
+    /// `nodeSelector` when it admits the Job; with none (and no tolerations) the queue uses the
+    /// shared default flavor.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flavor_node_labels: BTreeMap<String, String>,
+    /// Tolerations of the flavor, which Kueue injects into the pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flavor_tolerations: Vec<Value>,
+    /// Kueue's partial admission: the Job's `kueue.x-k8s.io/job-min-parallelism`, so Kueue may
+    /// admit it with fewer pods in parallel (down to this) when the quota has less room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_parallelism: Option<u32>,
+    /// The Job's priority, as a Kueue WorkloadPriorityClass of that value (label
+    /// `kueue.x-k8s.io/priority-class`). A ClusterQueue whose Jobs have priorities preempts lower
+    /// priority within itself, so a higher Job suspends a running lower one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+}
+
+/// Kueue's label naming a Job's WorkloadPriorityClass.
+pub const KUEUE_PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
+
+impl KueueQueue {
+    /// Name of the WorkloadPriorityClass of [`Self::priority`].
+    pub fn priority_class(&self) -> Option<String> {
+        self.priority.map(|p| format!("diff-priority-{p}"))
+    }
+
+    /// Whether the queue has a flavor of its own (node labels or tolerations).
+    pub fn own_flavor(&self) -> bool {
+        !self.flavor_node_labels.is_empty() || !self.flavor_tolerations.is_empty()
+    }
 }
 
 /// Spacing of the creations of one Kueue group's Jobs; more than a second (see
@@ -66,6 +98,8 @@ pub const KUEUE_CREATE_SPACING_MS: u64 = 1500;
 pub const KUEUE_LOCAL_QUEUE: &str = "queue";
 /// Kueue's label naming a Job's LocalQueue.
 pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// Kueue's annotation allowing partial admission down to that many pods in parallel.
+pub const KUEUE_MIN_PARALLELISM: &str = "kueue.x-k8s.io/job-min-parallelism";
 
 fn default_horizon() -> u64 {
     DEFAULT_HORIZON_S
@@ -222,8 +256,14 @@ impl Case {
                 j["spec"][k] = v.clone();
             }
         }
-        if self.kueue.is_some() {
+        if let Some(q) = &self.kueue {
             j["metadata"]["labels"] = json!({KUEUE_QUEUE_LABEL: KUEUE_LOCAL_QUEUE});
+            if let Some(pc) = q.priority_class() {
+                j["metadata"]["labels"][KUEUE_PRIORITY_LABEL] = json!(pc);
+            }
+            if let Some(n) = q.min_parallelism {
+                j["metadata"]["annotations"] = json!({KUEUE_MIN_PARALLELISM: n.to_string()});
+            }
             j["spec"]["template"]["spec"]["containers"][0]["resources"] =
                 json!({"requests": {"cpu": "1"}});
         }

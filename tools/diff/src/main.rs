@@ -171,7 +171,7 @@ async fn main() -> anyhow::Result<()> {
     println!("{}", report::summary(&results));
     if cases.iter().any(|c| c.kueue.is_some()) {
         println!(
-            "Kueue groups (quota held, completed in creation order, on each control plane): {}",
+            "Kueue groups (quota held, completed in creation order or preempted by priority, flavors and partial admission applied, on each control plane): {}",
             if group_violations.is_empty() {
                 "held".to_string()
             } else {

@@ -402,22 +402,47 @@ impl Bench {
             }
         };
         let flavor = ar("ResourceFlavor", "resourceflavors");
+        let flavor_name = if q.own_flavor() {
+            format!("{}-flavor", q.cluster_queue)
+        } else {
+            KUEUE_FLAVOR.into()
+        };
+        let mut flavor_spec = json!({});
+        if !q.flavor_node_labels.is_empty() {
+            flavor_spec["nodeLabels"] = json!(q.flavor_node_labels);
+        }
+        if !q.flavor_tolerations.is_empty() {
+            flavor_spec["tolerations"] = json!(q.flavor_tolerations);
+        }
         create(
             Api::all_with(self.client.clone(), &flavor),
             json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-                "metadata": {"name": KUEUE_FLAVOR}}),
+                "metadata": {"name": flavor_name}, "spec": flavor_spec}),
         )
         .await
         .context("creating the ResourceFlavor")?;
+        if let (Some(name), Some(value)) = (q.priority_class(), q.priority) {
+            let wpc = ar("WorkloadPriorityClass", "workloadpriorityclasses");
+            create(
+                Api::all_with(self.client.clone(), &wpc),
+                json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": name}, "value": value}),
+            )
+            .await
+            .context("creating the WorkloadPriorityClass")?;
+        }
         let cq = ar("ClusterQueue", "clusterqueues");
+        let mut cq_spec = json!({"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu"],
+            "flavors": [{"name": flavor_name,
+                "resources": [{"name": "cpu", "nominalQuota": q.cpus.to_string()}]}]}]});
+        if q.priority.is_some() {
+            cq_spec["preemption"] = json!({"withinClusterQueue": "LowerPriority"});
+        }
         create(
             Api::all_with(self.client.clone(), &cq),
             json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-                "metadata": {"name": q.cluster_queue},
-                "spec": {"namespaceSelector": {}, "resourceGroups": [{
-                    "coveredResources": ["cpu"],
-                    "flavors": [{"name": KUEUE_FLAVOR,
-                        "resources": [{"name": "cpu", "nominalQuota": q.cpus.to_string()}]}]}]}}),
+                "metadata": {"name": q.cluster_queue}, "spec": cq_spec}),
         )
         .await
         .context("creating the ClusterQueue")?;
@@ -526,6 +551,11 @@ fn watch_job(
 #[derive(Debug, Default)]
 struct Milestones(BTreeMap<String, f64>);
 
+/// Prefix of the milestones `active <n>`: when the Job first counted `n` active pods.
+pub const ACTIVE_MILESTONE: &str = "active ";
+/// Milestone: the Job's Suspended condition seen true after it had pods.
+pub const SUSPENDED_MID_RUN: &str = "suspended after its pods";
+
 impl Milestones {
     fn mark(&mut self, kind: String, at: Duration) {
         self.0.entry(kind).or_insert(at.as_secs_f64());
@@ -536,10 +566,19 @@ impl Milestones {
         if let Some(cs) = s["conditions"].as_array() {
             for c in cs.iter().filter(|c| c["status"] == "True") {
                 self.mark(format!("condition {}", c["type"].as_str().unwrap_or_default()), at);
+                // Suspended once it had pods: stopped mid-run (a Job created suspended, as
+                // Kueue creates them, has the condition from the start).
+                if c["type"] == "Suspended" && self.0.contains_key("pod 1 created") {
+                    self.mark(SUSPENDED_MID_RUN.into(), at);
+                }
             }
         }
         for (i, _) in pods.iter().enumerate() {
             self.mark(format!("pod {} created", i + 1), at);
+        }
+        // Pods in parallel as the Job counts them (Kueue's partial admission bounds it).
+        if let Some(n) = s["active"].as_i64().filter(|n| *n > 0) {
+            self.mark(format!("{ACTIVE_MILESTONE}{n}"), at);
         }
         if s["succeeded"].as_i64().unwrap_or(0) > 0 {
             self.mark("first success counted".into(), at);
