@@ -114,8 +114,9 @@ pub struct PodInfo {
     pub has_tracking_finalizer: bool,
     /// Whether metadata.deletionTimestamp is set.
     pub deleting: bool,
-    /// The pod as the shared view keeps it ([`crate::view::trim_pod`]), for pods with a
-    /// controller (orphans are never in a view); `None` when built from metadata only.
+    /// The pod as the shared view keeps it ([`crate::view::WatchedPod::view_json`]), for pods
+    /// a Job controls; dropped by the informer when that Job is not a managed, unfinished one
+    /// ([`crate::view::may_be_viewed`]); `None` for orphans and when built from metadata only.
     pub view: Option<Arc<[u8]>>,
 }
 
@@ -125,20 +126,20 @@ impl PodInfo {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Extracts the slim view from a pod as the watch delivers it, with its view object when it
-    /// has a controller.
+    /// Extracts the slim view from a pod as the watch delivers it, with its view object when a
+    /// Job controls it.
     pub fn from_watched(pod: &crate::view::WatchedPod) -> Self {
         let mut info = Self::from_meta(&pod.metadata);
-        if info.controller.is_some() {
+        if info.controller.as_ref().is_some_and(|c| c.kind == "Job") {
             info.view = Some(pod.view_json());
         }
         info
     }
 
-    /// Extracts the slim view from a full Pod, with its trimmed object when it has a controller.
+    /// Extracts the slim view from a full Pod, with its trimmed object when a Job controls it.
     pub fn from_pod(pod: &Pod) -> Self {
         let mut info = Self::from_meta(&pod.metadata);
-        if info.controller.is_some() {
+        if info.controller.as_ref().is_some_and(|c| c.kind == "Job") {
             info.view = Some(crate::view::trim_pod(pod));
         }
         info
@@ -255,6 +256,15 @@ impl Store {
     /// Removes an object by key; returns it if it was there.
     pub fn remove<K: Stored>(&mut self, key: &str) -> Option<K> {
         K::remove(self, key)
+    }
+
+    /// Drops the view JSON of every pod controlled by `uid` (a Job whose view is not kept).
+    pub fn drop_pod_views(&mut self, uid: &str) {
+        for key in self.pods_by_controller_uid.get(uid).into_iter().flatten() {
+            if let Some(pod) = self.pods.get_mut(key) {
+                pod.view = None;
+            }
+        }
     }
 
     fn unindex_pod(&mut self, uid: String, key: &str) {
