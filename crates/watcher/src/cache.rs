@@ -127,52 +127,57 @@ impl PodInfo {
     }
 
     /// Extracts the slim view from a pod as the watch delivers it, with its view object when a
-    /// Job controls it.
-    pub fn from_watched(pod: &crate::view::WatchedPod) -> Self {
-        let mut info = Self::from_meta(&pod.metadata);
-        if info.controller.as_ref().is_some_and(|c| c.kind == "Job") {
-            info.view = Some(pod.view_json());
-        }
-        info
+    /// Job controls it. Takes the pod, so its strings move into the cache rather than copied.
+    pub fn from_watched(pod: crate::view::WatchedPod) -> Self {
+        let view = controlled_by_a_job(&pod.metadata).then(|| pod.view_json());
+        Self { view, ..Self::from_meta(pod.metadata) }
     }
 
     /// Extracts the slim view from a full Pod, with its trimmed object when a Job controls it.
     pub fn from_pod(pod: &Pod) -> Self {
-        let mut info = Self::from_meta(&pod.metadata);
-        if info.controller.as_ref().is_some_and(|c| c.kind == "Job") {
-            info.view = Some(crate::view::trim_pod(pod));
-        }
-        info
+        let view = controlled_by_a_job(&pod.metadata).then(|| crate::view::trim_pod(pod));
+        let mut meta = pod.metadata.clone();
+        meta.managed_fields = None;
+        Self { view, ..Self::from_meta(meta) }
     }
 
-    /// Extracts the slim view from a pod's metadata (all the handlers read), so the informer
-    /// can watch pods as `PartialObjectMetadata`.
-    pub fn from_meta(meta: &ObjectMeta) -> Self {
+    /// Extracts the slim view from a pod's metadata (all the handlers read).
+    pub fn from_meta(meta: ObjectMeta) -> Self {
+        let ObjectMeta {
+            namespace,
+            name,
+            uid,
+            resource_version,
+            labels,
+            owner_references,
+            finalizers,
+            deletion_timestamp,
+            ..
+        } = meta;
         let controller =
-            meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| {
-                ControllerRef {
-                    api_version: o.api_version.clone(),
-                    kind: o.kind.clone(),
-                    name: o.name.clone(),
-                    uid: o.uid.clone(),
-                }
+            owner_references.into_iter().flatten().find(|o| o.controller == Some(true)).map(|o| {
+                ControllerRef { api_version: o.api_version, kind: o.kind, name: o.name, uid: o.uid }
             });
         Self {
-            namespace: ns(meta),
-            name: name(meta),
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            labels: meta.labels.clone().unwrap_or_default(),
+            namespace: namespace.unwrap_or_default(),
+            name: name.unwrap_or_default(),
+            uid: uid.unwrap_or_default(),
+            resource_version: resource_version.unwrap_or_default(),
+            labels: labels.unwrap_or_default(),
             controller,
-            has_tracking_finalizer: meta
-                .finalizers
+            has_tracking_finalizer: finalizers
                 .iter()
                 .flatten()
                 .any(|f| f == JOB_TRACKING_FINALIZER),
-            deleting: meta.deletion_timestamp.is_some(),
+            deleting: deletion_timestamp.is_some(),
             view: None,
         }
     }
+}
+
+/// Whether a pod's controller is a Job (the only pods a view may hold).
+fn controlled_by_a_job(meta: &ObjectMeta) -> bool {
+    meta.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.kind == "Job")
 }
 
 fn ns(meta: &ObjectMeta) -> String {

@@ -263,7 +263,7 @@ async fn event_loop(
     // Pods, most of the events: each is decoded straight into what the watcher keeps (the
     // handlers' metadata, and what syncJob reads for the view), so the store never holds whole
     // pods; in protobuf by default, as kube-controller-manager's informers.
-    let pod_info = |ev| map_event(ev, |p| PodInfo::from_watched(&p));
+    let pod_info = |ev| map_event(ev, PodInfo::from_watched);
     let mut pods = match watch_encoding {
         WatchEncoding::Protobuf => pod_watch::watch_pods(client, namespace.as_deref(), true)
             .default_backoff()

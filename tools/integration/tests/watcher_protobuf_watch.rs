@@ -98,16 +98,23 @@ async fn protobuf_and_json_watches_see_the_same_pods(server: TestServer) {
         pods.create(&PostParams::default(), &pod(name)).await.expect("a pod");
     }
 
-    // kube-apiserver answers the list in protobuf; kjob-sim in JSON.
-    let request = http::Request::get(format!("/api/v1/namespaces/{ns}/pods?limit=500"))
-        .header(http::header::ACCEPT, kjob_watcher::kube_proto::ACCEPT_LIST)
-        .body(Vec::new())
-        .unwrap();
-    let response = client.send(request.map(kube::client::Body::from)).await.expect("a list");
-    let content_type = response.headers().get(http::header::CONTENT_TYPE).cloned();
-    let protobuf =
-        kjob_watcher::kube_proto::is_protobuf(content_type.as_ref().and_then(|v| v.to_str().ok()));
-    assert_eq!(protobuf, server.is_real(), "{content_type:?}");
+    // kube-apiserver answers the list and the watch in protobuf; kjob-sim in JSON.
+    for (query, accept) in [
+        ("limit=500", kjob_watcher::kube_proto::ACCEPT_LIST),
+        ("watch=true&timeoutSeconds=1", kjob_watcher::kube_proto::ACCEPT_WATCH),
+    ] {
+        let request = http::Request::get(format!("/api/v1/namespaces/{ns}/pods?{query}"))
+            .header(http::header::ACCEPT, accept)
+            .body(Vec::new())
+            .unwrap();
+        let response = client.send(request.map(kube::client::Body::from)).await.expect("answered");
+        assert!(response.status().is_success(), "{query}: {}", response.status());
+        let content_type = response.headers().get(http::header::CONTENT_TYPE).cloned();
+        let protobuf = kjob_watcher::kube_proto::is_protobuf(
+            content_type.as_ref().and_then(|v| v.to_str().ok()),
+        );
+        assert_eq!(protobuf, server.is_real(), "{query}: {content_type:?}");
+    }
 
     let mut pb: Events = Box::pin(watch_pods(client.clone(), Some(&ns), true));
     let mut json: Events = Box::pin(watch_pods(client.clone(), Some(&ns), false));
