@@ -675,9 +675,10 @@ mod tests {
         assert!(!out.is_empty(), "the handlers still enqueue the Job");
         assert!(out.iter().all(|e| e.view.is_empty()), "no view write: {:?}", view_shape(&out));
         let mut failed = pod("p1", "a", "5");
-        let mut with_phase = Pod::default();
-        with_phase.status =
-            Some(serde_json::from_value(serde_json::json!({"phase": "Failed"})).unwrap());
+        let with_phase = Pod {
+            status: Some(serde_json::from_value(serde_json::json!({"phase": "Failed"})).unwrap()),
+            ..Default::default()
+        };
         failed.view = Some(crate::view::trim_pod(&with_phase));
         let out = inf.pod_event(Event::Apply(failed), true);
         assert_eq!(view_shape(&out)[0].1, strs(&["pod:p1"]));

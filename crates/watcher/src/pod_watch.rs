@@ -317,8 +317,8 @@ async fn read_event(
                         rv.clone_from(v);
                     }
                     return Ok(Some(match ty {
-                        "DELETED" => Event::Delete(p),
-                        _ => Event::Apply(p),
+                        "DELETED" => Event::Delete(*p),
+                        _ => Event::Apply(*p),
                     }));
                 }
             }
@@ -344,14 +344,14 @@ fn proto_event(buf: &mut BytesMut) -> Result<Option<(String, Decoded)>, WatchErr
             message: s.message.unwrap_or_default(),
         })
     } else {
-        Decoded::Pod(kube_proto::decode_pod(object)?)
+        Decoded::Pod(Box::new(kube_proto::decode_pod(object)?))
     };
     Ok(Some((ty, decoded)))
 }
 
 /// A watch event's object: a pod, or an ERROR event's Status.
 enum Decoded {
-    Pod(WatchedPod),
+    Pod(Box<WatchedPod>),
     Failure(WatchError),
 }
 
@@ -369,7 +369,7 @@ fn json_event(buf: &mut BytesMut) -> Result<Option<(String, Decoded)>, WatchErro
         let s: JsonStatus = serde_json::from_str(ev.object.get())?;
         Decoded::Failure(WatchError::Status { code: s.code, reason: s.reason, message: s.message })
     } else {
-        Decoded::Pod(serde_json::from_str(ev.object.get())?)
+        Decoded::Pod(Box::new(serde_json::from_str(ev.object.get())?))
     };
     Ok(Some((ev.type_, decoded)))
 }
