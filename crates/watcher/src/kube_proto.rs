@@ -395,7 +395,7 @@ pub fn next_frame(buf: &mut bytes::BytesMut) -> Result<Option<Bytes>, ProtoError
     Ok(Some(frame.split_off(4).freeze()))
 }
 
-/// Encoding helpers for tests and kjob-sim's protobuf answers: the same messages, written.
+/// Encoding helpers for tests: objects and watch frames as kube-apiserver writes them.
 pub mod encode {
     use super::*;
 
