@@ -10,7 +10,7 @@ KUBELET ?= on
 JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
-.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-queue \
+.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-watcher bench-queue \
 	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-up cluster-down \
 	diff-upstream test-diff-run
 
@@ -101,6 +101,12 @@ bench-upstream: cluster-build
 	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
 	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench $(BENCH_ARGS)
+
+## bench-watcher: the watcher's CPU per pod event, --watch-encoding protobuf against json, on the
+## real control plane (BENCH_ARGS: --pods, --updates, --passes)
+bench-watcher: cluster-build
+	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	$(TARGET_DIR)/release/kjob-watcher-bench --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench/watcher $(BENCH_ARGS)
 
 ## bench-sim: kjob-sim's raw throughput (creates/s, status updates/s, watch events/s, RSS)
 bench-sim:

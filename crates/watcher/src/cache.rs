@@ -114,8 +114,9 @@ pub struct PodInfo {
     pub has_tracking_finalizer: bool,
     /// Whether metadata.deletionTimestamp is set.
     pub deleting: bool,
-    /// The pod as the shared view keeps it ([`crate::view::trim_pod`]), for pods with a
-    /// controller (orphans are never in a view); `None` when built from metadata only.
+    /// The pod as the shared view keeps it ([`crate::view::WatchedPod::view_json`]), for pods
+    /// a Job controls; dropped by the informer when that Job is not a managed, unfinished one
+    /// ([`crate::view::may_be_viewed`]); `None` for orphans and when built from metadata only.
     pub view: Option<Arc<[u8]>>,
 }
 
@@ -125,53 +126,58 @@ impl PodInfo {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Extracts the slim view from a pod as the watch delivers it, with its view object when it
-    /// has a controller.
-    pub fn from_watched(pod: &crate::view::WatchedPod) -> Self {
-        let mut info = Self::from_meta(&pod.metadata);
-        if info.controller.is_some() {
-            info.view = Some(pod.view_json());
-        }
-        info
+    /// Extracts the slim view from a pod as the watch delivers it, with its view object when a
+    /// Job controls it. Takes the pod, so its strings move into the cache rather than copied.
+    pub fn from_watched(pod: crate::view::WatchedPod) -> Self {
+        let view = controlled_by_a_job(&pod.metadata).then(|| pod.view_json());
+        Self { view, ..Self::from_meta(pod.metadata) }
     }
 
-    /// Extracts the slim view from a full Pod, with its trimmed object when it has a controller.
+    /// Extracts the slim view from a full Pod, with its trimmed object when a Job controls it.
     pub fn from_pod(pod: &Pod) -> Self {
-        let mut info = Self::from_meta(&pod.metadata);
-        if info.controller.is_some() {
-            info.view = Some(crate::view::trim_pod(pod));
-        }
-        info
+        let view = controlled_by_a_job(&pod.metadata).then(|| crate::view::trim_pod(pod));
+        let mut meta = pod.metadata.clone();
+        meta.managed_fields = None;
+        Self { view, ..Self::from_meta(meta) }
     }
 
-    /// Extracts the slim view from a pod's metadata (all the handlers read), so the informer
-    /// can watch pods as `PartialObjectMetadata`.
-    pub fn from_meta(meta: &ObjectMeta) -> Self {
+    /// Extracts the slim view from a pod's metadata (all the handlers read).
+    pub fn from_meta(meta: ObjectMeta) -> Self {
+        let ObjectMeta {
+            namespace,
+            name,
+            uid,
+            resource_version,
+            labels,
+            owner_references,
+            finalizers,
+            deletion_timestamp,
+            ..
+        } = meta;
         let controller =
-            meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| {
-                ControllerRef {
-                    api_version: o.api_version.clone(),
-                    kind: o.kind.clone(),
-                    name: o.name.clone(),
-                    uid: o.uid.clone(),
-                }
+            owner_references.into_iter().flatten().find(|o| o.controller == Some(true)).map(|o| {
+                ControllerRef { api_version: o.api_version, kind: o.kind, name: o.name, uid: o.uid }
             });
         Self {
-            namespace: ns(meta),
-            name: name(meta),
-            uid: meta.uid.clone().unwrap_or_default(),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            labels: meta.labels.clone().unwrap_or_default(),
+            namespace: namespace.unwrap_or_default(),
+            name: name.unwrap_or_default(),
+            uid: uid.unwrap_or_default(),
+            resource_version: resource_version.unwrap_or_default(),
+            labels: labels.unwrap_or_default(),
             controller,
-            has_tracking_finalizer: meta
-                .finalizers
+            has_tracking_finalizer: finalizers
                 .iter()
                 .flatten()
                 .any(|f| f == JOB_TRACKING_FINALIZER),
-            deleting: meta.deletion_timestamp.is_some(),
+            deleting: deletion_timestamp.is_some(),
             view: None,
         }
     }
+}
+
+/// Whether a pod's controller is a Job (the only pods a view may hold).
+fn controlled_by_a_job(meta: &ObjectMeta) -> bool {
+    meta.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.kind == "Job")
 }
 
 fn ns(meta: &ObjectMeta) -> String {
@@ -255,6 +261,15 @@ impl Store {
     /// Removes an object by key; returns it if it was there.
     pub fn remove<K: Stored>(&mut self, key: &str) -> Option<K> {
         K::remove(self, key)
+    }
+
+    /// Drops the view JSON of every pod controlled by `uid` (a Job whose view is not kept).
+    pub fn drop_pod_views(&mut self, uid: &str) {
+        for key in self.pods_by_controller_uid.get(uid).into_iter().flatten() {
+            if let Some(pod) = self.pods.get_mut(key) {
+                pod.view = None;
+            }
+        }
     }
 
     fn unindex_pod(&mut self, uid: String, key: &str) {

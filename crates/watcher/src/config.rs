@@ -51,12 +51,26 @@ pub struct Args {
     /// Interval of the full resync (every managed Job enqueued).
     #[arg(long, env = "KJOB_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration)]
     pub resync_period: Duration,
+    /// How pods are listed and watched: `protobuf` (kube-apiserver's protobuf encoding, as
+    /// kube-controller-manager's informers; a server that answers JSON is read all the same) or
+    /// `json` (kube-runtime's JSON watcher).
+    #[arg(long, env = "KJOB_WATCH_ENCODING", value_enum, default_value_t = WatchEncoding::Protobuf)]
+    pub watch_encoding: WatchEncoding,
     /// Kube client flags.
     #[command(flatten)]
     pub kube: KubeClientArgs,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
+}
+
+/// The encoding of the pod list and watch (`--watch-encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WatchEncoding {
+    /// kube-apiserver's protobuf encoding ([`crate::pod_watch`]).
+    Protobuf,
+    /// JSON, through kube-runtime's watcher.
+    Json,
 }
 
 impl Args {
@@ -85,6 +99,7 @@ impl Args {
             renew_deadline,
             retry_period,
             resync_period,
+            watch_encoding,
             kube,
             admin: _,
         } = self;
@@ -104,6 +119,7 @@ impl Args {
                 retry_period,
             },
             resync_period,
+            watch_encoding,
             kube,
         }
     }
@@ -120,6 +136,7 @@ mod tests {
         let c = Args::try_parse_from(["kjob-watcher"]).unwrap().into_config();
         assert_eq!(c.lease.lease_duration, Duration::from_secs(15));
         assert_eq!(c.resync_period, Duration::from_secs(600));
+        assert_eq!(c.watch_encoding, WatchEncoding::Protobuf);
         assert!(c.lease.identity.ends_with(&format!("_{}", std::process::id())));
         let c = Args::try_parse_from([
             "kjob-watcher",
@@ -128,11 +145,14 @@ mod tests {
             "--manage-all-jobs",
             "--retry-period",
             "500ms",
+            "--watch-encoding",
+            "json",
         ])
         .unwrap()
         .into_config();
         assert_eq!(c.lease.identity, "w-0");
         assert!(c.manage_all);
         assert_eq!(c.lease.retry_period, Duration::from_millis(500));
+        assert_eq!(c.watch_encoding, WatchEncoding::Json);
     }
 }

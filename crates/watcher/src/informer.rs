@@ -269,7 +269,8 @@ impl Informer {
                 K::lists(self).relist = Some(HashSet::new());
                 self.end_view()
             }
-            Event::InitApply(info) | Event::Apply(info) => {
+            Event::InitApply(mut info) | Event::Apply(mut info) => {
+                K::trim(self, &mut info);
                 if let Some(seen) = K::lists(self).relist.as_mut() {
                     seen.insert(info.key());
                 }
@@ -364,6 +365,9 @@ trait Cached: Stored {
     /// The `kind` label of the event metrics.
     const KIND: &'static str;
     fn lists(informer: &mut Informer) -> &mut ListState;
+    /// Drops what the cache need not keep of an object about to be applied (or of the objects
+    /// it decides about): the view JSON of pods no managed, unfinished Job owns.
+    fn trim(informer: &mut Informer, info: &mut Self);
     /// View writes for an add (`old` is `None`) or an update.
     fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue>;
     /// Handlers of an add or an update, already applied to the store.
@@ -381,6 +385,13 @@ impl Cached for JobInfo {
 
     fn lists(informer: &mut Informer) -> &mut ListState {
         &mut informer.jobs
+    }
+
+    /// A Job whose view is not kept (not managed, or finished) drops its pods' view JSON.
+    fn trim(informer: &mut Informer, info: &mut Self) {
+        if !(informer.cfg.manages(info) && view::keeps_pods(info)) {
+            informer.store.drop_pod_views(&info.uid);
+        }
     }
 
     fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue> {
@@ -427,6 +438,12 @@ impl Cached for PodInfo {
 
     fn lists(informer: &mut Informer) -> &mut ListState {
         &mut informer.pods
+    }
+
+    fn trim(informer: &mut Informer, info: &mut Self) {
+        if !view::may_be_viewed(info, &informer.store, |j| informer.cfg.manages(j)) {
+            info.view = None;
+        }
     }
 
     fn view(informer: &Informer, old: Option<&Self>, new: &Self) -> Vec<Enqueue> {
@@ -642,6 +659,65 @@ mod tests {
         assert_eq!(view_shape(&out)[0], ("ns/b".to_string(), strs(&["job"])));
         let out = inf.job_event(Event::Delete(job("b", "11")), true, now());
         assert_eq!(view_shape(&out)[0], ("ns/b".to_string(), strs(&["delete-job"])));
+    }
+
+    /// An update that changes only what syncJob does not read (a resourceVersion, someone
+    /// else's annotation) still runs the handlers, but writes nothing to the view; one that
+    /// changes a field it reads (the phase) writes the pod again.
+    #[test]
+    fn a_pod_update_no_sync_reads_writes_no_view() {
+        let mut inf = viewing();
+        let first = inf.pod_event(Event::Apply(pod("p1", "a", "3")), true);
+        assert_eq!(view_shape(&first)[0].1, strs(&["pod:p1"]));
+        let mut noted = pod("p1", "a", "4");
+        noted.view = inf.store().pod("ns/p1").unwrap().view.clone();
+        let out = inf.pod_event(Event::Apply(noted), true);
+        assert!(!out.is_empty(), "the handlers still enqueue the Job");
+        assert!(out.iter().all(|e| e.view.is_empty()), "no view write: {:?}", view_shape(&out));
+        let mut failed = pod("p1", "a", "5");
+        let with_phase = Pod {
+            status: Some(serde_json::from_value(serde_json::json!({"phase": "Failed"})).unwrap()),
+            ..Default::default()
+        };
+        failed.view = Some(crate::view::trim_pod(&with_phase));
+        let out = inf.pod_event(Event::Apply(failed), true);
+        assert_eq!(view_shape(&out)[0].1, strs(&["pod:p1"]));
+    }
+
+    /// A pod no managed Job owns keeps no view JSON in the cache: a ReplicaSet's, another
+    /// controller's Job's, a finished Job's (dropped when the Job finishes); an orphan keeps its
+    /// labels for the orphan handling. A pod of a Job not seen yet keeps it until then.
+    #[test]
+    fn pods_no_managed_job_owns_keep_no_view() {
+        let mut inf = viewing();
+        let mut rs = pod("rs-1", "a", "3");
+        rs.controller.as_mut().unwrap().kind = "ReplicaSet".into();
+        assert!(rs.view.is_some());
+        inf.pod_event(Event::Apply(rs), true);
+        assert_eq!(inf.store().pod("ns/rs-1").unwrap().view, None);
+        let mut other = job("o", "4");
+        other.managed_by = Some("example.com/other".into());
+        inf.job_event(Event::Apply(other), true, now());
+        inf.pod_event(Event::Apply(pod("o-1", "o", "5")), true);
+        assert_eq!(inf.store().pod("ns/o-1").unwrap().view, None);
+        let mut orphan = pod("free", "a", "6");
+        orphan.controller = None;
+        orphan.view = None;
+        inf.pod_event(Event::Apply(orphan), true);
+        assert!(!inf.store().pod("ns/free").unwrap().labels.is_empty(), "orphans keep labels");
+        // A pod whose Job is not cached yet keeps its view, for the Job's snapshot.
+        inf.pod_event(Event::Apply(pod("later-1", "later", "7")), true);
+        assert!(inf.store().pod("ns/later-1").unwrap().view.is_some());
+        let out = inf.job_event(Event::Apply(job("later", "8")), true, now());
+        assert_eq!(view_shape(&out)[0].1, strs(&["reset", "pod:later-1", "job", "trust"]));
+        // The managed Job's pod keeps it until the Job finishes.
+        inf.pod_event(Event::Apply(pod("p1", "a", "9")), true);
+        assert!(inf.store().pod("ns/p1").unwrap().view.is_some());
+        let mut done = job("a", "10");
+        done.finished = true;
+        inf.job_event(Event::Apply(done), true, now());
+        assert_eq!(inf.store().pod("ns/p1").unwrap().view, None);
+        assert_eq!(inf.store().pod("ns/p0").unwrap().view, None);
     }
 
     #[test]

@@ -10,8 +10,10 @@ pub mod cache;
 pub mod config;
 pub mod handlers;
 pub mod informer;
+pub mod kube_proto;
 pub mod leader;
 pub mod metrics;
+pub mod pod_watch;
 pub mod sender;
 mod settle;
 pub mod view;
@@ -36,7 +38,7 @@ use crate::informer::{Informer, map_event};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::{KindLabels, Metrics, OutcomeLabels};
 
-pub use config::Args;
+pub use config::{Args, WatchEncoding};
 
 /// Everything `run` needs, already parsed.
 #[derive(Debug, Clone)]
@@ -57,6 +59,8 @@ pub struct WatcherConfig {
     pub lease: LeaseConfig,
     /// Interval of the "enqueue every managed Job" resync.
     pub resync_period: Duration,
+    /// How pods are listed and watched.
+    pub watch_encoding: WatchEncoding,
     /// Kube client flags.
     pub kube: KubeClientArgs,
 }
@@ -118,6 +122,7 @@ pub async fn run(
             namespace,
             lease,
             resync_period,
+            watch_encoding,
             kube,
         } = config;
         lease.validate()?;
@@ -167,6 +172,7 @@ pub async fn run(
             View { identity: view_identity, lost: view_lost },
             namespace,
             resync_period,
+            watch_encoding,
             tx,
             leading_rx,
             synced,
@@ -217,6 +223,9 @@ async fn readiness_loop(
     .await;
 }
 
+/// A failed list or watch of either encoding (the stream retries it with backoff).
+type StreamError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The shared view's settings for the event loop.
 struct View {
     /// Unique per process: session ids are `identity-<n>`.
@@ -234,28 +243,43 @@ async fn event_loop(
     view: View,
     namespace: Option<String>,
     resync_period: Duration,
+    watch_encoding: WatchEncoding,
     tx: mpsc::Sender<Enqueue>,
     mut leading: watch::Receiver<bool>,
     synced_flag: Arc<AtomicBool>,
     metrics: Metrics,
     shutdown: Shutdown,
 ) -> Result<(), WatcherError> {
-    // Full pods (the shared Job view the workers plan from needs their statuses), decoded lean:
-    // container specs, volumes and managedFields are skipped while parsing.
-    let (jobs_api, pods_api): (Api<view::WatchedJob>, Api<view::WatchedPod>) = match &namespace {
-        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
-        None => (Api::all(client.clone()), Api::all(client)),
+    // Jobs in JSON, decoded lean: managedFields are skipped while parsing (the view keeps the
+    // whole Job, which the worker creates pods from).
+    let jobs_api: Api<view::WatchedJob> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
     let mut jobs = watcher(jobs_api, watcher::Config::default())
         .default_backoff()
         .map(|r| r.map(|ev| map_event(ev, |j| JobInfo::from_job(&j.into_job()))))
         .boxed();
-    // Each pod is trimmed as it arrives (the view keeps what syncJob reads; the handlers read
-    // metadata only), so the store never holds whole pods.
-    let mut pods = watcher(pods_api, watcher::Config::default())
-        .default_backoff()
-        .map(|r| r.map(|ev| map_event(ev, |p| PodInfo::from_watched(&p))))
-        .boxed();
+    // Pods, most of the events: each is decoded straight into what the watcher keeps (the
+    // handlers' metadata, and what syncJob reads for the view), so the store never holds whole
+    // pods; in protobuf by default, as kube-controller-manager's informers.
+    let pod_info = |ev| map_event(ev, PodInfo::from_watched);
+    let mut pods = match watch_encoding {
+        WatchEncoding::Protobuf => pod_watch::watch_pods(client, namespace.as_deref(), true)
+            .default_backoff()
+            .map(|r| r.map(pod_info).map_err(StreamError::from))
+            .boxed(),
+        WatchEncoding::Json => {
+            let pods_api: Api<view::WatchedPod> = match &namespace {
+                Some(ns) => Api::namespaced(client, ns),
+                None => Api::all(client),
+            };
+            watcher(pods_api, watcher::Config::default())
+                .default_backoff()
+                .map(|r| r.map(pod_info).map_err(StreamError::from))
+                .boxed()
+        }
+    };
     let View { identity, lost: view_lost } = view;
     let mut informer = Informer::new(cfg, metrics.clone()).with_view(identity);
     let mut resync = tokio::time::interval_at(
@@ -268,7 +292,7 @@ async fn event_loop(
     let mut takeover_pending = is_leader;
     // Orphan entries of Jobs that just finished, waiting for their pods' finalizer removals.
     let mut settling = settle::Settling::default();
-    let restart = |kind: &'static str, e: &watcher::Error| {
+    let restart = |kind: &'static str, e: &dyn std::fmt::Display| {
         metrics.watch_restarts.get_or_create(&KindLabels { kind }).inc();
         tracing::warn!(kind, error = %e, "watch failed; retrying with backoff");
     };

@@ -6,11 +6,12 @@
 //! Pure: the informer calls these to turn its events into [`ViewWrite`]s, which ride on the same
 //! Add items as the handlers' observations (written first, in the same script).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use crate::cache::{JobInfo, PodInfo, Store};
 
@@ -82,75 +83,30 @@ impl kube::Resource for WatchedJob {
     }
 }
 
-/// The pod as the view keeps it: what syncJob reads — the metadata (without managedFields), the
-/// status, and of the spec only the node name and each init container's name and restart policy
-/// (sidecars count for the finish time). Container specs, volumes and the rest are dropped:
-/// they are most of a pod's size and no decision reads them.
+/// The pod as the view keeps it: what syncJob reads ([`WatchedPod::view_json`]), taken from a
+/// whole Pod (tests and tools; the watcher decodes pods as [`WatchedPod`]s).
 pub fn trim_pod(pod: &Pod) -> Arc<[u8]> {
-    let spec = pod.spec.as_ref().map(|s| PodSpec {
-        node_name: s.node_name.clone(),
-        init_containers: s.init_containers.as_ref().map(|ics| {
-            ics.iter()
-                .map(|c| Container {
-                    name: c.name.clone(),
-                    restart_policy: c.restart_policy.clone(),
-                    ..Default::default()
-                })
-                .collect()
-        }),
-        ..Default::default()
-    });
-    let mut metadata = pod.metadata.clone();
-    metadata.managed_fields = None;
-    let trimmed = Pod { metadata, spec, status: pod.status.clone() };
-    serde_json::to_vec(&trimmed).unwrap_or_default().into()
+    let json = serde_json::to_vec(pod).unwrap_or_default();
+    serde_json::from_slice::<WatchedPod>(&json).map(|p| p.view_json()).unwrap_or_default()
 }
 
-/// A pod as the watcher decodes it off the watch stream: the metadata (without managedFields),
-/// the status, and of the spec only what syncJob reads (the node name, each init container's
-/// name and restart policy). serde skips everything else while parsing (container specs,
-/// volumes, managedFields: most of a pod's bytes) instead of allocating it, so a full-pod watch
-/// costs the watcher little more than the metadata-only watch it replaced. Serialized, it is the
-/// pod the shared view keeps (a valid core/v1 Pod: `containers` is written empty).
-#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+/// A pod as the watcher decodes it off the watch stream (JSON or protobuf,
+/// [`crate::kube_proto`]): what the handlers read (the metadata, without managedFields) and what
+/// syncJob reads of the spec and status. Everything else (container specs, volumes, IPs,
+/// probe times, messages, managedFields: most of a pod's bytes) is skipped while decoding
+/// instead of allocated. Its [`view_json`](Self::view_json) is the pod the shared view keeps.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WatchedPod {
-    /// Always written `v1`, whatever the stream sent (the worker decodes the view as a typed
-    /// Pod, which checks it).
-    #[serde(default, serialize_with = "always_v1")]
-    pub api_version: String,
-    /// Always written `Pod`.
-    #[serde(default, serialize_with = "always_pod")]
-    pub kind: String,
     /// Metadata without managedFields.
     #[serde(deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     /// The parts of the spec syncJob reads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub spec: Option<WatchedPodSpec>,
-    /// The status, whole, as the stream sent it: the watcher reads none of it, so it is kept as
-    /// raw JSON, neither parsed into fields (conditions, container states: most of a pod
-    /// event's allocations) nor written out again field by field for the view.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<RawJson>,
-}
-
-/// A JSON value kept as the text it came in (validated, not parsed into fields).
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
-#[serde(transparent)]
-pub struct RawJson(Box<serde_json::value::RawValue>);
-
-impl RawJson {
-    /// The JSON text.
-    pub fn get(&self) -> &str {
-        self.0.get()
-    }
-}
-
-impl PartialEq for RawJson {
-    fn eq(&self, other: &Self) -> bool {
-        self.get() == other.get()
-    }
+    /// The parts of the status syncJob reads.
+    #[serde(default)]
+    pub status: Option<WatchedPodStatus>,
 }
 
 /// The parts of a pod spec syncJob reads.
@@ -177,6 +133,156 @@ pub struct WatchedContainer {
     /// `restartPolicy` (`Always` for a sidecar).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
+}
+
+/// The parts of a pod status syncJob reads (`crates/reconcile`'s `pod`, `summary` and
+/// `pod_failure_policy` modules): the phase, every condition's type, status and transition
+/// time (Ready orders deletions and dates a finish; a podFailurePolicy rule may name any
+/// type), and each container's name, restarts and terminated exit code and finish time.
+/// Messages, reasons, probe times, IPs, images and start times are read by no decision.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedPodStatus {
+    /// `phase`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `conditions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<WatchedCondition>>,
+    /// `containerStatuses`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_statuses: Option<Vec<WatchedContainerStatus>>,
+    /// `initContainerStatuses`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_container_statuses: Option<Vec<WatchedContainerStatus>>,
+}
+
+/// A pod condition's type, status and last transition.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedCondition {
+    /// `type`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `status`.
+    pub status: String,
+    /// `lastTransitionTime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// A container status: name, restarts, and how it terminated.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedContainerStatus {
+    /// `name`.
+    pub name: String,
+    /// `restartCount`.
+    #[serde(default)]
+    pub restart_count: i32,
+    /// `state`, its `terminated` part only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<WatchedContainerState>,
+}
+
+/// A container state, its `terminated` part only.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedContainerState {
+    /// `terminated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated: Option<WatchedTerminated>,
+}
+
+/// A terminated container's exit code and finish time.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedTerminated {
+    /// `exitCode`.
+    #[serde(default)]
+    pub exit_code: i32,
+    /// `finishedAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+}
+
+/// The annotations syncJob reads: its own (`batch.kubernetes.io/`: the completion index and
+/// the per-index failure counts). Others (tools' notes, kubectl's) change nothing it decides.
+pub const VIEW_ANNOTATION_PREFIX: &str = "batch.kubernetes.io/";
+
+/// The view's pod, borrowed from a [`WatchedPod`]: a valid core/v1 Pod with what syncJob reads.
+/// No resourceVersion: it changes on every write, and a view entry that carried it would be
+/// rewritten for updates no decision reads.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewPod<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: ViewMeta<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec: Option<&'a WatchedPodSpec>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a WatchedPodStatus>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewMeta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    creation_timestamp: Option<&'a Time>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deletion_timestamp: Option<&'a Time>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deletion_grace_period_seconds: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<&'a BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<&'a str, &'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finalizers: Option<&'a Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner_references: Option<&'a Vec<OwnerReference>>,
+}
+
+impl WatchedPod {
+    /// The view's JSON of this pod: what syncJob reads, and nothing else, so that two versions
+    /// of a pod whose differences no decision reads have the same view JSON (and the second
+    /// writes nothing).
+    pub fn view_json(&self) -> Arc<[u8]> {
+        let m = &self.metadata;
+        let annotations = m
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with(VIEW_ANNOTATION_PREFIX))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let view = ViewPod {
+            api_version: "v1",
+            kind: "Pod",
+            metadata: ViewMeta {
+                name: m.name.as_deref(),
+                namespace: m.namespace.as_deref(),
+                uid: m.uid.as_deref(),
+                creation_timestamp: m.creation_timestamp.as_ref(),
+                deletion_timestamp: m.deletion_timestamp.as_ref(),
+                deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+                labels: m.labels.as_ref(),
+                annotations,
+                finalizers: m.finalizers.as_ref(),
+                owner_references: m.owner_references.as_ref(),
+            },
+            spec: self.spec.as_ref(),
+            status: self.status.as_ref(),
+        };
+        serde_json::to_vec(&view).unwrap_or_default().into()
+    }
 }
 
 /// ObjectMeta's fields but managedFields, which serde then skips without allocating.
@@ -211,14 +317,6 @@ struct MetaFields {
     self_link: Option<String>,
     #[serde(default)]
     uid: Option<String>,
-}
-
-fn always_v1<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str("v1")
-}
-
-fn always_pod<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str("Pod")
 }
 
 fn meta_without_managed_fields<'de, D: serde::Deserializer<'de>>(
@@ -268,10 +366,18 @@ impl kube::Resource for WatchedPod {
     }
 }
 
-impl WatchedPod {
-    /// The view's JSON of this pod.
-    pub fn view_json(&self) -> Arc<[u8]> {
-        serde_json::to_vec(self).unwrap_or_default().into()
+/// Whether a pod's view JSON is worth keeping: its controller is a Job that is managed
+/// (`manages`) and unfinished, or a Job the cache does not know yet (its add may come after its
+/// pods', and then snapshots them). A pod of anything else (a ReplicaSet, a Job of another
+/// controller, a finished Job) keeps none: only its metadata, which the handlers and the orphan
+/// handling read.
+pub fn may_be_viewed(pod: &PodInfo, store: &Store, manages: impl Fn(&JobInfo) -> bool) -> bool {
+    let Some(cref) = pod.controller.as_ref().filter(|c| c.kind == "Job") else { return false };
+    match store.job_by_name(&pod.namespace, &cref.name) {
+        Some(job) if job.uid == cref.uid => manages(job) && keeps_pods(job),
+        // Another Job of that name: the pod's own is either gone (its pods go to the garbage
+        // collector) or not seen yet; kept for the latter.
+        _ => true,
     }
 }
 
@@ -357,7 +463,13 @@ pub fn pod_writes<'a>(
     if let (Some(n), Some(pod)) = (new_job, new)
         && let Some(object) = pod.view.clone()
     {
-        out.push((n.key(), ViewWrite::Pod { name: pod.name.clone(), object }));
+        // The same Job's view already holds this JSON: the update changed nothing syncJob
+        // reads (a resourceVersion, an IP, a probe time, someone else's annotation).
+        let unchanged = old_job.is_some_and(|o| o.uid == n.uid)
+            && old.and_then(|o| o.view.as_deref()) == Some(&*object);
+        if !unchanged {
+            out.push((n.key(), ViewWrite::Pod { name: pod.name.clone(), object }));
+        }
     }
     out
 }
@@ -390,17 +502,111 @@ mod tests {
         assert!(full.starts_with(br#"{"apiVersion":"v1","kind":"Pod""#));
         let watched: WatchedPod = serde_json::from_slice(&full).unwrap();
         assert_eq!(watched.metadata.managed_fields, None, "skipped while parsing");
-        let a: serde_json::Value = serde_json::from_slice(&watched.view_json()).unwrap();
-        let b: serde_json::Value = serde_json::from_slice(&trim_pod(&pod)).unwrap();
-        assert_eq!(a, b);
+        assert_eq!(*watched.view_json(), *trim_pod(&pod));
         // The worker decodes it as a core/v1 Pod, also when the stream left out apiVersion/kind.
         let back: Pod = serde_json::from_slice(&watched.view_json()).unwrap();
-        // The status goes into the view as it came, and decodes as the pod's status.
-        assert_eq!(back.status, pod.status);
-        assert!(pod.status.is_some());
-        let bare = WatchedPod { api_version: String::new(), kind: String::new(), ..watched };
-        let _: Pod = serde_json::from_slice(&bare.view_json()).unwrap();
         assert_eq!(back.metadata.name.as_deref(), Some("p"));
+        let mut bare: serde_json::Value = serde_json::from_slice(&full).unwrap();
+        bare.as_object_mut().unwrap().retain(|k, _| k != "apiVersion" && k != "kind");
+        let bare: WatchedPod = serde_json::from_value(bare).unwrap();
+        assert_eq!(*bare.view_json(), *watched.view_json());
+    }
+
+    /// Every answer syncJob takes from a pod is the same on the view's pod as on the whole one:
+    /// its summary, readiness, conditions, exit codes, claim facts and finish time.
+    #[test]
+    fn the_view_pod_answers_syncjob_as_the_whole_pod_does() {
+        use kjob_reconcile::pod as p;
+        use kjob_reconcile::pod_failure_policy::match_pod_failure_policy;
+        use kjob_reconcile::testutil::at;
+        let job = mk_job("j")
+            .pod_failure_policy(
+                serde_json::from_value(serde_json::json!([
+                    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {"action": "Count", "onExitCodes": {"containerName": "side",
+                                                        "operator": "NotIn", "values": [0]}}
+                ]))
+                .unwrap(),
+            )
+            .build();
+        let pods = [
+            sample_pod(),
+            mk_pod(&job, "a").index(3).failure_counts(2, Some(1)).ready(at(5)).build(),
+            mk_pod(&job, "b").failed(42, at(9)).node(Some("n2")).restarts(3).build(),
+            mk_pod(&job, "c").condition("DisruptionTarget", "True", at(4)).deleting(at(7)).build(),
+            mk_pod(&job, "d")
+                .init_terminated("side", 3, at(8))
+                .terminated("main", 0, at(6))
+                .build(),
+            mk_pod(&job, "e").created(at(1)).label("x", "y").no_finalizer().build(),
+        ];
+        let policy = job.spec.as_ref().and_then(|s| s.pod_failure_policy.as_ref());
+        for full in pods {
+            let view: Pod = serde_json::from_slice(&trim_pod(&full)).unwrap();
+            let name = p::name(&full);
+            assert_eq!(
+                kjob_reconcile::PodSummary::of(&view),
+                kjob_reconcile::PodSummary::of(&full),
+                "{name}"
+            );
+            assert_eq!(p::ready_since(&view), p::ready_since(&full), "{name}");
+            assert_eq!(p::finished_time(&view), p::finished_time(&full), "{name}");
+            assert_eq!(p::removal_key(&view), p::removal_key(&full), "{name}");
+            assert_eq!(p::controller_ref(&view), p::controller_ref(&full), "{name}");
+            assert_eq!(p::uid(&view), p::uid(&full), "{name}");
+            assert_eq!(view.metadata.namespace, full.metadata.namespace, "{name}");
+            assert_eq!(view.metadata.labels, full.metadata.labels, "{name}");
+            assert_eq!(view.metadata.finalizers, full.metadata.finalizers, "{name}");
+            assert_eq!(
+                match_pod_failure_policy(policy, &view),
+                match_pod_failure_policy(policy, &full),
+                "{name}"
+            );
+            assert_eq!(
+                kjob_reconcile::pod_failure_policy::fail_job_message(&job, [&view]),
+                kjob_reconcile::pod_failure_policy::fail_job_message(&job, [&full]),
+                "{name}"
+            );
+        }
+    }
+
+    /// Updates that change nothing syncJob reads give the same view JSON; those that do, not.
+    #[test]
+    fn only_what_syncjob_reads_changes_the_view_json() {
+        let base = mk_pod(&mk_job("j").build(), "p")
+            .ready(kjob_reconcile::testutil::at(3))
+            .with(|p| p.metadata.resource_version = Some("5".into()))
+            .build();
+        let same = |f: &dyn Fn(&mut Pod)| {
+            let mut p = base.clone();
+            f(&mut p);
+            trim_pod(&p) == trim_pod(&base)
+        };
+        assert!(same(&|p| p.metadata.resource_version = Some("999".into())));
+        assert!(same(&|p| {
+            p.metadata.annotations.get_or_insert_default().insert("note".into(), "x".into());
+        }));
+        assert!(same(&|p| {
+            let st = p.status.as_mut().unwrap();
+            st.pod_ip = Some("10.0.0.9".into());
+            st.message = Some("probing".into());
+            let c = &mut st.conditions.as_mut().unwrap()[0];
+            c.last_probe_time = Some(Time(jiff::Timestamp::from_second(77).unwrap()));
+            c.message = Some("x".into());
+        }));
+        assert!(same(&|p| p.spec.as_mut().unwrap().containers[0].image = Some("other".into())));
+        assert!(!same(&|p| p.status.as_mut().unwrap().phase = Some("Failed".into())));
+        assert!(!same(&|p| {
+            let a = p.metadata.annotations.get_or_insert_default();
+            a.insert(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION.into(), "4".into());
+        }));
+        assert!(!same(&|p| p.metadata.finalizers = None));
+        assert!(!same(&|p| p.spec.as_mut().unwrap().node_name = Some("n9".into())));
+        assert!(!same(&|p| {
+            let c = &mut p.status.as_mut().unwrap().conditions.as_mut().unwrap()[0];
+            c.status = if c.status == "True" { "False".into() } else { "True".into() };
+        }));
     }
 
     /// A Job decoded as a [`WatchedJob`] is the Job without managedFields, and the view keeps
@@ -436,7 +642,7 @@ mod tests {
                 p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
                 let spec = p.spec.as_mut().unwrap();
                 spec.containers[0].command = Some(vec!["sleep".into(), "1".into()]);
-                spec.init_containers = Some(vec![Container {
+                spec.init_containers = Some(vec![k8s_openapi::api::core::v1::Container {
                     name: "side".into(),
                     image: Some("envoy".into()),
                     restart_policy: Some("Always".into()),
@@ -452,8 +658,11 @@ mod tests {
         let pod = sample_pod();
         let back: Pod = serde_json::from_slice(&trim_pod(&pod)).unwrap();
         assert_eq!(back.metadata.managed_fields, None);
-        assert_eq!(back.metadata.annotations, pod.metadata.annotations);
-        assert_eq!(back.status, pod.status);
+        assert_eq!(back.metadata.resource_version, None, "changes on every write");
+        assert_eq!(back.metadata.annotations, None, "only batch.kubernetes.io/ ones are kept");
+        let st = back.status.unwrap();
+        assert_eq!(st.phase, pod.status.as_ref().unwrap().phase);
+        assert_eq!(st.pod_ip, None);
         let spec = back.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-1"));
         assert!(spec.containers.is_empty());

@@ -94,6 +94,7 @@ impl InProcWatcher {
             namespace: None,
             lease: lease_cfg("inproc"),
             resync_period,
+            watch_encoding: kjob_watcher::WatchEncoding::Protobuf,
             kube: kjob_svc::KubeClientArgs {
                 kubeconfig: Some(stack.sim.kubeconfig_path().to_path_buf()),
                 kube_timeout_seconds: 30,
