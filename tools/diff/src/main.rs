@@ -133,6 +133,29 @@ async fn main() -> anyhow::Result<()> {
             raws.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
         group_violations.extend(kueue::check_groups(side, &cases, &side_raws));
     }
+    // A violated group runs again (all Kueue cases, in fresh namespaces), as a different case
+    // does: one that holds on a rerun was a race of the machine's timing (a loaded 2-core
+    // machine can delay one Job's pod past the next one's), reported but not counted.
+    let mut group_races = Vec::new();
+    for attempt in 1..=reruns {
+        if group_violations.is_empty() {
+            break;
+        }
+        let queued: Vec<case::Case> =
+            cases.iter().filter(|c| c.kueue.is_some()).map(|c| c.rerun(attempt)).collect();
+        eprintln!(
+            "diff-upstream: re-running the Kueue groups ({} violation(s)), attempt {attempt}",
+            group_violations.len()
+        );
+        let again = run_all(upstream, kjob, &queued, parallel).await?;
+        let mut now = Vec::new();
+        for (side, pick) in [("upstream", 0), ("kjob", 1)] {
+            let side_raws: Vec<&RawRun> =
+                again.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
+            now.extend(kueue::check_groups(side, &queued, &side_raws));
+        }
+        group_races.append(&mut std::mem::replace(&mut group_violations, now));
+    }
     let mut results = judge_all(&cases, raws);
     for attempt in 1..=reruns {
         let again: Vec<usize> = (0..results.len())
@@ -178,6 +201,14 @@ async fn main() -> anyhow::Result<()> {
                 format!("{} violation(s)", group_violations.len())
             }
         );
+    }
+    let earlier = if group_violations.is_empty() {
+        "held on a rerun: a race of the machine's timing"
+    } else {
+        "an earlier attempt"
+    };
+    for v in &group_races {
+        eprintln!("  ({earlier}) {v}");
     }
     for v in &group_violations {
         eprintln!("  {v}");
