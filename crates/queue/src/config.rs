@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::AdminArgs;
-use kjob_workqueue::{RedisOptions, RedisTls};
+use kjob_workqueue::{RedisOptions, RedisTls, StoreConfig};
 
 use crate::{Listeners, QueueConfig, Security};
 
@@ -64,6 +64,9 @@ pub struct Args {
     /// Private key (PEM) of --redis-cert-file.
     #[arg(long, env = "KJOB_REDIS_KEY_FILE", requires = "redis_cert_file")]
     pub redis_key_file: Option<PathBuf>,
+    /// Shards of a new Redis data set (1 to 1024); default 1 on one server, 24 on a Cluster. A data set keeps the count it was created with.
+    #[arg(long, env = "KJOB_QUEUE_SHARDS")]
+    pub queue_shards: Option<u32>,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -140,6 +143,7 @@ impl Args {
             redis_ca_file,
             redis_cert_file,
             redis_key_file,
+            queue_shards,
             admin: _,
         } = self;
         let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
@@ -178,7 +182,8 @@ impl Args {
                 key_file: redis_key_file,
             },
         };
-        Ok(QueueConfig { redis_url, redis, store: Default::default(), security })
+        let store = StoreConfig { shards: queue_shards, ..StoreConfig::default() };
+        Ok(QueueConfig { redis_url, redis, store, security })
     }
 }
 

@@ -74,16 +74,29 @@ macro_rules! argv {
 }
 pub(crate) use argv;
 
-/// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `wake`,
-/// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`,
-/// `grant`.
+/// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `mark`,
+/// `wake`, `unpack_lease`, `xfield`, `add_now`, `next_due`, `wake_at`, `add_after`, `backoff`,
+/// `promote`, `reap`, `grant`.
 macro_rules! queue_fns {
     () => {
         r#"
--- A durable wake marker: blocked replicas BLPOP it; at most one element. While nobody waits the
--- marker stays, so this costs one LLEN.
+-- What the caller must tell the queue's index (`crate::keys::IndexKeys`, another slot) after
+-- the script: `mark_at`, the earliest time this shard may have work that the script created (a
+-- ready item, a due time, a lease deadline), -1 for none; `woke`, 1 when items became ready, so
+-- waiting lessees of every replica are woken. Scripts return both.
+-- A shard that had ready items when the script began is in the index already (its first ready
+-- item's MARK, or the sweep after a lost one, put it there) and its waiters were woken then: no
+-- MARK needed, which spares a round trip on every Add to a busy shard. Lease deadlines are not
+-- marked either: a lease's SETTLE records them, and the sweep reaps every shard.
+local had_ready = redis.call('ZCARD', READY) > 0
+local mark_at, woke = -1, 0
+local function mark(at)
+  if mark_at < 0 or at < mark_at then mark_at = at end
+end
 local function wake()
-  if redis.call('LLEN', WAKE) == 0 then redis.call('RPUSH', WAKE, '1') end
+  if had_ready then return end
+  woke = 1
+  mark(now)
 end
 
 -- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
@@ -115,15 +128,22 @@ local function next_due()
   return tonumber(head[2])
 end
 
--- AddAfter with delay > 0: earliest wins. Wakes waiters when the head of delayed moved earlier,
--- because their sleep was computed from the old head.
+-- The earliest time this shard has work without anyone adding: now when items are ready, else
+-- the first due time or lease deadline; -1 for none (the shard leaves the index).
+local function wake_at()
+  if redis.call('ZCARD', READY) > 0 then return now end
+  local at = next_due()
+  local head = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
+  if #head > 0 and (at < 0 or tonumber(head[2]) < at) then at = tonumber(head[2]) end
+  return at
+end
+
+-- AddAfter with delay > 0: earliest wins. Marks the due time, so the shard's index entry (and
+-- the waiters' sleep, computed from it) moves earlier when needed.
 local function add_after(item, delay)
   local due = now + delay
   local changed = redis.call('ZADD', DELAYED, 'LT', 'CH', due, item)
-  if changed == 1 then
-    local head = redis.call('ZRANGE', DELAYED, 0, 0)
-    if head[1] == item then wake() end
-  end
+  if changed == 1 then mark(due) end
   return changed
 end
 

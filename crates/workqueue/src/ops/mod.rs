@@ -8,6 +8,7 @@ mod expectations;
 mod lease;
 mod maintain;
 mod records;
+mod shards;
 mod stats;
 
 pub use add::HANDOFF_VIEW_MAX_PODS;
