@@ -27,7 +27,7 @@ pub const ACL_RULES: &str = concat!(
     " +evalsha +script|load +multi +exec +discard +blpop",
     " +del +exists +get +set +pexpire +time",
     " +hdel +hget +hgetall +hincrby +hlen +hmget +hscan +hset +hvals",
-    " +llen +rpush",
+    " +lindex +llen +lmove +lpop +lrange +rpush",
     " +sadd +sismember",
     " +zadd +zcard +zpopmin +zrange +zrem +zscore",
 );

@@ -84,11 +84,35 @@ macro_rules! queue_fns {
 -- the script: `mark_at`, the earliest time this shard may have work that the script created (a
 -- ready item, a due time, a lease deadline), -1 for none; `woke`, 1 when items became ready, so
 -- waiting lessees of every replica are woken. Scripts return both.
+-- Ready items are kept per namespace (`T:ready:<ns>`, by ready time) with `T:rr`, the list of
+-- namespaces that have some, in round-robin order, and `T:drr`, their deficits: leases take
+-- from namespaces in deficit round robin (`grant`). A namespace is in `T:rr` exactly while its
+-- set is non-empty. `weights` (namespace -> weight, default 1) come from the caller, parsed by
+-- `load_weights`.
+local SHARD = string.sub(READY, 1, #READY - #':ready')
+local RR, DRR = SHARD .. ':rr', SHARD .. ':drr'
+local weights = {}
+local function load_weights(s)
+  for ns, w in string.gmatch(s or '', '([^=,]+)=(%d+)') do weights[ns] = tonumber(w) end
+end
+local function ns_of(item) return string.match(item, '^([^/]*)/') or '' end
+local function rkey(ns) return READY .. ':' .. ns end
+local function any_ready() return redis.call('LLEN', RR) > 0 end
+-- ZADD NX of `item` at `at` into its namespace's set; 1 when added.
+local function ready_add(item, at)
+  local ns = ns_of(item)
+  local k = rkey(ns)
+  if redis.call('ZADD', k, 'NX', at, item) == 0 then return 0 end
+  if redis.call('ZCARD', k) == 1 then redis.call('RPUSH', RR, ns) end
+  return 1
+end
+local function ready_score(item) return redis.call('ZSCORE', rkey(ns_of(item)), item) end
+
 -- A shard that had ready items when the script began is in the index already (its first ready
 -- item's MARK, or the sweep after a lost one, put it there) and its waiters were woken then: no
 -- MARK needed, which spares a round trip on every Add to a busy shard. Lease deadlines are not
 -- marked either: a lease's SETTLE records them, and the sweep reaps every shard.
-local had_ready = redis.call('ZCARD', READY) > 0
+local had_ready = any_ready()
 local mark_at, woke = -1, 0
 local function mark(at)
   if mark_at < 0 or at < mark_at then mark_at = at end
@@ -118,7 +142,7 @@ local function add_now(item, at)
     redis.call('HSET', LEASE, item, id .. '|' .. st .. '|' .. rq .. '|' .. ex .. '|' .. at .. '|' .. wk)
     return 1, 0
   end
-  if redis.call('ZADD', READY, 'NX', at, item) == 1 then return 1, 1 end
+  if ready_add(item, at) == 1 then return 1, 1 end
   return 0, 0
 end
 
@@ -131,7 +155,7 @@ end
 -- The earliest time this shard has work without anyone adding: now when items are ready, else
 -- the first due time or lease deadline; -1 for none (the shard leaves the index).
 local function wake_at()
-  if redis.call('ZCARD', READY) > 0 then return now end
+  if any_ready() then return now end
   local at = next_due()
   local head = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
   if #head > 0 and (at < 0 or tonumber(head[2]) < at) then at = tonumber(head[2]) end
@@ -190,7 +214,7 @@ local function reap(limit, poison, base, max)
       add_after(item, backoff(item, base, max))
     else
       if dt < 0 then dt = now end
-      redis.call('ZADD', READY, 'NX', dt, item)
+      ready_add(item, dt)
     end
   end
   redis.call('ZREM', LEASES, unpack(expired))
@@ -200,11 +224,46 @@ local function reap(limit, poison, base, max)
   return #expired, poisoned
 end
 
--- Leases up to `n` ready items, oldest first, to `worker` for `lease_ms`, appending
+-- Takes up to `n` ready items in deficit round robin over the namespaces of `T:rr`: the head
+-- namespace's deficit grows by its weight when spent (below 1), it gives that many of its oldest
+-- items, then goes to the tail; a namespace whose set empties leaves the list and its deficit
+-- is forgotten. A lease that ends mid-turn leaves the head where it is, with what is left of its
+-- deficit, so the next lease goes on from there. A namespace alone is served in one pop.
+-- Returns `{item, score, …}` as ZPOPMIN does.
+local function drr_pop(n)
+  local popped, need = {}, n
+  while need > 0 do
+    local ns = redis.call('LINDEX', RR, 0)
+    if not ns then break end
+    local k = rkey(ns)
+    local take, d = need, 0
+    if redis.call('LLEN', RR) > 1 then
+      d = tonumber(redis.call('HGET', DRR, ns) or 0)
+      if d < 1 then d = d + (weights[ns] or 1) end
+      take = math.min(math.floor(d), need)
+    end
+    local got = redis.call('ZPOPMIN', k, take)
+    for i = 1, #got do popped[#popped + 1] = got[i] end
+    local c = #got / 2
+    need, d = need - c, d - c
+    if redis.call('EXISTS', k) == 0 then
+      redis.call('LPOP', RR)
+      redis.call('HDEL', DRR, ns)
+    elseif d < 1 then
+      redis.call('LMOVE', RR, RR, 'LEFT', 'RIGHT')
+      if d > 0 then redis.call('HSET', DRR, ns, d) else redis.call('HDEL', DRR, ns) end
+    else
+      redis.call('HSET', DRR, ns, d)
+    end
+  end
+  return popped
+end
+
+-- Leases up to `n` ready items (`drr_pop`) to `worker` for `lease_ms`, appending
 -- `{item, lease_id, requeues, deadline, added_at, expiries}` of each to `out`; returns how many. One
 -- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
 local function grant(worker, n, lease_ms, out)
-  local popped = redis.call('ZPOPMIN', READY, n)
+  local popped = drr_pop(n)
   local count = #popped / 2
   if count == 0 then return 0 end
   local last = redis.call('HINCRBY', STATS, 'lease_seq', count)

@@ -337,6 +337,8 @@ pub struct Store {
     turn: Arc<std::sync::atomic::AtomicU32>,
     /// The data set's layout, as recorded in Redis.
     layout: crate::Layout,
+    /// The namespace weights last read, and when (shared by clones; see `ops::weights`).
+    pub(crate) weights: Arc<Mutex<Option<(Instant, String)>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -370,12 +372,18 @@ impl Store {
             );
         }
         let turn = Arc::default();
-        Ok(Self { target, conn, config, last_oom: Arc::default(), turn, layout })
+        let weights = Arc::default();
+        Ok(Self { target, conn, config, last_oom: Arc::default(), turn, layout, weights })
     }
 
     /// Where this store connects.
     pub fn target(&self) -> &RedisTarget {
         &self.target
+    }
+
+    /// A handle on the store's connection.
+    pub(crate) fn connection(&self) -> Conn {
+        self.conn.clone()
     }
 
     /// The tunables.

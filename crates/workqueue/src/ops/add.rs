@@ -17,7 +17,8 @@ use crate::{Observation, WqError};
 /// KEYS: the [`QueueKeys`] of one shard; then, with has_view, KEYS[7] the shard's view session
 /// and KEYS[8] its view run; then, in entry order, the five [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
 /// followed by the three [`ViewKeys`] of each with n_view > 0.
-/// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> n_takers, then per taker (a
+/// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> weights (`ns=w,…`, for the
+/// hand-off's leases), ARGV[4] -> n_takers, then per taker (a
 /// waiting lessee of the calling replica): worker, n, lease_ms, views (0/1); then n_records and
 /// that many record names; then per entry: item, delay_ms, observe_only (0/1), n_obs, n_view,
 /// session, then n_obs × (kind, job_uid, pod_uid) and n_view × (kind, name, object,
@@ -67,8 +68,9 @@ local function session()
 end
 if has_view then k = 9 end
 local now_items, seen = {}, {}
-local takers = tonumber(ARGV[3])
-local rec_at = 5 + 4 * takers
+load_weights(ARGV[3])
+local takers = tonumber(ARGV[4])
+local rec_at = 6 + 4 * takers
 local nrec = tonumber(ARGV[rec_at - 1])
 -- item -> KEYS index of its ExpKeys (its ViewKeys follow), for the views of hand-offs.
 local view_keys = {}
@@ -108,21 +110,30 @@ end
 -- ZADD NX enqueues the rest; per-item commands would cost Redis more than the script itself.
 if #now_items > 0 then
   local recs = chunked('HMGET', LEASE, now_items, 1000)
-  local zargs = {}
+  local per_ns, namespaces = {}, {}
   for j, item in ipairs(now_items) do
     if recs[j] then
       local a = add_now(item, now)
       added, accepted = added + a, accepted + a
     else
-      zargs[#zargs + 1] = now
-      zargs[#zargs + 1] = item
+      local ns = ns_of(item)
+      local z = per_ns[ns]
+      if not z then
+        z = {}
+        per_ns[ns] = z
+        namespaces[#namespaces + 1] = ns
+      end
+      z[#z + 1] = now
+      z[#z + 1] = item
     end
   end
-  if #zargs > 0 then
-    local n = 0
-    for s = 1, #zargs, 2000 do
-      n = n + redis.call('ZADD', READY, 'NX', unpack(zargs, s, math.min(s + 1999, #zargs)))
+  for _, ns in ipairs(namespaces) do
+    local z, k, n = per_ns[ns], rkey(ns), 0
+    for s = 1, #z, 2000 do
+      n = n + redis.call('ZADD', k, 'NX', unpack(z, s, math.min(s + 1999, #z)))
     end
+    -- The namespace joins the round robin when its set was empty.
+    if n > 0 and redis.call('ZCARD', k) == n then redis.call('RPUSH', RR, ns) end
     added, accepted, readied = added + n, accepted + n, readied + n
   end
 end
@@ -133,7 +144,7 @@ local handed, given = 0, {}
 for w = 1, takers do
   local got = {}
   if readied > 0 and handed < readied then
-    local a = 4 + 4 * (w - 1)
+    local a = 5 + 4 * (w - 1)
     handed = handed + grant(ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), got)
     if ARGV[a + 3] == '1' then
       for _, g in ipairs(got) do
@@ -148,7 +159,7 @@ for w = 1, takers do
   end
   given[#given + 1] = got
 end
-if readied > 0 and (handed == 0 or redis.call('ZCARD', READY) > 0) then wake() end
+if readied > 0 and (handed == 0 or any_ready()) then wake() end
 local out = {added, accepted, now, observed, view_lost, mark_at, woke}
 for _, got in ipairs(given) do out[#out + 1] = got end
 return out
@@ -320,6 +331,7 @@ impl Store {
         } else {
             args.push(b"0".to_vec());
         }
+        args.push(self.weights_arg().await?.into_bytes());
         args.push(takers.len().arg());
         // One list of records per script: takers that asked for another list (none do: every
         // worker asks for the same) read their views themselves.

@@ -59,7 +59,7 @@ for j, item in ipairs(items) do
     local ready_at = -1
     if dt >= 0 or delay == 0 then
       if dt < 0 then dt = now end
-      redis.call('ZADD', READY, 'NX', dt, item)
+      ready_add(item, dt)
       ready_at = now
       wake()
     end

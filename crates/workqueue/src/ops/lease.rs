@@ -14,7 +14,8 @@ use crate::store::{LeaseBatch, Leased, Store};
 
 /// KEYS: the [`QueueKeys`] of one shard.
 /// ARGV[1] -> worker, ARGV[2] -> n, ARGV[3] -> lease_ms, ARGV[4] -> promote_limit, ARGV[5] ->
-/// reap_limit, ARGV[6] -> poison_after, ARGV[7] -> base_ms, ARGV[8] -> max_ms.
+/// reap_limit, ARGV[6] -> poison_after, ARGV[7] -> base_ms, ARGV[8] -> max_ms, ARGV[9] ->
+/// weights (`ns=w,…`, see [`Store::set_namespace_weight`]).
 /// Reply: [`ShardLease`] `{now, next_due, promoted, reaped, poisoned, more, wake_at, {item,
 /// lease_id, requeues, deadline, added_at, expiries}…}` (more: items remain ready; wake_at: as
 /// `wake_at()` returns it after the lease).
@@ -23,12 +24,13 @@ const LEASE: &str = concat!(
     queue_fns!(),
     r#"
 local worker, n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+load_weights(ARGV[9])
 local promoted = promote(tonumber(ARGV[4]))
 local reaped, poisoned = reap(tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
 local got = {}
 grant(worker, n, lease_ms, got)
 local more = 0
-if redis.call('ZCARD', READY) > 0 then more = 1 end
+if any_ready() then more = 1 end
 local out = {now, next_due(), promoted, reaped, poisoned, more, wake_at()}
 for _, g in ipairs(got) do out[#out + 1] = g end
 return out
@@ -103,6 +105,7 @@ impl Store {
         let start = self.next_start() % self.layout().shards();
         let split = cands.due.partition_point(|c| c.shard < start);
         let c = self.config();
+        let weights = self.weights_arg().await?;
         for cand in cands.due[split..].iter().chain(&cands.due[..split]) {
             let need = n.saturating_sub(u32::try_from(out.items.len()).unwrap_or(u32::MAX));
             if need == 0 {
@@ -116,7 +119,8 @@ impl Store {
                 c.reap_limit,
                 c.poison_after,
                 c.limiter.base,
-                c.limiter.max
+                c.limiter.max,
+                &weights
             ];
             let keys = self.queue_keys(queue, cand.shard).to_vec();
             let r: ShardLease = self.run(&LEASE_SCRIPT, &keys, args).await?;
@@ -197,7 +201,7 @@ for i = 1, #ARGV, 3 do
       if dt >= 0 and dt < at then at = dt end
       redis.call('HDEL', LEASE, item)
       redis.call('ZREM', LEASES, item)
-      redis.call('ZADD', READY, 'NX', at, item)
+      ready_add(item, at)
       back = back + 1
     end
   end

@@ -10,7 +10,9 @@ mod maintain;
 mod records;
 mod shards;
 mod stats;
+mod weights;
 
 pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
 pub use expectations::FinalizerRemovals;
+pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};

@@ -18,9 +18,16 @@ const STATS: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
     r#"
-local oldest = redis.call('ZRANGE', READY, 0, 0, 'WITHSCORES')
-local oldest_ready = -1
-if #oldest > 0 then oldest_ready = tonumber(oldest[2]) end
+-- Every namespace with ready items: its depth and oldest ready time.
+local ready, oldest_ready = 0, -1
+for _, ns in ipairs(redis.call('LRANGE', RR, 0, -1)) do
+  local k = rkey(ns)
+  ready = ready + redis.call('ZCARD', k)
+  local head = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if #head > 0 and (oldest_ready < 0 or tonumber(head[2]) < oldest_ready) then
+    oldest_ready = tonumber(head[2])
+  end
+end
 local leased = redis.call('ZCARD', LEASES)
 local recs
 if leased <= tonumber(ARGV[1]) then
@@ -39,7 +46,7 @@ for _, v in ipairs(recs) do
   if dt >= 0 then dirty = dirty + 1 end
 end
 local expiring = tonumber(redis.call('HGET', STATS, 'expiring') or 0)
-return {now, redis.call('ZCARD', READY), redis.call('ZCARD', DELAYED), leased,
+return {now, ready, redis.call('ZCARD', DELAYED), leased,
   dirty, oldest_ready, redis.call('HLEN', FAILURES) - expiring, unfinished, oldest_started}
 "#
 );
@@ -115,7 +122,7 @@ for _, item in ipairs(ARGV) do
     holder = wk
   end
   table.insert(out, {
-    tonumber(redis.call('ZSCORE', READY, item) or -1),
+    tonumber(ready_score(item) or -1),
     tonumber(redis.call('ZSCORE', DELAYED, item) or -1),
     tonumber(redis.call('ZSCORE', LEASES, item) or -1),
     dirty,
