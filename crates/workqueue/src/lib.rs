@@ -24,6 +24,7 @@ pub mod expectations;
 mod keys;
 pub mod limiter;
 mod lua;
+mod migrate;
 mod ops;
 mod reply;
 pub mod store;
@@ -34,6 +35,7 @@ pub use conn::{Conn, RedisOptions, RedisTarget, RedisTls, redact};
 pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
 pub use keys::{DEFAULT_SHARDS, Layout, auto_layout, slot_of};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
+pub use migrate::Migrated;
 pub use ops::{FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, MAX_WEIGHT, WEIGHTS_REFRESH};
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,

@@ -373,7 +373,10 @@ impl Store {
         }
         let turn = Arc::default();
         let weights = Arc::default();
-        Ok(Self { target, conn, config, last_oom: Arc::default(), turn, layout, weights })
+        let store = Self { target, conn, config, last_oom: Arc::default(), turn, layout, weights };
+        // Before anything is served: the data set may still hold the unsharded layout's items.
+        store.migrate_unsharded().await?;
+        Ok(store)
     }
 
     /// Where this store connects.

@@ -15,4 +15,5 @@ mod weights;
 pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
 pub use expectations::FinalizerRemovals;
+pub(crate) use shards::read_mark;
 pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};

@@ -85,7 +85,7 @@ impl Store {
     }
 
     /// Runs one plain command within [`RESPONSE_TIMEOUT`].
-    async fn command<T: redis::FromRedisValue>(
+    pub(crate) async fn command<T: redis::FromRedisValue>(
         &self,
         what: &'static str,
         cmd: &mut redis::Cmd,
