@@ -30,7 +30,7 @@ pub const ACL_RULES: &str = concat!(
     // only; a user allowed SCAN can list every key's name), DUMP/RESTORE/PTTL move them.
     " +scan +dump +restore +pttl",
     " +hdel +hget +hgetall +hincrby +hlen +hmget +hscan +hset +hvals",
-    " +lindex +llen +lmove +lpop +lrange +rpush",
+    " +lindex +llen +lrange +ltrim +rpush",
     " +sadd +sismember",
     " +zadd +zcard +zpopmin +zrange +zrem +zscore",
 );
