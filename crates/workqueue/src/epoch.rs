@@ -10,11 +10,13 @@
 //! after a loss kjob-queue grants no lease for the longest lease duration it has granted or
 //! renewed (the *hold*), and every replica learns the others' holds through Redis.
 //!
-//! Detection: each replica polls [`Fence::check`] every [`POLL`]: one script returns the data
-//! set's *epoch* — a random token kept under `{wq:job}:epoch`, set when absent — and the run id
-//! of the Redis node holding it. Either changing since the last poll means writes may be lost:
-//! a wipe loses the token, and any restart or failover changes the run id (a promoted replica
-//! is another process). Between a loss and the check that sees it, leasing waits too: a Redis
+//! Detection: each replica polls [`Fence::check`] every [`POLL`]: one script per shard of the
+//! job queue returns that shard's *epoch* — a random token kept under `<shard tag>:epoch`, set
+//! when absent — and the run id of the Redis node holding it. Any of them changing since the
+//! last poll means writes may be lost: a wipe loses the tokens, and any restart or failover
+//! changes a run id (a promoted replica is another process). The shards' tags cover the slot
+//! space evenly, so on a Cluster every master holds some shard's epoch and a failover of any
+//! of them is seen. Between a loss and the check that sees it, leasing waits too: a Redis
 //! that restarted or failed over broke every connection to it, and after any command failed on
 //! a broken connection ([`crate::RedisTarget::connection_breaks`]) nothing is leased until a
 //! check made after that failure has answered.
@@ -33,14 +35,10 @@ use crate::store::Store;
 /// How often a replica checks the epoch: the longest a loss goes unnoticed.
 pub const POLL: Duration = Duration::from_millis(200);
 
-/// The key holding the data set's epoch token.
-fn epoch_key() -> String {
-    format!("{{wq:{}}}:epoch", kjob_core::JOB_QUEUE)
-}
-
-/// The key holding the Redis time (ms) until which no replica grants a lease.
-fn hold_key() -> String {
-    format!("{{wq:{}}}:hold", kjob_core::JOB_QUEUE)
+/// The keys of one shard's epoch token and of the Redis time (ms) until which no replica grants
+/// a lease (a hold is published to every shard, so it survives the loss of any one master).
+fn epoch_keys(tag: &str) -> [String; 2] {
+    [format!("{tag}:epoch"), format!("{tag}:hold")]
 }
 
 /// KEYS[1] -> the epoch token, KEYS[2] -> the hold (Redis ms until which nothing is leased).
@@ -88,18 +86,27 @@ pub struct EpochSample {
 }
 
 impl Store {
-    /// Reads the epoch (setting `fresh` when it is gone) and publishes a hold of `hold` (zero:
-    /// none).
-    pub async fn epoch(&self, fresh: &str, hold: Duration) -> Result<EpochSample, WqError> {
-        let v: redis::Value =
-            self.run(&EPOCH_SCRIPT, &[epoch_key(), hold_key()], argv![fresh, hold]).await?;
-        let mut f = Fields::new("epoch", &v)?;
-        Ok(EpochSample {
-            epoch: f.string("epoch")?,
-            run: f.string("run")?,
-            hold_left: Duration::from_millis(f.u64("hold_left")?),
-        })
+    /// Reads every shard's epoch (setting `fresh` where it is gone) and publishes a hold of
+    /// `hold` (zero: none) to each; one sample per shard, in shard order.
+    pub async fn epoch(&self, fresh: &str, hold: Duration) -> Result<Vec<EpochSample>, WqError> {
+        let layout = *self.layout();
+        let checks = (0..layout.shards()).map(|shard| async move {
+            let keys = epoch_keys(&layout.tag(kjob_core::JOB_QUEUE, shard));
+            let v: redis::Value = self.run(&EPOCH_SCRIPT, &keys, argv![fresh, hold]).await?;
+            let mut f = Fields::new("epoch", &v)?;
+            Ok::<_, WqError>(EpochSample {
+                epoch: f.string("epoch")?,
+                run: f.string("run")?,
+                hold_left: Duration::from_millis(f.u64("hold_left")?),
+            })
+        });
+        futures::future::try_join_all(checks).await
     }
+}
+
+/// The longest hold any shard holds.
+fn hold_left(samples: &[EpochSample]) -> Duration {
+    samples.iter().map(|s| s.hold_left).max().unwrap_or_default()
 }
 
 /// What [`Fence::check`] concluded.
@@ -123,8 +130,8 @@ struct FenceInner {
     breaks: Arc<AtomicU64>,
     /// That count as it was before the last check that answered.
     confirmed_breaks: AtomicU64,
-    /// The epoch and run id seen last.
-    seen: Mutex<Option<(String, String)>>,
+    /// Each shard's epoch and run id, as seen last.
+    seen: Mutex<Option<Vec<(String, String)>>>,
     /// No lease until then.
     held_until: Mutex<Option<Instant>>,
     /// Longest lease duration granted or renewed by this replica, in ms.
@@ -187,20 +194,24 @@ impl Fence {
         // Read before the call: a break after it is not confirmed by this answer.
         let breaks = self.inner.breaks.load(Ordering::SeqCst);
         let mut s = store.epoch(&fresh, Duration::ZERO).await?;
+        let now: Vec<(String, String)> =
+            s.iter().map(|x| (x.epoch.clone(), x.run.clone())).collect();
         let prev = self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let lost = prev.is_some_and(|(e, r)| e != s.epoch || r != s.run);
+        let lost = prev.is_some_and(|p| p != now);
         if lost {
             let longest = Duration::from_millis(self.inner.longest_ms.load(Ordering::Relaxed));
             s = store.epoch(&fresh, longest).await?;
             self.inner.losses.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                hold_ms = s.hold_left.as_millis() as u64,
+                hold_ms = hold_left(&s).as_millis() as u64,
                 "Redis lost writes or failed over (its epoch or run id changed): no lease is \
                  granted until every lease granted before has ended"
             );
         }
-        *self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some((s.epoch, s.run));
-        self.hold_for(s.hold_left);
+        let left = hold_left(&s);
+        *self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(s.into_iter().map(|x| (x.epoch, x.run)).collect());
+        self.hold_for(left);
         self.inner.confirmed_breaks.fetch_max(breaks, Ordering::SeqCst);
         Ok(if lost { Check::Lost } else { Check::Same })
     }
