@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value,
@@ -306,13 +306,60 @@ enum Link {
     /// Reconnecting multiplexed connection to one server.
     Single(ConnectionManager),
     /// Cluster connection (routes by key slot, follows redirections).
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
+}
+
+/// Least time between two rebuilds of a cluster connection: a failover takes longer, and a
+/// rebuild made while it is still under way is made again once it has ended.
+const CLUSTER_REBUILD_PAUSE: Duration = Duration::from_secs(1);
+
+/// A cluster connection that is rebuilt (a fresh slot map from the seeds) after a command
+/// failed on a broken connection. Why: after a master's failover the cluster client can keep
+/// sending a shard's commands to the dead master, each timing out, without re-reading the slot
+/// map; a new connection asks the live nodes who serves each slot now.
+#[derive(Clone)]
+struct ClusterLink {
+    client: ClusterClient,
+    conn: Arc<std::sync::RwLock<ClusterConnection>>,
+    /// When the connection was last rebuilt (or made).
+    rebuilt: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
+}
+
+impl ClusterLink {
+    fn current(&self) -> ClusterConnection {
+        self.conn.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Rebuilds the connection unless it was rebuilt within [`CLUSTER_REBUILD_PAUSE`] (or
+    /// another caller is rebuilding it now).
+    async fn rebuild(&self) {
+        let Ok(mut last) = self.rebuilt.try_lock() else { return };
+        if last.elapsed() < CLUSTER_REBUILD_PAUSE {
+            return;
+        }
+        *last = tokio::time::Instant::now();
+        match tokio::time::timeout(CONNECT_TIMEOUT * 2, self.client.get_async_connection()).await {
+            Ok(Ok(fresh)) => {
+                *self.conn.write().unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                tracing::info!("cluster connection rebuilt after a broken connection");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "rebuilding the cluster connection failed"),
+            Err(_) => tracing::debug!("rebuilding the cluster connection timed out"),
+        }
+    }
 }
 
 /// Whether `e` says the connection broke (or was refused, or stopped answering) rather than
 /// that Redis answered with an error.
 fn is_break(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+}
+
+/// Whether a cluster command's error may come from a connection stuck on a node that is gone:
+/// a break, or the cluster client's own response timeout (which it reports as an error whose
+/// kind is not always an I/O timeout).
+fn stuck(e: &redis::RedisError) -> bool {
+    is_break(e) || e.to_string().contains("timed out")
 }
 
 /// `fut`, counting into `breaks` when it fails on a broken connection.
@@ -331,11 +378,35 @@ fn counted<'a, T: Send + 'a>(
     })
 }
 
+impl Conn {
+    /// A command got no reply in time (its caller gave up on it): counted as a break, and a
+    /// cluster connection is rebuilt in the background, since after a failover it can keep
+    /// waiting on the dead master without erroring itself.
+    pub fn stalled(&self) {
+        self.breaks.fetch_add(1, Ordering::SeqCst);
+        if let Link::Cluster(link) = &self.link {
+            let link = link.clone();
+            tokio::spawn(async move { link.rebuild().await });
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let fut = match &mut self.link {
             Link::Single(c) => c.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Cluster(link) => {
+                let link = link.clone();
+                Box::pin(async move {
+                    let r = link.current().req_packed_command(cmd).await;
+                    if let Err(e) = &r
+                        && stuck(e)
+                    {
+                        link.rebuild().await;
+                    }
+                    r
+                })
+            }
         };
         counted(self.breaks.clone(), fut)
     }
@@ -348,7 +419,18 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let fut = match &mut self.link {
             Link::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Link::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Cluster(link) => {
+                let link = link.clone();
+                Box::pin(async move {
+                    let r = link.current().req_packed_commands(cmd, offset, count).await;
+                    if let Err(e) = &r
+                        && stuck(e)
+                    {
+                        link.rebuild().await;
+                    }
+                    r
+                })
+            }
         };
         counted(self.breaks.clone(), fut)
     }
@@ -356,7 +438,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match &self.link {
             Link::Single(c) => c.get_db(),
-            Link::Cluster(c) => c.get_db(),
+            Link::Cluster(link) => link.current().get_db(),
         }
     }
 }
@@ -397,7 +479,12 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
         .await
         .map_err(|_| WqError::Unavailable("connecting to the cluster timed out".into()))?
         .map_err(|e| connect_error("the cluster", e))?;
-    Ok(Conn { link: Link::Cluster(conn), breaks: target.breaks.clone() })
+    let link = ClusterLink {
+        client,
+        conn: Arc::new(std::sync::RwLock::new(conn)),
+        rebuilt: Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())),
+    };
+    Ok(Conn { link: Link::Cluster(link), breaks: target.breaks.clone() })
 }
 
 /// Refuses to run on a Redis that may evict keys: an evicted lease or dirty mark would lose or

@@ -465,7 +465,7 @@ impl Store {
                     return Ok((script_reply, v));
                 }
                 Ok(Err(e)) => e,
-                Err(_) => return Err(Self::no_reply(what)),
+                Err(_) => return Err(self.no_reply(what)),
             };
             if e.kind() == redis::ErrorKind::NoScriptError && !loaded {
                 loaded = true;
@@ -473,15 +473,17 @@ impl Store {
                 match load.await {
                     Ok(Ok(_)) => continue,
                     Ok(Err(e)) => return Err(self.named(what, e)),
-                    Err(_) => return Err(Self::no_reply(what)),
+                    Err(_) => return Err(self.no_reply(what)),
                 }
             }
             return Err(self.named(what, e));
         }
     }
 
-    /// Script `what` got no reply within [`RESPONSE_TIMEOUT`].
-    fn no_reply(what: &'static str) -> WqError {
+    /// Script `what` got no reply within [`RESPONSE_TIMEOUT`]: the connection may be stuck on
+    /// a node that is gone (see [`Conn::stalled`]).
+    fn no_reply(&self, what: &'static str) -> WqError {
+        self.conn.stalled();
         WqError::Unavailable(format!("{what}: no reply in {RESPONSE_TIMEOUT:?}"))
     }
 
@@ -512,7 +514,7 @@ impl Store {
         match tokio::time::timeout(RESPONSE_TIMEOUT, inv.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.named(what, e)),
-            Err(_) => Err(Self::no_reply(what)),
+            Err(_) => Err(self.no_reply(what)),
         }
     }
 
