@@ -176,6 +176,12 @@ fn env<'a>(c: &'a Value, var: &str) -> &'a Value {
     })
 }
 
+/// A container's `command`, joined with spaces (a start script and its arguments).
+fn command_line(container: &Value) -> String {
+    let parts = container["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap());
+    parts.collect::<Vec<_>>().join(" ")
+}
+
 /// Bytes of a Kubernetes quantity like `1Gi`, `512Mi` or Redis's `400mb`.
 fn bytes(q: &str) -> u64 {
     let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
@@ -202,13 +208,7 @@ fn redis_acl_user_from_a_secret_and_room_for_the_fork() {
             (Some("kjob-redis-auth"), Some("password"))
         );
     }
-    let script = redis["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let script = command_line(redis);
     assert!(script.contains("user default off") && script.contains("--aclfile"), "{script}");
     let acl =
         of_kind(&objs, "ConfigMap").into_iter().find(|c| name(c) == "kjob-redis-acl").unwrap();
@@ -292,8 +292,7 @@ fn redis_cluster_overlay_forms_a_tls_cluster_with_replicas_that_kjob_follows() {
         assert!(args.windows(2).any(|w| w == pair), "redis args lack {pair:?}: {args:?}");
     }
     assert!(!args.iter().any(|a| a.contains("masterauth")), "a password on the command line");
-    let script = redis["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap());
-    let script = script.collect::<Vec<_>>().join(" ");
+    let script = command_line(redis);
     for needed in
         ["user default off", "user kjob on #", "$KJOB_REDIS_ACL_RULES", "masteruser admin"]
     {
@@ -331,13 +330,7 @@ fn redis_cluster_overlay_forms_a_tls_cluster_with_replicas_that_kjob_follows() {
         (from["name"].as_str(), from["key"].as_str()),
         (Some("kjob-redis-auth"), Some("admin-password"))
     );
-    let script = c["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let script = command_line(c);
     for needed in [
         "--cluster create",
         "--cluster-replicas 1",

@@ -20,7 +20,6 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -31,7 +30,7 @@ use rcgen::{
 use serde_json::{Value, json};
 
 use crate::cluster::ControlPlane;
-use crate::process::{free_port, workspace_root};
+use crate::process::free_port;
 
 /// Kueue's version (`cluster/kueue/go.mod`).
 pub const KUEUE_VERSION: &str = "v0.17.0";
@@ -89,16 +88,7 @@ impl Addon {
 /// Runs `cluster/build-addons.sh` (builds both managers once per go.sum, cached outside the
 /// repo) and returns its folder: `bin/kueue`, `bin/jobset`, `config/<addon>/*.yaml`.
 pub fn build_addons() -> anyhow::Result<PathBuf> {
-    let script = workspace_root().join("cluster/build-addons.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed ({}): Kueue and JobSet could not be built", script.display(), out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::cluster::run_build_script("cluster/build-addons.sh", "Kueue and JobSet")
 }
 
 /// Writes a CA of the add-on's own (`ca.crt`) and a serving certificate for `127.0.0.1`

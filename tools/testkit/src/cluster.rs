@@ -111,21 +111,22 @@ impl ClusterOptions {
 /// Runs `cluster/build.sh` (which builds the binaries once per go.sum and caches them outside
 /// the repo) and returns the folder holding them.
 pub fn build_binaries() -> anyhow::Result<PathBuf> {
-    let script = workspace_root().join("cluster/build.sh");
+    run_build_script("cluster/build.sh", "the real control plane")
+}
+
+/// Runs the build script at `script` (relative to the workspace root), which prints the folder
+/// it built into on stdout; `what` names what it builds in the error.
+pub(crate) fn run_build_script(script: &str, what: &str) -> anyhow::Result<PathBuf> {
+    let script = workspace_root().join(script);
     let out = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
-        bail!(
-            "{} failed ({}): the real control plane could not be built",
-            script.display(),
-            out.status
-        );
+        bail!("{} failed ({}): {what} could not be built", script.display(), out.status);
     }
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Ok(PathBuf::from(dir))
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// Whether a Go toolchain is on PATH (without one the real control plane cannot be built).
