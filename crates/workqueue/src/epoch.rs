@@ -35,6 +35,15 @@ use crate::store::Store;
 /// How often a replica checks the epoch: the longest a loss goes unnoticed.
 pub const POLL: Duration = Duration::from_millis(200);
 
+/// A check with no answer after this long means the connection may be stuck on a node that is
+/// gone: the cluster connection is rebuilt (a healthy cluster answers a check in milliseconds,
+/// a loaded 2-core machine in well under this).
+pub const STALLED_AFTER: Duration = Duration::from_secs(1);
+
+/// The bound of a check on a single server: its commands' own ([`crate::conn::RESPONSE_TIMEOUT`]
+/// each), with room for the two rounds of a check that found a loss.
+const RESPONSE_BOUND: Duration = Duration::from_secs(11);
+
 /// The keys of one shard's epoch token and of the Redis time (ms) until which no replica grants
 /// a lease (a hold is published to every shard, so it survives the loss of any one master).
 fn epoch_keys(tag: &str) -> [String; 2] {
@@ -226,7 +235,17 @@ impl Fence {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut failing = false;
         loop {
-            match self.check(store).await {
+            // On a Cluster only: a single server's connection reconnects by itself.
+            let bound = if store.target().is_cluster() { STALLED_AFTER } else { RESPONSE_BOUND };
+            let checked = match tokio::time::timeout(bound, self.check(store)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // Dropping the check changes nothing: its state is written at its end.
+                    store.nudge();
+                    Err(WqError::Unavailable(format!("epoch: no reply in {STALLED_AFTER:?}")))
+                }
+            };
+            match checked {
                 Ok(Check::Lost) => on_loss(),
                 Ok(Check::Same) => failing = false,
                 // Unreachable Redis: the readiness probe says so; the next answer is compared

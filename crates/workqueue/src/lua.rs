@@ -122,6 +122,20 @@ local function wake()
   woke = 1
   mark(now)
 end
+-- On a single server (no slots to respect) the caller may name the queue's index keys
+-- (`crate::keys::IndexKeys`: shards, versions, wake) as the last three KEYS; `flush_index()`
+-- then does MARK's work in this script and clears `mark_at`/`woke`, so the caller has no MARK
+-- to send: one round trip per Add or Done, as unsharded. They are recognised by name (the wake
+-- list of this shard's queue), which no other key of a shard script can have.
+local function flush_index()
+  local queue, shard = string.match(SHARD, '^{wq:(.+):(%d+)%.%d+}$')
+  local n = #KEYS
+  if mark_at < 0 or not queue or n < 3 or KEYS[n] ~= '{wq:' .. queue .. '}:wake' then return end
+  redis.call('HINCRBY', KEYS[n - 1], shard, 1)
+  redis.call('ZADD', KEYS[n - 2], 'LT', mark_at, shard)
+  if woke == 1 and redis.call('LLEN', KEYS[n]) == 0 then redis.call('RPUSH', KEYS[n], '1') end
+  mark_at, woke = -1, 0
+end
 
 -- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
 -- id goes last because it is free-form).

@@ -480,6 +480,11 @@ impl Store {
         }
     }
 
+    /// A background check of Redis is slow to answer (see [`Conn::nudge`]).
+    pub(crate) fn nudge(&self) {
+        self.conn.nudge();
+    }
+
     /// Script `what` got no reply within [`RESPONSE_TIMEOUT`]: the connection may be stuck on
     /// a node that is gone (see [`Conn::stalled`]).
     fn no_reply(&self, what: &'static str) -> WqError {

@@ -160,6 +160,7 @@ for w = 1, takers do
   given[#given + 1] = got
 end
 if readied > 0 and (handed == 0 or any_ready()) then wake() end
+flush_index()
 local out = {added, accepted, now, observed, view_lost, mark_at, woke}
 for _, got in ipairs(given) do out[#out + 1] = got end
 return out
@@ -371,6 +372,10 @@ impl Store {
                 keys.extend(ViewKeys::new(&tag, &it.key).to_vec());
                 push_view_ops(&mut args, view);
             }
+        }
+        // On a single server the script marks the index itself (see `flush_index`).
+        if !self.target().is_cluster() {
+            keys.extend(crate::keys::IndexKeys::new(queue).to_vec());
         }
         let v: Value = self.run(&ADD_SCRIPT, &keys, args).await?;
         let mut r = AddReply::parse(self, &v, takers.len(), records)?;

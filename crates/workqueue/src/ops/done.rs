@@ -78,6 +78,7 @@ if #gone > 0 then
   redis.call('ZREM', LEASES, unpack(gone))
   redis.call('HDEL', LEASE, unpack(gone))
 end
+flush_index()
 local out = {now, mark_at, woke}
 for _, r in ipairs(rows) do out[#out + 1] = r end
 return out
@@ -165,7 +166,11 @@ impl Store {
             order.push(at);
         }
         let calls = by_shard.into_iter().map(|(shard, (args, order))| async move {
-            let keys = self.queue_keys(queue, shard).to_vec();
+            let mut keys = self.queue_keys(queue, shard).to_vec();
+            // On a single server the script marks the index itself (see `flush_index`).
+            if !self.target().is_cluster() {
+                keys.extend(crate::keys::IndexKeys::new(queue).to_vec());
+            }
             let v: Value = self.run(&DONE_SCRIPT, &keys, args).await?;
             let (results, at, woke) = parse_done(&v, order.len())?;
             self.mark(queue, shard, at, woke).await?;
