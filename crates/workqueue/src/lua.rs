@@ -249,18 +249,22 @@ end
 -- visited, a ZPOPMIN per visit) whatever the number of namespaces.
 -- Returns `{item, score, …}` as ZPOPMIN does.
 local function drr_pop(n)
-  local len = redis.call('LLEN', RR)
-  if len == 0 or n <= 0 then return {} end
-  if len == 1 then
-    local ns = redis.call('LINDEX', RR, 0)
+  if n <= 0 then return {} end
+  -- The first two entries tell "none", "one namespace" and "several" in one command.
+  local first = redis.call('LRANGE', RR, 0, 1)
+  if #first == 0 then return {} end
+  if #first == 1 then
+    local ns = first[1]
     local k = rkey(ns)
     local popped = redis.call('ZPOPMIN', k, n)
-    if redis.call('EXISTS', k) == 0 then
+    -- Fewer than asked: the set is empty now, no need to ask.
+    if #popped < 2 * n or redis.call('EXISTS', k) == 0 then
       redis.call('DEL', RR)
       redis.call('HDEL', DRR, ns)
     end
     return popped
   end
+  local len = redis.call('LLEN', RR)
   local whole = len <= n
   local q = redis.call('LRANGE', RR, 0, whole and -1 or n - 1)
   local deficit, size, rotated = {}, {}, {}
