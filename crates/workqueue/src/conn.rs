@@ -305,8 +305,8 @@ pub struct Conn {
 enum Link {
     /// Reconnecting multiplexed connection to one server.
     Single(ConnectionManager),
-    /// Cluster connection (routes by key slot, follows redirections).
-    Cluster(ClusterLink),
+    /// Cluster connection (routes by key slot); boxed, it is much the larger.
+    Cluster(Box<ClusterLink>),
 }
 
 /// Least time between two rebuilds of a cluster connection: a failover takes longer, and a
@@ -549,7 +549,7 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
         conn: Arc::new(std::sync::RwLock::new(conn)),
         rebuilt: Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())),
     };
-    Ok(Conn { link: Link::Cluster(link), breaks: target.breaks.clone() })
+    Ok(Conn { link: Link::Cluster(Box::new(link)), breaks: target.breaks.clone() })
 }
 
 /// Refuses to run on a Redis that may evict keys: an evicted lease or dirty mark would lose or
