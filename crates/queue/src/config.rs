@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::AdminArgs;
-use kjob_workqueue::{RedisOptions, RedisTls};
+use kjob_workqueue::{RedisOptions, RedisTls, StoreConfig};
 
 use crate::{Listeners, QueueConfig, Security};
 
@@ -67,6 +67,9 @@ pub struct Args {
     /// Most gRPC calls handled at once across every connection; more are refused with RESOURCE_EXHAUSTED (clients retry with backoff) and counted in kjob_queue_calls_refused_total.
     #[arg(long, env = "KJOB_MAX_CONCURRENT_CALLS", default_value_t = crate::limits::DEFAULT_MAX_CONCURRENT_CALLS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_concurrent_calls: usize,
+    /// Shards of a new Redis data set (1 to 1024); default 1 on one server, 24 on a Cluster. A data set keeps the count it was created with.
+    #[arg(long, env = "KJOB_QUEUE_SHARDS")]
+    pub queue_shards: Option<u32>,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -144,6 +147,7 @@ impl Args {
             redis_cert_file,
             redis_key_file,
             max_concurrent_calls,
+            queue_shards,
             admin: _,
         } = self;
         let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
@@ -182,13 +186,8 @@ impl Args {
                 key_file: redis_key_file,
             },
         };
-        Ok(QueueConfig {
-            redis_url,
-            redis,
-            store: Default::default(),
-            security,
-            max_concurrent_calls,
-        })
+        let store = StoreConfig { shards: queue_shards, ..StoreConfig::default() };
+        Ok(QueueConfig { redis_url, redis, store, security, max_concurrent_calls })
     }
 }
 

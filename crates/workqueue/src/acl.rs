@@ -26,8 +26,11 @@ pub const ACL_RULES: &str = concat!(
     " +ping +info +config|get +select +cluster|slots +asking",
     " +evalsha +script|load +multi +exec +discard +blpop",
     " +del +exists +get +set +pexpire +time",
+    // The one-time move of the unsharded layout's keys (`migrate`): SCAN finds them (names
+    // only; a user allowed SCAN can list every key's name), DUMP/RESTORE/PTTL move them.
+    " +scan +dump +restore +pttl",
     " +hdel +hget +hgetall +hincrby +hlen +hmget +hscan +hset +hvals",
-    " +llen +rpush",
+    " +lindex +llen +lrange +ltrim +rpush",
     " +sadd +sismember",
     " +zadd +zcard +zpopmin +zrange +zrem +zscore",
 );

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value,
@@ -305,8 +305,101 @@ pub struct Conn {
 enum Link {
     /// Reconnecting multiplexed connection to one server.
     Single(ConnectionManager),
-    /// Cluster connection (routes by key slot, follows redirections).
-    Cluster(ClusterConnection),
+    /// Cluster connection (routes by key slot); boxed, it is much the larger.
+    Cluster(Box<ClusterLink>),
+}
+
+/// Least time between two rebuilds of a cluster connection: a failover takes longer, and a
+/// rebuild made while it is still under way is made again once it has ended.
+const CLUSTER_REBUILD_PAUSE: Duration = Duration::from_secs(1);
+
+/// Pause before a cluster command that certainly did not run (MOVED, TRYAGAIN, CLUSTERDOWN, a
+/// refused connection) is sent again: long enough for the slot map refresh that the answer
+/// started, short against a failover's election (~1-2 s with a 1 s node timeout).
+const CLUSTER_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Longest a cluster command keeps being sent again while it certainly did not run: the
+/// callers' own bound on one command, so a failover under way looks like a slow command, and
+/// one that does not end in time is reported unavailable as before.
+const CLUSTER_RETRY_WINDOW: Duration = RESPONSE_TIMEOUT;
+
+/// A cluster connection that is rebuilt (a fresh slot map from the seeds) when a command got no
+/// reply in time. Why: the redis crate's cluster driver (0.32) can wedge during a failover — a
+/// request that followed a redirect to a newly promoted node waits for the connection map's
+/// write lock while the driver, which no longer polls that request, refreshes the slot map
+/// behind the same lock — and then answers nothing until it is replaced. The client is built
+/// with no retries of its own, which avoids that path (see [`connect`]); the rebuild remains
+/// the backstop.
+#[derive(Clone)]
+struct ClusterLink {
+    client: ClusterClient,
+    conn: Arc<std::sync::RwLock<ClusterConnection>>,
+    /// When the connection was last rebuilt (or made).
+    rebuilt: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
+}
+
+impl ClusterLink {
+    fn current(&self) -> ClusterConnection {
+        self.conn.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Rebuilds the connection in a task of its own (a caller's timeout cannot cancel it half
+    /// way), unless it was rebuilt within [`CLUSTER_REBUILD_PAUSE`] or is being rebuilt now.
+    fn rebuild_soon(&self) {
+        let link = self.clone();
+        tokio::spawn(async move { link.rebuild().await });
+    }
+
+    async fn rebuild(&self) {
+        let Ok(mut last) = self.rebuilt.try_lock() else { return };
+        if last.elapsed() < CLUSTER_REBUILD_PAUSE {
+            return;
+        }
+        *last = tokio::time::Instant::now();
+        match tokio::time::timeout(CONNECT_TIMEOUT * 2, self.client.get_async_connection()).await {
+            Ok(Ok(fresh)) => {
+                *self.conn.write().unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                tracing::info!("cluster connection rebuilt after a command got no reply");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "rebuilding the cluster connection failed"),
+            Err(_) => tracing::debug!("rebuilding the cluster connection timed out"),
+        }
+    }
+
+    /// Runs `send` on the current connection, sending it again while the answer says it
+    /// certainly did not run ([`not_run`]), within [`CLUSTER_RETRY_WINDOW`]. A command that may
+    /// have run (its connection broke after it was sent) is never sent again here: a script
+    /// applied on the old master and replicated would be applied twice.
+    async fn send<T, F, Fut>(&self, send: F) -> redis::RedisResult<T>
+    where
+        F: Fn(ClusterConnection) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + CLUSTER_RETRY_WINDOW;
+        loop {
+            let r = send(self.current()).await;
+            match &r {
+                Err(e)
+                    if not_run(e)
+                        && tokio::time::Instant::now() + CLUSTER_RETRY_PAUSE < deadline =>
+                {
+                    tokio::time::sleep(CLUSTER_RETRY_PAUSE).await;
+                }
+                _ => return r,
+            }
+        }
+    }
+}
+
+/// Whether a cluster command's error says it was not run anywhere: a redirection (the cluster
+/// client follows none itself, see [`connect`]), a slot without a live master yet, or no
+/// connection made at all.
+fn not_run(e: &redis::RedisError) -> bool {
+    use redis::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::Moved | K::TryAgain | K::ClusterDown | K::MasterDown | K::ClusterConnectionNotFound
+    ) || e.is_connection_refusal()
 }
 
 /// Whether `e` says the connection broke (or was refused, or stopped answering) rather than
@@ -331,11 +424,46 @@ fn counted<'a, T: Send + 'a>(
     })
 }
 
+impl Conn {
+    /// A command got no reply in time (its caller gave up on it): counted as a break, and a
+    /// cluster connection is rebuilt in the background, since a wedged cluster driver answers
+    /// nothing until it is replaced.
+    pub fn stalled(&self) {
+        self.breaks.fetch_add(1, Ordering::SeqCst);
+        if let Link::Cluster(link) = &self.link {
+            link.rebuild_soon();
+        }
+    }
+}
+
+impl Conn {
+    /// A command of a background check is slow to answer: a cluster connection is rebuilt in
+    /// the background (nothing is counted as a break; on a single server nothing happens). A
+    /// wedged cluster driver is thus replaced within [`crate::epoch::STALLED_AFTER`] of the
+    /// fence's next check, not after a caller's whole [`RESPONSE_TIMEOUT`].
+    pub(crate) fn nudge(&self) {
+        if let Link::Cluster(link) = &self.link {
+            link.rebuild_soon();
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let fut = match &mut self.link {
             Link::Single(c) => c.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Cluster(link) => {
+                let link = link.clone();
+                Box::pin(async move {
+                    let r = link.send(|mut c| async move { c.req_packed_command(cmd).await }).await;
+                    if let Err(e) = &r
+                        && e.is_timeout()
+                    {
+                        link.rebuild_soon();
+                    }
+                    r
+                })
+            }
         };
         counted(self.breaks.clone(), fut)
     }
@@ -348,7 +476,22 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let fut = match &mut self.link {
             Link::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Link::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Cluster(link) => {
+                let link = link.clone();
+                Box::pin(async move {
+                    let r = link
+                        .send(
+                            |mut c| async move { c.req_packed_commands(cmd, offset, count).await },
+                        )
+                        .await;
+                    if let Err(e) = &r
+                        && e.is_timeout()
+                    {
+                        link.rebuild_soon();
+                    }
+                    r
+                })
+            }
         };
         counted(self.breaks.clone(), fut)
     }
@@ -356,7 +499,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match &self.link {
             Link::Single(c) => c.get_db(),
-            Link::Cluster(c) => c.get_db(),
+            Link::Cluster(link) => link.current().get_db(),
         }
     }
 }
@@ -385,10 +528,14 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
         return Ok(Conn { link: Link::Single(conn), breaks: target.breaks.clone() });
     }
     // The seeds' credentials and TLS mode become the cluster's, for every node it names.
+    // No retries inside the cluster client: it would send again a script whose connection
+    // broke after it was sent (applied twice if the old master had replicated it), and
+    // following a MOVED to a newly promoted master is the path on which its driver can wedge
+    // (see [`ClusterLink`]). [`ClusterLink::send`] sends again what certainly did not run.
     let mut builder = ClusterClientBuilder::new(target.nodes.clone())
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(response_timeout)
-        .retries(2);
+        .retries(0);
     if let Some(certs) = &target.certs {
         builder = builder.certs(certs.clone());
     }
@@ -397,7 +544,12 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> Result
         .await
         .map_err(|_| WqError::Unavailable("connecting to the cluster timed out".into()))?
         .map_err(|e| connect_error("the cluster", e))?;
-    Ok(Conn { link: Link::Cluster(conn), breaks: target.breaks.clone() })
+    let link = ClusterLink {
+        client,
+        conn: Arc::new(std::sync::RwLock::new(conn)),
+        rebuilt: Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())),
+    };
+    Ok(Conn { link: Link::Cluster(Box::new(link)), breaks: target.breaks.clone() })
 }
 
 /// Refuses to run on a Redis that may evict keys: an evicted lease or dirty mark would lose or

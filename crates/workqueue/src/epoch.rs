@@ -10,11 +10,13 @@
 //! after a loss kjob-queue grants no lease for the longest lease duration it has granted or
 //! renewed (the *hold*), and every replica learns the others' holds through Redis.
 //!
-//! Detection: each replica polls [`Fence::check`] every [`POLL`]: one script returns the data
-//! set's *epoch* — a random token kept under `{wq:job}:epoch`, set when absent — and the run id
-//! of the Redis node holding it. Either changing since the last poll means writes may be lost:
-//! a wipe loses the token, and any restart or failover changes the run id (a promoted replica
-//! is another process). Between a loss and the check that sees it, leasing waits too: a Redis
+//! Detection: each replica polls [`Fence::check`] every [`POLL`]: one script per shard of the
+//! job queue returns that shard's *epoch* — a random token kept under `<shard tag>:epoch`, set
+//! when absent — and the run id of the Redis node holding it. Any of them changing since the
+//! last poll means writes may be lost: a wipe loses the tokens, and any restart or failover
+//! changes a run id (a promoted replica is another process). The shards' tags cover the slot
+//! space evenly, so on a Cluster every master holds some shard's epoch and a failover of any
+//! of them is seen. Between a loss and the check that sees it, leasing waits too: a Redis
 //! that restarted or failed over broke every connection to it, and after any command failed on
 //! a broken connection ([`crate::RedisTarget::connection_breaks`]) nothing is leased until a
 //! check made after that failure has answered.
@@ -33,14 +35,19 @@ use crate::store::Store;
 /// How often a replica checks the epoch: the longest a loss goes unnoticed.
 pub const POLL: Duration = Duration::from_millis(200);
 
-/// The key holding the data set's epoch token.
-fn epoch_key() -> String {
-    format!("{{wq:{}}}:epoch", kjob_core::JOB_QUEUE)
-}
+/// A check with no answer after this long means the connection may be stuck on a node that is
+/// gone: the cluster connection is rebuilt (a healthy cluster answers a check in milliseconds,
+/// a loaded 2-core machine in well under this).
+pub const STALLED_AFTER: Duration = Duration::from_secs(1);
 
-/// The key holding the Redis time (ms) until which no replica grants a lease.
-fn hold_key() -> String {
-    format!("{{wq:{}}}:hold", kjob_core::JOB_QUEUE)
+/// The bound of a check on a single server: its commands' own ([`crate::conn::RESPONSE_TIMEOUT`]
+/// each), with room for the two rounds of a check that found a loss.
+const RESPONSE_BOUND: Duration = Duration::from_secs(11);
+
+/// The keys of one shard's epoch token and of the Redis time (ms) until which no replica grants
+/// a lease (a hold is published to every shard, so it survives the loss of any one master).
+fn epoch_keys(tag: &str) -> [String; 2] {
+    [format!("{tag}:epoch"), format!("{tag}:hold")]
 }
 
 /// KEYS[1] -> the epoch token, KEYS[2] -> the hold (Redis ms until which nothing is leased).
@@ -88,18 +95,27 @@ pub struct EpochSample {
 }
 
 impl Store {
-    /// Reads the epoch (setting `fresh` when it is gone) and publishes a hold of `hold` (zero:
-    /// none).
-    pub async fn epoch(&self, fresh: &str, hold: Duration) -> Result<EpochSample, WqError> {
-        let v: redis::Value =
-            self.run(&EPOCH_SCRIPT, &[epoch_key(), hold_key()], argv![fresh, hold]).await?;
-        let mut f = Fields::new("epoch", &v)?;
-        Ok(EpochSample {
-            epoch: f.string("epoch")?,
-            run: f.string("run")?,
-            hold_left: Duration::from_millis(f.u64("hold_left")?),
-        })
+    /// Reads every shard's epoch (setting `fresh` where it is gone) and publishes a hold of
+    /// `hold` (zero: none) to each; one sample per shard, in shard order.
+    pub async fn epoch(&self, fresh: &str, hold: Duration) -> Result<Vec<EpochSample>, WqError> {
+        let layout = *self.layout();
+        let checks = (0..layout.shards()).map(|shard| async move {
+            let keys = epoch_keys(&layout.tag(kjob_core::JOB_QUEUE, shard));
+            let v: redis::Value = self.run(&EPOCH_SCRIPT, &keys, argv![fresh, hold]).await?;
+            let mut f = Fields::new("epoch", &v)?;
+            Ok::<_, WqError>(EpochSample {
+                epoch: f.string("epoch")?,
+                run: f.string("run")?,
+                hold_left: Duration::from_millis(f.u64("hold_left")?),
+            })
+        });
+        futures::future::try_join_all(checks).await
     }
+}
+
+/// The longest hold any shard holds.
+fn hold_left(samples: &[EpochSample]) -> Duration {
+    samples.iter().map(|s| s.hold_left).max().unwrap_or_default()
 }
 
 /// What [`Fence::check`] concluded.
@@ -123,8 +139,8 @@ struct FenceInner {
     breaks: Arc<AtomicU64>,
     /// That count as it was before the last check that answered.
     confirmed_breaks: AtomicU64,
-    /// The epoch and run id seen last.
-    seen: Mutex<Option<(String, String)>>,
+    /// Each shard's epoch and run id, as seen last.
+    seen: Mutex<Option<Vec<(String, String)>>>,
     /// No lease until then.
     held_until: Mutex<Option<Instant>>,
     /// Longest lease duration granted or renewed by this replica, in ms.
@@ -187,20 +203,24 @@ impl Fence {
         // Read before the call: a break after it is not confirmed by this answer.
         let breaks = self.inner.breaks.load(Ordering::SeqCst);
         let mut s = store.epoch(&fresh, Duration::ZERO).await?;
+        let now: Vec<(String, String)> =
+            s.iter().map(|x| (x.epoch.clone(), x.run.clone())).collect();
         let prev = self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let lost = prev.is_some_and(|(e, r)| e != s.epoch || r != s.run);
+        let lost = prev.is_some_and(|p| p != now);
         if lost {
             let longest = Duration::from_millis(self.inner.longest_ms.load(Ordering::Relaxed));
             s = store.epoch(&fresh, longest).await?;
             self.inner.losses.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                hold_ms = s.hold_left.as_millis() as u64,
+                hold_ms = hold_left(&s).as_millis() as u64,
                 "Redis lost writes or failed over (its epoch or run id changed): no lease is \
                  granted until every lease granted before has ended"
             );
         }
-        *self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some((s.epoch, s.run));
-        self.hold_for(s.hold_left);
+        let left = hold_left(&s);
+        *self.inner.seen.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(s.into_iter().map(|x| (x.epoch, x.run)).collect());
+        self.hold_for(left);
         self.inner.confirmed_breaks.fetch_max(breaks, Ordering::SeqCst);
         Ok(if lost { Check::Lost } else { Check::Same })
     }
@@ -215,7 +235,17 @@ impl Fence {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut failing = false;
         loop {
-            match self.check(store).await {
+            // On a Cluster only: a single server's connection reconnects by itself.
+            let bound = if store.target().is_cluster() { STALLED_AFTER } else { RESPONSE_BOUND };
+            let checked = match tokio::time::timeout(bound, self.check(store)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // Dropping the check changes nothing: its state is written at its end.
+                    store.nudge();
+                    Err(WqError::Unavailable(format!("epoch: no reply in {STALLED_AFTER:?}")))
+                }
+            };
+            match checked {
                 Ok(Check::Lost) => on_loss(),
                 Ok(Check::Same) => failing = false,
                 // Unreachable Redis: the readiness probe says so; the next answer is compared

@@ -49,13 +49,13 @@ impl EventGateConfig {
 
 pub use kjob_core::events::{GateEvent, Gated};
 
-/// The hash holding the correlator state of involved object `object_key`, under the `job`
-/// queue's hash tag like every per-Job record (one Cluster slot for a batch of any Jobs).
-pub(crate) fn event_state_key(object_key: &str) -> String {
-    format!("{{wq:{}}}:ev:{object_key}", kjob_core::JOB_QUEUE)
+/// The hash holding the correlator state of involved object `object_key`, under the tag of its
+/// shard of the `job` queue like every per-Job record.
+pub(crate) fn event_state_key(layout: &crate::Layout, object_key: &str) -> String {
+    format!("{}:ev:{object_key}", layout.job_tag(object_key))
 }
 
-/// KEYS[i] -> `{wq:job}:ev:<object key>`: hash of one object's state, fields
+/// KEYS[i] -> `<shard tag>:ev:<object key>`: hash of one object's state, fields
 ///            `a:<aggregate key>` -> `<last ms>|<json array of messages>` (aggregation record)
 ///            `b:<spam key>`      -> `<tokens>|<last refill ms>` (token bucket)
 /// ARGV[1] -> burst, ARGV[2] -> refill interval ms (one token), ARGV[3] -> aggregate max events,
@@ -153,16 +153,23 @@ impl Store {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let mut keys: Vec<String> = Vec::new();
-        let mut args = vec![
-            config.burst.arg(),
-            ms(config.refill_interval),
-            config.aggregate_max_events.arg(),
-            ms(config.aggregate_interval),
-            ms(config.state_ttl()),
-        ];
-        for ev in events {
-            let key = event_state_key(&ev.object_key);
+        // One script per shard touched, each with its events in their order; run concurrently.
+        // Per shard: its keys, its script's arguments, and the events' places in `events`.
+        type Call = (Vec<String>, Vec<Vec<u8>>, Vec<usize>);
+        let mut by_shard: std::collections::BTreeMap<u32, Call> = Default::default();
+        for (at, ev) in events.iter().enumerate() {
+            let (keys, args, order) =
+                by_shard.entry(self.layout().shard_of(&ev.object_key)).or_insert_with(|| {
+                    let args = vec![
+                        config.burst.arg(),
+                        ms(config.refill_interval),
+                        config.aggregate_max_events.arg(),
+                        ms(config.aggregate_interval),
+                        ms(config.state_ttl()),
+                    ];
+                    (Vec::new(), args, Vec::new())
+                });
+            let key = event_state_key(self.layout(), &ev.object_key);
             let index = match keys.iter().position(|k| *k == key) {
                 Some(i) => i + 1,
                 None => {
@@ -174,20 +181,32 @@ impl Store {
             args.push(ev.spam_key.arg());
             args.push(ev.aggregate_key.arg());
             args.push(ev.message.arg());
+            order.push(at);
         }
-        let v: Value = self.run(&GATE_EVENTS_SCRIPT, &keys, args).await?;
-        let Value::Array(answers) = &v else { return Err(protocol(&v)) };
-        if answers.len() != events.len() {
-            return Err(protocol(&v));
+        let calls = by_shard.into_values().map(|(keys, args, order)| async move {
+            let v: Value = self.run(&GATE_EVENTS_SCRIPT, &keys, args).await?;
+            Ok::<_, WqError>((v, order))
+        });
+        let mut out: Vec<Option<Gated>> = vec![None; events.len()];
+        for r in futures::future::join_all(calls).await {
+            let (v, order) = r?;
+            let Value::Array(answers) = &v else { return Err(protocol(&v)) };
+            if answers.len() != order.len() {
+                return Err(protocol(&v));
+            }
+            for (at, a) in order.into_iter().zip(answers) {
+                let ev = &events[at];
+                out[at] = Some(match a {
+                    Value::Array(pair) if pair.len() == 2 => {
+                        Gated::of(ev, flag(&pair[1])?, !flag(&pair[0])?)
+                    }
+                    other => return Err(protocol(other)),
+                });
+            }
         }
-        events
-            .iter()
-            .zip(answers)
-            .map(|(ev, a)| match a {
-                Value::Array(pair) if pair.len() == 2 => {
-                    Ok(Gated::of(ev, flag(&pair[1])?, !flag(&pair[0])?))
-                }
-                other => Err(protocol(other)),
+        out.into_iter()
+            .map(|g| {
+                g.ok_or_else(|| WqError::Protocol("gate_events: an event got no answer".into()))
             })
             .collect()
     }
@@ -225,6 +244,7 @@ mod tests {
         assert_eq!(c.state_ttl(), Duration::from_secs(25 * 300 + 1));
         let short = EventGateConfig { refill_interval: Duration::from_millis(10), ..c };
         assert_eq!(short.state_ttl(), Duration::from_secs(601));
-        assert_eq!(event_state_key("ns/pi"), "{wq:job}:ev:ns/pi");
+        let l = crate::Layout::default();
+        assert_eq!(event_state_key(&l, "ns/pi"), format!("{}:ev:ns/pi", l.job_tag("ns/pi")));
     }
 }

@@ -1,7 +1,181 @@
 //! The Redis keys of a queue and of a Job's expectations: named once here, with the Lua that
 //! binds them to `KEYS[i]` beside the Rust that puts them there, so the order cannot drift.
+//!
+//! The layout is sharded (docs/decisions/redis-key-layout.md): a queue is split into
+//! [`Layout::shards`] shards; a key belongs to shard `fnv1a64(key) mod S`, and every key of
+//! that shard (its part of the queue, and each of its Jobs' expectations, records, view and
+//! event state) carries the shard's hash tag, so one Job's scripts touch one Cluster slot while
+//! different Jobs spread over the slots. Beside the shards, each queue keeps a small index under
+//! its own tag `{wq:<queue>}` ([`IndexKeys`]): which shards may have work, and the wake marker.
 
-/// The keys of one queue, all under its hash tag `{wq:<name>}` (one Cluster slot).
+/// Default of [`Layout::shards`]: divisible by 2, 3, 4, 6, 8 and 12, so a cluster of that many
+/// masters with contiguous slot ranges (as `redis-cli --cluster create` assigns them) holds the
+/// same number of shards on each; few enough that upkeep over every shard (sweeps, stats, view
+/// sessions) stays cheap.
+pub const DEFAULT_SHARDS: u32 = 24;
+/// Most shards a layout may have (the index and a probe of every shard stay small).
+pub const MAX_SHARDS: u32 = 1024;
+/// Redis Cluster's slot count.
+const SLOTS: u32 = 16_384;
+
+/// How a data set's keys are laid out: the number of shards, fixed for the life of the data set
+/// (changing it is a migration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    shards: u32,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Self { shards: DEFAULT_SHARDS }
+    }
+}
+
+impl Layout {
+    /// A layout of `shards` shards (1 ..= [`MAX_SHARDS`]).
+    pub fn new(shards: u32) -> Result<Self, crate::WqError> {
+        if shards == 0 || shards > MAX_SHARDS {
+            return Err(crate::WqError::Config(format!(
+                "{shards} queue shards; 1 to {MAX_SHARDS} are allowed"
+            )));
+        }
+        Ok(Self { shards })
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The shard of key `key` (`namespace/name`): the same on every replica.
+    pub fn shard_of(&self, key: &str) -> u32 {
+        u32::try_from(fnv1a64(key.as_bytes()) % u64::from(self.shards)).unwrap_or(0)
+    }
+
+    /// The hash tag of shard `shard` of `queue`, braces included: `{wq:<queue>:<i>.<n>}` where
+    /// `n` is the smallest integer that puts the tag's slot in the `i`-th of S equal slices of
+    /// the slot space, so the shards cover the slots evenly and every master of a cluster with
+    /// contiguous slot ranges gets an even share of them.
+    pub fn tag(&self, queue: &str, shard: u32) -> String {
+        let (lo, hi) = (shard * SLOTS / self.shards, (shard + 1) * SLOTS / self.shards);
+        // Each try lands in the slice with probability 1/S: S tries on average.
+        for n in 0u32.. {
+            let inner = format!("wq:{queue}:{shard}.{n}");
+            let slot = u32::from(crc16(inner.as_bytes())) % SLOTS;
+            if (lo..hi).contains(&slot) {
+                return format!("{{{inner}}}");
+            }
+        }
+        unreachable!("some n puts the tag in its slice")
+    }
+
+    /// The tag of key `key`'s shard of the `job` queue, which its per-Job keys carry.
+    pub fn job_tag(&self, key: &str) -> String {
+        self.tag(kjob_core::JOB_QUEUE, self.shard_of(key))
+    }
+}
+
+/// The layout of a new data set on a single Redis (`cluster` false) or a Cluster: one shard on
+/// a single server, where shards add no capacity and a batch spread over S shards costs S
+/// scripts; [`DEFAULT_SHARDS`] on a Cluster.
+pub fn auto_layout(cluster: bool) -> Layout {
+    Layout { shards: if cluster { DEFAULT_SHARDS } else { 1 } }
+}
+
+/// The key recording a data set's layout (its shard count), written by the first kjob-queue
+/// that starts on it.
+pub(crate) const LAYOUT_KEY: &str = "{wq:layout}";
+
+/// KEYS[1] -> [`LAYOUT_KEY`]. ARGV[1] -> shards wanted for a new data set.
+/// Reply: the recorded shard count (ARGV[1] if none was recorded: it is now).
+const RECORD_LAYOUT: &str = r#"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return tonumber(redis.call('GET', KEYS[1]))
+"#;
+
+/// The layout recorded in the data set behind `conn`, recording `wanted` if there is none: every
+/// replica, whatever its flags, uses the layout the data set was created with (keys of another
+/// layout would be in other shards, unseen).
+pub(crate) async fn recorded_layout(
+    conn: &crate::conn::Conn,
+    wanted: Layout,
+) -> Result<Layout, crate::WqError> {
+    let script = redis::Script::new(RECORD_LAYOUT);
+    let mut inv = script.prepare_invoke();
+    inv.key(LAYOUT_KEY).arg(wanted.shards);
+    let mut conn = conn.clone();
+    let reply =
+        tokio::time::timeout(crate::conn::RESPONSE_TIMEOUT, inv.invoke_async::<i64>(&mut conn))
+            .await
+            .map_err(|_| {
+                crate::WqError::Unavailable("recording the key layout: no reply".into())
+            })??;
+    Layout::new(u32::try_from(reply).unwrap_or(0))
+}
+
+/// FNV-1a, 64 bit: a stable hash every replica computes the same.
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// CRC16-CCITT (XMODEM), the hash Redis Cluster maps keys to slots with.
+pub(crate) fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for b in bytes {
+        crc ^= u16::from(*b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// The Cluster slot of `key` (its hash tag's, when it has one).
+pub fn slot_of(key: &str) -> u16 {
+    let b = key.as_bytes();
+    let hashed = match b.iter().position(|c| *c == b'{') {
+        Some(open) => match b[open + 1..].iter().position(|c| *c == b'}') {
+            Some(len) if len > 0 => &b[open + 1..open + 1 + len],
+            _ => b,
+        },
+        None => b,
+    };
+    crc16(hashed) % 16_384
+}
+
+/// The per-queue index beside the shards, under the queue's own tag `{wq:<queue>}`: advisory
+/// (a wrong entry costs an empty probe or a sweep period, never an item), since no script can
+/// update it together with a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IndexKeys {
+    /// ZSET shard → the earliest time it may have ready work (ready now, a delayed item due, a
+    /// lease deadline); a shard with nothing pending is absent.
+    pub shards: String,
+    /// HASH shard → version, bumped by every mark, so a lessee's "this shard is empty" cannot
+    /// erase a mark it did not see.
+    pub versions: String,
+    /// LIST holding at most one wake marker (see [`crate::wake`]).
+    pub wake: String,
+}
+
+impl IndexKeys {
+    /// The index of `queue`.
+    pub(crate) fn new(queue: &str) -> Self {
+        let k = |s: &str| format!("{{wq:{queue}}}:{s}");
+        Self { shards: k("shards"), versions: k("shardver"), wake: k("wake") }
+    }
+
+    pub(crate) fn to_vec(&self) -> Vec<String> {
+        vec![self.shards.clone(), self.versions.clone(), self.wake.clone()]
+    }
+}
+
+/// The keys of one shard of a queue, all under the shard's hash tag (one Cluster slot).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct QueueKeys {
     /// ZSET item → first add time (FIFO by that time).
@@ -17,14 +191,12 @@ pub(crate) struct QueueKeys {
     pub failures: String,
     /// HASH of sequences and counters.
     pub stats: String,
-    /// LIST holding at most one wake marker (see [`crate::wake`]).
-    pub wake: String,
 }
 
 impl QueueKeys {
-    /// The keys of `queue`.
-    pub(crate) fn new(queue: &str) -> Self {
-        let k = |s: &str| format!("{{wq:{queue}}}:{s}");
+    /// The keys of the shard whose tag is `tag` (see [`Layout::tag`]).
+    pub(crate) fn new(tag: &str) -> Self {
+        let k = |s: &str| format!("{tag}:{s}");
         Self {
             ready: k("ready"),
             delayed: k("delayed"),
@@ -32,11 +204,10 @@ impl QueueKeys {
             lease: k("lease"),
             failures: k("failures"),
             stats: k("stats"),
-            wake: k("wake"),
         }
     }
 
-    /// KEYS[1..=7] of every script that starts with [`queue_prelude!`], in its order.
+    /// KEYS[1..=6] of every script that starts with [`queue_prelude!`], in its order.
     pub(crate) fn to_vec(&self) -> Vec<String> {
         vec![
             self.ready.clone(),
@@ -45,7 +216,6 @@ impl QueueKeys {
             self.lease.clone(),
             self.failures.clone(),
             self.stats.clone(),
-            self.wake.clone(),
         ]
     }
 }
@@ -56,17 +226,16 @@ macro_rules! queue_prelude {
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local READY, DELAYED, LEASES, LEASE, FAILURES, STATS, WAKE =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local READY, DELAYED, LEASES, LEASE, FAILURES, STATS =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 "#
     };
 }
 pub(crate) use queue_prelude;
 
-/// The four expectation keys of one Job. They carry the hash tag of the `job` queue, so an Add
-/// to that queue applies an item's observations and its enqueue in one script, also on a
-/// Cluster (where every key of a script must hash to one slot). The price: all expectations
-/// live on the job queue's shard, which the queue's own traffic already bounds.
+/// The four expectation keys of one Job. They carry the hash tag of the Job's shard of the
+/// `job` queue, so an Add to that queue applies an item's observations and its enqueue in one
+/// script, also on a Cluster (where every key of a script must hash to one slot).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ExpKeys {
     /// HASH `uid`, `add`, `del`, `ts`: the expectation record.
@@ -83,9 +252,9 @@ pub(crate) struct ExpKeys {
 }
 
 impl ExpKeys {
-    /// The keys of Job `key`.
-    pub(crate) fn new(key: &str) -> Self {
-        let t = format!("{{wq:{}}}:exp:{key}", kjob_core::JOB_QUEUE);
+    /// The keys of Job `key` under `tag`, its shard's (see [`Layout::job_tag`]).
+    pub(crate) fn new(tag: &str, key: &str) -> Self {
+        let t = format!("{tag}:exp:{key}");
         Self {
             seen: format!("{t}:seen"),
             fin: format!("{t}:fin"),
@@ -94,7 +263,6 @@ impl ExpKeys {
             exp: t,
         }
     }
-
     /// KEYS[1..=5] of every script that starts with [`exp_prelude!`] (and the five keys ADD
     /// takes per observing item), in that order.
     pub(crate) fn to_vec(&self) -> Vec<String> {
@@ -126,20 +294,21 @@ mod tests {
 
     #[test]
     fn every_key_of_a_queue_shares_its_hash_tag_in_the_preludes_order() {
-        let k = QueueKeys::new("job").to_vec();
-        assert_eq!(k.len(), 7, "ADD's extra keys start at KEYS[8]");
-        assert_eq!(k[0], "{wq:job}:ready");
-        assert_eq!(k[6], "{wq:job}:wake");
-        assert!(k.iter().all(|k| k.starts_with("{wq:job}:")));
-        let e = ExpKeys::new("ns/a").to_vec();
+        let l = Layout::default();
+        let tag = l.job_tag("ns/a");
+        let k = QueueKeys::new(&tag).to_vec();
+        assert_eq!(k.len(), 6, "ADD's extra keys start at KEYS[7]");
+        assert_eq!(k[0], format!("{tag}:ready"));
+        assert!(k.iter().all(|k| slot_of(k) == slot_of(&tag)));
+        let e = ExpKeys::new("{t}", "ns/a").to_vec();
         assert_eq!(
             e,
             [
-                "{wq:job}:exp:ns/a",
-                "{wq:job}:exp:ns/a:seen",
-                "{wq:job}:exp:ns/a:fin",
-                "{wq:job}:exp:ns/a:rec",
-                "{wq:job}:exp:ns/a:finseen"
+                "{t}:exp:ns/a",
+                "{t}:exp:ns/a:seen",
+                "{t}:exp:ns/a:fin",
+                "{t}:exp:ns/a:rec",
+                "{t}:exp:ns/a:finseen"
             ]
         );
     }

@@ -5,9 +5,10 @@
 //!
 //! The semantics are client-go's rate-limiting delaying workqueue, made distributed: every
 //! operation is one Lua script, so it is atomic across any number of kjob-queue replicas, and the
-//! clock is Redis `TIME`. Keys of one queue share the hash tag `{wq:<name>}` and the keys of one
-//! Job's expectations carry the `job` queue's tag too (`{wq:job}:exp:<key>`), so every script
-//! touches one Cluster slot and an Add applies its observations in the same script.
+//! clock is Redis `TIME`. A queue is split into shards (`keys`): every key of a shard, and every
+//! per-Job key of a Job in it, carries the shard's hash tag, so every script touches one Cluster
+//! slot (an Add applies a Job's observations in its enqueue's script) while different Jobs
+//! spread over the slots; a small advisory index per queue says which shards have work.
 //!
 //! * [`Store`]: the operations (add, lease, renew, done, sweep, stats, inspect, expectations,
 //!   records) over a single server or a Cluster (see [`conn`] for the URL forms). Each lives in
@@ -24,6 +25,7 @@ pub mod expectations;
 mod keys;
 pub mod limiter;
 mod lua;
+mod migrate;
 mod ops;
 mod reply;
 pub mod store;
@@ -33,8 +35,12 @@ pub mod wake;
 pub use conn::{Conn, RedisOptions, RedisTarget, RedisTls, redact};
 pub use epoch::Fence;
 pub use expectations::{ExpectationRecord, Expectations, Observation, ObservationKind, satisfied};
+pub use keys::{DEFAULT_SHARDS, Layout, auto_layout, slot_of};
 pub use limiter::{ItemExponentialLimiter, JOB_LIMITER};
-pub use ops::{FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, MAX_RECORDS_PER_JOB};
+pub use migrate::Migrated;
+pub use ops::{
+    FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, MAX_RECORDS_PER_JOB, MAX_WEIGHT, WEIGHTS_REFRESH,
+};
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,
     LeaseOutcome, Leased, MAX_DONE_BATCH, NodeMemory, QueueStats, Store, StoreConfig, SweepResult,

@@ -74,16 +74,67 @@ macro_rules! argv {
 }
 pub(crate) use argv;
 
-/// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `wake`,
-/// `unpack_lease`, `xfield`, `add_now`, `next_due`, `add_after`, `backoff`, `promote`, `reap`,
-/// `grant`.
+/// Helpers over the [`QueueKeys`](crate::keys::QueueKeys) (after `queue_prelude!`): `mark`,
+/// `wake`, `unpack_lease`, `xfield`, `add_now`, `next_due`, `wake_at`, `add_after`, `backoff`,
+/// `promote`, `reap`, `grant`.
 macro_rules! queue_fns {
     () => {
         r#"
--- A durable wake marker: blocked replicas BLPOP it; at most one element. While nobody waits the
--- marker stays, so this costs one LLEN.
+-- What the caller must tell the queue's index (`crate::keys::IndexKeys`, another slot) after
+-- the script: `mark_at`, the earliest time this shard may have work that the script created (a
+-- ready item, a due time, a lease deadline), -1 for none; `woke`, 1 when items became ready, so
+-- waiting lessees of every replica are woken. Scripts return both.
+-- Ready items are kept per namespace (`T:ready:<ns>`, by ready time) with `T:rr`, the list of
+-- namespaces that have some, in round-robin order, and `T:drr`, their deficits: leases take
+-- from namespaces in deficit round robin (`grant`). A namespace is in `T:rr` exactly while its
+-- set is non-empty. `weights` (namespace -> weight, default 1) come from the caller, parsed by
+-- `load_weights`.
+local SHARD = string.sub(READY, 1, #READY - #':ready')
+local RR, DRR = SHARD .. ':rr', SHARD .. ':drr'
+local weights = {}
+local function load_weights(s)
+  for ns, w in string.gmatch(s or '', '([^=,]+)=(%d+)') do weights[ns] = tonumber(w) end
+end
+local function ns_of(item) return string.match(item, '^([^/]*)/') or '' end
+local function rkey(ns) return READY .. ':' .. ns end
+local function any_ready() return redis.call('LLEN', RR) > 0 end
+-- ZADD NX of `item` at `at` into its namespace's set; 1 when added.
+local function ready_add(item, at)
+  local ns = ns_of(item)
+  local k = rkey(ns)
+  if redis.call('ZADD', k, 'NX', at, item) == 0 then return 0 end
+  if redis.call('ZCARD', k) == 1 then redis.call('RPUSH', RR, ns) end
+  return 1
+end
+local function ready_score(item) return redis.call('ZSCORE', rkey(ns_of(item)), item) end
+
+-- A shard that had ready items when the script began is in the index already (its first ready
+-- item's MARK, or the sweep after a lost one, put it there) and its waiters were woken then: no
+-- MARK needed, which spares a round trip on every Add to a busy shard. Lease deadlines are not
+-- marked either: a lease's SETTLE records them, and the sweep reaps every shard.
+local had_ready = any_ready()
+local mark_at, woke = -1, 0
+local function mark(at)
+  if mark_at < 0 or at < mark_at then mark_at = at end
+end
 local function wake()
-  if redis.call('LLEN', WAKE) == 0 then redis.call('RPUSH', WAKE, '1') end
+  if had_ready then return end
+  woke = 1
+  mark(now)
+end
+-- On a single server (no slots to respect) the caller may name the queue's index keys
+-- (`crate::keys::IndexKeys`: shards, versions, wake) as the last three KEYS; `flush_index()`
+-- then does MARK's work in this script and clears `mark_at`/`woke`, so the caller has no MARK
+-- to send: one round trip per Add or Done, as unsharded. They are recognised by name (the wake
+-- list of this shard's queue), which no other key of a shard script can have.
+local function flush_index()
+  local queue, shard = string.match(SHARD, '^{wq:(.+):(%d+)%.%d+}$')
+  local n = #KEYS
+  if mark_at < 0 or not queue or n < 3 or KEYS[n] ~= '{wq:' .. queue .. '}:wake' then return end
+  redis.call('HINCRBY', KEYS[n - 1], shard, 1)
+  redis.call('ZADD', KEYS[n - 2], 'LT', mark_at, shard)
+  if woke == 1 and redis.call('LLEN', KEYS[n]) == 0 then redis.call('RPUSH', KEYS[n], '1') end
+  mark_at, woke = -1, 0
 end
 
 -- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
@@ -105,7 +156,7 @@ local function add_now(item, at)
     redis.call('HSET', LEASE, item, id .. '|' .. st .. '|' .. rq .. '|' .. ex .. '|' .. at .. '|' .. wk)
     return 1, 0
   end
-  if redis.call('ZADD', READY, 'NX', at, item) == 1 then return 1, 1 end
+  if ready_add(item, at) == 1 then return 1, 1 end
   return 0, 0
 end
 
@@ -115,15 +166,22 @@ local function next_due()
   return tonumber(head[2])
 end
 
--- AddAfter with delay > 0: earliest wins. Wakes waiters when the head of delayed moved earlier,
--- because their sleep was computed from the old head.
+-- The earliest time this shard has work without anyone adding: now when items are ready, else
+-- the first due time or lease deadline; -1 for none (the shard leaves the index).
+local function wake_at()
+  if any_ready() then return now end
+  local at = next_due()
+  local head = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
+  if #head > 0 and (at < 0 or tonumber(head[2]) < at) then at = tonumber(head[2]) end
+  return at
+end
+
+-- AddAfter with delay > 0: earliest wins. Marks the due time, so the shard's index entry (and
+-- the waiters' sleep, computed from it) moves earlier when needed.
 local function add_after(item, delay)
   local due = now + delay
   local changed = redis.call('ZADD', DELAYED, 'LT', 'CH', due, item)
-  if changed == 1 then
-    local head = redis.call('ZRANGE', DELAYED, 0, 0)
-    if head[1] == item then wake() end
-  end
+  if changed == 1 then mark(due) end
   return changed
 end
 
@@ -170,7 +228,7 @@ local function reap(limit, poison, base, max)
       add_after(item, backoff(item, base, max))
     else
       if dt < 0 then dt = now end
-      redis.call('ZADD', READY, 'NX', dt, item)
+      ready_add(item, dt)
     end
   end
   redis.call('ZREM', LEASES, unpack(expired))
@@ -180,11 +238,89 @@ local function reap(limit, poison, base, max)
   return #expired, poisoned
 end
 
--- Leases up to `n` ready items, oldest first, to `worker` for `lease_ms`, appending
+-- Takes up to `n` ready items in deficit round robin over the namespaces of `T:rr`: the head
+-- namespace's deficit grows by its weight when spent (below 1), it gives that many of its oldest
+-- items, then goes to the tail; a namespace whose set empties leaves the list and its deficit
+-- is forgotten. A lease that ends mid-turn leaves the head where it is, with what is left of its
+-- deficit, so the next lease goes on from there. A namespace alone is served in one pop.
+-- The list's head (at most `n` entries: each visit takes an item or drops an entry), the
+-- deficits (only unfinished turns keep one) and each visited set's size are read once and
+-- written back once, so a batch costs about two commands per item (a ZCARD per namespace
+-- visited, a ZPOPMIN per visit) whatever the number of namespaces.
+-- Returns `{item, score, …}` as ZPOPMIN does.
+local function drr_pop(n)
+  if n <= 0 then return {} end
+  -- The first two entries tell "none", "one namespace" and "several" in one command.
+  local first = redis.call('LRANGE', RR, 0, 1)
+  if #first == 0 then return {} end
+  if #first == 1 then
+    local ns = first[1]
+    local k = rkey(ns)
+    local popped = redis.call('ZPOPMIN', k, n)
+    -- Fewer than asked: the set is empty now, no need to ask.
+    if #popped < 2 * n or redis.call('EXISTS', k) == 0 then
+      redis.call('DEL', RR)
+      redis.call('HDEL', DRR, ns)
+    end
+    return popped
+  end
+  local len = redis.call('LLEN', RR)
+  local whole = len <= n
+  local q = redis.call('LRANGE', RR, 0, whole and -1 or n - 1)
+  local deficit, size, rotated = {}, {}, {}
+  local held = redis.call('HGETALL', DRR)
+  for i = 1, #held, 2 do deficit[held[i]] = tonumber(held[i + 1]) end
+  local popped, need, head = {}, n, 1
+  while need > 0 and head <= #q do
+    local ns = q[head]
+    local k = rkey(ns)
+    if not size[ns] then size[ns] = redis.call('ZCARD', k) end
+    local d = deficit[ns] or 0
+    if d < 1 then d = d + (weights[ns] or 1) end
+    local take = math.min(math.floor(d), need, size[ns])
+    if take > 0 then
+      local got = redis.call('ZPOPMIN', k, take)
+      for i = 1, #got do popped[#popped + 1] = got[i] end
+    end
+    size[ns], need, d = size[ns] - take, need - take, d - take
+    if size[ns] <= 0 then
+      deficit[ns], head = nil, head + 1
+    elseif d < 1 then
+      deficit[ns], head = d, head + 1
+      -- With the whole list at hand the turn can come round again in this same call.
+      if whole then q[#q + 1] = ns else rotated[#rotated + 1] = ns end
+    else
+      deficit[ns] = d
+    end
+  end
+  if whole then
+    redis.call('DEL', RR)
+    local rest = {}
+    for i = head, #q do rest[#rest + 1] = q[i] end
+    if #rest > 0 then redis.call('RPUSH', RR, unpack(rest)) end
+  else
+    if head > 1 then redis.call('LTRIM', RR, head - 1, -1) end
+    if #rotated > 0 then redis.call('RPUSH', RR, unpack(rotated)) end
+  end
+  if #held > 0 or next(deficit) then
+    redis.call('DEL', DRR)
+    local h = {}
+    for ns, d in pairs(deficit) do
+      if d > 0 then
+        h[#h + 1] = ns
+        h[#h + 1] = d
+      end
+    end
+    if #h > 0 then redis.call('HSET', DRR, unpack(h)) end
+  end
+  return popped
+end
+
+-- Leases up to `n` ready items (`drr_pop`) to `worker` for `lease_ms`, appending
 -- `{item, lease_id, requeues, deadline, added_at, expiries}` of each to `out`; returns how many. One
 -- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
 local function grant(worker, n, lease_ms, out)
-  local popped = redis.call('ZPOPMIN', READY, n)
+  local popped = drr_pop(n)
   local count = #popped / 2
   if count == 0 then return 0 end
   local last = redis.call('HINCRBY', STATS, 'lease_seq', count)

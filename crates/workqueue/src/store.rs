@@ -36,6 +36,10 @@ pub struct StoreConfig {
     /// Lease expiries in a row (without a Done) after which an item is a poison item: the reaper
     /// requeues it through the rate limiter instead of at once. 0 = never.
     pub poison_after: u32,
+    /// Shards of a new data set; `None`: [`crate::keys::auto_shards`] (1 on a single Redis,
+    /// [`crate::DEFAULT_SHARDS`] on a Cluster). A data set keeps the layout it was created with
+    /// (recorded in Redis): the one recorded wins over this.
+    pub shards: Option<u32>,
 }
 
 impl Default for StoreConfig {
@@ -47,6 +51,7 @@ impl Default for StoreConfig {
             promote_limit: 1000,
             reap_limit: 1000,
             poison_after: DEFAULT_POISON_AFTER,
+            shards: None,
         }
     }
 }
@@ -328,6 +333,12 @@ pub struct Store {
     /// When Redis last refused one of this store's writes for lack of memory (shared by
     /// clones).
     last_oom: Arc<Mutex<Option<Instant>>>,
+    /// Turns of the lessees' rotation over shards (shared by clones).
+    turn: Arc<std::sync::atomic::AtomicU32>,
+    /// The data set's layout, as recorded in Redis.
+    layout: crate::Layout,
+    /// The namespace weights last read, and when (shared by clones; see `ops::weights`).
+    pub(crate) weights: Arc<Mutex<Option<(Instant, String)>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -348,7 +359,24 @@ impl Store {
     pub async fn connect_to(target: RedisTarget, config: StoreConfig) -> Result<Self, WqError> {
         conn::check_noeviction(&target).await?;
         let conn = conn::connect(&target, RESPONSE_TIMEOUT).await?;
-        Ok(Self { target, conn, config, last_oom: Arc::default() })
+        let wanted = match config.shards {
+            Some(n) => crate::Layout::new(n)?,
+            None => crate::keys::auto_layout(target.is_cluster()),
+        };
+        let layout = crate::keys::recorded_layout(&conn, wanted).await?;
+        if layout != wanted {
+            tracing::info!(
+                recorded = layout.shards(),
+                asked = wanted.shards(),
+                "the Redis data set keeps the shard count it was created with"
+            );
+        }
+        let turn = Arc::default();
+        let weights = Arc::default();
+        let store = Self { target, conn, config, last_oom: Arc::default(), turn, layout, weights };
+        // Before anything is served: the data set may still hold the unsharded layout's items.
+        store.migrate_unsharded().await?;
+        Ok(store)
     }
 
     /// Where this store connects.
@@ -356,9 +384,29 @@ impl Store {
         &self.target
     }
 
+    /// A handle on the store's connection.
+    pub(crate) fn connection(&self) -> Conn {
+        self.conn.clone()
+    }
+
     /// The tunables.
     pub fn config(&self) -> &StoreConfig {
         &self.config
+    }
+
+    /// How keys are sharded.
+    pub fn layout(&self) -> &crate::Layout {
+        &self.layout
+    }
+
+    /// The expectation keys of Job `key`, under its shard's tag.
+    pub(crate) fn exp_keys(&self, key: &str) -> crate::keys::ExpKeys {
+        crate::keys::ExpKeys::new(&self.layout().job_tag(key), key)
+    }
+
+    /// The shard a lease starts its rotation at (any number; taken modulo the shards).
+    pub(crate) fn next_start(&self) -> u32 {
+        self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn idle_gc_ms(&self) -> i64 {
@@ -417,7 +465,7 @@ impl Store {
                     return Ok((script_reply, v));
                 }
                 Ok(Err(e)) => e,
-                Err(_) => return Err(Self::no_reply(what)),
+                Err(_) => return Err(self.no_reply(what)),
             };
             if e.kind() == redis::ErrorKind::NoScriptError && !loaded {
                 loaded = true;
@@ -425,15 +473,22 @@ impl Store {
                 match load.await {
                     Ok(Ok(_)) => continue,
                     Ok(Err(e)) => return Err(self.named(what, e)),
-                    Err(_) => return Err(Self::no_reply(what)),
+                    Err(_) => return Err(self.no_reply(what)),
                 }
             }
             return Err(self.named(what, e));
         }
     }
 
-    /// Script `what` got no reply within [`RESPONSE_TIMEOUT`].
-    fn no_reply(what: &'static str) -> WqError {
+    /// A background check of Redis is slow to answer (see [`Conn::nudge`]).
+    pub(crate) fn nudge(&self) {
+        self.conn.nudge();
+    }
+
+    /// Script `what` got no reply within [`RESPONSE_TIMEOUT`]: the connection may be stuck on
+    /// a node that is gone (see [`Conn::stalled`]).
+    fn no_reply(&self, what: &'static str) -> WqError {
+        self.conn.stalled();
         WqError::Unavailable(format!("{what}: no reply in {RESPONSE_TIMEOUT:?}"))
     }
 
@@ -464,7 +519,7 @@ impl Store {
         match tokio::time::timeout(RESPONSE_TIMEOUT, inv.invoke_async::<Value>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.named(what, e)),
-            Err(_) => Err(Self::no_reply(what)),
+            Err(_) => Err(self.no_reply(what)),
         }
     }
 

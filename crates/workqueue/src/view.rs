@@ -11,11 +11,11 @@
 //! guards it: by the expectations (lowered in the same script as the pod write that shows them
 //! met) and by resourceVersion-fenced status writes.
 //!
-//! Keys (all under the job queue's hash tag, so an Add writes a view, applies observations and
-//! enqueues in one script, also on a Cluster): `…:view:{key}` the Job JSON, `…:view:{key}:pods`
+//! Keys (all under the hash tag of the Job's shard of the job queue, so an Add writes a view,
+//! applies observations and enqueues in one script, also on a Cluster): `…:view:{key}` the Job JSON, `…:view:{key}:pods`
 //! HASH pod name → pod JSON, `…:view:{key}:meta` HASH (`uid`, `rv`, `epoch` = the session that
 //! trusted it, `orphans` notices seen, `handled` notices acknowledged), one `…:view-session`
-//! string: the current session, with a `|pending` suffix until it commits, and `…:view-run`: the
+//! string per shard: the current session, with a `|pending` suffix until it commits, and `…:view-run`: the
 //! Redis run id the session began on. A Redis that restarted (and may have lost the last writes)
 //! or a promoted replica has another run id: no view is trusted until a new session, and the
 //! watcher's next Add with view writes learns it must begin one.
@@ -75,14 +75,16 @@ pub enum SessionPhase {
     End,
 }
 
-/// The key holding the current view session.
-pub(crate) fn view_session_key() -> String {
-    format!("{{wq:{}}}:view-session", kjob_core::JOB_QUEUE)
+/// The key holding the current view session, one copy per shard of the job queue (`tag`): a
+/// view write checks the session in its own shard's script.
+pub(crate) fn view_session_key(tag: &str) -> String {
+    format!("{tag}:view-session")
 }
 
-/// The key holding the Redis run id the current session began on.
-pub(crate) fn view_run_key() -> String {
-    format!("{{wq:{}}}:view-run", kjob_core::JOB_QUEUE)
+/// The key holding the Redis run id the current session began on (per shard, like the
+/// session: on a Cluster each shard's copy records its own master's run).
+pub(crate) fn view_run_key(tag: &str) -> String {
+    format!("{tag}:view-run")
 }
 
 /// The three view keys of one Job, under the job queue's hash tag.
@@ -97,9 +99,9 @@ pub(crate) struct ViewKeys {
 }
 
 impl ViewKeys {
-    /// The view keys of Job `key`.
-    pub(crate) fn new(key: &str) -> Self {
-        let t = format!("{{wq:{}}}:view:{key}", kjob_core::JOB_QUEUE);
+    /// The view keys of Job `key` under `tag`, its shard's.
+    pub(crate) fn new(tag: &str, key: &str) -> Self {
+        let t = format!("{tag}:view:{key}");
         Self { pods: format!("{t}:pods"), meta: format!("{t}:meta"), job: t }
     }
 
@@ -277,11 +279,12 @@ impl Store {
         key: &str,
         records: &[String],
     ) -> Result<Option<JobView>, WqError> {
+        let tag = self.layout().job_tag(key);
         let keys = GetViewKeys {
-            session: view_session_key(),
-            view: ViewKeys::new(key),
-            exp: ExpKeys::new(key),
-            run: view_run_key(),
+            session: view_session_key(&tag),
+            view: ViewKeys::new(&tag, key),
+            exp: ExpKeys::new(&tag, key),
+            run: view_run_key(&tag),
         };
         let args: Vec<Vec<u8>> = records.iter().map(Arg::arg).collect();
         let mut hvals = redis::cmd("HVALS");
@@ -378,7 +381,7 @@ impl Store {
         resource_version: &str,
         orphans_handled: u64,
     ) -> Result<bool, WqError> {
-        let ViewKeys { job, meta, .. } = ViewKeys::new(key);
+        let ViewKeys { job, meta, .. } = self.view_keys(key);
         let args = argv![uid, resource_version, object, orphans_handled, self.idle_gc_ms()];
         self.run(&PUT_VIEW_SCRIPT, &[job, meta], args).await
     }
@@ -419,8 +422,23 @@ impl Store {
             SessionPhase::Commit => "2",
             SessionPhase::End => "3",
         };
-        let args = argv![session, phase];
-        let keys = [view_session_key(), view_run_key()];
-        self.run(&SESSION_SCRIPT, &keys, args).await
+        // Every shard holds a copy; the phase applies when it applied to each. A failure part
+        // way leaves some copies behind: the watcher retries the phase (a Begin always applies).
+        let calls = (0..self.layout().shards()).map(|shard| {
+            let tag = self.layout().tag(kjob_core::JOB_QUEUE, shard);
+            let keys = [view_session_key(&tag), view_run_key(&tag)];
+            let args = argv![session, phase];
+            async move { self.run::<bool>(&SESSION_SCRIPT, &keys, args).await }
+        });
+        let mut applied = true;
+        for r in futures::future::join_all(calls).await {
+            applied &= r?;
+        }
+        Ok(applied)
+    }
+
+    /// The view keys of Job `key`, under its shard's tag.
+    pub(crate) fn view_keys(&self, key: &str) -> ViewKeys {
+        ViewKeys::new(&self.layout().job_tag(key), key)
     }
 }

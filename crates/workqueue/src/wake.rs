@@ -9,7 +9,8 @@
 //! server drains) does not lose the items: they go back to ready at once (RELEASE), or, should
 //! that fail, when their lease expires.
 //!
-//! Scripts push a durable marker onto `{wq:<name>}:wake` whenever items become ready. While a
+//! A durable marker goes onto `{wq:<name>}:wake` whenever items become ready (the MARK after a
+//! shard's script, see `ops::shards`). While a
 //! replica has local waiters on a queue it keeps one dedicated connection blocked in `BLPOP` on
 //! that marker; a pop wakes its waiters, who run LEASE, which re-pushes the marker while items
 //! remain so the next replica wakes in turn. A marker pushed between "LEASE found nothing" and
@@ -28,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::conn::{self, Conn, RedisTarget};
 use crate::epoch::Fence;
-use crate::keys::QueueKeys;
+use crate::keys::IndexKeys;
 use crate::ops::Taker;
 use crate::store::{AddOutcome, Enqueue, LeaseBatch, Leased};
 use crate::{Store, WqError};
@@ -379,7 +380,7 @@ impl Waker {
 }
 
 async fn block_loop(target: RedisTarget, store: Store, queue: String, q: Arc<QueueWake>) {
-    let key = QueueKeys::new(&queue).wake;
+    let key = IndexKeys::new(&queue).wake;
     let mut conn: Option<Conn> = None;
     // Whether the connection sat unused since its last BLPOP. The connection is kept while
     // nobody waits: a lessee that alternates between waiting and working would otherwise pay a

@@ -58,7 +58,10 @@ async fn a_view_written_into_redis_by_someone_else_makes_no_pod() {
 
     // Wait until the watcher has written the Job's view (sealed: not bare JSON).
     let mut conn = redis(&stack).await;
-    let view_key = format!("{{wq:job}}:view:{NS}/victim");
+    let key = format!("{NS}/victim");
+    // The stack's single Redis: the layout kjob-queue records for a new data set there.
+    let tag = kjob_workqueue::auto_layout(false).job_tag(&key);
+    let view_key = format!("{tag}:view:{key}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let stored: Vec<u8> = loop {
         let v: Option<Vec<u8>> =

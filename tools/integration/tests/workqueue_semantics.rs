@@ -37,8 +37,11 @@ async fn cluster(config: StoreConfig) -> (Backend, Store) {
 }
 
 /// A TLS-only redis-server that asks for client certificates, with the `default` user off and
-/// kjob's ACL user, reached as kjob-queue reaches it in production.
+/// kjob's ACL user, reached as kjob-queue reaches it in production. Its data set is sharded as
+/// a Cluster's (a single server defaults to one shard), so the suite runs with several shards
+/// on one server too.
 async fn secured(config: StoreConfig) -> (Backend, Store) {
+    let config = StoreConfig { shards: Some(kjob_workqueue::DEFAULT_SHARDS), ..config };
     let pki = TestPki::generate("semantics").expect("test certificates");
     let security = RedisSecurity {
         tls: Some(pki.dir().to_path_buf()),
@@ -431,7 +434,10 @@ async fn stats_and_inspect(s: Store) {
     let st = s.stats(Q).await.unwrap();
     assert_eq!((st.ready, st.delayed, st.leased, st.dirty), (1, 1, 1, 1));
     assert!(st.oldest_ready_ms.is_some() && st.oldest_started_ms.is_some());
-    let keys: Vec<String> = ["ns/a", "ns/b", "ns/c", "ns/zz"].map(String::from).to_vec();
+    // Either ready key may be leased first (they are in different shards or not): the other
+    // stays ready.
+    let other = if l.key == "ns/a" { "ns/b" } else { "ns/a" };
+    let keys: Vec<String> = [l.key.as_str(), other, "ns/c", "ns/zz"].map(String::from).to_vec();
     let v = s.inspect(Q, &keys).await.unwrap();
     let states: Vec<_> = v.iter().map(|v| v.state).collect();
     assert_eq!(
@@ -573,9 +579,10 @@ async fn done_many_in_one_call(s: Store) {
         )
         .await
         .unwrap();
-    let ready: Vec<Option<Option<i64>>> = r.iter().map(|r| r.map(|d| d.ready_at_ms)).collect();
-    let now_ms = r[0].unwrap().now_ms;
-    assert_eq!(ready, vec![Some(None), None, Some(Some(now_ms)), Some(Some(now_ms + 1000)), None]);
+    // Each ready time is counted from its own shard's script's clock.
+    let ready: Vec<Option<Option<i64>>> =
+        r.iter().map(|r| r.map(|d| d.ready_at_ms.map(|t| t - d.now_ms))).collect();
+    assert_eq!(ready, vec![Some(None), None, Some(Some(0)), Some(Some(1000)), None]);
     let st = s.stats(Q).await.unwrap();
     assert_eq!((st.ready, st.delayed, st.leased, st.dirty, st.failing), (1, 1, 0, 0, 1));
     let too_many = vec![d("ns/a", LeaseOutcome::Forget); kjob_workqueue::MAX_DONE_BATCH + 1];
@@ -617,7 +624,8 @@ async fn observations_applied_in_the_enqueue_script(s: Store) {
     let other = Observation::new(ObservationKind::Creation, "u1", "p3");
     // Load the script first (the first EVALSHA of a script runs as NOSCRIPT + EVAL).
     let warm = Enqueue { observe_only: true, ..now("ns/warm").observing(vec![c("px")]) };
-    s.add(Q, &[warm]).await.unwrap();
+    s.add(Q, &[warm, now("ns/warm")]).await.unwrap();
+    s.lease(Q, "w", 10, LEASE).await.unwrap();
     let before = scripts_run(&s).await;
     let r = s
         .add(
@@ -630,17 +638,31 @@ async fn observations_applied_in_the_enqueue_script(s: Store) {
         )
         .await
         .unwrap();
-    // One script for the whole batch: on a Cluster that is only possible because the Job's
-    // expectation keys share the queue's slot (a cross-slot script fails with CROSSSLOT), and a
-    // script is atomic, so no crash can apply the observations without the enqueue or the
-    // reverse. The enqueued key is therefore never leased before its observations count.
-    assert_eq!(scripts_run(&s).await - before, 1, "Add with observations ran more than one script");
+    // One script per shard touched, and on a Cluster one MARK of the index per shard that got
+    // work (a single server's scripts mark the index themselves): a Job's
+    // observations and its enqueue share a script. On a Cluster that is only possible because
+    // the Job's expectation keys share its shard's slot (a cross-slot script fails with
+    // CROSSSLOT), and a script is atomic, so no crash can apply the observations without the
+    // enqueue or the reverse. The enqueued key is therefore never leased before its
+    // observations count.
+    let shard = |key: &str| s.layout().shard_of(key);
+    let touched: HashSet<u32> = [k, "ns/plain", "ns/job2"].into_iter().map(shard).collect();
+    let mut marked: HashSet<u32> = [k, "ns/plain"].into_iter().map(shard).collect();
+    if !s.target().is_cluster() {
+        marked.clear();
+    }
+    assert_eq!(
+        scripts_run(&s).await - before,
+        (touched.len() + marked.len()) as u64,
+        "Add with observations ran more than one script per shard"
+    );
     assert_eq!((r.added, r.accepted_now, r.observed), (2, 2, 2));
     let e = s.get_expectations(k, "u1").await.unwrap();
     assert_eq!(e.record.as_ref().map(|r| (r.add, r.del)), Some((0, 1)));
     assert!(!e.satisfied);
-    let leased: Vec<String> =
+    let mut leased: Vec<String> =
         s.lease(Q, "w", 10, LEASE).await.unwrap().items.into_iter().map(|l| l.key).collect();
+    leased.sort();
     assert_eq!(leased, vec![k.to_string(), "ns/plain".to_string()], "observe-only enqueued");
     // Observations of a delayed item count at once; the item waits.
     let r = s.add(Q, &[after(k, 60_000).observing(vec![d])]).await.unwrap();
@@ -898,8 +920,8 @@ async fn event_spam_filter_burst_then_refill(s: Store) {
             .get_multiplexed_async_connection()
             .await
             .unwrap();
-        let ttl: i64 =
-            redis::cmd("PTTL").arg("{wq:job}:ev:ns/a").query_async(&mut conn).await.unwrap();
+        let key = format!("{}:ev:ns/a", s.layout().job_tag("ns/a"));
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.unwrap();
         let want = i64::try_from(fast.state_ttl().as_millis()).unwrap();
         assert!(ttl > want - 2_000 && ttl <= want, "{ttl} vs {want}");
     }
@@ -1308,10 +1330,14 @@ async fn handoff_brings_the_view_read_in_the_add_script(s: Store) {
     until_waiting(&waker, 1).await;
     let obs = Observation::new(ObservationKind::Creation, "u", "pu");
     let write = Enqueue::now(k).observing(vec![obs]).writing_view("s", vec![pod_op("p2", "b")]);
-    waker.add(&s, Q, vec![write, now("ns/plain")]).await.unwrap();
+    // An Add hands over the items of one shard (its script's): a plain item of k's shard.
+    let shard = s.layout().shard_of(k);
+    let plain =
+        (0..).map(|i| format!("ns/plain{i}")).find(|p| s.layout().shard_of(p) == shard).unwrap();
+    waker.add(&s, Q, vec![write, now(&plain)]).await.unwrap();
     let items = waiting.await.unwrap().unwrap().items;
     let by_key = |key: &str| items.iter().find(|i| i.key == key).unwrap().clone();
-    assert_eq!(by_key("ns/plain").view, None, "no view written by this Add: not read");
+    assert_eq!(by_key(&plain).view, None, "no view written by this Add: not read");
     let v = by_key(k).view.expect("read with the hand-off").expect("trusted");
     assert_eq!(sorted_pods(&v), ["a", "b"]);
     assert_eq!((v.job.as_slice(), v.uid.as_str()), (b"job".as_slice(), "u"));

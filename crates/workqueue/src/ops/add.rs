@@ -14,16 +14,17 @@ use crate::store::{AddOutcome, Enqueue, Leased, Store, push_observations};
 use crate::view::{ViewKeys, ViewOp, push_view_ops, view_run_key, view_session_key};
 use crate::{Observation, WqError};
 
-/// KEYS: the [`QueueKeys`]; then, with has_view, KEYS[8] the view session and KEYS[9] the view
-/// run; then, in entry order, the five [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
+/// KEYS: the [`QueueKeys`] of one shard; then, with has_view, KEYS[7] the shard's view session
+/// and KEYS[8] its view run; then, in entry order, the five [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
 /// followed by the three [`ViewKeys`] of each with n_view > 0.
-/// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> n_takers, then per taker (a
+/// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> weights (`ns=w,…`, for the
+/// hand-off's leases), ARGV[4] -> n_takers, then per taker (a
 /// waiting lessee of the calling replica): worker, n, lease_ms, views (0/1); then n_records and
 /// that many record names; then per entry: item, delay_ms, observe_only (0/1), n_obs, n_view,
 /// session, then n_obs × (kind, job_uid, pod_uid) and n_view × (kind, name, object,
 /// resource_version).
-/// Reply: [`AddReply`] `{added, accepted_now, now, observed, view_lost, {lease item…} per
-/// taker}` (view_lost 1 when view writes found no current session: the writer must begin a new
+/// Reply: [`AddReply`] `{added, accepted_now, now, observed, view_lost, mark_at, woke, {lease
+/// item…} per taker}` (view_lost 1 when view writes found no current session: the writer must begin a new
 /// one; a lease item as LEASE returns it, and for a taker that asked for views, when the item
 /// is an entry of this Add with view writes, its view as GET_VIEW returns it with the records
 /// named).
@@ -56,19 +57,20 @@ end
 -- Most pods a hand-off's view may hold (`HANDOFF_VIEW_MAX_PODS` in the Rust).
 local HANDOFF_VIEW_MAX_PODS = 16
 local gc_ms = ARGV[1]
-local added, accepted, readied, observed, k = 0, 0, 0, 0, 8
+local added, accepted, readied, observed, k = 0, 0, 0, 0, 7
 -- The current view session, read the first time an entry carries view writes (INFO costs).
 local has_view, session_read, current_session, view_lost = ARGV[2] == '1', false, false, 0
 local function session()
   if not session_read then
-    current_session, session_read = view_current(KEYS[8], KEYS[9]), true
+    current_session, session_read = view_current(KEYS[7], KEYS[8]), true
   end
   return current_session
 end
-if has_view then k = 10 end
+if has_view then k = 9 end
 local now_items, seen = {}, {}
-local takers = tonumber(ARGV[3])
-local rec_at = 5 + 4 * takers
+load_weights(ARGV[3])
+local takers = tonumber(ARGV[4])
+local rec_at = 6 + 4 * takers
 local nrec = tonumber(ARGV[rec_at - 1])
 -- item -> KEYS index of its ExpKeys (its ViewKeys follow), for the views of hand-offs.
 local view_keys = {}
@@ -108,32 +110,41 @@ end
 -- ZADD NX enqueues the rest; per-item commands would cost Redis more than the script itself.
 if #now_items > 0 then
   local recs = chunked('HMGET', LEASE, now_items, 1000)
-  local zargs = {}
+  local per_ns, namespaces = {}, {}
   for j, item in ipairs(now_items) do
     if recs[j] then
       local a = add_now(item, now)
       added, accepted = added + a, accepted + a
     else
-      zargs[#zargs + 1] = now
-      zargs[#zargs + 1] = item
+      local ns = ns_of(item)
+      local z = per_ns[ns]
+      if not z then
+        z = {}
+        per_ns[ns] = z
+        namespaces[#namespaces + 1] = ns
+      end
+      z[#z + 1] = now
+      z[#z + 1] = item
     end
   end
-  if #zargs > 0 then
-    local n = 0
-    for s = 1, #zargs, 2000 do
-      n = n + redis.call('ZADD', READY, 'NX', unpack(zargs, s, math.min(s + 1999, #zargs)))
+  for _, ns in ipairs(namespaces) do
+    local z, k, n = per_ns[ns], rkey(ns), 0
+    for s = 1, #z, 2000 do
+      n = n + redis.call('ZADD', k, 'NX', unpack(z, s, math.min(s + 1999, #z)))
     end
+    -- The namespace joins the round robin when its set was empty.
+    if n > 0 and redis.call('ZCARD', k) == n then redis.call('RPUSH', RR, ns) end
     added, accepted, readied = added + n, accepted + n, readied + n
   end
 end
 -- Hand-off: the replica's own waiting lessees, in the order they began waiting, lease what
 -- became ready in this same script (no wake-up, no second script). Only what they leave is
 -- announced to other replicas' waiters through the wake marker.
-local out, handed = {added, accepted, now, observed, view_lost}, 0
+local handed, given = 0, {}
 for w = 1, takers do
   local got = {}
   if readied > 0 and handed < readied then
-    local a = 4 + 4 * (w - 1)
+    local a = 5 + 4 * (w - 1)
     handed = handed + grant(ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), got)
     if ARGV[a + 3] == '1' then
       for _, g in ipairs(got) do
@@ -146,9 +157,12 @@ for w = 1, takers do
       end
     end
   end
-  out[#out + 1] = got
+  given[#given + 1] = got
 end
-if readied > 0 and (handed == 0 or redis.call('ZCARD', READY) > 0) then wake() end
+if readied > 0 and (handed == 0 or any_ready()) then wake() end
+flush_index()
+local out = {added, accepted, now, observed, view_lost, mark_at, woke}
+for _, got in ipairs(given) do out[#out + 1] = got end
 return out
 "#
 );
@@ -182,6 +196,9 @@ pub(crate) struct AddReply {
     pub now_ms: i64,
     /// What each taker was leased, in the takers' order.
     pub handed: Vec<Vec<Leased>>,
+    /// For the shard's index (see `queue_fns!`).
+    mark_at: i64,
+    woke: bool,
 }
 
 impl AddReply {
@@ -193,6 +210,7 @@ impl AddReply {
         let now_ms = f.int("now")?;
         let observed = f.count("observed")?;
         let view_lost = f.flag("view_lost")?;
+        let (mark_at, woke) = super::shards::read_mark(&mut f)?;
         let handed_item = |mut f: Fields<'_>| {
             let mut leased = Leased::parse(&mut f)?;
             if f.remaining() > 0 {
@@ -212,7 +230,7 @@ impl AddReply {
             )));
         }
         let outcome = AddOutcome { added, accepted_now, delayed: 0, observed, view_lost };
-        Ok(Self { outcome, now_ms, handed })
+        Ok(Self { outcome, now_ms, handed, mark_at, woke })
     }
 }
 
@@ -225,7 +243,9 @@ impl Store {
         Ok(self.add_handing(queue, items, &[]).await?.outcome)
     }
 
-    /// [`Store::add`], then leases what became ready to `takers` in the same script.
+    /// [`Store::add`], then leases what became ready to `takers` in the same script. Items are
+    /// grouped by shard, one script per shard touched (run concurrently); the takers go to the
+    /// shard with the most immediate items, the others wake waiters through the index.
     pub(crate) async fn add_handing(
         &self,
         queue: &str,
@@ -236,6 +256,8 @@ impl Store {
             outcome: AddOutcome { observed, ..AddOutcome::default() },
             now_ms: 0,
             handed: vec![Vec::new(); takers.len()],
+            mark_at: -1,
+            woke: false,
         };
         if items.is_empty() {
             return Ok(nothing(0));
@@ -247,18 +269,70 @@ impl Store {
                 observed += self.observe(&it.key, &it.observations).await?;
             }
         }
-        let mut keys = QueueKeys::new(queue).to_vec();
+        let mut groups: std::collections::BTreeMap<u32, Vec<&Enqueue>> = Default::default();
+        for it in items {
+            let has_state = same_slot && (!it.observations.is_empty() || !it.view.is_empty());
+            if it.observe_only && !has_state {
+                continue;
+            }
+            groups.entry(self.layout().shard_of(&it.key)).or_default().push(it);
+        }
+        if groups.is_empty() {
+            return Ok(nothing(observed));
+        }
+        let immediate = |g: &[&Enqueue]| {
+            g.iter().filter(|e| !e.observe_only && crate::store::ms(e.delay) == 0).count()
+        };
+        let taker_shard = groups.iter().max_by_key(|(_, g)| immediate(g)).map(|(s, _)| *s);
+        let calls = groups.into_iter().map(|(shard, group)| {
+            let t: &[Taker] = if Some(shard) == taker_shard { takers } else { &[] };
+            async move {
+                let r = self.add_shard(queue, shard, &group, t).await?;
+                self.mark(queue, shard, r.mark_at, r.woke).await?;
+                Ok::<_, WqError>((shard, r))
+            }
+        });
+        let mut out = nothing(observed);
+        for r in futures::future::join_all(calls).await {
+            let (shard, r) = r?;
+            let o = &mut out.outcome;
+            o.added += r.outcome.added;
+            o.accepted_now += r.outcome.accepted_now;
+            o.delayed += r.outcome.delayed;
+            o.observed += r.outcome.observed;
+            o.view_lost |= r.outcome.view_lost;
+            out.now_ms = out.now_ms.max(r.now_ms);
+            if Some(shard) == taker_shard {
+                out.handed = r.handed;
+            }
+        }
+        Ok(out)
+    }
+
+    /// ADD on shard `shard` of `queue` for `items` (all of that shard).
+    async fn add_shard(
+        &self,
+        queue: &str,
+        shard: u32,
+        items: &[&Enqueue],
+        takers: &[Taker],
+    ) -> Result<AddReply, WqError> {
+        let same_slot = queue == kjob_core::JOB_QUEUE;
+        let tag = self.layout().tag(queue, shard);
+        let mut keys = QueueKeys::new(&tag).to_vec();
         let mut args = Vec::with_capacity(2 + items.len() * 6);
         args.push(self.config().idle_gc.arg());
-        // The view session key carries the job queue's hash tag, so only that queue's script
-        // may name it (one slot per script on a Cluster); view writes go to the job queue only.
+        // The view session keys carry the shard's tag of the job queue, so only that queue's
+        // script may name them (one slot per script on a Cluster); view writes go to the job
+        // queue only.
         if same_slot {
             args.push(b"1".to_vec());
-            keys.push(view_session_key());
-            keys.push(view_run_key());
+            keys.push(view_session_key(&tag));
+            keys.push(view_run_key(&tag));
         } else {
             args.push(b"0".to_vec());
         }
+        args.push(self.weights_arg().await?.into_bytes());
         args.push(takers.len().arg());
         // One list of records per script: takers that asked for another list (none do: every
         // worker asks for the same) read their views themselves.
@@ -276,14 +350,9 @@ impl Store {
         args.push(records.len().arg());
         args.extend(records.iter().map(Arg::arg));
         let mut delayed = 0;
-        let mut entries = 0;
         for it in items {
             let obs: &[Observation] = if same_slot { &it.observations } else { &[] };
             let view: &[ViewOp] = if same_slot { &it.view } else { &[] };
-            if it.observe_only && obs.is_empty() && view.is_empty() {
-                continue;
-            }
-            entries += 1;
             if crate::store::ms(it.delay) > 0 && !it.observe_only {
                 delayed += 1;
             }
@@ -296,21 +365,21 @@ impl Store {
             // An entry with view writes names its expectation keys too: a hand-off of its
             // item reads the view with the expectations.
             if !obs.is_empty() || !view.is_empty() {
-                keys.extend(ExpKeys::new(&it.key).to_vec());
+                keys.extend(ExpKeys::new(&tag, &it.key).to_vec());
                 push_observations(&mut args, obs);
             }
             if !view.is_empty() {
-                keys.extend(ViewKeys::new(&it.key).to_vec());
+                keys.extend(ViewKeys::new(&tag, &it.key).to_vec());
                 push_view_ops(&mut args, view);
             }
         }
-        if entries == 0 {
-            return Ok(nothing(observed));
+        // On a single server the script marks the index itself (see `flush_index`).
+        if !self.target().is_cluster() {
+            keys.extend(crate::keys::IndexKeys::new(queue).to_vec());
         }
         let v: Value = self.run(&ADD_SCRIPT, &keys, args).await?;
         let mut r = AddReply::parse(self, &v, takers.len(), records)?;
         r.outcome.delayed = delayed;
-        r.outcome.observed += observed;
         Ok(r)
     }
 }

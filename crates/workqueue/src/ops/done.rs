@@ -5,17 +5,17 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::WqError;
-use crate::keys::{QueueKeys, queue_prelude};
+use crate::keys::queue_prelude;
 use crate::lua::Arg;
 use crate::lua::Lua;
 use crate::lua::queue_fns;
 use crate::reply::Fields;
 use crate::store::{Done, DoneResult, LeaseOutcome, MAX_DONE_BATCH, Store};
 
-/// KEYS: the [`QueueKeys`].
+/// KEYS: the [`QueueKeys`] of one shard (every Done's item is of that shard).
 /// ARGV[1] -> base_ms, ARGV[2] -> max_ms, then per Done: item, lease_id, outcome (1 forget,
 /// 2 rate limited, 3 requeue after), after_ms.
-/// Reply: `{now, {work_ms, ready_at (-1 = not requeued), delay_used (-1 = none)}…}` with one
+/// Reply: `{now, mark_at, woke, {work_ms, ready_at (-1 = not requeued), delay_used (-1 = none)}…}` with one
 /// triple per Done, work_ms -1 for a stale lease id (that Done changed nothing).
 ///
 /// Several Dones share one script call (the service batches concurrent calls): the call's own
@@ -30,7 +30,7 @@ local items = {}
 for i = 3, #ARGV, 4 do items[#items + 1] = ARGV[i] end
 local recs = redis.call('HMGET', LEASE, unpack(items))
 local any_delayed = redis.call('ZCARD', DELAYED) > 0
-local out, finished, gone = {now}, {}, {}
+local rows, finished, gone = {}, {}, {}
 for j, item in ipairs(items) do
   local a = 3 + 4 * (j - 1)
   local id, outcome = ARGV[a + 1], tonumber(ARGV[a + 2])
@@ -38,7 +38,7 @@ for j, item in ipairs(items) do
   if recs[j] and not finished[item] then lid, started, req, ex, dt = unpack_lease(recs[j]) end
   if lid ~= id then
     redis.call('HINCRBY', STATS, 'stale_total', 1)
-    out[#out + 1] = {-1, -1, -1}
+    rows[#rows + 1] = {-1, -1, -1}
   else
     finished[item] = true
     gone[#gone + 1] = item
@@ -59,7 +59,7 @@ for j, item in ipairs(items) do
     local ready_at = -1
     if dt >= 0 or delay == 0 then
       if dt < 0 then dt = now end
-      redis.call('ZADD', READY, 'NX', dt, item)
+      ready_add(item, dt)
       ready_at = now
       wake()
     end
@@ -71,28 +71,35 @@ for j, item in ipairs(items) do
     if ready_at < 0 and any_delayed then
       ready_at = tonumber(redis.call('ZSCORE', DELAYED, item) or -1)
     end
-    out[#out + 1] = {now - started, ready_at, delay}
+    rows[#rows + 1] = {now - started, ready_at, delay}
   end
 end
 if #gone > 0 then
   redis.call('ZREM', LEASES, unpack(gone))
   redis.call('HDEL', LEASE, unpack(gone))
 end
+flush_index()
+local out = {now, mark_at, woke}
+for _, r in ipairs(rows) do out[#out + 1] = r end
 return out
 "#
 );
 
 static DONE_SCRIPT: Lua = Lua::new("done", DONE);
 
-/// DONE's reply: one result per Done, `None` for a stale lease id.
-fn parse_done(v: &Value, dones: usize) -> Result<Vec<Option<DoneResult>>, WqError> {
+/// DONE's reply: one result per Done, `None` for a stale lease id; and the shard's mark.
+type DoneReply = (Vec<Option<DoneResult>>, i64, bool);
+
+fn parse_done(v: &Value, dones: usize) -> Result<DoneReply, WqError> {
     let mut f = Fields::new("done", v)?;
     let now_ms = f.int("now")?;
+    let (mark_at, woke) = super::shards::read_mark(&mut f)?;
     let rows = f.rest("done item")?;
     if rows.len() != dones {
         return Err(WqError::Protocol(format!("done: {} results for {dones} Dones", rows.len())));
     }
-    rows.into_iter()
+    let results = rows
+        .into_iter()
         .map(|mut r| {
             let work_ms = r.int("work_ms")?;
             if work_ms < 0 {
@@ -105,7 +112,8 @@ fn parse_done(v: &Value, dones: usize) -> Result<Vec<Option<DoneResult>>, WqErro
                 retry_delay_ms: r.opt("delay_used")?,
             }))
         })
-        .collect()
+        .collect::<Result<_, WqError>>()?;
+    Ok((results, mark_at, woke))
 }
 
 impl Store {
@@ -138,11 +146,14 @@ impl Store {
                 dones.len()
             )));
         }
+        // One script per shard touched, run concurrently; results back in the Dones' order.
         let limiter = &self.config().limiter;
-        let mut args = Vec::with_capacity(2 + dones.len() * 4);
-        args.push(limiter.base.arg());
-        args.push(limiter.max.arg());
-        for d in dones {
+        let mut by_shard: std::collections::BTreeMap<u32, (Vec<Vec<u8>>, Vec<usize>)> =
+            Default::default();
+        for (at, d) in dones.iter().enumerate() {
+            let (args, order) = by_shard
+                .entry(self.layout().shard_of(&d.key))
+                .or_insert_with(|| (vec![limiter.base.arg(), limiter.max.arg()], Vec::new()));
             let (code, after) = match d.outcome {
                 LeaseOutcome::Forget => (1, Duration::ZERO),
                 LeaseOutcome::RateLimited => (2, Duration::ZERO),
@@ -152,9 +163,27 @@ impl Store {
             args.push(d.lease_id.arg());
             args.push(code.arg());
             args.push(after.arg());
+            order.push(at);
         }
-        let v: Value = self.run(&DONE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        parse_done(&v, dones.len())
+        let calls = by_shard.into_iter().map(|(shard, (args, order))| async move {
+            let mut keys = self.queue_keys(queue, shard).to_vec();
+            // On a single server the script marks the index itself (see `flush_index`).
+            if !self.target().is_cluster() {
+                keys.extend(crate::keys::IndexKeys::new(queue).to_vec());
+            }
+            let v: Value = self.run(&DONE_SCRIPT, &keys, args).await?;
+            let (results, at, woke) = parse_done(&v, order.len())?;
+            self.mark(queue, shard, at, woke).await?;
+            Ok::<_, WqError>((results, order))
+        });
+        let mut out = vec![None; dones.len()];
+        for r in futures::future::join_all(calls).await {
+            let (results, order) = r?;
+            for (at, res) in order.into_iter().zip(results) {
+                out[at] = res;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -165,12 +194,13 @@ mod tests {
     #[test]
     fn a_done_reply_of_the_wrong_length_is_refused_not_misread() {
         let row = |w, r, d| Value::Array(vec![Value::Int(w), Value::Int(r), Value::Int(d)]);
-        let v = Value::Array(vec![Value::Int(100), row(5, 100, 0), row(-1, -1, -1)]);
-        let r = parse_done(&v, 2).unwrap();
+        let head = [Value::Int(100), Value::Int(-1), Value::Int(0)];
+        let v = Value::Array([&head[..], &[row(5, 100, 0), row(-1, -1, -1)]].concat());
+        let r = parse_done(&v, 2).unwrap().0;
         assert_eq!(r[0].unwrap().ready_at_ms, Some(100));
         assert_eq!(r[1], None);
         assert!(parse_done(&v, 3).unwrap_err().to_string().contains("2 results for 3 Dones"));
-        let short = Value::Array(vec![Value::Int(100), Value::Array(vec![Value::Int(5)])]);
+        let short = Value::Array([&head[..], &[Value::Array(vec![Value::Int(5)])]].concat());
         assert!(parse_done(&short, 1).unwrap_err().to_string().contains("ready_at"));
     }
 }

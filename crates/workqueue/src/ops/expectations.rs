@@ -1,22 +1,21 @@
 //! The shared expectations of each Job: set by workers, lowered by the watcher's observations,
 //! read before a sync; and the in-flight tracking-finalizer removals beside them.
 //!
-//! Every script here takes the five [`ExpKeys`] of one Job (bound by `exp_prelude!`), except
+//! Every script here takes the five [`ExpKeys`](crate::keys::ExpKeys) of one Job (bound by `exp_prelude!`), except
 //! EXPECT_FIN_DONE, which takes two of them per Job for several Jobs.
 
 use redis::Value;
 
 use crate::expectations::{ExpectationRecord, Expectations};
-use crate::keys::{ExpKeys, exp_prelude};
+use crate::keys::exp_prelude;
 use crate::lua::Lua;
 use crate::lua::observe_fn;
 use crate::lua::{Arg, argv};
 use crate::reply::Fields;
 use crate::store::{Store, push_observations};
-use crate::view::ViewKeys;
 use crate::{Observation, WqError};
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> uid, ARGV[2] -> add, ARGV[3] -> del, ARGV[4] -> gc_ms.
 /// Reply: 1. Replaces the record and stamps the time.
 const SET: &str = concat!(
@@ -41,12 +40,12 @@ impl Store {
         del: i64,
     ) -> Result<(), WqError> {
         let args = argv![job_uid, add, del, self.config().idle_gc];
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&SET_SCRIPT, &keys, args).await
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> uid, ARGV[2] -> add, ARGV[3] -> del, ARGV[4] -> gc_ms, ARGV[5..] -> UIDs of pods
 /// already created.
 /// Reply: the creations the record expects.
@@ -96,12 +95,12 @@ impl Store {
     ) -> Result<i64, WqError> {
         let mut args = argv![job_uid, add, del, self.config().idle_gc];
         args.extend(created.iter().map(Arg::arg));
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&SET_CREATED_SCRIPT, &keys, args).await
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> uid, ARGV[2] -> add_delta, ARGV[3] -> del_delta (already negated).
 /// Reply: 1 when an existing record of that UID was lowered, else 0.
 const LOWER: &str = concat!(
@@ -127,12 +126,12 @@ impl Store {
         del: i64,
     ) -> Result<bool, WqError> {
         let args = argv![job_uid, add.saturating_neg(), del.saturating_neg()];
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&LOWER_SCRIPT, &keys, args).await
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// Reply: `{exists, uid, add, del, ts, now, {podUID, jobUID}…}`, read by
 /// [`Store::expectations_reply`] (GET_VIEW returns the same shape).
 const GET: &str = concat!(
@@ -162,7 +161,7 @@ impl Store {
         key: &str,
         job_uid: &str,
     ) -> Result<Expectations, WqError> {
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         let v: Value = self.run(&GET_SCRIPT, &keys, Vec::new()).await?;
         Ok(self.expectations_reply(Fields::new("get_expectations", &v)?, job_uid)?.expectations)
     }
@@ -212,7 +211,7 @@ impl Store {
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> gc_ms, then (kind, job_uid, pod_uid)… with kind 1 creation, 2 deletion,
 /// 3 finalizer removal.
 /// Reply: the number of observations that changed something.
@@ -235,12 +234,12 @@ impl Store {
         }
         let mut args = argv![self.config().idle_gc];
         push_observations(&mut args, observations);
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&OBSERVE_SCRIPT, &keys, args).await
     }
 }
 
-/// KEYS: the [`ExpKeys`] and the three [`ViewKeys`] of one Job.
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys) and the three [`ViewKeys`](crate::view::ViewKeys) of one Job.
 /// Reply: the number of keys deleted.
 const DELETE: &str = r#"
 return redis.call('DEL', unpack(KEYS))
@@ -251,13 +250,13 @@ static DELETE_SCRIPT: Lua = Lua::new("delete_expectations", DELETE);
 impl Store {
     /// Deletes the expectations, finalizer-removal set, records and shared view of Job `key`.
     pub async fn delete_expectations(&self, key: &str) -> Result<(), WqError> {
-        let mut keys = ExpKeys::new(key).to_vec();
-        keys.extend(ViewKeys::new(key).to_vec());
+        let mut keys = self.exp_keys(key).to_vec();
+        keys.extend(self.view_keys(key).to_vec());
         self.run(&DELETE_SCRIPT, &keys, Vec::new()).await
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> gc_ms, ARGV[2] -> job_uid, ARGV[3..] -> pod_uids.
 /// Reply: the number of pod UIDs.
 const EXPECT_FIN: &str = concat!(
@@ -284,13 +283,13 @@ impl Store {
         }
         let mut args = argv![self.config().idle_gc, job_uid];
         args.extend(pod_uids.iter().map(Arg::arg));
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&EXPECT_FIN_SCRIPT, &keys, args).await
     }
 }
 
 /// KEYS: per raise, the in-flight set (`fin`) and the seen-without-finalizer set (`fin_seen`)
-/// of its Job ([`ExpKeys`]).
+/// of its Job ([`ExpKeys`](crate::keys::ExpKeys)).
 /// ARGV[1] -> gc_ms, then per raise: job_uid, n, n pod UIDs.
 /// Reply: how many pod UIDs went into in-flight sets.
 ///
@@ -341,21 +340,32 @@ impl Store {
         if raises.is_empty() {
             return Ok(0);
         }
-        let mut keys = Vec::with_capacity(2 * raises.len());
-        let mut args = argv![self.config().idle_gc];
+        // One script per shard touched (a script's keys share one slot), run concurrently.
+        let mut by_shard: std::collections::BTreeMap<u32, (Vec<String>, Vec<Vec<u8>>)> =
+            std::collections::BTreeMap::new();
         for r in raises {
-            let k = ExpKeys::new(&r.key);
+            let (keys, args) = by_shard
+                .entry(self.layout().shard_of(&r.key))
+                .or_insert_with(|| (Vec::new(), argv![self.config().idle_gc]));
+            let k = self.exp_keys(&r.key);
             keys.push(k.fin);
             keys.push(k.fin_seen);
             args.push(r.job_uid.arg());
             args.push(r.pod_uids.len().arg());
             args.extend(r.pod_uids.iter().map(Arg::arg));
         }
-        self.run(&EXPECT_FIN_DONE_SCRIPT, &keys, args).await
+        let calls = by_shard.into_values().map(|(keys, args)| async move {
+            self.run::<u32>(&EXPECT_FIN_DONE_SCRIPT, &keys, args).await
+        });
+        let mut expected = 0;
+        for r in futures::future::join_all(calls).await {
+            expected += r?;
+        }
+        Ok(expected)
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV: pod_uids.
 /// Reply: how many of them were in the in-flight set.
 const FORGET_FIN: &str = concat!(
@@ -379,7 +389,7 @@ impl Store {
             return Ok(0);
         }
         let args = pod_uids.iter().map(Arg::arg).collect();
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&FORGET_FIN_SCRIPT, &keys, args).await
     }
 }

@@ -5,36 +5,61 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::WqError;
-use crate::keys::{QueueKeys, queue_prelude};
+use crate::keys::queue_prelude;
 use crate::lua::Lua;
 use crate::lua::queue_fns;
 use crate::lua::{Arg, argv};
 use crate::reply::{Fields, Reply};
 use crate::store::{LeaseBatch, Leased, Store};
 
-/// KEYS: the [`QueueKeys`].
+/// KEYS: the [`QueueKeys`] of one shard.
 /// ARGV[1] -> worker, ARGV[2] -> n, ARGV[3] -> lease_ms, ARGV[4] -> promote_limit, ARGV[5] ->
-/// reap_limit, ARGV[6] -> poison_after, ARGV[7] -> base_ms, ARGV[8] -> max_ms.
-/// Reply: [`LeaseBatch`] `{now, next_due, promoted, reaped, poisoned, {item, lease_id,
-/// requeues, deadline, added_at, expiries}…}`.
+/// reap_limit, ARGV[6] -> poison_after, ARGV[7] -> base_ms, ARGV[8] -> max_ms, ARGV[9] ->
+/// weights (`ns=w,…`, see [`Store::set_namespace_weight`]), ARGV[10] -> the shard's number.
+/// On a single server (no slots to respect) KEYS[7..=9] are the queue's
+/// [`IndexKeys`](crate::keys::IndexKeys), and the script does SETTLE's work itself, atomically
+/// (no version needed): one round trip per shard instead of two.
+/// Reply: [`ShardLease`] `{now, next_due, promoted, reaped, poisoned, more, wake_at, {item,
+/// lease_id, requeues, deadline, added_at, expiries}…}` (more: items remain ready; wake_at: as
+/// `wake_at()` returns it after the lease).
 const LEASE: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
     r#"
 local worker, n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+load_weights(ARGV[9])
 local promoted = promote(tonumber(ARGV[4]))
 local reaped, poisoned = reap(tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
-local out = {now, next_due(), promoted, reaped, poisoned}
-local count = grant(worker, n, lease_ms, out)
--- Chain the wake-up so another replica's waiters take what is left.
-if count > 0 and redis.call('ZCARD', READY) > 0 then wake() end
+local got = {}
+grant(worker, n, lease_ms, got)
+local more = 0
+if any_ready() then more = 1 end
+local at = wake_at()
+if KEYS[7] then
+  local shard = ARGV[10]
+  if at < 0 then redis.call('ZREM', KEYS[7], shard) else redis.call('ZADD', KEYS[7], at, shard) end
+  redis.call('HINCRBY', KEYS[8], shard, 1)
+  -- Chain the wake-up so another replica's waiters take what is left.
+  if #got > 0 and more == 1 and redis.call('LLEN', KEYS[9]) == 0 then
+    redis.call('RPUSH', KEYS[9], '1')
+  end
+end
+local out = {now, next_due(), promoted, reaped, poisoned, more, at}
+for _, g in ipairs(got) do out[#out + 1] = g end
 return out
 "#
 );
 
 static LEASE_SCRIPT: Lua = Lua::new("lease", LEASE);
 
-impl Reply for LeaseBatch {
+/// LEASE's reply: one shard's part of a [`LeaseBatch`].
+struct ShardLease {
+    batch: LeaseBatch,
+    more: bool,
+    wake_at: i64,
+}
+
+impl Reply for ShardLease {
     fn read(what: &'static str, v: &Value) -> Result<Self, WqError> {
         let mut f = Fields::new(what, v)?;
         let now_ms = f.int("now")?;
@@ -42,9 +67,12 @@ impl Reply for LeaseBatch {
         let promoted = f.count("promoted")?;
         let reaped = f.count("reaped")?;
         let poisoned = f.count("poisoned")?;
+        let more = f.flag("more")?;
+        let wake_at = f.int("wake_at")?;
         let items =
             f.rest("lease item")?.iter_mut().map(Leased::parse).collect::<Result<_, _>>()?;
-        Ok(Self { now_ms, next_due_ms, promoted, reaped, poisoned, items })
+        let batch = LeaseBatch { now_ms, next_due_ms, promoted, reaped, poisoned, items };
+        Ok(Self { batch, more, wake_at })
     }
 }
 
@@ -65,7 +93,12 @@ impl Leased {
 
 impl Store {
     /// Leases up to `n` ready items for `lease`, without waiting (see [`crate::Waker::lease`]).
-    /// Also promotes due delayed items and reaps expired leases first.
+    /// Also promotes due delayed items and reaps expired leases first, in each shard it visits.
+    ///
+    /// It visits only the shards the index says have work by now (CANDIDATES), starting one
+    /// shard further on each call so every shard gets its turn, and after each tells the index
+    /// when that shard has work next (SETTLE). `next_due_ms` is the earliest time a shard it did
+    /// not lease from has work (a delayed item, a lease to reap).
     pub async fn lease(
         &self,
         queue: &str,
@@ -73,22 +106,68 @@ impl Store {
         n: u32,
         lease: Duration,
     ) -> Result<LeaseBatch, WqError> {
+        // On a single server the lease script settles the index itself; with one shard there
+        // is nothing to choose, so no CANDIDATES either: one script per lease, as unsharded.
+        let inline = !self.target().is_cluster();
+        let cands = if inline && self.layout().shards() == 1 {
+            let due = vec![super::shards::Candidate { shard: 0, version: 0 }];
+            super::shards::Candidates { now_ms: 0, next_ms: None, due }
+        } else {
+            self.candidates(queue).await?
+        };
+        let mut out = LeaseBatch {
+            now_ms: cands.now_ms,
+            next_due_ms: cands.next_ms,
+            promoted: 0,
+            reaped: 0,
+            poisoned: 0,
+            items: Vec::new(),
+        };
+        let start = self.next_start() % self.layout().shards();
+        let split = cands.due.partition_point(|c| c.shard < start);
         let c = self.config();
-        let args = argv![
-            worker,
-            n,
-            lease,
-            c.promote_limit,
-            c.reap_limit,
-            c.poison_after,
-            c.limiter.base,
-            c.limiter.max
-        ];
-        self.run(&LEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
+        let weights = self.weights_arg().await?;
+        for cand in cands.due[split..].iter().chain(&cands.due[..split]) {
+            let need = n.saturating_sub(u32::try_from(out.items.len()).unwrap_or(u32::MAX));
+            if need == 0 {
+                break;
+            }
+            let args = argv![
+                worker,
+                need,
+                lease,
+                c.promote_limit,
+                c.reap_limit,
+                c.poison_after,
+                c.limiter.base,
+                c.limiter.max,
+                &weights,
+                cand.shard
+            ];
+            let mut keys = self.queue_keys(queue, cand.shard).to_vec();
+            if inline {
+                keys.extend(crate::keys::IndexKeys::new(queue).to_vec());
+            }
+            let r: ShardLease = self.run(&LEASE_SCRIPT, &keys, args).await?;
+            if !inline {
+                // Chain the wake-up so another replica's waiters take what is left.
+                let chain = r.more && !r.batch.items.is_empty();
+                self.settle(queue, *cand, r.wake_at, chain).await?;
+            }
+            if !r.more && r.wake_at >= 0 {
+                out.next_due_ms = Some(out.next_due_ms.map_or(r.wake_at, |d| d.min(r.wake_at)));
+            }
+            out.now_ms = out.now_ms.max(r.batch.now_ms);
+            out.promoted += r.batch.promoted;
+            out.reaped += r.batch.reaped;
+            out.poisoned += r.batch.poisoned;
+            out.items.extend(r.batch.items);
+        }
+        Ok(out)
     }
 }
 
-/// KEYS: the [`QueueKeys`].
+/// KEYS: the [`QueueKeys`] of the item's shard.
 /// ARGV[1] -> item, ARGV[2] -> lease_id, ARGV[3] -> lease_ms.
 /// Reply: the new deadline, or -1 for a stale id.
 const RENEW: &str = concat!(
@@ -118,16 +197,18 @@ impl Store {
         lease: Duration,
     ) -> Result<Option<i64>, WqError> {
         let args = argv![key, lease_id, lease];
-        match self.run(&RENEW_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await? {
+        let keys = self.queue_keys(queue, self.layout().shard_of(key)).to_vec();
+        match self.run(&RENEW_SCRIPT, &keys, args).await? {
             -1 => Ok(None),
             d => Ok(Some(d)),
         }
     }
 }
 
-/// KEYS: the [`QueueKeys`].
+/// KEYS: the [`QueueKeys`] of one shard.
 /// ARGV: per lease, item, lease_id, added_at.
-/// Reply: how many leases were still held under those ids and went back to ready.
+/// Reply: `{back, mark_at, woke}`: how many leases were still held under those ids and went
+/// back to ready.
 ///
 /// Gives back leases nobody will work on (an Add leased items to a waiting lessee of this
 /// replica that disconnected before they reached it), as if they had never been leased: each
@@ -147,13 +228,13 @@ for i = 1, #ARGV, 3 do
       if dt >= 0 and dt < at then at = dt end
       redis.call('HDEL', LEASE, item)
       redis.call('ZREM', LEASES, item)
-      redis.call('ZADD', READY, 'NX', at, item)
+      ready_add(item, at)
       back = back + 1
     end
   end
 end
 if back > 0 then wake() end
-return back
+return {back, mark_at, woke}
 "#
 );
 
@@ -166,12 +247,22 @@ impl Store {
         if leases.is_empty() {
             return Ok(0);
         }
-        let mut args = Vec::with_capacity(leases.len() * 3);
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<Vec<u8>>> = Default::default();
         for l in leases {
+            let args = by_shard.entry(self.layout().shard_of(&l.key)).or_default();
             args.push(l.key.arg());
             args.push(l.lease_id.arg());
             args.push(l.enqueued_ms.arg());
         }
-        self.run(&RELEASE_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
+        let mut back = 0;
+        for (shard, args) in by_shard {
+            let keys = self.queue_keys(queue, shard).to_vec();
+            let v: Value = self.run(&RELEASE_SCRIPT, &keys, args).await?;
+            let mut f = Fields::new("release", &v)?;
+            back += f.count("back")?;
+            let (at, woke) = super::shards::read_mark(&mut f)?;
+            self.mark(queue, shard, at, woke).await?;
+        }
+        Ok(back)
     }
 }

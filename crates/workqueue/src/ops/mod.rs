@@ -8,9 +8,13 @@ mod expectations;
 mod lease;
 mod maintain;
 mod records;
+mod shards;
 mod stats;
+mod weights;
 
 pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
 pub use expectations::FinalizerRemovals;
 pub use records::MAX_RECORDS_PER_JOB;
+pub(crate) use shards::read_mark;
+pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};

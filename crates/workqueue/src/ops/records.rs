@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use crate::WqError;
-use crate::keys::{ExpKeys, exp_prelude};
+use crate::keys::exp_prelude;
 use crate::lua::Lua;
 use crate::lua::argv;
 use crate::store::Store;
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> name.
 /// Reply: the value, or nil when absent or expired (expired records are removed on read).
 const GET: &str = concat!(
@@ -32,7 +32,7 @@ static GET_SCRIPT: Lua = Lua::new("get_record", GET);
 impl Store {
     /// Reads record `name` of Job `key` (`None` if absent or expired).
     pub async fn get_record(&self, key: &str, name: &str) -> Result<Option<Vec<u8>>, WqError> {
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         let args = argv![name];
         self.run(&GET_SCRIPT, &keys, args).await
     }
@@ -42,7 +42,7 @@ impl Store {
 /// most 16; without a cap one caller could store any number of 64 KiB records under one Job.
 pub const MAX_RECORDS_PER_JOB: usize = 16;
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> name, ARGV[2] -> ttl_ms (0 = none), ARGV[3] -> gc_ms, ARGV[4] -> value,
 /// ARGV[5] -> most records of one Job.
 /// Reply: 1, or 0 (nothing written) when the name is new and the Job has the most records.
@@ -75,13 +75,13 @@ impl Store {
     ) -> Result<bool, WqError> {
         let ttl = ttl.unwrap_or(Duration::ZERO);
         let args = argv![name, ttl, self.config().idle_gc, value, MAX_RECORDS_PER_JOB];
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         let stored: i64 = self.run(&PUT_SCRIPT, &keys, args).await?;
         Ok(stored == 1)
     }
 }
 
-/// KEYS: the [`ExpKeys`].
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys).
 /// ARGV[1] -> name.
 /// Reply: 1 if the record existed, else 0.
 const DELETE: &str = concat!(
@@ -96,7 +96,7 @@ static DELETE_SCRIPT: Lua = Lua::new("delete_record", DELETE);
 impl Store {
     /// Removes record `name` of Job `key`; whether it existed.
     pub async fn delete_record(&self, key: &str, name: &str) -> Result<bool, WqError> {
-        let keys = ExpKeys::new(key).to_vec();
+        let keys = self.exp_keys(key).to_vec();
         self.run(&DELETE_SCRIPT, &keys, argv![name]).await
     }
 }

@@ -3,14 +3,14 @@
 use redis::Value;
 
 use crate::WqError;
-use crate::keys::{QueueKeys, queue_prelude};
+use crate::keys::queue_prelude;
 use crate::lua::Lua;
 use crate::lua::queue_fns;
 use crate::lua::{Arg, argv};
 use crate::reply::{Fields, Reply};
 use crate::store::{KeyState, KeyView, QueueStats, Store};
 
-/// KEYS: the [`QueueKeys`].
+/// KEYS: the [`QueueKeys`] of one shard.
 /// ARGV[1] -> max_leases (how many lease records to read).
 /// Reply: [`QueueStats`] `{now, ready, delayed, leased, dirty, oldest_ready, failing,
 /// unfinished_ms, oldest_started}`.
@@ -18,9 +18,16 @@ const STATS: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
     r#"
-local oldest = redis.call('ZRANGE', READY, 0, 0, 'WITHSCORES')
-local oldest_ready = -1
-if #oldest > 0 then oldest_ready = tonumber(oldest[2]) end
+-- Every namespace with ready items: its depth and oldest ready time.
+local ready, oldest_ready = 0, -1
+for _, ns in ipairs(redis.call('LRANGE', RR, 0, -1)) do
+  local k = rkey(ns)
+  ready = ready + redis.call('ZCARD', k)
+  local head = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if #head > 0 and (oldest_ready < 0 or tonumber(head[2]) < oldest_ready) then
+    oldest_ready = tonumber(head[2])
+  end
+end
 local leased = redis.call('ZCARD', LEASES)
 local recs
 if leased <= tonumber(ARGV[1]) then
@@ -39,7 +46,7 @@ for _, v in ipairs(recs) do
   if dt >= 0 then dirty = dirty + 1 end
 end
 local expiring = tonumber(redis.call('HGET', STATS, 'expiring') or 0)
-return {now, redis.call('ZCARD', READY), redis.call('ZCARD', DELAYED), leased,
+return {now, ready, redis.call('ZCARD', DELAYED), leased,
   dirty, oldest_ready, redis.call('HLEN', FAILURES) - expiring, unfinished, oldest_started}
 "#
 );
@@ -66,18 +73,39 @@ impl Reply for QueueStats {
 }
 
 impl Store {
-    /// Depths of `queue`.
+    /// Depths of `queue`: every shard's, summed (one script per shard, run concurrently).
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, WqError> {
-        // Lease records read for the unfinished-work gauge and the dirty count; in-flight items
-        // are bounded by the total worker concurrency, this only caps a pathological backlog.
+        // Lease records read per shard for the unfinished-work gauge and the dirty count;
+        // in-flight items are bounded by the total worker concurrency, this only caps a
+        // pathological backlog.
         const MAX_LEASES: u32 = 10_000;
-        let args = argv![MAX_LEASES];
-        self.run(&STATS_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await
+        let calls = (0..self.layout().shards()).map(|shard| async move {
+            let keys = self.queue_keys(queue, shard).to_vec();
+            self.run::<QueueStats>(&STATS_SCRIPT, &keys, argv![MAX_LEASES]).await
+        });
+        let min = |a: Option<i64>, b: Option<i64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut out = QueueStats::default();
+        for r in futures::future::join_all(calls).await {
+            let s = r?;
+            out.now_ms = out.now_ms.max(s.now_ms);
+            out.ready += s.ready;
+            out.delayed += s.delayed;
+            out.leased += s.leased;
+            out.dirty += s.dirty;
+            out.failing += s.failing;
+            out.unfinished_ms += s.unfinished_ms;
+            out.oldest_ready_ms = min(out.oldest_ready_ms, s.oldest_ready_ms);
+            out.oldest_started_ms = min(out.oldest_started_ms, s.oldest_started_ms);
+        }
+        Ok(out)
     }
 }
 
-/// KEYS: the [`QueueKeys`].
-/// ARGV: items.
+/// KEYS: the [`QueueKeys`] of one shard.
+/// ARGV: items (of that shard).
 /// Reply: per item `{ready, delayed, deadline, dirty, failures, holder, expiries}` (-1 / '' =
 /// none), read by [`KeyView::parse`].
 const INSPECT: &str = concat!(
@@ -94,7 +122,7 @@ for _, item in ipairs(ARGV) do
     holder = wk
   end
   table.insert(out, {
-    tonumber(redis.call('ZSCORE', READY, item) or -1),
+    tonumber(ready_score(item) or -1),
     tonumber(redis.call('ZSCORE', DELAYED, item) or -1),
     tonumber(redis.call('ZSCORE', LEASES, item) or -1),
     dirty,
@@ -143,16 +171,27 @@ impl Store {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let args = keys.iter().map(Arg::arg).collect();
-        let v: Value = self.run(&INSPECT_SCRIPT, &QueueKeys::new(queue).to_vec(), args).await?;
-        let rows = Fields::new("inspect", &v)?.rest("inspect row")?;
-        if rows.len() != keys.len() {
-            return Err(WqError::Protocol(format!(
-                "inspect: {} rows for {} keys",
-                rows.len(),
-                keys.len()
-            )));
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (at, k) in keys.iter().enumerate() {
+            by_shard.entry(self.layout().shard_of(k)).or_default().push(at);
         }
-        keys.iter().zip(rows).map(|(k, row)| KeyView::parse(k, row)).collect()
+        let mut out: Vec<Option<KeyView>> = vec![None; keys.len()];
+        for (shard, order) in by_shard {
+            let args = order.iter().map(|at| keys[*at].arg()).collect();
+            let qk = self.queue_keys(queue, shard).to_vec();
+            let v: Value = self.run(&INSPECT_SCRIPT, &qk, args).await?;
+            let rows = Fields::new("inspect", &v)?.rest("inspect row")?;
+            if rows.len() != order.len() {
+                return Err(WqError::Protocol(format!(
+                    "inspect: {} rows for {} keys",
+                    rows.len(),
+                    order.len()
+                )));
+            }
+            for (at, row) in order.into_iter().zip(rows) {
+                out[at] = Some(KeyView::parse(&keys[at], row)?);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 }
