@@ -471,7 +471,7 @@ mod tests {
         let s = sizes(&a);
         assert_eq!((s.burst_jobs, s.indexed_completions, s.indexed_parallelism), (2000, 5000, 500));
         assert_eq!((s.steady_jobs, s.passes), (300, 4));
-        assert_eq!(a.configs, ["a", "c", "b", "d", "bj"]);
+        assert_eq!(a.configs, ["a", "c", "b", "d", "b2", "bj"]);
     }
 
     /// `make bench-upstream` passes `--bin-dir` and `--out` before `BENCH_ARGS`: the user's
