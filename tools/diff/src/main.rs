@@ -42,12 +42,26 @@ struct Args {
 /// Runs `cases` on both benches, `parallel` at a time; each case's two runs with their
 /// events and writes (read once all ran: later ones of a finished case, from a controller
 /// that keeps writing or an event recorder still flushing, count too) and seconds.
+/// One case's run on each control plane (upstream, kjob), each with its seconds.
+type CaseRuns = ((RawRun, f64), (RawRun, f64));
+
+/// The Kueue groups' violations among `cases` run as `raws`, on each control plane.
+fn kueue_violations(cases: &[case::Case], raws: &[CaseRuns]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (side, pick) in [("upstream", 0), ("kjob", 1)] {
+        let side_raws: Vec<&RawRun> =
+            raws.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
+        out.extend(kueue::check_groups(side, cases, &side_raws));
+    }
+    out
+}
+
 async fn run_all(
     upstream: &run::Bench,
     kjob: &run::Bench,
     cases: &[case::Case],
     parallel: usize,
-) -> anyhow::Result<Vec<((RawRun, f64), (RawRun, f64))>> {
+) -> anyhow::Result<Vec<CaseRuns>> {
     let total = cases.len();
     let mut raws = futures::stream::iter(cases.iter().enumerate())
         .map(|(i, c)| async move {
@@ -127,12 +141,7 @@ async fn main() -> anyhow::Result<()> {
     let raws = run_all(upstream, kjob, &cases, parallel).await?;
     // Each Kueue group's quota and order, on each control plane (first runs only: a rerun
     // case runs without the rest of its group).
-    let mut group_violations = Vec::new();
-    for (side, pick) in [("upstream", 0), ("kjob", 1)] {
-        let side_raws: Vec<&RawRun> =
-            raws.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
-        group_violations.extend(kueue::check_groups(side, &cases, &side_raws));
-    }
+    let mut group_violations = kueue_violations(&cases, &raws);
     // A violated group runs again (all Kueue cases, in fresh namespaces), as a different case
     // does: one that holds on a rerun was a race of the machine's timing (a loaded 2-core
     // machine can delay one Job's pod past the next one's), reported but not counted.
@@ -147,13 +156,7 @@ async fn main() -> anyhow::Result<()> {
             "diff-upstream: re-running the Kueue groups ({} violation(s)), attempt {attempt}",
             group_violations.len()
         );
-        let again = run_all(upstream, kjob, &queued, parallel).await?;
-        let mut now = Vec::new();
-        for (side, pick) in [("upstream", 0), ("kjob", 1)] {
-            let side_raws: Vec<&RawRun> =
-                again.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
-            now.extend(kueue::check_groups(side, &queued, &side_raws));
-        }
+        let now = kueue_violations(&queued, &run_all(upstream, kjob, &queued, parallel).await?);
         group_races.append(&mut std::mem::replace(&mut group_violations, now));
     }
     let mut results = judge_all(&cases, raws);
