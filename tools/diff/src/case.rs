@@ -275,6 +275,11 @@ impl Case {
         Case { name: format!("{}-r{n}", self.name), ..self.clone() }
     }
 
+    /// The case again after its run failed with an error, in fresh namespaces.
+    pub fn rerun_after_error(&self, n: usize) -> Case {
+        Case { name: format!("{}-e{n}", self.name), ..self.clone() }
+    }
+
     /// Namespace the case runs in (the same in both runs, so messages match).
     pub fn namespace(&self) -> String {
         format!("diff-{}", self.name)

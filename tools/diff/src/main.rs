@@ -46,38 +46,68 @@ struct Args {
 type CaseRuns = ((RawRun, f64), (RawRun, f64));
 
 /// The Kueue groups' violations among `cases` run as `raws`, on each control plane.
-fn kueue_violations(cases: &[case::Case], raws: &[CaseRuns]) -> Vec<String> {
+fn kueue_violations(runs: &[(case::Case, CaseRuns)]) -> Vec<String> {
     let mut out = Vec::new();
+    let cases: Vec<case::Case> = runs.iter().map(|(c, _)| c.clone()).collect();
     for (side, pick) in [("upstream", 0), ("kjob", 1)] {
         let side_raws: Vec<&RawRun> =
-            raws.iter().map(|(u, k)| if pick == 0 { &u.0 } else { &k.0 }).collect();
-        out.extend(kueue::check_groups(side, cases, &side_raws));
+            runs.iter().map(|(_, (u, k))| if pick == 0 { &u.0 } else { &k.0 }).collect();
+        out.extend(kueue::check_groups(side, &cases, &side_raws));
     }
     out
 }
 
+/// Tries of a case whose run failed with an error (an API request the loaded control plane
+/// refused or timed out, or an add-on's webhook briefly unreachable) before the suite gives up:
+/// each again in fresh namespaces, so one transient error does not end a 7-minute run.
+const CASE_ATTEMPTS: usize = 3;
+
+/// Runs `cases` on both benches, `parallel` at a time; returns, per case, the case as last run
+/// (renamed when an error made it run again) with its two runs.
 async fn run_all(
     upstream: &run::Bench,
     kjob: &run::Bench,
     cases: &[case::Case],
     parallel: usize,
-) -> anyhow::Result<Vec<CaseRuns>> {
+) -> anyhow::Result<Vec<(case::Case, CaseRuns)>> {
     let total = cases.len();
     let mut raws = futures::stream::iter(cases.iter().enumerate())
         .map(|(i, c)| async move {
-            let t = Instant::now();
-            let (u, k) = tokio::join!(
-                async { (upstream.run_case(c).await, t.elapsed().as_secs_f64()) },
-                async { (kjob.run_case(c).await, t.elapsed().as_secs_f64()) },
-            );
-            eprintln!(
-                "diff-upstream: [{}/{total}] {}: upstream {:.1} s, kjob {:.1} s",
-                i + 1,
-                c.name,
-                u.1,
-                k.1
-            );
-            anyhow::Ok((i, (u.0?, u.1), (k.0?, k.1)))
+            let mut c = c.clone();
+            for attempt in 1.. {
+                let t = Instant::now();
+                let (u, k) = tokio::join!(
+                    async { (upstream.run_case(&c).await, t.elapsed().as_secs_f64()) },
+                    async { (kjob.run_case(&c).await, t.elapsed().as_secs_f64()) },
+                );
+                eprintln!(
+                    "diff-upstream: [{}/{total}] {}: upstream {:.1} s, kjob {:.1} s",
+                    i + 1,
+                    c.name,
+                    u.1,
+                    k.1
+                );
+                match (u.0, k.0) {
+                    (Ok(ur), Ok(kr)) => return anyhow::Ok((i, c, ((ur, u.1), (kr, k.1)))),
+                    (ur, kr) => {
+                        let side = if ur.is_err() { "upstream" } else { "kjob" };
+                        let e = ur.err().or(kr.err()).expect("one side failed");
+                        if attempt >= CASE_ATTEMPTS {
+                            return Err(e.context(format!(
+                                "case {} failed on {side} {attempt} times",
+                                c.name
+                            )));
+                        }
+                        eprintln!(
+                            "diff-upstream: {} failed on {side} ({e:#}); running it again in fresh \
+                             namespaces",
+                            c.name
+                        );
+                        c = cases[i].rerun_after_error(attempt);
+                    }
+                }
+            }
+            unreachable!("the loop returns")
         })
         // Unordered: a long case does not hold back the start of the ones after it.
         .buffer_unordered(parallel.max(1))
@@ -90,37 +120,42 @@ async fn run_all(
     let (ue, ke) = tokio::try_join!(upstream.events(), kjob.events())?;
     Ok(raws
         .into_iter()
-        .zip(cases)
-        .map(|((_, (mut u, us), (mut k, ks)), c)| {
+        .map(|(_, c, ((mut u, us), (mut k, ks)))| {
             let ns = c.namespace();
             u.writes = uw.get(&ns).cloned().unwrap_or_default();
             k.writes = kw.get(&ns).cloned().unwrap_or_default();
             u.events = ue.get(&ns).cloned().unwrap_or_default();
             k.events = ke.get(&ns).cloned().unwrap_or_default();
-            ((u, us), (k, ks))
+            (c, ((u, us), (k, ks)))
         })
         .collect())
 }
 
-fn judge_all(
-    cases: &[case::Case],
-    raws: Vec<((RawRun, f64), (RawRun, f64))>,
-) -> Vec<report::CaseResult> {
-    cases
-        .iter()
-        .zip(raws)
+fn judge_all(runs: Vec<(case::Case, CaseRuns)>) -> Vec<report::CaseResult> {
+    runs.into_iter()
         .map(|(c, ((u, us), (k, ks)))| {
-            report::judge(c, compare::observe(&u), compare::observe(&k), (us, ks))
+            report::judge(&c, compare::observe(&u), compare::observe(&k), (us, ks))
         })
         .collect()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
+    // The error as its chain of causes on the last line, without a backtrace: CI keeps only
+    // the tail of the output, and a backtrace there hid which case failed and why.
+    let code = run().await.unwrap_or_else(|e| {
+        eprintln!("diff-upstream: failed: {e:#}");
+        2
+    });
+    std::process::exit(code);
+}
+
+/// The whole run; its exit code (1 when a case differs or a Kueue group failed its check).
+async fn run() -> anyhow::Result<i32> {
     let Args { seed, cases, case, parallel, reruns, out, bin_dir } = Args::parse();
     let bin_dir = std::fs::canonicalize(&bin_dir)?;
     let cases = case::select(seed, cases, case.as_deref())?;
@@ -141,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
     let raws = run_all(upstream, kjob, &cases, parallel).await?;
     // Each Kueue group's quota and order, on each control plane (first runs only: a rerun
     // case runs without the rest of its group).
-    let mut group_violations = kueue_violations(&cases, &raws);
+    let mut group_violations = kueue_violations(&raws);
     // A violated group runs again (all Kueue cases, in fresh namespaces), as a different case
     // does: one that holds on a rerun was a race of the machine's timing (a loaded 2-core
     // machine can delay one Job's pod past the next one's), reported but not counted.
@@ -156,10 +191,10 @@ async fn main() -> anyhow::Result<()> {
             "diff-upstream: re-running the Kueue groups ({} violation(s)), attempt {attempt}",
             group_violations.len()
         );
-        let now = kueue_violations(&queued, &run_all(upstream, kjob, &queued, parallel).await?);
+        let now = kueue_violations(&run_all(upstream, kjob, &queued, parallel).await?);
         group_races.append(&mut std::mem::replace(&mut group_violations, now));
     }
-    let mut results = judge_all(&cases, raws);
+    let mut results = judge_all(raws);
     for attempt in 1..=reruns {
         let again: Vec<usize> = (0..results.len())
             .filter(|&i| results[i].verdict == report::Verdict::Different)
@@ -169,7 +204,7 @@ async fn main() -> anyhow::Result<()> {
         }
         eprintln!("diff-upstream: re-running {} different case(s), attempt {attempt}", again.len());
         let rerun: Vec<case::Case> = again.iter().map(|&i| cases[i].rerun(attempt)).collect();
-        let judged = judge_all(&rerun, run_all(upstream, kjob, &rerun, parallel).await?);
+        let judged = judge_all(run_all(upstream, kjob, &rerun, parallel).await?);
         for (i, mut r) in again.into_iter().zip(judged) {
             let earlier = std::mem::take(&mut results[i].earlier);
             r.earlier = earlier;
@@ -217,7 +252,7 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("  {v}");
     }
     let (_, _, different, _) = report::counts(&results);
-    std::process::exit(if different > 0 || !group_violations.is_empty() { 1 } else { 0 });
+    Ok(if different > 0 || !group_violations.is_empty() { 1 } else { 0 })
 }
 
 #[cfg(test)]
