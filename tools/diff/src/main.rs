@@ -61,6 +61,8 @@ fn kueue_violations(runs: &[(case::Case, CaseRuns)]) -> Vec<String> {
 /// refused or timed out, or an add-on's webhook briefly unreachable) before the suite gives up:
 /// each again in fresh namespaces, so one transient error does not end a 7-minute run.
 const CASE_ATTEMPTS: usize = 3;
+/// Pause before a case's second try (doubled before its third).
+const CASE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs `cases` on both benches, `parallel` at a time; returns, per case, the case as last run
 /// (renamed when an error made it run again) with its two runs.
@@ -103,6 +105,9 @@ async fn run_all(
                              namespaces",
                             c.name
                         );
+                        // A pause first, growing: an add-on's webhook restarting or an
+                        // overloaded server needs a moment, which an immediate retry lacks.
+                        tokio::time::sleep(CASE_RETRY_PAUSE * attempt as u32).await;
                         c = cases[i].rerun_after_error(attempt);
                     }
                 }
