@@ -11,7 +11,7 @@ JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
 .PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-watcher bench-queue \
-	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-up cluster-down \
+	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-build-helm cluster-up cluster-down \
 	diff-upstream test-diff-run
 
 all: build
@@ -146,6 +146,11 @@ cluster-build:
 ## cached outside the repo, apart from the control plane's build)
 cluster-build-addons:
 	./cluster/build-addons.sh
+
+## cluster-build-helm: build Helm from the Go module pinned in cluster/helm, for the chart's
+## tests (once per go.sum; cached outside the repo); prints the helm binary's path
+cluster-build-helm:
+	./cluster/build-helm.sh
 
 ## cluster-up: the real control plane on loopback, in the background (KUBELET=off, JOB_CONTROLLER=upstream,
 ## ADDONS=kueue,jobset: Kueue's and JobSet's managers beside it, docs/ecosystem.md)

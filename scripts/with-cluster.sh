@@ -18,6 +18,8 @@ bin=$(./cluster/build.sh) || { echo "with-cluster: building the real control pla
 # Kueue and JobSet too (docs/ecosystem.md), before any test: a test that asks for them would
 # otherwise build them inside its own time limit, and tests in parallel would build them twice.
 ./cluster/build-addons.sh >/dev/null || { echo "with-cluster: building Kueue and JobSet failed (see above)" >&2; exit 1; }
+# Helm for the chart's tests (tools/e2e/tests/helm_chart.rs), for the same reason.
+./cluster/build-helm.sh >/dev/null || { echo "with-cluster: building Helm failed (see above)" >&2; exit 1; }
 "$target/debug/kjob-cluster" up --dir "$dir" --bin-dir "$bin" --node-agent "$target/debug/kjob-node-agent" \
   || { echo "with-cluster: starting the real control plane failed (logs: $dir/logs)" >&2; exit 1; }
 trap '"$target/debug/kjob-cluster" down --dir "$dir" >/dev/null 2>&1 || true' EXIT

@@ -130,6 +130,12 @@ pub(crate) fn run_build_script(script: &str, what: &str) -> anyhow::Result<PathB
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Helm's command, built from the Go module pinned in `cluster/helm` (cached like the control
+/// plane; `cluster/build-helm.sh`), for the chart's tests.
+pub fn build_helm() -> anyhow::Result<PathBuf> {
+    run_build_script("cluster/build-helm.sh", "Helm")
+}
+
 /// Whether a Go toolchain is on PATH (without one the real control plane cannot be built).
 pub fn go_available() -> bool {
     Command::new("go")
