@@ -74,6 +74,11 @@ pub struct KueueQueue {
     /// priority within itself, so a higher Job suspends a running lower one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
+    /// The Job's first pods never become ready in time: Kueue's waitForPodsReady timeout (the
+    /// add-on's configuration, `kjob_testkit::addons::KUEUE_PODS_READY_TIMEOUT`) evicts it, which
+    /// suspends the Job, and admits it again after its requeue backoff.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pods_ready_eviction: bool,
 }
 
 /// Kueue's label naming a Job's WorkloadPriorityClass.
@@ -140,6 +145,10 @@ pub struct Fate {
     /// Once deleted (by anyone), it takes this long to terminate (0: at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_ms: Option<u64>,
+    /// It takes this long to start once accepted (an image pull that hangs, say); not ready
+    /// until then. Default: the kubelet's usual start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_delay_ms: Option<u64>,
     /// A user edits its labels this long after it started running, so that the Job's selector
     /// no longer matches (`batch.kubernetes.io/controller-uid` set to `released`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,6 +172,7 @@ impl Default for Fate {
             evict_after_ms: None,
             delete_after_ms: None,
             termination_ms: None,
+            start_delay_ms: None,
             relabel_after_ms: None,
         }
     }

@@ -239,6 +239,9 @@ fn with_fate(pod: &Value, fate: &Fate) -> Value {
     let a = &mut v["metadata"]["annotations"];
     a[stages::RUN_TIME_ANNOTATION] = json!(format!("{}ms", fate.run_ms));
     a[stages::EXIT_CODE_ANNOTATION] = json!(fate.exit_code.to_string());
+    if let Some(ms) = fate.start_delay_ms {
+        a[stages::START_DELAY_ANNOTATION] = json!(format!("{ms}ms"));
+    }
     if let Some(ms) = fate.termination_ms {
         a[stages::TERMINATION_TIME_ANNOTATION] = json!(format!("{ms}ms"));
     }

@@ -1,7 +1,8 @@
 //! What a group of Kueue cases must show on each control plane, beyond each case's own
 //! comparison: the Jobs of one ClusterQueue never have more pods at once than its CPUs (each
 //! pod asks for one), and they complete in the order they were created; every pod carries its
-//! flavor's node labels and tolerations; a Job admitted partially runs within its admission.
+//! flavor's node labels and tolerations; a Job admitted partially runs within its admission; a
+//! Job whose pods are not ready in time is evicted (suspended) by Kueue and then completes.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -147,6 +148,12 @@ fn check_admission(side: &str, cq: &str, name: &str, q: &KueueQueue, r: &RawRun)
                 ));
             }
         }
+    }
+    if q.pods_ready_eviction && !r.milestones.contains_key(SUSPENDED_MID_RUN) {
+        out.push(format!(
+            "{side}: {cq}: {name}'s pods were never ready, yet Kueue's waitForPodsReady timeout \
+             never suspended it"
+        ));
     }
     if let Some(min) = q.min_parallelism {
         let most = r
@@ -309,5 +316,24 @@ mod tests {
         let refs = [&early, &high];
         let v = check_groups("kjob", &cases, &refs);
         assert!(v.iter().any(|m| m.contains("by priority [\"high\", \"low\"]")), "{v:?}");
+    }
+
+    #[test]
+    fn a_job_waiting_for_ready_pods_must_have_been_suspended() {
+        let t0 = Instant::now();
+        let mut c: Case = serde_yaml::from_str("name: waits").unwrap();
+        c.kueue = Some(KueueQueue {
+            cluster_queue: "cq".into(),
+            cpus: 1,
+            pods_ready_eviction: true,
+            ..Default::default()
+        });
+        let cases = [c];
+        let mut r = run(t0, 0.0, 0.2, 25.0);
+        let v = check_groups("upstream", &cases, &[&r]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("never suspended it"), "{v:?}");
+        r.milestones.insert(SUSPENDED_MID_RUN.into(), 20.5);
+        assert_eq!(check_groups("upstream", &cases, &[&r]), Vec::<String>::new());
     }
 }

@@ -43,6 +43,14 @@ const ADDON_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// API server (APIService, its own port and delegated authentication) that no scenario reads.
 const KUEUE_FEATURE_GATES: &str = "VisibilityOnDemand=false";
 
+/// Kueue's waitForPodsReady timeout: an admitted Job whose pods are not all ready by then is
+/// evicted (suspended) and queued again. Long enough that a loaded 2-core machine starts every
+/// other scenario's pods well within it (they are ready in 1-3 s), short enough for a case.
+pub const KUEUE_PODS_READY_TIMEOUT: &str = "20s";
+/// Base of the requeue backoff after such an eviction, in seconds (Kueue's default is 60; its
+/// delays are about base × 2^(n-1) plus jitter).
+const KUEUE_REQUEUE_BACKOFF_BASE_SECONDS: u32 = 1;
+
 /// Where Kueue reads its metrics server's certificate when its internal cert management is off:
 /// a path fixed in its `cmd/kueue/main.go` (v0.17.0), with no flag or setting to move it, and
 /// without the files the manager exits at start.
@@ -346,7 +354,10 @@ impl ControlPlane {
                     &config,
                     format!(
                         "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n\
-                         namespace: kueue-system\n{common}integrations:\n  frameworks:\n{frameworks}"
+                         namespace: kueue-system\n{common}integrations:\n  frameworks:\n{frameworks}\
+                         waitForPodsReady:\n  timeout: {KUEUE_PODS_READY_TIMEOUT}\n  \
+                         blockAdmission: false\n  recoveryTimeout: 0s\n  requeuingStrategy:\n    \
+                         timestamp: Eviction\n    backoffBaseSeconds: {KUEUE_REQUEUE_BACKOFF_BASE_SECONDS}\n"
                     ),
                 )?;
                 args.push(format!("--feature-gates={KUEUE_FEATURE_GATES}"));
