@@ -12,6 +12,9 @@ use serde_json::{Value, json};
 const BUILTIN: &str = include_str!("../cases.yaml");
 /// Name of every case's Job (each case has a namespace of its own).
 pub const JOB_NAME: &str = "job";
+/// JobSet's API group and the version its cases use.
+pub const JOBSET_GROUP: &str = "jobset.x-k8s.io";
+pub const JOBSET_VERSION: &str = "v1alpha2";
 /// Default horizon: a case that is not terminal by then is compared as it stands.
 const DEFAULT_HORIZON_S: u64 = 60;
 
@@ -43,6 +46,17 @@ pub struct Case {
     /// 1 CPU); the run starts Kueue beside both control planes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kueue: Option<KueueQueue>,
+    /// A JobSet's `spec` instead of a Job: JobSet's controller (started beside both control
+    /// planes) makes the Jobs, each `replicatedJobs[].template.spec` getting the case's pod
+    /// template when it names none. `spec`, `quota` and `kueue` do not apply; actions may
+    /// only patch the JobSet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobset: Option<Value>,
+    /// Fields the JobSet's final `status` must hold on each control plane (`terminalState`,
+    /// `restarts`, …): what the scenario is about, checked beside the comparison, which alone
+    /// would pass two runs that went wrong alike.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub jobset_expect: Value,
 }
 
 /// The Kueue queue of a case: a LocalQueue `queue` in the case's namespace pointing at a
@@ -122,6 +136,10 @@ pub struct Fates {
     /// Non-indexed Jobs: fate of the Job's 1st, 2nd, ... pod in creation order.
     #[serde(default)]
     pub by_order: Vec<Fate>,
+    /// Per Job name (a JobSet's Jobs): `by_index` and `by_order` of that Job only, ahead of the
+    /// ones above; their `default` is not used.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_job: BTreeMap<String, Fates>,
 }
 
 /// The life of one pod once it runs.
@@ -241,13 +259,23 @@ pub enum Slot {
 impl Fates {
     /// The fate of the pod in `slot`.
     pub fn of(&self, slot: Slot) -> Fate {
-        let f = match slot {
+        self.listed(slot).unwrap_or_else(|| self.default.clone())
+    }
+
+    /// The fate of the pod in `slot` of Job `job`: its own entry in `by_job` first.
+    pub fn of_job(&self, job: &str, slot: Slot) -> Fate {
+        self.by_job.get(job).and_then(|f| f.listed(slot)).unwrap_or_else(|| self.of(slot))
+    }
+
+    /// The fate `by_index` or `by_order` names for `slot`, if any.
+    fn listed(&self, slot: Slot) -> Option<Fate> {
+        match slot {
             Slot::Index { index, attempt } => {
                 self.by_index.get(&index).and_then(|v| v.get(attempt))
             }
             Slot::Order(n) => self.by_order.get(n),
-        };
-        f.cloned().unwrap_or_else(|| self.default.clone())
+        }
+        .cloned()
     }
 }
 
@@ -278,6 +306,26 @@ impl Case {
                 json!({"requests": {"cpu": "1"}});
         }
         j
+    }
+
+    /// The JobSet object to create, for a JobSet case: named like a case's Job, its
+    /// replicated Jobs' templates completed with the pod template every case uses.
+    pub fn jobset_object(&self) -> Option<Value> {
+        let mut spec = self.jobset.clone()?;
+        if let Some(rjobs) = spec["replicatedJobs"].as_array_mut() {
+            for rj in rjobs {
+                let job_spec = &mut rj["template"]["spec"];
+                if job_spec["template"].is_null() {
+                    job_spec["template"] = json!({"spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "busybox"}]}});
+                }
+            }
+        }
+        Some(json!({
+            "apiVersion": format!("{JOBSET_GROUP}/{JOBSET_VERSION}"), "kind": "JobSet",
+            "metadata": {"name": JOB_NAME}, "spec": spec
+        }))
     }
 
     /// The same case again under another name (so in fresh namespaces): attempt `n`.
@@ -616,6 +664,8 @@ fn generate_one(seed: u64, i: usize) -> Case {
         quota: Value::Null,
         refused: false,
         kueue: None,
+        jobset: None,
+        jobset_expect: Value::Null,
     };
     // Moving a failure may put a disruption's window on its new end, and moving a disruption a
     // failure's window on it: place both until neither moves (seed 5's gen-5-1964 takes two).

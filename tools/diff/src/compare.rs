@@ -207,8 +207,30 @@ fn sorted(mut v: Vec<Value>) -> Vec<Value> {
     v
 }
 
-/// The Job's status as compared.
+/// `kind` of the object a JobSet case leaves as its "Job": `jobset` (the JobSet as read at
+/// the end) and `jobs` (each Job of the namespace then, by name).
+pub const JOBSET_RUN_KIND: &str = "JobSetRun";
+
+/// The status as compared: a Job's, or for a JobSet case the JobSet's and each Job's.
 fn status(job: &Value) -> Value {
+    if job["kind"] != JOBSET_RUN_KIND {
+        return job_status(job);
+    }
+    let mut set = job["jobset"].get("status").cloned().unwrap_or_else(|| json!({}));
+    if let Some(Value::Array(cs)) = set.get_mut("conditions") {
+        for c in cs {
+            present(c, "lastTransitionTime");
+        }
+    }
+    let jobs: serde_json::Map<String, Value> = job["jobs"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), job_status(v))).collect())
+        .unwrap_or_default();
+    json!({"jobset": set, "jobs": jobs})
+}
+
+/// A Job's status as compared.
+fn job_status(job: &Value) -> Value {
     let mut s = job.get("status").cloned().unwrap_or_else(|| json!({}));
     for k in ["startTime", "completionTime"] {
         present(&mut s, k);

@@ -118,7 +118,7 @@ fn name_of(p: &Value) -> String {
 
 /// The pod's slot among its Job's pods; `seen` counts pods per (job, index) so far. A pod
 /// of no Job (a user's own) has none: it gets the default fate.
-fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Option<Slot> {
+fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Option<(String, Slot)> {
     let job = pod
         .pointer("/metadata/labels")
         .and_then(|l| l.get(JOB_NAME_LABEL))
@@ -129,13 +129,16 @@ fn slot(pod: &Value, seen: &mut HashMap<(String, Option<u32>), usize>) -> Option
         .and_then(|a| a.get(INDEX_ANNOTATION))
         .and_then(Value::as_str)
         .and_then(|i| i.parse::<u32>().ok());
-    let n = seen.entry((job, index)).or_default();
+    let n = seen.entry((job.clone(), index)).or_default();
     let this = *n;
     *n += 1;
-    Some(match index {
-        Some(index) => Slot::Index { index, attempt: this },
-        None => Slot::Order(this),
-    })
+    Some((
+        job,
+        match index {
+            Some(index) => Slot::Index { index, attempt: this },
+            None => Slot::Order(this),
+        },
+    ))
 }
 
 async fn run(
@@ -178,7 +181,8 @@ async fn run(
             let _ = tx.send(if deleted { None } else { Some(pod) });
             continue;
         }
-        let fate = slot(&pod, &mut seen).map_or_else(|| fates.default.clone(), |s| fates.of(s));
+        let fate = slot(&pod, &mut seen)
+            .map_or_else(|| fates.default.clone(), |(job, s)| fates.of_job(&job, s));
         recs.push(PodRecord {
             first: pod.clone(),
             last: pod.clone(),

@@ -4,6 +4,7 @@
 
 pub mod case;
 pub mod compare;
+pub mod jobset;
 pub mod kubelet;
 pub mod kueue;
 pub mod report;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use clap::Parser;
 use futures::StreamExt;
 use kjob_diff::compare::RawRun;
-use kjob_diff::{case, compare, kueue, report, run};
+use kjob_diff::{case, compare, jobset, kueue, report, run};
 use kjob_testkit::addons::Addon;
 use kjob_testkit::cluster::JobController;
 
@@ -45,14 +45,21 @@ struct Args {
 /// One case's run on each control plane (upstream, kjob), each with its seconds.
 type CaseRuns = ((RawRun, f64), (RawRun, f64));
 
-/// The Kueue groups' violations among `cases` run as `raws`, on each control plane.
-fn kueue_violations(runs: &[(case::Case, CaseRuns)]) -> Vec<String> {
+/// Whether a case belongs to the scenarios checked beside the comparison (Kueue, JobSet).
+fn scenario(c: &case::Case) -> bool {
+    c.kueue.is_some() || c.jobset.is_some()
+}
+
+/// The violations of the Kueue groups and of the JobSet cases' expectations among `runs`, on
+/// each control plane.
+fn scenario_violations(runs: &[(case::Case, CaseRuns)]) -> Vec<String> {
     let mut out = Vec::new();
     let cases: Vec<case::Case> = runs.iter().map(|(c, _)| c.clone()).collect();
     for (side, pick) in [("upstream", 0), ("kjob", 1)] {
         let side_raws: Vec<&RawRun> =
             runs.iter().map(|(_, (u, k))| if pick == 0 { &u.0 } else { &k.0 }).collect();
         out.extend(kueue::check_groups(side, &cases, &side_raws));
+        out.extend(jobset::check(side, &cases, &side_raws));
     }
     out
 }
@@ -167,7 +174,14 @@ async fn run() -> anyhow::Result<i32> {
     let t0 = Instant::now();
     eprintln!("diff-upstream: starting a control plane per Job controller (upstream, kjob)");
     // Kueue beside both control planes only when a case queues its Job there.
-    let addons = if cases.iter().any(|c| c.kueue.is_some()) { vec![Addon::Kueue] } else { vec![] };
+    let mut addons = Vec::new();
+    if cases.iter().any(|c| c.kueue.is_some()) {
+        addons.push(Addon::Kueue);
+    }
+    // JobSet's controller beside both when a case is a JobSet.
+    if cases.iter().any(|c| c.jobset.is_some()) {
+        addons.push(Addon::JobSet);
+    }
     let (upstream_bench, kjob_bench) = tokio::try_join!(
         run::Bench::start(JobController::Upstream, bin_dir.clone(), addons.clone()),
         run::Bench::start(JobController::Kjob, bin_dir.clone(), addons),
@@ -179,10 +193,10 @@ async fn run() -> anyhow::Result<i32> {
     );
     let (upstream, kjob) = (&upstream_bench, &kjob_bench);
     let raws = run_all(upstream, kjob, &cases, parallel).await?;
-    // Each Kueue group's quota and order, on each control plane (first runs only: a rerun
-    // case runs without the rest of its group).
-    let mut group_violations = kueue_violations(&raws);
-    // A violated group runs again (all Kueue cases, in fresh namespaces), as a different case
+    // Each Kueue group's quota and order, and each JobSet case's expected status, on each
+    // control plane (first runs only: a rerun case runs without the rest of its group).
+    let mut group_violations = scenario_violations(&raws);
+    // A violation runs them again (all Kueue and JobSet cases, in fresh namespaces), as a different case
     // does: one that holds on a rerun was a race of the machine's timing (a loaded 2-core
     // machine can delay one Job's pod past the next one's), reported but not counted.
     let mut group_races = Vec::new();
@@ -191,12 +205,12 @@ async fn run() -> anyhow::Result<i32> {
             break;
         }
         let queued: Vec<case::Case> =
-            cases.iter().filter(|c| c.kueue.is_some()).map(|c| c.rerun(attempt)).collect();
+            cases.iter().filter(|c| scenario(c)).map(|c| c.rerun(attempt)).collect();
         eprintln!(
-            "diff-upstream: re-running the Kueue groups ({} violation(s)), attempt {attempt}",
+            "diff-upstream: re-running the Kueue and JobSet scenarios ({} violation(s)), attempt {attempt}",
             group_violations.len()
         );
-        let now = kueue_violations(&run_all(upstream, kjob, &queued, parallel).await?);
+        let now = scenario_violations(&run_all(upstream, kjob, &queued, parallel).await?);
         group_races.append(&mut std::mem::replace(&mut group_violations, now));
     }
     let mut results = judge_all(raws);
@@ -235,9 +249,9 @@ async fn run() -> anyhow::Result<i32> {
         t0.elapsed().as_secs_f64()
     );
     println!("{}", report::summary(&results));
-    if cases.iter().any(|c| c.kueue.is_some()) {
+    if cases.iter().any(scenario) {
         println!(
-            "Kueue groups (quota held, completed in creation order or preempted by priority, flavors and partial admission applied, on each control plane): {}",
+            "Kueue groups and JobSets (quota held, completed in creation order or preempted by priority, flavors and partial admission applied, evicted while not ready; JobSet statuses as expected; on each control plane): {}",
             if group_violations.is_empty() {
                 "held".to_string()
             } else {

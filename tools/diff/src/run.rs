@@ -31,9 +31,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use crate::case::{
-    Case, JOB_NAME, KUEUE_CREATE_SPACING_MS, KUEUE_LOCAL_QUEUE, KueueQueue, Since, UserAction,
+    Case, JOB_NAME, JOBSET_GROUP, JOBSET_VERSION, KUEUE_CREATE_SPACING_MS, KUEUE_LOCAL_QUEUE,
+    KueueQueue, Since, UserAction,
 };
-use crate::compare::RawRun;
+use crate::compare::{JOBSET_RUN_KIND, RawRun};
 use crate::kubelet::ScriptedKubelet;
 
 /// After a Job turns terminal: time for the last finalizer removals and events to land.
@@ -41,6 +42,9 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// How often a case's progress is looked at while waiting (from the Job watch and the
 /// kubelet's records, both local: no request to the server).
 const TICK: Duration = Duration::from_millis(100);
+/// How often a JobSet case reads its JobSet and lists its Jobs while waiting (requests to the
+/// server, unlike a Job case's watch; few cases are JobSets).
+const JOBSET_TICK: Duration = Duration::from_millis(250);
 /// Client rate limit of both controllers in diff runs (kube-controller-manager's
 /// `--kube-api-qps`, kjob-worker's `--kube-qps`; bursts twice that). The defaults (20 QPS per
 /// kube-controller-manager controller, 100 per kjob worker) are shared by every Job of a run,
@@ -251,6 +255,9 @@ impl Bench {
         let ns = case.namespace();
         self.create_namespace(&ns).await?;
         let kubelet = ScriptedKubelet::start(self.client.clone(), &ns, case.fates.clone());
+        if let Some(jobset) = case.jobset_object() {
+            return self.run_jobset_case(case, jobset, kubelet).await;
+        }
         if !case.quota.is_null() {
             self.create_quota(&ns, &case.quota).await?;
         }
@@ -325,6 +332,91 @@ impl Bench {
             writes: BTreeMap::new(),
             milestones: milestones.0,
             refusals,
+            started: Some(started),
+        })
+    }
+
+    /// Runs a JobSet case: creates the JobSet, applies the case's patches to it when due, and
+    /// waits until JobSet's controller marks it Completed or Failed and every Job it has then
+    /// is settled (or the horizon passes). What it left is every Job of the namespace at the
+    /// end with the JobSet, as one [`JOBSET_RUN_KIND`] object, and every pod.
+    async fn run_jobset_case(
+        &self,
+        case: &Case,
+        jobset: Value,
+        kubelet: ScriptedKubelet,
+    ) -> anyhow::Result<RawRun> {
+        let ns = case.namespace();
+        let sets: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &ns, &jobset_resource());
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+        for a in &case.actions {
+            anyhow::ensure!(
+                a.delete.is_none() && !a.create && a.pod.is_none(),
+                "{}: a JobSet case's actions only patch the JobSet",
+                case.name
+            );
+        }
+        let obj: DynamicObject = serde_json::from_value(jobset)?;
+        sets.create(&PostParams::default(), &obj).await.context("creating the JobSet")?;
+        let started = Instant::now();
+        let horizon = Duration::from_secs(case.horizon_s);
+        let mut actions = case.actions.iter().peekable();
+        let mut settled_at: Option<Instant> = None;
+        let mut milestones = Milestones::default();
+        let (set, final_jobs) = loop {
+            let first_start = kubelet.first_start();
+            let due = |a: &&UserAction| {
+                let from = match a.since {
+                    Since::Created => Some(started),
+                    Since::FirstPodRunning => first_start,
+                };
+                from.is_some_and(|t| t.elapsed() >= Duration::from_millis(a.after_ms))
+            };
+            while let Some(a) = actions.next_if(due) {
+                sets.patch(JOB_NAME, &PatchParams::default(), &Patch::Merge(&a.patch))
+                    .await
+                    .context("patching the JobSet")?;
+            }
+            let set =
+                serde_json::to_value(sets.get(JOB_NAME).await.context("reading the JobSet")?)?;
+            let list: Vec<Value> = jobs
+                .list(&ListParams::default())
+                .await
+                .context("listing the JobSet's Jobs")?
+                .items
+                .into_iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            let pods = kubelet.records();
+            milestones.see(&json!({"status": set["status"]}), &pods, started.elapsed());
+            let terminal = set["status"]["terminalState"].as_str().is_some_and(|t| !t.is_empty());
+            if actions.peek().is_none() && terminal && list.iter().all(|j| is_settled(j, &pods)) {
+                let t = *settled_at.get_or_insert_with(Instant::now);
+                if t.elapsed() >= SETTLE {
+                    break (set, list);
+                }
+            } else {
+                settled_at = None;
+            }
+            if started.elapsed() >= horizon {
+                break (set, list);
+            }
+            tokio::time::sleep(JOBSET_TICK).await;
+        };
+        let pods = kubelet.stop().await;
+        let by_name: serde_json::Map<String, Value> = final_jobs
+            .into_iter()
+            .map(|j| (j["metadata"]["name"].as_str().unwrap_or_default().to_string(), j))
+            .collect();
+        Ok(RawRun {
+            job: json!({"kind": JOBSET_RUN_KIND, "metadata": {"uid": set["metadata"]["uid"]},
+                "jobset": set, "jobs": by_name}),
+            pods,
+            events: Vec::new(),
+            writes: BTreeMap::new(),
+            milestones: milestones.0,
+            refusals: Vec::new(),
             started: Some(started),
         })
     }
@@ -545,6 +637,17 @@ fn watch_job(
         }
     });
     (task, rx)
+}
+
+/// The JobSet resource of JobSet cases.
+fn jobset_resource() -> ApiResource {
+    ApiResource {
+        group: JOBSET_GROUP.into(),
+        version: JOBSET_VERSION.into(),
+        api_version: format!("{JOBSET_GROUP}/{JOBSET_VERSION}"),
+        kind: "JobSet".into(),
+        plural: "jobsets".into(),
+    }
 }
 
 /// When each kind of state change was first seen, in seconds after the Job's creation.
