@@ -60,7 +60,9 @@ test-rust-run:
 
 ## test-diff-run: the differential suite at CI size (the built-in cases and DIFF_CI_CASES generated
 ## ones of seed DIFF_CI_SEED) on its own two control planes (it needs KUBELET=off and one with
-## upstream's Job controller, which the shared test cluster is not); binaries from make build.
+## upstream's Job controller, which the shared test cluster is not); then the Kueue and JobSet
+## scenarios again with kjob taking only the Jobs naming it (upstream's controller beside it);
+## binaries from make build.
 DIFF_CI_SEED ?= 1
 DIFF_CI_CASES ?= 300
 test-diff-run:
@@ -68,7 +70,9 @@ test-diff-run:
 	  echo "SKIP diff-upstream: no Go toolchain on PATH, so the real control plane cannot be built" >&2; \
 	else \
 	  $(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff \
-	    --seed $(DIFF_CI_SEED) --cases $(DIFF_CI_CASES); \
+	    --seed $(DIFF_CI_SEED) --cases $(DIFF_CI_CASES) && \
+	  $(TARGET_DIR)/debug/kjob-diff-upstream --bin-dir $(TARGET_DIR)/debug --out $(TARGET_DIR)/diff-managed-by \
+	    --kjob-takes managed-by --case 'kueue-*,jobset-*'; \
 	fi
 
 test-python-run:

@@ -941,12 +941,22 @@ pub fn select(seed: u64, generated: usize, only: Option<&str>) -> anyhow::Result
             {
                 return Ok(vec![generate_one(seed, i)]);
             }
-            // `prefix*`: every built-in case whose name starts so (a Kueue group together).
-            match name.strip_suffix('*') {
-                Some(prefix) => all.retain(|c| c.name.starts_with(prefix)),
-                None => all.retain(|c| c.name == name),
+            // `prefix*`: every built-in case whose name starts so (a Kueue group together);
+            // several patterns comma-separated.
+            let patterns: Vec<&str> = name.split(',').map(str::trim).collect();
+            for p in &patterns {
+                let hit = |c: &Case| match p.strip_suffix('*') {
+                    Some(prefix) => c.name.starts_with(prefix),
+                    None => c.name == *p,
+                };
+                anyhow::ensure!(all.iter().any(hit), "no case named {p}");
             }
-            anyhow::ensure!(!all.is_empty(), "no case named {name}");
+            all.retain(|c| {
+                patterns.iter().any(|p| match p.strip_suffix('*') {
+                    Some(prefix) => c.name.starts_with(prefix),
+                    None => c.name == *p,
+                })
+            });
             Ok(all)
         }
         None => {

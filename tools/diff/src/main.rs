@@ -21,9 +21,14 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     cases: usize,
     /// Run only this case (built-in or generated, `gen-<seed>-<i>`), or with a trailing `*`
-    /// every built-in case whose name starts so (`kueue-quota-*`).
+    /// every built-in case whose name starts so (`kueue-quota-*`); several, comma-separated.
     #[arg(long)]
     case: Option<String>,
+    /// Which Jobs kjob takes on its control plane: `all` (upstream's Job controller off, the
+    /// watcher and workers with `--manage-all-jobs`) or `managed-by` (the Jobs name kjob in
+    /// `spec.managedBy`, upstream's controller runs beside it and must write nothing to them).
+    #[arg(long, value_enum, default_value_t = KjobTakes::All)]
+    kjob_takes: KjobTakes,
     /// Cases in flight at once (each on both control planes at the same time).
     #[arg(long, default_value_t = 12)]
     parallel: usize,
@@ -37,6 +42,15 @@ struct Args {
     /// Folder of the kjob binaries (kjob-queue, kjob-watcher, kjob-worker, kjob-node-agent).
     #[arg(long, default_value = "target/debug")]
     bin_dir: PathBuf,
+}
+
+/// The two ways kjob takes Jobs (docs/ecosystem.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum KjobTakes {
+    /// Every Job; upstream's Job controller off.
+    All,
+    /// The Jobs whose `spec.managedBy` names kjob; upstream's on beside it.
+    ManagedBy,
 }
 
 /// Runs `cases` on both benches, `parallel` at a time; each case's two runs with their
@@ -168,7 +182,8 @@ async fn main() {
 
 /// The whole run; its exit code (1 when a case differs or a Kueue group failed its check).
 async fn run() -> anyhow::Result<i32> {
-    let Args { seed, cases, case, parallel, reruns, out, bin_dir } = Args::parse();
+    let Args { seed, cases, case, kjob_takes, parallel, reruns, out, bin_dir } = Args::parse();
+    let managed_by = kjob_takes == KjobTakes::ManagedBy;
     let bin_dir = std::fs::canonicalize(&bin_dir)?;
     let cases = case::select(seed, cases, case.as_deref())?;
     let t0 = Instant::now();
@@ -183,8 +198,8 @@ async fn run() -> anyhow::Result<i32> {
         addons.push(Addon::JobSet);
     }
     let (upstream_bench, kjob_bench) = tokio::try_join!(
-        run::Bench::start(JobController::Upstream, bin_dir.clone(), addons.clone()),
-        run::Bench::start(JobController::Kjob, bin_dir.clone(), addons),
+        run::Bench::start(JobController::Upstream, bin_dir.clone(), addons.clone(), false),
+        run::Bench::start(JobController::Kjob, bin_dir.clone(), addons, managed_by),
     )?;
     eprintln!(
         "diff-upstream: control planes up in {:.0} s; {} cases, {parallel} at a time",
@@ -232,6 +247,14 @@ async fn run() -> anyhow::Result<i32> {
             results[i] = r;
         }
     }
+    // Where kjob takes only the Jobs naming it, upstream's controller beside it must not have
+    // written to any case's namespace (its own writes are elsewhere: none).
+    let foreign: Vec<String> = kjob
+        .foreign_writes()?
+        .into_iter()
+        .filter(|(ns, _)| ns.starts_with("diff-"))
+        .map(|(ns, w)| format!("{ns}: {w:?}"))
+        .collect();
     // Stop both control planes now: the exit below runs no destructors.
     tokio::task::block_in_place(|| drop((upstream_bench, kjob_bench)));
     report::write(&out, &results, seed, t0.elapsed().as_secs_f64())?;
@@ -270,8 +293,17 @@ async fn run() -> anyhow::Result<i32> {
     for v in &group_violations {
         eprintln!("  {v}");
     }
+    if managed_by {
+        println!(
+            "kjob took the Jobs naming it in spec.managedBy; upstream's Job controller beside it wrote to {} case namespace(s)",
+            foreign.len()
+        );
+        for f in &foreign {
+            eprintln!("  upstream's Job controller wrote in {f}");
+        }
+    }
     let (_, _, different, _) = report::counts(&results);
-    Ok(if different > 0 || !group_violations.is_empty() { 1 } else { 0 })
+    Ok(if different > 0 || !group_violations.is_empty() || !foreign.is_empty() { 1 } else { 0 })
 }
 
 #[cfg(test)]

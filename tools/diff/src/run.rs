@@ -68,6 +68,9 @@ const NAMESPACE_READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Bench {
     /// Which controller owns Jobs.
     pub mode: JobController,
+    /// kjob takes only the Jobs naming it in `spec.managedBy` (which the runs then name), with
+    /// upstream's Job controller on beside it; otherwise every Job, upstream's off.
+    pub managed_by: bool,
     _cp: ControlPlane,
     info: ClusterInfo,
     client: kube::Client,
@@ -156,7 +159,9 @@ impl Bench {
         mode: JobController,
         kjob_bin: PathBuf,
         addons: Vec<Addon>,
+        managed_by: bool,
     ) -> anyhow::Result<Self> {
+        let managed_by = managed_by && mode == JobController::Kjob;
         let dir = tempfile::Builder::new()
             .prefix(&format!("kjob-diff-{}-", mode_name(mode)))
             .tempdir()?;
@@ -169,7 +174,9 @@ impl Bench {
             opts.bin_dir = Some(bin_dir);
             opts.nodes = 1;
             opts.kubelet = false;
-            opts.job_controller = mode;
+            // kjob taking only the Jobs that name it: upstream's controller runs beside it (and
+            // must leave those Jobs alone: see `foreign_writes`).
+            opts.job_controller = if managed_by { JobController::Upstream } else { mode };
             opts.addons = addons;
             let qps = [
                 format!("--kube-api-qps={CLIENT_QPS}"),
@@ -192,10 +199,12 @@ impl Bench {
                         format!("--kube-qps={CLIENT_QPS}"),
                         format!("--kube-burst={}", 2 * CLIENT_QPS),
                     ];
-                    cfg.extra_args
-                        .add(Program::Watcher, ["--manage-all-jobs"])
-                        .add(Program::Worker, ["--manage-all-jobs"])
-                        .add(Program::Worker, qps);
+                    if !managed_by {
+                        cfg.extra_args
+                            .add(Program::Watcher, ["--manage-all-jobs"])
+                            .add(Program::Worker, ["--manage-all-jobs"]);
+                    }
+                    cfg.extra_args.add(Program::Worker, qps);
                     Some(Stack::start(cfg)?)
                 }
             };
@@ -203,7 +212,7 @@ impl Bench {
         })
         .await??;
         let client = admin_client(&info.kubeconfig).await?;
-        Ok(Self { mode, _cp: cp, info, client, _stack: stack, _dir: dir })
+        Ok(Self { mode, managed_by, _cp: cp, info, client, _stack: stack, _dir: dir })
     }
 
     /// Where the kjob processes log (kept only while the bench lives).
@@ -217,6 +226,28 @@ impl Bench {
         let text = std::fs::read_to_string(&self.info.audit_log)
             .with_context(|| format!("reading {}", self.info.audit_log.display()))?;
         Ok(writes_by_namespace(self.mode, &text))
+    }
+
+    /// Upstream's Job controller's writes per namespace on a bench where kjob takes the Jobs
+    /// naming it and upstream's controller runs beside it: every one is a Job of kjob's that
+    /// upstream's touched (none when kjob takes every Job: upstream's is off).
+    pub fn foreign_writes(&self) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u64>>> {
+        if !self.managed_by {
+            return Ok(BTreeMap::new());
+        }
+        let text = std::fs::read_to_string(&self.info.audit_log)
+            .with_context(|| format!("reading {}", self.info.audit_log.display()))?;
+        Ok(writes_by_namespace(JobController::Upstream, &text))
+    }
+
+    /// The Job of `case` as this bench creates it: naming kjob in `spec.managedBy` when kjob
+    /// takes only such Jobs.
+    fn job_object(&self, case: &Case) -> Value {
+        let mut job = case.job();
+        if self.managed_by {
+            job["spec"]["managedBy"] = json!(kjob_core::DEFAULT_CONTROLLER_NAME);
+        }
+        job
     }
 
     /// Every namespace's core/v1 Events, read once every case ran: both controllers' event
@@ -255,7 +286,13 @@ impl Bench {
         let ns = case.namespace();
         self.create_namespace(&ns).await?;
         let kubelet = ScriptedKubelet::start(self.client.clone(), &ns, case.fates.clone());
-        if let Some(jobset) = case.jobset_object() {
+        if let Some(mut jobset) = case.jobset_object() {
+            if self.managed_by {
+                // JobSet copies each template into its Jobs, managedBy included.
+                for rj in jobset["spec"]["replicatedJobs"].as_array_mut().into_iter().flatten() {
+                    rj["template"]["spec"]["managedBy"] = json!(kjob_core::DEFAULT_CONTROLLER_NAME);
+                }
+            }
             return self.run_jobset_case(case, jobset, kubelet).await;
         }
         if !case.quota.is_null() {
@@ -269,7 +306,7 @@ impl Bench {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
         let (job_watch, mut job_rx) = watch_job(jobs.clone());
         let mut refusals = Vec::new();
-        let job: Job = serde_json::from_value(case.job())?;
+        let job: Job = serde_json::from_value(self.job_object(case))?;
         let created = jobs.create(&PostParams::default(), &job).await;
         refused(case, "create job", created, &mut refusals).context("creating the Job")?;
         let started = Instant::now();
@@ -443,7 +480,7 @@ impl Bench {
             jobs.delete(JOB_NAME, &dp).await.context("deleting the Job")?;
         }
         if a.create {
-            let job: Job = serde_json::from_value(case.job())?;
+            let job: Job = serde_json::from_value(self.job_object(case))?;
             jobs.create(&PostParams::default(), &job).await.context("creating the Job again")?;
         }
         if let Some(p) = &a.pod {
