@@ -672,3 +672,64 @@ fn cert_manager_overlay_issues_every_mounted_secret() {
     let ca = certs.iter().find(|c| c["spec"]["secretName"] == "kjob-ca").unwrap();
     assert_eq!(ca["spec"]["isCA"], true);
 }
+
+/// Every file a container is told to read (a `--…-file=/path` argument, or an env value that is
+/// an absolute path) lies under one of its volume mounts, and every mount names a volume of its
+/// pod, in every kustomization: an overlay that replaced a list instead of appending to it once
+/// dropped kjob-queue's serving certificate (redis-tls and redis-cluster) and nothing noticed.
+#[test]
+fn every_file_a_container_reads_is_mounted() {
+    for dir in KUSTOMIZATIONS {
+        let Some(objs) = render(dir) else { continue };
+        for w in objs.iter().filter(|o| {
+            ["Deployment", "StatefulSet", "Job"].contains(&o["kind"].as_str().unwrap_or(""))
+        }) {
+            let pod = &w["spec"]["template"]["spec"];
+            // A StatefulSet's claim templates are volumes of its pods too.
+            let claims = w["spec"]["volumeClaimTemplates"].as_array().into_iter().flatten();
+            let volumes: Vec<&str> = pod["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["name"].as_str())
+                .chain(claims.filter_map(|c| c["metadata"]["name"].as_str()))
+                .collect();
+            for c in pod["containers"].as_array().unwrap() {
+                let mounts: Vec<(&str, &str)> = c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|m| (m["name"].as_str().unwrap(), m["mountPath"].as_str().unwrap()))
+                    .collect();
+                for (volume, path) in &mounts {
+                    assert!(
+                        volumes.contains(volume),
+                        "{dir}: {} {}: mount {path} names no volume {volume}",
+                        w["kind"],
+                        name(w)
+                    );
+                }
+                let args = c["args"].as_array().into_iter().flatten().filter_map(|a| {
+                    let (flag, value) = a.as_str()?.split_once('=')?;
+                    flag.ends_with("-file").then_some(value)
+                });
+                let envs = c["env"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e["value"].as_str())
+                    .filter(|v| v.starts_with('/'));
+                for file in args.chain(envs) {
+                    assert!(
+                        mounts.iter().any(|(_, m)| file.starts_with(&format!("{m}/"))),
+                        "{dir}: {} {} container {}: reads {file}, which no volume mount holds \
+                         (mounts {mounts:?})",
+                        w["kind"],
+                        name(w),
+                        c["name"]
+                    );
+                }
+            }
+        }
+    }
+}
