@@ -20,7 +20,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* Redis URL kjob-queue dials: the bundled StatefulSet's Service, or redis.url. */}}
 {{- define "kjob.redisUrl" -}}
 {{- if .Values.redis.bundled -}}
-redis://kjob-redis.{{ .Release.Namespace }}.svc:6379
+{{ if .Values.redis.tls.enabled }}rediss{{ else }}redis{{ end }}://kjob-redis.{{ .Release.Namespace }}.svc:6379
 {{- else -}}
 {{- required "redis.url is required when redis.bundled is false" .Values.redis.url -}}
 {{- end -}}

@@ -110,12 +110,17 @@ fn default_values_render_exactly_deploy_base() {
 }
 
 #[test]
-fn the_hpa_and_cert_manager_choices_render_their_overlays() {
+fn the_hpa_redis_tls_and_cert_manager_choices_render_their_overlays() {
     let Some((helm, kubectl)) = tools() else { return };
     assert_same(
         "hpa.enabled",
         helm_template(&helm, &["hpa.enabled=true"]).unwrap(),
         kustomize(&kubectl, "deploy/overlays/hpa").unwrap(),
+    );
+    assert_same(
+        "redis.tls.enabled",
+        helm_template(&helm, &["redis.tls.enabled=true"]).unwrap(),
+        kustomize(&kubectl, "deploy/overlays/redis-tls").unwrap(),
     );
     assert_same(
         "certManager.enabled",
@@ -200,6 +205,24 @@ fn an_external_redis_drops_the_bundled_one_and_is_required() {
     let pol =
         chart.iter().find(|o| o["kind"] == "NetworkPolicy" && name(o) == "kjob-queue").unwrap();
     assert_eq!(pol["spec"]["egress"], json!([{"ports": [{"port": 6380, "protocol": "TCP"}]}]));
+    // With TLS on, kjob-queue verifies the external Redis against the Secret's CA.
+    let chart = helm_template(
+        &helm,
+        &["redis.bundled=false", &format!("redis.url={url}"), "redis.tls.enabled=true"],
+    )
+    .unwrap();
+    let queue =
+        chart.iter().find(|o| o["kind"] == "Deployment" && name(o) == "kjob-queue").unwrap();
+    let c = &queue["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "KJOB_REDIS_CA_FILE", "value": "/tls/ca.crt"})),
+        "{}",
+        c["env"]
+    );
+    assert!(chart.iter().all(|o| name(o) != "kjob-redis"));
 }
 
 /// How long the Deployments' pods may take to be created on a fresh, loaded control plane.
