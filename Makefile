@@ -157,11 +157,13 @@ cluster-build-helm:
 	./cluster/build-helm.sh
 
 ## cluster-up: the real control plane on loopback, in the background (KUBELET=off, JOB_CONTROLLER=upstream,
-## ADDONS=kueue,jobset: Kueue's and JobSet's managers beside it, docs/ecosystem.md)
+## ADDONS=kueue,jobset: Kueue's and JobSet's managers beside it, docs/ecosystem.md; KJOB_WORKERS=2:
+## kjob's services too, secured as deployed, taking every Job or, with JOB_CONTROLLER=upstream,
+## the Jobs naming kjob)
 ADDONS ?=
 cluster-up: cluster-build $(if $(ADDONS),cluster-build-addons)
-	$(CARGO) build --locked -p kjob-testkit -p kjob-sim --bins
-	$(TARGET_DIR)/debug/kjob-cluster up --dir $(CLUSTER_DIR) --kubelet $(KUBELET) --job-controller $(JOB_CONTROLLER) $(if $(ADDONS),--addons $(ADDONS)) $(CLUSTER_ARGS)
+	$(CARGO) build --locked -p kjob-testkit -p kjob-sim --bins $(if $(KJOB_WORKERS),$(addprefix --bin ,$(addprefix kjob-,$(COMPONENTS))))
+	$(TARGET_DIR)/debug/kjob-cluster up --dir $(CLUSTER_DIR) --kubelet $(KUBELET) --job-controller $(JOB_CONTROLLER) $(if $(ADDONS),--addons $(ADDONS)) $(if $(KJOB_WORKERS),--kjob-workers $(KJOB_WORKERS)) $(CLUSTER_ARGS)
 
 ## cluster-down: stop every process of make cluster-up (the add-ons' managers too) and remove its data
 cluster-down:

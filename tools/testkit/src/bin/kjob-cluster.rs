@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use kjob_testkit::Program;
 use kjob_testkit::addons::{self, Addon};
 use kjob_testkit::cluster::{self, ClusterOptions, ControlPlane, JobController};
+use kjob_testkit::stack::{RealServer, Stack, StackConfig};
 
 /// The real Kubernetes control plane kjob is tested against, on loopback.
 #[derive(Debug, Parser)]
@@ -66,6 +67,12 @@ enum Cmd {
         /// cluster/build-addons.sh; see docs/ecosystem.md).
         #[arg(long, default_value = "")]
         addons: String,
+        /// Start kjob beside it too: Redis, kjob-queue, one watcher and this many workers (0:
+        /// none), on kjob's ServiceAccounts with mTLS and Redis ACL/TLS as deploy/ runs them,
+        /// in the background like the cluster (stopped by `down`). They take every Job when
+        /// upstream's Job controller is off, else only the Jobs naming kjob in spec.managedBy.
+        #[arg(long, default_value_t = 0)]
+        kjob_workers: usize,
     },
     /// Summarise kjob's requests in the audit log; exit 1 if RBAC refused any (a `forbid`
     /// decision) or the server rejected any write as invalid (422).
@@ -95,6 +102,7 @@ fn main() -> anyhow::Result<()> {
             apiserver_args,
             agent_args,
             addons,
+            kjob_workers,
         } => {
             let node_agent = match node_agent {
                 Some(p) => p,
@@ -141,6 +149,18 @@ fn main() -> anyhow::Result<()> {
                     cp.log_dir.join(format!("{}.log", a.name())).display()
                 );
             }
+            if kjob_workers > 0 {
+                let logs = start_kjob(&dir, kjob_workers, job_controller == Controller::Kjob)?;
+                println!(
+                    "  stack:  redis, kjob-queue, a watcher and {kjob_workers} worker(s), taking {} (logs: {})",
+                    if job_controller == Controller::Kjob {
+                        "every Job"
+                    } else {
+                        "the Jobs naming kjob.io/job-controller"
+                    },
+                    logs.display()
+                );
+            }
             println!("  admin:  {}", cp.kubeconfig.display());
             println!("  kjob:   {}", cp.kjob_kubeconfig.display());
             println!("  logs:   {}", cp.log_dir.display());
@@ -171,4 +191,39 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Starts kjob's stack on the cluster in `dir`, secured as deploy/ runs it, and leaves it
+/// running: its processes' pids go beside the cluster's, so `down` stops them too. Returns the
+/// folder of its logs.
+fn start_kjob(dir: &std::path::Path, workers: usize, manage_all: bool) -> anyhow::Result<PathBuf> {
+    let info = cluster::ClusterInfo::read(dir)?;
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow::anyhow!("kjob-cluster has no folder"))?;
+    let redis = kjob_testkit::redis::redis_server_binary()?;
+    let mut cfg = StackConfig::new(bin_dir, redis, dir.join("kjob"), workers);
+    let mut real = RealServer::from_cluster(&info, "unused");
+    // Every namespace: the watcher lists Jobs and pods cluster-wide, as deployed.
+    real.namespace = None;
+    real.lease_name = "kjob-watcher".into();
+    cfg.real = Some(real);
+    cfg.tls = true;
+    cfg.redis_tls = true;
+    // Not the terminal's process group: a Ctrl-C after `make cluster-up` must not reach them.
+    cfg.own_process_groups = true;
+    if manage_all {
+        cfg.extra_args
+            .add(Program::Watcher, ["--manage-all-jobs"])
+            .add(Program::Worker, ["--manage-all-jobs"]);
+    }
+    let stack = Stack::start(cfg)?;
+    for (name, pid) in stack.pids() {
+        std::fs::write(dir.join("pids").join(format!("stack-{name}")), pid.to_string())?;
+    }
+    let logs = stack.log_dir.clone();
+    // Left running; `kjob-cluster down` stops them by their pids.
+    std::mem::forget(stack);
+    Ok(logs)
 }
