@@ -39,6 +39,8 @@ pub const JOBSET_VERSION: &str = "v0.10.1";
 /// How long a manager may take to answer ready: a cold start on a loaded 2-core machine
 /// lists every kind it watches before its webhook server starts.
 const ADDON_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an add-on's CRDs may take to be Established after they are applied.
+const CRD_ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Kueue's feature gates changed from its defaults: the visibility server is an aggregated
 /// API server (APIService, its own port and delegated authentication) that no scenario reads.
 const KUEUE_FEATURE_GATES: &str = "VisibilityOnDemand=false";
@@ -325,7 +327,26 @@ impl ControlPlane {
         )?;
         let crd_path = crd_file.display().to_string();
         self.kubectl(&["apply", "--server-side", "-f", &crd_path])?;
-        self.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "-f", &crd_path])?;
+        // `kubectl wait` fails at once, instead of waiting, on a CRD whose status has no
+        // conditions yet (`.status.conditions accessor error: <nil>`), which a loaded server
+        // leaves for a moment after the apply: ask again until the deadline.
+        let deadline = Instant::now() + CRD_ESTABLISHED_TIMEOUT;
+        loop {
+            match self.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=30s",
+                "-f",
+                &crd_path,
+            ]) {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "{name}'s CRDs not established yet");
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(e) => return Err(e.context(format!("{name}'s CRDs not established"))),
+            }
+        }
         let ns = format!("{name}-system");
         if self.kubectl(&["get", "namespace", &ns, "-o", "name"]).is_err() {
             self.kubectl(&["create", "namespace", &ns])?;
