@@ -111,8 +111,10 @@ impl KueueQueue {
 }
 
 /// Spacing of the creations of one Kueue group's Jobs; more than a second (see
-/// [`KueueQueue::position`]).
-pub const KUEUE_CREATE_SPACING_MS: u64 = 1500;
+/// [`KueueQueue::position`]), and the margin between two Jobs' ends that keeps the quota
+/// group's completion order: at 1.5 s, a run loaded by three builds beside it finished
+/// kueue-quota-3 before kueue-quota-2 (on both control planes, in turn).
+pub const KUEUE_CREATE_SPACING_MS: u64 = 3000;
 /// Name of each case's LocalQueue.
 pub const KUEUE_LOCAL_QUEUE: &str = "queue";
 /// Kueue's label naming a Job's LocalQueue.
@@ -331,6 +333,13 @@ impl Case {
     /// The same case again under another name (so in fresh namespaces): attempt `n`.
     pub fn rerun(&self, n: usize) -> Case {
         Case { name: format!("{}-r{n}", self.name), ..self.clone() }
+    }
+
+    /// The case again as one of the Kueue and JobSet scenarios run again together after a
+    /// violation: attempt `n`, named apart from [`Case::rerun`]'s (a scenario case rerun both
+    /// ways would otherwise meet its own namespace).
+    pub fn rerun_scenario(&self, n: usize) -> Case {
+        Case { name: format!("{}-g{n}", self.name), ..self.clone() }
     }
 
     /// The case again after its run failed with an error, in fresh namespaces.

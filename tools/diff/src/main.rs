@@ -220,7 +220,7 @@ async fn run() -> anyhow::Result<i32> {
             break;
         }
         let queued: Vec<case::Case> =
-            cases.iter().filter(|c| scenario(c)).map(|c| c.rerun(attempt)).collect();
+            cases.iter().filter(|c| scenario(c)).map(|c| c.rerun_scenario(attempt)).collect();
         eprintln!(
             "diff-upstream: re-running the Kueue and JobSet scenarios ({} violation(s)), attempt {attempt}",
             group_violations.len()
