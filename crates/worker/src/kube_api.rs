@@ -14,6 +14,7 @@ use kube::Api;
 use kube::Resource as _;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
+use crate::budget::ApiBudget;
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
 
@@ -243,13 +244,22 @@ fn refused_unbuilt(what: &str, e: impl std::fmt::Display) -> ApiError {
 pub struct KubeApi {
     client: kube::Client,
     limiter: Arc<TokenBucket>,
+    /// The workers' shared budget (`--api-qps-total`), when one is set.
+    budget: Option<ApiBudget>,
     metrics: Metrics,
 }
 
 impl KubeApi {
     /// Wraps a client with a `qps`/`burst` token bucket.
     pub fn new(client: kube::Client, qps: f64, burst: u32, metrics: Metrics) -> Self {
-        Self { client, limiter: Arc::new(TokenBucket::new(qps, burst)), metrics }
+        Self { client, limiter: Arc::new(TokenBucket::new(qps, burst)), budget: None, metrics }
+    }
+
+    /// Also takes a token of the workers' shared `budget` before every request (the
+    /// `qps`/`burst` bucket stays as this process's own cap) and reports its 429s to it.
+    pub fn with_budget(mut self, budget: ApiBudget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     fn jobs(&self, ns: &str) -> Api<Job> {
@@ -265,6 +275,7 @@ impl KubeApi {
     /// anything; a timed-out or failed create may have happened, so it is not resent.
     async fn call<T, F, Fut>(
         &self,
+        ns: &str,
         verb: &str,
         resource: &str,
         what: &str,
@@ -278,6 +289,9 @@ impl KubeApi {
         let mut attempt = 0u32;
         loop {
             self.limiter.acquire().await;
+            if let Some(budget) = &self.budget {
+                budget.acquire(ns).await;
+            }
             let res = tokio::time::timeout(API_CALL_TIMEOUT, f()).await;
             let (result_label, outcome) = match res {
                 Ok(Ok(v)) => {
@@ -288,6 +302,11 @@ impl KubeApi {
                     let code = status.code;
                     let label = code.to_string();
                     let hint = retry_after(&status);
+                    if code == 429
+                        && let Some(budget) = &self.budget
+                    {
+                        budget.throttled();
+                    }
                     let outcome = match code {
                         404 => Attempt::Final(ApiError::NotFound(what.to_string())),
                         409 => Attempt::Final(ApiError::Conflict {
@@ -336,14 +355,14 @@ impl KubeApi {
     pub async fn get_job(&self, ns: &str, name: &str) -> Result<Option<Job>, ApiError> {
         let api = self.jobs(ns);
         let what = format!("job {ns}/{name}");
-        found(self.call("get", "jobs", &what, true, || api.get(name)).await)
+        found(self.call(ns, "get", "jobs", &what, true, || api.get(name)).await)
     }
 
     /// GETs a Pod (consistent read); `None` when it does not exist.
     pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
         let api = self.pods(ns);
         let what = format!("pod {ns}/{name}");
-        found(self.call("get", "pods", &what, true, || api.get(name)).await)
+        found(self.call(ns, "get", "pods", &what, true, || api.get(name)).await)
     }
 
     /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion). Each
@@ -357,7 +376,7 @@ impl KubeApi {
         // Built once up front so a request that cannot be built is refused, not retried.
         build().map_err(|e| refused_unbuilt(&what, e))?;
         let list: PodListItems = self
-            .call("list", "pods", &what, true, || {
+            .call(ns, "list", "pods", &what, true, || {
                 let request = build().map_err(kube::Error::BuildRequest);
                 async move { self.client.request(request?).await }
             })
@@ -376,7 +395,7 @@ impl KubeApi {
         let body = serde_json::to_vec(pod).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
         let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
-        self.write_call("create", "pods", &what, false, build, |a| a.created_pod()).await
+        self.write_call(ns, "create", "pods", &what, false, build, |a| a.created_pod()).await
     }
 
     /// Deletes a pod (NotFound is returned: the caller's expectations depend on it).
@@ -385,7 +404,7 @@ impl KubeApi {
         let path = Pod::url_path(&(), Some(ns));
         let dp = DeleteParams::default();
         let build = || kube::core::Request::new(path.as_str()).delete(name, &dp);
-        self.write_call("delete", "pods", &what, true, build, |_| Ok(())).await
+        self.write_call(ns, "delete", "pods", &what, true, build, |_| Ok(())).await
     }
 
     /// Strategic-merge-patches a pod.
@@ -396,7 +415,7 @@ impl KubeApi {
         patch: &serde_json::Value,
     ) -> Result<Pod, ApiError> {
         let what = format!("patch pod {ns}/{name}");
-        self.patch_strategic(self.pods(ns), "pods", &what, name, patch, true).await
+        self.patch_strategic(ns, self.pods(ns), "pods", &what, name, patch, true).await
     }
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
@@ -413,7 +432,7 @@ impl KubeApi {
         let patch = remove_tracking_finalizer_patch();
         let patch = Patch::Strategic(&patch);
         let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
-        self.write_call("patch", "pods", &what, true, build, |_| Ok(())).await
+        self.write_call(ns, "patch", "pods", &what, true, build, |_| Ok(())).await
     }
 
     /// [`call`](Self::call) of a write that asks for a protobuf answer and reads it with
@@ -421,6 +440,7 @@ impl KubeApi {
     /// retried) and sent as built; `build` runs again only for a retry.
     async fn write_call<T>(
         &self,
+        ns: &str,
         verb: &str,
         resource: &str,
         what: &str,
@@ -429,7 +449,7 @@ impl KubeApi {
         read: impl Fn(Answer) -> Result<T, kube::Error>,
     ) -> Result<T, ApiError> {
         let mut first = Some(build().map_err(|e| refused_unbuilt(what, e))?);
-        self.call(verb, resource, what, idempotent, || {
+        self.call(ns, verb, resource, what, idempotent, || {
             let request =
                 first.take().map_or_else(|| build().map_err(kube::Error::BuildRequest), Ok);
             let read = &read;
@@ -491,7 +511,8 @@ impl KubeApi {
                 body.clone(),
             )
         };
-        self.write_call("update_status", "jobs", &what, true, build, |a| a.written_version()).await
+        self.write_call(ns, "update_status", "jobs", &what, true, build, |a| a.written_version())
+            .await
     }
 
     /// Creates a core/v1 Event (never resent: a resent create of a named event is a 409, and
@@ -502,7 +523,7 @@ impl KubeApi {
         let body = serde_json::to_vec(event).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
         let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
-        self.write_call("create", "events", &what, false, build, |a| a.written_event()).await
+        self.write_call(ns, "create", "events", &what, false, build, |a| a.written_event()).await
     }
 
     /// Strategic-merge PATCHes a core/v1 Event's count (a patch naming a resourceVersion:
@@ -518,7 +539,7 @@ impl KubeApi {
         let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
         let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
-        self.write_call("patch", "events", &what, false, build, |a| a.written_event()).await
+        self.write_call(ns, "patch", "events", &what, false, build, |a| a.written_event()).await
     }
 
     /// Strategic-merge PATCHes a core/v1 Event and returns all of it (the recorder's read: an
@@ -533,13 +554,14 @@ impl KubeApi {
         let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let what = format!("event {ns}/{name}");
         let idempotent = patch.as_object().is_some_and(|o| o.is_empty());
-        self.patch_strategic(api, "events", &what, name, patch, idempotent).await
+        self.patch_strategic(ns, api, "events", &what, name, patch, idempotent).await
     }
 
     /// Strategic-merge-patches object `name` through `api` (`resource` names it in metrics,
     /// `what` in errors; `idempotent`: whether it may be resent after an ambiguous failure).
     async fn patch_strategic<K>(
         &self,
+        ns: &str,
         api: Api<K>,
         resource: &str,
         what: &str,
@@ -552,7 +574,7 @@ impl KubeApi {
     {
         let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
-        self.call("patch", resource, what, idempotent, || api.patch(name, &pp, &patch)).await
+        self.call(ns, "patch", resource, what, idempotent, || api.patch(name, &pp, &patch)).await
     }
 }
 

@@ -11,6 +11,7 @@
 //! * [`events`], [`kube_api`], [`metrics`]: events, every API server call (rate limited, timed
 //!   out, retried and counted), upstream `job_controller_*` metrics plus worker metrics.
 
+pub mod budget;
 pub mod config;
 pub mod context;
 pub mod events;
@@ -69,6 +70,8 @@ pub async fn run(
         lease_duration,
         kube_qps,
         kube_burst,
+        api_qps_total,
+        api_burst_total,
         controller_name,
         manage_all_jobs,
         shutdown_grace,
@@ -89,7 +92,13 @@ pub async fn run(
             max_backoff: Duration::from_secs(2),
             max_retries: Some(3),
         });
-        let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
+        let mut api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
+        if let Some(qps) = api_qps_total {
+            let burst = api_burst_total.unwrap_or_else(|| budget::default_burst(qps));
+            let config = budget::BudgetConfig { qps, burst };
+            tracing::info!(qps, burst, "sharing the workers' API budget");
+            api = api.with_budget(budget::ApiBudget::new(queue.clone(), config, metrics.clone()));
+        }
         let (events, writer) =
             events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
         let writer = writer.with_shared_gate(queue.clone());
