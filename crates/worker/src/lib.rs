@@ -37,6 +37,9 @@ pub use config::{Args, WorkerConfig};
 pub use context::{LeasedJob, SyncError, SyncOutcome, SyncResult};
 pub use worker::Worker;
 
+/// The User-Agent of the worker's API requests.
+pub const USER_AGENT: &str = concat!("kjob-worker/", env!("CARGO_PKG_VERSION"));
+
 /// How often `/readyz` re-checks that the queue service answers.
 const READY_PROBE_PERIOD: Duration = Duration::from_secs(5);
 /// How long the event writer may take to flush queued events at shutdown.
@@ -148,6 +151,10 @@ pub async fn run(
 async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Client> {
     let mut config = args.config().await?;
     config.default_retry = false;
+    // Named as upstream's controllers name themselves (`kube-controller-manager/…`): the API
+    // server's audit log, its field managers and a fake server's counters tell the workers'
+    // requests apart (kube-rs sends no User-Agent of its own).
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     kjob_svc::kube_client::client(config, args.kube_http1_only)
 }
 
