@@ -229,6 +229,18 @@ impl Answer {
     }
 }
 
+/// The namespace of a request path (`/api/v1/namespaces/<ns>/pods/…`), `""` for a
+/// cluster-scoped one: what the shared API budget charges the request to.
+fn namespace_of(path: &str) -> &str {
+    let mut parts = path.split('/');
+    while let Some(p) = parts.next() {
+        if p == "namespaces" {
+            return parts.next().unwrap_or_default();
+        }
+    }
+    ""
+}
+
 /// A request that could not be built is refused, not retried.
 fn refused_unbuilt(what: &str, e: impl std::fmt::Display) -> ApiError {
     ApiError::Refused {
@@ -395,7 +407,7 @@ impl KubeApi {
         let body = serde_json::to_vec(pod).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
         let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
-        self.write_call(ns, "create", "pods", &what, false, build, |a| a.created_pod()).await
+        self.write_call("create", "pods", &what, false, build, |a| a.created_pod()).await
     }
 
     /// Deletes a pod (NotFound is returned: the caller's expectations depend on it).
@@ -404,7 +416,7 @@ impl KubeApi {
         let path = Pod::url_path(&(), Some(ns));
         let dp = DeleteParams::default();
         let build = || kube::core::Request::new(path.as_str()).delete(name, &dp);
-        self.write_call(ns, "delete", "pods", &what, true, build, |_| Ok(())).await
+        self.write_call("delete", "pods", &what, true, build, |_| Ok(())).await
     }
 
     /// Strategic-merge-patches a pod.
@@ -415,7 +427,7 @@ impl KubeApi {
         patch: &serde_json::Value,
     ) -> Result<Pod, ApiError> {
         let what = format!("patch pod {ns}/{name}");
-        self.patch_strategic(ns, self.pods(ns), "pods", &what, name, patch, true).await
+        self.patch_strategic::<Pod>(ns, "pods", &what, name, patch, true).await
     }
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
@@ -432,7 +444,7 @@ impl KubeApi {
         let patch = remove_tracking_finalizer_patch();
         let patch = Patch::Strategic(&patch);
         let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
-        self.write_call(ns, "patch", "pods", &what, true, build, |_| Ok(())).await
+        self.write_call("patch", "pods", &what, true, build, |_| Ok(())).await
     }
 
     /// [`call`](Self::call) of a write that asks for a protobuf answer and reads it with
@@ -440,7 +452,6 @@ impl KubeApi {
     /// retried) and sent as built; `build` runs again only for a retry.
     async fn write_call<T>(
         &self,
-        ns: &str,
         verb: &str,
         resource: &str,
         what: &str,
@@ -449,6 +460,8 @@ impl KubeApi {
         read: impl Fn(Answer) -> Result<T, kube::Error>,
     ) -> Result<T, ApiError> {
         let mut first = Some(build().map_err(|e| refused_unbuilt(what, e))?);
+        let ns = first.as_ref().map(|r| namespace_of(r.uri().path()).to_string());
+        let ns = ns.as_deref().unwrap_or_default();
         self.call(ns, verb, resource, what, idempotent, || {
             let request =
                 first.take().map_or_else(|| build().map_err(kube::Error::BuildRequest), Ok);
@@ -511,8 +524,7 @@ impl KubeApi {
                 body.clone(),
             )
         };
-        self.write_call(ns, "update_status", "jobs", &what, true, build, |a| a.written_version())
-            .await
+        self.write_call("update_status", "jobs", &what, true, build, |a| a.written_version()).await
     }
 
     /// Creates a core/v1 Event (never resent: a resent create of a named event is a 409, and
@@ -523,7 +535,7 @@ impl KubeApi {
         let body = serde_json::to_vec(event).map_err(|e| refused_unbuilt(&what, e))?;
         let pp = PostParams::default();
         let build = || kube::core::Request::new(path.as_str()).create(&pp, body.clone());
-        self.write_call(ns, "create", "events", &what, false, build, |a| a.written_event()).await
+        self.write_call("create", "events", &what, false, build, |a| a.written_event()).await
     }
 
     /// Strategic-merge PATCHes a core/v1 Event's count (a patch naming a resourceVersion:
@@ -539,7 +551,7 @@ impl KubeApi {
         let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
         let build = || kube::core::Request::new(path.as_str()).patch(name, &pp, &patch);
-        self.write_call(ns, "patch", "events", &what, false, build, |a| a.written_event()).await
+        self.write_call("patch", "events", &what, false, build, |a| a.written_event()).await
     }
 
     /// Strategic-merge PATCHes a core/v1 Event and returns all of it (the recorder's read: an
@@ -551,10 +563,9 @@ impl KubeApi {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<Event, ApiError> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let what = format!("event {ns}/{name}");
         let idempotent = patch.as_object().is_some_and(|o| o.is_empty());
-        self.patch_strategic(ns, api, "events", &what, name, patch, idempotent).await
+        self.patch_strategic::<Event>(ns, "events", &what, name, patch, idempotent).await
     }
 
     /// Strategic-merge-patches object `name` through `api` (`resource` names it in metrics,
@@ -562,7 +573,6 @@ impl KubeApi {
     async fn patch_strategic<K>(
         &self,
         ns: &str,
-        api: Api<K>,
         resource: &str,
         what: &str,
         name: &str,
@@ -571,7 +581,9 @@ impl KubeApi {
     ) -> Result<K, ApiError>
     where
         K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
     {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
         let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
         self.call(ns, "patch", resource, what, idempotent, || api.patch(name, &pp, &patch)).await
@@ -591,6 +603,15 @@ pub fn remove_tracking_finalizer_patch() -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_charged_to_their_namespace() {
+        assert_eq!(namespace_of("/api/v1/namespaces/team-a/pods"), "team-a");
+        assert_eq!(namespace_of("/api/v1/namespaces/b/pods/p-1"), "b");
+        assert_eq!(namespace_of("/apis/batch/v1/namespaces/c/jobs/j/status"), "c");
+        assert_eq!(namespace_of("/api/v1/namespaces/namespaces/events"), "namespaces");
+        assert_eq!(namespace_of("/api/v1/nodes"), "");
+    }
 
     #[test]
     fn pod_lists_decode_with_summaries() {
