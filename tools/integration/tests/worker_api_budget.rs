@@ -215,7 +215,64 @@ async fn throttling_lowers_the_shared_rate(server: TestServer) {
     fail_on_violations(&stack, run_dir, &violations, alive);
 }
 
+/// One namespace's big Job cannot take the whole budget: while a 300-pod Job in `big` keeps
+/// the workers asking for far more than the budget, five single-pod Jobs created in `small`
+/// afterwards all complete within [`SMALL_DEADLINE`] (their ~35 requests at their half of the
+/// budget take about 4 s), before the big Job is done.
+async fn a_big_job_leaves_other_namespaces_their_share(server: TestServer) {
+    let run_dir = tempfile::Builder::new().prefix("kjob-api-budget-fair-").tempdir().unwrap();
+    let big_ns = server.namespace("budget-big");
+    let small_ns = server.namespace("budget-small");
+    let args = [format!("--api-qps-total={QPS}"), format!("--api-burst-total={BURST}")];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut stack, client) =
+        start_stack_on(&server, &big_ns, run_dir.path().to_path_buf(), 2, &args).await;
+    create_namespace(&client, &small_ns).await;
+    let big: Api<Job> = Api::namespaced(client.clone(), &big_ns);
+    let small: Api<Job> = Api::namespaced(client.clone(), &small_ns);
+    let controller = kjob_core::DEFAULT_CONTROLLER_NAME;
+    let huge = Shape::Indexed { completions: 300, parallelism: 300 };
+    create_job_retrying(&big, &huge.job("huge", controller, 100)).await;
+    // Let the big Job's syncs take the budget first.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let one = Shape::NonIndexed { completions: 1, parallelism: 1 };
+    let created = Instant::now();
+    for i in 0..5 {
+        create_job_retrying(&small, &one.job(&format!("s-{i}"), controller, 100)).await;
+    }
+    let finished = wait_terminal(&small, 5, SMALL_DEADLINE).await;
+    let took = created.elapsed();
+    let huge_job = big.get("huge").await.unwrap();
+    let succeeded = huge_job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0);
+    eprintln!(
+        "5 small Jobs finished in {:.1}s while the big Job had {succeeded}/300 pods succeeded",
+        took.as_secs_f64()
+    );
+    let mut violations = Vec::new();
+    let complete =
+        finished.iter().filter(|j| terminal(j).is_some_and(|(c, _)| c == "Complete")).count();
+    if complete != 5 {
+        violations.push(format!("{complete} of 5 small Jobs complete within {SMALL_DEADLINE:?}"));
+    }
+    if terminal(&huge_job).is_some() {
+        violations.push("the big Job finished first: the budget never bound".into());
+    }
+    let alive = tokio::task::block_in_place(|| stack.check_alive());
+    fail_on_violations(&stack, run_dir, &violations, alive);
+}
+
+/// How long five single-pod Jobs in a second namespace may take beside the big Job.
+const SMALL_DEADLINE: Duration = Duration::from_secs(15);
+
 kjob_testkit::on_both_servers!(kjob_sim::SimConfig::default();
     one_worker_stays_within_the_budget,
     four_workers_stay_within_the_budget,
     throttling_lowers_the_shared_rate);
+
+// kjob-sim only: on the real control plane each test's stack runs its watcher scoped to one
+// namespace (the control plane is shared by every test), so a second namespace is not watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_job_leaves_other_namespaces_their_share_on_sim() {
+    let server = TestServer::sim(kjob_sim::SimConfig::default()).await;
+    a_big_job_leaves_other_namespaces_their_share(server).await;
+}

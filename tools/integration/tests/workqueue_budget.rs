@@ -45,12 +45,13 @@ async fn burst_then_rate_across_callers(store: Store) {
     assert!((got as f64) >= 0.8 * qps * d.as_secs_f64(), "{got} tokens: the rate is not given");
 }
 
-/// While the budget binds, a namespace asking in a tight loop from three callers and one asking
-/// from one caller each get about half (at least 40 % each).
+/// While the budget binds, a namespace asking in a tight loop from six callers and one asking
+/// from one caller each get about half (at least 40 % each; without the claims the one caller
+/// got about a third even against three).
 async fn fair_across_namespaces(store: Store) {
     let (qps, burst) = (40.0, 10);
     let d = Duration::from_secs(4);
-    let big = (0..3).map(|_| drain(&store, "big", qps, burst, d));
+    let big = (0..6).map(|_| drain(&store, "big", qps, burst, d));
     let (big, small) =
         tokio::join!(futures::future::join_all(big), drain(&store, "small", qps, burst, d));
     let big: u64 = big.into_iter().sum();
