@@ -47,7 +47,7 @@ async fn burst_then_rate_across_callers(store: Store) {
 
 /// While the budget binds, a namespace asking in a tight loop from six callers and one asking
 /// from one caller each get about half (at least 40 % each; without the claims the one caller
-/// got about a third even against three).
+/// got about a third, against three callers as against six).
 async fn fair_across_namespaces(store: Store) {
     let (qps, burst) = (40.0, 10);
     let d = Duration::from_secs(4);
