@@ -24,7 +24,8 @@ pub const HOLD: Duration = Duration::from_secs(1);
 /// Wait after a TakeApiTokens call failed before asking again (kjob-queue's client has already
 /// retried it): requests wait rather than go over the budget.
 const ERROR_WAIT: Duration = Duration::from_millis(500);
-/// Namespaces whose held tokens are kept at once; beyond it, idle ones are forgotten.
+/// Namespaces whose held tokens are kept at once; beyond it, idle ones are forgotten, so the
+/// map stays small however many namespaces a worker has synced.
 const MAX_NAMESPACES: usize = 1024;
 
 /// Tokens per TakeApiTokens call for a total of `qps`: a tenth of a second of the whole budget,
@@ -109,7 +110,9 @@ impl ApiBudget {
     }
 
     /// Takes one token for a request in `namespace` (`""`: cluster-scoped), waiting as long as
-    /// the budget says; a failed call to kjob-queue waits and asks again.
+    /// the budget says; a failed call to kjob-queue waits and asks again (the budget fails
+    /// closed). The wait cannot outlive the lease: a sync whose lease is lost is dropped, and
+    /// its wait with it; renewals go on meanwhile.
     pub async fn acquire(&self, namespace: &str) {
         let slot = self.slot(namespace);
         let mut held = slot.lock().await;

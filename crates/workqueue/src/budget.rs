@@ -49,7 +49,8 @@ pub const FLOOR_SHARE: f64 = 0.1;
 /// Additive increase: without 429s the rate climbs by the configured QPS per this period (from
 /// the floor back to full in 90 % of it).
 pub const RECOVERY: Duration = Duration::from_secs(30);
-/// Most tokens one call may ask for.
+/// Most tokens one call may ask for: far above a worker's batch (8), and a bound on what one
+/// caller can take at once.
 pub const MAX_TAKE: u32 = 100;
 /// How long the budget's keys outlive the last call (the budget switched off leaves nothing).
 const IDLE_TTL: Duration = Duration::from_secs(3600);
