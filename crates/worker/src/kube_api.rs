@@ -1,5 +1,6 @@
 //! The worker's only door to the API server: typed calls over Jobs, Pods and Events with a
-//! client-side token bucket, a timeout on every call, bounded retries of throttling and server
+//! client-side token bucket (and, with `--api-qps-total`, a token of the budget all workers
+//! share, [`crate::budget`]), a timeout on every call, bounded retries of throttling and server
 //! errors, and a metric per call.
 
 use std::future::Future;
@@ -459,10 +460,10 @@ impl KubeApi {
         build: impl Fn() -> Result<http::Request<Vec<u8>>, kube::core::request::Error>,
         read: impl Fn(Answer) -> Result<T, kube::Error>,
     ) -> Result<T, ApiError> {
-        let mut first = Some(build().map_err(|e| refused_unbuilt(what, e))?);
-        let ns = first.as_ref().map(|r| namespace_of(r.uri().path()).to_string());
-        let ns = ns.as_deref().unwrap_or_default();
-        self.call(ns, verb, resource, what, idempotent, || {
+        let request = build().map_err(|e| refused_unbuilt(what, e))?;
+        let ns = namespace_of(request.uri().path()).to_string();
+        let mut first = Some(request);
+        self.call(&ns, verb, resource, what, idempotent, || {
             let request =
                 first.take().map_or_else(|| build().map_err(kube::Error::BuildRequest), Ok);
             let read = &read;
@@ -568,7 +569,7 @@ impl KubeApi {
         self.patch_strategic::<Event>(ns, "events", &what, name, patch, idempotent).await
     }
 
-    /// Strategic-merge-patches object `name` through `api` (`resource` names it in metrics,
+    /// Strategic-merge-patches object `name` in namespace `ns` (`resource` names it in metrics,
     /// `what` in errors; `idempotent`: whether it may be resent after an ambiguous failure).
     async fn patch_strategic<K>(
         &self,
