@@ -556,6 +556,14 @@ unary_calls! {
             events: events.into_iter().map(Into::into).collect()
         }) => |r| r.events.into_iter().map(Into::into).collect();
 
+    /// Takes up to `want` tokens of the workers' shared API budget (`qps`/`burst` total) for
+    /// requests in `namespace`, reporting the `throttled` 429s got since the last call.
+    fn take_api_tokens(namespace: &str, want: u32, qps: f64, burst: u32, throttled: u32)
+        -> v1::TakeApiTokensResponse
+        = job_state.take_api_tokens(v1::TakeApiTokensRequest {
+            namespace: owned(namespace), want, qps, burst, throttled
+        }) => |r| r;
+
     /// Reports the depth of each part of `queue`.
     fn stats(queue: &str) -> v1::StatsResponse
         = queue.stats(v1::StatsRequest { queue: owned(queue) }) => |r| r;

@@ -84,6 +84,7 @@ pub const RPC_ROLES: &[(&str, &str, &[Role])] = &[
     (JOB_STATE_SERVICE, "PutJobView", &[Worker]),
     (JOB_STATE_SERVICE, "CacheSession", &[Watcher]),
     (JOB_STATE_SERVICE, "GateEvents", &[Worker]),
+    (JOB_STATE_SERVICE, "TakeApiTokens", &[Worker]),
     (HEALTH_SERVICE, "Check", &[Watcher, Worker, Inspector]),
     (HEALTH_SERVICE, "Watch", &[Watcher, Worker, Inspector]),
     (REFLECTION_V1_SERVICE, "ServerReflectionInfo", &[Inspector]),

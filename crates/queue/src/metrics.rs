@@ -132,6 +132,17 @@ pub struct Metrics {
     /// `kjob_queue_redis_data_lost_total`: Redis epoch or run id changes this replica saw.
     pub redis_data_lost: Counter,
     limits: crate::limits::LimitMetrics,
+    budget: Arc<BudgetMetrics>,
+}
+
+/// The workers' shared API budget, as the TakeApiTokens calls this replica served saw it.
+#[derive(Default)]
+struct BudgetMetrics {
+    rate: Gauge<f64, std::sync::atomic::AtomicU64>,
+    namespaces: Gauge,
+    granted: Counter,
+    throttled: Counter,
+    slowdowns: Counter,
 }
 
 impl Metrics {
@@ -184,7 +195,55 @@ impl Metrics {
             "Calls refused with RESOURCE_EXHAUSTED because --max-concurrent-calls were being handled",
             limits.refused.clone(),
         );
-        Self { redis_used, redis_max, queues, unknown, grpc, auth_refused, redis_data_lost, limits }
+        let budget = Arc::new(BudgetMetrics::default());
+        registry.register(
+            "kjob_queue_api_budget_rate",
+            "The workers' shared API budget's current rate (requests/s) after 429 slowdowns, as last served here",
+            budget.rate.clone(),
+        );
+        registry.register(
+            "kjob_queue_api_budget_namespaces",
+            "Namespaces sharing the workers' API budget, as last served here",
+            budget.namespaces.clone(),
+        );
+        registry.register(
+            "kjob_queue_api_budget_granted",
+            "Tokens of the workers' API budget granted by this replica",
+            budget.granted.clone(),
+        );
+        registry.register(
+            "kjob_queue_api_budget_throttled",
+            "429 answers from kube-apiserver the workers reported to this replica",
+            budget.throttled.clone(),
+        );
+        registry.register(
+            "kjob_queue_api_budget_slowdowns",
+            "Times a 429 report to this replica lowered the API budget's rate",
+            budget.slowdowns.clone(),
+        );
+        Self {
+            redis_used,
+            redis_max,
+            queues,
+            unknown,
+            grpc,
+            auth_refused,
+            redis_data_lost,
+            limits,
+            budget,
+        }
+    }
+
+    /// Records one TakeApiTokens answer (`throttled` 429s reported with it).
+    pub fn api_budget(&self, g: &kjob_workqueue::budget::TokenGrant, throttled: u32) {
+        let b = &self.budget;
+        b.rate.set(g.rate);
+        b.namespaces.set(i64::from(g.active_namespaces));
+        b.granted.inc_by(u64::from(g.granted));
+        b.throttled.inc_by(u64::from(throttled));
+        if g.slowed {
+            b.slowdowns.inc();
+        }
     }
 
     /// The global concurrency limit's handles, for the [`crate::limits::LimitLayer`].

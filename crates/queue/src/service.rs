@@ -13,6 +13,7 @@ use kjob_proto::v1;
 use kjob_proto::v1::job_state_server::{self, JobState};
 use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
+use kjob_workqueue::budget::TokenAsk;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
@@ -89,6 +90,8 @@ measured_service!(JobState, JOB_STATE_SERVICE, JOB_STATE_METHODS, {
         = "CacheSession" by cache_session_rpc;
     gate_events(v1::GateEventsRequest) -> v1::GateEventsResponse
         = "GateEvents" by gate_events_rpc;
+    take_api_tokens(v1::TakeApiTokensRequest) -> v1::TakeApiTokensResponse
+        = "TakeApiTokens" by take_api_tokens_rpc;
 });
 
 /// Shared state of both services.
@@ -902,6 +905,31 @@ impl QueueService {
                     message: g.message,
                 })
                 .collect(),
+        })
+    }
+}
+
+impl QueueService {
+    async fn take_api_tokens_rpc(
+        &self,
+        r: v1::TakeApiTokensRequest,
+    ) -> Result<v1::TakeApiTokensResponse, Refused> {
+        validate::api_tokens(&r.namespace, r.want, r.qps, r.burst)?;
+        let ask = TokenAsk {
+            namespace: &r.namespace,
+            want: r.want,
+            qps: r.qps,
+            burst: r.burst,
+            throttled: r.throttled,
+        };
+        let g = self.store.take_api_tokens(&ask).await?;
+        self.metrics.api_budget(&g, r.throttled);
+        Ok(v1::TakeApiTokensResponse {
+            granted: g.granted,
+            wait_ms: g.wait.as_millis() as u64,
+            rate: g.rate,
+            active_namespaces: g.active_namespaces,
+            slowed: g.slowed,
         })
     }
 }

@@ -37,6 +37,33 @@ pub use kjob_core::events::{MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES as MAX_EVEN
 /// name and UID with source, type and reason, plus the message for the event key.
 pub const MAX_EVENT_KEY_BYTES: usize = 1024 + MAX_EVENT_MESSAGE_BYTES;
 
+/// Most tokens one TakeApiTokens call may ask for.
+pub use kjob_workqueue::budget::MAX_TAKE;
+/// Largest total burst of the API budget: far above any sensible budget, and it keeps the
+/// bucket's arithmetic exact in a double.
+pub const MAX_API_BURST: u32 = 100_000;
+/// Largest total rate of the API budget (requests per second), for the same reason.
+pub const MAX_API_QPS: f64 = 100_000.0;
+
+/// Checks a TakeApiTokens request: a namespace name or "" (cluster-scoped requests), 1 to
+/// [`MAX_TAKE`] tokens, a finite positive rate and a burst of at least 1, both bounded.
+pub fn api_tokens(namespace: &str, want: u32, qps: f64, burst: u32) -> Result<(), String> {
+    // A namespace is valid exactly when `<namespace>/x` is a valid key.
+    if !namespace.is_empty() && key(&format!("{namespace}/x")).is_err() {
+        return Err(format!("namespace {namespace:?} is not a namespace name (a DNS-1123 label)"));
+    }
+    if want == 0 || want > MAX_TAKE {
+        return Err(format!("want is {want}; 1 to {MAX_TAKE} tokens may be asked for"));
+    }
+    if !(qps.is_finite() && qps > 0.0 && qps <= MAX_API_QPS) {
+        return Err(format!("qps is {qps}; it must be above 0 and at most {MAX_API_QPS}"));
+    }
+    if burst == 0 || burst > MAX_API_BURST {
+        return Err(format!("burst is {burst}; 1 to {MAX_API_BURST} are allowed"));
+    }
+    Ok(())
+}
+
 /// Checks the size of a GateEvents batch.
 pub fn gate_batch(len: usize) -> Result<(), String> {
     if len > MAX_GATE_EVENTS {
@@ -211,6 +238,15 @@ mod tests {
     #[test]
     fn gate_events_table() {
         let keys = [("spam_key", "s"), ("aggregate_key", "a"), ("event_key", "e")];
+        assert!(api_tokens("", 1, 20.0, 30).is_ok() && api_tokens("team-a", 100, 0.5, 1).is_ok());
+        assert!(api_tokens("Team", 1, 20.0, 30).unwrap_err().contains("namespace"));
+        assert!(api_tokens("a/b", 1, 20.0, 30).unwrap_err().contains("namespace"));
+        assert!(api_tokens("a", 0, 20.0, 30).unwrap_err().contains("want"));
+        assert!(api_tokens("a", 101, 20.0, 30).unwrap_err().contains("want"));
+        assert!(api_tokens("a", 1, 0.0, 30).unwrap_err().contains("qps"));
+        assert!(api_tokens("a", 1, f64::NAN, 30).unwrap_err().contains("qps"));
+        assert!(api_tokens("a", 1, 1e9, 30).unwrap_err().contains("qps"));
+        assert!(api_tokens("a", 1, 20.0, 0).unwrap_err().contains("burst"));
         assert!(gate_batch(MAX_GATE_EVENTS).is_ok() && gate_batch(0).is_ok());
         assert!(gate_batch(MAX_GATE_EVENTS + 1).unwrap_err().contains("limit is 256"));
         assert!(gate_event(0, "ns/pi", keys, "m").is_ok());

@@ -44,6 +44,16 @@ pub struct WorkerConfig {
     /// Client-side API request burst (upstream kube-controller-manager defaults to 30).
     #[arg(long, env = "KJOB_KUBE_BURST", default_value_t = 200)]
     pub kube_burst: u32,
+    /// Cluster-wide API request rate of all workers together: a token bucket in Redis (through
+    /// kjob-queue) shared by every worker and split fairly across namespaces with work; 429s
+    /// slow it down. Unset: no shared budget (each worker's --kube-qps only).
+    #[arg(long, env = "KJOB_API_QPS_TOTAL", value_parser = parse_qps_total)]
+    pub api_qps_total: Option<f64>,
+    /// Cluster-wide burst of the shared budget (with --api-qps-total; default: the QPS, at
+    /// least 1).
+    #[arg(long, env = "KJOB_API_BURST_TOTAL", requires = "api_qps_total",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub api_burst_total: Option<u32>,
     /// `spec.managedBy` value this controller reconciles.
     #[arg(long, env = "KJOB_CONTROLLER_NAME", default_value = kjob_core::DEFAULT_CONTROLLER_NAME)]
     pub controller_name: String,
@@ -59,6 +69,16 @@ pub struct WorkerConfig {
     /// Kube client flags.
     #[command(flatten)]
     pub kube: KubeClientArgs,
+}
+
+/// A total rate kjob-queue accepts: above 0, at most 100,000 requests per second.
+fn parse_qps_total(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if v.is_finite() && v > 0.0 && v <= 100_000.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} requests per second: above 0 and at most 100000 are allowed"))
+    }
 }
 
 impl Args {
@@ -115,5 +135,15 @@ mod tests {
         assert_eq!(c.worker_id.as_deref(), Some("w1"));
         assert_eq!(c.kube.kubeconfig.as_deref(), Some(std::path::Path::new("/tmp/kc")));
         assert!(Args::try_parse_from(["kjob-worker", "--lease-duration", "soon"]).is_err());
+        let c = Args::try_parse_from(["kjob-worker"]).unwrap().config;
+        assert_eq!((c.api_qps_total, c.api_burst_total), (None, None), "no budget by default");
+        let c = Args::try_parse_from(["kjob-worker", "--api-qps-total=20", "--api-burst-total=30"])
+            .unwrap()
+            .config;
+        assert_eq!((c.api_qps_total, c.api_burst_total), (Some(20.0), Some(30)));
+        for bad in [&["--api-qps-total=0"][..], &["--api-qps-total=-1"], &["--api-burst-total=5"]] {
+            let args = std::iter::once("kjob-worker").chain(bad.iter().copied());
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The worker's only door to the API server: typed calls over Jobs, Pods and Events with a
-//! client-side token bucket, a timeout on every call, bounded retries of throttling and server
+//! client-side token bucket (and, with `--api-qps-total`, a token of the budget all workers
+//! share, [`crate::budget`]), a timeout on every call, bounded retries of throttling and server
 //! errors, and a metric per call.
 
 use std::future::Future;
@@ -14,6 +15,7 @@ use kube::Api;
 use kube::Resource as _;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
+use crate::budget::ApiBudget;
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
 
@@ -228,6 +230,18 @@ impl Answer {
     }
 }
 
+/// The namespace of a request path (`/api/v1/namespaces/<ns>/pods/…`), `""` for a
+/// cluster-scoped one: what the shared API budget charges the request to.
+fn namespace_of(path: &str) -> &str {
+    let mut parts = path.split('/');
+    while let Some(p) = parts.next() {
+        if p == "namespaces" {
+            return parts.next().unwrap_or_default();
+        }
+    }
+    ""
+}
+
 /// A request that could not be built is refused, not retried.
 fn refused_unbuilt(what: &str, e: impl std::fmt::Display) -> ApiError {
     ApiError::Refused {
@@ -243,13 +257,22 @@ fn refused_unbuilt(what: &str, e: impl std::fmt::Display) -> ApiError {
 pub struct KubeApi {
     client: kube::Client,
     limiter: Arc<TokenBucket>,
+    /// The workers' shared budget (`--api-qps-total`), when one is set.
+    budget: Option<ApiBudget>,
     metrics: Metrics,
 }
 
 impl KubeApi {
     /// Wraps a client with a `qps`/`burst` token bucket.
     pub fn new(client: kube::Client, qps: f64, burst: u32, metrics: Metrics) -> Self {
-        Self { client, limiter: Arc::new(TokenBucket::new(qps, burst)), metrics }
+        Self { client, limiter: Arc::new(TokenBucket::new(qps, burst)), budget: None, metrics }
+    }
+
+    /// Also takes a token of the workers' shared `budget` before every request (the
+    /// `qps`/`burst` bucket stays as this process's own cap) and reports its 429s to it.
+    pub fn with_budget(mut self, budget: ApiBudget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     fn jobs(&self, ns: &str) -> Api<Job> {
@@ -265,6 +288,7 @@ impl KubeApi {
     /// anything; a timed-out or failed create may have happened, so it is not resent.
     async fn call<T, F, Fut>(
         &self,
+        ns: &str,
         verb: &str,
         resource: &str,
         what: &str,
@@ -278,6 +302,9 @@ impl KubeApi {
         let mut attempt = 0u32;
         loop {
             self.limiter.acquire().await;
+            if let Some(budget) = &self.budget {
+                budget.acquire(ns).await;
+            }
             let res = tokio::time::timeout(API_CALL_TIMEOUT, f()).await;
             let (result_label, outcome) = match res {
                 Ok(Ok(v)) => {
@@ -288,6 +315,11 @@ impl KubeApi {
                     let code = status.code;
                     let label = code.to_string();
                     let hint = retry_after(&status);
+                    if code == 429
+                        && let Some(budget) = &self.budget
+                    {
+                        budget.throttled();
+                    }
                     let outcome = match code {
                         404 => Attempt::Final(ApiError::NotFound(what.to_string())),
                         409 => Attempt::Final(ApiError::Conflict {
@@ -336,14 +368,14 @@ impl KubeApi {
     pub async fn get_job(&self, ns: &str, name: &str) -> Result<Option<Job>, ApiError> {
         let api = self.jobs(ns);
         let what = format!("job {ns}/{name}");
-        found(self.call("get", "jobs", &what, true, || api.get(name)).await)
+        found(self.call(ns, "get", "jobs", &what, true, || api.get(name)).await)
     }
 
     /// GETs a Pod (consistent read); `None` when it does not exist.
     pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
         let api = self.pods(ns);
         let what = format!("pod {ns}/{name}");
-        found(self.call("get", "pods", &what, true, || api.get(name)).await)
+        found(self.call(ns, "get", "pods", &what, true, || api.get(name)).await)
     }
 
     /// LISTs the pods of `ns` matching `selector` (consistent read: no resourceVersion). Each
@@ -357,7 +389,7 @@ impl KubeApi {
         // Built once up front so a request that cannot be built is refused, not retried.
         build().map_err(|e| refused_unbuilt(&what, e))?;
         let list: PodListItems = self
-            .call("list", "pods", &what, true, || {
+            .call(ns, "list", "pods", &what, true, || {
                 let request = build().map_err(kube::Error::BuildRequest);
                 async move { self.client.request(request?).await }
             })
@@ -396,7 +428,7 @@ impl KubeApi {
         patch: &serde_json::Value,
     ) -> Result<Pod, ApiError> {
         let what = format!("patch pod {ns}/{name}");
-        self.patch_strategic(self.pods(ns), "pods", &what, name, patch, true).await
+        self.patch_strategic::<Pod>(ns, "pods", &what, name, patch, true).await
     }
 
     /// Removes the Job tracking finalizer from a pod; NotFound counts as done.
@@ -428,8 +460,10 @@ impl KubeApi {
         build: impl Fn() -> Result<http::Request<Vec<u8>>, kube::core::request::Error>,
         read: impl Fn(Answer) -> Result<T, kube::Error>,
     ) -> Result<T, ApiError> {
-        let mut first = Some(build().map_err(|e| refused_unbuilt(what, e))?);
-        self.call(verb, resource, what, idempotent, || {
+        let request = build().map_err(|e| refused_unbuilt(what, e))?;
+        let ns = namespace_of(request.uri().path()).to_string();
+        let mut first = Some(request);
+        self.call(&ns, verb, resource, what, idempotent, || {
             let request =
                 first.take().map_or_else(|| build().map_err(kube::Error::BuildRequest), Ok);
             let read = &read;
@@ -530,17 +564,16 @@ impl KubeApi {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<Event, ApiError> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let what = format!("event {ns}/{name}");
         let idempotent = patch.as_object().is_some_and(|o| o.is_empty());
-        self.patch_strategic(api, "events", &what, name, patch, idempotent).await
+        self.patch_strategic::<Event>(ns, "events", &what, name, patch, idempotent).await
     }
 
-    /// Strategic-merge-patches object `name` through `api` (`resource` names it in metrics,
+    /// Strategic-merge-patches object `name` in namespace `ns` (`resource` names it in metrics,
     /// `what` in errors; `idempotent`: whether it may be resent after an ambiguous failure).
     async fn patch_strategic<K>(
         &self,
-        api: Api<K>,
+        ns: &str,
         resource: &str,
         what: &str,
         name: &str,
@@ -549,10 +582,12 @@ impl KubeApi {
     ) -> Result<K, ApiError>
     where
         K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
     {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
         let pp = PatchParams::default();
         let patch = Patch::Strategic(patch);
-        self.call("patch", resource, what, idempotent, || api.patch(name, &pp, &patch)).await
+        self.call(ns, "patch", resource, what, idempotent, || api.patch(name, &pp, &patch)).await
     }
 }
 
@@ -569,6 +604,15 @@ pub fn remove_tracking_finalizer_patch() -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_charged_to_their_namespace() {
+        assert_eq!(namespace_of("/api/v1/namespaces/team-a/pods"), "team-a");
+        assert_eq!(namespace_of("/api/v1/namespaces/b/pods/p-1"), "b");
+        assert_eq!(namespace_of("/apis/batch/v1/namespaces/c/jobs/j/status"), "c");
+        assert_eq!(namespace_of("/api/v1/namespaces/namespaces/events"), "namespaces");
+        assert_eq!(namespace_of("/api/v1/nodes"), "");
+    }
 
     #[test]
     fn pod_lists_decode_with_summaries() {

@@ -11,6 +11,7 @@
 //! * [`events`], [`kube_api`], [`metrics`]: events, every API server call (rate limited, timed
 //!   out, retried and counted), upstream `job_controller_*` metrics plus worker metrics.
 
+pub mod budget;
 pub mod config;
 pub mod context;
 pub mod events;
@@ -35,6 +36,9 @@ use prometheus_client::registry::Registry;
 pub use config::{Args, WorkerConfig};
 pub use context::{LeasedJob, SyncError, SyncOutcome, SyncResult};
 pub use worker::Worker;
+
+/// The User-Agent of the worker's API requests.
+pub const USER_AGENT: &str = concat!("kjob-worker/", env!("CARGO_PKG_VERSION"));
 
 /// How often `/readyz` re-checks that the queue service answers.
 const READY_PROBE_PERIOD: Duration = Duration::from_secs(5);
@@ -69,6 +73,8 @@ pub async fn run(
         lease_duration,
         kube_qps,
         kube_burst,
+        api_qps_total,
+        api_burst_total,
         controller_name,
         manage_all_jobs,
         shutdown_grace,
@@ -89,7 +95,13 @@ pub async fn run(
             max_backoff: Duration::from_secs(2),
             max_retries: Some(3),
         });
-        let api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
+        let mut api = kube_api::KubeApi::new(client, kube_qps, kube_burst, metrics.clone());
+        if let Some(qps) = api_qps_total {
+            let burst = api_burst_total.unwrap_or_else(|| budget::default_burst(qps));
+            let config = budget::BudgetConfig { qps, burst };
+            tracing::info!(qps, burst, "sharing the workers' API budget");
+            api = api.with_budget(budget::ApiBudget::new(queue.clone(), config, metrics.clone()));
+        }
         let (events, writer) =
             events::EventSink::new(api.clone(), &controller_name, &worker_id, metrics.clone());
         let writer = writer.with_shared_gate(queue.clone());
@@ -139,6 +151,10 @@ pub async fn run(
 async fn kube_client(args: &kjob_svc::KubeClientArgs) -> anyhow::Result<kube::Client> {
     let mut config = args.config().await?;
     config.default_retry = false;
+    // Named as upstream's controllers name themselves (`kube-controller-manager/…`): the API
+    // server's audit log, its field managers and a fake server's counters tell the workers'
+    // requests apart (kube-rs sends no User-Agent of its own).
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     kjob_svc::kube_client::client(config, args.kube_http1_only)
 }
 

@@ -174,6 +174,33 @@ kjob_svc::metrics! {
             /// `kjob_worker_api_calls_total`: API server calls by verb, resource and result.
             api_calls: Family<ApiLabels, Counter> = Family::default(),
                 "api_calls", "API server calls by verb, resource and result";
+            /// `kjob_worker_api_budget_rate`: the shared API budget's rate in its last answer.
+            api_budget_rate: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default(),
+                "api_budget_rate",
+                "The workers' shared API budget's current rate (requests/s, after 429 slowdowns) in its last answer to this worker";
+            /// `kjob_worker_api_budget_tokens_total`: tokens of the shared budget granted.
+            api_budget_tokens: Counter = Counter::default(),
+                "api_budget_tokens", "Tokens of the workers' shared API budget granted to this worker";
+            /// `kjob_worker_api_budget_waits_total`: times a request waited for the budget.
+            api_budget_waits: Counter = Counter::default(),
+                "api_budget_waits",
+                "Times an API request of this worker waited because the shared budget had no token for it";
+            /// `kjob_worker_api_budget_wait_seconds_total`: time requests waited for the budget.
+            api_budget_wait_seconds: Counter<f64, std::sync::atomic::AtomicU64> = Counter::default(),
+                "api_budget_wait_seconds",
+                "Time API requests of this worker spent waiting for the shared budget";
+            /// `kjob_worker_api_budget_throttled_total`: 429s reported to the budget.
+            api_budget_throttled: Counter = Counter::default(),
+                "api_budget_throttled",
+                "429 answers from kube-apiserver this worker reported to the shared API budget";
+            /// `kjob_worker_api_budget_slowdowns_total`: reports that lowered the budget's rate.
+            api_budget_slowdowns: Counter = Counter::default(),
+                "api_budget_slowdowns",
+                "Times this worker's 429 report lowered the shared API budget's rate";
+            /// `kjob_worker_api_budget_errors_total`: budget calls kjob-queue did not answer.
+            api_budget_errors: Counter = Counter::default(),
+                "api_budget_errors",
+                "TakeApiTokens calls to kjob-queue that failed (the request waits and asks again)";
             /// `kjob_worker_job_view_reads_total`: where each sync read its Job and pods from.
             job_view_reads: Family<ViewLabels, Counter> = Family::default(),
                 "job_view_reads",

@@ -5,7 +5,7 @@
 //! it, and the integration tests run the whole workqueue as a user with exactly these rules.
 
 /// Every key kjob writes or reads starts with this (the `{wq:<queue>}` hash tags, see `keys`,
-/// `view` and `events`).
+/// `view` and `events`, and the API budget's `{wq:budget}`).
 pub const KEY_PATTERN: &str = "{wq:*";
 
 /// The rules of kjob's Redis user, after `user <name> on <password>`:

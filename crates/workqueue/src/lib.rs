@@ -18,6 +18,7 @@
 //! * [`wake`]: prompt wake-ups of waiting lessees across replicas.
 
 pub mod acl;
+pub mod budget;
 pub mod conn;
 pub mod epoch;
 pub mod events;

@@ -140,6 +140,8 @@ fn manage_all_replicas_and_worker_settings_change_only_their_fields() {
         "worker.concurrency=9",
         "worker.kubeQps=20",
         "worker.kubeBurst=30",
+        "worker.apiQpsTotal=20",
+        "worker.apiBurstTotal=0",
         "worker.extraArgs={--log-level=debug}",
         "image.registry=registry.example/batch",
         "image.tag=1.2.3",
@@ -170,6 +172,9 @@ fn manage_all_replicas_and_worker_settings_change_only_their_fields() {
                     "--concurrency" => "--concurrency=9",
                     "--kube-qps" => "--kube-qps=20",
                     "--kube-burst" => "--kube-burst=30",
+                    "--api-qps-total" => "--api-qps-total=20",
+                    // A burst of 0 (unset) defaults to the total.
+                    "--api-burst-total" => "--api-burst-total=20",
                     _ => continue,
                 };
                 *a = json!(new);
@@ -183,6 +188,10 @@ fn manage_all_replicas_and_worker_settings_change_only_their_fields() {
         }
     }
     assert_same("choices", chart, base);
+    // A total of 0 turns the shared budget off: no budget flags.
+    let off = helm_template(&helm, &["worker.apiQpsTotal=0"]).unwrap();
+    let args = container_args(&off, "Deployment", "kjob-worker");
+    assert!(args.iter().all(|a| !a.starts_with("--api-")), "{args:?}");
 }
 
 #[test]

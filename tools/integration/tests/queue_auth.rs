@@ -213,6 +213,7 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
         "PutRecord",
         "SetExpectations",
         "GateEvents",
+        "TakeApiTokens",
         "CacheSession",
     ] {
         assert!(
@@ -234,6 +235,8 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     );
     assert!(worker.cache_session("evil", v1::CacheSessionPhase::Begin).await.is_err());
     assert!(watcher.set_expectations("ns/a", "uid-a", 1_000_000, 0).await.is_err());
+    assert!(watcher.take_api_tokens("ns", 100, 1000.0, 1000, 0).await.is_err());
+    assert!(inspector.take_api_tokens("ns", 100, 1000.0, 1000, 5).await.is_err());
     assert!(
         watcher.lease("job", 10, Duration::from_secs(3600), Duration::ZERO, "evil").await.is_err()
     );
@@ -268,9 +271,9 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     for role in Role::ALL {
         let raw = denied[role.name()];
         let typed = match role {
-            Role::Inspector => 2,
+            Role::Inspector => 3,
             Role::Worker => 1,
-            Role::Watcher => 2,
+            Role::Watcher => 3,
         };
         assert_eq!(
             refused_count(&text, "rpc_not_allowed", role.name()),

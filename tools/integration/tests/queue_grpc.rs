@@ -547,7 +547,7 @@ async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
     // Every RPC, not called yet, is there too.
     let started = body.lines().filter(|l| l.starts_with("grpc_server_started_total{")).count();
     let rpcs: usize = kjob_queue::service::RPCS.iter().map(|(_, methods)| methods.len()).sum();
-    assert_eq!((started, rpcs), (20, 20), "{body}");
+    assert_eq!((started, rpcs), (21, 21), "{body}");
     r.stop().await;
 }
 
@@ -568,6 +568,48 @@ async fn calls_are_counted_by_grpc_code() {
         format!("grpc_server_handled_total{{{add},grpc_code=\"OK\"}} 0"),
         format!("grpc_server_handling_seconds_count{{{add}}} 1"),
         format!("grpc_server_handled_total{{{stats},grpc_code=\"OK\"}} 1"),
+    ] {
+        assert!(body.lines().any(|l| l == want), "missing {want} in\n{body}");
+    }
+    r.stop().await;
+}
+
+/// TakeApiTokens: invalid asks are INVALID_ARGUMENT and change nothing; a valid one gets the
+/// burst, then waits; a 429 report halves the rate, and kjob-queue's budget metrics show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_tokens_are_validated_granted_and_slowed() {
+    let redis = RedisServer::start().unwrap();
+    let r = start_ready(&redis).await;
+    let c = r.strict();
+    let before = redis.snapshot().await.unwrap();
+    for (ns, want, qps, burst) in [
+        ("Team_A", 1, 20.0, 30),
+        ("a/b", 1, 20.0, 30),
+        ("a", 0, 20.0, 30),
+        ("a", 101, 20.0, 30),
+        ("a", 1, 0.0, 30),
+        ("a", 1, f64::INFINITY, 30),
+        ("a", 1, 20.0, 0),
+        ("a", 1, 20.0, 100_001),
+    ] {
+        let err = c.take_api_tokens(ns, want, qps, burst, 0).await.unwrap_err();
+        assert!(
+            matches!(err, ClientError::InvalidArgument(_)),
+            "{ns} {want} {qps} {burst}: {err:?}"
+        );
+    }
+    assert_eq!(redis.snapshot().await.unwrap(), before, "a refused ask changed Redis");
+    let g = c.take_api_tokens("a", 100, 20.0, 30, 0).await.unwrap();
+    assert_eq!((g.granted, g.active_namespaces, g.rate, g.slowed), (30, 1, 20.0, false));
+    assert!(g.wait_ms >= 1 && g.wait_ms <= 1000, "{g:?}");
+    let g = c.take_api_tokens("", 1, 20.0, 30, 2).await.unwrap();
+    assert!(g.slowed && (g.rate - 10.0).abs() < 0.1, "{g:?}");
+    assert_eq!(g.active_namespaces, 2, "cluster-scoped requests share as one more namespace");
+    let body = scrape(&r.admin).await;
+    for want in [
+        "kjob_queue_api_budget_slowdowns_total 1",
+        "kjob_queue_api_budget_throttled_total 2",
+        "kjob_queue_api_budget_granted_total 30",
     ] {
         assert!(body.lines().any(|l| l == want), "missing {want} in\n{body}");
     }

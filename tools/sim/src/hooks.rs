@@ -200,10 +200,30 @@ pub struct RequestLabels {
     pub code: String,
 }
 
-/// Request counters per verb, resource and code.
+/// Labels of the per-client request counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentLabels {
+    /// The client's User-Agent product (before the first '/'), `unknown` without one.
+    pub agent: String,
+}
+
+/// Longest agent label kept: a product name, never a whole header.
+const MAX_AGENT_LEN: usize = 64;
+
+/// The User-Agent product of a request (as kube-apiserver names a field manager after it):
+/// `kjob-worker` for `kjob-worker/0.1.0`; `unknown` without one.
+pub fn agent_of(headers: &http::HeaderMap) -> String {
+    let ua = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let product: String =
+        ua.split('/').next().unwrap_or_default().chars().take(MAX_AGENT_LEN).collect();
+    if product.is_empty() { "unknown".to_string() } else { product }
+}
+
+/// Request counters per verb, resource and code, and per client.
 pub struct Metrics {
     registry: Mutex<Registry>,
     requests: Family<RequestLabels, Counter>,
+    by_agent: Family<AgentLabels, Counter>,
 }
 
 impl Metrics {
@@ -216,11 +236,18 @@ impl Metrics {
             "API requests by verb, resource and HTTP code",
             requests.clone(),
         );
-        Self { registry: Mutex::new(registry), requests }
+        let by_agent = Family::<AgentLabels, Counter>::default();
+        registry.register(
+            "apiserver_requests_by_agent",
+            "API requests by the client's User-Agent product (kjob-worker, kjob-watcher, …)",
+            by_agent.clone(),
+        );
+        Self { registry: Mutex::new(registry), requests, by_agent }
     }
 
-    /// Counts one request.
-    pub fn count(&self, verb: &str, resource: &str, code: u16) {
+    /// Counts one request of client `agent`.
+    pub fn count(&self, verb: &str, resource: &str, code: u16, agent: &str) {
+        self.by_agent.get_or_create(&AgentLabels { agent: agent.to_owned() }).inc();
         self.requests
             .get_or_create(&RequestLabels {
                 verb: verb.to_owned(),

@@ -218,10 +218,11 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
     };
     let verb = verb_of(&parts.method, &target, &query);
     let resource_label = target.res.qualified();
+    let agent = crate::hooks::agent_of(&parts.headers);
     if let Some(err) =
         app.faults.injected_error().or_else(|| app.faults.quota_error(verb, &resource_label))
     {
-        app.metrics.count(verb, &resource_label, err.code);
+        app.metrics.count(verb, &resource_label, err.code, &agent);
         return err.into_response();
     }
     let is_write = !matches!(verb, "get" | "list" | "watch");
@@ -236,7 +237,7 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
     let body = match read_body(body).await {
         Ok(b) => b,
         Err(e) => {
-            app.metrics.count(verb, &resource_label, e.code);
+            app.metrics.count(verb, &resource_label, e.code, &agent);
             return e.into_response();
         }
     };
@@ -245,7 +246,7 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Response {
             Ok(r) => r,
             Err(e) => e.into_response(),
         };
-    app.metrics.count(verb, &resource_label, resp.status().as_u16());
+    app.metrics.count(verb, &resource_label, resp.status().as_u16(), &agent);
     resp
 }
 

@@ -50,6 +50,8 @@ struct Counters {
     forwarded: AtomicU64,
     refused: AtomicU64,
     watches_cut: AtomicU64,
+    /// Forwarded requests by the client's User-Agent product (`kjob-worker`, …).
+    by_agent: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 #[derive(Debug)]
@@ -166,6 +168,12 @@ impl FaultProxy {
             refused: c.refused.load(Ordering::Relaxed),
             watches_cut: c.watches_cut.load(Ordering::Relaxed),
         }
+    }
+
+    /// Requests forwarded to the apiserver from clients whose User-Agent product is `agent`
+    /// (`kjob-worker` for `kjob-worker/0.1.0`): what the apiserver received from them.
+    pub fn forwarded_from(&self, agent: &str) -> u64 {
+        self.shared.counters.by_agent.lock().get(agent).copied().unwrap_or(0)
     }
 
     /// Writes to `to` the kubeconfig `from` with its server replaced by the proxy (same user
@@ -295,6 +303,12 @@ async fn handle(
         Err(e) => return Ok(bad_gateway(format!("forwarding to the apiserver: {e}"))),
     };
     shared.counters.forwarded.fetch_add(1, Ordering::Relaxed);
+    *shared
+        .counters
+        .by_agent
+        .lock()
+        .entry(kjob_sim::hooks::agent_of(&parts.headers))
+        .or_default() += 1;
     let mut resp = Response::builder().status(upstream.status());
     for (name, value) in upstream.headers() {
         if !hop_by_hop(name) {

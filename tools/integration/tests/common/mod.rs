@@ -135,6 +135,8 @@ impl WorkerHandle {
             lease_duration: lease,
             kube_qps: 500.0,
             kube_burst: 1000,
+            api_qps_total: None,
+            api_burst_total: None,
             controller_name: kjob_core::DEFAULT_CONTROLLER_NAME.to_string(),
             manage_all_jobs: false,
             shutdown_grace,
