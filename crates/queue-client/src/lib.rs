@@ -48,7 +48,7 @@ pub const VIEW_READ_ATTEMPTS: usize = 2;
 #[derive(Debug, Clone, PartialEq)]
 pub enum ViewPages {
     /// The whole view, at one version (`next_page` empty).
-    Trusted(JobView),
+    Trusted(Box<JobView>),
     /// The view is not trusted: read the API server.
     Untrusted,
     /// The view changed while its pages were read: nothing of it may be planned from.
@@ -429,7 +429,7 @@ impl QueueClient {
                 return Ok(ViewPages::Moved);
             }
         }
-        Ok(ViewPages::Trusted(view))
+        Ok(ViewPages::Trusted(Box::new(view)))
     }
 
     /// The shared view of Job `key` with the per-Job `records` asked for, whole
@@ -442,7 +442,7 @@ impl QueueClient {
     ) -> Result<Option<JobView>, ClientError> {
         for _ in 0..VIEW_READ_ATTEMPTS {
             match self.read_job_view(key, records, None).await? {
-                ViewPages::Trusted(v) => return Ok(Some(v)),
+                ViewPages::Trusted(v) => return Ok(Some(*v)),
                 ViewPages::Untrusted => return Ok(None),
                 ViewPages::Moved => {}
             }

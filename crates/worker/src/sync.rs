@@ -266,7 +266,7 @@ impl JobRun<'_> {
         let v = loop {
             attempts += 1;
             match self.ctx.queue.read_job_view(key, &[BACKOFF_RECORD], first.take()).await? {
-                ViewPages::Trusted(v) => break v,
+                ViewPages::Trusted(v) => break *v,
                 ViewPages::Untrusted => {
                     self.ctx.metrics.view_read("untrusted");
                     return Ok(None);

@@ -128,7 +128,7 @@ fn main() -> anyhow::Result<()> {
     let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
     let server = rt.spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
     let client = QueueClient::connect_lazy(&url)?;
-    let view_key = ViewKey::new(&[7; 32])?;
+    let view_key = ViewKey::new(&[7; 32]).ok_or_else(|| anyhow::anyhow!("a view key"))?;
     let key = format!("{NS}/{JOB}");
 
     // The view, written as the watcher writes a snapshot.

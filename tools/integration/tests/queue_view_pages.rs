@@ -170,7 +170,7 @@ async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
 
     // The worker's read: every pod exactly once, each sealed for this Job.
     let view = match client.read_job_view(&key, &["backoff"], None).await.unwrap() {
-        ViewPages::Trusted(v) => v,
+        ViewPages::Trusted(v) => *v,
         other => panic!("{other:?}"),
     };
     assert_eq!(view.pods.len(), PODS);
