@@ -228,6 +228,15 @@ async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
     let bad = v1::GetJobViewRequest { key: key.clone(), page: "x".into(), ..Default::default() };
     let status = raw.get_job_view(bad).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    // Records come with the first page only.
+    let later = v1::GetJobViewRequest {
+        key: key.clone(),
+        page: first.next_page.clone(),
+        records: vec!["backoff".into()],
+        ..Default::default()
+    };
+    let status = raw.get_job_view(later).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 
     // A Lease brings no view it cannot carry whole: the lessee reads it in pages.
     let item =
