@@ -127,7 +127,11 @@ fn main() -> anyhow::Result<()> {
     let shutdown = Shutdown::new();
     let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
     let server = rt.spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
-    let client = QueueClient::connect_lazy(&url)?;
+    // The writer's client lives on this runtime (its connection task too).
+    let client = {
+        let _rt = rt.enter();
+        QueueClient::connect_lazy(&url)?
+    };
     let view_key = ViewKey::new(&[7; 32]).ok_or_else(|| anyhow::anyhow!("a view key"))?;
     let key = format!("{NS}/{JOB}");
 
@@ -178,12 +182,18 @@ fn main() -> anyhow::Result<()> {
 
     // The reads, on a thread of their own so its CPU is the reader's alone.
     let reader = {
-        let (client, key, view_key) = (client.clone(), key.clone(), view_key.clone());
+        let (key, view_key) = (key.clone(), view_key.clone());
         std::thread::spawn(move || -> anyhow::Result<String> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            // A client of this thread's runtime: its HTTP/2 connection's work is this thread's.
+            let client = {
+                let _rt = rt.enter();
+                QueueClient::connect_lazy(&url)?
+            };
             // Page sizes, as a raw client that takes any size sees them.
             let (pages, largest) = rt.block_on(async {
-                let channel = tonic::transport::Channel::from_shared(url)?.connect().await?;
+                let channel =
+                    tonic::transport::Channel::from_shared(url.clone())?.connect().await?;
                 let mut raw = v1::job_state_client::JobStateClient::new(channel)
                     .max_decoding_message_size(usize::MAX);
                 let (mut page, mut sizes) = (String::new(), Vec::new());
