@@ -57,10 +57,16 @@ pub const MAX_KEY_LEN: usize = 63 + 1 + 253;
 /// batches (Add, DoneBatch, the Dones a Lease carries) are split by their senders by encoded
 /// bytes below it. One call's request then costs kjob-queue at most this much memory to decode.
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
-/// Largest reply message kjob-queue sends (64 MiB): a Job view comes back whole, at about
-/// 2.2 KB per pod, and a 20,000-pod Job's view (~44 MB) must fit. Views paged by size (issue
-/// 46) would let this come down to the request cap.
-pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
+/// Largest reply message kjob-queue sends, and so the most a client decodes (16 MiB): a Job
+/// view larger than a page comes in pages of [`VIEW_PAGE_BYTES`] (issue 46), so no reply grows
+/// with a Job's size; the rest of the bound is room for what rides along (the Job object at
+/// etcd's 1.5 MiB, records, a Lease's items and Done results).
+pub const MAX_REPLY_BYTES: usize = 16 * 1024 * 1024;
+/// Most bytes of pods one page of a Job view carries (a page also holds at least one pod,
+/// whatever its size): half of [`MAX_REPLY_BYTES`], so a first page with the Job object
+/// (≤ 1.5 MiB), 16 records (≤ 1 MiB), the expectations and one pod past the budget (≤ 1.5 MiB)
+/// stays under it; about 3,800 pods a page at today's ~2.2 KB a pod.
+pub const VIEW_PAGE_BYTES: usize = MAX_REPLY_BYTES / 2;
 /// Most items in one Add. The watcher, its only caller, sends at most 500 (its batch limit);
 /// twice that bounds one Add's script run (a script blocks Redis while it runs).
 pub const MAX_ADD_ITEMS: usize = 1000;

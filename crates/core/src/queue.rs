@@ -207,6 +207,17 @@ pub struct JobView {
     pub job_uid: String,
     /// The records asked for that exist.
     pub records: Vec<ViewRecord>,
+    /// Paged reads: where the next page begins (empty on the last page, and from a server
+    /// that does not page).
+    pub next_page: String,
+    /// Paged reads: the view's version this page was read at (every page of one read must
+    /// have the same).
+    pub version: u64,
+    /// The number of pods the view holds at `version`; `None` from a server that does not
+    /// page (its one reply is the whole view).
+    pub pod_count: Option<u64>,
+    /// The view changed since the page this one continues: the read must begin again.
+    pub moved: bool,
 }
 
 /// A Job object written back into its shared view (wire `PutJobViewRequest`).

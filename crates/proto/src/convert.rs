@@ -109,6 +109,10 @@ impl From<v1::GetJobViewResponse> for JobView {
                 .into_iter()
                 .map(|r| ViewRecord { name: r.name, value: r.value })
                 .collect(),
+            next_page: v.next_page,
+            version: v.version,
+            pod_count: v.pod_count,
+            moved: v.moved,
         }
     }
 }

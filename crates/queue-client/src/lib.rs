@@ -39,6 +39,22 @@ use tonic::{Code, Request, Status};
 /// Largest request sent and largest reply accepted: kjob-queue's own limits (their why is
 /// there). A request past the first fails here, before it is sent.
 pub use kjob_core::{MAX_REPLY_BYTES, MAX_REQUEST_BYTES};
+/// How often a whole-view read begins again when the view changed under it: a view that
+/// changes during two reads in a row belongs to a Job busy enough that the API server's
+/// consistent LIST (the untrusted path) is the better read.
+pub const VIEW_READ_ATTEMPTS: usize = 2;
+
+/// What a paged read of a Job's shared view found ([`QueueClient::read_job_view`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ViewPages {
+    /// The whole view, at one version (`next_page` empty).
+    Trusted(Box<JobView>),
+    /// The view is not trusted: read the API server.
+    Untrusted,
+    /// The view changed while its pages were read: nothing of it may be planned from.
+    Moved,
+}
+
 /// Connecting to the server must not hang longer than this; a retry follows.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of a unary call, on top of the long-poll wait for Lease: Redis scripts are bounded,
@@ -369,6 +385,71 @@ impl QueueClient {
         Ok((resp.items.into_iter().map(Leased::from).collect(), results))
     }
 
+    /// Reads the whole shared view of Job `key` page by page, beginning with `first` when the
+    /// caller has the first page already (a Lease brought it) or else asking for it with the
+    /// per-Job `records`. The pages must all be of one version of the view and hold as many
+    /// distinct pods as the view counts at that version; otherwise the view changed during the
+    /// read ([`ViewPages::Moved`]: read again, or read the API server).
+    pub async fn read_job_view(
+        &self,
+        key: &str,
+        records: &[&str],
+        first: Option<JobView>,
+    ) -> Result<ViewPages, ClientError> {
+        let mut view = match first {
+            Some(v) => v,
+            None => self.get_job_view_page(key, records, "").await?,
+        };
+        if view.moved {
+            return Ok(ViewPages::Moved);
+        }
+        if !view.trusted {
+            return Ok(ViewPages::Untrusted);
+        }
+        while !view.next_page.is_empty() {
+            let page = self.get_job_view_page(key, &[], &view.next_page).await?;
+            if page.moved || (page.trusted && page.version != view.version) {
+                return Ok(ViewPages::Moved);
+            }
+            if !page.trusted {
+                return Ok(ViewPages::Untrusted);
+            }
+            view.pods.extend(page.pods);
+            view.next_page = page.next_page;
+        }
+        if let Some(count) = view.pod_count {
+            let count = usize::try_from(count).unwrap_or(usize::MAX);
+            // HSCAN returns a pod twice when the hash was resized between pages; at one version
+            // the copies are the same bytes. Sorting costs only then.
+            if view.pods.len() > count {
+                view.pods.sort_unstable();
+                view.pods.dedup();
+            }
+            if view.pods.len() != count {
+                return Ok(ViewPages::Moved);
+            }
+        }
+        Ok(ViewPages::Trusted(Box::new(view)))
+    }
+
+    /// The shared view of Job `key` with the per-Job `records` asked for, whole
+    /// ([`Self::read_job_view`], begun again up to [`VIEW_READ_ATTEMPTS`] times while it
+    /// changes under the read); `None` when it is not trusted or kept changing.
+    pub async fn get_job_view(
+        &self,
+        key: &str,
+        records: &[&str],
+    ) -> Result<Option<JobView>, ClientError> {
+        for _ in 0..VIEW_READ_ATTEMPTS {
+            match self.read_job_view(key, records, None).await? {
+                ViewPages::Trusted(v) => return Ok(Some(*v)),
+                ViewPages::Untrusted => return Ok(None),
+                ViewPages::Moved => {}
+            }
+        }
+        Ok(None)
+    }
+
     /// Finishes up to [`MAX_DONE_BATCH`] leases in one DoneBatch call, with the retry policy of
     /// [`Self::done`]. The outer error is the call's (nothing applied, or bad input); otherwise
     /// one result per item in order, as `done` would return it: a stale lease is
@@ -526,12 +607,14 @@ unary_calls! {
         = job_state.delete_record(v1::DeleteRecordRequest { key: owned(key), name: owned(name) })
         => |r| r.deleted;
 
-    /// Reads the shared view of Job `key` with the per-Job `records` asked for; `None` when it
-    /// is not trusted.
-    fn get_job_view(key: &str, records: &[&str]) -> Option<JobView>
+    /// Reads one page of the shared view of Job `key`: the first (`page` empty, with the
+    /// per-Job `records` asked for) or the one a page's `next_page` names. See
+    /// [`Self::read_job_view`] for the whole view.
+    fn get_job_view_page(key: &str, records: &[&str], page: &str) -> JobView
         = job_state.get_job_view(v1::GetJobViewRequest {
-            key: owned(key), records: records.iter().map(|r| owned(r)).collect()
-        }) => |r| r.trusted.then(|| r.into());
+            key: owned(key), records: records.iter().map(|r| owned(r)).collect(), paged: true,
+            page: owned(page)
+        }) => |r| r.into();
 
     /// Writes back a Job object (as the API server returned it) into the shared view of `key`,
     /// and acknowledges `orphans_handled` orphan notices; returns whether the object was stored.

@@ -17,7 +17,7 @@ use kjob_workqueue::budget::TokenAsk;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
-    SessionPhase, Store, ViewOp, Waker, WqError,
+    SessionPhase, Store, ViewCursor, ViewOp, ViewPage, Waker, WqError,
 };
 use tonic::{Request, Response, Status};
 
@@ -483,6 +483,17 @@ impl QueueService {
                     items[i].view = view;
                 }
             }
+            // Views ride along while the reply stays under the cap; the lessees of the rest
+            // read them with GetJobView (paged), as after a failed read.
+            let mut room = validate::MAX_REPLY_BYTES - validate::LEASE_REPLY_ROOM;
+            for it in &mut items {
+                let len = it.view.as_ref().map_or(0, prost::Message::encoded_len);
+                if len > room {
+                    it.view = None;
+                } else {
+                    room -= len;
+                }
+            }
         }
         Ok(v1::LeaseResponse { items, done_results })
     }
@@ -802,25 +813,67 @@ impl QueueService {
     ) -> Result<v1::GetJobViewResponse, Refused> {
         validate::key(&r.key)?;
         view_records(&r.records)?;
-        let view = self.store.get_job_view(&r.key, &r.records).await?;
-        Ok(view_reply(view))
+        let from = if r.page.is_empty() {
+            None
+        } else {
+            let cursor = ViewCursor::parse(&r.page).ok_or_else(|| {
+                invalid(format!("page {:?} is not a next_page GetJobView answered", r.page))
+            })?;
+            if !r.records.is_empty() {
+                return Err(invalid("records are read with a view's first page only".into()));
+            }
+            Some(cursor)
+        };
+        // A caller that does not page (older than paged views) gets the whole view in one
+        // reply, or, when that would not fit, an untrusted one: it then reads the API server,
+        // which is slower but right.
+        let paged = r.paged || from.is_some();
+        let budget = if paged { validate::VIEW_PAGE_BYTES } else { validate::WHOLE_VIEW_BYTES };
+        let page = self.store.get_job_view_page(&r.key, &r.records, from, budget).await?;
+        let reply = match page {
+            ViewPage::Pods(p) if !paged && p.next.is_some() => {
+                tracing::debug!(
+                    key = r.key,
+                    pods = p.pod_count,
+                    "a view too large for one reply, asked for whole: answered untrusted"
+                );
+                v1::GetJobViewResponse::default()
+            }
+            ViewPage::Moved if !paged => v1::GetJobViewResponse::default(),
+            page => page_reply(page),
+        };
+        // A first page is bounded by construction (see VIEW_PAGE_BYTES); should records and
+        // expectations ever make one larger, no reply above the cap leaves: untrusted instead.
+        if prost::Message::encoded_len(&reply) > validate::MAX_REPLY_BYTES {
+            tracing::warn!(
+                key = r.key,
+                "a view page is larger than the reply cap; answered untrusted"
+            );
+            return Ok(v1::GetJobViewResponse::default());
+        }
+        Ok(reply)
     }
 
-    /// The views of freshly leased Job keys, read concurrently (pipelined on one connection).
-    /// A view that cannot be read is left out: its lessee asks with GetJobView, and the leases
-    /// already granted are returned whatever happens here.
+    /// The views of freshly leased Job keys, read concurrently (pipelined on one connection),
+    /// each only when it fits in one page. A view that cannot be read, or is larger, is left
+    /// out: its lessee asks with GetJobView, and the leases already granted are returned
+    /// whatever happens here.
     async fn leased_views(
         &self,
         keys: &[&str],
         records: &[String],
     ) -> Vec<Option<v1::GetJobViewResponse>> {
-        let reads = keys.iter().map(|key| self.store.get_job_view(key, records));
+        let reads = keys
+            .iter()
+            .map(|key| self.store.get_job_view_page(key, records, None, validate::VIEW_PAGE_BYTES));
         futures::future::join_all(reads)
             .await
             .into_iter()
             .zip(keys)
             .map(|(res, key)| match res {
-                Ok(v) => Some(view_reply(v)),
+                Ok(ViewPage::Pods(p)) if p.next.is_some() => None,
+                Ok(ViewPage::Moved) => None,
+                Ok(page) => Some(page_reply(page)),
                 Err(e) => {
                     tracing::debug!(key, error = %e, "reading a leased key's view failed");
                     None
@@ -960,6 +1013,25 @@ fn view_records(records: &[String]) -> Result<(), Refused> {
     Ok(())
 }
 
+/// A page of a view read as the wire answers it.
+fn page_reply(page: ViewPage) -> v1::GetJobViewResponse {
+    match page {
+        ViewPage::Untrusted => v1::GetJobViewResponse::default(),
+        ViewPage::Moved => v1::GetJobViewResponse { moved: true, ..Default::default() },
+        ViewPage::Pods(p) => {
+            let mut reply = match p.head {
+                Some(head) => view_reply(Some(*head)),
+                None => v1::GetJobViewResponse { trusted: true, ..Default::default() },
+            };
+            reply.pods = p.pods;
+            reply.version = p.version;
+            reply.pod_count = Some(p.pod_count);
+            reply.next_page = p.next.map(|c| c.token()).unwrap_or_default();
+            reply
+        }
+    }
+}
+
 /// A view read as the wire answers it: untrusted (`None`) is an empty, untrusted reply.
 fn view_reply(view: Option<kjob_workqueue::JobView>) -> v1::GetJobViewResponse {
     match view {
@@ -976,6 +1048,8 @@ fn view_reply(view: Option<kjob_workqueue::JobView>) -> v1::GetJobViewResponse {
                 .into_iter()
                 .map(|(name, value)| v1::ViewRecord { name, value })
                 .collect(),
+            // Whole (an Add's hand-off, read in its script): no pages, nothing to count.
+            ..Default::default()
         },
         None => v1::GetJobViewResponse::default(),
     }

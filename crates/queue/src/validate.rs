@@ -28,8 +28,17 @@ pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 pub const MAX_VIEW_OBJECT_BYTES: usize = 1536 * 1024;
 /// Most records read with one view.
 pub const MAX_VIEW_RECORDS: usize = 16;
-/// Largest request kjob-queue decodes and largest reply it sends (see their why there).
-pub use kjob_core::{MAX_REPLY_BYTES, MAX_REQUEST_BYTES};
+/// Largest request kjob-queue decodes and largest reply it sends, and the pods of one view
+/// page (see their why there).
+pub use kjob_core::{MAX_REPLY_BYTES, MAX_REQUEST_BYTES, VIEW_PAGE_BYTES};
+/// Most bytes of pods in the one reply to a caller that does not page views (a worker older
+/// than paged views): a larger view is answered untrusted, and the caller reads the API
+/// server. Leaves 4 MiB of [`MAX_REPLY_BYTES`] for the Job object (≤ 1.5 MiB), the records
+/// (≤ 1 MiB), the expectations and one pod past the budget.
+pub const WHOLE_VIEW_BYTES: usize = MAX_REPLY_BYTES - 4 * 1024 * 1024;
+/// Room a Lease reply keeps beside the views it carries, for its items (≤ 1,000, about 100
+/// bytes each) and Done results (≤ 200): the views get the rest of [`MAX_REPLY_BYTES`].
+pub const LEASE_REPLY_ROOM: usize = 1024 * 1024;
 
 /// Most events in one GateEvents call, and the longest message it accepts.
 pub use kjob_core::events::{MAX_GATE_EVENTS, MAX_GATED_MESSAGE_BYTES as MAX_EVENT_MESSAGE_BYTES};

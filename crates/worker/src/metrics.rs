@@ -106,6 +106,7 @@ pub struct ViewLabels {
     /// `trusted` (planned from the shared view), `orphans` (the view, but pods listed to adopt
     /// orphans), `untrusted` (no trusted view: consistent reads), `undecodable` (a view that
     /// did not parse: consistent reads), `forged` (an entry not sealed by kjob for this Job:
+    /// consistent reads), `moved` (a view read in pages that changed during every read:
     /// consistent reads).
     pub result: String,
 }
@@ -232,7 +233,7 @@ impl Metrics {
     /// Lease follows it closely, which a quiet worker may never see).
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::register(registry);
-        for result in ["trusted", "orphans", "untrusted", "undecodable", "forged"] {
+        for result in ["trusted", "orphans", "untrusted", "undecodable", "forged", "moved"] {
             drop(m.job_view_reads.get_or_create(&ViewLabels { result: result.into() }));
         }
         for queue in kjob_core::QUEUES {

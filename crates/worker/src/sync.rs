@@ -9,7 +9,10 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::seal::{EntryKind, SealError, ViewKey};
 use kjob_core::{JOB_TRACKING_FINALIZER, ObjectKey};
-use kjob_queue_client::{AddItem, JobExpectations, JobView, SetExpectations, ViewWriteBack};
+use kjob_queue_client::{
+    AddItem, JobExpectations, JobView, SetExpectations, VIEW_READ_ATTEMPTS, ViewPages,
+    ViewWriteBack,
+};
 use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
@@ -256,13 +259,29 @@ impl JobRun<'_> {
         key: &str,
         leased: Option<JobView>,
     ) -> Result<Option<ViewRead>, SyncError> {
-        let v = match leased {
-            Some(v) => v.trusted.then_some(v),
-            None => self.ctx.queue.get_job_view(key, &[BACKOFF_RECORD]).await?,
-        };
-        let Some(v) = v else {
-            self.ctx.metrics.view_read("untrusted");
-            return Ok(None);
+        // The Lease reply brings a view that fits in it whole; a larger one is read here, page
+        // by page, all of one version (begun again once if it changed under the read).
+        let mut first = leased;
+        let mut attempts = 0;
+        let v = loop {
+            attempts += 1;
+            match self.ctx.queue.read_job_view(key, &[BACKOFF_RECORD], first.take()).await? {
+                ViewPages::Trusted(v) => break *v,
+                ViewPages::Untrusted => {
+                    self.ctx.metrics.view_read("untrusted");
+                    return Ok(None);
+                }
+                ViewPages::Moved if attempts < VIEW_READ_ATTEMPTS => {}
+                ViewPages::Moved => {
+                    tracing::debug!(
+                        job = key,
+                        attempts,
+                        "the shared view changed during every paged read; reading the API server"
+                    );
+                    self.ctx.metrics.view_read("moved");
+                    return Ok(None);
+                }
+            }
         };
         match decode_view(v, key, &self.ctx.view_key) {
             Ok(read) => {

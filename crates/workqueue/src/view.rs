@@ -157,8 +157,10 @@ local function session_accepts(current, session)
     (current == session or current == session .. '|pending')
 end
 
--- kind 1 JOB, 2 DELETE_JOB, 3 POD, 4 DELETE_POD, 5 RESET, 6 TRUST, 7 ORPHANS.
-local function apply_view(JOB, PODS, META, gc_ms, session, ops, first, count)
+-- kind 1 JOB, 2 DELETE_JOB, 3 POD, 4 DELETE_POD, 5 RESET, 6 TRUST, 7 ORPHANS. SEQ: the
+-- shard's counters (its `view_ver` gives each changed view a version it never had).
+local function apply_view(JOB, PODS, META, SEQ, gc_ms, session, ops, first, count)
+  local moved = false
   for i = first, first + 4 * (count - 1), 4 do
     local kind, name, obj, rv = tonumber(ops[i]), ops[i + 1], ops[i + 2], ops[i + 3]
     if kind == 1 then
@@ -168,17 +170,22 @@ local function apply_view(JOB, PODS, META, gc_ms, session, ops, first, count)
         redis.call('DEL', PODS, META)
         redis.call('SET', JOB, obj)
         redis.call('HSET', META, 'uid', name, 'rv', rv, 'epoch', '')
+        moved = true
       elseif newer(rv, cur[2]) then
         redis.call('SET', JOB, obj)
         redis.call('HSET', META, 'uid', name, 'rv', rv)
       end
     elseif kind == 2 then
       redis.call('DEL', JOB, PODS, META)
+      moved = false
     elseif kind == 3 then
       redis.call('HSET', PODS, name, obj)
+      moved = true
     elseif kind == 4 then
       redis.call('HDEL', PODS, name)
+      moved = true
     elseif kind == 5 then
+      moved = true
       local cur = redis.call('HGET', META, 'uid')
       if cur and cur ~= name then
         redis.call('DEL', JOB, META)
@@ -191,6 +198,10 @@ local function apply_view(JOB, PODS, META, gc_ms, session, ops, first, count)
       redis.call('HINCRBY', META, 'orphans', 1)
     end
   end
+  -- A paged read compares the version of its pages: a view whose pods changed gets one no
+  -- page has seen (a per-shard sequence, so a view deleted and written again never repeats
+  -- one).
+  if moved then redis.call('HSET', META, 'ver', redis.call('HINCRBY', SEQ, 'view_ver', 1)) end
   -- Views of Jobs whose delete nobody saw go away with the other idle records.
   redis.call('PEXPIRE', JOB, gc_ms)
   redis.call('PEXPIRE', PODS, gc_ms)
@@ -255,17 +266,109 @@ impl GetViewKeys {
 /// 6 its finalizer set, 7 run, 8 its per-Job records.
 /// ARGV: record names.
 /// Reply: `read_view`'s (see `apply_view_fn!`) without the pods, read in one script with the
-/// session check; [`Store::get_job_view`] reads the pods with an HVALS in the same transaction.
+/// session check, and when trusted then the view's version and pod count;
+/// [`Store::get_job_view`] reads the pods with an HVALS in the same transaction,
+/// [`Store::get_job_view_page`] with an HSCAN.
 const GET_VIEW: &str = concat!(
     apply_view_fn!(),
     r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local current = view_current(KEYS[1], KEYS[7])
-return read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], now, ARGV, 1, #ARGV,
-  false)
+local r = read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], now, ARGV, 1,
+  #ARGV, false)
+if r[1] == 1 then
+  r[#r + 1] = tonumber(redis.call('HGET', KEYS[4], 'ver') or 0)
+  r[#r + 1] = redis.call('HLEN', KEYS[3])
+end
+return r
 "#
 );
+
+/// KEYS[1] -> the view session, KEYS[2] -> the view meta, KEYS[3] -> the view pods, KEYS[4] ->
+/// the view run.
+/// Reply: `{0}` when the view is not trusted (as `read_view` decides), else `{1, version,
+/// pod_count}`: a later page of a paged read checks trust and version in the transaction
+/// whose HSCAN reads its pods.
+const VIEW_PAGE: &str = concat!(
+    apply_view_fn!(),
+    r#"
+local current = view_current(KEYS[1], KEYS[4])
+local m = redis.call('HMGET', KEYS[2], 'epoch', 'ver')
+if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
+return {1, tonumber(m[2] or 0), redis.call('HLEN', KEYS[3])}
+"#
+);
+
+static VIEW_PAGE_SCRIPT: Lua = Lua::new("job_view_page", VIEW_PAGE);
+
+/// HSCAN's COUNT for one chunk of a paged view read: a few hundred pods (about half a
+/// megabyte at today's ~2 KB a pod) per Redis transaction, short for Redis, a few per page.
+const VIEW_SCAN_COUNT: u32 = 256;
+
+/// Where a paged view read goes on: the view's version its pages so far were read at, the
+/// HSCAN cursor of the chunk to read next, and how many of that chunk's first entries an
+/// earlier page took already (a page ends on a byte budget, not on a chunk's end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewCursor {
+    /// The version of the view the pages were read at.
+    pub version: u64,
+    /// The HSCAN cursor of the next chunk.
+    pub scan: u64,
+    /// Entries of that chunk an earlier page returned.
+    pub skip: u32,
+}
+
+impl ViewCursor {
+    /// The cursor as a page token (`version.scan.skip`).
+    pub fn token(&self) -> String {
+        format!("{}.{}.{}", self.version, self.scan, self.skip)
+    }
+
+    /// Reads a page token; `None` when it is not one [`Self::token`] makes.
+    pub fn parse(token: &str) -> Option<Self> {
+        let mut it = token.split('.');
+        let version = it.next()?.parse().ok()?;
+        let scan = it.next()?.parse().ok()?;
+        let skip = it.next()?.parse().ok()?;
+        it.next().is_none().then_some(Self { version, scan, skip })
+    }
+}
+
+/// One page of a view read by [`Store::get_job_view_page`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewPage {
+    /// The view is not trusted (now): read the API server.
+    Untrusted,
+    /// The view's pods changed since the version the read began at: begin again.
+    Moved,
+    /// Pods of the view at one version.
+    Pods(ViewPods),
+}
+
+/// The pods of one page of a view read, at one version of the view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewPods {
+    /// First page only: the view's object, expectations and records (its `pods` empty).
+    pub head: Option<Box<JobView>>,
+    /// This page's pods, at most the budget's bytes (or one pod, if larger).
+    pub pods: Vec<Vec<u8>>,
+    /// The view's version: every page of one read must have the same.
+    pub version: u64,
+    /// How many pods the view holds at that version.
+    pub pod_count: u64,
+    /// Where the next page begins; `None` on the last.
+    pub next: Option<ViewCursor>,
+}
+
+/// One HSCAN chunk of a view, read in one transaction with its trust check.
+struct ViewChunk {
+    head: Option<Box<JobView>>,
+    version: u64,
+    pod_count: u64,
+    next_scan: u64,
+    pods: Vec<Vec<u8>>,
+}
 
 static GET_VIEW_SCRIPT: Lua = Lua::new("get_job_view", GET_VIEW);
 
@@ -301,11 +404,133 @@ impl Store {
         Ok(Some(view))
     }
 
+    /// Reads one page of the view of Job `key`: from its first pod (`from` = `None`, which
+    /// also reads the object, expectations and `records`) or from where an earlier page ended,
+    /// until its pods reach `budget` bytes (a page holds at least one pod, whatever its size)
+    /// or the view's end. Each HSCAN chunk is read in one transaction with the view's trust
+    /// and version, so every pod of a page is of the version it reports; a page whose chunks
+    /// disagree, or that does not have `from`'s version, is [`ViewPage::Moved`]. Pods may come
+    /// twice across pages (HSCAN returns an entry again when the hash was resized between
+    /// chunks), never changed: a reader that finds more pods than `pod_count` drops exact
+    /// duplicates, and one that then counts another number than `pod_count` begins again.
+    pub async fn get_job_view_page(
+        &self,
+        key: &str,
+        records: &[String],
+        from: Option<ViewCursor>,
+        budget: usize,
+    ) -> Result<ViewPage, WqError> {
+        let tag = self.layout().job_tag(key);
+        let keys = GetViewKeys {
+            session: view_session_key(&tag),
+            view: ViewKeys::new(&tag, key),
+            exp: ExpKeys::new(&tag, key),
+            run: view_run_key(&tag),
+        };
+        let (mut scan, mut skip) = from.map_or((0, 0), |c| (c.scan, c.skip as usize));
+        let mut version = from.map(|c| c.version);
+        let mut page =
+            ViewPods { head: None, pods: Vec::new(), version: 0, pod_count: 0, next: None };
+        let mut bytes = 0usize;
+        let mut first = from.is_none();
+        loop {
+            let chunk = if first {
+                self.first_chunk(&keys, records).await?
+            } else {
+                self.next_chunk(&keys, scan).await?
+            };
+            let Some(chunk) = chunk else { return Ok(ViewPage::Untrusted) };
+            if version.is_some_and(|v| v != chunk.version) {
+                return Ok(ViewPage::Moved);
+            }
+            version = Some(chunk.version);
+            if first {
+                page.head = chunk.head;
+                first = false;
+            }
+            page.version = chunk.version;
+            page.pod_count = chunk.pod_count;
+            // A chunk read again may be shorter than the part of it already returned (the hash
+            // was resized): the reader's count check then finds what is missing.
+            for (i, pod) in chunk.pods.into_iter().enumerate().skip(skip) {
+                if !page.pods.is_empty() && bytes + pod.len() > budget {
+                    let skip = u32::try_from(i).unwrap_or(u32::MAX);
+                    page.next = Some(ViewCursor { version: chunk.version, scan, skip });
+                    return Ok(ViewPage::Pods(page));
+                }
+                bytes += pod.len();
+                page.pods.push(pod);
+            }
+            skip = 0;
+            if chunk.next_scan == 0 {
+                return Ok(ViewPage::Pods(page));
+            }
+            scan = chunk.next_scan;
+            if bytes >= budget {
+                page.next = Some(ViewCursor { version: chunk.version, scan, skip: 0 });
+                return Ok(ViewPage::Pods(page));
+            }
+        }
+    }
+
+    /// The first chunk of a paged read: GET_VIEW and an HSCAN from cursor 0, in one
+    /// transaction. `None` when the view is not trusted.
+    async fn first_chunk(
+        &self,
+        keys: &GetViewKeys,
+        records: &[String],
+    ) -> Result<Option<ViewChunk>, WqError> {
+        let args: Vec<Vec<u8>> = records.iter().map(Arg::arg).collect();
+        let (v, reads) = self
+            .run_then_read(&GET_VIEW_SCRIPT, &keys.to_vec(), &args, &[scan_cmd(keys, 0)])
+            .await?;
+        let mut f = Fields::new("get_job_view", &v)?;
+        let Some(head) = self.read_view_fields(&mut f, records)? else { return Ok(None) };
+        let version = f.u64("version")?;
+        let pod_count = f.u64("pod_count")?;
+        let (next_scan, pods) = scan_reply(&reads)?;
+        Ok(Some(ViewChunk { head: Some(Box::new(head)), version, pod_count, next_scan, pods }))
+    }
+
+    /// A later chunk of a paged read: VIEW_PAGE and an HSCAN from `scan`, in one transaction.
+    /// `None` when the view is not trusted any more.
+    async fn next_chunk(
+        &self,
+        keys: &GetViewKeys,
+        scan: u64,
+    ) -> Result<Option<ViewChunk>, WqError> {
+        let page_keys = [
+            keys.session.clone(),
+            keys.view.meta.clone(),
+            keys.view.pods.clone(),
+            keys.run.clone(),
+        ];
+        let (v, reads) =
+            self.run_then_read(&VIEW_PAGE_SCRIPT, &page_keys, &[], &[scan_cmd(keys, scan)]).await?;
+        let mut f = Fields::new("job_view_page", &v)?;
+        if !f.flag("trusted")? {
+            return Ok(None);
+        }
+        let version = f.u64("version")?;
+        let pod_count = f.u64("pod_count")?;
+        let (next_scan, pods) = scan_reply(&reads)?;
+        Ok(Some(ViewChunk { head: None, version, pod_count, next_scan, pods }))
+    }
+
     /// Reads a view as `read_view` replies it (GET_VIEW, and ADD's hand-offs): `None` when it
     /// is not trusted.
     pub(crate) fn job_view_reply(
         &self,
         mut f: Fields<'_>,
+        records: &[String],
+    ) -> Result<Option<JobView>, WqError> {
+        self.read_view_fields(&mut f, records)
+    }
+
+    /// [`Self::job_view_reply`] from a cursor that may go on past the view's fields.
+    fn read_view_fields(
+        &self,
+        f: &mut Fields<'_>,
         records: &[String],
     ) -> Result<Option<JobView>, WqError> {
         if !f.flag("trusted")? {
@@ -344,6 +569,27 @@ impl Store {
             records: found,
         }))
     }
+}
+
+/// `HSCAN pods scan COUNT` [`VIEW_SCAN_COUNT`].
+fn scan_cmd(keys: &GetViewKeys, scan: u64) -> redis::Cmd {
+    let mut c = redis::cmd("HSCAN");
+    c.arg(&keys.view.pods).arg(scan).arg("COUNT").arg(VIEW_SCAN_COUNT);
+    c
+}
+
+/// An HSCAN reply (the one read of its transaction): the next cursor and the values.
+fn scan_reply(reads: &[Value]) -> Result<(u64, Vec<Vec<u8>>), WqError> {
+    let v = reads.first().unwrap_or(&Value::Nil);
+    let mut f = Fields::new("job_view_scan", v)?;
+    let next = f.u64("cursor")?;
+    let mut entries = f.array("entries")?;
+    let mut pods = Vec::with_capacity(entries.remaining() / 2);
+    while entries.remaining() > 0 {
+        entries.skip("pod name")?;
+        pods.push(entries.bytes("pod")?);
+    }
+    Ok((next, pods))
 }
 
 /// KEYS[1] -> the Job's view object, KEYS[2] -> its view meta.

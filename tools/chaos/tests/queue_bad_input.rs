@@ -289,9 +289,13 @@ async fn send(
                 .map(drop),
             Req::GetView { key } => {
                 let mut e = e.clone();
-                e.get_job_view(v1::GetJobViewRequest { key, records: vec!["backoff".into()] })
-                    .await
-                    .map(drop)
+                e.get_job_view(v1::GetJobViewRequest {
+                    key,
+                    records: vec!["backoff".into()],
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
             }
             Req::Forget { key, pod_uids } => {
                 let mut e = e.clone();

@@ -11,7 +11,7 @@ use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, Enqueue, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch,
     LeaseOutcome, Observation, ObservationKind, RedisOptions, RedisTarget, RedisTls, SessionPhase,
-    Store, StoreConfig, ViewOp, Waker, WqError,
+    Store, StoreConfig, ViewOp, ViewPage, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -1054,6 +1054,7 @@ every_backend!(
     handoff_skips_a_lessee_that_went_away,
     handoff_brings_the_view_read_in_the_add_script,
     a_large_view_is_left_to_get_view,
+    a_large_view_reads_in_pages,
 );
 
 /// A Redis that restarted may have lost the last view writes: nothing written before is
@@ -1404,4 +1405,112 @@ async fn a_large_view_is_left_to_get_view(s: Store) {
     assert_eq!(s.get_job_view(k, &names).await.unwrap(), None);
     let _ = stop.send(());
     runner.await.unwrap();
+}
+
+/// Pods of the paged-view tests: 40,000 of 2,200 bytes (a trimmed, sealed pod of today), about
+/// 88 MB, five times the 16 MiB reply cap.
+const PAGED_PODS: usize = 40_000;
+/// Bytes of each of those pods.
+const PAGED_POD_BYTES: usize = 2_200;
+
+/// Pod `i` of a paged view: its name, and a body of [`PAGED_POD_BYTES`] that begins with it.
+fn paged_pod(i: usize) -> ViewOp {
+    let name = format!("p{i:06}");
+    let mut object = name.clone().into_bytes();
+    object.resize(PAGED_POD_BYTES, b'x');
+    ViewOp::Pod { name, object }
+}
+
+/// Writes a committed view of `n` pods as the watcher's snapshot does: Reset, the pods in Add
+/// items of 200 (its snapshot item), the Job and Trust.
+async fn big_view(s: &Store, k: &str, n: usize) {
+    let item =
+        |ops: Vec<ViewOp>| Enqueue { observe_only: true, ..Enqueue::now(k).writing_view("s", ops) };
+    assert!(s.view_session("s", SessionPhase::Begin).await.unwrap());
+    s.add(Q, &[item(vec![ViewOp::Reset { uid: "u".into() }])]).await.unwrap();
+    let items: Vec<Enqueue> = (0..n)
+        .collect::<Vec<_>>()
+        .chunks(200)
+        .map(|c| item(c.iter().map(|&i| paged_pod(i)).collect()))
+        .collect();
+    // About 6.6 MB an Add, under kjob-queue's 8 MiB request cap, as the watcher sends them.
+    for batch in items.chunks(15) {
+        s.add(Q, batch).await.unwrap();
+    }
+    s.add(Q, &[item(vec![job_op("u", "1", "job"), ViewOp::Trust])]).await.unwrap();
+    assert!(s.view_session("s", SessionPhase::Commit).await.unwrap());
+}
+
+/// Reads every page of `k`'s view with `budget`; panics unless each is of one version.
+async fn every_page(s: &Store, k: &str, budget: usize) -> Vec<kjob_workqueue::ViewPods> {
+    let mut pages: Vec<kjob_workqueue::ViewPods> = Vec::new();
+    let mut from = None;
+    loop {
+        let page = match s.get_job_view_page(k, &[], from, budget).await.unwrap() {
+            ViewPage::Pods(p) => p,
+            other => panic!("page {} of {k}: {other:?}", pages.len()),
+        };
+        assert_eq!(page.head.is_some(), pages.is_empty(), "the object comes with page one only");
+        if let Some(first) = pages.first() {
+            assert_eq!(page.version, first.version, "one version for every page");
+        }
+        from = page.next;
+        pages.push(page);
+        if from.is_none() {
+            return pages;
+        }
+    }
+}
+
+/// A view five times the reply cap comes back in pages of at most the page budget (or one
+/// pod), all of one version, every pod exactly once; a page budget that ends pages inside an
+/// HSCAN chunk still returns each pod once; a pod written between two pages, or a new watcher
+/// session, makes the next page say so instead of mixing two versions of the view.
+async fn a_large_view_reads_in_pages(s: Store) {
+    let k = "ns/huge";
+    big_view(&s, k, PAGED_PODS).await;
+    let budget = kjob_core::VIEW_PAGE_BYTES;
+    let pages = every_page(&s, k, budget).await;
+    let largest = pages.iter().map(|p| p.pods.iter().map(Vec::len).sum::<usize>()).max();
+    assert!(largest.unwrap() <= budget, "a page of {largest:?} bytes");
+    assert!(pages.len() >= PAGED_PODS * PAGED_POD_BYTES / budget, "{} pages", pages.len());
+    let names: Vec<&[u8]> = pages.iter().flat_map(|p| &p.pods).map(|b| &b[..7]).collect();
+    let distinct: HashSet<&[u8]> = names.iter().copied().collect();
+    assert_eq!((names.len(), distinct.len()), (PAGED_PODS, PAGED_PODS), "each pod once");
+    assert!(pages.iter().all(|p| p.pod_count == PAGED_PODS as u64));
+    let head = pages[0].head.as_ref().unwrap();
+    assert_eq!((head.job.as_slice(), head.uid.as_str()), (&b"job"[..], "u"));
+
+    // Pages that end inside a chunk (ten pods a page, 256 a chunk) resume where they ended.
+    let small = "ns/small";
+    big_view(&s, small, 600).await;
+    let pages = every_page(&s, small, 10 * PAGED_POD_BYTES).await;
+    assert_eq!(pages.len(), 60);
+    let names: HashSet<Vec<u8>> =
+        pages.iter().flat_map(|p| &p.pods).map(|b| b[..7].to_vec()).collect();
+    assert_eq!(names.len(), 600, "each pod once");
+
+    // One pod written between two pages: the next page is Moved, never a mix.
+    let first = |s: Store| async move {
+        match s.get_job_view_page(k, &[], None, budget).await.unwrap() {
+            ViewPage::Pods(p) => p.next.expect("more pages"),
+            other => panic!("{other:?}"),
+        }
+    };
+    let next = first(s.clone()).await;
+    let write = Enqueue::now(k).writing_view("s", vec![pod_op("p000001", "changed")]);
+    s.add(Q, &[write]).await.unwrap();
+    assert_eq!(s.get_job_view_page(k, &[], Some(next), budget).await.unwrap(), ViewPage::Moved);
+    // The version moves with a deletion too; a read begun after it is whole again.
+    let next = first(s.clone()).await;
+    let delete = vec![ViewOp::DeletePod { name: "p000002".into() }];
+    s.add(Q, &[Enqueue::now(k).writing_view("s", delete)]).await.unwrap();
+    assert_eq!(s.get_job_view_page(k, &[], Some(next), budget).await.unwrap(), ViewPage::Moved);
+    let pages = every_page(&s, k, budget).await;
+    assert_eq!(pages.iter().map(|p| p.pods.len()).sum::<usize>(), PAGED_PODS - 1);
+    // A new watcher session distrusts the view between two pages.
+    let next = first(s.clone()).await;
+    assert!(s.view_session("s2", SessionPhase::Begin).await.unwrap());
+    let page = s.get_job_view_page(k, &[], Some(next), budget).await.unwrap();
+    assert_eq!(page, ViewPage::Untrusted);
 }

@@ -85,7 +85,8 @@ while i <= #ARGV do
     k = k + 3
     view_keys[item] = ek
     if session_accepts(session(), writer) then
-      apply_view(KEYS[vk], KEYS[vk + 1], KEYS[vk + 2], gc_ms, writer, ARGV, view_at, nview)
+      apply_view(KEYS[vk], KEYS[vk + 1], KEYS[vk + 2], STATS, gc_ms, writer, ARGV, view_at,
+        nview)
     elseif not current_session then
       -- No session at all: this Redis lost it (restarted from an older state). The writer
       -- must begin a new one.

@@ -1,0 +1,276 @@
+//! A Job view larger than any reply may be (issue 46): 40,000 pods written by the watcher's
+//! sender (trimmed and sealed as the watcher writes them), through kjob-queue over a real
+//! redis-server. The worker's read (`QueueClient::read_job_view`) gets every pod exactly once,
+//! page by page; no reply kjob-queue sends is above `MAX_REPLY_BYTES` (measured by a raw
+//! client that would accept more); a caller older than paged views gets an untrusted answer
+//! (it reads the API server) instead of a reply it cannot take; a Lease leaves the view to the
+//! lessee; a pod written between two pages makes the read say the view moved.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kjob_core::seal::{EntryKind, ViewKey};
+use kjob_proto::v1;
+use kjob_proto::v1::job_state_client::JobStateClient;
+use kjob_queue::{Listeners, QueueConfig, Security};
+use kjob_queue_client::{QueueClient, ViewPages};
+use kjob_svc::Shutdown;
+use kjob_testkit::RedisServer;
+use kjob_watcher::handlers::{Enqueue, SessionControl};
+use kjob_watcher::view::ViewWrite;
+use prost::Message;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+const NS: &str = "huge";
+const JOB: &str = "huge";
+const UID: &str = "0b5c1f3e-9d4a-4c61-8b0e-2f7a6d9e4c10";
+/// More pods than fit in one 16 MiB reply at today's per-pod size (about 1.5 KB trimmed).
+const PODS: usize = 40_000;
+
+/// Pod `i` of the Job as the API server shows a running pod of an Indexed Job.
+fn pod(i: usize) -> Pod {
+    let t = "2026-12-07T06:00:00Z";
+    let cond = |ty: &str| json!({"type": ty, "status": "True", "lastTransitionTime": t});
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{JOB}-{i}-{:05x}", i * 7919 % 0xfffff),
+            "namespace": NS,
+            "uid": format!("7c1e{i:04x}-52f1-4a8e-9b3d-{i:012x}"),
+            "resourceVersion": (1000 + i).to_string(),
+            "creationTimestamp": t,
+            "labels": {
+                "batch.kubernetes.io/controller-uid": UID,
+                "batch.kubernetes.io/job-name": JOB,
+                "batch.kubernetes.io/job-completion-index": i.to_string(),
+                "controller-uid": UID,
+                "job-name": JOB,
+            },
+            "annotations": {"batch.kubernetes.io/job-completion-index": i.to_string()},
+            "finalizers": ["batch.kubernetes.io/job-tracking"],
+            "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": JOB, "uid": UID,
+                "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "nodeName": format!("node-{}", i % 50),
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"),
+                cond("ContainersReady"), cond("PodScheduled"),
+            ],
+            "containerStatuses": [{
+                "name": "main", "ready": true, "restartCount": 0,
+                "image": "registry.k8s.io/pause:3.10", "imageID": "",
+                "state": {"running": {"startedAt": t}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// Writes a committed view of [`PODS`] pods through the watcher's sender, as a snapshot is
+/// written (Reset, the pods in items of 200, the Job, Trust); returns its sender and task.
+async fn write_view(
+    client: &QueueClient,
+    view_key: &ViewKey,
+) -> (tokio::sync::mpsc::Sender<Enqueue>, tokio::task::JoinHandle<()>) {
+    let metrics = kjob_watcher::metrics::Metrics::register(&mut Default::default());
+    let (tx, rx) = kjob_watcher::sender::channel();
+    let sender = tokio::spawn({
+        let (client, metrics, view_key) = (client.clone(), metrics.clone(), view_key.clone());
+        async move {
+            kjob_watcher::sender::run_sender(
+                rx,
+                client,
+                metrics,
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(tokio::sync::Notify::new()),
+                view_key,
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let session: Arc<str> = "watcher-1".into();
+    let key = format!("{NS}/{JOB}");
+    let item = |writes| Enqueue::view_only(key.clone(), session.clone(), writes);
+    tx.send(Enqueue::session(SessionControl::Begin(session.clone()))).await.unwrap();
+    tx.send(item(vec![ViewWrite::Reset { uid: UID.into() }])).await.unwrap();
+    for first in (0..PODS).step_by(200) {
+        let writes = (first..(first + 200).min(PODS))
+            .map(|i| {
+                let p = pod(i);
+                let name = p.metadata.name.clone().unwrap();
+                ViewWrite::Pod { name, object: kjob_watcher::view::trim_pod(&p) }
+            })
+            .collect();
+        tx.send(item(writes)).await.unwrap();
+    }
+    let job = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": JOB, "namespace": NS, "uid": UID, "resourceVersion": "5"},
+        "spec": {"completions": PODS, "parallelism": PODS, "completionMode": "Indexed",
+                 "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}}},
+    });
+    let job = ViewWrite::Job {
+        uid: UID.into(),
+        object: serde_json::to_vec(&job).unwrap().into(),
+        resource_version: "5".into(),
+    };
+    tx.send(item(vec![job, ViewWrite::Trust])).await.unwrap();
+    tx.send(Enqueue::session(SessionControl::Commit(session))).await.unwrap();
+    (tx, sender)
+}
+
+/// Waits until the view of `key` is trusted and holds `n` pods (the sender's Adds landed).
+async fn until_trusted(client: &QueueClient, key: &str, n: u64) -> v1::GetJobViewResponse {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let first = client.get_job_view_page(key, &[], "").await.unwrap();
+        if first.trusted && first.pod_count == Some(n) {
+            return v1::GetJobViewResponse {
+                trusted: true,
+                version: first.version,
+                next_page: first.next_page,
+                ..Default::default()
+            };
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the view never became whole");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
+    let redis = RedisServer::start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = Shutdown::new();
+    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
+    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
+    let client = QueueClient::connect_lazy(&url).unwrap();
+    let view_key = ViewKey::new(&[7; 32]).unwrap();
+    let key = format!("{NS}/{JOB}");
+
+    let trimmed = kjob_watcher::view::trim_pod(&pod(0)).len();
+    let (tx, sender) = write_view(&client, &view_key).await;
+    let first = until_trusted(&client, &key, PODS as u64).await;
+    assert!(!first.next_page.is_empty(), "a view of {PODS} pods of {trimmed} bytes is paged");
+
+    // The worker's read: every pod exactly once, each sealed for this Job.
+    let view = match client.read_job_view(&key, &["backoff"], None).await.unwrap() {
+        ViewPages::Trusted(v) => *v,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(view.pods.len(), PODS);
+    let mut names = HashSet::new();
+    for sealed in &view.pods {
+        let bytes = view_key.open(EntryKind::Pod, &key, sealed).expect("sealed for this Job");
+        let p: Pod = serde_json::from_slice(bytes).unwrap();
+        assert!(names.insert(p.metadata.name.unwrap()), "a pod twice");
+    }
+    assert!((0..PODS).all(|i| names.contains(pod(i).metadata.name.as_deref().unwrap())));
+    assert_eq!(view.job_uid, UID);
+
+    // Every reply, measured by a client that would take far more: under the cap.
+    let channel = Channel::from_shared(url.clone()).unwrap().connect_lazy();
+    let mut raw = JobStateClient::new(channel).max_decoding_message_size(usize::MAX);
+    let (mut page, mut sizes, mut pods) = (String::new(), Vec::new(), 0);
+    loop {
+        let r = raw
+            .get_job_view(v1::GetJobViewRequest {
+                key: key.clone(),
+                paged: true,
+                page: page.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.trusted && r.version == first.version);
+        sizes.push(r.encoded_len());
+        pods += r.pods.len();
+        page = r.next_page;
+        if page.is_empty() {
+            break;
+        }
+    }
+    let largest = *sizes.iter().max().unwrap();
+    let whole: usize = sizes.iter().sum();
+    eprintln!(
+        "{PODS} pods of {trimmed} bytes trimmed: {} pages, largest reply {largest} bytes, \
+         {whole} bytes in all",
+        sizes.len()
+    );
+    assert_eq!(pods, PODS);
+    assert!(largest <= kjob_core::MAX_REPLY_BYTES, "a reply of {largest} bytes");
+    assert!(whole > kjob_core::MAX_REPLY_BYTES, "the view would not fit one reply");
+
+    // A worker older than paged views asks for the whole view: untrusted, so it lists.
+    let old = raw
+        .get_job_view(v1::GetJobViewRequest { key: key.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!old.trusted && old.pods.is_empty(), "an unpaged caller gets no partial view");
+    // A page token that is not one kjob-queue made is refused.
+    let bad = v1::GetJobViewRequest { key: key.clone(), page: "x".into(), ..Default::default() };
+    let status = raw.get_job_view(bad).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    // Records come with the first page only.
+    let later = v1::GetJobViewRequest {
+        key: key.clone(),
+        page: first.next_page.clone(),
+        records: vec!["backoff".into()],
+        ..Default::default()
+    };
+    let status = raw.get_job_view(later).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // A Lease brings no view it cannot carry whole: the lessee reads it in pages.
+    let item =
+        kjob_queue_client::AddItem { queue: "job".into(), key: key.clone(), ..Default::default() };
+    client.add(vec![item]).await.unwrap();
+    let leased = client
+        .lease_with_views("job", 1, Duration::from_secs(30), Duration::from_secs(5), "w", &[])
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].view, None, "left to the lessee");
+
+    // One pod written between two pages: the read says the view moved, never a mix.
+    let first_page = client.get_job_view_page(&key, &[], "").await.unwrap();
+    let mut changed = pod(17);
+    changed.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let write = ViewWrite::Pod {
+        name: changed.metadata.name.clone().unwrap(),
+        object: kjob_watcher::view::trim_pod(&changed),
+    };
+    tx.send(Enqueue::view_only(key.clone(), "watcher-1".into(), vec![write])).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.get_job_view_page(&key, &[], "").await.unwrap().version == first_page.version {
+        assert!(tokio::time::Instant::now() < deadline, "the write never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let read = client.read_job_view(&key, &[], Some(first_page)).await.unwrap();
+    assert_eq!(read, ViewPages::Moved);
+    // Read again from the start: whole, with the new pod.
+    let again = client.get_job_view(&key, &[]).await.unwrap().expect("trusted");
+    assert_eq!(again.pods.len(), PODS);
+
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(30), sender).await.unwrap().unwrap();
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
