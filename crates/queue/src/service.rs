@@ -281,7 +281,7 @@ fn done_item(r: &v1::DoneRequest) -> Result<Done, String> {
     validate::id("lease_id", &r.lease_id, true)?;
     validate::delay("requeue_after_ms", r.requeue_after_ms)?;
     let outcome = outcome_from_wire(r.outcome, r.requeue_after_ms)?;
-    Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome })
+    Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome, error: r.error.clone() })
 }
 
 /// Checks the fields of a view write-back (the key aside).
