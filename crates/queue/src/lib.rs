@@ -9,6 +9,7 @@ pub mod auth;
 pub mod batch;
 pub mod certs;
 pub mod config;
+pub mod explain;
 pub mod limits;
 pub mod metrics;
 pub mod service;
@@ -156,13 +157,16 @@ pub async fn run(
         config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
-    kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
+    let api = explain::ExplainApi::default();
+    let routes = api.router();
+    kjob_svc::with_admin_routes(admin, registry, routes, async move |admin: &mut AdminServer| {
         // Unusable settings fail here: nothing to serve, and nothing left behind.
         let target = RedisTarget::new(&redis_url, &redis)
             .with_context(|| format!("redis URL {}", redact(&redis_url)))?;
         let Some(store) = connect(target, store_config, &shutdown).await? else {
             return Ok(());
         };
+        api.serve_from(store.clone());
         let limit = limits::LimitLayer::new(max_concurrent_calls, metrics.limits());
         serve(listener, &security, limit, store, metrics, admin, &shutdown).await
     })
