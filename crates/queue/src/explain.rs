@@ -175,7 +175,9 @@ pub fn reason(x: &Explain, pod: Option<&PodBackoff>) -> (&'static str, String) {
     let ago = |t: i64| format!("{:.1}s", secs(now - t));
     match x.state {
         KeyState::Leased => {
-            let l = x.lease.as_ref().expect("a leased key has its lease");
+            let Some(l) = x.lease.as_ref() else {
+                return ("leased", "leased".to_string());
+            };
             let mut m = format!(
                 "leased to worker {} for {} (lease ends in {:.1}s)",
                 l.worker,
@@ -377,4 +379,175 @@ pub fn explain_json(x: &Explain) -> Value {
         "last_sync": last,
         "history": x.history.iter().map(history_json).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kjob_workqueue::{ExpectationRecord, LeaseInfo};
+
+    const NOW: i64 = 1_000_000;
+
+    fn x(state: KeyState) -> Explain {
+        Explain {
+            key: "ns/a".into(),
+            now_ms: NOW,
+            state,
+            ready_ms: None,
+            ready_position: None,
+            ready_total: 0,
+            due_ms: None,
+            lease: None,
+            requeues: 0,
+            next_delay: Duration::from_secs(1),
+            expiries: 0,
+            expectations: None,
+            records: Vec::new(),
+            history: Vec::new(),
+        }
+    }
+
+    fn synced(at_ms: i64, end: SyncEnd, delay_ms: Option<i64>, error: &str) -> HistoryEntry {
+        HistoryEntry::Synced {
+            at_ms,
+            leased_ms: at_ms - 10,
+            worker: "w1".into(),
+            end,
+            delay_ms,
+            error: error.into(),
+        }
+    }
+
+    fn enqueued(at_ms: i64, delay_ms: i64, observations: u32) -> HistoryEntry {
+        HistoryEntry::Enqueued { at_ms, delay_ms, observations }
+    }
+
+    fn delayed(due_ms: i64, history: Vec<HistoryEntry>) -> Explain {
+        Explain { due_ms: Some(due_ms), history, ..x(KeyState::Delayed) }
+    }
+
+    fn pod(remaining_s: u64) -> PodBackoff {
+        PodBackoff {
+            failures: 2,
+            last_failure_ms: Some(NOW),
+            remaining: Duration::from_secs(remaining_s),
+        }
+    }
+
+    #[test]
+    fn every_state_has_its_reason() {
+        let leased = Explain {
+            lease: Some(LeaseInfo {
+                worker: "w9".into(),
+                lease_id: "1-1".into(),
+                started_ms: NOW - 2000,
+                deadline_ms: NOW + 28_000,
+                dirty_ms: Some(NOW - 1000),
+            }),
+            ..x(KeyState::Leased)
+        };
+        let ready = Explain {
+            ready_ms: Some(NOW - 500),
+            ready_position: Some(3),
+            ready_total: 10,
+            ..x(KeyState::Ready)
+        };
+        let expecting = Explain {
+            expectations: Some(ExpectationRecord {
+                job_uid: "u".into(),
+                add: 2,
+                del: 1,
+                set_at_ms: NOW - 3000,
+            }),
+            history: vec![synced(NOW - 3000, SyncEnd::Forget, None, "")],
+            ..x(KeyState::Absent)
+        };
+        let stale_expectations = Explain {
+            expectations: Some(ExpectationRecord {
+                set_at_ms: NOW - 10 * 60 * 1000,
+                ..expecting.expectations.clone().unwrap()
+            }),
+            ..expecting.clone()
+        };
+        let errored = Explain {
+            requeues: 3,
+            next_delay: Duration::from_secs(8),
+            ..delayed(NOW + 4000, vec![synced(NOW, SyncEnd::Error, Some(4000), "quota")])
+        };
+        let cases: Vec<(&str, Explain, Option<PodBackoff>, &str, &str)> = vec![
+            ("leased", leased, None, "leased", "leased to worker w9 for 2.0s"),
+            ("ready", ready, None, "ready", "position 4 of 10"),
+            ("expectations", expecting, None, "waiting_on_expectations", "2 creates / 1 deletes"),
+            ("expectations timed out", stale_expectations, None, "finished", "worker w1"),
+            ("never synced", x(KeyState::Absent), None, "absent", "not in the queue"),
+            ("error", errored.clone(), None, "request_backoff", "last error: quota"),
+            // An error's backoff is the error's even with pods in backoff too.
+            ("error and pods", errored, Some(pod(20)), "request_backoff", "3 failures"),
+            (
+                "pods",
+                delayed(NOW + 20_000, vec![synced(NOW, SyncEnd::RequeueAfter, Some(20_000), "")]),
+                Some(pod(20)),
+                "pod_failure_backoff",
+                "2 pod failures",
+            ),
+            (
+                "batch",
+                delayed(NOW + 1000, vec![enqueued(NOW, 1000, 1)]),
+                None,
+                "pod_event_batch",
+                "syncs in 1.0s",
+            ),
+            (
+                "deadline",
+                delayed(NOW + 30_000, vec![enqueued(NOW, 30_000, 0)]),
+                None,
+                "delayed_add",
+                "delay of 30.0s",
+            ),
+            (
+                "requeue after",
+                delayed(NOW + 5000, vec![synced(NOW, SyncEnd::RequeueAfter, Some(5000), "")]),
+                Some(pod(0)),
+                "requeue_after",
+                "in 5.0s",
+            ),
+            // The earliest due time wins: the entry that set it explains it, not the last one.
+            (
+                "earliest wins",
+                delayed(NOW + 1000, vec![enqueued(NOW, 1000, 2), enqueued(NOW + 10, 60_000, 0)]),
+                None,
+                "pod_event_batch",
+                "",
+            ),
+            ("no history", delayed(NOW + 1000, vec![]), None, "delayed", "due in 1.0s"),
+        ];
+        for (name, ex, pb, code, text) in cases {
+            let (c, m) = reason(&ex, pb.as_ref());
+            assert_eq!(c, code, "{name}: {m}");
+            assert!(m.contains(text), "{name}: {m:?} lacks {text:?}");
+        }
+    }
+
+    #[test]
+    fn the_pod_backoff_comes_from_the_jobs_own_record() {
+        let rec = BackoffRecord {
+            failures_after_last_success: 2,
+            last_failure_time: jiff::Timestamp::from_millisecond(NOW - 5000).ok(),
+        };
+        let with = |uid: &str, exp_uid: &str| Explain {
+            records: vec![(BACKOFF_RECORD.into(), StoredBackoff::encode(&rec, uid))],
+            expectations: Some(ExpectationRecord {
+                job_uid: exp_uid.into(),
+                add: 0,
+                del: 0,
+                set_at_ms: NOW,
+            }),
+            ..x(KeyState::Delayed)
+        };
+        // 2 failures: 20 s from the last failure, 5 s ago.
+        let p = pod_backoff(&with("u1", "u1")).unwrap();
+        assert_eq!((p.failures, p.remaining), (2, Duration::from_secs(15)));
+        assert_eq!(pod_backoff(&with("old-uid", "u1")), None);
+        assert_eq!(pod_backoff(&x(KeyState::Delayed)), None);
+    }
 }

@@ -178,7 +178,14 @@ fn doc_parsing_finds_make_targets_and_links() {
 #[test]
 fn every_documented_flag_table_matches_the_binary() {
     let tables = flag_tables(&read(&kjob_e2e::root().join("docs/configuration.md")));
-    for bin in ["kjob-queue", "kjob-watcher", "kjob-worker", "kjob-sim", "kjob-demo", "kubectl-kjob explain"] {
+    for bin in [
+        "kjob-queue",
+        "kjob-watcher",
+        "kjob-worker",
+        "kjob-sim",
+        "kjob-demo",
+        "kubectl-kjob explain",
+    ] {
         assert!(tables.contains_key(bin), "docs/configuration.md has no flag table for {bin}");
     }
     let mut problems = Vec::new();
