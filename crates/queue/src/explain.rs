@@ -53,11 +53,14 @@ impl ExplainApi {
             .with_state(self.clone())
     }
 
-    fn store(&self) -> Result<&Store, Response> {
-        self.store.get().ok_or_else(|| {
-            error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "not connected to Redis yet")
-        })
+    fn store(&self) -> Option<&Store> {
+        self.store.get()
     }
+}
+
+/// The answer before kjob-queue has connected to Redis.
+fn not_connected() -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "not connected to Redis yet")
 }
 
 /// A JSON error `{"error": {"code", "message"}}`.
@@ -82,10 +85,7 @@ async fn job(
     if let Err(e) = validate::key(&key) {
         return error(StatusCode::BAD_REQUEST, "invalid_argument", e);
     }
-    let store = match api.store() {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let Some(store) = api.store() else { return not_connected() };
     match store.explain(kjob_core::JOB_QUEUE, &key).await {
         Ok(Some(x)) => axum::Json(explain_json(&x)).into_response(),
         Ok(None) => error(
@@ -98,10 +98,7 @@ async fn job(
 }
 
 async fn namespaces(State(api): State<ExplainApi>) -> Response {
-    let store = match api.store() {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let Some(store) = api.store() else { return not_connected() };
     match store.namespaces(kjob_core::JOB_QUEUE).await {
         Ok(n) => axum::Json(namespaces_json(&n)).into_response(),
         Err(e) => redis_error(&e),
