@@ -163,15 +163,23 @@ def test_a_job_in_request_backoff_shows_its_failures_and_next_retry(queue):
     assert x["last_sync"]["outcome"] == "error"
     assert x["last_sync"]["worker"] == "py-worker"
     assert x["last_sync"]["error"] == 'pods "p" is forbidden: exceeded quota'
-    assert [h["event"] for h in x["history"]] == ["enqueued", "synced", "synced"]
+    # Only what was off the happy path: the two failures (the enqueue is not history).
+    assert [h["event"] for h in x["history"]] == ["synced", "synced"]
 
     status, e = get(f"{admin}/api/v1/jobs/py-explain/never-seen")
     assert status == 404 and e["error"]["code"] == "not_found", e
     status, e = get(f"{admin}/api/v1/jobs/Bad_Namespace/x")
     assert status == 400 and e["error"]["code"] == "invalid_argument", e
 
-    status, n = get(f"{admin}/api/v1/namespaces")
-    assert status == 200, n
-    row = next(r for r in n["namespaces"] if r["namespace"] == "py-explain")
-    assert (row["ready"], row["delayed"], row["leased"]) == (0, 1, 0), row
-    assert row["syncs_per_second"] > 0, row
+    # kjob-queue counts its Dones in memory and publishes them every 5 s.
+    deadline = time.monotonic() + 10
+    while True:
+        status, n = get(f"{admin}/api/v1/namespaces")
+        assert status == 200, n
+        row = next(r for r in n["namespaces"] if r["namespace"] == "py-explain")
+        assert (row["ready"], row["delayed"], row["leased"]) == (0, 1, 0), row
+        if row["syncs_per_second"] > 0:
+            break
+        assert time.monotonic() < deadline, n
+        time.sleep(0.2)
+    assert n["replicas_counted"] == 1, n

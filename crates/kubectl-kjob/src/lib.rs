@@ -234,10 +234,11 @@ pub fn render_explain(v: &Value) -> String {
     if let Some(r) = v["ready"].as_object() {
         let _ = writeln!(
             o,
-            "Ready:        {:.1}s, position {} of {}",
+            "Ready:        {:.1}s, position {} of {} ready in namespace {}",
             r["age_seconds"].as_f64().unwrap_or(0.0),
             r["position"].as_u64().map_or(0, |p| p + 1),
-            r["ready_total"].as_u64().unwrap_or(0)
+            r["namespace_ready"].as_u64().unwrap_or(0),
+            s("/namespace/name")
         );
     }
     let b = &v["backoff"];
@@ -301,6 +302,15 @@ pub fn render_explain(v: &Value) -> String {
                     if let Some(n) = e["observations"].as_u64().filter(|n| *n > 0) {
                         let _ = write!(o, " ({n} pod observations)");
                     }
+                }
+                Some("lease_expired") => {
+                    let _ = write!(
+                        o,
+                        "  {at}  lease of {} expired without a Done ({} in a row{})",
+                        e["worker"].as_str().unwrap_or("?"),
+                        e["expiries_in_a_row"].as_u64().unwrap_or(0),
+                        if e["poisoned"] == true { ", now in backoff" } else { "" }
+                    );
                 }
                 _ => {
                     let _ = write!(
@@ -378,6 +388,8 @@ mod tests {
                 "error": "quota"},
             "history": [{"event": "enqueued", "at_unix_ms": 990_000, "delay_seconds": 1.0,
                 "observations": 2},
+                {"event": "lease_expired", "at_unix_ms": 995_000, "worker": "w0",
+                "expiries_in_a_row": 5, "poisoned": true},
                 {"event": "synced", "at_unix_ms": 999_000, "worker": "w1", "outcome": "error",
                 "requeue_delay_seconds": 4.0, "error": "quota"}],
         });
@@ -391,7 +403,15 @@ mod tests {
             "Last sync:    error at 00:16:39.000 by w1: quota",
             "enqueued after 1s (2 pod observations)",
             "synced by w1: error, again in 4s: quota",
+            "lease of w0 expired without a Done (5 in a row, now in backoff)",
         ] {
+            assert!(t.contains(want), "{want:?} in\n{t}");
+        }
+        let ready = json!({"key": "ns/pi", "state": "ready",
+            "ready": {"age_seconds": 2.0, "position": 3, "namespace_ready": 10},
+            "namespace": {"name": "ns", "ready": 10}, "backoff": {}});
+        let t = render_explain(&ready);
+        for want in ["Ready:        2.0s, position 4 of 10 ready in namespace ns"] {
             assert!(t.contains(want), "{want:?} in\n{t}");
         }
     }

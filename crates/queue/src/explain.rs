@@ -127,7 +127,7 @@ pub fn namespaces_json(n: &Namespaces) -> Value {
         })
         .collect();
     json!({ "queue": kjob_core::JOB_QUEUE, "now_unix_ms": n.now_ms, "truncated": n.truncated,
-        "namespaces": rows })
+        "replicas_counted": n.replicas, "namespaces": rows })
 }
 
 /// A Job's pod-failure backoff as explain shows it.
@@ -189,9 +189,21 @@ pub fn reason(x: &Explain, pod: Option<&PodBackoff>) -> (&'static str, String) {
         KeyState::Ready => {
             let pos = x.ready_position.map_or(0, |p| p + 1);
             let since = x.ready_ms.map_or_else(String::new, |t| format!(" for {}", ago(t)));
+            let ns = x.key.split_once('/').map_or("", |(ns, _)| ns);
+            let turn = match x.round_robin.position {
+                Some(0) => "its namespace is served next".to_string(),
+                Some(p) => format!(
+                    "{p} namespace(s) of {} with ready work are served before it",
+                    x.round_robin.namespaces
+                ),
+                None => "its namespace has no turn yet".to_string(),
+            };
             (
                 "ready",
-                format!("ready{since}: position {pos} of {} waiting for a worker", x.ready_total),
+                format!(
+                    "ready{since}: position {pos} of {} ready in namespace {ns}, waiting for a                      worker ({turn} in its shard's round robin)",
+                    x.namespace_ready
+                ),
             )
         }
         KeyState::Delayed => delayed_reason(x, pod),
@@ -227,9 +239,11 @@ pub fn reason(x: &Explain, pod: Option<&PodBackoff>) -> (&'static str, String) {
     }
 }
 
-/// The newest Done of the key's history.
+/// The key's last Done: the one on record for it, else the newest of its history.
 fn last_sync(x: &Explain) -> Option<&HistoryEntry> {
-    x.history.iter().rev().find(|h| matches!(h, HistoryEntry::Synced { .. }))
+    x.last_sync
+        .as_ref()
+        .or_else(|| x.history.iter().rev().find(|h| matches!(h, HistoryEntry::Synced { .. })))
 }
 
 /// Why a delayed key waits: the history entry that set its due time (the delayed set keeps the
@@ -240,8 +254,13 @@ fn delayed_reason(x: &Explain, pod: Option<&PodBackoff>) -> (&'static str, Strin
     let setter = x.history.iter().rev().find(|h| match h {
         HistoryEntry::Enqueued { at_ms, delay_ms, .. } => *delay_ms > 0 && at_ms + delay_ms == due,
         HistoryEntry::Synced { at_ms, delay_ms: Some(d), .. } => at_ms + d == due,
-        HistoryEntry::Synced { .. } => false,
+        HistoryEntry::Synced { .. } | HistoryEntry::Expired { .. } => false,
     });
+    // A lease that expired too often in a row is requeued through the rate limiter.
+    let poisoned = match x.history.last() {
+        Some(HistoryEntry::Expired { poisoned: true, expiries, .. }) => Some(*expiries),
+        _ => None,
+    };
     let request_backoff = || {
         let last_error = match last_sync(x) {
             Some(HistoryEntry::Synced { error, .. }) if !error.is_empty() => {
@@ -261,6 +280,16 @@ fn delayed_reason(x: &Explain, pod: Option<&PodBackoff>) -> (&'static str, Strin
     };
     if let Some(HistoryEntry::Synced { end: SyncEnd::Error, .. }) = setter {
         return request_backoff();
+    }
+    if let Some(expiries) = poisoned
+        && setter.is_none()
+    {
+        return (
+            "lease_expiry_backoff",
+            format!(
+                "its leases expired {expiries} times in a row without a Done (a worker crashed or hung on                  it), so it waits in backoff: retry in {due_in}"
+            ),
+        );
     }
     if let Some(p) = pod
         && !p.remaining.is_zero()
@@ -296,6 +325,11 @@ fn delayed_reason(x: &Explain, pod: Option<&PodBackoff>) -> (&'static str, Strin
             ),
         ),
         _ if x.requeues > 0 => request_backoff(),
+        // The history keeps no batch delay (the happy path writes none): a short delay with
+        // nothing on record is the watcher batching pod events.
+        None if due - x.now_ms <= ms(kjob_core::SYNC_JOB_BATCH_PERIOD) => {
+            ("pod_event_batch", format!("batch delay of pod events: syncs in {due_in}"))
+        }
         _ => ("delayed", format!("delayed: due in {due_in}")),
     }
 }
@@ -316,6 +350,11 @@ fn history_json(h: &HistoryEntry) -> Value {
             "requeue_delay_seconds": delay_ms.map(secs),
             "error": (!error.is_empty()).then_some(error),
         }),
+        HistoryEntry::Expired { at_ms, leased_ms, expiries, poisoned, worker } => json!({
+            "event": "lease_expired", "at_unix_ms": at_ms,
+            "leased_at_unix_ms": (*leased_ms >= 0).then_some(leased_ms),
+            "worker": worker, "expiries_in_a_row": expiries, "poisoned": poisoned,
+        }),
     }
 }
 
@@ -334,8 +373,9 @@ pub fn explain_json(x: &Explain) -> Value {
             "error": (!error.is_empty()).then_some(error),
             "worker": worker,
         }),
-        HistoryEntry::Enqueued { .. } => Value::Null,
+        HistoryEntry::Enqueued { .. } | HistoryEntry::Expired { .. } => Value::Null,
     });
+    let namespace = x.key.split_once('/').map_or("", |(ns, _)| ns);
     json!({
         "key": x.key,
         "queue": kjob_core::JOB_QUEUE,
@@ -349,8 +389,17 @@ pub fn explain_json(x: &Explain) -> Value {
             "since_unix_ms": t,
             "age_seconds": secs(now - t),
             "position": x.ready_position,
-            "ready_total": x.ready_total,
+            "namespace_ready": x.namespace_ready,
         })),
+        "namespace": {
+            "name": namespace,
+            "ready": x.namespace_ready,
+            "round_robin": {
+                "position": x.round_robin.position,
+                "namespaces": x.round_robin.namespaces,
+                "deficit": x.round_robin.deficit,
+            },
+        },
         "requeues": x.requeues,
         "backoff": {
             "failures": x.requeues,
@@ -392,7 +441,8 @@ mod tests {
             state,
             ready_ms: None,
             ready_position: None,
-            ready_total: 0,
+            namespace_ready: 0,
+            round_robin: kjob_workqueue::RoundRobin { namespaces: 0, position: None, deficit: 0 },
             due_ms: None,
             lease: None,
             requeues: 0,
@@ -401,6 +451,7 @@ mod tests {
             expectations: None,
             records: Vec::new(),
             history: Vec::new(),
+            last_sync: None,
         }
     }
 
@@ -446,7 +497,12 @@ mod tests {
         let ready = Explain {
             ready_ms: Some(NOW - 500),
             ready_position: Some(3),
-            ready_total: 10,
+            namespace_ready: 10,
+            round_robin: kjob_workqueue::RoundRobin {
+                namespaces: 3,
+                position: Some(1),
+                deficit: 0,
+            },
             ..x(KeyState::Ready)
         };
         let expecting = Explain {
@@ -473,7 +529,7 @@ mod tests {
         };
         let cases: Vec<(&str, Explain, Option<PodBackoff>, &str, &str)> = vec![
             ("leased", leased, None, "leased", "leased to worker w9 for 2.0s"),
-            ("ready", ready, None, "ready", "position 4 of 10"),
+            ("ready", ready, None, "ready", "position 4 of 10 ready in namespace ns"),
             ("expectations", expecting, None, "waiting_on_expectations", "2 creates / 1 deletes"),
             ("expectations timed out", stale_expectations, None, "finished", "worker w1"),
             ("never synced", x(KeyState::Absent), None, "absent", "not in the queue"),
@@ -516,7 +572,39 @@ mod tests {
                 "pod_event_batch",
                 "",
             ),
-            ("no history", delayed(NOW + 1000, vec![]), None, "delayed", "due in 1.0s"),
+            // The batch delay writes no history: a short delay on no record is a batch.
+            ("no history", delayed(NOW + 1000, vec![]), None, "pod_event_batch", "in 1.0s"),
+            ("no history, long", delayed(NOW + 9000, vec![]), None, "delayed", "due in 9.0s"),
+            (
+                "poisoned",
+                Explain {
+                    expiries: 0,
+                    requeues: 1,
+                    history: vec![HistoryEntry::Expired {
+                        at_ms: NOW,
+                        leased_ms: NOW - 30_000,
+                        expiries: 5,
+                        poisoned: true,
+                        worker: "w2".into(),
+                    }],
+                    ..delayed(NOW + 1000, vec![])
+                },
+                None,
+                "lease_expiry_backoff",
+                "expired 5 times",
+            ),
+            // The last Done on record wins over the history (which holds none of a success).
+            (
+                "finished, on record",
+                Explain {
+                    last_sync: Some(synced(NOW - 100, SyncEnd::Forget, None, "")),
+                    history: vec![synced(NOW - 9000, SyncEnd::Error, Some(1000), "x")],
+                    ..x(KeyState::Absent)
+                },
+                None,
+                "finished",
+                "forget",
+            ),
         ];
         for (name, ex, pb, code, text) in cases {
             let (c, m) = reason(&ex, pb.as_ref());

@@ -15,6 +15,7 @@ use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
+    SyncCounter,
     Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
     SessionPhase, Store, ViewOp, Waker, WqError,
 };
@@ -99,22 +100,30 @@ pub struct QueueService {
     dones: DoneBatcher,
     metrics: Metrics,
     shutdown: Shutdown,
+    syncs: std::sync::Arc<SyncCounter>,
 }
 
 impl QueueService {
-    /// Wraps a connected store; Dones go through `dones` (whose loops must be running).
+    /// Wraps a connected store; Dones go through `dones` (whose loops must be running), and
+    /// the job queue's are counted per namespace in `syncs` (published by the caller).
     pub fn new(
         store: Store,
         waker: Waker,
         dones: DoneBatcher,
         metrics: Metrics,
         shutdown: Shutdown,
+        syncs: std::sync::Arc<SyncCounter>,
     ) -> Self {
-        Self { store, waker, dones, metrics, shutdown }
+        Self { store, waker, dones, metrics, shutdown, syncs }
     }
 
-    /// Metrics and wake-ups of an applied Done.
-    fn done_applied(&self, queue: &str, d: &DoneResult) {
+    /// Metrics, per-namespace sync counts and wake-ups of an applied Done of `key`.
+    fn done_applied(&self, queue: &str, key: &str, d: &DoneResult) {
+        if queue == kjob_core::JOB_QUEUE
+            && let Some((ns, _)) = key.split_once('/')
+        {
+            self.syncs.record(ns, 1, d.now_ms);
+        }
         let m = self.metrics.queue(queue);
         m.work_duration.observe(d.work_ms as f64 / 1000.0);
         if d.retry_delay_ms.is_some() {
@@ -511,7 +520,7 @@ impl QueueService {
         self.land_all(&[BeforeDone::of(&r)?]).await?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
-                self.done_applied(&r.queue, &d);
+                self.done_applied(&r.queue, &r.key, &d);
                 Ok(v1::DoneResponse {
                     requeued: d.ready_at_ms.is_some(),
                     ready_unix_ms: d.ready_at_ms.unwrap_or(0),
@@ -579,7 +588,7 @@ impl QueueService {
             for (i, outcome) in idx.into_iter().zip(outcomes) {
                 results[i] = match outcome {
                     Some(d) => {
-                        self.done_applied(queue, &d);
+                        self.done_applied(queue, &items[i].key, &d);
                         v1::DoneItemResult {
                             code: tonic::Code::Ok as i32,
                             message: String::new(),

@@ -520,6 +520,7 @@ async fn wake_connection_kept_between_waits(s: Store) {
                 key: key.into(),
                 lease_id: got[0].lease_id.clone(),
                 outcome: LeaseOutcome::Forget,
+                error: String::new(),
             };
             s.done_many(Q, &[done]).await.unwrap();
             added_at.elapsed()
