@@ -15,9 +15,8 @@ use kjob_proto::v1::queue_server::{self, Queue};
 use kjob_svc::Shutdown;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
-    SyncCounter,
     Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
-    SessionPhase, Store, ViewOp, Waker, WqError,
+    SessionPhase, Store, SyncCounter, ViewOp, Waker, WqError,
 };
 use tonic::{Request, Response, Status};
 

@@ -8,10 +8,10 @@
 use std::time::Duration;
 
 use kjob_queue::{Listeners, QueueConfig, Security};
+use kjob_queue_client::{Outcome, QueueClient};
 use kjob_reconcile::BackoffRecord;
 use kjob_reconcile::backoff::StoredBackoff;
 use kjob_svc::Shutdown;
-use kjob_queue_client::{Outcome, QueueClient};
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::{
     Done, Enqueue, LeaseOutcome, Observation, ObservationKind, Store, StoreConfig,
@@ -31,8 +31,8 @@ struct Running {
 
 async fn start(redis_url: &str) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client = QueueClient::connect_lazy(&format!("http://{}", listener.local_addr().unwrap()))
-        .unwrap();
+    let client =
+        QueueClient::connect_lazy(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();

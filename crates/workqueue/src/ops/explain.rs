@@ -394,11 +394,7 @@ impl Store {
             ready_ms,
             ready_position,
             namespace_ready,
-            round_robin: RoundRobin {
-                namespaces: rr_len,
-                position: rr_at.checked_sub(1),
-                deficit,
-            },
+            round_robin: RoundRobin { namespaces: rr_len, position: rr_at.checked_sub(1), deficit },
             due_ms,
             lease,
             requeues,
@@ -716,9 +712,8 @@ impl Store {
                 };
             }
         }
-        let v: Value = self
-            .run(&READ_SYNCS_SCRIPT, &[syncs_index_key(queue)], argv![SYNC_RATE_STALE])
-            .await?;
+        let v: Value =
+            self.run(&READ_SYNCS_SCRIPT, &[syncs_index_key(queue)], argv![SYNC_RATE_STALE]).await?;
         let mut f = Fields::new("read syncs", &v)?;
         let mut replicas = 0;
         while f.remaining() > 0 {
