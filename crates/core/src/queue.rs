@@ -276,6 +276,8 @@ pub struct Done {
     pub expectations: Option<SetExpectations>,
     /// Job queue only: finalizer removals made.
     pub finalizer_removals: Option<FinalizerRemovals>,
+    /// Why the sync failed (empty when it did not): kept, truncated, in the key's history.
+    pub error: String,
 }
 
 impl Done {
@@ -289,6 +291,7 @@ impl Done {
             view_write_back: None,
             expectations: None,
             finalizer_removals: None,
+            error: String::new(),
         }
     }
 }

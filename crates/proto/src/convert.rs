@@ -165,6 +165,7 @@ impl From<Done> for v1::DoneRequest {
             view_write_back: d.view_write_back.map(Into::into),
             expectations: d.expectations.map(Into::into),
             finalizer_removals: d.finalizer_removals.map(Into::into),
+            error: d.error,
         }
     }
 }

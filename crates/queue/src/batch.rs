@@ -207,7 +207,12 @@ mod tests {
     }
 
     fn done(key: &str) -> Done {
-        Done { key: key.into(), lease_id: "id".into(), outcome: LeaseOutcome::Forget }
+        Done {
+            key: key.into(),
+            lease_id: "id".into(),
+            outcome: LeaseOutcome::Forget,
+            error: String::new(),
+        }
     }
 
     /// A batcher of queue `q` whose loop runs over a [`SlowStore`].

@@ -9,11 +9,13 @@ pub mod auth;
 pub mod batch;
 pub mod certs;
 pub mod config;
+pub mod explain;
 pub mod limits;
 pub mod metrics;
 pub mod service;
 pub mod validate;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -156,13 +158,16 @@ pub async fn run(
         config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
-    kjob_svc::with_admin(admin, registry, async move |admin: &mut AdminServer| {
+    let api = explain::ExplainApi::default();
+    let routes = api.router();
+    kjob_svc::with_admin_routes(admin, registry, routes, async move |admin: &mut AdminServer| {
         // Unusable settings fail here: nothing to serve, and nothing left behind.
         let target = RedisTarget::new(&redis_url, &redis)
             .with_context(|| format!("redis URL {}", redact(&redis_url)))?;
         let Some(store) = connect(target, store_config, &shutdown).await? else {
             return Ok(());
         };
+        api.serve_from(store.clone());
         let limit = limits::LimitLayer::new(max_concurrent_calls, metrics.limits());
         serve(listener, &security, limit, store, metrics, admin, &shutdown).await
     })
@@ -186,8 +191,15 @@ async fn serve(
     let waker = Waker::new(&store, kjob_core::QUEUES).with_fence(fence.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     let (dones, batch_loops) = batch::DoneBatcher::new(kjob_core::QUEUES);
-    let service =
-        QueueService::new(store.clone(), waker.clone(), dones, metrics.clone(), shutdown.clone());
+    let syncs = Arc::new(kjob_workqueue::SyncCounter::default());
+    let service = QueueService::new(
+        store.clone(),
+        waker.clone(),
+        dones,
+        metrics.clone(),
+        shutdown.clone(),
+        syncs.clone(),
+    );
 
     let mut builder = tonic::transport::Server::builder();
     let auth = match security {
@@ -254,6 +266,11 @@ async fn serve(
         reaper(&s, &m, &stop).await;
         Ok(())
     });
+    let (s, stop) = (store.clone(), shutdown.clone());
+    vital.spawn("sync-rate publisher", async move {
+        publish_sync_rates(&s, &syncs, &stop).await;
+        Ok(())
+    });
     let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
     vital.spawn("Redis data-loss fence", async move {
         fence
@@ -294,6 +311,30 @@ async fn connect(
         tokio::select! {
             _ = tokio::time::sleep(attempts.next_delay()) => {}
             _ = shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
+/// Publishes this replica's Dones per second per namespace of the job queue every
+/// [`kjob_workqueue::SYNC_PUBLISH_PERIOD`], under an id of its own, so the namespaces API of
+/// any replica sums every live replica's (counting in memory spares Redis a write per Done).
+async fn publish_sync_rates(
+    store: &Store,
+    syncs: &kjob_workqueue::SyncCounter,
+    shutdown: &Shutdown,
+) {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "kjob-queue".into());
+    // The host name alone could repeat (two processes on one machine): a random suffix.
+    let replica = format!("{host}-{:08x}", rand::rng().random::<u32>());
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(kjob_workqueue::SYNC_PUBLISH_PERIOD) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now_ms = jiff::Timestamp::now().as_millisecond();
+        let rates = syncs.rates(now_ms);
+        if let Err(e) = store.publish_sync_rates(kjob_core::JOB_QUEUE, &replica, &rates).await {
+            tracing::warn!(error = %e, "publishing the sync rates failed");
         }
     }
 }

@@ -17,7 +17,7 @@ use kjob_workqueue::budget::TokenAsk;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
-    SessionPhase, Store, ViewCursor, ViewOp, ViewPage, Waker, WqError,
+    SessionPhase, Store, SyncCounter, ViewCursor, ViewOp, ViewPage, Waker, WqError,
 };
 use tonic::{Request, Response, Status};
 
@@ -102,22 +102,30 @@ pub struct QueueService {
     dones: DoneBatcher,
     metrics: Metrics,
     shutdown: Shutdown,
+    syncs: std::sync::Arc<SyncCounter>,
 }
 
 impl QueueService {
-    /// Wraps a connected store; Dones go through `dones` (whose loops must be running).
+    /// Wraps a connected store; Dones go through `dones` (whose loops must be running), and
+    /// the job queue's are counted per namespace in `syncs` (published by the caller).
     pub fn new(
         store: Store,
         waker: Waker,
         dones: DoneBatcher,
         metrics: Metrics,
         shutdown: Shutdown,
+        syncs: std::sync::Arc<SyncCounter>,
     ) -> Self {
-        Self { store, waker, dones, metrics, shutdown }
+        Self { store, waker, dones, metrics, shutdown, syncs }
     }
 
-    /// Metrics and wake-ups of an applied Done.
-    fn done_applied(&self, queue: &str, d: &DoneResult) {
+    /// Metrics, per-namespace sync counts and wake-ups of an applied Done of `key`.
+    fn done_applied(&self, queue: &str, key: &str, d: &DoneResult) {
+        if queue == kjob_core::JOB_QUEUE
+            && let Some((ns, _)) = key.split_once('/')
+        {
+            self.syncs.record(ns, 1, d.now_ms);
+        }
         let m = self.metrics.queue(queue);
         m.work_duration.observe(d.work_ms as f64 / 1000.0);
         if d.retry_delay_ms.is_some() {
@@ -284,7 +292,7 @@ fn done_item(r: &v1::DoneRequest) -> Result<Done, String> {
     validate::id("lease_id", &r.lease_id, true)?;
     validate::delay("requeue_after_ms", r.requeue_after_ms)?;
     let outcome = outcome_from_wire(r.outcome, r.requeue_after_ms)?;
-    Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome })
+    Ok(Done { key: r.key.clone(), lease_id: r.lease_id.clone(), outcome, error: r.error.clone() })
 }
 
 /// Checks the fields of a view write-back (the key aside).
@@ -525,7 +533,7 @@ impl QueueService {
         self.land_all(&[BeforeDone::of(&r)?]).await?;
         match self.dones.done(&r.queue, done).await {
             Ok(Some(d)) => {
-                self.done_applied(&r.queue, &d);
+                self.done_applied(&r.queue, &r.key, &d);
                 Ok(v1::DoneResponse {
                     requeued: d.ready_at_ms.is_some(),
                     ready_unix_ms: d.ready_at_ms.unwrap_or(0),
@@ -593,7 +601,7 @@ impl QueueService {
             for (i, outcome) in idx.into_iter().zip(outcomes) {
                 results[i] = match outcome {
                     Some(d) => {
-                        self.done_applied(queue, &d);
+                        self.done_applied(queue, &items[i].key, &d);
                         v1::DoneItemResult {
                             code: tonic::Code::Ok as i32,
                             message: String::new(),

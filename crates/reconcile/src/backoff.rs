@@ -19,6 +19,34 @@ pub const DEFAULT_POD_FAILURE_BACKOFF: Duration = Duration::from_secs(10);
 /// Cap on the delay (upstream `MaxJobPodFailureBackOff`).
 pub const MAX_POD_FAILURE_BACKOFF: Duration = Duration::from_secs(600);
 
+/// The backoff record as stored (the worker writes it, kjob-queue's explain reads it): the
+/// record with the UID of the Job it belongs to. Records are keyed by `namespace/name`, so a Job
+/// deleted and recreated under the same name finds its predecessor's record; the UID makes that
+/// record read as absent (upstream drops the record when the Job is deleted, and a delete seen
+/// by no one must not leak it either).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredBackoff {
+    /// Empty in records written before they carried the UID: never matches a Job.
+    #[serde(default)]
+    pub job_uid: String,
+    /// The record.
+    #[serde(flatten)]
+    pub record: BackoffRecord,
+}
+
+impl StoredBackoff {
+    /// `record` of the Job with UID `job_uid`, serialized.
+    pub fn encode(record: &BackoffRecord, job_uid: &str) -> Vec<u8> {
+        let stored = StoredBackoff { job_uid: job_uid.to_string(), record: record.clone() };
+        serde_json::to_vec(&stored).unwrap_or_default()
+    }
+
+    /// Reads a stored record.
+    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
 /// Consecutive failures since the last success and when the latest of them happened
 /// (upstream `backoffRecord`, minus the key, which is the caller's storage key).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

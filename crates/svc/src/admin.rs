@@ -1,4 +1,5 @@
-//! The admin port: `/metrics` (Prometheus text), `/livez`, `/readyz`.
+//! The admin port: `/metrics` (Prometheus text), `/livez`, `/readyz`, and whatever routes a
+//! service adds (kjob-queue's read-only explain API).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -102,9 +103,22 @@ impl AdminServer {
     /// Serves `registry` and readiness on `listener`; without one (in-process tests that do
     /// not look) only the state is kept.
     pub fn start(listener: Option<TcpListener>, registry: Registry) -> Self {
+        Self::start_with(listener, registry, Router::new())
+    }
+
+    /// [`AdminServer::start`], serving the service's own `routes` beside the standard ones.
+    pub fn start_with(listener: Option<TcpListener>, registry: Registry, routes: Router) -> Self {
         let state = AdminState::new(registry);
         let stop = Shutdown::new();
-        let task = listener.map(|l| tokio::spawn(serve_admin(l, state.clone(), stop.clone())));
+        let task = listener.map(|l| {
+            let app = admin_router(state.clone()).merge(routes);
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                axum::serve(l, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            })
+        });
         Self { state, stop, task }
     }
 
@@ -152,10 +166,20 @@ pub async fn with_admin(
     registry: Registry,
     body: impl AsyncFnOnce(&mut AdminServer) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    with_admin_routes(listener, registry, Router::new(), body).await
+}
+
+/// [`with_admin`], the admin port also serving the service's own `routes`.
+pub async fn with_admin_routes(
+    listener: Option<TcpListener>,
+    registry: Registry,
+    routes: Router,
+    body: impl AsyncFnOnce(&mut AdminServer) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     if let Some(l) = &listener {
         tracing::info!(addr = %l.local_addr()?, "admin port listening");
     }
-    let mut admin = AdminServer::start(listener, registry);
+    let mut admin = AdminServer::start_with(listener, registry, routes);
     let served = body(&mut admin).await;
     let stopped = admin.stop().await.context("admin server");
     served?;

@@ -20,7 +20,7 @@ pub mod vital;
 
 pub use admin::{
     AdminArgs, AdminListeners, AdminServer, AdminState, admin_router, probe_readiness, serve_admin,
-    with_admin,
+    with_admin, with_admin_routes,
 };
 pub use backoff::{Attempts, Backoff};
 pub use binary::{RuntimeArgs, Threads, bind, main};

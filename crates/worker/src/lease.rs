@@ -78,6 +78,8 @@ pub struct WriteBack {
     pub expectations: Option<SetExpectations>,
     /// The finalizer removals the sync expects after making them (see [`Raised`]).
     pub removals: Option<FinalizerRemovals>,
+    /// Why the sync failed (empty when it did not), for the key's history in kjob-queue.
+    pub error: String,
 }
 
 /// A lease whose sync has ended, waiting for its Done.
@@ -181,6 +183,7 @@ fn done_writing(queue: &str, item: &Leased, end: Outcome, back: WriteBack) -> Do
         view_write_back: back.view,
         expectations: back.expectations,
         finalizer_removals: back.removals,
+        error: back.error,
         ..Done::new(queue, &item.key, &item.lease_id, end)
     }
 }
@@ -505,18 +508,24 @@ async fn process<S: Syncer, Q: LeaseSource>(
             tokio::time::sleep(WIND_DOWN_LIMIT).await;
         };
         tokio::select! {
-            SyncResult { outcome, write_back, owed } = sync => Ending::Finished(match outcome {
-                Ok(SyncOutcome::Done) => Outcome::Forget,
-                Ok(SyncOutcome::RequeueAfter(d)) => Outcome::RequeueAfter(d),
-                Err(e) => {
-                    tracing::warn!(error = %e, "sync failed; requeueing with backoff");
-                    Outcome::RateLimited
-                }
-            }, Box::new(WriteBack {
-                view: write_back,
-                expectations: owed.expectations,
-                removals: owed.removals,
-            })),
+            SyncResult { outcome, write_back, owed } = sync => {
+                let mut error = String::new();
+                let end = match outcome {
+                    Ok(SyncOutcome::Done) => Outcome::Forget,
+                    Ok(SyncOutcome::RequeueAfter(d)) => Outcome::RequeueAfter(d),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sync failed; requeueing with backoff");
+                        error = e.to_string();
+                        Outcome::RateLimited
+                    }
+                };
+                Ending::Finished(end, Box::new(WriteBack {
+                    view: write_back,
+                    expectations: owed.expectations,
+                    removals: owed.removals,
+                    error,
+                }))
+            }
             // Dropping the sync future stops every write it had in flight or planned.
             () = renew => Ending::LeaseLost,
             // A sync that cannot wind down in time is dropped; its key is handed back as is.
@@ -539,7 +548,7 @@ async fn process<S: Syncer, Q: LeaseSource>(
             // Pods the dropped sync created, or removed the finalizers of, still get their
             // expectations.
             let Owed { expectations, removals } = journal.take();
-            let back = WriteBack { view: None, expectations, removals };
+            let back = WriteBack { view: None, expectations, removals, error: String::new() };
             let outcome = Outcome::RequeueAfter(Duration::ZERO);
             finish_writing_back(&queue, qname, &item, outcome, back).await
         }

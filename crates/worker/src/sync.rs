@@ -13,6 +13,7 @@ use kjob_queue_client::{
     AddItem, JobExpectations, JobView, SetExpectations, VIEW_READ_ATTEMPTS, ViewPages,
     ViewWriteBack,
 };
+use kjob_reconcile::backoff::StoredBackoff;
 use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
@@ -41,23 +42,9 @@ pub const DEFAULT_STALE_EXPECTATIONS_AFTER: Duration = kjob_core::EXPECTATIONS_T
 /// Time for a request a previous lease holder had already sent to reach the API server.
 pub const STALE_EXPECTATIONS_MARGIN: Duration = Duration::from_secs(15);
 
-/// The backoff record as stored: the record with the UID of the Job it belongs to. Records are
-/// keyed by `namespace/name`, so a Job deleted and recreated under the same name finds its
-/// predecessor's record; the UID makes that record read as absent (upstream drops the record
-/// when the Job is deleted, and a delete seen by no one must not leak it either).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct StoredBackoff {
-    /// Empty in records written before they carried the UID: never matches a Job.
-    #[serde(default)]
-    job_uid: String,
-    #[serde(flatten)]
-    record: BackoffRecord,
-}
-
-/// Serializes `record` as the record of the Job with UID `job_uid`.
+/// Serializes `record` as the record of the Job with UID `job_uid` (see [`StoredBackoff`]).
 pub fn encode_backoff(record: &BackoffRecord, job_uid: &str) -> Vec<u8> {
-    let stored = StoredBackoff { job_uid: job_uid.to_string(), record: record.clone() };
-    serde_json::to_vec(&stored).unwrap_or_default()
+    StoredBackoff::encode(record, job_uid)
 }
 
 /// The stored record if it belongs to the Job with UID `job_uid`. An empty (removed),
@@ -66,7 +53,7 @@ pub fn decode_backoff(bytes: &[u8], job_uid: &str) -> Option<BackoffRecord> {
     if bytes.is_empty() {
         return None;
     }
-    match serde_json::from_slice::<StoredBackoff>(bytes) {
+    match StoredBackoff::decode(bytes) {
         Ok(s) if s.job_uid == job_uid => Some(s.record),
         Ok(s) => {
             tracing::debug!(stored = s.job_uid, job_uid, "ignoring another Job's backoff record");

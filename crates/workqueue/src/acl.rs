@@ -32,7 +32,7 @@ pub const ACL_RULES: &str = concat!(
     " +hdel +hget +hgetall +hincrby +hlen +hmget +hscan +hset +hvals",
     " +lindex +llen +lrange +ltrim +rpush",
     " +sadd +sismember",
-    " +zadd +zcard +zpopmin +zrange +zrem +zscore",
+    " +zadd +zcard +zcount +zpopmin +zrange +zrank +zrem +zremrangebyscore +zscore",
 );
 
 /// The aclfile line (or `ACL SETUSER` arguments after the name) of user `name`: enabled, with

@@ -220,6 +220,31 @@ impl QueueKeys {
     }
 }
 
+/// The bounded history of Job (or pod) `key` (LIST of entries, see `hist` in
+/// `crate::lua::queue_fns!`), under `tag`, its shard's: the scripts that write it (ADD, DONE,
+/// the lease reaper) already touch that slot. The scripts build the same name as
+/// `SHARD .. ':hist:' .. item` (a test checks they agree).
+pub(crate) fn hist_key(tag: &str, key: &str) -> String {
+    format!("{tag}:hist:{key}")
+}
+
+// HASH item → its last Done (a history `d|…` entry): `<tag>:last:<generation>`, generation =
+// Redis ms ÷ `crate::ops::LAST_SYNC_GENERATION`. Only scripts name it (`last_key` in
+// `crate::lua::queue_fns!`: the generation comes from Redis time); one HSET per Done batch
+// writes it, and a generation expires whole, so no Job's entry outlives two generations.
+
+/// ZSET replica → when it last published its Dones per namespace (Unix ms), under `queue`'s
+/// index tag (see [`crate::ops::SYNC_PUBLISH_PERIOD`]).
+pub(crate) fn syncs_index_key(queue: &str) -> String {
+    format!("{{wq:{queue}}}:syncs")
+}
+
+/// HASH namespace → Dones per second seen by kjob-queue replica `replica` on `queue`, under
+/// the queue's index tag so one script reads every replica's.
+pub(crate) fn syncs_key(queue: &str, replica: &str) -> String {
+    format!("{{wq:{queue}}}:syncs:{replica}")
+}
+
 /// Binds `now` (Redis `TIME`, ms) and the [`QueueKeys`] as [`QueueKeys::to_vec`] orders them.
 macro_rules! queue_prelude {
     () => {
@@ -311,5 +336,12 @@ mod tests {
                 "{t}:exp:ns/a:finseen"
             ]
         );
+        assert_eq!(hist_key("{t}", "ns/a"), "{t}:hist:ns/a");
+        assert_eq!(syncs_key("job", "r1"), "{wq:job}:syncs:r1");
+        assert_eq!(slot_of(&syncs_key("job", "r1")), slot_of(&syncs_index_key("job")));
+        // The scripts build the per-Job names from their shard's tag the same way.
+        let lua = crate::lua::queue_fns!();
+        assert!(lua.contains("SHARD .. ':hist:' .. item"));
+        assert!(lua.contains("SHARD .. ':last:' .. generation"));
     }
 }

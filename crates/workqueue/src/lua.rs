@@ -146,6 +146,31 @@ end
 
 local function xfield(item) return '!x|' .. item end
 
+-- The Job's bounded history (`crate::keys::hist_key`), for explain: only what is off the happy
+-- path is written (a delay longer than the pod-event batch, an error, a requeue-after, a
+-- recovery after an error, a lease expiry), so an add, a lease and a successful Done write
+-- nothing. Entries, newest last: `e|at|delay_ms|observations` (a delayed Add),
+-- `d|at|lease_start|outcome|delay_ms|len(worker)|worker error` (a Done: outcome 1 forget,
+-- 2 rate limited after an error, 3 requeue after; delay -1 = none) and
+-- `x|at|lease_start|expiries|poisoned|worker` (a lease that expired without a Done).
+-- Newest entries kept (`HISTORY_MAX_ENTRIES` in the Rust).
+local HIST_MAX = 50
+-- Idle life of a history (`HISTORY_TTL`): a week after its last entry.
+local HIST_TTL_MS = 604800000
+local function hist(item, entry)
+  local key = SHARD .. ':hist:' .. item
+  if redis.call('RPUSH', key, entry) > HIST_MAX then redis.call('LTRIM', key, -HIST_MAX, -1) end
+  redis.call('PEXPIRE', key, HIST_TTL_MS)
+end
+-- The generation of the last-Done hash (`crate::keys::last_sync_key`) at `now`; one generation
+-- lasts `LAST_SYNC_GENERATION` (a day).
+local LAST_GEN_MS = 86400000
+local function last_key(generation) return SHARD .. ':last:' .. generation end
+local function last_key_now()
+  local generation = math.floor(now / LAST_GEN_MS)
+  return last_key(generation), generation
+end
+
 -- client-go Add at time `at`: a leased item becomes dirty (its record keeps the first add time),
 -- any other joins ready unless there. Returns accepted (0/1), readied (0/1).
 local function add_now(item, at)
@@ -216,14 +241,16 @@ local function reap(limit, poison, base, max)
   local poisoned = 0
   local recs = redis.call('HMGET', LEASE, unpack(expired))
   for i, item in ipairs(expired) do
-    local dt = -1
+    local dt, st, wk = -1, -1, ''
     if recs[i] then
-      local _, _, _, _, d = unpack_lease(recs[i])
-      dt = d
+      local _, s, _, _, d, w = unpack_lease(recs[i])
+      dt, st, wk = d, s, w
     end
     local x = redis.call('HINCRBY', FAILURES, xfield(item), 1)
     if x == 1 then redis.call('HINCRBY', STATS, 'expiring', 1) end
-    if poison > 0 and x >= poison then
+    local poison_now = poison > 0 and x >= poison
+    hist(item, 'x|' .. now .. '|' .. st .. '|' .. x .. '|' .. (poison_now and 1 or 0) .. '|' .. wk)
+    if poison_now then
       poisoned = poisoned + 1
       add_after(item, backoff(item, base, max))
     else

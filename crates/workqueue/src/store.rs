@@ -175,6 +175,9 @@ pub struct Done {
     pub lease_id: String,
     /// How the lease ends.
     pub outcome: LeaseOutcome,
+    /// Why the sync failed (empty: it did not, or the caller did not say): kept, truncated, in
+    /// the item's history for explain.
+    pub error: String,
 }
 
 /// Result of an accepted [`Store::done`].

@@ -9,6 +9,7 @@ pub mod apiserver;
 pub mod audit;
 pub mod chart;
 pub mod cli;
+pub mod explain;
 pub mod harness;
 pub mod plot;
 pub mod pprof;

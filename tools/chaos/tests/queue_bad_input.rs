@@ -97,6 +97,7 @@ impl Done {
             view_write_back: write_back.map(WriteBack::into_proto),
             expectations: raise.map(Raise::into_proto),
             finalizer_removals: removals.map(Removals::into_proto),
+            error: String::new(),
         }
     }
 }

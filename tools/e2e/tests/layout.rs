@@ -9,8 +9,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The crates that ship, each a folder of crates/.
-const SHIPPING: [&str; 9] = [
+/// The crates that ship, each a folder of crates/ (the services' and the kubectl plugin's).
+const SHIPPING: [&str; 10] = [
     "core",
     "proto",
     "svc",
@@ -20,6 +20,7 @@ const SHIPPING: [&str; 9] = [
     "reconcile",
     "watcher",
     "worker",
+    "kubectl-kjob",
 ];
 
 /// The binaries the images hold.

@@ -733,3 +733,37 @@ fn every_file_a_container_reads_is_mounted() {
         }
     }
 }
+
+/// `kubectl kjob` reads kjob-queue's explain API through kube-apiserver's service proxy; the
+/// role an admin binds for that grants `get` on the proxy of the kjob-queue Service and nothing
+/// else, and deploy/ binds it to no one.
+#[test]
+fn the_queue_viewer_role_grants_only_get_on_the_queue_service_proxy() {
+    let objs = base();
+    let role = objs
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "kjob-queue-viewer")
+        .expect("ClusterRole kjob-queue-viewer in deploy/base");
+    let rules = role["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    let r = &rules[0];
+    assert_eq!(r["apiGroups"], serde_json::json!([""]));
+    assert_eq!(r["resources"], serde_json::json!(["services/proxy"]));
+    assert_eq!(r["verbs"], serde_json::json!(["get"]));
+    let names: Vec<&str> =
+        r["resourceNames"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(names.iter().all(|n| n.contains("kjob-queue")), "{names:?}");
+    // The proxy path the plugin uses names the Service's admin port, which must exist.
+    assert!(names.contains(&"http:kjob-queue:admin"), "{names:?}");
+    let svc = objs
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "kjob-queue")
+        .unwrap();
+    let ports = svc["spec"]["ports"].as_array().unwrap();
+    assert!(ports.iter().any(|p| p["name"] == "admin"), "{ports:?}");
+    let bound = objs.iter().any(|o| {
+        o["kind"].as_str().is_some_and(|k| k.ends_with("Binding"))
+            && o["roleRef"]["name"] == "kjob-queue-viewer"
+    });
+    assert!(!bound, "deploy/ binds kjob-queue-viewer; an admin binds it to readers");
+}

@@ -114,7 +114,10 @@ fn flag_tables(readme: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut current: Option<String> = None;
     for line in readme.lines() {
         if let Some(h) = line.strip_prefix("### `") {
-            current = h.strip_suffix('`').filter(|c| c.starts_with("kjob-")).map(String::from);
+            current = h
+                .strip_suffix('`')
+                .filter(|c| c.starts_with("kjob-") || c.starts_with("kubectl-kjob"))
+                .map(String::from);
             continue;
         }
         if line.starts_with("## ") {
@@ -175,7 +178,14 @@ fn doc_parsing_finds_make_targets_and_links() {
 #[test]
 fn every_documented_flag_table_matches_the_binary() {
     let tables = flag_tables(&read(&kjob_e2e::root().join("docs/configuration.md")));
-    for bin in ["kjob-queue", "kjob-watcher", "kjob-worker", "kjob-sim", "kjob-demo"] {
+    for bin in [
+        "kjob-queue",
+        "kjob-watcher",
+        "kjob-worker",
+        "kjob-sim",
+        "kjob-demo",
+        "kubectl-kjob explain",
+    ] {
         assert!(tables.contains_key(bin), "docs/configuration.md has no flag table for {bin}");
     }
     let mut problems = Vec::new();

@@ -178,6 +178,7 @@ async fn bad_done_batches_are_refused_whole() {
         view_write_back: None,
         expectations: None,
         finalizer_removals: None,
+        error: String::new(),
     };
     let e = raw.done_batch(v1::DoneBatchRequest { items: vec![unspecified.clone()] }).await;
     assert!(e.unwrap_err().message().contains("outcome 0"));

@@ -520,6 +520,7 @@ async fn wake_connection_kept_between_waits(s: Store) {
                 key: key.into(),
                 lease_id: got[0].lease_id.clone(),
                 outcome: LeaseOutcome::Forget,
+                error: String::new(),
             };
             s.done_many(Q, &[done]).await.unwrap();
             added_at.elapsed()
@@ -565,7 +566,8 @@ async fn done_many_in_one_call(s: Store) {
     let l = s.lease(Q, "w", 3, LEASE).await.unwrap().items;
     let id = |k: &str| l.iter().find(|i| i.key == k).unwrap().lease_id.clone();
     s.add(Q, &[now("ns/b")]).await.unwrap(); // dirty while leased
-    let d = |k: &str, outcome| Done { key: k.into(), lease_id: id(k), outcome };
+    let d =
+        |k: &str, outcome| Done { key: k.into(), lease_id: id(k), outcome, error: String::new() };
     let r = s
         .done_many(
             Q,
@@ -574,7 +576,12 @@ async fn done_many_in_one_call(s: Store) {
                 d("ns/a", LeaseOutcome::Forget), // the same lease again: stale
                 d("ns/b", LeaseOutcome::Forget),
                 d("ns/c", LeaseOutcome::RateLimited),
-                Done { key: "ns/zz".into(), lease_id: "1-1".into(), outcome: LeaseOutcome::Forget },
+                Done {
+                    key: "ns/zz".into(),
+                    lease_id: "1-1".into(),
+                    outcome: LeaseOutcome::Forget,
+                    error: String::new(),
+                },
             ],
         )
         .await

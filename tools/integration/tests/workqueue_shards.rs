@@ -72,6 +72,7 @@ async fn keys_spread_evenly_over_a_three_master_cluster() {
                 key: l.key.clone(),
                 lease_id: l.lease_id.clone(),
                 outcome: LeaseOutcome::Forget,
+                error: String::new(),
             })
             .collect();
         assert!(s.done_many(Q, &dones).await.unwrap().iter().all(Option::is_some));

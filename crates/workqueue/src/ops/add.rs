@@ -74,6 +74,8 @@ local rec_at = 6 + 4 * takers
 local nrec = tonumber(ARGV[rec_at - 1])
 -- item -> KEYS index of its ExpKeys (its ViewKeys follow), for the views of hand-offs.
 local view_keys = {}
+-- The watcher's pod-event batch delay (`kjob_core::SYNC_JOB_BATCH_PERIOD`) in ms.
+local BATCH_MS = 1000
 local i = rec_at + nrec
 while i <= #ARGV do
   local item, delay, only = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
@@ -99,7 +101,11 @@ while i <= #ARGV do
   end
   if only == '0' then
     if delay > 0 then
-      added = added + add_after(item, delay)
+      local changed = add_after(item, delay)
+      added = added + changed
+      -- A pod event's batch delay is the happy path: only a longer delay that moved the due
+      -- time (a pod-failure backoff, a deadline) goes into the history.
+      if changed == 1 and delay > BATCH_MS then hist(item, 'e|' .. now .. '|' .. delay .. '|' .. nobs) end
     elseif not seen[item] then
       seen[item] = true
       now_items[#now_items + 1] = item
@@ -388,6 +394,12 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_script_knows_the_watchers_batch_delay() {
+        let ms = kjob_core::SYNC_JOB_BATCH_PERIOD.as_millis();
+        assert!(ADD.contains(&format!("local BATCH_MS = {ms}\n")), "ADD's BATCH_MS is {ms}");
+    }
 
     #[test]
     fn the_script_uses_the_handoff_view_limit() {

@@ -14,7 +14,9 @@ use crate::store::{Done, DoneResult, LeaseOutcome, MAX_DONE_BATCH, Store};
 
 /// KEYS: the [`QueueKeys`] of one shard (every Done's item is of that shard).
 /// ARGV[1] -> base_ms, ARGV[2] -> max_ms, then per Done: item, lease_id, outcome (1 forget,
-/// 2 rate limited, 3 requeue after), after_ms.
+/// 2 rate limited, 3 requeue after), after_ms, error (the sync's, truncated, for the history).
+/// Writes the item's last Done into the shard's last-sync hash (one HSET per batch) and, off
+/// the happy path only, an entry to its history (see `hist` in `queue_fns!`).
 /// Reply: `{now, mark_at, woke, {work_ms, ready_at (-1 = not requeued), delay_used (-1 = none)}…}` with one
 /// triple per Done, work_ms -1 for a stale lease id (that Done changed nothing).
 ///
@@ -27,15 +29,15 @@ const DONE: &str = concat!(
     r#"
 local base, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 local items = {}
-for i = 3, #ARGV, 4 do items[#items + 1] = ARGV[i] end
+for i = 3, #ARGV, 5 do items[#items + 1] = ARGV[i] end
 local recs = redis.call('HMGET', LEASE, unpack(items))
 local any_delayed = redis.call('ZCARD', DELAYED) > 0
-local rows, finished, gone = {}, {}, {}
+local rows, finished, gone, last = {}, {}, {}, {}
 for j, item in ipairs(items) do
-  local a = 3 + 4 * (j - 1)
+  local a = 3 + 5 * (j - 1)
   local id, outcome = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local lid, started, req, ex, dt
-  if recs[j] and not finished[item] then lid, started, req, ex, dt = unpack_lease(recs[j]) end
+  local lid, started, req, ex, dt, wk
+  if recs[j] and not finished[item] then lid, started, req, ex, dt, wk = unpack_lease(recs[j]) end
   if lid ~= id then
     redis.call('HINCRBY', STATS, 'stale_total', 1)
     rows[#rows + 1] = {-1, -1, -1}
@@ -72,11 +74,22 @@ for j, item in ipairs(items) do
       ready_at = tonumber(redis.call('ZSCORE', DELAYED, item) or -1)
     end
     rows[#rows + 1] = {now - started, ready_at, delay}
+    local entry = 'd|' .. now .. '|' .. started .. '|' .. outcome .. '|' .. delay .. '|' ..
+      #wk .. '|' .. wk .. ARGV[a + 4]
+    last[#last + 1] = item
+    last[#last + 1] = entry
+    -- Happy: a success after a success. An error, a requeue-after, or the first success after
+    -- errors or expiries is history.
+    if outcome ~= 1 or req > 0 or ex > 0 then hist(item, entry) end
   end
 end
 if #gone > 0 then
   redis.call('ZREM', LEASES, unpack(gone))
   redis.call('HDEL', LEASE, unpack(gone))
+  local lk = last_key_now()
+  redis.call('HSET', lk, unpack(last))
+  -- Two generations: a generation's hash outlives its last write by one more.
+  redis.call('PEXPIRE', lk, 2 * LAST_GEN_MS)
 end
 flush_index()
 local out = {now, mark_at, woke}
@@ -86,6 +99,22 @@ return out
 );
 
 static DONE_SCRIPT: Lua = Lua::new("done", DONE);
+
+/// Most bytes of a sync's error kept in its history entry: enough for a Kubernetes API error's
+/// message, while 50 entries of a failing Job stay a few KiB.
+pub const HISTORY_ERROR_MAX: usize = 256;
+
+/// `error` cut to [`HISTORY_ERROR_MAX`] bytes at a character boundary.
+fn truncate_error(error: &str) -> &str {
+    if error.len() <= HISTORY_ERROR_MAX {
+        return error;
+    }
+    let mut end = HISTORY_ERROR_MAX;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    &error[..end]
+}
 
 /// DONE's reply: one result per Done, `None` for a stale lease id; and the shard's mark.
 type DoneReply = (Vec<Option<DoneResult>>, i64, bool);
@@ -125,7 +154,12 @@ impl Store {
         lease_id: &str,
         outcome: LeaseOutcome,
     ) -> Result<Option<DoneResult>, WqError> {
-        let done = Done { key: key.to_string(), lease_id: lease_id.to_string(), outcome };
+        let done = Done {
+            key: key.to_string(),
+            lease_id: lease_id.to_string(),
+            outcome,
+            error: String::new(),
+        };
         let mut r = self.done_many(queue, std::slice::from_ref(&done)).await?;
         Ok(r.pop().flatten())
     }
@@ -163,6 +197,7 @@ impl Store {
             args.push(d.lease_id.arg());
             args.push(code.arg());
             args.push(after.arg());
+            args.push(truncate_error(&d.error).arg());
             order.push(at);
         }
         let calls = by_shard.into_iter().map(|(shard, (args, order))| async move {
@@ -190,6 +225,15 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_cut_at_a_character_boundary() {
+        assert_eq!(truncate_error("short"), "short");
+        let long = "é".repeat(HISTORY_ERROR_MAX);
+        let cut = truncate_error(&long);
+        assert!(cut.len() <= HISTORY_ERROR_MAX && cut.len() >= HISTORY_ERROR_MAX - 1);
+        assert!(long.starts_with(cut));
+    }
 
     #[test]
     fn a_done_reply_of_the_wrong_length_is_refused_not_misread() {

@@ -5,6 +5,7 @@
 mod add;
 mod done;
 mod expectations;
+mod explain;
 mod lease;
 mod maintain;
 mod records;
@@ -14,7 +15,13 @@ mod weights;
 
 pub use add::HANDOFF_VIEW_MAX_PODS;
 pub(crate) use add::Taker;
+pub use done::HISTORY_ERROR_MAX;
 pub use expectations::FinalizerRemovals;
+pub use explain::{
+    Explain, HISTORY_MAX_ENTRIES, HISTORY_TTL, HistoryEntry, LAST_SYNC_GENERATION, LeaseInfo,
+    NAMESPACES_MAX_SCAN, NamespaceStats, Namespaces, RoundRobin, SYNC_MAX_NAMESPACES,
+    SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
+};
 pub use records::MAX_RECORDS_PER_JOB;
 pub(crate) use shards::read_mark;
 pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};

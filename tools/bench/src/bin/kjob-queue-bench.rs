@@ -15,6 +15,9 @@
 //! worker certificate; BullMQ's ioredis over the same TLS as its own ACL user), and reports what
 //! TLS and authentication cost per item and per call.
 //!
+//! `kjob-queue-bench explain` fills the job queue (10,000 Jobs by default) under an in-process
+//! kjob-queue and prints p50/p99 of its admin port's explain API (`kjob_bench::explain`).
+//!
 //! `kjob-queue-bench lessee` is a lessee process for crash and load tests: it leases keys and
 //! either finishes them (Done/Forget) as fast as it can, or, with `--hold`, keeps the leases
 //! without renewing them until it is killed (a worker that hung or died mid-sync).
@@ -40,6 +43,8 @@ struct Args {
 enum Command {
     /// Run the benchmark against a private redis-server and an in-process kjob-queue.
     Run(bench::BenchArgs),
+    /// Fill the job queue and measure the admin port's explain API (p50/p99).
+    Explain(kjob_bench::explain::ExplainArgs),
     /// Lease keys; print each leased key on stdout.
     Lessee {
         /// URL of a kjob-queue server.
@@ -74,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
     kjob_svc::init_logging(&log)?;
     match command {
         Command::Run(args) => bench::run(args).await,
+        Command::Explain(args) => kjob_bench::explain::run(args).await,
         Command::Lessee { queue_url, queue, lease, count, hold, worker_id } => {
             let client = QueueClient::connect_lazy(&queue_url)?;
             let mut leased = 0u64;
