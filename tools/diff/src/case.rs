@@ -111,10 +111,11 @@ impl KueueQueue {
 }
 
 /// Spacing of the creations of one Kueue group's Jobs; more than a second (see
-/// [`KueueQueue::position`]), and the margin between two Jobs' ends that keeps the quota
-/// group's completion order: at 1.5 s, a run loaded by three builds beside it finished
-/// kueue-quota-3 before kueue-quota-2 (on both control planes, in turn).
-pub const KUEUE_CREATE_SPACING_MS: u64 = 3000;
+/// [`KueueQueue::position`]). The quota group's later Jobs must be created while the first ones
+/// still run, so Kueue holds them inadmissible together and admits them in creation order: at
+/// 3 s, the last Job came after the first had finished and was admitted at once, ahead of an
+/// older one still waiting to be requeued (Kueue's BestEffortFIFO), on both control planes.
+pub const KUEUE_CREATE_SPACING_MS: u64 = 2000;
 /// Name of each case's LocalQueue.
 pub const KUEUE_LOCAL_QUEUE: &str = "queue";
 /// Kueue's label naming a Job's LocalQueue.
