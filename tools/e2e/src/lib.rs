@@ -330,6 +330,18 @@ pub fn help_of(binary: &Path) -> anyhow::Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// Runs a command to its end and returns its stdout; panics with its output when it fails.
+pub fn run_ok(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().expect("running a command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,21 +9,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kjob_e2e::run_ok;
 use kjob_testkit::cluster;
 
 /// How long the Job may take once applied (one 1 s pod on a loaded 2-core machine).
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("running a command");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn alive(pid: &str) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
@@ -54,7 +44,7 @@ fn cluster_up_with_kjob_runs_a_job_and_down_stops_kjob() {
     // Whatever happens below, the detached cluster and kjob's processes are stopped.
     let _down = Down(bin.clone(), d.clone());
     let out =
-        run(Command::new(&bin).args(["up", "--dir", &d, "--nodes", "1", "--kjob-workers", "1"]));
+        run_ok(Command::new(&bin).args(["up", "--dir", &d, "--nodes", "1", "--kjob-workers", "1"]));
     assert!(
         out.contains("stack:  redis, kjob-queue, a watcher and 1 worker(s), taking every Job"),
         "{out}"
@@ -84,10 +74,10 @@ fn cluster_up_with_kjob_runs_a_job_and_down_stops_kjob() {
          restartPolicy: Never\n      containers:\n      - name: main\n        image: busybox\n",
     )
     .unwrap();
-    run(Command::new(&kubectl).args(["--kubeconfig", &kc, "apply", "-f"]).arg(&job));
+    run_ok(Command::new(&kubectl).args(["--kubeconfig", &kc, "apply", "-f"]).arg(&job));
     let deadline = Instant::now() + JOB_TIMEOUT;
     loop {
-        let succeeded = run(Command::new(&kubectl).args([
+        let succeeded = run_ok(Command::new(&kubectl).args([
             "--kubeconfig",
             &kc,
             "get",
@@ -107,7 +97,7 @@ fn cluster_up_with_kjob_runs_a_job_and_down_stops_kjob() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    run(Command::new(&bin).args(["down", "--dir", &d]));
+    run_ok(Command::new(&bin).args(["down", "--dir", &d]));
     let left: Vec<&(String, String)> = pids.iter().filter(|(_, pid)| alive(pid)).collect();
     assert!(left.is_empty(), "kjob's processes left after down: {left:?}");
 }

@@ -237,17 +237,6 @@ fn an_external_redis_drops_the_bundled_one_and_is_required() {
 /// How long the Deployments' pods may take to be created on a fresh, loaded control plane.
 const PODS_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("running a command");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 #[test]
 fn the_chart_installs_on_the_real_control_plane_and_uninstalls() {
     let Some((helm, kubectl)) = tools() else { return };
@@ -267,11 +256,13 @@ fn the_chart_installs_on_the_real_control_plane_and_uninstalls() {
     let kc = info.kubeconfig.display().to_string();
     // The control plane's bootstrap already made kjob-system with kjob's ServiceAccounts and
     // deploy/base's RBAC (for the stacks tests start); the chart takes those objects over.
-    let out = run(Command::new(&helm)
-        .args(["install", "kjob"])
-        .arg(root().join("charts/kjob"))
-        .args(["--namespace", KJOB_NAMESPACE, "--kubeconfig", &kc, "--take-ownership"])
-        .args(["--set", "hpa.enabled=true", "--wait=false"]));
+    let out = run_ok(
+        Command::new(&helm)
+            .args(["install", "kjob"])
+            .arg(root().join("charts/kjob"))
+            .args(["--namespace", KJOB_NAMESPACE, "--kubeconfig", &kc, "--take-ownership"])
+            .args(["--set", "hpa.enabled=true", "--wait=false"]),
+    );
     assert!(out.contains("STATUS: deployed"), "{out}");
     // Every object the chart renders is on the server (server-side validation and admission
     // passed), each with the release's labels.
@@ -283,7 +274,7 @@ fn the_chart_installs_on_the_real_control_plane_and_uninstalls() {
         if !["Namespace", "ClusterRole", "ClusterRoleBinding"].contains(&kind) {
             cmd.args(["-n", KJOB_NAMESPACE]);
         }
-        let live: Value = serde_json::from_str(&run(&mut cmd)).unwrap();
+        let live: Value = serde_json::from_str(&run_ok(&mut cmd)).unwrap();
         assert_eq!(live["metadata"]["labels"]["app.kubernetes.io/instance"], "kjob", "{kind}");
     }
     // The Deployments' pods get created: their templates pass the namespace's restricted Pod
@@ -291,7 +282,7 @@ fn the_chart_installs_on_the_real_control_plane_and_uninstalls() {
     let deadline = Instant::now() + PODS_TIMEOUT;
     let want = [("kjob-queue", 2), ("kjob-watcher", 2), ("kjob-worker", 3)];
     loop {
-        let pods: Value = serde_json::from_str(&run(Command::new(&kubectl).args([
+        let pods: Value = serde_json::from_str(&run_ok(Command::new(&kubectl).args([
             "--kubeconfig",
             &kc,
             "get",
@@ -315,7 +306,7 @@ fn the_chart_installs_on_the_real_control_plane_and_uninstalls() {
             break;
         }
         if Instant::now() > deadline {
-            let events = run(Command::new(&kubectl).args([
+            let events = run_ok(Command::new(&kubectl).args([
                 "--kubeconfig",
                 &kc,
                 "get",
@@ -327,7 +318,7 @@ fn the_chart_installs_on_the_real_control_plane_and_uninstalls() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    let out = run(Command::new(&helm).args([
+    let out = run_ok(Command::new(&helm).args([
         "uninstall",
         "kjob",
         "--namespace",
