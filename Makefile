@@ -10,7 +10,7 @@ KUBELET ?= on
 JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
-.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-sim bench-watcher bench-queue \
+.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-scale bench-fairness bench-sim bench-watcher bench-queue \
 	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-build-helm cluster-up cluster-down \
 	diff-upstream test-diff-run
 
@@ -105,6 +105,24 @@ bench-upstream: cluster-build
 	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
 	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench $(BENCH_ARGS)
+
+## bench-scale: managed-cluster budgets: upstream at its defaults against kjob with 1, 2, 4 and 8
+## workers each at those defaults, and 4 workers sharing one such budget; 1,000-Job bursts, two
+## passes (target/bench/scale/upstream.md; BENCH_ARGS overrides, e.g. --burst-jobs=400 --passes=1)
+bench-scale: cluster-build
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
+	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench/scale \
+		--configs a,m1,m2,m4,m8,mt4 --workloads burst --burst-jobs 1000 --passes 2 --apiserver-profile false $(BENCH_ARGS)
+
+## bench-fairness: the flood: one namespace creates 2,000 Jobs at once while ten others each create
+## one every 10 s; upstream against kjob (one worker) at upstream's default budget (a, m1) and
+## tuned (b, c); one pass (target/bench/fairness/upstream.md; BENCH_ARGS overrides)
+bench-fairness: cluster-build
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
+	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
+	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench/fairness \
+		--configs a,m1,b,c --workloads flood --passes 1 --apiserver-profile false $(BENCH_ARGS)
 
 ## bench-watcher: the watcher's CPU per pod event, --watch-encoding protobuf against json, on the
 ## real control plane (BENCH_ARGS: --pods, --updates, --passes)

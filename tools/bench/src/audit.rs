@@ -156,6 +156,34 @@ pub fn controller_writes(text: &str, user: &str, one_job: bool) -> ControllerWri
     ControllerWrites { by_request, create_rounds }
 }
 
+/// The most requests of any verb `user` sent in one `window` (seconds) of the audit log
+/// `text`, divided by `window`: the peak request rate as kube-apiserver received it, with the
+/// total requests seen. Windows start at each request (a sliding window, so no peak falls
+/// between two fixed windows). The control plane's audit policy records every request of
+/// kjob's ServiceAccounts but only the writes of kube-controller-manager's Job controller, so
+/// this is kjob's whole rate and only upstream's write rate.
+pub fn peak_request_rate(text: &str, user: &str, window: f64) -> Option<(f64, u64)> {
+    let mut at: Vec<f64> = text
+        .lines()
+        .filter(|l| l.contains(user))
+        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
+        .filter(|e| e.stage == "ResponseComplete" && e.user.username == user)
+        .filter_map(|e| secs(&e.request_received_timestamp))
+        .collect();
+    if at.is_empty() || window <= 0.0 {
+        return None;
+    }
+    at.sort_by(f64::total_cmp);
+    let (mut most, mut end) = (0usize, 0usize);
+    for start in 0..at.len() {
+        while end < at.len() && at[end] < at[start] + window {
+            end += 1;
+        }
+        most = most.max(end - start);
+    }
+    Some((most as f64 / window, at.len() as u64))
+}
+
 /// The rounds of pod creates among `writes` (by when they were received): a create starts one
 /// when it arrives after the current round's last answer.
 fn create_rounds(writes: &[Write]) -> CreateRounds {
@@ -255,5 +283,24 @@ mod tests {
         let w = controller_writes("", KJOB, true);
         assert!(w.by_request.is_empty());
         assert_eq!(w.create_rounds, Some(CreateRounds::default()));
+    }
+
+    #[test]
+    fn peak_request_rate_slides_over_every_verb_of_the_user() {
+        // 5 requests between 1.0 s and 1.9 s, one at 0 s and one at 5 s; another user's
+        // requests in the middle count for nothing.
+        let mut log = vec![line(KJOB, "get", "jobs", 0, 1), line(KJOB, "list", "pods", 5000, 1)];
+        for at in [1000, 1200, 1500, 1800, 1900] {
+            log.push(line(KJOB, "create", "pods", at, 2));
+            log.push(line("someone-else", "create", "pods", at, 2));
+        }
+        let log = log.join("\n");
+        let (rate, total) = peak_request_rate(&log, KJOB, 1.0).unwrap();
+        assert_eq!(total, 7);
+        assert!((rate - 5.0).abs() < 1e-9, "{rate}");
+        // A window of 2 s from 0 s holds 6 of them (0 s and the five before 1.9 s).
+        let (rate, _) = peak_request_rate(&log, KJOB, 2.0).unwrap();
+        assert!((rate - 3.0).abs() < 1e-9, "{rate}");
+        assert_eq!(peak_request_rate("", KJOB, 10.0), None);
     }
 }

@@ -102,6 +102,8 @@ pub struct Observed {
     pub counted_from_finished_at: Vec<f64>,
     /// Created → finished of the first Job (the Indexed workload has one).
     pub time_to_complete_secs: Option<f64>,
+    /// Created → finished (Complete or Failed) of every Job that finished, seconds, sorted.
+    pub complete: Vec<f64>,
 }
 
 impl Observed {
@@ -201,16 +203,20 @@ impl Recorder {
         }
     }
 
-    /// Starts the Job and Pod watches of `namespace`; returns once both have listed.
+    /// Starts the Job and Pod watches of `namespace` (`None`: every namespace, where Job names
+    /// must then be unique across namespaces: Jobs are told apart by name); returns once both
+    /// have listed.
     pub async fn start(
         &self,
         client: kube::Client,
-        namespace: &str,
+        namespace: Option<&str>,
         tasks: &mut JoinSet<()>,
     ) -> anyhow::Result<()> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(2);
-        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let (jobs, pods): (Api<Job>, Api<Pod>) = match namespace {
+            Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
+            None => (Api::all(client.clone()), Api::all(client)),
+        };
         let (r, t) = (self.clone(), tx.clone());
         tasks.spawn(async move {
             let mut s = watcher(jobs, watcher::Config::default()).default_backoff().boxed();
@@ -317,6 +323,9 @@ impl Recorder {
             match t.finished {
                 Some(f) => {
                     out.counts.jobs_finished += 1;
+                    if let Some(c) = t.created {
+                        out.complete.push(f.saturating_duration_since(c).as_secs_f64());
+                    }
                     last_finish = last_finish.max(Some(f));
                     if i == 0 {
                         out.time_to_complete_secs =
@@ -334,7 +343,12 @@ impl Recorder {
             last_pod.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
         out.counts.jobs_window_secs =
             last_created.unwrap_or(end).saturating_duration_since(t0).as_secs_f64();
-        for v in [&mut out.first_pod, &mut out.counted, &mut out.counted_from_finished_at] {
+        for v in [
+            &mut out.first_pod,
+            &mut out.counted,
+            &mut out.counted_from_finished_at,
+            &mut out.complete,
+        ] {
             v.sort_by(f64::total_cmp);
         }
         out
@@ -498,6 +512,7 @@ mod tests {
         assert_eq!(o.counted_from_finished_at, vec![1.0]);
         assert_eq!((o.counts.jobs, o.counts.pods_created, o.counts.jobs_finished), (1, 2, 1));
         assert_eq!(o.time_to_complete_secs, Some(2.0));
+        assert_eq!(o.complete, vec![2.0]);
         assert!((o.counts.elapsed_secs - 2.0).abs() < 1e-9);
         assert!((o.counts.pods_window_secs - 0.4).abs() < 1e-9);
         // A Job that never finished stretches the run to its end.

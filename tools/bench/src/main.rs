@@ -281,7 +281,7 @@ async fn run_on_fresh_stack(
     let client = kube_client(&stack.sim_url).await?;
     let rec = Recorder::default();
     let mut watches = JoinSet::new();
-    rec.start(client.clone(), NAMESPACE, &mut watches).await?;
+    rec.start(client.clone(), Some(NAMESPACE), &mut watches).await?;
     let out = run_phase(&mut stack, &client, &rec, http, ticks, phase).await;
     watches.abort_all();
     out

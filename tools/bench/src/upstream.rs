@@ -20,6 +20,8 @@ pub const BASELINE: &str = "b";
 pub const KJOB_1W: &str = "c";
 /// Id of kjob with two workers (the `_2w` ratios).
 pub const KJOB_2W: &str = "d";
+/// Id of upstream at kube-controller-manager's defaults (the managed-cluster ratios).
+pub const UPSTREAM_DEFAULTS: &str = "a";
 /// Id of upstream with the total budget of kjob's two workers (the `_2w_budget` ratios).
 pub const BUDGET_2W: &str = "b2";
 /// Resamples of the bootstrap behind every ratio's 95 % interval.
@@ -35,11 +37,15 @@ pub enum Workload {
     Indexed,
     /// Single-pod Jobs created at a steady rate.
     Steady,
+    /// One namespace floods the queue with single-pod Jobs while quiet namespaces each create
+    /// one every few seconds (issue 45's fairness benchmark).
+    Flood,
 }
 
 impl Workload {
     /// Every workload, in the order a pass runs them (the steady rate comes from a burst run).
-    pub const ALL: [Workload; 3] = [Workload::Burst, Workload::Indexed, Workload::Steady];
+    pub const ALL: [Workload; 4] =
+        [Workload::Burst, Workload::Indexed, Workload::Steady, Workload::Flood];
 
     /// Short name (`burst`, `indexed`, `steady`), as in flags and run folders.
     pub fn name(self) -> &'static str {
@@ -47,6 +53,7 @@ impl Workload {
             Workload::Burst => "burst",
             Workload::Indexed => "indexed",
             Workload::Steady => "steady",
+            Workload::Flood => "flood",
         }
     }
 
@@ -81,8 +88,21 @@ pub enum Controller {
         kube_burst: u32,
         /// Each worker's `--concurrency` (syncs in flight).
         concurrency: usize,
+        /// The workers' shared budget (`--api-qps-total`, `--api-burst-total`), when set.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        api_total: Option<(u32, u32)>,
     },
 }
+
+/// kube-controller-manager's own defaults (`--kube-api-qps=20`, `--kube-api-burst=30`,
+/// `--concurrent-job-syncs=5`): the budget a managed cluster keeps, which nobody there can
+/// raise. The `m<N>` configurations give each of N workers this budget.
+pub const MANAGED: (u32, u32, usize) = (20, 30, 5);
+/// Most workers an `m<N>` configuration may ask for (each is a process on a 2-core machine).
+pub const MANAGED_MAX_WORKERS: usize = 16;
+/// The window the workers' peak request rate is taken over (issue 45: the budget holds "over
+/// every 10 s window").
+pub const PEAK_RATE_WINDOW_SECS: f64 = 10.0;
 
 /// kjob-worker's `--concurrency` in the comparison: the syncs in flight of upstream tuned
 /// (`--concurrent-job-syncs=50`), so both sides are tuned alike (kjob's default is upstream's 5).
@@ -116,7 +136,11 @@ impl Configuration {
             kube_qps: worker_qps,
             kube_burst: worker_burst,
             concurrency: KJOB_CONCURRENCY,
+            api_total: None,
         };
+        if let Some(c) = Self::managed(id) {
+            return Some(c);
+        }
         let (label, controller) = match id {
             "a" => ("upstream defaults", upstream(5, 20, 30, None)),
             "b" => ("upstream tuned", upstream(50, 200, 400, None)),
@@ -130,6 +154,43 @@ impl Configuration {
             _ => return None,
         };
         Some(Self { id: id.to_string(), label: label.to_string(), controller })
+    }
+
+    /// The managed-cluster configurations: `m<N>`, kjob with N workers each at upstream's
+    /// default budget ([`MANAGED`]); `mt<N>`, the same N workers sharing one such budget
+    /// (`--api-qps-total`/`--api-burst-total` equal to one process's).
+    fn managed(id: &str) -> Option<Self> {
+        let (shared, n) = match id.strip_prefix("mt") {
+            Some(n) => (true, n),
+            None => (false, id.strip_prefix('m')?),
+        };
+        let workers: usize = n.parse().ok().filter(|w| (1..=MANAGED_MAX_WORKERS).contains(w))?;
+        let (qps, burst, syncs) = MANAGED;
+        let label = if shared {
+            format!("kjob, {workers} workers sharing upstream's default budget")
+        } else {
+            format!("kjob, {workers} worker(s) at upstream's defaults each")
+        };
+        let controller = Controller::Kjob {
+            workers,
+            kube_qps: qps,
+            kube_burst: burst,
+            concurrency: syncs,
+            api_total: shared.then_some((qps, burst)),
+        };
+        Some(Self { id: id.to_string(), label, controller })
+    }
+
+    /// Workers of an `m<N>` configuration (not `mt<N>`), which the scaling ratios compare.
+    pub fn managed_workers(&self) -> Option<usize> {
+        match &self.controller {
+            Controller::Kjob { workers, api_total: None, .. }
+                if self.id == format!("m{workers}") =>
+            {
+                Some(*workers)
+            }
+            _ => None,
+        }
     }
 
     /// Whether kube-controller-manager's Job controller runs.
@@ -163,14 +224,18 @@ impl Configuration {
     /// `(workers, worker flags)` of a kjob configuration.
     pub fn kjob_workers(&self) -> Option<(usize, Vec<String>)> {
         match &self.controller {
-            Controller::Kjob { workers, kube_qps, kube_burst, concurrency } => Some((
-                *workers,
-                vec![
+            Controller::Kjob { workers, kube_qps, kube_burst, concurrency, api_total } => {
+                let mut flags = vec![
                     format!("--kube-qps={kube_qps}"),
                     format!("--kube-burst={kube_burst}"),
                     format!("--concurrency={concurrency}"),
-                ],
-            )),
+                ];
+                if let Some((qps, burst)) = api_total {
+                    flags.push(format!("--api-qps-total={qps}"));
+                    flags.push(format!("--api-burst-total={burst}"));
+                }
+                Some((*workers, flags))
+            }
             Controller::Upstream { .. } => None,
         }
     }
@@ -308,6 +373,32 @@ pub struct RunFigures {
     /// profiled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub apiserver_cpu: Option<CpuByPart>,
+    /// The Job controller's most requests received in any [`PEAK_RATE_WINDOW_SECS`], per
+    /// second, from the audit log: every request of kjob's workers, but only the writes of
+    /// upstream's controller (what the audit policy records of each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_peak_rate: Option<f64>,
+    /// The flood workload's figures per tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<TenantFigures>,
+}
+
+/// What the flood workload measures of its tenants: the flooding namespace's drain and the
+/// quiet namespaces' waits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TenantFigures {
+    /// Jobs the flooding namespace created at once.
+    pub flood_jobs: u64,
+    /// Quiet namespaces.
+    pub quiet_namespaces: usize,
+    /// Jobs the quiet namespaces created while the flood drained.
+    pub quiet_jobs: u64,
+    /// Seconds from the first flood Job created to the last one finished.
+    pub flood_drain_secs: f64,
+    /// The quiet Jobs' created → first pod, seconds, ascending.
+    pub quiet_first_pod_samples: Vec<f64>,
+    /// The quiet Jobs' created → Complete, seconds, ascending.
+    pub quiet_complete_samples: Vec<f64>,
 }
 
 impl RunFigures {
@@ -407,6 +498,18 @@ pub struct ConfigFigures {
     pub controller_peak_rss: Option<u64>,
     /// Watches kube-apiserver closed as too slow, over every run.
     pub terminated_watchers: f64,
+    /// The highest [`RunFigures::controller_peak_rate`] over the runs, requests/s.
+    pub controller_peak_rate: Option<f64>,
+    /// Flood: the quiet namespaces' p50 Job created → first pod, pooled, seconds.
+    pub flood_quiet_first_pod_p50: Option<f64>,
+    /// Flood: the quiet namespaces' p99 Job created → first pod, pooled, seconds.
+    pub flood_quiet_first_pod_p99: Option<f64>,
+    /// Flood: the quiet namespaces' p50 Job created → Complete, pooled, seconds.
+    pub flood_quiet_complete_p50: Option<f64>,
+    /// Flood: the quiet namespaces' p99 Job created → Complete, pooled, seconds.
+    pub flood_quiet_complete_p99: Option<f64>,
+    /// Flood: seconds from the first flood Job created to the last finished (mean over runs).
+    pub flood_drain_secs: Option<f64>,
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
@@ -549,7 +652,35 @@ fn summarize_refs(c: &Configuration, runs: &[&RunFigures]) -> ConfigFigures {
         settle_secs_max: mine.iter().map(|r| r.settle_secs).reduce(f64::max),
         controller_peak_rss: mine.iter().map(|r| r.controller_peak_rss()).max(),
         terminated_watchers: sum(&|r| r.terminated_watchers),
+        controller_peak_rate: mine.iter().filter_map(|r| r.controller_peak_rate).reduce(f64::max),
+        flood_quiet_first_pod_p50: tenant_quantile(of(Workload::Flood), quiet_first_pod, 0.50),
+        flood_quiet_first_pod_p99: tenant_quantile(of(Workload::Flood), quiet_first_pod, 0.99),
+        flood_quiet_complete_p50: tenant_quantile(of(Workload::Flood), quiet_complete, 0.50),
+        flood_quiet_complete_p99: tenant_quantile(of(Workload::Flood), quiet_complete, 0.99),
+        flood_drain_secs: mean(
+            of(Workload::Flood).filter_map(|r| r.tenants.as_ref().map(|t| t.flood_drain_secs)),
+        ),
     }
+}
+
+fn quiet_first_pod(t: &TenantFigures) -> &[f64] {
+    &t.quiet_first_pod_samples
+}
+
+fn quiet_complete(t: &TenantFigures) -> &[f64] {
+    &t.quiet_complete_samples
+}
+
+/// The `q`-quantile of the tenant samples `samples` picks from `runs`, pooled.
+fn tenant_quantile<'a>(
+    runs: impl Iterator<Item = &'a RunFigures>,
+    samples: fn(&TenantFigures) -> &[f64],
+    q: f64,
+) -> Option<f64> {
+    let mut all: Vec<f64> =
+        runs.filter_map(|r| r.tenants.as_ref()).flat_map(|t| samples(t).iter().copied()).collect();
+    all.sort_by(f64::total_cmp);
+    crate::stats::percentile(&all, q)
 }
 
 fn first_pod_samples(r: &RunFigures) -> &[f64] {
@@ -665,8 +796,60 @@ pub fn ratios(figures: &[ConfigFigures]) -> BTreeMap<String, Option<f64>> {
             out.insert(format!("{}_{suffix}", h.key), r);
         }
     }
+    // The flood: kjob against upstream with the same budget, at upstream's defaults (m1 ÷ a) and
+    // tuned (c ÷ b).
+    for (suffix, kjob, upstream) in FLOOD_PAIRS {
+        let (Some(k), Some(base)) = (find(kjob), find(upstream)) else { continue };
+        if k.flood_drain_secs.is_none() || base.flood_drain_secs.is_none() {
+            continue;
+        }
+        type Get = fn(&ConfigFigures) -> Option<f64>;
+        let figures: [(&str, Get); 3] = [
+            ("flood_quiet_p99_first_pod", |f| f.flood_quiet_first_pod_p99),
+            ("flood_quiet_p99_complete", |f| f.flood_quiet_complete_p99),
+            ("flood_drain", |f| f.flood_drain_secs),
+        ];
+        for (key, get) in figures {
+            out.insert(format!("{key}_{suffix}"), ratio(get(k), get(base)));
+        }
+    }
+    // Managed-cluster budgets: N workers against one, and against upstream at its defaults.
+    let jobs_per_s = |id: &str| find(id).and_then(|f| f.jobs_per_s);
+    for f in figures {
+        let Some((n, shared)) = managed_id(&f.id) else { continue };
+        if !shared && n > 1 && find("m1").is_some() {
+            out.insert(format!("scale_jobs_per_s_m{n}"), ratio(f.jobs_per_s, jobs_per_s("m1")));
+        }
+        if find(UPSTREAM_DEFAULTS).is_some() {
+            out.insert(
+                format!("managed_jobs_per_s_{}", f.id),
+                ratio(f.jobs_per_s, jobs_per_s(UPSTREAM_DEFAULTS)),
+            );
+        }
+    }
     out
 }
+
+/// The flood's comparisons: key suffix, kjob's configuration, upstream's with the same budget.
+pub const FLOOD_PAIRS: [(&str, &str, &str); 2] =
+    [("default", "m1", UPSTREAM_DEFAULTS), ("tuned", KJOB_1W, BASELINE)];
+
+/// Issue 45's fairness target: under the flood at upstream's default budget, the quiet
+/// namespaces' p99 Job created → first pod is at most this share of upstream's.
+pub const FLOOD_QUIET_P99_GOAL: f64 = 0.2;
+
+/// `(N, shared budget)` of a managed-cluster configuration id (`m<N>`, `mt<N>`).
+pub fn managed_id(id: &str) -> Option<(usize, bool)> {
+    let (shared, n) = match id.strip_prefix("mt") {
+        Some(n) => (true, n),
+        None => (false, id.strip_prefix('m')?),
+    };
+    Some((n.parse().ok()?, shared))
+}
+
+/// Issue 45's scaling target: N workers at upstream's default budget each finish at least
+/// this share of N × one worker's Jobs/s (and of N × upstream's at its defaults, for N = 8).
+pub const SCALE_EFFICIENCY: f64 = 0.85;
 
 /// A small deterministic generator (SplitMix64) for the bootstrap, so a report can be
 /// recomputed from its JSON exactly.
@@ -801,6 +984,49 @@ pub fn verdicts(
             });
         }
     }
+    // Managed-cluster budgets (issue 45): N workers ≥ 0.85·N × one worker; 8 workers ≥
+    // 0.85·8 × upstream at its defaults. Only where the configurations ran.
+    for key in ratios.keys() {
+        let (goal, what) = if let Some(n) = key.strip_prefix("scale_jobs_per_s_m") {
+            let Ok(n) = n.parse::<usize>() else { continue };
+            (
+                SCALE_EFFICIENCY * n as f64,
+                format!("Jobs/s, {n} workers ÷ 1 (upstream's budget each)"),
+            )
+        } else if key == "managed_jobs_per_s_m8" {
+            (SCALE_EFFICIENCY * 8.0, "Jobs/s, 8 workers ÷ upstream at its defaults".to_string())
+        } else if key == "flood_quiet_p99_first_pod_default" {
+            (
+                -FLOOD_QUIET_P99_GOAL,
+                "flood: quiet namespaces' p99 Job created -> first pod, kjob (m1) ÷ upstream (a)"
+                    .to_string(),
+            )
+        } else {
+            continue;
+        };
+        // A negative goal is a ceiling (lower is better), a positive one a floor.
+        let meets = |r: f64| if goal < 0.0 { r <= -goal } else { r >= goal };
+        let r = ratios.get(key).copied().flatten();
+        let met = r.is_some_and(meets);
+        let passes = per_pass.get(key).cloned().unwrap_or_default();
+        let passes_agree = r.is_none() || passes.iter().flatten().all(|&p| meets(p) == met);
+        let interval = intervals.get(key).copied();
+        let decided = match interval {
+            Some((lo, hi)) if r.is_some() => meets(lo) == met && meets(hi) == met,
+            _ => passes_agree,
+        };
+        out.push(Verdict {
+            key: key.clone(),
+            what,
+            ratio: r,
+            goal: if goal < 0.0 { format!("<= {:.2}", -goal) } else { format!(">= {goal:.2}") },
+            met,
+            per_pass: passes,
+            passes_agree,
+            interval,
+            decided,
+        });
+    }
     out
 }
 
@@ -812,6 +1038,60 @@ fn verdict_word(v: &Verdict) -> &'static str {
         (true, true) => "yes",
         (false, true) => "no",
     }
+}
+
+/// The managed-cluster section: kjob's workers each at upstream's default budget (`m<N>`) or
+/// sharing one (`mt<N>`), against one worker and against upstream at its defaults (a).
+fn render_managed(s: &mut String, r: &UpstreamReport) {
+    let managed: Vec<&ConfigFigures> =
+        r.figures.iter().filter(|f| managed_id(&f.id).is_some()).collect();
+    if managed.is_empty() {
+        return;
+    }
+    let (qps, burst, syncs) = MANAGED;
+    let _ = writeln!(
+        s,
+        "\n## Managed-cluster budgets\n\nEvery process at kube-controller-manager's defaults \
+         (QPS {qps}, burst {burst}, {syncs} syncs in flight), as on a managed cluster where nobody \
+         can raise them: (a) is upstream; (m<N>) kjob with N workers, each with that budget; \
+         (mt<N>) N workers sharing one such budget (`--api-qps-total={qps} \
+         --api-burst-total={burst}`). Jobs/s of the burst.\n\n\
+         | configuration | Jobs/s | pods/s | ÷ (m1) [95 % interval] | ÷ (a) [95 % interval] | peak requests/s over 10 s |\n\
+         |---|---:|---:|---:|---:|---:|"
+    );
+    let cell = |key: String| {
+        format!(
+            "{}{}",
+            fmt_opt(r.ratios.get(&key).copied().flatten(), 2),
+            fmt_interval(r.intervals.get(&key).copied())
+        )
+    };
+    let upstream = r.figures.iter().find(|f| f.id == UPSTREAM_DEFAULTS);
+    for f in upstream.into_iter().chain(managed) {
+        let (scale, vs_a) = match managed_id(&f.id) {
+            Some((n, false)) if n > 1 => (
+                cell(format!("scale_jobs_per_s_m{n}")),
+                cell(format!("managed_jobs_per_s_{}", f.id)),
+            ),
+            Some(_) => (String::new(), cell(format!("managed_jobs_per_s_{}", f.id))),
+            None => (String::new(), String::new()),
+        };
+        let _ = writeln!(
+            s,
+            "| ({}) {} | {} | {} | {scale} | {vs_a} | {} |",
+            f.id,
+            f.label,
+            fmt_opt(f.jobs_per_s, 2),
+            fmt_opt(f.pods_per_s, 1),
+            fmt_opt(f.controller_peak_rate, 1)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nPeak requests/s: the most requests kube-apiserver's audit log received from the Job \
+         controller in any 10 s window, per second — every request of kjob's workers; only the \
+         writes of upstream's controller (the audit policy records no more of it)."
+    );
 }
 
 /// A PNG of the report with its caption.
@@ -1029,8 +1309,9 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     for c in &r.configurations {
         let how = match &c.controller {
             Controller::Upstream { .. } => c.controller_manager_args().join(" "),
-            Controller::Kjob { workers, kube_qps, kube_burst, concurrency } => format!(
-                "redis + kjob-queue + 1 kjob-watcher + {workers} kjob-worker(s), --kube-qps={kube_qps} --kube-burst={kube_burst} --concurrency={concurrency}, --manage-all-jobs"
+            Controller::Kjob { workers, .. } => format!(
+                "redis + kjob-queue + 1 kjob-watcher + {workers} kjob-worker(s), {}, --manage-all-jobs",
+                c.kjob_workers().map(|(_, f)| f.join(" ")).unwrap_or_default()
             ),
         };
         let _ = writeln!(s, "* **({})** {}: `{}`", c.id, c.label, how);
@@ -1053,7 +1334,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     }
     let _ = writeln!(s, "{header}\n{rule}");
     type Row = (&'static str, fn(&ConfigFigures) -> Option<f64>, usize);
-    let rows: [Row; 22] = [
+    let rows: [Row; 28] = [
         ("pods created/s (burst)", |f| f.pods_per_s, 1),
         ("Jobs finished/s (burst)", |f| f.jobs_per_s, 1),
         ("Jobs the harness created/s (burst)", |f| f.jobs_created_per_s, 1),
@@ -1084,6 +1365,32 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
         ),
         ("whole machine CPU s / 1,000 pods", |f| f.machine_cpu_per_1k_pods, 1),
         ("longest settle after the last Job (s)", |f| f.settle_secs_max, 1),
+        (
+            "flood: quiet namespaces' p50 Job created → first pod (s)",
+            |f| f.flood_quiet_first_pod_p50,
+            2,
+        ),
+        (
+            "flood: quiet namespaces' p99 Job created → first pod (s)",
+            |f| f.flood_quiet_first_pod_p99,
+            2,
+        ),
+        (
+            "flood: quiet namespaces' p50 Job created → Complete (s)",
+            |f| f.flood_quiet_complete_p50,
+            2,
+        ),
+        (
+            "flood: quiet namespaces' p99 Job created → Complete (s)",
+            |f| f.flood_quiet_complete_p99,
+            2,
+        ),
+        ("flood: the flooding namespace's drain (s)", |f| f.flood_drain_secs, 1),
+        (
+            "Job controller's peak requests/s over 10 s (kjob: all; upstream: writes)",
+            |f| f.controller_peak_rate,
+            1,
+        ),
     ];
     for (name, get, digits) in rows {
         let mut line = format!("| {name} |");
@@ -1128,7 +1435,8 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
          scheduler, node agent and harness are the same in every configuration)."
     );
 
-    let _ = writeln!(s, "\n## Targets (kjob ÷ upstream tuned)\n");
+    render_managed(&mut s, r);
+    let _ = writeln!(s, "\n## Targets (kjob ÷ upstream tuned, and the managed-cluster scaling)\n");
     let _ = writeln!(
         s,
         "| ratio | what | measured [95 % interval] | per pass | goal | met |\n|---|---|---:|---:|---|---|"
@@ -1327,6 +1635,112 @@ mod tests {
         assert!(Configuration::by_id("z", 1, 1).is_none());
         assert_eq!(Workload::parse("steady"), Some(Workload::Steady));
         assert_eq!(Workload::parse("x"), None);
+    }
+
+    #[test]
+    fn managed_configurations_scale_against_one_worker_and_upstream_defaults() {
+        let m4 = cfg("m4");
+        assert_eq!(m4.managed_workers(), Some(4));
+        assert_eq!(
+            m4.kjob_workers(),
+            Some((
+                4,
+                ["--kube-qps=20", "--kube-burst=30", "--concurrency=5"].map(String::from).to_vec()
+            ))
+        );
+        let mt4 = cfg("mt4");
+        assert_eq!(mt4.managed_workers(), None, "a shared budget is not a scaling point");
+        let (n, flags) = mt4.kjob_workers().unwrap();
+        assert_eq!(n, 4);
+        assert_eq!(&flags[3..], ["--api-qps-total=20", "--api-burst-total=30"]);
+        for bad in ["m0", "m17", "mx", "mt", "m"] {
+            assert!(Configuration::by_id(bad, 1, 1).is_none(), "{bad}");
+        }
+        // Burst runs of 400 Jobs: upstream at its defaults 100 s; one worker 100 s, two 55 s,
+        // eight 20 s (5.0×: short of 0.85·8 = 6.8); four sharing one budget 100 s.
+        let configs: Vec<Configuration> = ["a", "m1", "m2", "m8", "mt4"].map(cfg).to_vec();
+        let runs: Vec<RunFigures> =
+            [("a", 100.0), ("m1", 100.0), ("m2", 55.0), ("m8", 20.0), ("mt4", 100.0)]
+                .into_iter()
+                .map(|(c, secs)| run(c, Workload::Burst, 400, secs, 10.0))
+                .collect();
+        let figures = summarize_all(&configs, &runs);
+        let r = ratios(&figures);
+        let close = |k: &str, want: f64| {
+            let got = r[k].unwrap();
+            assert!((got - want).abs() < 1e-9, "{k}: {got} != {want}");
+        };
+        close("scale_jobs_per_s_m2", 100.0 / 55.0);
+        close("scale_jobs_per_s_m8", 5.0);
+        close("managed_jobs_per_s_m8", 5.0);
+        close("managed_jobs_per_s_mt4", 1.0);
+        assert!(!r.contains_key("scale_jobs_per_s_m1") && !r.contains_key("scale_jobs_per_s_mt4"));
+        let v = verdicts(&r, &BTreeMap::new(), &BTreeMap::new());
+        let get =
+            |k: &str| v.iter().find(|v| v.key == k).unwrap_or_else(|| panic!("no verdict {k}"));
+        assert!(get("scale_jobs_per_s_m2").met, "1.82 >= 1.70");
+        assert!(!get("scale_jobs_per_s_m8").met, "5.0 < 6.8");
+        assert_eq!(get("managed_jobs_per_s_m8").goal, ">= 6.80");
+        assert!(!get("managed_jobs_per_s_m8").met);
+        let md = render_markdown(&UpstreamReport {
+            configurations: configs,
+            figures,
+            ratios: r,
+            ..Default::default()
+        });
+        assert!(md.contains("## Managed-cluster budgets"), "{md}");
+        assert!(
+            md.contains("| (m8) kjob, 8 worker(s) at upstream's defaults each | 20.00 |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn the_flood_compares_quiet_namespaces_against_upstream_with_the_same_budget() {
+        let tenants = |first: &[f64], drain: f64| TenantFigures {
+            flood_jobs: 300,
+            quiet_namespaces: 10,
+            quiet_jobs: first.len() as u64,
+            flood_drain_secs: drain,
+            quiet_first_pod_samples: first.to_vec(),
+            quiet_complete_samples: first.iter().map(|f| f + 1.0).collect(),
+        };
+        let flood = |config: &str, first: &[f64], drain: f64| RunFigures {
+            tenants: Some(tenants(first, drain)),
+            ..run(config, Workload::Flood, 300, drain, 5.0)
+        };
+        // Upstream's quiet Jobs wait behind the flood (10–90 s); kjob's do not (0.5–1.5 s), and
+        // its flood drains as fast. At the tuned budget nobody waits.
+        let configs: Vec<Configuration> = ["a", "m1", "b", "c"].map(cfg).to_vec();
+        let runs = vec![
+            flood("a", &[10.0, 50.0, 90.0], 90.0),
+            flood("m1", &[0.5, 1.0, 1.5], 91.0),
+            flood("b", &[0.1, 0.2], 10.0),
+            flood("c", &[0.1, 0.3], 10.0),
+            // A burst run carries no tenants and changes none of the flood's figures.
+            run("a", Workload::Burst, 100, 30.0, 5.0),
+        ];
+        let figures = summarize_all(&configs, &runs);
+        let m1 = figures.iter().find(|f| f.id == "m1").unwrap();
+        assert_eq!(m1.flood_quiet_first_pod_p50, Some(1.0));
+        assert_eq!(m1.flood_quiet_complete_p50, Some(2.0));
+        assert_eq!(m1.flood_drain_secs, Some(91.0));
+        let r = ratios(&figures);
+        let p99 = |id: &str| {
+            figures.iter().find(|f| f.id == id).unwrap().flood_quiet_first_pod_p99.unwrap()
+        };
+        let want = p99("m1") / p99("a");
+        assert!((r["flood_quiet_p99_first_pod_default"].unwrap() - want).abs() < 1e-9);
+        assert!(want < FLOOD_QUIET_P99_GOAL, "{want}");
+        assert!((r["flood_drain_default"].unwrap() - 91.0 / 90.0).abs() < 1e-9);
+        assert!(r.contains_key("flood_quiet_p99_first_pod_tuned"));
+        let v = verdicts(&r, &BTreeMap::new(), &BTreeMap::new());
+        let fair = v.iter().find(|v| v.key == "flood_quiet_p99_first_pod_default").unwrap();
+        assert_eq!(fair.goal, "<= 0.20");
+        assert!(fair.met && fair.decided);
+        // Without upstream's flood run there is no ratio and no verdict.
+        let r = ratios(&summarize_all(&configs, &runs[1..]));
+        assert!(!r.contains_key("flood_quiet_p99_first_pod_default"));
     }
 
     #[test]

@@ -43,7 +43,9 @@ struct Args {
     quick: bool,
     /// Configurations in first-pass order: a (upstream defaults), b (upstream tuned),
     /// bj (upstream tuned talking JSON), b2 (upstream with the total budget of kjob's two
-    /// workers), c (kjob, 1 worker), d (kjob, 2 workers).
+    /// workers), c (kjob, 1 worker), d (kjob, 2 workers); m<N> (kjob, N workers each at
+    /// upstream's default budget: QPS 20, burst 30, 5 syncs) and mt<N> (N such workers sharing
+    /// one such budget), N from 1 to 16 (`make bench-scale`).
     #[arg(long, value_delimiter = ',', default_value = "a,c,b,d,b2,bj")]
     configs: Vec<String>,
     /// Passes; even passes run the configurations in reverse (default 4, 1 with --quick): four
@@ -51,7 +53,7 @@ struct Args {
     /// 10 % difference on two cores.
     #[arg(long)]
     passes: Option<usize>,
-    /// Workloads to run: burst, indexed, steady.
+    /// Workloads to run: burst, indexed, steady, flood (`make bench-fairness`).
     #[arg(long, value_delimiter = ',', default_value = "burst,indexed,steady")]
     workloads: Vec<String>,
     /// Single-pod Jobs created at once (default 2000; 200 with --quick).
@@ -69,6 +71,20 @@ struct Args {
     /// Single-pod Jobs created at a steady rate (default 300; 60 with --quick).
     #[arg(long)]
     steady_jobs: Option<usize>,
+    /// Single-pod Jobs the flood workload's flooding namespace creates at once (default 2000;
+    /// 300 with --quick).
+    #[arg(long)]
+    flood_jobs: Option<usize>,
+    /// Quiet namespaces of the flood workload, each creating a Job every --quiet-every until
+    /// the flood has drained.
+    #[arg(long, default_value_t = 10)]
+    quiet_namespaces: usize,
+    /// How often each quiet namespace creates a Job during the flood. At upstream's default
+    /// budget (QPS 20) a Job controller finishes about 3.3 single-pod Jobs/s; ten namespaces
+    /// every 2 s would offer 5 Jobs/s by themselves, more than the whole budget, and no
+    /// controller could keep their waits bounded. Every 10 s they offer 1 Job/s.
+    #[arg(long, value_parser = kjob_svc::parse_duration, default_value = "10s")]
+    quiet_every: Duration,
     /// Jobs/s of the steady workload; 0 means half of (b)'s Jobs/s in the first burst run.
     #[arg(long, default_value_t = 0.0)]
     steady_rate: f64,
@@ -107,6 +123,7 @@ struct Sizes {
     indexed_completions: i32,
     indexed_parallelism: i32,
     steady_jobs: usize,
+    flood_jobs: usize,
     passes: usize,
     timeout: Duration,
 }
@@ -118,6 +135,7 @@ fn sizes(a: &Args) -> Sizes {
         indexed_completions: a.indexed_completions.unwrap_or(if q { 500 } else { 5000 }),
         indexed_parallelism: a.indexed_parallelism.unwrap_or(if q { 50 } else { 500 }),
         steady_jobs: a.steady_jobs.unwrap_or(if q { 60 } else { 300 }),
+        flood_jobs: a.flood_jobs.unwrap_or(if q { 300 } else { 2000 }),
         passes: a.passes.unwrap_or(if q { 1 } else { 4 }),
         timeout: a.run_timeout.unwrap_or(Duration::from_secs(if q { 180 } else { 1200 })),
     }
@@ -147,6 +165,9 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         indexed_completions: _,
         indexed_parallelism: _,
         steady_jobs: _,
+        flood_jobs: _,
+        quiet_namespaces,
+        quiet_every,
         steady_rate: steady_flag,
         pod_run_time,
         nodes,
@@ -159,15 +180,16 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
     let configs: Vec<Configuration> = configs
         .iter()
         .map(|id| {
-            Configuration::by_id(id.trim(), worker_kube_qps, worker_kube_burst)
-                .with_context(|| format!("unknown configuration {id:?} (a, b, bj, c, d)"))
+            Configuration::by_id(id.trim(), worker_kube_qps, worker_kube_burst).with_context(|| {
+                format!("unknown configuration {id:?} (a, b, bj, b2, c, d, m<N>, mt<N>)")
+            })
         })
         .collect::<anyhow::Result<_>>()?;
     let workloads: Vec<Workload> = workloads
         .iter()
         .map(|w| {
             Workload::parse(w.trim())
-                .with_context(|| format!("unknown workload {w:?} (burst, indexed, steady)"))
+                .with_context(|| format!("unknown workload {w:?} (burst, indexed, steady, flood)"))
         })
         .collect::<anyhow::Result<_>>()?;
     for b in ["kjob-queue", "kjob-watcher", "kjob-worker", "kjob-sim", "kjob-node-agent"] {
@@ -220,6 +242,15 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         ),
         ("steady".into(), json!(format!("{} single-pod Jobs at a steady rate", sz.steady_jobs))),
         (
+            "flood".into(),
+            json!(format!(
+                "{} single-pod Jobs created at once in one namespace by {creators} clients, while \
+                 {quiet_namespaces} other namespaces each create one every {:.1} s until it has drained",
+                sz.flood_jobs,
+                quiet_every.as_secs_f64()
+            )),
+        ),
+        (
             "pods".into(),
             json!(format!("run {} ms each on {nodes} fake nodes", pod_run_time.as_millis())),
         ),
@@ -244,6 +275,9 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
                 completions: sz.indexed_completions,
                 parallelism: sz.indexed_parallelism,
             },
+            Workload::Flood => {
+                Spec::Flood { jobs: sz.flood_jobs, creators, quiet_namespaces, quiet_every }
+            }
             Workload::Steady => {
                 let r = *rate.get_or_insert_with(|| {
                     let bursts = |id: Option<&str>| -> Vec<f64> {
@@ -404,7 +438,7 @@ fn summary(r: &UpstreamReport) -> String {
     let mut s = String::new();
     let opt = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
     s.push_str(&format!(
-        "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
+        "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}\n",
         "configuration",
         "pods/s",
         "Jobs/s",
@@ -415,11 +449,13 @@ fn summary(r: &UpstreamReport) -> String {
         "B/pod",
         "api+etcd",
         "ctrl CPU",
-        "machine"
+        "machine",
+        "quiet p99",
+        "drain s"
     ));
     for f in &r.figures {
         s.push_str(&format!(
-            "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n",
+            "{:<26} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}\n",
             format!("({}) {}", f.id, f.label),
             opt(f.pods_per_s, 1),
             opt(f.jobs_per_s, 1),
@@ -431,11 +467,13 @@ fn summary(r: &UpstreamReport) -> String {
             opt(f.apiserver_etcd_cpu_per_1k_pods, 1),
             opt(f.marginal_controller_cpu_per_1k_pods, 1),
             opt(f.machine_cpu_per_1k_pods, 1),
+            opt(f.flood_quiet_first_pod_p99, 2),
+            opt(f.flood_drain_secs, 1),
         ));
     }
     s.push_str(
         "(p99 1st/cnt: steady rate, pooled, s; api+etcd, ctrl (marginal) and machine: CPU s per \
-         1,000 pods)\n\n",
+         1,000 pods; quiet p99: the flood's quiet namespaces' Job created → first pod, s)\n\n",
     );
     for v in &r.verdicts {
         let interval = v.interval.map_or(String::new(), |(lo, hi)| format!("[{lo:.2}–{hi:.2}]"));

@@ -15,7 +15,8 @@ use kjob_bench::audit::ControllerWrites;
 use kjob_bench::pprof::{self, CpuByPart};
 use kjob_bench::procfs::{Usage, machine_busy_secs, read_usage};
 use kjob_bench::upstream::{
-    APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, Workload,
+    APISERVER, CONTROLLER_MANAGER, Configuration, ETCD, ProcessFigures, RunFigures, TenantFigures,
+    Workload,
 };
 use kjob_testkit::Program;
 use kjob_testkit::cluster::{
@@ -65,6 +66,22 @@ pub enum Spec {
     Indexed { completions: i32, parallelism: i32 },
     /// `jobs` single-pod Jobs created at `rate` per second.
     Steady { jobs: usize, rate: f64 },
+    /// `jobs` single-pod Jobs created at once in one namespace by `creators` clients, while
+    /// each of `quiet_namespaces` other namespaces creates one every `quiet_every` until the
+    /// flood has drained.
+    Flood { jobs: usize, creators: usize, quiet_namespaces: usize, quiet_every: Duration },
+}
+
+/// The flood's quiet namespace number `i` (from 1).
+fn quiet_namespace(i: usize) -> String {
+    format!("quiet-{i:02}")
+}
+
+/// What [`create`] made: every Job's name, and for the flood which were the flood's.
+struct Created {
+    names: Vec<String>,
+    /// The flood's Jobs and the quiet namespaces' Jobs.
+    tenants: Option<(Vec<String>, Vec<String>)>,
 }
 
 impl Spec {
@@ -74,6 +91,7 @@ impl Spec {
             Spec::Burst { .. } => Workload::Burst,
             Spec::Indexed { .. } => Workload::Indexed,
             Spec::Steady { .. } => Workload::Steady,
+            Spec::Flood { .. } => Workload::Flood,
         }
     }
 }
@@ -213,13 +231,89 @@ async fn settle(
     }
 }
 
-/// Creates the Jobs of `spec`; returns their names.
+/// Creates the flood's quiet namespaces.
+async fn create_namespaces(client: &kube::Client, quiet: usize) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    for i in 1..=quiet {
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": quiet_namespace(i)}}))?;
+        let created =
+            tokio::time::timeout(CALL_TIMEOUT, api.create(&kube::api::PostParams::default(), &ns))
+                .await
+                .context("creating a namespace timed out")?;
+        match created {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e).context("creating a quiet namespace"),
+        }
+    }
+    Ok(())
+}
+
+/// The flood (see [`Spec::Flood`]): returns once the flood's Jobs have finished (or `deadline`
+/// passed) and the quiet namespaces have stopped creating.
+async fn flood(
+    client: &kube::Client,
+    rec: &Recorder,
+    (jobs, creators, quiet_namespaces, quiet_every): (usize, usize, usize, Duration),
+    run_time: Duration,
+    deadline: Instant,
+) -> anyhow::Result<Created> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut quiet: JoinSet<anyhow::Result<Vec<String>>> = JoinSet::new();
+    for i in 1..=quiet_namespaces {
+        let ns = quiet_namespace(i);
+        let creator = Creator::new(Api::namespaced(client.clone(), &ns), rec.clone(), CALL_TIMEOUT);
+        let stop = stop.clone();
+        // Each namespace on its own phase, so the quiet creates spread over the interval.
+        let offset = quiet_every.mul_f64((i - 1) as f64 / quiet_namespaces as f64);
+        quiet.spawn(async move {
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + offset, quiet_every);
+            let mut names = Vec::new();
+            loop {
+                tick.tick().await;
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(names);
+                }
+                let name = format!("{ns}-{:04}", names.len());
+                let mut j = job(&name, None, 1, 1, false, run_time);
+                j.metadata.namespace = Some(ns.clone());
+                creator.one(&j).await?;
+                names.push(name);
+            }
+        });
+    }
+    let creator =
+        Creator::new(Api::namespaced(client.clone(), NAMESPACE), rec.clone(), CALL_TIMEOUT);
+    let list: Vec<Job> =
+        (0..jobs).map(|i| job(&format!("flood-{i:05}"), None, 1, 1, false, run_time)).collect();
+    let flood_names: Vec<String> = list.iter().filter_map(|j| j.metadata.name.clone()).collect();
+    let burst = creator.burst(list, creators).await;
+    let drained = match burst {
+        Ok(()) => rec.wait_finished(&flood_names, deadline, || Ok(())).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    stop.store(true, Ordering::Relaxed);
+    let mut quiet_names = Vec::new();
+    while let Some(r) = quiet.join_next().await {
+        quiet_names.extend(r.context("a quiet namespace's creator")??);
+    }
+    drained?;
+    let names = flood_names.iter().chain(&quiet_names).cloned().collect();
+    Ok(Created { names, tenants: Some((flood_names, quiet_names)) })
+}
+
+/// Creates the Jobs of `spec` (the flood also waits for its flood to drain, until
+/// `deadline`).
 async fn create(
     client: &kube::Client,
     rec: &Recorder,
     spec: Spec,
     run_time: Duration,
-) -> anyhow::Result<Vec<String>> {
+    deadline: Instant,
+) -> anyhow::Result<Created> {
     let creator =
         Creator::new(Api::namespaced(client.clone(), NAMESPACE), rec.clone(), CALL_TIMEOUT);
     let single = |n: usize, prefix: &str| -> Vec<Job> {
@@ -241,8 +335,13 @@ async fn create(
             creator.paced(list.clone(), rate).await?;
             list
         }
+        Spec::Flood { jobs, creators, quiet_namespaces, quiet_every } => {
+            let sizes = (jobs, creators, quiet_namespaces, quiet_every);
+            return flood(client, rec, sizes, run_time, deadline).await;
+        }
     };
-    Ok(jobs.iter().filter_map(|j| j.metadata.name.clone()).collect())
+    let names = jobs.iter().filter_map(|j| j.metadata.name.clone()).collect();
+    Ok(Created { names, tenants: None })
 }
 
 /// Runs `spec` on configuration `cfg` in `dir` (a fresh control plane, stopped after): the
@@ -316,7 +415,15 @@ async fn measure(
     let client = admin_client(&info.kubeconfig).await?;
     let rec = Recorder::default();
     let mut watches = JoinSet::new();
-    rec.start(client.clone(), NAMESPACE, &mut watches).await?;
+    // The flood spreads over namespaces (its Jobs' names are unique across them).
+    let watched = match spec {
+        Spec::Flood { quiet_namespaces, .. } => {
+            create_namespaces(&client, quiet_namespaces).await?;
+            None
+        }
+        _ => Some(NAMESPACE),
+    };
+    rec.start(client.clone(), watched, &mut watches).await?;
     let mut pids = control_plane_pids(&info.dir);
     if let Some(s) = &stack {
         pids.extend(s.pids());
@@ -331,7 +438,8 @@ async fn measure(
     });
     let t0 = Instant::now();
     let deadline = t0 + env.timeout;
-    let names = create(&client, &rec, spec, env.pod_run_time).await?;
+    let Created { names, tenants } =
+        create(&client, &rec, spec, env.pod_run_time, deadline).await?;
     tracing::info!(jobs = names.len(), secs = t0.elapsed().as_secs_f64(), "all Jobs created");
     let alive = || match stack.as_mut() {
         Some(s) => tokio::task::block_in_place(|| s.check_alive()),
@@ -356,6 +464,20 @@ async fn measure(
         tokio::task::block_in_place(|| drop(s));
     }
     let observed = rec.observed(&names, t0, end);
+    let tenants = tenants.map(|(flood, quiet)| {
+        let (f, q) = (rec.observed(&flood, t0, end), rec.observed(&quiet, t0, end));
+        TenantFigures {
+            flood_jobs: flood.len() as u64,
+            quiet_namespaces: match spec {
+                Spec::Flood { quiet_namespaces, .. } => quiet_namespaces,
+                _ => 0,
+            },
+            quiet_jobs: quiet.len() as u64,
+            flood_drain_secs: f.counts.elapsed_secs,
+            quiet_first_pod_samples: q.first_pod,
+            quiet_complete_samples: q.complete,
+        }
+    });
     let api = after.api.since(&before.api);
     let upstream = cfg.is_upstream();
     let processes = after
@@ -406,6 +528,8 @@ async fn measure(
         watch_errors: rec.watch_errors(),
         terminated_watchers: api.terminated_watchers,
         controller_writes: controller_writes(info, upstream, matches!(spec, Spec::Indexed { .. })),
+        controller_peak_rate: controller_peak_rate(info, upstream),
+        tenants,
         machine_cpu_secs: (after.machine_cpu - before.machine_cpu).max(0.0),
         baseline_requests_per_s: baseline_rate,
         settle_secs,
@@ -453,15 +577,32 @@ async fn profile_apiserver(
     sum
 }
 
+/// The audit log's username of the configuration's Job controller.
+fn controller_user(upstream: bool) -> String {
+    if upstream {
+        UPSTREAM_JOB_CONTROLLER_USER.to_string()
+    } else {
+        format!("system:serviceaccount:{KJOB_NAMESPACE}:kjob-worker")
+    }
+}
+
+/// The Job controller's peak request rate over any 10 s of the run's audit log (see
+/// [`RunFigures::controller_peak_rate`]); `None` when the log cannot be read or is empty.
+fn controller_peak_rate(info: &ClusterInfo, upstream: bool) -> Option<f64> {
+    let text = std::fs::read_to_string(&info.audit_log).ok()?;
+    kjob_bench::audit::peak_request_rate(
+        &text,
+        &controller_user(upstream),
+        kjob_bench::upstream::PEAK_RATE_WINDOW_SECS,
+    )
+    .map(|(rate, _)| rate)
+}
+
 /// The Job controller's writes in the run's audit log (kube-controller-manager's Job controller
 /// for upstream, kjob's workers otherwise), with the create rounds when `one_job` synced; none
 /// when the log cannot be read.
 fn controller_writes(info: &ClusterInfo, upstream: bool, one_job: bool) -> ControllerWrites {
-    let user = if upstream {
-        UPSTREAM_JOB_CONTROLLER_USER.to_string()
-    } else {
-        format!("system:serviceaccount:{KJOB_NAMESPACE}:kjob-worker")
-    };
+    let user = controller_user(upstream);
     match std::fs::read_to_string(&info.audit_log) {
         Ok(text) => kjob_bench::audit::controller_writes(&text, &user, one_job),
         Err(e) => {
