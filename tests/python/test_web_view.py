@@ -248,6 +248,12 @@ def test_the_web_view_shows_a_job_in_backoff(queue, browser):  # noqa: F811
 
         # Search: the form goes to the Job page; an unknown Job is said to be unknown.
         times["search"] = open_page(browser, f"{ui}#/search", "search")
+        chips = js(browser, "return [...document.querySelectorAll('#search-namespaces .chip')].map(c => c.textContent)")
+        assert {"py-web", "py-web-busy", "py-web-later"} <= set(chips), chips
+        # A namespace chip fills the namespace field.
+        js(browser, "[...document.querySelectorAll('#search-namespaces .chip')].find(c => c.textContent === 'py-web-busy').click()")
+        assert browser.find_element("id", "search-namespace").get_attribute("value") == "py-web-busy"
+        browser.find_element("id", "search-namespace").clear()
         browser.find_element("id", "search-namespace").send_keys("py-web")
         browser.find_element("id", "search-name").send_keys("backoff")
         shot(browser, "search")

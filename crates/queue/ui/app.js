@@ -330,8 +330,17 @@ const pages = {
       const v = await getJson("../api/v1/namespaces");
       const names = v.namespaces.map((n) => n.namespace);
       const box = $("search-namespaces");
+      // Each fills the namespace field.
+      const chip = (n) => {
+        const b = el("button", { type: "button", className: "chip", title: "search in " + n }, n);
+        b.addEventListener("click", () => {
+          $("search-namespace").value = n;
+          $("search-name").focus();
+        });
+        return b;
+      };
       box.replaceChildren(...(names.length ? [el("span", { className: "muted" }, "Namespaces with work:")] : []),
-        ...names.slice(0, 40).map((n) => el("span", {}, n)));
+        ...names.slice(0, 40).map(chip));
     },
   },
 };
