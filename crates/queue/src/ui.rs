@@ -1,6 +1,6 @@
 //! The web view on kjob-queue's admin port, served by kjob-queue itself: `/ui/` is one page
 //! (HTML, a small script and a stylesheet, hand-written and embedded in the binary) that reads
-//! the explain API and [`overview`](`GET /api/v1/overview`) with relative URLs, so it works
+//! the explain API and `GET /api/v1/overview` with relative URLs, so it works
 //! the same on the port itself, through `kubectl kjob ui` and behind kube-apiserver's service
 //! proxy prefix. Its routes sit beside the explain API's and share its access rules.
 //!
@@ -100,11 +100,6 @@ impl Ui {
     /// loads and says so).
     pub fn serve_from(&self, store: Store) {
         let _ = self.store.set(store);
-    }
-
-    /// The samples the overview's chart draws.
-    pub fn samples(&self) -> &Samples {
-        &self.samples
     }
 
     /// The web view's routes, for the admin port.
