@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for kjob's tests and demo: redis-server (Debian), the Python
-# client and pytest (PyPI), cargo-nextest and cargo-deny (crates.io). KJOB_SKIP_PYTHON=1 and KJOB_SKIP_NEXTEST=1
+# client, pytest and selenium (PyPI) with Debian's chromium and chromium-driver for the web view's
+# browser test, cargo-nextest and cargo-deny (crates.io). KJOB_SKIP_PYTHON=1 and KJOB_SKIP_NEXTEST=1
 # leave out what a target does not run. Idempotent; quiet when everything is present.
 set -euo pipefail
 
@@ -30,6 +31,11 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 # The benchmark charts' text (plotters renders it with this TrueType font).
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+if [ "${KJOB_SKIP_PYTHON:-0}" != "1" ]; then
+  # tests/python/test_web_view.py opens kjob-queue's web view in headless Chromium.
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian's packages"
   SUDO=""
@@ -39,10 +45,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if [ "${KJOB_SKIP_PYTHON:-0}" != "1" ]; then
-  # grpcio: tests/python/test_queue_auth.py calls kjob-queue as a hostile client.
-  if ! python3 -c 'import kubernetes, pytest, grpc; assert kubernetes.__version__.startswith("32.")' 2>/dev/null; then
-    echo "setup: installing kubernetes==32.*, pytest and grpcio from PyPI"
-    python3 -m pip install -q --disable-pip-version-check 'kubernetes==32.*' 'pytest>=8' 'grpcio>=1.60' >/dev/null
+  # grpcio: tests/python/test_queue_auth.py calls kjob-queue as a hostile client; selenium:
+  # test_web_view.py drives chromium (the versions are tests/python/requirements.txt's).
+  if ! python3 -c 'import kubernetes, pytest, grpc, selenium; assert kubernetes.__version__.startswith("32."); assert selenium.__version__.startswith("4.")' 2>/dev/null; then
+    echo "setup: installing tests/python/requirements.txt from PyPI"
+    python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/python/requirements.txt" >/dev/null
   fi
 fi
 

@@ -3,7 +3,8 @@
 //! * `kubectl kjob explain job NAME [-n NS] [-o text|json]`: why the Job is where it is.
 //! * `kubectl kjob top [-o text|json]`: namespaces by queue depth, then by the age of their
 //!   oldest ready Job.
-//! * `kubectl kjob ui [--port P]`: a local port forwarded to kjob-queue's admin port.
+//! * `kubectl kjob ui [--listen ADDR]`: a local port forwarded to kjob-queue's admin port,
+//!   whose web view is at `/ui/`.
 //!
 //! kjob-queue is reached through kube-apiserver's service proxy with the user's kubeconfig
 //! (`GET /api/v1/namespaces/kjob-system/services/http:kjob-queue:admin/proxy/...`), so RBAC's
@@ -73,7 +74,8 @@ pub enum Command {
         #[arg(short = 'o', long, value_parser = ["text", "json"], default_value = "text")]
         output: String,
     },
-    /// Forward a local port to kjob-queue's admin port (read-only: GET only).
+    /// Open kjob-queue's web view: forwards a local port to its admin port (read-only: GET
+    /// only) and prints the view's URL (`http://127.0.0.1:8047/ui/`).
     Ui {
         /// Local address to listen on.
         #[arg(long, default_value = "127.0.0.1:8047")]
@@ -102,6 +104,13 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// GET `path` (starting with `/`): status and body.
     pub async fn get(&self, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
+        let (status, _, body) = self.fetch(path).await?;
+        Ok((status, body))
+    }
+
+    /// GET `path` (starting with `/`): status, headers and body. Redirects are returned, not
+    /// followed (the web view's are relative, for the browser to resolve).
+    pub async fn fetch(&self, path: &str) -> anyhow::Result<(u16, http::HeaderMap, Vec<u8>)> {
         match self {
             Admin::Proxy { client, prefix } => {
                 use http_body_util::BodyExt as _;
@@ -111,13 +120,15 @@ impl Admin {
                     .await
                     .context("kube-apiserver did not answer in time")??;
                 let status = resp.status().as_u16();
+                let headers = resp.headers().clone();
                 let body = resp.into_body().collect().await?.to_bytes().to_vec();
-                Ok((status, body))
+                Ok((status, headers, body))
             }
             Admin::Direct { http, base } => {
                 let resp = http.get(format!("{base}{path}")).send().await?;
                 let status = resp.status().as_u16();
-                Ok((status, resp.bytes().await?.to_vec()))
+                let headers = resp.headers().clone();
+                Ok((status, headers, resp.bytes().await?.to_vec()))
             }
         }
     }
@@ -142,7 +153,10 @@ impl Admin {
 /// Connects as the target says; with the service proxy, also the kubeconfig's namespace.
 pub async fn connect(target: &Target) -> anyhow::Result<(Admin, Option<String>)> {
     if let Some(base) = &target.queue_admin_url {
-        let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build()?;
+        let http = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
         return Ok((Admin::Direct { http, base: base.trim_end_matches('/').to_string() }, None));
     }
     let client = kube::Client::try_default().await.context("reading the kubeconfig")?;
@@ -181,7 +195,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves GETs on `listen` from kjob-queue's admin port until interrupted.
+/// Response headers `kubectl kjob ui` passes on from kjob-queue: the browser needs the content
+/// type (the page is served with `nosniff`), the page's security policy, and the relative
+/// Location of its redirects (`/` → `ui/`).
+const FORWARDED_HEADERS: [http::HeaderName; 6] = [
+    http::header::CONTENT_TYPE,
+    http::header::CONTENT_SECURITY_POLICY,
+    http::header::X_CONTENT_TYPE_OPTIONS,
+    http::header::REFERRER_POLICY,
+    http::header::CACHE_CONTROL,
+    http::header::LOCATION,
+];
+
+/// Serves GETs on `listen` from kjob-queue's admin port until interrupted; the web view is at
+/// `/ui/` (`/` redirects there).
 async fn ui(admin: Admin, listen: SocketAddr) -> anyhow::Result<()> {
     use axum::extract::{Request, State};
     use axum::response::IntoResponse;
@@ -190,18 +217,27 @@ async fn ui(admin: Admin, listen: SocketAddr) -> anyhow::Result<()> {
         if req.method() != http::Method::GET {
             return (http::StatusCode::METHOD_NOT_ALLOWED, "read-only: GET only").into_response();
         }
-        match admin.get(&path).await {
-            Ok((status, body)) => {
+        match admin.fetch(&path).await {
+            Ok((status, headers, body)) => {
                 let status =
                     http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-                (status, body).into_response()
+                let mut resp = (status, body).into_response();
+                for name in FORWARDED_HEADERS {
+                    if let Some(v) = headers.get(&name) {
+                        resp.headers_mut().insert(name, v.clone());
+                    }
+                }
+                resp
             }
             Err(e) => (http::StatusCode::BAD_GATEWAY, format!("{e:#}")).into_response(),
         }
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let local = listener.local_addr()?;
-    println!("Forwarding http://{local}/ to kjob-queue's admin port ({admin:?}); Ctrl-C stops");
+    println!(
+        "kjob-queue's web view: http://{local}/ui/ (forwarded to its admin port, {admin:?}); \
+         Ctrl-C stops"
+    );
     let app = axum::Router::new().fallback(forward).with_state(admin);
     axum::serve(listener, app)
         .with_graceful_shutdown(async {

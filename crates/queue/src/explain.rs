@@ -64,12 +64,12 @@ fn not_connected() -> Response {
 }
 
 /// A JSON error `{"error": {"code", "message"}}`.
-fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     let body = json!({ "error": { "code": code, "message": message.to_string() } });
     (status, axum::Json(body)).into_response()
 }
 
-fn redis_error(e: &WqError) -> Response {
+pub(crate) fn redis_error(e: &WqError) -> Response {
     if e.is_unavailable() {
         error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e)
     } else {

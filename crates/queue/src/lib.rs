@@ -13,6 +13,7 @@ pub mod explain;
 pub mod limits;
 pub mod metrics;
 pub mod service;
+pub mod ui;
 pub mod validate;
 
 use std::sync::Arc;
@@ -159,7 +160,8 @@ pub async fn run(
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     let api = explain::ExplainApi::default();
-    let routes = api.router();
+    let ui = ui::Ui::default();
+    let routes = api.router().merge(ui.router());
     kjob_svc::with_admin_routes(admin, registry, routes, async move |admin: &mut AdminServer| {
         // Unusable settings fail here: nothing to serve, and nothing left behind.
         let target = RedisTarget::new(&redis_url, &redis)
@@ -168,8 +170,9 @@ pub async fn run(
             return Ok(());
         };
         api.serve_from(store.clone());
+        ui.serve_from(store.clone());
         let limit = limits::LimitLayer::new(max_concurrent_calls, metrics.limits());
-        serve(listener, &security, limit, store, metrics, admin, &shutdown).await
+        serve(listener, &security, limit, store, metrics, &ui, admin, &shutdown).await
     })
     .await?;
     tracing::info!("kjob-queue stopped");
@@ -177,12 +180,15 @@ pub async fn run(
 }
 
 /// The service proper, between the admin port's start and stop.
+// Each argument is one part the loops below run over; a struct of them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     listener: TcpListener,
     security: &Security,
     limit: limits::LimitLayer,
     store: Store,
     metrics: Metrics,
+    ui: &ui::Ui,
     admin: &mut AdminServer,
     shutdown: &Shutdown,
 ) -> anyhow::Result<()> {
@@ -264,6 +270,11 @@ async fn serve(
     let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
     vital.spawn("lease reaper", async move {
         reaper(&s, &m, &stop).await;
+        Ok(())
+    });
+    let (s, u, stop) = (store.clone(), ui.clone(), shutdown.clone());
+    vital.spawn("web view's depth sampler", async move {
+        u.sample(&s, &stop).await;
         Ok(())
     });
     let (s, stop) = (store.clone(), shutdown.clone());

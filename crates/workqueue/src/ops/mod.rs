@@ -6,6 +6,7 @@ mod add;
 mod done;
 mod expectations;
 mod explain;
+mod holders;
 mod lease;
 mod maintain;
 mod records;
@@ -22,6 +23,7 @@ pub use explain::{
     NAMESPACES_MAX_SCAN, NamespaceStats, Namespaces, RoundRobin, SYNC_MAX_NAMESPACES,
     SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
 };
+pub use holders::{HOLDERS_MAX_KEYS, HOLDERS_MAX_SCAN, Holder, LeaseHolders};
 pub use records::MAX_RECORDS_PER_JOB;
 pub(crate) use shards::read_mark;
 pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};
