@@ -160,8 +160,7 @@ pub fn controller_writes(text: &str, user: &str, one_job: bool) -> ControllerWri
 /// `text`, divided by `window`: the peak request rate as kube-apiserver received it, with the
 /// total requests seen. Windows start at each request (a sliding window, so no peak falls
 /// between two fixed windows). The control plane's audit policy records every request of
-/// kjob's ServiceAccounts but only the writes of kube-controller-manager's Job controller, so
-/// this is kjob's whole rate and only upstream's write rate.
+/// kjob's ServiceAccounts and of upstream's `job-controller` ServiceAccount alike.
 pub fn peak_request_rate(text: &str, user: &str, window: f64) -> Option<(f64, u64)> {
     let mut at: Vec<f64> = text
         .lines()

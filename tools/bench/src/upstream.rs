@@ -374,8 +374,9 @@ pub struct RunFigures {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub apiserver_cpu: Option<CpuByPart>,
     /// The Job controller's most requests received in any [`PEAK_RATE_WINDOW_SECS`], per
-    /// second, from the audit log: every request of kjob's workers, but only the writes of
-    /// upstream's controller (what the audit policy records of each).
+    /// second, from the audit log: every request of kjob's workers, or of upstream's
+    /// `job-controller` ServiceAccount (on both sides the informers' lists and watches are
+    /// another user's: kjob's watcher, kube-controller-manager's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_peak_rate: Option<f64>,
     /// The flood workload's figures per tenant.
@@ -1089,8 +1090,9 @@ fn render_managed(s: &mut String, r: &UpstreamReport) {
     let _ = writeln!(
         s,
         "\nPeak requests/s: the most requests kube-apiserver's audit log received from the Job \
-         controller in any 10 s window, per second — every request of kjob's workers; only the \
-         writes of upstream's controller (the audit policy records no more of it)."
+         controller in any 10 s window, per second — kjob's workers' ServiceAccount, or \
+         upstream's `job-controller` ServiceAccount (the informers' lists and watches are \
+         another user on both sides: kjob's watcher, kube-controller-manager itself)."
     );
 }
 
@@ -1387,7 +1389,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
         ),
         ("flood: the flooding namespace's drain (s)", |f| f.flood_drain_secs, 1),
         (
-            "Job controller's peak requests/s over 10 s (kjob: all; upstream: writes)",
+            "Job controller's peak requests/s over 10 s (kjob's workers; upstream's job-controller)",
             |f| f.controller_peak_rate,
             1,
         ),
