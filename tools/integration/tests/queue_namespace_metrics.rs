@@ -21,6 +21,7 @@ const REFRESH_WAIT: Duration = Duration::from_secs(40);
 
 struct Running {
     admin: String,
+    client_url: String,
     client: QueueClient,
     shutdown: Shutdown,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -28,8 +29,8 @@ struct Running {
 
 async fn start(redis_url: &str) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client =
-        QueueClient::connect_lazy(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    let client_url = format!("http://{}", listener.local_addr().unwrap());
+    let client = QueueClient::connect_lazy(&client_url).unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
@@ -37,7 +38,7 @@ async fn start(redis_url: &str) -> Running {
     assert_eq!(config.namespace_metrics_top, 10, "the default top N");
     let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-    Running { admin: admin_url, client, shutdown, task }
+    Running { admin: admin_url, client_url, client, shutdown, task }
 }
 
 /// Samples of `family` on `/metrics`: label set → value.
@@ -186,6 +187,36 @@ async fn top_namespaces(url: &str) {
     }
     let e = r.client.namespaces(Q, "", 1001, 0).await.unwrap_err();
     assert!(format!("{e:?}").contains("InvalidArgument"), "{e:?}");
+
+    // `kjob-queue inspect`: the namespaces by depth, and one namespace's longest waiting keys.
+    let url = r.client_url.clone();
+    let inspect = move |args: &[&str]| {
+        let out = std::process::Command::new(kjob_testkit::bin_path("kjob-queue").unwrap())
+            .args(["inspect", "--insecure-no-auth", &format!("--queue-url={url}")])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let out = tokio::task::block_in_place(|| inspect(&["--top=3"]));
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("NAMESPACE"))
+        .skip(1)
+        .take(3)
+        .map(|l| l.split_whitespace().take(4).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [["busy", "0", "0", "30"], ["later", "0", "20", "0"], ["t00", "12", "0", "0"]],
+        "{out}"
+    );
+    assert!(out.contains("(11 more namespaces; --top shows more)"), "{out}");
+    let out = tokio::task::block_in_place(|| inspect(&["--namespace=t11"]));
+    assert!(out.contains("longest waiting ready keys of t11:"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("t11/j00")), "{out}");
+    assert!(!out.lines().any(|l| l.starts_with("t10")), "{out}");
 
     // Every ready key leased; t00's finished: t00 drops out (and its series with it), t08
     // moves up, and no Job waits any more.
