@@ -180,8 +180,8 @@ pub async fn run(
         };
         api.serve_from(store.clone());
         let limit = limits::LimitLayer::new(max_concurrent_calls, metrics.limits());
-        let tenants = namespace_metrics_top.min(tenants::MAX_NAMESPACE_METRICS_TOP);
-        serve(listener, &security, limit, store, metrics, tenants, admin, &shutdown).await
+        metrics.set_namespace_top(namespace_metrics_top);
+        serve(listener, &security, limit, store, metrics, admin, &shutdown).await
     })
     .await?;
     tracing::info!("kjob-queue stopped");
@@ -195,7 +195,6 @@ async fn serve(
     limit: limits::LimitLayer,
     store: Store,
     metrics: Metrics,
-    namespace_metrics_top: usize,
     admin: &mut AdminServer,
     shutdown: &Shutdown,
 ) -> anyhow::Result<()> {
@@ -286,7 +285,7 @@ async fn serve(
     });
     let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
     vital.spawn("per-namespace gauges", async move {
-        tenants::publish(&s, &m, namespace_metrics_top, &stop).await;
+        tenants::publish(&s, &m, &stop).await;
         Ok(())
     });
     let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());

@@ -8,7 +8,7 @@
 //! built at start instead of building a label set.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -147,12 +147,15 @@ struct NamespaceFamilies {
     waiting: Family<WaitingLabel, FloatGauge>,
     namespaces: Gauge,
     truncated: Gauge,
+    /// How many namespaces get series of their own.
+    top: std::sync::atomic::AtomicUsize,
     shown: std::sync::Mutex<(Vec<NamespaceLabel>, Vec<WaitingLabel>)>,
 }
 
 impl NamespaceFamilies {
     fn register(registry: &mut Registry) -> Self {
         let f = Self::default();
+        f.top.store(crate::tenants::DEFAULT_NAMESPACE_METRICS_TOP, Ordering::Relaxed);
         registry.register(
             "kjob_queue_namespace_ready",
             "Keys of the job queue ready to be leased, per namespace of the top --namespace-metrics-top by depth (the rest summed as namespace=\"_other\")",
@@ -383,6 +386,18 @@ impl Metrics {
         if g.slowed {
             b.slowdowns.inc();
         }
+    }
+
+    /// Gives the `n` deepest namespaces series of their own (`--namespace-metrics-top`, at most
+    /// [`crate::tenants::MAX_NAMESPACE_METRICS_TOP`]).
+    pub fn set_namespace_top(&self, n: usize) {
+        let n = n.min(crate::tenants::MAX_NAMESPACE_METRICS_TOP);
+        self.namespaces.top.store(n, Ordering::Relaxed);
+    }
+
+    /// How many namespaces get series of their own.
+    pub fn namespace_top(&self) -> usize {
+        self.namespaces.top.load(Ordering::Relaxed)
     }
 
     /// Sets the per-namespace gauges from a refresh, removing the series of namespaces and

@@ -120,11 +120,12 @@ pub async fn read(store: &Store, n: usize) -> Result<TopNamespaces, WqError> {
     })
 }
 
-/// Refreshes the per-namespace gauges of the `top` deepest namespaces every
-/// [`NAMESPACE_METRICS_PERIOD`] (jittered, so replicas spread their reads) until `shutdown`.
-pub async fn publish(store: &Store, metrics: &Metrics, top: usize, shutdown: &Shutdown) {
+/// Refreshes the per-namespace gauges of the deepest namespaces ([`Metrics::namespace_top`])
+/// every [`NAMESPACE_METRICS_PERIOD`] (jittered, so replicas spread their reads) until
+/// `shutdown`.
+pub async fn publish(store: &Store, metrics: &Metrics, shutdown: &Shutdown) {
     loop {
-        match read(store, top).await {
+        match read(store, metrics.namespace_top()).await {
             Ok(t) => metrics.set_namespaces(&t),
             Err(e) => tracing::warn!(error = %e, "reading the per-namespace gauges failed"),
         }
@@ -169,7 +170,9 @@ mod tests {
             // Ties by name.
             ns("e", 2, 0, 0, None),
         ];
-        let cases: Vec<(usize, Vec<&str>, (u64, u64, u64, Option<i64>))> = vec![
+        // (top n, the namespaces with series, _other's ready, delayed, leased and oldest)
+        type Other = (u64, u64, u64, Option<i64>);
+        let cases: Vec<(usize, Vec<&str>, Other)> = vec![
             (0, vec![], (10, 8, 1, Some(10))),
             (2, vec!["b", "c"], (5, 0, 0, Some(10))),
             (3, vec!["b", "c", "d"], (3, 0, 0, Some(50))),

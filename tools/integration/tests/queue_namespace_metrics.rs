@@ -28,14 +28,17 @@ struct Running {
 }
 
 async fn start(redis_url: &str) -> Running {
+    start_with(redis_url, QueueConfig::new(redis_url.to_string(), Security::InsecureNoAuth)).await
+}
+
+async fn start_with(redis_url: &str, config: QueueConfig) -> Running {
+    assert_eq!(config.redis_url, redis_url);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client_url = format!("http://{}", listener.local_addr().unwrap());
     let client = QueueClient::connect_lazy(&client_url).unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis_url.to_string(), Security::InsecureNoAuth);
-    assert_eq!(config.namespace_metrics_top, 10, "the default top N");
     let listeners = Listeners { grpc: listener, admin: Some(admin) };
     let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
     Running { admin: admin_url, client_url, client, shutdown, task }
@@ -108,9 +111,36 @@ async fn the_top_namespaces_get_series_and_the_rest_one_on_a_cluster() {
     top_namespaces(&cluster.url()).await;
 }
 
+/// `--namespace-metrics-top` sets N: with 2, four namespaces make two series and `_other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flag_sets_how_many_namespaces_get_series() {
+    let redis = RedisServer::start().unwrap();
+    let store = Store::connect(&redis.url(), StoreConfig::default()).await.unwrap();
+    let config = QueueConfig {
+        namespace_metrics_top: 2,
+        ..QueueConfig::new(redis.url(), Security::InsecureNoAuth)
+    };
+    let r = start_with(&redis.url(), config).await;
+    for (ns, n) in [("a", 4), ("b", 3), ("c", 2), ("d", 1)] {
+        let keys: Vec<Enqueue> = (0..n).map(|j| Enqueue::now(format!("{ns}/j{j}"))).collect();
+        store.add(Q, &keys).await.unwrap();
+    }
+    let want: BTreeMap<String, f64> =
+        [("a", 4.0), ("b", 3.0), ("_other", 3.0)].map(|(n, v)| (n.to_string(), v)).into();
+    wait_for_depths(&r, &want).await;
+    assert_eq!(value(&r, "kjob_queue_namespaces").await, Some(4.0));
+    r.shutdown.cancel();
+    r.task.await.unwrap().unwrap();
+}
+
 async fn top_namespaces(url: &str) {
     let store = Store::connect(url, StoreConfig::default()).await.unwrap();
     let r = start(url).await;
+    assert_eq!(
+        QueueConfig::new(url, Security::InsecureNoAuth).namespace_metrics_top,
+        10,
+        "the default top N"
+    );
 
     // "busy": 30 keys, all leased (the only ready namespace when leased).
     let busy: Vec<Enqueue> = (0..30).map(|i| Enqueue::now(format!("busy/j{i:02}"))).collect();
