@@ -501,9 +501,17 @@ pub async fn inspect(
     if top > 0 || namespace.is_some() {
         let only = namespace.as_deref().unwrap_or("");
         let oldest = if namespace.is_some() { INSPECT_OLDEST_KEYS } else { 0 };
-        let n = client.namespaces(queue, only, top.max(1), oldest).await?;
         writeln!(out)?;
-        print_namespaces(&n, namespace.as_deref(), out)?;
+        match client.namespaces(queue, only, top.max(1), oldest).await {
+            Ok(n) => print_namespaces(&n, namespace.as_deref(), out)?,
+            // A kjob-queue older than this inspect: the rest is still worth printing.
+            Err(kjob_queue_client::ClientError::Status(s))
+                if s.code() == tonic::Code::Unimplemented =>
+            {
+                writeln!(out, "(this kjob-queue has no per-namespace table: upgrade it)")?;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     if keys.is_empty() {
         return Ok(());
