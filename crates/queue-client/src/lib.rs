@@ -654,6 +654,14 @@ unary_calls! {
     /// Reports what `queue` knows about `keys`.
     fn inspect(queue: &str, keys: Vec<String>) -> v1::InspectResponse
         = queue.inspect(v1::InspectRequest { queue: owned(queue), keys }) => |r| r;
+
+    /// Reports `queue` per namespace, deepest first (at most `limit`; of `namespace` only when
+    /// it is not empty), with its `oldest_keys` longest waiting ready keys.
+    fn namespaces(queue: &str, namespace: &str, limit: u32, oldest_keys: u32)
+        -> v1::NamespacesResponse
+        = queue.namespaces(v1::NamespacesRequest {
+            queue: owned(queue), namespace: owned(namespace), limit, oldest_keys
+        }) => |r| r;
 }
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ pub const RPC_ROLES: &[(&str, &str, &[Role])] = &[
     (QUEUE_SERVICE, "DoneBatch", &[Worker]),
     (QUEUE_SERVICE, "Stats", &[Watcher, Worker, Inspector]),
     (QUEUE_SERVICE, "Inspect", &[Inspector]),
+    (QUEUE_SERVICE, "Namespaces", &[Inspector]),
     (JOB_STATE_SERVICE, "SetExpectations", &[Worker]),
     (JOB_STATE_SERVICE, "LowerExpectations", &[Worker]),
     (JOB_STATE_SERVICE, "GetExpectations", &[Worker]),
@@ -345,8 +346,10 @@ mod tests {
         assert!(!can(Watcher, &q("Lease")) && !can(Watcher, &j("PutJobView")));
         assert!(can(Worker, &q("Lease")) && can(Worker, &j("PutJobView")));
         assert!(!can(Worker, &j("CacheSession")) && !can(Worker, &q("Inspect")));
+        assert_eq!(allowed_roles(&q("Namespaces")), [Inspector]);
         for (s, m, roles) in RPC_ROLES {
-            let read_only = ["Stats", "Inspect", "Check", "Watch", "ServerReflectionInfo"];
+            let read_only =
+                ["Stats", "Inspect", "Namespaces", "Check", "Watch", "ServerReflectionInfo"];
             assert_eq!(roles.contains(&Inspector), read_only.contains(m), "{s}/{m}");
         }
         assert!(allowed_roles("/kjob.queue.v1.Queue/Nope").is_empty());

@@ -70,6 +70,9 @@ pub struct Args {
     /// Shards of a new Redis data set (1 to 1024); default 1 on one server, 24 on a Cluster. A data set keeps the count it was created with.
     #[arg(long, env = "KJOB_QUEUE_SHARDS")]
     pub queue_shards: Option<u32>,
+    /// Namespaces whose depths get series of their own in the kjob_queue_namespace_* gauges, the deepest first (0 to 100); the rest are summed as namespace="_other".
+    #[arg(long, env = "KJOB_NAMESPACE_METRICS_TOP", default_value_t = crate::tenants::DEFAULT_NAMESPACE_METRICS_TOP, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=crate::tenants::MAX_NAMESPACE_METRICS_TOP as u64))]
+    pub namespace_metrics_top: usize,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -88,6 +91,12 @@ pub enum Command {
         queue: String,
         /// Keys (namespace/name) to show.
         keys: Vec<String>,
+        /// Namespaces to list, deepest (ready + delayed + leased) first, with their oldest ready age; 0 lists none.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=1000))]
+        top: u32,
+        /// Show one namespace: its depths and its longest waiting ready keys.
+        #[arg(long)]
+        namespace: Option<String>,
         /// How to reach kjob-queue (as the `kjob-inspector` role over https://).
         #[command(flatten)]
         tls: QueueTlsArgs,
@@ -148,6 +157,7 @@ impl Args {
             redis_key_file,
             max_concurrent_calls,
             queue_shards,
+            namespace_metrics_top,
             admin: _,
         } = self;
         let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
@@ -187,7 +197,14 @@ impl Args {
             },
         };
         let store = StoreConfig { shards: queue_shards, ..StoreConfig::default() };
-        Ok(QueueConfig { redis_url, redis, store, security, max_concurrent_calls })
+        Ok(QueueConfig {
+            redis_url,
+            redis,
+            store,
+            security,
+            max_concurrent_calls,
+            namespace_metrics_top,
+        })
     }
 }
 

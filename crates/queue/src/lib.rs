@@ -13,6 +13,7 @@ pub mod explain;
 pub mod limits;
 pub mod metrics;
 pub mod service;
+pub mod tenants;
 pub mod ui;
 pub mod validate;
 
@@ -70,6 +71,8 @@ pub struct QueueConfig {
     /// Most calls handled at once across every connection; more are refused with
     /// RESOURCE_EXHAUSTED (`--max-concurrent-calls`).
     pub max_concurrent_calls: usize,
+    /// Namespaces with their own per-namespace gauges, the deepest (`--namespace-metrics-top`).
+    pub namespace_metrics_top: usize,
 }
 
 /// How kjob-queue secures its gRPC port.
@@ -109,6 +112,7 @@ impl QueueConfig {
             store: Default::default(),
             security,
             max_concurrent_calls: limits::DEFAULT_MAX_CONCURRENT_CALLS,
+            namespace_metrics_top: tenants::DEFAULT_NAMESPACE_METRICS_TOP,
         }
     }
 }
@@ -121,6 +125,7 @@ impl std::fmt::Debug for QueueConfig {
             .field("store", &self.store)
             .field("security", &self.security)
             .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("namespace_metrics_top", &self.namespace_metrics_top)
             .finish()
     }
 }
@@ -155,8 +160,14 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let Listeners { grpc: listener, admin } = listeners;
-    let QueueConfig { redis_url, redis, store: store_config, security, max_concurrent_calls } =
-        config;
+    let QueueConfig {
+        redis_url,
+        redis,
+        store: store_config,
+        security,
+        max_concurrent_calls,
+        namespace_metrics_top,
+    } = config;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry, &kjob_core::QUEUES, &service::RPCS);
     let api = explain::ExplainApi::default();
@@ -172,6 +183,7 @@ pub async fn run(
         api.serve_from(store.clone());
         ui.serve_from(store.clone());
         let limit = limits::LimitLayer::new(max_concurrent_calls, metrics.limits());
+        metrics.set_namespace_top(namespace_metrics_top);
         serve(listener, &security, limit, store, metrics, &ui, admin, &shutdown).await
     })
     .await?;
@@ -280,6 +292,11 @@ async fn serve(
     let (s, stop) = (store.clone(), shutdown.clone());
     vital.spawn("sync-rate publisher", async move {
         publish_sync_rates(&s, &syncs, &stop).await;
+        Ok(())
+    });
+    let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
+    vital.spawn("per-namespace gauges", async move {
+        tenants::publish(&s, &m, &stop).await;
         Ok(())
     });
     let (s, m, stop) = (store.clone(), metrics.clone(), shutdown.clone());
@@ -456,15 +473,33 @@ pub fn certs(
     Ok(())
 }
 
-/// `kjob-queue inspect`: prints the stats of `queue` and the state of `keys` for a person.
+/// What `kjob-queue inspect` shows.
+#[derive(Debug, Clone, Default)]
+pub struct InspectArgs {
+    /// The queue.
+    pub queue: String,
+    /// Keys (`namespace/name`) whose state to print.
+    pub keys: Vec<String>,
+    /// Namespaces in the per-namespace table, deepest first (0: no table).
+    pub top: u32,
+    /// Only this namespace: its row and its longest waiting ready keys.
+    pub namespace: Option<String>,
+}
+
+/// Longest waiting ready keys `kjob-queue inspect --namespace` lists.
+const INSPECT_OLDEST_KEYS: u32 = 20;
+
+/// `kjob-queue inspect`: prints the stats of the queue, its namespaces by depth (or one
+/// namespace and its longest waiting keys) and the state of particular keys, for a person.
 pub async fn inspect(
     queue_url: &str,
     tls: &kjob_queue_client::QueueTlsArgs,
-    queue: &str,
-    keys: Vec<String>,
+    args: InspectArgs,
     out: &mut impl std::io::Write,
 ) -> anyhow::Result<()> {
     use kjob_queue_client::RetryPolicy;
+    let InspectArgs { queue, keys, top, namespace } = args;
+    let queue = queue.as_str();
     let client = tls
         .connect_lazy(queue_url)?
         .with_retry_policy(RetryPolicy { max_retries: Some(3), ..RetryPolicy::default() });
@@ -474,6 +509,21 @@ pub async fn inspect(
     writeln!(out, "  delayed  {:>8}", s.delayed)?;
     writeln!(out, "  leased   {:>8}   (dirty: added again while leased: {})", s.leased, s.dirty)?;
     writeln!(out, "  failing  {:>8}   (keys with rate-limited requeues)", s.failing)?;
+    if top > 0 || namespace.is_some() {
+        let only = namespace.as_deref().unwrap_or("");
+        let oldest = if namespace.is_some() { INSPECT_OLDEST_KEYS } else { 0 };
+        writeln!(out)?;
+        match client.namespaces(queue, only, top.max(1), oldest).await {
+            Ok(n) => print_namespaces(&n, namespace.as_deref(), out)?,
+            // A kjob-queue older than this inspect: the rest is still worth printing.
+            Err(kjob_queue_client::ClientError::Status(s))
+                if s.code() == tonic::Code::Unimplemented =>
+            {
+                writeln!(out, "(this kjob-queue has no per-namespace table: upgrade it)")?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     if keys.is_empty() {
         return Ok(());
     }
@@ -497,6 +547,59 @@ pub async fn inspect(
             if k.lease_holder.is_empty() { "-" } else { &k.lease_holder },
             t(k.lease_deadline_unix_ms)
         )?;
+    }
+    Ok(())
+}
+
+/// The per-namespace table of `kjob-queue inspect` (and one namespace's longest waiting keys).
+fn print_namespaces(
+    n: &kjob_proto::v1::NamespacesResponse,
+    only: Option<&str>,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<()> {
+    let secs = |ms: u64| format!("{:.1}s", ms as f64 / 1000.0);
+    writeln!(
+        out,
+        "{:<40} {:>8} {:>8} {:>8} {:>12} {:>10}",
+        "NAMESPACE", "READY", "DELAYED", "LEASED", "OLDEST_READY", "SYNCS/S"
+    )?;
+    for r in &n.namespaces {
+        writeln!(
+            out,
+            "{:<40} {:>8} {:>8} {:>8} {:>12} {:>10.2}",
+            r.namespace,
+            r.ready,
+            r.delayed,
+            r.leased,
+            if r.ready == 0 { "-".to_string() } else { secs(r.oldest_ready_age_ms) },
+            r.syncs_per_second
+        )?;
+    }
+    match only {
+        Some(ns) if n.namespaces.is_empty() => {
+            writeln!(out, "(namespace {ns} has no keys queued)")?
+        }
+        Some(_) => {}
+        None => {
+            let shown = n.namespaces.len();
+            let total = n.total_namespaces as usize;
+            if total > shown {
+                writeln!(out, "({} more namespaces; --top shows more)", total - shown)?;
+            }
+        }
+    }
+    if n.truncated {
+        writeln!(out, "(a set held more than one read covers: counts are lower bounds)")?;
+    }
+    if let Some(ns) = only
+        && !n.oldest_ready.is_empty()
+    {
+        writeln!(out)?;
+        writeln!(out, "longest waiting ready keys of {ns}:")?;
+        writeln!(out, "{:<60} {:>12}", "KEY", "WAITING")?;
+        for k in &n.oldest_ready {
+            writeln!(out, "{:<60} {:>12}", k.key, secs(k.ready_age_ms))?;
+        }
     }
     Ok(())
 }

@@ -5,8 +5,9 @@ fn main() -> anyhow::Result<()> {
     kjob_svc::main(kjob_svc::Threads::One, |mut args: kjob_queue::Args| async move {
         let stdout = &mut std::io::stdout();
         match args.command.take() {
-            Some(kjob_queue::Command::Inspect { queue_url, queue, keys, tls }) => {
-                kjob_queue::inspect(&queue_url, &tls, &queue, keys, stdout).await
+            Some(kjob_queue::Command::Inspect { queue_url, queue, keys, top, namespace, tls }) => {
+                let args = kjob_queue::InspectArgs { queue, keys, top, namespace };
+                kjob_queue::inspect(&queue_url, &tls, args, stdout).await
             }
             Some(kjob_queue::Command::Certs { out, hosts, namespace }) => {
                 kjob_queue::certs(&out, hosts, &namespace, stdout)

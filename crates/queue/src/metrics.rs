@@ -8,7 +8,7 @@
 //! built at start instead of building a label set.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -108,6 +108,9 @@ queue_metrics! {
     delayed: Gauge = Gauge::default, "kjob_queue_delayed", "Items waiting for a later time";
     /// Leased items.
     leased: Gauge = Gauge::default, "kjob_queue_leased", "Items leased to workers";
+    /// Age of the oldest ready item (0 when none is ready).
+    oldest_ready: FloatGauge = FloatGauge::default, "kjob_queue_oldest_ready_seconds",
+        "How long the oldest ready item has waited for a worker (0 when none is ready)";
 }
 
 /// Label of the Redis memory gauges.
@@ -115,6 +118,142 @@ queue_metrics! {
 pub struct NodeLabel {
     /// The Redis node, `host:port`.
     pub node: String,
+}
+
+/// Label of the per-namespace gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    /// A namespace of the top N, or [`crate::tenants::OTHER`] for the rest.
+    pub namespace: String,
+}
+
+/// Labels of `kjob_queue_oldest_ready_job_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct WaitingLabel {
+    /// The Job's namespace.
+    pub namespace: String,
+    /// The Job's key, `namespace/name`.
+    pub key: String,
+}
+
+/// The per-namespace gauges of the job queue and the series they hold now, so a namespace (or
+/// a Job) that leaves the top loses its series instead of keeping its last value.
+#[derive(Default)]
+struct NamespaceFamilies {
+    ready: Family<NamespaceLabel, Gauge>,
+    delayed: Family<NamespaceLabel, Gauge>,
+    leased: Family<NamespaceLabel, Gauge>,
+    oldest: Family<NamespaceLabel, FloatGauge>,
+    waiting: Family<WaitingLabel, FloatGauge>,
+    namespaces: Gauge,
+    truncated: Gauge,
+    /// How many namespaces get series of their own.
+    top: std::sync::atomic::AtomicUsize,
+    shown: std::sync::Mutex<(Vec<NamespaceLabel>, Vec<WaitingLabel>)>,
+}
+
+impl NamespaceFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let f = Self::default();
+        f.top.store(crate::tenants::DEFAULT_NAMESPACE_METRICS_TOP, Ordering::Relaxed);
+        registry.register(
+            "kjob_queue_namespace_ready",
+            "Keys of the job queue ready to be leased, per namespace of the top --namespace-metrics-top by depth (the rest summed as namespace=\"_other\")",
+            f.ready.clone(),
+        );
+        registry.register(
+            "kjob_queue_namespace_delayed",
+            "Keys of the job queue waiting for a later time, per top namespace (the rest as _other)",
+            f.delayed.clone(),
+        );
+        registry.register(
+            "kjob_queue_namespace_leased",
+            "Keys of the job queue leased to workers, per top namespace (the rest as _other)",
+            f.leased.clone(),
+        );
+        registry.register(
+            "kjob_queue_namespace_oldest_ready_seconds",
+            "How long the oldest ready key of each top namespace has waited (_other: the oldest of the rest; 0 when none is ready)",
+            f.oldest.clone(),
+        );
+        registry.register(
+            "kjob_queue_oldest_ready_job_seconds",
+            "How long each of the 10 ready Jobs waiting longest has waited, by namespace and key",
+            f.waiting.clone(),
+        );
+        registry.register(
+            "kjob_queue_namespaces",
+            "Namespaces with keys in the job queue (ready, delayed or leased)",
+            f.namespaces.clone(),
+        );
+        registry.register(
+            "kjob_queue_namespace_counts_truncated",
+            "1 when the last per-namespace refresh read only part of a set, so its counts are lower bounds",
+            f.truncated.clone(),
+        );
+        // Present from start, at 0, as the queue gauges are.
+        f.set(&crate::tenants::TopNamespaces {
+            now_ms: 0,
+            top: Vec::new(),
+            other: kjob_workqueue::NamespaceStats {
+                namespace: crate::tenants::OTHER.into(),
+                ready: 0,
+                delayed: 0,
+                leased: 0,
+                oldest_ready_ms: None,
+                syncs_per_second: 0.0,
+            },
+            total: 0,
+            truncated: false,
+            oldest: Vec::new(),
+        });
+        f
+    }
+
+    fn set(&self, t: &crate::tenants::TopNamespaces) {
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let age = |at: Option<i64>| at.map_or(0.0, |at| (t.now_ms - at).max(0) as f64 / 1000.0);
+        let rows: Vec<(NamespaceLabel, &kjob_workqueue::NamespaceStats)> = t
+            .top
+            .iter()
+            .chain(std::iter::once(&t.other))
+            .map(|s| (NamespaceLabel { namespace: s.namespace.clone() }, s))
+            .collect();
+        let waiting: Vec<(WaitingLabel, f64)> = t
+            .oldest
+            .iter()
+            .map(|k| {
+                let namespace = k.key.split_once('/').map_or("", |(ns, _)| ns).to_string();
+                (WaitingLabel { namespace, key: k.key.clone() }, age(Some(k.ready_ms)))
+            })
+            .collect();
+        // One refresh at a time, so the removals see the series the last one set.
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        for l in shown.0.iter().filter(|l| !rows.iter().any(|(r, _)| r == *l)) {
+            self.ready.remove(l);
+            self.delayed.remove(l);
+            self.leased.remove(l);
+            self.oldest.remove(l);
+        }
+        for l in shown.1.iter().filter(|l| !waiting.iter().any(|(w, _)| w == *l)) {
+            self.waiting.remove(l);
+        }
+        for (l, s) in &rows {
+            self.ready.get_or_create(l).set(i(s.ready));
+            self.delayed.get_or_create(l).set(i(s.delayed));
+            self.leased.get_or_create(l).set(i(s.leased));
+            self.oldest.get_or_create(l).set(age(s.oldest_ready_ms));
+        }
+        for (l, secs) in &waiting {
+            self.waiting.get_or_create(l).set(*secs);
+        }
+        self.namespaces.set(i64::try_from(t.total).unwrap_or(i64::MAX));
+        self.truncated.set(i64::from(t.truncated));
+        *shown = (
+            rows.into_iter().map(|(l, _)| l).collect(),
+            waiting.into_iter().map(|(l, _)| l).collect(),
+        );
+    }
 }
 
 /// All metrics of kjob-queue.
@@ -133,6 +272,7 @@ pub struct Metrics {
     pub redis_data_lost: Counter,
     limits: crate::limits::LimitMetrics,
     budget: Arc<BudgetMetrics>,
+    namespaces: Arc<NamespaceFamilies>,
 }
 
 /// The workers' shared API budget, as the TakeApiTokens calls this replica served saw it.
@@ -221,7 +361,9 @@ impl Metrics {
             "Times a 429 report to this replica lowered the API budget's rate",
             budget.slowdowns.clone(),
         );
+        let namespaces = Arc::new(NamespaceFamilies::register(registry));
         Self {
+            namespaces,
             redis_used,
             redis_max,
             queues,
@@ -244,6 +386,24 @@ impl Metrics {
         if g.slowed {
             b.slowdowns.inc();
         }
+    }
+
+    /// Gives the `n` deepest namespaces series of their own (`--namespace-metrics-top`, at most
+    /// [`crate::tenants::MAX_NAMESPACE_METRICS_TOP`]).
+    pub fn set_namespace_top(&self, n: usize) {
+        let n = n.min(crate::tenants::MAX_NAMESPACE_METRICS_TOP);
+        self.namespaces.top.store(n, Ordering::Relaxed);
+    }
+
+    /// How many namespaces get series of their own.
+    pub fn namespace_top(&self) -> usize {
+        self.namespaces.top.load(Ordering::Relaxed)
+    }
+
+    /// Sets the per-namespace gauges from a refresh, removing the series of namespaces and
+    /// Jobs no longer in it.
+    pub fn set_namespaces(&self, t: &crate::tenants::TopNamespaces) {
+        self.namespaces.set(t);
     }
 
     /// The global concurrency limit's handles, for the [`crate::limits::LimitLayer`].
@@ -293,6 +453,8 @@ impl Metrics {
         m.ready.set(i(s.ready));
         m.delayed.set(i(s.delayed));
         m.leased.set(i(s.leased));
+        let oldest = s.oldest_ready_ms.map(|t| (s.now_ms - t).max(0) as f64 / 1000.0);
+        m.oldest_ready.set(oldest.unwrap_or(0.0));
         m.unfinished.set(s.unfinished_ms as f64 / 1000.0);
         let longest = s.oldest_started_ms.map(|t| (s.now_ms - t).max(0) as f64 / 1000.0);
         m.longest.set(longest.unwrap_or(0.0));

@@ -61,6 +61,7 @@ measured_service!(Queue, QUEUE_SERVICE, QUEUE_METHODS, {
     done_batch(v1::DoneBatchRequest) -> v1::DoneBatchResponse = "DoneBatch" by done_batch_rpc;
     stats(v1::StatsRequest) -> v1::StatsResponse = "Stats" by stats_rpc;
     inspect(v1::InspectRequest) -> v1::InspectResponse = "Inspect" by inspect_rpc;
+    namespaces(v1::NamespacesRequest) -> v1::NamespacesResponse = "Namespaces" by namespaces_rpc;
 });
 
 measured_service!(JobState, JOB_STATE_SERVICE, JOB_STATE_METHODS, {
@@ -662,6 +663,52 @@ impl QueueService {
             })
             .collect();
         Ok(v1::InspectResponse { keys })
+    }
+
+    async fn namespaces_rpc(
+        &self,
+        r: v1::NamespacesRequest,
+    ) -> Result<v1::NamespacesResponse, Refused> {
+        validate::queue(&r.queue)?;
+        validate::namespace(&r.namespace, true)?;
+        let limit = validate::namespaces(r.limit, r.oldest_keys)?;
+        let only = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
+        let (all, oldest) = futures::future::try_join(
+            self.store.namespaces(&r.queue),
+            self.store.oldest_ready(&r.queue, only, r.oldest_keys),
+        )
+        .await?;
+        let now = all.now_ms;
+        let age = |t: Option<i64>| t.map_or(0, |t| u64::try_from(now - t).unwrap_or(0));
+        let rows = crate::tenants::by_depth(all.namespaces);
+        let total_namespaces = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        let namespaces = rows
+            .into_iter()
+            .filter(|s| only.is_none_or(|ns| s.namespace == ns))
+            .take(limit as usize)
+            .map(|s| v1::NamespaceDepth {
+                oldest_ready_age_ms: age(s.oldest_ready_ms),
+                namespace: s.namespace,
+                ready: s.ready,
+                delayed: s.delayed,
+                leased: s.leased,
+                syncs_per_second: s.syncs_per_second,
+            })
+            .collect();
+        let oldest_ready = oldest
+            .keys
+            .into_iter()
+            .map(|k| v1::WaitingKey {
+                ready_age_ms: u64::try_from(oldest.now_ms - k.ready_ms).unwrap_or(0),
+                key: k.key,
+            })
+            .collect();
+        Ok(v1::NamespacesResponse {
+            namespaces,
+            total_namespaces,
+            truncated: all.truncated,
+            oldest_ready,
+        })
     }
 
     async fn set_expectations_rpc(

@@ -57,10 +57,7 @@ pub const MAX_API_QPS: f64 = 100_000.0;
 /// Checks a TakeApiTokens request: a namespace name or "" (cluster-scoped requests), 1 to
 /// [`MAX_TAKE`] tokens, a finite positive rate and a burst of at least 1, both bounded.
 pub fn api_tokens(namespace: &str, want: u32, qps: f64, burst: u32) -> Result<(), String> {
-    // A namespace is valid exactly when `<namespace>/x` is a valid key.
-    if !namespace.is_empty() && key(&format!("{namespace}/x")).is_err() {
-        return Err(format!("namespace {namespace:?} is not a namespace name (a DNS-1123 label)"));
-    }
+    self::namespace(namespace, true)?;
     if want == 0 || want > MAX_TAKE {
         return Err(format!("want is {want}; 1 to {MAX_TAKE} tokens may be asked for"));
     }
@@ -155,6 +152,37 @@ pub fn key(k: &str) -> Result<(), String> {
     ObjectKey::parse(k).map(|_| ()).map_err(|e| e.to_string())
 }
 
+/// Most namespaces a Namespaces answer lists.
+pub const MAX_NAMESPACES_LIMIT: u32 = 1000;
+/// Namespaces a Namespaces answer lists when the request leaves `limit` at 0: a screenful.
+pub const DEFAULT_NAMESPACES_LIMIT: u32 = 50;
+
+/// Checks a namespace name (a DNS-1123 label); `""` is accepted when `optional`.
+pub fn namespace(ns: &str, optional: bool) -> Result<(), String> {
+    if ns.is_empty() && optional {
+        return Ok(());
+    }
+    // A namespace is valid exactly when `<namespace>/x` is a valid key.
+    if key(&format!("{ns}/x")).is_err() {
+        return Err(format!("namespace {ns:?} is not a namespace name (a DNS-1123 label)"));
+    }
+    Ok(())
+}
+
+/// Checks a Namespaces request's bounds; the namespace limit it asks for (0: the default).
+pub fn namespaces(limit: u32, oldest_keys: u32) -> Result<u32, String> {
+    if limit > MAX_NAMESPACES_LIMIT {
+        return Err(format!("limit is {limit}; at most {MAX_NAMESPACES_LIMIT} namespaces"));
+    }
+    if oldest_keys > kjob_workqueue::OLDEST_READY_MAX_KEYS {
+        return Err(format!(
+            "oldest_keys is {oldest_keys}; at most {} keys",
+            kjob_workqueue::OLDEST_READY_MAX_KEYS
+        ));
+    }
+    Ok(if limit == 0 { DEFAULT_NAMESPACES_LIMIT } else { limit })
+}
+
 /// Checks a delay in ms.
 pub fn delay(field: &str, ms: u64) -> Result<(), String> {
     if ms > MAX_DELAY_MS {
@@ -242,6 +270,14 @@ mod tests {
         assert!(add_items(MAX_ADD_ITEMS + 1).unwrap_err().contains("MAX_ADD_ITEMS"));
         assert!(add_item_ops(MAX_ADD_ITEM_OPS, 0).is_ok());
         assert!(add_item_ops(MAX_ADD_ITEM_OPS, 1).unwrap_err().contains("limit is 512"));
+        assert!(namespace("", true).is_ok() && namespace("team-a", false).is_ok());
+        assert!(namespace("", false).is_err());
+        assert!(namespace("_other", true).unwrap_err().contains("DNS-1123"));
+        assert!(namespace("a/b", true).is_err() && namespace("Team", true).is_err());
+        assert_eq!(namespaces(0, 0), Ok(DEFAULT_NAMESPACES_LIMIT));
+        assert_eq!(namespaces(MAX_NAMESPACES_LIMIT, 100), Ok(MAX_NAMESPACES_LIMIT));
+        assert!(namespaces(MAX_NAMESPACES_LIMIT + 1, 0).unwrap_err().contains("limit"));
+        assert!(namespaces(1, 101).unwrap_err().contains("oldest_keys"));
     }
 
     #[test]

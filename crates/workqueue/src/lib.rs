@@ -43,8 +43,9 @@ pub use ops::{
     Explain, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, HISTORY_ERROR_MAX, HISTORY_MAX_ENTRIES,
     HISTORY_TTL, HOLDERS_MAX_KEYS, HOLDERS_MAX_SCAN, HistoryEntry, Holder, LAST_SYNC_GENERATION,
     LeaseHolders, LeaseInfo, MAX_RECORDS_PER_JOB, MAX_WEIGHT, NAMESPACES_MAX_SCAN, NamespaceStats,
-    Namespaces, RoundRobin, SYNC_MAX_NAMESPACES, SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW,
-    SyncCounter, SyncEnd, WEIGHTS_REFRESH,
+    Namespaces, OLDEST_READY_MAX_KEYS, OLDEST_READY_MAX_NAMESPACES, OldestReady, RoundRobin,
+    SYNC_MAX_NAMESPACES, SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
+    WEIGHTS_REFRESH, WaitingKey,
 };
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,

@@ -71,6 +71,7 @@ enum Req {
     Stats {
         queue: String,
     },
+    Namespaces(v1::NamespacesRequest),
     /// GateEvents of `events` (object key, spam, aggregate and event keys, message) repeated
     /// `times` (past 256 events, a malformed batch).
     Gate {
@@ -252,6 +253,15 @@ fn req() -> impl Strategy<Value = Req> {
             .prop_map(|(queue, keys)| Req::Inspect { queue, keys }),
         text().prop_map(|queue| Req::Stats { queue }),
         (
+            text(),
+            text(),
+            prop_oneof![Just(0u32), Just(3), Just(1001)],
+            prop_oneof![Just(0u32), Just(5), Just(101)]
+        )
+            .prop_map(|(queue, namespace, limit, oldest_keys)| Req::Namespaces(
+                v1::NamespacesRequest { queue, namespace, limit, oldest_keys }
+            )),
+        (
             proptest::collection::vec((text(), text(), text(), text(), text()), 0..4),
             prop_oneof![Just(1usize), Just(30), Just(257)],
         )
@@ -347,6 +357,7 @@ async fn send(
                 c.inspect(v1::InspectRequest { queue, keys }).await.map(drop)
             }
             Req::Stats { queue } => c.stats(v1::StatsRequest { queue }).await.map(drop),
+            Req::Namespaces(r) => c.namespaces(r).await.map(drop),
             Req::Gate { events, times } => {
                 let one: Vec<v1::GateEvent> = events
                     .into_iter()

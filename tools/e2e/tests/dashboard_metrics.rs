@@ -1,7 +1,9 @@
-//! Every metric the Grafana dashboard (deploy/grafana/kjob.json) queries is exported by a real
-//! kjob-queue, kjob-watcher or kjob-worker process (read from their `/metrics` after a Job ran
-//! through them). prometheus-client prints a labelled family only once it has a sample, so
-//! the few metrics that only move on faults are checked against the registering source.
+//! Every metric the Grafana dashboard (deploy/grafana/kjob.json) and the alert rules
+//! (deploy/prometheus/kjob-rules.yaml) query is exported by a real kjob-queue, kjob-watcher or
+//! kjob-worker process (read from their `/metrics` after a Job ran through them).
+//! prometheus-client prints a labelled family only once it has a sample, so the few metrics
+//! that only move on faults (or while Jobs wait) are checked against the registering source.
+//! The rules file has the structure Prometheus loads, and the Helm chart's copy is the same file.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -46,13 +48,40 @@ fn dashboard_metrics() -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for p in dash["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().unwrap();
-            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                if ["workqueue_", "job_controller_", "kjob_"].iter().any(|p| word.starts_with(p)) {
-                    out.insert(word.to_string());
-                }
-            }
+            metric_words(t["expr"].as_str().unwrap(), &mut out);
         }
+    }
+    out
+}
+
+/// The kjob metric names in a PromQL expression.
+fn metric_words(expr: &str, out: &mut BTreeSet<String>) {
+    for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if ["workqueue_", "job_controller_", "kjob_"].iter().any(|p| word.starts_with(p)) {
+            out.insert(word.to_string());
+        }
+    }
+}
+
+/// deploy/prometheus/kjob-rules.yaml, parsed.
+fn rules_file() -> serde_yaml::Value {
+    let text = std::fs::read_to_string(kjob_e2e::root().join("deploy/prometheus/kjob-rules.yaml"))
+        .unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+/// Every rule of the rules file.
+fn rules() -> Vec<serde_yaml::Value> {
+    let file = rules_file();
+    let groups = file["groups"].as_sequence().expect("groups: a list").clone();
+    groups.iter().flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default()).collect()
+}
+
+/// The metric names the alert rules use.
+fn rules_metrics() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for r in rules() {
+        metric_words(r["expr"].as_str().unwrap(), &mut out);
     }
     out
 }
@@ -66,9 +95,10 @@ fn family_of(sample: &str) -> &str {
 }
 
 /// Families that get samples only on faults (refused renewals, expired leases,
-/// watch errors, podFailurePolicy matches), with the name their crate registers them under (after any
-/// sub-registry prefix).
-const FAULT_ONLY: [(&str, &str); 7] = [
+/// watch errors, podFailurePolicy matches) or while Jobs wait (the Jobs waiting longest), with
+/// the name their crate registers them under (after any sub-registry prefix).
+const FAULT_ONLY: [(&str, &str); 8] = [
+    ("kjob_queue_oldest_ready_job_seconds", "kjob_queue_oldest_ready_job_seconds"),
     ("kjob_watcher_watch_restarts", "watch_restarts"),
     ("kjob_queue_lease_expired", "kjob_queue_lease_expired"),
     ("kjob_queue_stale_lease", "kjob_queue_stale_lease"),
@@ -179,8 +209,11 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
         wait_for_tcp(addr(port), START_TIMEOUT).unwrap();
         exported.extend(families(&scrape(port)));
     }
-    let wanted = dashboard_metrics();
+    let mut wanted = dashboard_metrics();
     assert!(wanted.len() > 20, "dashboard queries only {wanted:?}");
+    let alerted = rules_metrics();
+    assert!(alerted.len() >= 8, "the rules use only {alerted:?}");
+    wanted.extend(alerted);
     let sources: String = ["queue", "watcher", "worker"]
         .iter()
         .map(|c| {
@@ -200,7 +233,7 @@ fn every_dashboard_metric_is_exported_by_a_kjob_binary() {
         .collect();
     assert!(
         absent.is_empty(),
-        "dashboard queries metrics no binary exports: {absent:?}\nexported: {exported:?}"
+        "the dashboard or the rules query metrics no binary exports: {absent:?}\nexported: {exported:?}"
     );
 
     // docs/metrics.md's reference names exactly what the services export: every name it
@@ -246,4 +279,84 @@ fn documented_metrics() -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// The rules file loads as Prometheus reads one (groups of named rules, each an alert with an
+/// expression, a duration, a severity and the annotations a page shows), holds the alerts
+/// operators expect, uses only documented metrics, and is the file the Helm chart ships.
+#[test]
+fn the_alert_rules_have_the_structure_prometheus_loads() {
+    let file = rules_file();
+    let top: Vec<&str> = file.as_mapping().unwrap().keys().map(|k| k.as_str().unwrap()).collect();
+    assert_eq!(top, ["groups"]);
+    let mut names = BTreeSet::new();
+    for g in file["groups"].as_sequence().unwrap() {
+        assert!(g["name"].as_str().is_some_and(|n| !n.is_empty()), "a group without a name");
+        let rules = g["rules"].as_sequence().expect("rules: a list");
+        assert!(!rules.is_empty());
+        for r in rules {
+            let known = ["alert", "expr", "for", "labels", "annotations"];
+            for k in r.as_mapping().unwrap().keys() {
+                assert!(known.contains(&k.as_str().unwrap()), "unknown field {k:?} in {r:?}");
+            }
+            let alert = r["alert"].as_str().expect("every rule is an alert");
+            assert!(
+                alert.starts_with("Kjob") && alert.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{alert}"
+            );
+            assert!(names.insert(alert.to_string()), "{alert} twice");
+            let expr = r["expr"].as_str().unwrap();
+            let depth = expr.chars().try_fold(0i32, |d, c| {
+                let d = match c {
+                    '(' | '{' | '[' => d + 1,
+                    ')' | '}' | ']' => d - 1,
+                    _ => d,
+                };
+                (d >= 0).then_some(d)
+            });
+            assert_eq!(depth, Some(0), "{alert}: unbalanced brackets in {expr}");
+            if let Some(f) = r.get("for") {
+                let f = f.as_str().unwrap();
+                let (n, unit) = f.split_at(f.len() - 1);
+                assert!(
+                    n.parse::<u32>().is_ok() && ["s", "m", "h"].contains(&unit),
+                    "{alert}: {f}"
+                );
+            }
+            let sev = r["labels"]["severity"].as_str().unwrap_or_default();
+            assert!(["warning", "critical"].contains(&sev), "{alert}: severity {sev:?}");
+            for a in ["summary", "description"] {
+                let text = r["annotations"][a].as_str().unwrap_or_default();
+                assert!(!text.trim().is_empty(), "{alert}: no {a}");
+            }
+        }
+    }
+    for wanted in [
+        "KjobQueueDown",
+        "KjobQueueDepthGrowing",
+        "KjobQueueOldestReadyTooOld",
+        "KjobLeasesExpiring",
+        "KjobWorkersAbsent",
+        "KjobRedisMemoryHigh",
+    ] {
+        assert!(names.contains(wanted), "no alert {wanted}: {names:?}");
+    }
+    // Growing for 10 minutes means a 10-minute `for`.
+    let growing = rules().into_iter().find(|r| r["alert"] == "KjobQueueDepthGrowing").unwrap();
+    assert_eq!(growing["for"].as_str(), Some("10m"));
+    // Every metric the rules use is in docs/metrics.md's reference (the test above checks that
+    // the services export them).
+    let documented = documented_metrics();
+    let undocumented: Vec<String> = rules_metrics()
+        .into_iter()
+        .filter(|m| !documented.iter().any(|d| family_of(d) == family_of(m)))
+        .collect();
+    assert!(undocumented.is_empty(), "rules use undocumented metrics {undocumented:?}");
+    // The chart's PrometheusRule is made of the same file, byte for byte.
+    let root = kjob_e2e::root();
+    assert_eq!(
+        std::fs::read_to_string(root.join("charts/kjob/files/kjob-rules.yaml")).unwrap(),
+        std::fs::read_to_string(root.join("deploy/prometheus/kjob-rules.yaml")).unwrap(),
+        "charts/kjob/files/kjob-rules.yaml differs from deploy/prometheus/kjob-rules.yaml"
+    );
 }

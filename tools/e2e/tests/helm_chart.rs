@@ -234,6 +234,36 @@ fn an_external_redis_drops_the_bundled_one_and_is_required() {
     assert!(chart.iter().all(|o| name(o) != "kjob-redis"));
 }
 
+#[test]
+fn the_prometheus_rule_is_the_rules_file_behind_a_value() {
+    let Some((helm, _)) = tools() else { return };
+    // Off by default (the default render is deploy/base's, checked above).
+    let off = helm_template(&helm, &[]).unwrap();
+    assert!(off.iter().all(|o| o["kind"] != "PrometheusRule"));
+    let on = helm_template(
+        &helm,
+        &["prometheusRule.enabled=true", "prometheusRule.labels.release=prom"],
+    )
+    .unwrap();
+    let rules: Vec<&Value> = on.iter().filter(|o| o["kind"] == "PrometheusRule").collect();
+    assert_eq!(rules.len(), 1, "one PrometheusRule");
+    let r = rules[0];
+    assert_eq!(r["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!((name(r), r["metadata"]["namespace"].as_str()), ("kjob", Some(KJOB_NAMESPACE)));
+    assert_eq!(r["metadata"]["labels"]["release"], "prom");
+    assert_eq!(r["metadata"]["labels"]["app.kubernetes.io/part-of"], "kjob");
+    // Its spec is deploy/prometheus/kjob-rules.yaml, unchanged (Helm does not template the
+    // rules' own {{ $labels }}).
+    let file: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/prometheus/kjob-rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(r["spec"], file);
+    assert!(r["spec"]["groups"][0]["rules"].as_array().unwrap().len() > 3);
+    // Everything else renders as without it.
+    assert_eq!(on.len(), off.len() + 1);
+}
+
 /// How long the Deployments' pods may take to be created on a fresh, loaded control plane.
 const PODS_TIMEOUT: Duration = Duration::from_secs(120);
 

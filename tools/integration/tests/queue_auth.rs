@@ -255,6 +255,10 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     assert!(stats.ready + stats.leased >= 2, "{stats:?}");
     let keys = inspector.inspect("job", vec!["ns/a".into(), "ns/b".into()]).await.unwrap();
     assert_eq!(keys.keys.len(), 2);
+    let n = inspector.namespaces("job", "ns", 10, 5).await.unwrap();
+    assert_eq!(n.namespaces.len(), 1, "{n:?}");
+    assert!(n.namespaces[0].ready + n.namespaces[0].leased >= 2, "{n:?}");
+    assert!(worker.namespaces("job", "", 10, 0).await.is_err());
     assert!(watcher.answers().await && worker.answers().await && inspector.answers().await);
     let lease = &leased[0];
     worker
@@ -272,7 +276,8 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
         let raw = denied[role.name()];
         let typed = match role {
             Role::Inspector => 3,
-            Role::Worker => 1,
+            // CacheSession and Namespaces.
+            Role::Worker => 2,
             Role::Watcher => 3,
         };
         assert_eq!(
@@ -374,6 +379,8 @@ async fn a_secure_stack_runs_a_job_to_completion() {
     assert!(complete.iter().any(|c| c.type_ == "Complete" && c.status == "True"), "{}", logs());
     let out = tokio::task::block_in_place(|| inspect_as_inspector(&stack));
     assert!(out.starts_with("queue job"), "{out}");
+    // The per-namespace table, through the inspector-only Namespaces RPC.
+    assert!(out.contains("NAMESPACE") && out.contains("OLDEST_READY"), "{out}");
     // Nothing of the stack was refused.
     let admin = stack.admin_url(kjob_testkit::stack::QUEUE).unwrap();
     let text = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();

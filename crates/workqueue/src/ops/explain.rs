@@ -681,13 +681,26 @@ impl Store {
     /// script per shard) and its syncs per second (summed over the replicas' publications), so
     /// any replica answers alike.
     pub async fn namespaces(&self, queue: &str) -> Result<Namespaces, WqError> {
-        let calls = (0..self.layout().shards()).map(|shard| {
-            let keys = self.queue_keys(queue, shard).to_vec();
-            async move {
-                self.run::<ShardNamespaces>(&NAMESPACES_SCRIPT, &keys, argv![NAMESPACES_MAX_SCAN])
-                    .await
-            }
-        });
+        self.namespaces_within(queue, NAMESPACES_MAX_SCAN).await
+    }
+
+    /// [`Store::namespaces`] reading at most `max_scan` members of each set of a shard (and
+    /// at most that many namespaces): a periodic reader bounds how long each script holds
+    /// Redis below [`NAMESPACES_MAX_SCAN`]; past the bound the counts are lower bounds and
+    /// [`Namespaces::truncated`] says so.
+    pub async fn namespaces_within(
+        &self,
+        queue: &str,
+        max_scan: u32,
+    ) -> Result<Namespaces, WqError> {
+        let max_scan = max_scan.max(1);
+        let calls =
+            (0..self.layout().shards()).map(|shard| {
+                let keys = self.queue_keys(queue, shard).to_vec();
+                async move {
+                    self.run::<ShardNamespaces>(&NAMESPACES_SCRIPT, &keys, argv![max_scan]).await
+                }
+            });
         let mut by_ns: BTreeMap<String, NamespaceStats> = BTreeMap::new();
         let (mut now_ms, mut truncated) = (0, false);
         for r in futures::future::join_all(calls).await {

@@ -9,6 +9,7 @@ mod explain;
 mod holders;
 mod lease;
 mod maintain;
+mod oldest;
 mod records;
 mod shards;
 mod stats;
@@ -24,6 +25,7 @@ pub use explain::{
     SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
 };
 pub use holders::{HOLDERS_MAX_KEYS, HOLDERS_MAX_SCAN, Holder, LeaseHolders};
+pub use oldest::{OLDEST_READY_MAX_KEYS, OLDEST_READY_MAX_NAMESPACES, OldestReady, WaitingKey};
 pub use records::MAX_RECORDS_PER_JOB;
 pub(crate) use shards::read_mark;
 pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};
