@@ -60,7 +60,7 @@ impl Component {
     }
 }
 
-/// kjob-watcher: informers over Jobs and Pods, and a leader-election Lease.
+/// kjob-watcher: informers over Jobs, Pods and Namespaces, and a leader-election Lease.
 pub const WATCHER: Component = Component {
     name: "kjob-watcher",
     service_account: "kjob-watcher",
@@ -78,6 +78,13 @@ pub const WATCHER: Component = Component {
             resource: "pods",
             verbs: &["get", "list", "watch"],
             why: "the Pod informer turns pod events into expectation observations and enqueues",
+        },
+        Rule {
+            scope: Scope::Cluster,
+            api_group: "",
+            resource: "namespaces",
+            verbs: &["get", "list", "watch"],
+            why: "the kjob.io/queue-weight annotation sets a namespace's weight in the fair lease",
         },
         Rule {
             scope: Scope::Namespace(KJOB_NAMESPACE),

@@ -605,3 +605,58 @@ async fn a_finished_jobs_orphan_entries_wait_for_the_pods_own_finalizer_removals
 
 const POD_ADDS: &str = "kjob_watcher_events_total{kind=\"pod\",type=\"add\"}";
 const JOB_UPDATES: &str = "kjob_watcher_events_total{kind=\"job\",type=\"update\"}";
+
+/// The weights of the fair lease follow the Namespaces' `kjob.io/queue-weight` annotations:
+/// listed at start, changed, removed, and an invalid value counted as 1; kjob-queue keeps the
+/// set the watcher sends in Redis, where every replica's lease scripts read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_weights_follow_the_annotations() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use std::collections::BTreeMap;
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let annotated = |name: &str, weight: Option<&str>| -> Namespace {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "annotations": weight
+                    .map(|w| json!({ kjob_core::QUEUE_WEIGHT_ANNOTATION: w }))
+                    .unwrap_or(json!({})),
+            }
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    namespaces.create(&pp, &annotated("tenant-a", Some("3"))).await.unwrap();
+    namespaces.create(&pp, &annotated("tenant-b", Some("lots"))).await.unwrap();
+    let store =
+        kjob_workqueue::Store::connect(&stack.redis.url(), Default::default()).await.unwrap();
+    let w = InProcWatcher::start(&stack).await;
+    let want = |v: &[(&str, u32)]| -> BTreeMap<String, u32> {
+        v.iter().map(|(n, w)| (n.to_string(), *w)).collect()
+    };
+    let wait_for = |expected: BTreeMap<String, u32>, what: &'static str| {
+        let store = store.clone();
+        async move {
+            poll(what, Duration::from_secs(10), || {
+                let (store, expected) = (store.clone(), expected.clone());
+                async move { store.namespace_weights().await.unwrap() == expected }
+            })
+            .await;
+        }
+    };
+    wait_for(want(&[("tenant-a", 3)]), "the listed weights (tenant-b's invalid: 1)").await;
+    namespaces.create(&pp, &annotated("tenant-c", Some("2"))).await.unwrap();
+    let set = |w: serde_json::Value| {
+        Patch::Merge(
+            json!({ "metadata": { "annotations": { kjob_core::QUEUE_WEIGHT_ANNOTATION: w } } }),
+        )
+    };
+    namespaces.patch("tenant-b", &PatchParams::default(), &set(json!("7"))).await.unwrap();
+    wait_for(want(&[("tenant-a", 3), ("tenant-b", 7), ("tenant-c", 2)]), "added, fixed").await;
+    namespaces.patch("tenant-a", &PatchParams::default(), &set(json!(null))).await.unwrap();
+    namespaces.patch("tenant-c", &PatchParams::default(), &set(json!("0"))).await.unwrap();
+    wait_for(want(&[("tenant-b", 7)]), "removed, invalid").await;
+    w.stop().await;
+}

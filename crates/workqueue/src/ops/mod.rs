@@ -24,4 +24,4 @@ pub use explain::{
 };
 pub use records::MAX_RECORDS_PER_JOB;
 pub(crate) use shards::read_mark;
-pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};
+pub use weights::{MAX_WEIGHT, MAX_WEIGHTED_NAMESPACES, WEIGHTS_REFRESH};
