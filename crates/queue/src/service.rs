@@ -397,6 +397,7 @@ impl QueueService {
                 observe_only: it.observe_only,
                 view,
                 session: it.cache_session.clone(),
+                priority: it.priority,
             };
             match per_queue.iter_mut().find(|(q, _)| *q == it.queue) {
                 Some((_, v)) => v.push(e),

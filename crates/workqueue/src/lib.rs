@@ -42,9 +42,9 @@ pub use migrate::Migrated;
 pub use ops::{
     Explain, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, HISTORY_ERROR_MAX, HISTORY_MAX_ENTRIES,
     HISTORY_TTL, HistoryEntry, LAST_SYNC_GENERATION, LeaseInfo, MAX_RECORDS_PER_JOB, MAX_WEIGHT,
-    MAX_WEIGHTED_NAMESPACES, NAMESPACES_MAX_SCAN, NamespaceStats, Namespaces, RoundRobin,
-    SYNC_MAX_NAMESPACES, SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
-    WEIGHTS_REFRESH,
+    MAX_WEIGHTED_NAMESPACES, NAMESPACES_MAX_SCAN, NamespaceStats, Namespaces, PRIORITY_AGING,
+    RoundRobin, SYNC_MAX_NAMESPACES, SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW,
+    SyncCounter, SyncEnd, TOP_PRIORITY, WEIGHTS_REFRESH, priority_head_start,
 };
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,

@@ -8,6 +8,7 @@ mod expectations;
 mod explain;
 mod lease;
 mod maintain;
+pub(crate) mod priority;
 mod records;
 mod shards;
 mod stats;
@@ -22,6 +23,7 @@ pub use explain::{
     NAMESPACES_MAX_SCAN, NamespaceStats, Namespaces, RoundRobin, SYNC_MAX_NAMESPACES,
     SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
 };
+pub use priority::{PRIORITY_AGING, TOP_PRIORITY, head_start as priority_head_start};
 pub use records::MAX_RECORDS_PER_JOB;
 pub(crate) use shards::read_mark;
 pub use weights::{MAX_WEIGHT, MAX_WEIGHTED_NAMESPACES, WEIGHTS_REFRESH};
