@@ -60,7 +60,8 @@ impl Component {
     }
 }
 
-/// kjob-watcher: informers over Jobs, Pods and Namespaces, and a leader-election Lease.
+/// kjob-watcher: informers over Jobs, Pods, Namespaces and PriorityClasses, and a
+/// leader-election Lease.
 pub const WATCHER: Component = Component {
     name: "kjob-watcher",
     service_account: "kjob-watcher",
@@ -85,6 +86,13 @@ pub const WATCHER: Component = Component {
             resource: "namespaces",
             verbs: &["get", "list", "watch"],
             why: "the kjob.io/queue-weight annotation sets a namespace's weight in the fair lease",
+        },
+        Rule {
+            scope: Scope::Cluster,
+            api_group: "scheduling.k8s.io",
+            resource: "priorityclasses",
+            verbs: &["get", "list", "watch"],
+            why: "a Job's pods' PriorityClass value orders its key within its namespace",
         },
         Rule {
             scope: Scope::Namespace(KJOB_NAMESPACE),

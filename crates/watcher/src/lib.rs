@@ -14,6 +14,7 @@ pub mod kube_proto;
 pub mod leader;
 pub mod metrics;
 pub mod pod_watch;
+pub mod priority;
 pub mod sender;
 mod settle;
 pub mod view;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use kjob_svc::{AdminServer, AdminState, KubeClientArgs, Shutdown};
 use kube::Api;
@@ -293,6 +295,13 @@ async fn event_loop(
             .map(|r| r.map(|ev| map_event(ev, |n| weights::NamespaceWeight::from_namespace(&n))))
             .boxed(),
     };
+    // PriorityClasses, for the priority each Job enqueue carries (cluster-scoped: watched in
+    // every mode).
+    let mut priority_classes =
+        watcher(Api::<PriorityClass>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|r| r.map(|ev| map_event(ev, |c| priority::ClassInfo::from_class(&c))))
+            .boxed();
     // Pods, most of the events: each is decoded straight into what the watcher keeps (the
     // handlers' metadata, and what syncJob reads for the view), so the store never holds whole
     // pods; in protobuf by default, as kube-controller-manager's informers.
@@ -314,6 +323,7 @@ async fn event_loop(
         }
     };
     let mut ns_weights = weights::NamespaceWeights::default();
+    let mut classes = priority::PriorityClasses::default();
     // Sends the whole set of weights (once the Namespaces are listed): kjob-queue replaces its
     // set with it, so a resend after a Redis wipe or a missed update repairs it.
     let publish = |w: &weights::NamespaceWeights| {
@@ -400,6 +410,11 @@ async fn event_loop(
                 Some(Err(e)) => { restart("job", &e); vec![] }
                 None => return Err(WatcherError::StreamEnded("job")),
             },
+            ev = priority_classes.next() => match ev {
+                Some(Ok(ev)) => { classes.apply(ev); vec![] }
+                Some(Err(e)) => { restart("priorityclass", &e); vec![] }
+                None => return Err(WatcherError::StreamEnded("priorityclass")),
+            },
             ev = namespaces.next() => match ev {
                 Some(Ok(ev)) => {
                     if ns_weights.apply(ev) && is_leader {
@@ -444,6 +459,11 @@ async fn event_loop(
             out.extend(informer.take_over());
         }
         synced_flag.store(informer.synced(), Ordering::Relaxed);
+        // Every enqueue of a cached Job carries its pods' priority, as the classes say now: a
+        // changed PriorityClass reaches a Job with its next enqueue.
+        for e in out.iter_mut().filter(|e| e.queue == kjob_core::JOB_QUEUE && !e.observe_only) {
+            e.priority = informer.store().job(&e.key).and_then(|j| classes.of(j));
+        }
         for item in out {
             tokio::select! {
                 // Backpressure: a full buffer holds the watch streams here.

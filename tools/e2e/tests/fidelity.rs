@@ -42,6 +42,48 @@ fn job(name: &str) -> Value {
 fn cases() -> Vec<(&'static str, Vec<Step>)> {
     vec![
         (
+            "the system PriorityClasses exist from the start; user classes are bounded, system- names reserved",
+            vec![
+                Step {
+                    method: "GET",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses/system-node-critical",
+                    body: Value::Null,
+                    content_type: JSON,
+                    observe: &["/value", "/globalDefault", "/preemptionPolicy", "/description"],
+                },
+                Step {
+                    method: "GET",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses/system-cluster-critical",
+                    body: Value::Null,
+                    content_type: JSON,
+                    observe: &["/value", "/preemptionPolicy", "/description"],
+                },
+                Step {
+                    method: "GET",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses/kjob-fidelity-none",
+                    body: Value::Null,
+                    content_type: JSON,
+                    observe: &[],
+                },
+                Step {
+                    method: "POST",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses",
+                    body: json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                 "metadata": {"name": "kjob-fidelity-huge"}, "value": 1_000_000_001}),
+                    content_type: JSON,
+                    observe: &[],
+                },
+                Step {
+                    method: "POST",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses",
+                    body: json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                 "metadata": {"name": "system-kjob-fidelity"}, "value": 5}),
+                    content_type: JSON,
+                    observe: &[],
+                },
+            ],
+        ),
+        (
             "spec.nodeName of an existing pod cannot be patched (binding goes through pods/binding)",
             vec![
                 Step {

@@ -234,10 +234,10 @@ type LabelIndex = HashMap<String, HashMap<String, BTreeSet<Key>>>;
 #[derive(Debug)]
 struct Inner {
     rv: u64,
-    tables: [BTreeMap<Key, Arc<Obj>>; 5],
+    tables: [BTreeMap<Key, Arc<Obj>>; StoreKind::ALL.len()],
     // Equality label selectors (the worker lists a Job's pods by controller-uid on every sync)
     // are answered from here in O(matches) instead of a scan of the namespace.
-    labels: [LabelIndex; 5],
+    labels: [LabelIndex; StoreKind::ALL.len()],
     uids: HashMap<String, (StoreKind, Key)>,
     dependents: HashMap<String, HashSet<(StoreKind, Key)>>,
     history: VecDeque<Arc<StoreEvent>>,

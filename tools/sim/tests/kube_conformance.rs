@@ -471,3 +471,60 @@ async fn kubelet_auto_runs_pods_to_completion() {
     wait_until("pod b succeeded", || async { phase(&pods.get("b").await.unwrap()) == "Succeeded" })
         .await;
 }
+
+/// PriorityClasses as kube-apiserver serves them: the two system classes exist from the start,
+/// a class is defaulted (preemptionPolicy) and validated (`system-` names reserved, user values
+/// at most 1,000,000,000, the value immutable), and a watch sees them.
+#[tokio::test]
+async fn priority_classes_are_bootstrapped_defaulted_and_validated() {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let sim = TestSim::start(SimConfig::default()).await;
+    let api: Api<PriorityClass> = Api::all(sim.client());
+    let node = api.get("system-node-critical").await.unwrap();
+    assert_eq!(node.value, Some(2_000_001_000));
+    assert_eq!(api.get("system-cluster-critical").await.unwrap().value, Some(2_000_000_000));
+    let class = |name: &str, value: i64, global: bool| -> PriorityClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": name}, "value": value, "globalDefault": global
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    let high = api.create(&pp, &class("high", 1000, false)).await.unwrap();
+    assert_eq!(high.preemption_policy.as_deref(), Some("PreemptLowerPriority"));
+    assert_eq!(high.global_default, None, "false is omitted");
+    let refused = |e: kube::Error| match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("{other:?}"),
+    };
+    let (code, msg) =
+        refused(api.create(&pp, &class("huge", 1_000_000_001, false)).await.unwrap_err());
+    assert_eq!(code, 422);
+    assert_eq!(
+        msg,
+        "PriorityClass.scheduling.k8s.io \"huge\" is invalid: value: Forbidden: maximum allowed \
+         value of a user defined priority is 1000000000"
+    );
+    let (code, msg) = refused(api.create(&pp, &class("system-mine", 5, false)).await.unwrap_err());
+    assert_eq!(code, 422);
+    assert!(msg.contains("system-mine is not a known system priority class"), "{msg}");
+    let patch = Patch::Merge(json!({"value": 7}));
+    let (code, msg) =
+        refused(api.patch("high", &PatchParams::default(), &patch).await.unwrap_err());
+    assert_eq!(code, 422);
+    assert!(msg.ends_with("value: Forbidden: may not be changed in an update."), "{msg}");
+    let described = Patch::Merge(json!({"description": "batch that matters"}));
+    api.patch("high", &PatchParams::default(), &described).await.unwrap();
+    // The watcher the kjob watcher runs: the list, then a new class.
+    use kube::runtime::WatchStreamExt;
+    let mut events = watcher(api.clone(), watcher::Config::default()).applied_objects().boxed();
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 3 {
+        let c = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
+        seen.insert(c.metadata.name.unwrap());
+    }
+    api.create(&pp, &class("default-batch", 10, true)).await.unwrap();
+    let c = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((c.metadata.name.as_deref(), c.global_default), (Some("default-batch"), Some(true)));
+    api.delete("default-batch", &DeleteParams::default()).await.unwrap();
+}
