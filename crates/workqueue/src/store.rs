@@ -237,7 +237,8 @@ pub struct QueueStats {
     pub leased: u64,
     /// Leased and added again meanwhile.
     pub dirty: u64,
-    /// Ready time of the oldest ready item.
+    /// Ready time of the oldest ready item (with priorities: of the next item each namespace
+    /// leases, which a head start of at most [`crate::PRIORITY_AGING`] may have put first).
     pub oldest_ready_ms: Option<i64>,
     /// Items with a non-zero failure count.
     pub failing: u64,

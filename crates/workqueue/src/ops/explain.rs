@@ -471,7 +471,8 @@ for _, ns in ipairs(redis.call('LRANGE', RR, 0, max - 1)) do
   local k = rkey(ns)
   a[2] = redis.call('ZCARD', k)
   local head = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-  if #head > 0 then a[5] = tonumber(head[2]) end
+  -- The next key's ready time: its score plus its priority head start.
+  if #head > 0 then a[5] = tonumber(head[2]) + head_start(head[1]) end
 end
 local function walk(key, field)
   if redis.call('ZCARD', key) > max then truncated = 1 end
@@ -506,7 +507,8 @@ pub struct NamespaceStats {
     pub delayed: u64,
     /// Keys leased.
     pub leased: u64,
-    /// Order score of its oldest ready key (its ready time, less any priority head start).
+    /// Ready time of the key leased next in the namespace (the lowest order score, with its
+    /// priority head start added back): the oldest ready key unless priorities reorder them.
     pub oldest_ready_ms: Option<i64>,
     /// Dones per second, summed over the kjob-queue replicas that published theirs in the
     /// last [`SYNC_RATE_STALE`].
