@@ -33,6 +33,16 @@ fn pod(name: &str) -> Value {
                     "containers": [{"name": "main", "image": "busybox"}]}})
 }
 
+/// A pod (generated from `gen-` when `name` is empty) with `spec` fields added.
+fn prioritised_pod(name: &str, spec: Value) -> Value {
+    let mut p = pod(name);
+    if name.is_empty() {
+        p["metadata"] = json!({"generateName": "gen-"});
+    }
+    p["spec"].as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+    p
+}
+
 fn job(name: &str) -> Value {
     json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
            "spec": {"managedBy": "example.com/nobody", "template": {"spec": {"restartPolicy": "Never",
@@ -41,6 +51,49 @@ fn job(name: &str) -> Value {
 
 fn cases() -> Vec<(&'static str, Vec<Step>)> {
     vec![
+        (
+            "a pod's priority comes from its PriorityClass (the Priority admission plugin)",
+            vec![
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod(
+                        "critical",
+                        json!({"priorityClassName": "system-cluster-critical"}),
+                    ),
+                    content_type: JSON,
+                    observe: &[
+                        "/spec/priority",
+                        "/spec/priorityClassName",
+                        "/spec/preemptionPolicy",
+                    ],
+                },
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod("plain", json!({})),
+                    content_type: JSON,
+                    observe: &["/spec/priority", "/spec/priorityClassName"],
+                },
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod(
+                        "missing",
+                        json!({"priorityClassName": "kjob-fidelity-none"}),
+                    ),
+                    content_type: JSON,
+                    observe: &[],
+                },
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod("", json!({"priority": 5})),
+                    content_type: JSON,
+                    observe: &[],
+                },
+            ],
+        ),
         (
             "the system PriorityClasses exist from the start; user classes are bounded, system- names reserved",
             vec![

@@ -117,6 +117,62 @@ pub const SYSTEM_PRIORITY_CLASSES: [(&str, i64, &str); 2] = [
     ),
 ];
 
+/// The Priority admission plugin on a pod create: the pod's `priorityClassName` names its
+/// priority (its class's value and preemption policy); without one it gets the global default
+/// class (the lowest-valued if several) or priority 0. A class that does not exist, or a
+/// `priority` / `preemptionPolicy` the pod sets that its class does not give, is refused with
+/// the plugin's message.
+pub fn pod_priority(
+    classes: &[std::sync::Arc<crate::store::Obj>],
+    pod: &mut Value,
+) -> Result<(), String> {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
+    let named = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default();
+    let class = if named.is_empty() {
+        classes
+            .iter()
+            .map(|c| c.value())
+            .filter(|c| c.get("globalDefault").and_then(Value::as_bool).unwrap_or(false))
+            .min_by_key(|c| c.get("value").and_then(Value::as_i64).unwrap_or(0))
+    } else {
+        let found = classes.iter().map(|c| c.value()).find(|c| c["metadata"]["name"] == named);
+        Some(found.ok_or_else(|| format!("no PriorityClass with name {named} was found"))?)
+    };
+    let (priority, policy) = match class {
+        Some(c) => {
+            if named.is_empty() {
+                spec.insert("priorityClassName".into(), c["metadata"]["name"].clone());
+            }
+            (
+                c.get("value").and_then(Value::as_i64).unwrap_or(0),
+                c.get("preemptionPolicy").cloned(),
+            )
+        }
+        None => (0, None),
+    };
+    if let Some(given) = spec.get("priority").and_then(Value::as_i64)
+        && given != priority
+    {
+        return Err(format!(
+            "the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {priority} from the given PriorityClass name"
+        ));
+    }
+    spec.insert("priority".into(), json!(priority));
+    if let Some(policy) = policy.filter(|p| !p.is_null()) {
+        if let Some(given) = spec.get("preemptionPolicy").filter(|g| !g.is_null())
+            && *given != policy
+        {
+            return Err(format!(
+                "the string value of PreemptionPolicy ({}) must not be provided in pod spec; priority admission controller computed {} from the given PriorityClass name",
+                given.as_str().unwrap_or_default(),
+                policy.as_str().unwrap_or_default()
+            ));
+        }
+        spec.insert("preemptionPolicy".into(), policy);
+    }
+    Ok(())
+}
+
 /// The highest value a PriorityClass not of the system may have.
 const HIGHEST_USER_DEFINABLE_PRIORITY: i64 = 1_000_000_000;
 

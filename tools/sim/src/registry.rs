@@ -347,6 +347,13 @@ fn create_prepared(
         if !causes.is_empty() {
             return Err(ApiError::invalid(res, &name, causes));
         }
+        if res.store == StoreKind::Pod {
+            // Admission runs before the storage generates a name: its errors name the pod by
+            // its generateName then.
+            let shown = if given.is_empty() { &generate } else { &given };
+            admit::pod_priority(&store.all(StoreKind::PriorityClass), &mut candidate)
+                .map_err(|m| ApiError::forbidden(format!("pods \"{shown}\" is forbidden: {m}")))?;
+        }
         admit::on_create(res, &mut candidate).map_err(|c| ApiError::invalid(res, &name, c))?;
         ownership::set_managed(&mut candidate, managed.clone());
         let key: Key = (ns.unwrap_or_default().to_owned(), name.clone());

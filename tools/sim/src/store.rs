@@ -387,6 +387,12 @@ impl Store {
         self.inner.lock().tables[kind.index()].get(key).cloned()
     }
 
+    /// Every object of a kind, in key order (for the small cluster-scoped tables admission
+    /// reads, such as PriorityClasses).
+    pub fn all(&self, kind: StoreKind) -> Vec<Arc<Obj>> {
+        self.inner.lock().tables[kind.index()].values().cloned().collect()
+    }
+
     /// Looks an object up by uid.
     pub fn get_by_uid(&self, uid: &str) -> Option<(StoreKind, Arc<Obj>)> {
         let inner = self.inner.lock();

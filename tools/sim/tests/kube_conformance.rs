@@ -526,5 +526,33 @@ async fn priority_classes_are_bootstrapped_defaulted_and_validated() {
     api.create(&pp, &class("default-batch", 10, true)).await.unwrap();
     let c = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
     assert_eq!((c.metadata.name.as_deref(), c.global_default), (Some("default-batch"), Some(true)));
+    // The Priority admission plugin: a pod takes its class's value, a pod without a class the
+    // global default's (and its name), and a class that does not exist is refused.
+    namespace(&sim.client(), "prio").await;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "prio");
+    let with = |name: &str, spec: serde_json::Value| -> Pod {
+        let mut p = serde_json::to_value(pod(name)).unwrap();
+        p["spec"].as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(p).unwrap()
+    };
+    let p = pods.create(&pp, &with("high", json!({"priorityClassName": "high"}))).await.unwrap();
+    assert_eq!(p.spec.as_ref().unwrap().priority, Some(1000));
+    let p = pods.create(&pp, &with("plain", json!({}))).await.unwrap();
+    let spec = p.spec.unwrap();
+    assert_eq!(
+        (spec.priority, spec.priority_class_name.as_deref()),
+        (Some(10), Some("default-batch"))
+    );
+    let (code, msg) = refused(
+        pods.create(&pp, &with("none", json!({"priorityClassName": "nope"}))).await.unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert_eq!(msg, "pods \"none\" is forbidden: no PriorityClass with name nope was found");
+    let (code, msg) =
+        refused(pods.create(&pp, &with("own", json!({"priority": 3}))).await.unwrap_err());
+    assert_eq!(code, 403);
+    assert!(msg.contains("the integer value of priority (3) must not be provided"), "{msg}");
     api.delete("default-batch", &DeleteParams::default()).await.unwrap();
+    let p = pods.create(&pp, &with("after", json!({}))).await.unwrap();
+    assert_eq!(p.spec.unwrap().priority, Some(0), "no default class: 0");
 }
