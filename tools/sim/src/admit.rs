@@ -117,6 +117,19 @@ pub const SYSTEM_PRIORITY_CLASSES: [(&str, i64, &str); 2] = [
     ),
 ];
 
+/// The Priority admission plugin on a PriorityClass create: the name of an existing global
+/// default when `pc` would be a second one.
+pub fn second_default(classes: &[std::sync::Arc<crate::store::Obj>], pc: &Value) -> Option<String> {
+    if !pc.get("globalDefault").and_then(Value::as_bool).unwrap_or(false) {
+        return None;
+    }
+    classes
+        .iter()
+        .map(|c| c.value())
+        .find(|c| c.get("globalDefault").and_then(Value::as_bool).unwrap_or(false))
+        .and_then(|c| c["metadata"]["name"].as_str().map(str::to_owned))
+}
+
 /// The Priority admission plugin on a pod create: the pod's `priorityClassName` names its
 /// priority (its class's value and preemption policy); without one it gets the global default
 /// class (the lowest-valued if several) or priority 0. A class that does not exist, or a

@@ -524,6 +524,13 @@ async fn priority_classes_are_bootstrapped_defaulted_and_validated() {
         seen.insert(c.metadata.name.unwrap());
     }
     api.create(&pp, &class("default-batch", 10, true)).await.unwrap();
+    let (code, msg) = refused(api.create(&pp, &class("second", 20, true)).await.unwrap_err());
+    assert_eq!(code, 403);
+    assert_eq!(
+        msg,
+        "priorityclasses.scheduling.k8s.io \"second\" is forbidden: PriorityClass default-batch \
+         is already marked as default. Only one default can exist"
+    );
     let c = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
     assert_eq!((c.metadata.name.as_deref(), c.global_default), (Some("default-batch"), Some(true)));
     // The Priority admission plugin: a pod takes its class's value, a pod without a class the
