@@ -47,6 +47,14 @@ pub const ORPHAN_POD_QUEUE: &str = "orphan-pod";
 /// Every queue name kjob knows.
 pub const QUEUES: [&str; 2] = [JOB_QUEUE, ORPHAN_POD_QUEUE];
 
+/// The Namespace annotation that sets a namespace's weight in the fair lease (a positive
+/// integer up to [`MAX_QUEUE_WEIGHT`]; absent or invalid: 1). A namespace of weight w is leased
+/// w keys per turn of the deficit round robin over namespaces with ready work.
+pub const QUEUE_WEIGHT_ANNOTATION: &str = "kjob.io/queue-weight";
+/// Largest namespace weight: at most this many keys of one namespace per turn, so one tenant
+/// cannot make the others wait for more than a bounded run of its keys.
+pub const MAX_QUEUE_WEIGHT: u32 = 1000;
+
 /// Longest key accepted anywhere: namespace (63) + '/' + name (253).
 pub const MAX_KEY_LEN: usize = 63 + 1 + 253;
 

@@ -344,6 +344,9 @@ pub struct AddItem {
     pub cache: Vec<ViewOp<Vec<u8>>>,
     /// The view session the writes belong to.
     pub cache_session: String,
+    /// The Job's pod priority (orders its key within its namespace); `None` keeps the one
+    /// kjob-queue holds for the key (0 when none).
+    pub priority: Option<i32>,
 }
 
 /// What kjob-queue answers to an Add (wire `AddResponse`).

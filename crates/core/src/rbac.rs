@@ -60,7 +60,8 @@ impl Component {
     }
 }
 
-/// kjob-watcher: informers over Jobs and Pods, and a leader-election Lease.
+/// kjob-watcher: informers over Jobs, Pods, Namespaces and PriorityClasses, and a
+/// leader-election Lease.
 pub const WATCHER: Component = Component {
     name: "kjob-watcher",
     service_account: "kjob-watcher",
@@ -78,6 +79,20 @@ pub const WATCHER: Component = Component {
             resource: "pods",
             verbs: &["get", "list", "watch"],
             why: "the Pod informer turns pod events into expectation observations and enqueues",
+        },
+        Rule {
+            scope: Scope::Cluster,
+            api_group: "",
+            resource: "namespaces",
+            verbs: &["get", "list", "watch"],
+            why: "the kjob.io/queue-weight annotation sets a namespace's weight in the fair lease",
+        },
+        Rule {
+            scope: Scope::Cluster,
+            api_group: "scheduling.k8s.io",
+            resource: "priorityclasses",
+            verbs: &["get", "list", "watch"],
+            why: "a Job's pods' PriorityClass value orders its key within its namespace",
         },
         Rule {
             scope: Scope::Namespace(KJOB_NAMESPACE),

@@ -219,6 +219,7 @@ impl From<&AddItem> for v1::AddItem {
             observe_only: i.observe_only,
             cache: i.cache.iter().map(v1::CacheOp::from).collect(),
             cache_session: i.cache_session.clone(),
+            priority: i.priority,
         }
     }
 }
@@ -298,8 +299,10 @@ mod tests {
             observe_only: true,
             cache: vec![ViewOp::Pod { name: "p".into(), object: b"{}".to_vec() }, ViewOp::Trust],
             cache_session: "s".into(),
+            priority: Some(-3),
         };
         let wire = v1::AddItem::from(&item);
+        assert_eq!(wire.priority, Some(-3));
         assert_eq!(
             (wire.delay_ms, wire.observe_only, wire.cache_session.as_str()),
             (1500, true, "s")

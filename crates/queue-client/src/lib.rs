@@ -647,6 +647,12 @@ unary_calls! {
             namespace: owned(namespace), want, qps, burst, throttled
         }) => |r| r;
 
+    /// Replaces the fair lease's namespace weights (namespaces not in `weights` get 1);
+    /// returns how many namespaces are weighted other than 1 now.
+    fn set_namespace_weights(weights: std::collections::HashMap<String, u32>) -> u32
+        = job_state.set_namespace_weights(v1::SetNamespaceWeightsRequest { weights })
+        => |r| r.weighted;
+
     /// Reports the depth of each part of `queue`.
     fn stats(queue: &str) -> v1::StatsResponse
         = queue.stats(v1::StatsRequest { queue: owned(queue) }) => |r| r;

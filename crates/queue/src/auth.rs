@@ -59,7 +59,8 @@ pub const REFLECTION_V1_SERVICE: &str = "grpc.reflection.v1.ServerReflection";
 pub const REFLECTION_V1ALPHA_SERVICE: &str = "grpc.reflection.v1alpha.ServerReflection";
 
 /// Every RPC kjob-queue serves, as (service, method, roles allowed), derived from who calls
-/// what: the watcher's sender (Add with observations, CacheSession), the worker's syncs and
+/// what: the watcher's sender (Add with observations, CacheSession) and its Namespace weights
+/// (SetNamespaceWeights), the worker's syncs and
 /// lease loop, and `kjob-queue inspect`. Stats is every client's readiness probe
 /// (`QueueClient::answers`), so every role has it; health is read-only, so every role has it;
 /// reflection maps the API, so only inspection has it. An RPC missing here is refused to all.
@@ -86,6 +87,7 @@ pub const RPC_ROLES: &[(&str, &str, &[Role])] = &[
     (JOB_STATE_SERVICE, "CacheSession", &[Watcher]),
     (JOB_STATE_SERVICE, "GateEvents", &[Worker]),
     (JOB_STATE_SERVICE, "TakeApiTokens", &[Worker]),
+    (JOB_STATE_SERVICE, "SetNamespaceWeights", &[Watcher]),
     (HEALTH_SERVICE, "Check", &[Watcher, Worker, Inspector]),
     (HEALTH_SERVICE, "Watch", &[Watcher, Worker, Inspector]),
     (REFLECTION_V1_SERVICE, "ServerReflectionInfo", &[Inspector]),
@@ -347,6 +349,10 @@ mod tests {
         assert!(can(Worker, &q("Lease")) && can(Worker, &j("PutJobView")));
         assert!(!can(Worker, &j("CacheSession")) && !can(Worker, &q("Inspect")));
         assert_eq!(allowed_roles(&q("Namespaces")), [Inspector]);
+        // The fair lease's weights come from Namespace annotations, which only the watcher reads.
+        assert!(can(Watcher, &j("SetNamespaceWeights")));
+        assert!(!can(Worker, &j("SetNamespaceWeights")));
+        assert!(!can(Inspector, &j("SetNamespaceWeights")));
         for (s, m, roles) in RPC_ROLES {
             let read_only =
                 ["Stats", "Inspect", "Namespaces", "Check", "Watch", "ServerReflectionInfo"];

@@ -383,6 +383,8 @@ pub fn explain_json(x: &Explain) -> Value {
         "state": x.state.as_str(),
         "reason_code": code,
         "reason": message,
+        "priority": x.priority,
+        "priority_head_start_seconds": x.head_start.as_secs_f64(),
         "due_in_seconds": x.due_ms.map(|d| secs(d - now)),
         "due_unix_ms": x.due_ms,
         "ready": x.ready_ms.map(|t| json!({
@@ -440,6 +442,8 @@ mod tests {
             now_ms: NOW,
             state,
             ready_ms: None,
+            priority: 0,
+            head_start: Duration::ZERO,
             ready_position: None,
             namespace_ready: 0,
             round_robin: kjob_workqueue::RoundRobin { namespaces: 0, position: None, deficit: 0 },

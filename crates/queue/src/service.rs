@@ -93,6 +93,8 @@ measured_service!(JobState, JOB_STATE_SERVICE, JOB_STATE_METHODS, {
         = "GateEvents" by gate_events_rpc;
     take_api_tokens(v1::TakeApiTokensRequest) -> v1::TakeApiTokensResponse
         = "TakeApiTokens" by take_api_tokens_rpc;
+    set_namespace_weights(v1::SetNamespaceWeightsRequest) -> v1::SetNamespaceWeightsResponse
+        = "SetNamespaceWeights" by set_namespace_weights_rpc;
 });
 
 /// Shared state of both services.
@@ -396,6 +398,7 @@ impl QueueService {
                 observe_only: it.observe_only,
                 view,
                 session: it.cache_session.clone(),
+                priority: it.priority,
             };
             match per_queue.iter_mut().find(|(q, _)| *q == it.queue) {
                 Some((_, v)) => v.push(e),
@@ -1039,6 +1042,16 @@ impl QueueService {
             active_namespaces: g.active_namespaces,
             slowed: g.slowed,
         })
+    }
+
+    async fn set_namespace_weights_rpc(
+        &self,
+        r: v1::SetNamespaceWeightsRequest,
+    ) -> Result<v1::SetNamespaceWeightsResponse, Refused> {
+        validate::namespace_weights(&r.weights)?;
+        let weights = r.weights.into_iter().collect();
+        let weighted = self.store.replace_namespace_weights(&weights).await?;
+        Ok(v1::SetNamespaceWeightsResponse { weighted })
     }
 }
 

@@ -1,6 +1,7 @@
 //! Request validation: pure functions returning a clear message for INVALID_ARGUMENT.
 
 use kjob_core::{ObjectKey, QUEUES};
+use kjob_workqueue::{MAX_WEIGHT, MAX_WEIGHTED_NAMESPACES};
 
 /// Longest delay accepted in Add or Done (30 days): longer ones are almost certainly unit
 /// mistakes, and the watcher's resync re-enqueues every Job long before that anyway.
@@ -66,6 +67,30 @@ pub fn api_tokens(namespace: &str, want: u32, qps: f64, burst: u32) -> Result<()
     }
     if burst == 0 || burst > MAX_API_BURST {
         return Err(format!("burst is {burst}; 1 to {MAX_API_BURST} are allowed"));
+    }
+    Ok(())
+}
+
+/// Checks a SetNamespaceWeights request: at most [`MAX_WEIGHTED_NAMESPACES`] entries, each a
+/// namespace name (a DNS-1123 label) with a weight of 1 to [`MAX_WEIGHT`].
+pub fn namespace_weights(weights: &std::collections::HashMap<String, u32>) -> Result<(), String> {
+    if weights.len() > MAX_WEIGHTED_NAMESPACES {
+        return Err(format!(
+            "{} weighted namespaces; at most {MAX_WEIGHTED_NAMESPACES} are allowed",
+            weights.len()
+        ));
+    }
+    // Sorted, so the same request always names the same offender.
+    let mut sorted: Vec<(&String, &u32)> = weights.iter().collect();
+    sorted.sort();
+    for (ns, &w) in sorted {
+        // A namespace is valid exactly when `<namespace>/x` is a valid key.
+        if key(&format!("{ns}/x")).is_err() {
+            return Err(format!("namespace {ns:?} is not a namespace name (a DNS-1123 label)"));
+        }
+        if w == 0 || w > MAX_WEIGHT {
+            return Err(format!("weight {w} for namespace {ns}; 1 to {MAX_WEIGHT} are allowed"));
+        }
     }
     Ok(())
 }
@@ -278,6 +303,23 @@ mod tests {
         assert_eq!(namespaces(MAX_NAMESPACES_LIMIT, 100), Ok(MAX_NAMESPACES_LIMIT));
         assert!(namespaces(MAX_NAMESPACES_LIMIT + 1, 0).unwrap_err().contains("limit"));
         assert!(namespaces(1, 101).unwrap_err().contains("oldest_keys"));
+    }
+
+    #[test]
+    fn namespace_weights_table() {
+        let w = |v: &[(&str, u32)]| {
+            namespace_weights(&v.iter().map(|(n, w)| (n.to_string(), *w)).collect())
+        };
+        assert!(w(&[]).is_ok() && w(&[("team-a", 1), ("b", MAX_WEIGHT)]).is_ok());
+        assert!(w(&[("a", 0)]).unwrap_err().contains("weight 0"));
+        assert!(w(&[("a", MAX_WEIGHT + 1)]).unwrap_err().contains("1 to 1000"));
+        assert!(w(&[("Team", 2)]).unwrap_err().contains("\"Team\" is not a namespace"));
+        assert!(w(&[("a=2,b", 2)]).unwrap_err().contains("not a namespace"));
+        assert!(w(&[("", 2)]).unwrap_err().contains("not a namespace"));
+        let many: Vec<(String, u32)> =
+            (0..=MAX_WEIGHTED_NAMESPACES).map(|i| (format!("n{i}"), 2)).collect();
+        let many: Vec<(&str, u32)> = many.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+        assert!(w(&many).unwrap_err().contains("at most 10000"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Only what a handler decision reads is kept (no spec templates, statuses or managedFields), so
 //! the watcher's memory stays proportional to the number of objects, not to their size.
 
+use crate::priority::PodPriority;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -52,6 +53,8 @@ pub struct JobInfo {
     pub finished: bool,
     /// Whether metadata.deletionTimestamp is set.
     pub deleting: bool,
+    /// Its pods' priority as the template asks for it (see [`crate::priority`]).
+    pub pod_priority: PodPriority,
     /// The Job as the shared view keeps it ([`crate::view::trim_job`]); `None` in views built
     /// without the object.
     pub view: Option<Arc<[u8]>>,
@@ -87,6 +90,7 @@ impl JobInfo {
             start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
             finished: kjob_reconcile::conditions::is_finished(job),
             deleting: meta.deletion_timestamp.is_some(),
+            pod_priority: PodPriority::of_job(job),
             view: Some(crate::view::trim_job(job)),
         }
     }

@@ -41,6 +41,9 @@ pub struct Enqueue {
     pub view: Vec<ViewWrite>,
     /// The view session the writes belong to.
     pub session: Option<Arc<str>>,
+    /// The Job's pod priority (job-queue enqueues of a cached Job; `None` elsewhere: the queue
+    /// keeps the one it holds), set by the informer from its PriorityClasses.
+    pub priority: Option<i32>,
     /// A view session phase instead of an item (queue and key empty), sent in order with the
     /// items around it.
     pub control: Option<SessionControl>,

@@ -14,9 +14,11 @@ pub mod kube_proto;
 pub mod leader;
 pub mod metrics;
 pub mod pod_watch;
+pub mod priority;
 pub mod sender;
 mod settle;
 pub mod view;
+pub mod weights;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +26,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kjob_queue_client::{QueueClient, RetryPolicy};
 use kjob_svc::{AdminServer, AdminState, KubeClientArgs, Shutdown};
 use kube::Api;
@@ -146,6 +150,16 @@ pub async fn run(
             shutdown.clone(),
         ));
 
+        // Namespace weights go beside the Adds, on their own task: rare, whole-set replacements
+        // that must never wait behind (or hold up) a batch of enqueues.
+        let (weights_tx, weights_rx) = watch::channel(None);
+        let pusher_stop = Shutdown::new();
+        let pusher_task = tokio::spawn(weights::run_pusher(
+            queue.clone().with_retry_policy(WEIGHTS_RETRY),
+            weights_rx,
+            pusher_stop.clone(),
+        ));
+
         let (leading_tx, leading_rx) = watch::channel(false);
         let elector_stop = Shutdown::new();
         let elector = LeaderElector::new(client.clone(), lease.clone(), metrics.clone());
@@ -174,12 +188,15 @@ pub async fn run(
             resync_period,
             watch_encoding,
             tx,
+            weights_tx,
             leading_rx,
             synced,
             metrics,
             shutdown.clone(),
         )
         .await;
+        pusher_stop.cancel();
+        pusher_task.await?;
         if loop_result.is_err() {
             // Nothing more will be produced; let the sender flush and stop.
             shutdown.cancel();
@@ -200,6 +217,14 @@ pub async fn run(
     tracing::info!("kjob-watcher stopped");
     Ok(())
 }
+
+/// Retries of one weights update: a few, with the client's backoff; a set that still fails
+/// waits for the next change or resync rather than retrying forever.
+const WEIGHTS_RETRY: RetryPolicy = RetryPolicy {
+    initial_backoff: Duration::from_millis(100),
+    max_backoff: Duration::from_secs(5),
+    max_retries: Some(5),
+};
 
 /// How often readiness is re-evaluated (and, when leading, the queue probed).
 const READINESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -245,6 +270,7 @@ async fn event_loop(
     resync_period: Duration,
     watch_encoding: WatchEncoding,
     tx: mpsc::Sender<Enqueue>,
+    weights_tx: watch::Sender<weights::Published>,
     mut leading: watch::Receiver<bool>,
     synced_flag: Arc<AtomicBool>,
     metrics: Metrics,
@@ -260,6 +286,22 @@ async fn event_loop(
         .default_backoff()
         .map(|r| r.map(|ev| map_event(ev, |j| JobInfo::from_job(&j.into_job()))))
         .boxed();
+    // Namespaces, for their queue weights; not when watching one namespace, where there is
+    // nobody to be fair to (and the watcher may lack the cluster-wide permission).
+    let mut namespaces = match &namespace {
+        Some(_) => futures::stream::pending().boxed(),
+        None => watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|r| r.map(|ev| map_event(ev, |n| weights::NamespaceWeight::from_namespace(&n))))
+            .boxed(),
+    };
+    // PriorityClasses, for the priority each Job enqueue carries (cluster-scoped: watched in
+    // every mode).
+    let mut priority_classes =
+        watcher(Api::<PriorityClass>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|r| r.map(|ev| map_event(ev, |c| priority::ClassInfo::from_class(&c))))
+            .boxed();
     // Pods, most of the events: each is decoded straight into what the watcher keeps (the
     // handlers' metadata, and what syncJob reads for the view), so the store never holds whole
     // pods; in protobuf by default, as kube-controller-manager's informers.
@@ -278,6 +320,15 @@ async fn event_loop(
                 .default_backoff()
                 .map(|r| r.map(pod_info).map_err(StreamError::from))
                 .boxed()
+        }
+    };
+    let mut ns_weights = weights::NamespaceWeights::default();
+    let mut classes = priority::PriorityClasses::default();
+    // Sends the whole set of weights (once the Namespaces are listed): kjob-queue replaces its
+    // set with it, so a resend after a Redis wipe or a missed update repairs it.
+    let publish = |w: &weights::NamespaceWeights| {
+        if w.synced() {
+            weights_tx.send_replace(Some(Arc::new(w.weights().clone())));
         }
     };
     let View { identity, lost: view_lost } = view;
@@ -309,6 +360,8 @@ async fn event_loop(
                 let now_leader = *leading.borrow_and_update();
                 if now_leader && !is_leader {
                     takeover_pending = true;
+                    // A new leader's weights may be newer than what the last one sent.
+                    publish(&ns_weights);
                 }
                 is_leader = now_leader;
                 vec![]
@@ -323,6 +376,9 @@ async fn event_loop(
                 informer.end_view()
             }
             _ = resync.tick() => {
+                if is_leader {
+                    publish(&ns_weights);
+                }
                 if is_leader && informer.synced() {
                     tracing::debug!(jobs = informer.store().job_count(), "periodic resync");
                     informer.resync()
@@ -353,6 +409,21 @@ async fn event_loop(
                 Some(Ok(ev)) => informer.job_event(ev, is_leader, jiff::Timestamp::now()),
                 Some(Err(e)) => { restart("job", &e); vec![] }
                 None => return Err(WatcherError::StreamEnded("job")),
+            },
+            ev = priority_classes.next() => match ev {
+                Some(Ok(ev)) => { classes.apply(ev); vec![] }
+                Some(Err(e)) => { restart("priorityclass", &e); vec![] }
+                None => return Err(WatcherError::StreamEnded("priorityclass")),
+            },
+            ev = namespaces.next() => match ev {
+                Some(Ok(ev)) => {
+                    if ns_weights.apply(ev) && is_leader {
+                        publish(&ns_weights);
+                    }
+                    vec![]
+                }
+                Some(Err(e)) => { restart("namespace", &e); vec![] }
+                None => return Err(WatcherError::StreamEnded("namespace")),
             },
             ev = pods.next(), if informer.jobs_synced() => match ev {
                 Some(Ok(ev)) => informer.pod_event(ev, is_leader),
@@ -388,6 +459,11 @@ async fn event_loop(
             out.extend(informer.take_over());
         }
         synced_flag.store(informer.synced(), Ordering::Relaxed);
+        // Every enqueue of a cached Job carries its pods' priority, as the classes say now: a
+        // changed PriorityClass reaches a Job with its next enqueue.
+        for e in out.iter_mut().filter(|e| e.queue == kjob_core::JOB_QUEUE && !e.observe_only) {
+            e.priority = informer.store().job(&e.key).and_then(|j| classes.of(j));
+        }
         for item in out {
             tokio::select! {
                 // Backpressure: a full buffer holds the watch streams here.

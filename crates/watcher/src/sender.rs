@@ -88,7 +88,7 @@ pub fn channel() -> (mpsc::Sender<Enqueue>, mpsc::Receiver<Enqueue>) {
 /// Merges items for the same queue, key and view session, keeping the first one's position:
 /// observations and view writes are concatenated in order, the earliest delay wins (which is
 /// what the queue would do with the separate items anyway: an item already waiting keeps the
-/// earlier time), and the merge enqueues if any part did. Session phases are never merged.
+/// earlier time), the newest priority sent wins, and the merge enqueues if any part did. Session phases are never merged.
 pub fn coalesce(batch: Vec<Enqueue>) -> Vec<Enqueue> {
     let mut out: Vec<Enqueue> = Vec::with_capacity(batch.len());
     type Slot = (&'static str, String, Option<Arc<str>>);
@@ -109,6 +109,8 @@ pub fn coalesce(batch: Vec<Enqueue>) -> Vec<Enqueue> {
                     merged.delay = merged.delay.min(e.delay);
                 }
                 merged.observe_only &= e.observe_only;
+                // The newest decision knows the newest priority.
+                merged.priority = e.priority.or(merged.priority);
                 merged.observations.extend(e.observations);
                 merged.view.extend(e.view);
             }
@@ -145,6 +147,7 @@ pub fn to_item(e: &Enqueue, view_key: &ViewKey) -> AddItem {
         observe_only: e.observe_only,
         cache: e.view.iter().map(seal).collect(),
         cache_session: e.session.as_deref().unwrap_or_default().to_string(),
+        priority: e.priority,
     }
 }
 
@@ -232,6 +235,7 @@ fn pieces(mut item: AddItem, max_bytes: usize) -> Vec<AddItem> {
         observe_only: true,
         cache: Vec::new(),
         cache_session: item.cache_session.clone(),
+        priority: None,
     };
     let mut out = Vec::new();
     let (mut piece, mut bytes) = (shell(), base);
@@ -261,6 +265,7 @@ fn pieces(mut item: AddItem, max_bytes: usize) -> Vec<AddItem> {
     // The last piece is the item's own: its delay, and its enqueue unless it only observes.
     piece.delay = item.delay;
     piece.observe_only = item.observe_only;
+    piece.priority = item.priority;
     out.push(piece);
     out
 }
@@ -900,6 +905,7 @@ mod tests {
             observe_only: false,
             cache: (0..1000).map(|i| pod(&format!("p{i}"), 10)).collect(),
             cache_session: "s".into(),
+            priority: Some(7),
         };
         let small =
             AddItem { key: "ns/small".into(), cache: vec![], observations: vec![], ..item.clone() };
@@ -919,6 +925,8 @@ mod tests {
         assert_eq!(seen, item.observations);
         assert!(pieces[..3].iter().all(|p| p.observe_only && p.delay.is_zero()));
         assert!(!pieces[3].observe_only && pieces[3].delay == Duration::from_millis(700));
+        assert!(pieces[..3].iter().all(|p| p.priority.is_none()), "only the enqueue carries it");
+        assert_eq!(pieces[3].priority, Some(7));
         assert!(pieces[..4].iter().all(|p| p.key == "ns/big" && p.cache_session == "s"));
         assert_eq!(pieces[4], small, "an item within the limits goes as it is");
     }

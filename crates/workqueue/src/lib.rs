@@ -42,10 +42,11 @@ pub use migrate::Migrated;
 pub use ops::{
     Explain, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, HISTORY_ERROR_MAX, HISTORY_MAX_ENTRIES,
     HISTORY_TTL, HOLDERS_MAX_KEYS, HOLDERS_MAX_SCAN, HistoryEntry, Holder, LAST_SYNC_GENERATION,
-    LeaseHolders, LeaseInfo, MAX_RECORDS_PER_JOB, MAX_WEIGHT, NAMESPACES_MAX_SCAN, NamespaceStats,
-    Namespaces, OLDEST_READY_MAX_KEYS, OLDEST_READY_MAX_NAMESPACES, OldestReady, RoundRobin,
-    SYNC_MAX_NAMESPACES, SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd,
-    WEIGHTS_REFRESH, WaitingKey,
+    LeaseHolders, LeaseInfo, MAX_RECORDS_PER_JOB, MAX_WEIGHT, MAX_WEIGHTED_NAMESPACES,
+    NAMESPACES_MAX_SCAN, NamespaceStats, Namespaces, OLDEST_READY_MAX_KEYS,
+    OLDEST_READY_MAX_NAMESPACES, OldestReady, PRIORITY_AGING, RoundRobin, SYNC_MAX_NAMESPACES,
+    SYNC_PUBLISH_PERIOD, SYNC_RATE_STALE, SYNC_WINDOW, SyncCounter, SyncEnd, TOP_PRIORITY,
+    WEIGHTS_REFRESH, WaitingKey, priority_head_start,
 };
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,

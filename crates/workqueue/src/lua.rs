@@ -89,6 +89,9 @@ macro_rules! queue_fns {
 -- from namespaces in deficit round robin (`grant`). A namespace is in `T:rr` exactly while its
 -- set is non-empty. `weights` (namespace -> weight, default 1) come from the caller, parsed by
 -- `load_weights`.
+-- Within a namespace the order is the score: the ready time (then the key, as a ZSET orders
+-- equal scores), less the item's priority head start (below), so with equal priorities it is
+-- upstream's order exactly.
 local SHARD = string.sub(READY, 1, #READY - #':ready')
 local RR, DRR = SHARD .. ':rr', SHARD .. ':drr'
 local weights = {}
@@ -99,14 +102,55 @@ local function ns_of(item) return string.match(item, '^([^/]*)/') or '' end
 local function rkey(ns) return READY .. ':' .. ns end
 local function any_ready() return redis.call('LLEN', RR) > 0 end
 -- ZADD NX of `item` at `at` into its namespace's set; 1 when added.
+-- Priority (`crate::ops::priority`): `T:prio` holds item -> `hs|priority` for items whose
+-- priority is not 0, `hs` the head start in ms its ready score gets (the ready time minus hs:
+-- a higher priority goes first among keys that became ready within hs of each other, and no key
+-- is passed by one that became ready more than the aging cap after it). A shard where nobody set
+-- a priority has no `T:prio`: one EXISTS per script, at the first need, and no per-item command.
+local PRIO = SHARD .. ':prio'
+local prio_known, prio_any = false, false
+local function has_prio()
+  if not prio_known then prio_any, prio_known = redis.call('EXISTS', PRIO) == 1, true end
+  return prio_any
+end
+local function hs_of(v) return v and tonumber(string.match(v, '^(%d+)|')) or 0 end
+local function head_start(item)
+  if not has_prio() then return 0 end
+  return hs_of(redis.call('HGET', PRIO, item))
+end
+-- Records an Add's priority of `item` (`v` = `hs|priority`; `0|0` forgets it; '' = none sent,
+-- the stored one stays). Returns the head start it gets.
+local function set_prio(item, v)
+  if v == '' then return head_start(item) end
+  local hs = hs_of(v)
+  if v == '0|0' then
+    if has_prio() then redis.call('HDEL', PRIO, item) end
+  else
+    redis.call('HSET', PRIO, item, v)
+    prio_any, prio_known = true, true
+  end
+  return hs
+end
+-- The item left the queue (a Done that does not bring it back): its priority goes with it;
+-- the watcher sends it again with the next enqueue.
+local function forget_prio(item)
+  if has_prio() then redis.call('HDEL', PRIO, item) end
+end
+-- ZADD NX of `item`, ready at `at`, into its namespace's set (scored `at` minus its head
+-- start); 1 when added.
 local function ready_add(item, at)
   local ns = ns_of(item)
   local k = rkey(ns)
-  if redis.call('ZADD', k, 'NX', at, item) == 0 then return 0 end
+  if redis.call('ZADD', k, 'NX', at - head_start(item), item) == 0 then return 0 end
   if redis.call('ZCARD', k) == 1 then redis.call('RPUSH', RR, ns) end
   return 1
 end
-local function ready_score(item) return redis.call('ZSCORE', rkey(ns_of(item)), item) end
+-- The ready time of a ready item (its score plus its head start), nil when not ready.
+local function ready_score(item)
+  local s = redis.call('ZSCORE', rkey(ns_of(item)), item)
+  if not s then return nil end
+  return tonumber(s) + head_start(item)
+end
 
 -- A shard that had ready items when the script began is in the index already (its first ready
 -- item's MARK, or the sweep after a lost one, put it there) and its waiters were woken then: no
@@ -358,6 +402,13 @@ local function grant(worker, n, lease_ms, out)
     fields[2 * i] = xfield(item)
   end
   local fail = redis.call('HMGET', FAILURES, unpack(fields))
+  -- The scores are ready times less head starts: add them back, so `added` is the ready time.
+  local hs = {}
+  if has_prio() then
+    local items = {}
+    for i = 1, count do items[i] = popped[2 * i - 1] end
+    hs = redis.call('HMGET', PRIO, unpack(items))
+  end
   local deadline = now + lease_ms
   local zargs, hargs = {}, {}
   for i = 1, count do
@@ -368,7 +419,7 @@ local function grant(worker, n, lease_ms, out)
     zargs[2 * i - 1], zargs[2 * i] = deadline, item
     hargs[2 * i - 1] = item
     hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
-    out[#out + 1] = {item, id, req, deadline, tonumber(added), ex}
+    out[#out + 1] = {item, id, req, deadline, tonumber(added) + hs_of(hs[i]), ex}
   end
   redis.call('ZADD', LEASES, unpack(zargs))
   redis.call('HSET', LEASE, unpack(hargs))

@@ -40,6 +40,10 @@ pub struct StoreConfig {
     /// [`crate::DEFAULT_SHARDS`] on a Cluster). A data set keeps the layout it was created with
     /// (recorded in Redis): the one recorded wins over this.
     pub shards: Option<u32>,
+    /// The longest head start a Job's priority gives its key within its namespace, hence the
+    /// bound on how long a key can be passed by keys that became ready after it (aging; see
+    /// [`crate::PRIORITY_AGING`]).
+    pub priority_aging: Duration,
 }
 
 impl Default for StoreConfig {
@@ -52,6 +56,7 @@ impl Default for StoreConfig {
             reap_limit: 1000,
             poison_after: DEFAULT_POISON_AFTER,
             shards: None,
+            priority_aging: crate::PRIORITY_AGING,
         }
     }
 }
@@ -73,6 +78,10 @@ pub struct Enqueue {
     pub view: Vec<ViewOp>,
     /// The watcher session that made `view` (ignored without view writes).
     pub session: String,
+    /// The Job's pod priority, which orders its key within its namespace (with aging; see
+    /// [`crate::PRIORITY_AGING`]) and is kept with the key until it leaves the queue; `None`
+    /// keeps the one stored (0 when none).
+    pub priority: Option<i32>,
 }
 
 impl Enqueue {
@@ -90,7 +99,14 @@ impl Enqueue {
             observe_only: false,
             view: Vec::new(),
             session: String::new(),
+            priority: None,
         }
+    }
+
+    /// The same item with the Job's pod priority `priority`.
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = Some(priority);
+        self
     }
 
     /// The same item carrying `observations`.
@@ -221,7 +237,8 @@ pub struct QueueStats {
     pub leased: u64,
     /// Leased and added again meanwhile.
     pub dirty: u64,
-    /// Ready time of the oldest ready item.
+    /// Ready time of the oldest ready item (with priorities: of the next item each namespace
+    /// leases, which a head start of at most [`crate::PRIORITY_AGING`] may have put first).
     pub oldest_ready_ms: Option<i64>,
     /// Items with a non-zero failure count.
     pub failing: u64,

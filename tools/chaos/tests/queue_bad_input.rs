@@ -27,6 +27,8 @@ enum Req {
         /// Shared-view writes: (kind, name, object length, resource_version) and the session.
         cache: Vec<(i32, String, usize, String)>,
         session: String,
+        /// The Job's pod priority (any int32, or none).
+        priority: Option<i32>,
     },
     GetView {
         key: String,
@@ -198,14 +200,10 @@ fn req() -> impl Strategy<Value = Req> {
             any::<bool>(),
             proptest::collection::vec((-1i32..9, text(), object_len(), text()), 0..4),
             text(),
+            proptest::option::of(any::<i32>()),
         )
-            .prop_map(|(queue, key, delay_ms, observe_only, cache, session)| Req::Add {
-                queue,
-                key,
-                delay_ms,
-                observe_only,
-                cache,
-                session
+            .prop_map(|(queue, key, delay_ms, observe_only, cache, session, priority)| {
+                Req::Add { queue, key, delay_ms, observe_only, cache, session, priority }
             }),
         text().prop_map(|key| Req::GetView { key }),
         (text(), proptest::collection::vec(text(), 0..5))
@@ -276,7 +274,7 @@ async fn send(
 ) -> Result<(), tonic::Status> {
     let call = async {
         match r {
-            Req::Add { queue, key, delay_ms, observe_only, cache, session } => c
+            Req::Add { queue, key, delay_ms, observe_only, cache, session, priority } => c
                 .add(v1::AddRequest {
                     items: vec![v1::AddItem {
                         queue,
@@ -294,6 +292,7 @@ async fn send(
                             })
                             .collect(),
                         cache_session: session,
+                        priority,
                     }],
                 })
                 .await

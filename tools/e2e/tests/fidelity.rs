@@ -33,6 +33,16 @@ fn pod(name: &str) -> Value {
                     "containers": [{"name": "main", "image": "busybox"}]}})
 }
 
+/// A pod (generated from `gen-` when `name` is empty) with `spec` fields added.
+fn prioritised_pod(name: &str, spec: Value) -> Value {
+    let mut p = pod(name);
+    if name.is_empty() {
+        p["metadata"] = json!({"generateName": "gen-"});
+    }
+    p["spec"].as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+    p
+}
+
 fn job(name: &str) -> Value {
     json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
            "spec": {"managedBy": "example.com/nobody", "template": {"spec": {"restartPolicy": "Never",
@@ -41,6 +51,91 @@ fn job(name: &str) -> Value {
 
 fn cases() -> Vec<(&'static str, Vec<Step>)> {
     vec![
+        (
+            "a pod's priority comes from its PriorityClass (the Priority admission plugin)",
+            vec![
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod(
+                        "critical",
+                        json!({"priorityClassName": "system-cluster-critical"}),
+                    ),
+                    content_type: JSON,
+                    observe: &[
+                        "/spec/priority",
+                        "/spec/priorityClassName",
+                        "/spec/preemptionPolicy",
+                    ],
+                },
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod("plain", json!({})),
+                    content_type: JSON,
+                    observe: &["/spec/priority", "/spec/priorityClassName"],
+                },
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod(
+                        "missing",
+                        json!({"priorityClassName": "kjob-fidelity-none"}),
+                    ),
+                    content_type: JSON,
+                    observe: &[],
+                },
+                Step {
+                    method: "POST",
+                    path: "/api/v1/namespaces/{ns}/pods",
+                    body: prioritised_pod("", json!({"priority": 5})),
+                    content_type: JSON,
+                    observe: &[],
+                },
+            ],
+        ),
+        (
+            "the system PriorityClasses exist from the start; user classes are bounded, system- names reserved",
+            vec![
+                Step {
+                    method: "GET",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses/system-node-critical",
+                    body: Value::Null,
+                    content_type: JSON,
+                    observe: &["/value", "/globalDefault", "/preemptionPolicy", "/description"],
+                },
+                Step {
+                    method: "GET",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses/system-cluster-critical",
+                    body: Value::Null,
+                    content_type: JSON,
+                    observe: &["/value", "/preemptionPolicy", "/description"],
+                },
+                Step {
+                    method: "GET",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses/kjob-fidelity-none",
+                    body: Value::Null,
+                    content_type: JSON,
+                    observe: &[],
+                },
+                Step {
+                    method: "POST",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses",
+                    body: json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                 "metadata": {"name": "kjob-fidelity-huge"}, "value": 1_000_000_001}),
+                    content_type: JSON,
+                    observe: &[],
+                },
+                Step {
+                    method: "POST",
+                    path: "/apis/scheduling.k8s.io/v1/priorityclasses",
+                    body: json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                 "metadata": {"name": "system-kjob-fidelity"}, "value": 5}),
+                    content_type: JSON,
+                    observe: &[],
+                },
+            ],
+        ),
         (
             "spec.nodeName of an existing pod cannot be patched (binding goes through pods/binding)",
             vec![

@@ -202,7 +202,7 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
         .filter(|(.., r)| r.contains(&Role::Watcher) && !r.contains(&Role::Worker))
         .map(|(_, m, _)| *m)
         .collect();
-    assert_eq!(watcher_only, ["CacheSession"]);
+    assert_eq!(watcher_only, ["CacheSession", "SetNamespaceWeights"]);
     for write in [
         "Add",
         "Lease",
@@ -215,6 +215,7 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
         "GateEvents",
         "TakeApiTokens",
         "CacheSession",
+        "SetNamespaceWeights",
     ] {
         assert!(
             RPC_ROLES.iter().any(|(_, m, r)| *m == write && !r.contains(&Role::Inspector)),
@@ -237,6 +238,9 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     assert!(watcher.set_expectations("ns/a", "uid-a", 1_000_000, 0).await.is_err());
     assert!(watcher.take_api_tokens("ns", 100, 1000.0, 1000, 0).await.is_err());
     assert!(inspector.take_api_tokens("ns", 100, 1000.0, 1000, 5).await.is_err());
+    let weights: std::collections::HashMap<String, u32> = [("ns".to_string(), 1000)].into();
+    assert!(worker.set_namespace_weights(weights.clone()).await.is_err());
+    assert!(inspector.set_namespace_weights(weights).await.is_err());
     assert!(
         watcher.lease("job", 10, Duration::from_secs(3600), Duration::ZERO, "evil").await.is_err()
     );
@@ -266,6 +270,8 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
         .await
         .unwrap();
     assert!(watcher.cache_session("s1", v1::CacheSessionPhase::Begin).await.is_ok());
+    let weights: std::collections::HashMap<String, u32> = [("ns".to_string(), 3)].into();
+    assert_eq!(watcher.set_namespace_weights(weights).await.unwrap(), 1);
 
     // (e) Every refusal above was counted, by reason and role.
     let text = q.metrics().await;
@@ -275,9 +281,10 @@ async fn hostile_clients_are_refused_counted_and_change_nothing() {
     for role in Role::ALL {
         let raw = denied[role.name()];
         let typed = match role {
-            Role::Inspector => 3,
-            // CacheSession and Namespaces.
-            Role::Worker => 2,
+            // CacheSession, Namespaces and SetNamespaceWeights.
+            Role::Inspector => 4,
+            // Namespaces and SetNamespaceWeights.
+            Role::Worker => 3,
             Role::Watcher => 3,
         };
         assert_eq!(

@@ -547,7 +547,7 @@ async fn a_fresh_server_shows_every_workqueue_series_at_zero() {
     // Every RPC, not called yet, is there too.
     let started = body.lines().filter(|l| l.starts_with("grpc_server_started_total{")).count();
     let rpcs: usize = kjob_queue::service::RPCS.iter().map(|(_, methods)| methods.len()).sum();
-    assert_eq!((started, rpcs), (22, 22), "{body}");
+    assert_eq!((started, rpcs), (23, 23), "{body}");
     r.stop().await;
 }
 
@@ -613,6 +613,35 @@ async fn api_tokens_are_validated_granted_and_slowed() {
     ] {
         assert!(body.lines().any(|l| l == want), "missing {want} in\n{body}");
     }
+    r.stop().await;
+}
+
+/// SetNamespaceWeights: an invalid set is INVALID_ARGUMENT and changes nothing; a valid one
+/// replaces the whole set (weight-1 entries dropped), so a namespace left out gets 1 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_weights_are_validated_and_replaced_whole() {
+    use std::collections::HashMap;
+    let redis = RedisServer::start().unwrap();
+    let r = start_ready(&redis).await;
+    let c = r.strict();
+    let set = |v: &[(&str, u32)]| -> HashMap<String, u32> {
+        v.iter().map(|(n, w)| (n.to_string(), *w)).collect()
+    };
+    let before = redis.snapshot().await.unwrap();
+    for bad in
+        [&[("a", 0)][..], &[("a", 1001)], &[("A", 2)], &[("a,b=3", 2)], &[("ok", 2), ("", 2)]]
+    {
+        let err = c.set_namespace_weights(set(bad)).await.unwrap_err();
+        assert!(matches!(err, ClientError::InvalidArgument(_)), "{bad:?}: {err:?}");
+    }
+    assert_eq!(redis.snapshot().await.unwrap(), before, "a refused set changed Redis");
+    let store = kjob_workqueue::Store::connect(&redis.url(), Default::default()).await.unwrap();
+    assert_eq!(c.set_namespace_weights(set(&[("a", 3), ("b", 1), ("c", 1000)])).await.unwrap(), 2);
+    let got = store.namespace_weights().await.unwrap();
+    assert_eq!(got.into_iter().collect::<Vec<_>>(), [("a".into(), 3), ("c".into(), 1000)]);
+    assert_eq!(c.set_namespace_weights(set(&[("c", 2)])).await.unwrap(), 1);
+    let got = store.namespace_weights().await.unwrap();
+    assert_eq!(got.into_iter().collect::<Vec<_>>(), [("c".into(), 2)], "a is back to 1");
     r.stop().await;
 }
 

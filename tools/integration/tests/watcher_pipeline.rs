@@ -605,3 +605,133 @@ async fn a_finished_jobs_orphan_entries_wait_for_the_pods_own_finalizer_removals
 
 const POD_ADDS: &str = "kjob_watcher_events_total{kind=\"pod\",type=\"add\"}";
 const JOB_UPDATES: &str = "kjob_watcher_events_total{kind=\"job\",type=\"update\"}";
+
+/// The weights of the fair lease follow the Namespaces' `kjob.io/queue-weight` annotations:
+/// listed at start, changed, removed, and an invalid value counted as 1; kjob-queue keeps the
+/// set the watcher sends in Redis, where every replica's lease scripts read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_weights_follow_the_annotations() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use std::collections::BTreeMap;
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let annotated = |name: &str, weight: Option<&str>| -> Namespace {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "annotations": weight
+                    .map(|w| json!({ kjob_core::QUEUE_WEIGHT_ANNOTATION: w }))
+                    .unwrap_or(json!({})),
+            }
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    namespaces.create(&pp, &annotated("tenant-a", Some("3"))).await.unwrap();
+    namespaces.create(&pp, &annotated("tenant-b", Some("lots"))).await.unwrap();
+    let store =
+        kjob_workqueue::Store::connect(&stack.redis.url(), Default::default()).await.unwrap();
+    let w = InProcWatcher::start(&stack).await;
+    let want = |v: &[(&str, u32)]| -> BTreeMap<String, u32> {
+        v.iter().map(|(n, w)| (n.to_string(), *w)).collect()
+    };
+    let wait_for = |expected: BTreeMap<String, u32>, what: &'static str| {
+        let store = store.clone();
+        async move {
+            poll(what, Duration::from_secs(10), || {
+                let (store, expected) = (store.clone(), expected.clone());
+                async move { store.namespace_weights().await.unwrap() == expected }
+            })
+            .await;
+        }
+    };
+    wait_for(want(&[("tenant-a", 3)]), "the listed weights (tenant-b's invalid: 1)").await;
+    namespaces.create(&pp, &annotated("tenant-c", Some("2"))).await.unwrap();
+    let set = |w: serde_json::Value| {
+        Patch::Merge(
+            json!({ "metadata": { "annotations": { kjob_core::QUEUE_WEIGHT_ANNOTATION: w } } }),
+        )
+    };
+    namespaces.patch("tenant-b", &PatchParams::default(), &set(json!("7"))).await.unwrap();
+    wait_for(want(&[("tenant-a", 3), ("tenant-b", 7), ("tenant-c", 2)]), "added, fixed").await;
+    namespaces.patch("tenant-a", &PatchParams::default(), &set(json!(null))).await.unwrap();
+    namespaces.patch("tenant-c", &PatchParams::default(), &set(json!("0"))).await.unwrap();
+    wait_for(want(&[("tenant-b", 7)]), "removed, invalid").await;
+    w.stop().await;
+}
+
+/// Every Job enqueue carries its pods' priority as the PriorityClasses say (the template's
+/// `priority`, else its class's value, else the global default's, else 0), and the queue leases
+/// a namespace's keys in that order; a Job created after a class changed takes the new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_enqueues_carry_their_pods_priority() {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let stack = Stack::start().await;
+    let client = stack.sim.client();
+    let classes: Api<PriorityClass> = Api::all(client.clone());
+    let class = |name: &str, value: i32, global: bool| -> PriorityClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": name}, "value": value, "globalDefault": global
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    classes.create(&pp, &class("batch-high", 1000, false)).await.unwrap();
+    let w = InProcWatcher::start(&stack).await;
+    let job = |name: &str, pod: serde_json::Value| -> Job {
+        let mut spec =
+            json!({"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]});
+        spec.as_object_mut().unwrap().extend(pod.as_object().unwrap().clone());
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"managedBy": CONTROLLER, "template": {"spec": spec}}
+        }))
+        .unwrap()
+    };
+    let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
+    // Created in this order, one Add each: without priorities they would be leased so.
+    for (name, pod) in [
+        ("plain", json!({})),
+        ("critical", json!({"priorityClassName": "system-cluster-critical"})),
+        ("high", json!({"priorityClassName": "batch-high"})),
+        ("explicit", json!({"priority": 5})),
+    ] {
+        jobs.create(&pp, &job(name, pod)).await.unwrap();
+        wait_key(&stack, "enqueued", name, Duration::from_secs(10), |s| s == "ready").await;
+    }
+    let store =
+        kjob_workqueue::Store::connect(&stack.redis.url(), Default::default()).await.unwrap();
+    let priority = |name: &str| {
+        let store = store.clone();
+        let k = key(name);
+        async move { store.explain("job", &k).await.unwrap().unwrap().priority }
+    };
+    assert_eq!(priority("plain").await, 0);
+    assert_eq!(priority("critical").await, 2_000_000_000);
+    assert_eq!(priority("high").await, 1000);
+    assert_eq!(priority("explicit").await, 5);
+    assert_eq!(drain(&stack.queue).await, ["critical", "high", "explicit", "plain"].map(key));
+    // A global default reaches the Jobs that name no class with their next enqueue.
+    classes.create(&pp, &class("batch-default", 100, true)).await.unwrap();
+    jobs.create(&pp, &job("later", json!({}))).await.unwrap();
+    wait_key(&stack, "enqueued", "later", Duration::from_secs(10), |s| s == "ready").await;
+    // The class and the Job come on two watches: should the Job's come first, its next update
+    // (each one an enqueue) carries the default.
+    let mut touch = 0;
+    poll("the global default's priority", Duration::from_secs(10), || {
+        touch += 1;
+        let (jobs, priority) = (jobs.clone(), priority("later"));
+        async move {
+            if priority.await == 100 {
+                return true;
+            }
+            let patch =
+                Patch::Merge(json!({"metadata": {"annotations": {"touch": touch.to_string()}}}));
+            jobs.patch("later", &PatchParams::default(), &patch).await.unwrap();
+            false
+        }
+    })
+    .await;
+    w.stop().await;
+}

@@ -1,6 +1,7 @@
 //! Fair leasing across namespaces (deficit round robin, weight 1 by default), upstream's order
-//! (ready time, then key) within a namespace, on one shard (a single Redis's default), on 24
-//! shards of one server, and on a 3-master Redis Cluster.
+//! (ready time, then key) within a namespace, priority within a namespace with its aging bound,
+//! on one shard (a single Redis's default), on 24 shards of one server, and on a 3-master Redis
+//! Cluster.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -123,6 +124,174 @@ async fn weights_are_honoured(s: Store) {
     assert!(s.namespace_weights().await.unwrap().is_empty());
 }
 
+/// `n` keys of namespace `ns` in one shard (order within a namespace holds per shard: a lessee
+/// visits the shards in turn), named `<ns>/<prefix>-<i>` for rising i.
+fn same_shard(s: &Store, ns: &str, prefix: &str, n: usize) -> Vec<String> {
+    let shard = s.layout().shard_of(&format!("{ns}/{prefix}-0"));
+    (0..)
+        .map(|i| format!("{ns}/{prefix}-{i:05}"))
+        .filter(|k| s.layout().shard_of(k) == shard)
+        .take(n)
+        .collect()
+}
+
+/// Leases everything ready, one key at a time, each finished at once (Forget), in lease order.
+async fn lease_order(s: &Store) -> Vec<String> {
+    let mut order = Vec::new();
+    loop {
+        let got = s.lease(Q, "w", 1, LEASE).await.unwrap().items;
+        let Some(l) = got.into_iter().next() else { return order };
+        let forget = kjob_workqueue::LeaseOutcome::Forget;
+        s.done(Q, &l.key, &l.lease_id, forget).await.unwrap().unwrap();
+        order.push(l.key);
+    }
+}
+
+/// Within a namespace a higher priority goes first among keys that became ready together, equal
+/// priorities keep the key order, and a lease reports the ready time (not the order score).
+async fn priority_orders_a_namespace(s: Store) {
+    let k = same_shard(&s, "a", "j", 6);
+    let items = vec![
+        Enqueue::now(&k[0]).with_priority(0),
+        Enqueue::now(&k[1]),
+        Enqueue::now(&k[2]).with_priority(1000),
+        Enqueue::now(&k[3]).with_priority(10),
+        Enqueue::now(&k[4]).with_priority(-100),
+        Enqueue::now(&k[5]).with_priority(1_000_000),
+    ];
+    s.add(Q, &items).await.unwrap();
+    let added_at = s.explain(Q, &k[5]).await.unwrap().unwrap();
+    assert_eq!(added_at.priority, 1_000_000);
+    assert_eq!(
+        added_at.head_start,
+        kjob_workqueue::priority_head_start(1_000_000, s.config().priority_aging)
+    );
+    let now = added_at.now_ms;
+    assert!((now - added_at.ready_ms.unwrap()).abs() < 1000, "explain shows the ready time");
+    // So do the longest-waiting keys (the metrics' and inspect's): every key became ready just
+    // now, none 39 s ago for its head start.
+    let oldest = s.oldest_ready(Q, Some("a"), 6).await.unwrap();
+    assert_eq!(oldest.keys.len(), 6, "{oldest:?}");
+    for w in &oldest.keys {
+        assert!((oldest.now_ms - w.ready_ms).abs() < 1000, "{w:?} at {}", oldest.now_ms);
+    }
+    // Negative priorities get no head start: they order as 0 (and so by key).
+    let want = [&k[5], &k[2], &k[3], &k[0], &k[1], &k[4]].map(String::clone);
+    let leased = s.lease(Q, "w", 1, LEASE).await.unwrap().items;
+    assert_eq!(leased[0].key, want[0]);
+    assert!((now - leased[0].enqueued_ms).abs() < 1000, "the lease reports the ready time");
+    let mut order = vec![leased[0].key.clone()];
+    order.extend(lease_order(&s).await);
+    assert_eq!(order, want);
+}
+
+/// With every priority equal (none sent, 0, or the same value) the order is upstream's: ready
+/// time, then key.
+async fn equal_priorities_keep_upstreams_order(s: Store) {
+    for p in [None, Some(0), Some(5000)] {
+        let k = same_shard(&s, "b", &format!("p{}", p.unwrap_or(-1)), 6);
+        let with = |key: &String| {
+            let e = Enqueue::now(key);
+            match p {
+                Some(p) => e.with_priority(p),
+                None => e,
+            }
+        };
+        // Two Adds, a few ms apart: the first's keys (out of key order), then the second's.
+        s.add(Q, &[with(&k[3]), with(&k[1]), with(&k[2])]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        s.add(Q, &[with(&k[5]), with(&k[0]), with(&k[4])]).await.unwrap();
+        let want = [&k[1], &k[2], &k[3], &k[0], &k[4], &k[5]].map(String::clone);
+        assert_eq!(lease_order(&s).await, want, "priority {p:?}");
+    }
+}
+
+/// The priority stays with the key while it is in the queue (a requeue after an error is scored
+/// with it again), a later Add's priority replaces it, and it goes when the key leaves.
+async fn the_priority_stays_with_the_key_until_it_leaves(s: Store) {
+    use kjob_workqueue::LeaseOutcome;
+    let k = same_shard(&s, "c", "j", 2);
+    s.add(Q, &[Enqueue::now(&k[0]), Enqueue::now(&k[1]).with_priority(100)]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    assert_eq!(l.key, k[1]);
+    // An Add without a priority (an older watcher, the worker's requeue) keeps the stored one.
+    s.add(Q, &[Enqueue::now(&k[1])]).await.unwrap();
+    s.done(Q, &k[1], &l.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
+    let x = s.explain(Q, &k[1]).await.unwrap().unwrap();
+    assert_eq!((x.priority, x.state), (100, kjob_workqueue::KeyState::Ready), "dirty: back");
+    assert_eq!(lease_order(&s).await, [k[1].clone(), k[0].clone()], "ahead of the older key again");
+    // Now forgotten: the priority went with it.
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items;
+    assert!(l.is_empty());
+    s.add(Q, &[Enqueue::now(&k[1]).with_priority(7)]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    s.done(Q, &k[1], &l.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
+    let x = s.explain(Q, &k[1]).await.unwrap().unwrap();
+    assert_eq!((x.priority, x.state), (0, kjob_workqueue::KeyState::Absent));
+    // A requeue-after keeps it: promoted from the delayed set, the key is scored with it again
+    // and goes ahead of an older key of priority 0.
+    let k = same_shard(&s, "c", "r", 2);
+    s.add(Q, &[Enqueue::now(&k[1]).with_priority(50)]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    s.done(Q, &k[1], &l.lease_id, LeaseOutcome::RequeueAfter(Duration::from_millis(200)))
+        .await
+        .unwrap()
+        .unwrap();
+    s.add(Q, &[Enqueue::now(&k[0])]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(lease_order(&s).await, [k[1].clone(), k[0].clone()]);
+    // A later Add's priority replaces the stored one.
+    s.add(Q, &[Enqueue::now(&k[0]), Enqueue::now(&k[1]).with_priority(50)]).await.unwrap();
+    let l = s.lease(Q, "w", 1, LEASE).await.unwrap().items.remove(0);
+    assert_eq!(l.key, k[1]);
+    s.add(Q, &[Enqueue::now(&k[1]).with_priority(0)]).await.unwrap();
+    s.done(Q, &k[1], &l.lease_id, LeaseOutcome::Forget).await.unwrap().unwrap();
+    let x = s.explain(Q, &k[1]).await.unwrap().unwrap();
+    assert_eq!(x.priority, 0, "replaced");
+    assert_eq!(lease_order(&s).await, [k[0].clone(), k[1].clone()]);
+}
+
+/// Aging bounds the wait: with the cap at 1 s, a priority-0 key is leased about 1 s after it
+/// became ready although top-priority keys keep arriving (one every 50 ms, as fast as they are
+/// leased); none that arrived more than 1 s after it goes first. Without aging it would wait
+/// as long as they came.
+async fn aging_bounds_a_low_priority_wait(s: Store) {
+    let aging = Duration::from_secs(1);
+    let config = StoreConfig { priority_aging: aging, ..Default::default() };
+    let s = Store::connect(s.target().url(), config).await.unwrap();
+    let mut k = same_shard(&s, "d", "j", 81);
+    let low = k.remove(40);
+    let top = kjob_workqueue::TOP_PRIORITY;
+    s.add(Q, &[Enqueue::now(&k[0]).with_priority(top)]).await.unwrap();
+    s.add(Q, &[Enqueue::now(&low)]).await.unwrap();
+    let low_at = s.explain(Q, &low).await.unwrap().unwrap().ready_ms.unwrap();
+    let mut waited = None;
+    for key in &k[1..] {
+        s.add(Q, &[Enqueue::now(key).with_priority(top)]).await.unwrap();
+        let batch = s.lease(Q, "w", 1, LEASE).await.unwrap();
+        let l = &batch.items[0];
+        if l.key == low {
+            assert_eq!(l.enqueued_ms, low_at, "the lease reports the ready time");
+            waited = Some(batch.now_ms - low_at);
+            break;
+        }
+        // `enqueued_ms` is the ready time (the score plus the head start).
+        assert!(
+            l.enqueued_ms <= low_at + aging.as_millis() as i64,
+            "{} became ready {} ms after the low key and went first",
+            l.key,
+            l.enqueued_ms - low_at
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waited = waited.expect("the low-priority key was leased while high ones kept coming");
+    assert!(waited >= 900, "the head start held for about the cap: waited {waited} ms");
+    assert!(
+        waited <= 2500,
+        "leased within the aging bound (1 s) and the backlog ahead: {waited} ms"
+    );
+}
+
 macro_rules! on {
     ($backend:ident: $($name:ident),* $(,)?) => {
         mod $backend {
@@ -145,4 +314,11 @@ macro_rules! every_backend {
     };
 }
 
-every_backend!(a_quiet_namespace_is_not_stuck_behind_a_flood, weights_are_honoured);
+every_backend!(
+    a_quiet_namespace_is_not_stuck_behind_a_flood,
+    weights_are_honoured,
+    priority_orders_a_namespace,
+    equal_priorities_keep_upstreams_order,
+    the_priority_stays_with_the_key_until_it_leaves,
+    aging_bounds_a_low_priority_wait,
+);

@@ -69,6 +69,10 @@ pub fn on_create(res: &Resource, obj: &mut Value) -> Result<(), Vec<Cause>> {
             }
         }
         StoreKind::Lease => causes(validate_lease(obj))?,
+        StoreKind::PriorityClass => {
+            default_priority_class(obj);
+            causes(validate_priority_class(obj))?;
+        }
     }
     Ok(())
 }
@@ -92,7 +96,168 @@ pub fn create_defaults(res: &Resource, obj: &Value) -> Value {
             let name = out["metadata"]["name"].clone();
             out["metadata"]["labels"]["kubernetes.io/metadata.name"] = name;
         }
+        StoreKind::PriorityClass => default_priority_class(&mut out),
         StoreKind::Event | StoreKind::Lease => {}
+    }
+    out
+}
+
+/// The PriorityClasses kube-apiserver creates at start (name, value, description), the only
+/// ones whose names may begin with `system-`.
+pub const SYSTEM_PRIORITY_CLASSES: [(&str, i64, &str); 2] = [
+    (
+        "system-node-critical",
+        2_000_001_000,
+        "Used for system critical pods that must not be moved from their current node.",
+    ),
+    (
+        "system-cluster-critical",
+        2_000_000_000,
+        "Used for system critical pods that must run in the cluster, but can be moved to another node if necessary.",
+    ),
+];
+
+/// The Priority admission plugin on a PriorityClass create: the name of an existing global
+/// default when `pc` would be a second one.
+pub fn second_default(classes: &[std::sync::Arc<crate::store::Obj>], pc: &Value) -> Option<String> {
+    if !pc.get("globalDefault").and_then(Value::as_bool).unwrap_or(false) {
+        return None;
+    }
+    classes
+        .iter()
+        .map(|c| c.value())
+        .find(|c| c.get("globalDefault").and_then(Value::as_bool).unwrap_or(false))
+        .and_then(|c| c["metadata"]["name"].as_str().map(str::to_owned))
+}
+
+/// The Priority admission plugin on a pod create: the pod's `priorityClassName` names its
+/// priority (its class's value and preemption policy); without one it gets the global default
+/// class (the lowest-valued if several) or priority 0. A class that does not exist, or a
+/// `priority` / `preemptionPolicy` the pod sets that its class does not give, is refused with
+/// the plugin's message.
+pub fn pod_priority(
+    classes: &[std::sync::Arc<crate::store::Obj>],
+    pod: &mut Value,
+) -> Result<(), String> {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
+    let named = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default();
+    let class = if named.is_empty() {
+        classes
+            .iter()
+            .map(|c| c.value())
+            .filter(|c| c.get("globalDefault").and_then(Value::as_bool).unwrap_or(false))
+            .min_by_key(|c| c.get("value").and_then(Value::as_i64).unwrap_or(0))
+    } else {
+        let found = classes.iter().map(|c| c.value()).find(|c| c["metadata"]["name"] == named);
+        Some(found.ok_or_else(|| format!("no PriorityClass with name {named} was found"))?)
+    };
+    let (priority, policy) = match class {
+        Some(c) => {
+            if named.is_empty() {
+                spec.insert("priorityClassName".into(), c["metadata"]["name"].clone());
+            }
+            (
+                c.get("value").and_then(Value::as_i64).unwrap_or(0),
+                c.get("preemptionPolicy").cloned(),
+            )
+        }
+        None => (0, None),
+    };
+    if let Some(given) = spec.get("priority").and_then(Value::as_i64)
+        && given != priority
+    {
+        return Err(format!(
+            "the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {priority} from the given PriorityClass name"
+        ));
+    }
+    spec.insert("priority".into(), json!(priority));
+    if let Some(policy) = policy.filter(|p| !p.is_null()) {
+        if let Some(given) = spec.get("preemptionPolicy").filter(|g| !g.is_null())
+            && *given != policy
+        {
+            return Err(format!(
+                "the string value of PreemptionPolicy ({}) must not be provided in pod spec; priority admission controller computed {} from the given PriorityClass name",
+                given.as_str().unwrap_or_default(),
+                policy.as_str().unwrap_or_default()
+            ));
+        }
+        spec.insert("preemptionPolicy".into(), policy);
+    }
+    Ok(())
+}
+
+/// The highest value a PriorityClass not of the system may have.
+const HIGHEST_USER_DEFINABLE_PRIORITY: i64 = 1_000_000_000;
+
+/// `SetDefaults_PriorityClass`.
+fn default_priority_class(obj: &mut Value) {
+    if obj.get("preemptionPolicy").is_none_or(Value::is_null) {
+        obj["preemptionPolicy"] = json!("PreemptLowerPriority");
+    }
+}
+
+fn forbidden(field: &str, message: String) -> FieldCause {
+    FieldCause {
+        reason: "FieldValueForbidden".into(),
+        message: format!("Forbidden: {message}"),
+        field: field.into(),
+    }
+}
+
+/// `ValidatePriorityClass`: `system-` names are reserved for the system's classes (with their
+/// values), other classes stay at or below 1,000,000,000.
+fn validate_priority_class(pc: &Value) -> Vec<FieldCause> {
+    let name = pc["metadata"]["name"].as_str().unwrap_or_default();
+    let value = pc.get("value").and_then(Value::as_i64).unwrap_or(0);
+    let global = pc.get("globalDefault").and_then(Value::as_bool).unwrap_or(false);
+    let mut out = Vec::new();
+    if name.starts_with("system-") {
+        let why = match SYSTEM_PRIORITY_CLASSES.iter().find(|(n, ..)| *n == name) {
+            None => Some(format!("{name} is not a known system priority class")),
+            Some((_, v, _)) if *v != value => {
+                Some(format!("value of {name} PriorityClass must be {v}"))
+            }
+            Some(_) if global => {
+                Some(format!("globalDefault of {name} PriorityClass must be false"))
+            }
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            out.push(forbidden(
+                "metadata.name",
+                format!(
+                    "priority class names with 'system-' prefix are reserved for system use only. error: {why}"
+                ),
+            ));
+        }
+    } else if value > HIGHEST_USER_DEFINABLE_PRIORITY {
+        out.push(forbidden(
+            "value",
+            format!(
+                "maximum allowed value of a user defined priority is {HIGHEST_USER_DEFINABLE_PRIORITY}"
+            ),
+        ));
+    }
+    out
+}
+
+/// `ValidatePriorityClassUpdate`: the value and the preemption policy never change.
+fn validate_priority_class_update(new: &Value, cur: &Value) -> Vec<FieldCause> {
+    let mut out = Vec::new();
+    if new.get("value") != cur.get("value") {
+        out.push(forbidden("value", "may not be changed in an update.".into()));
+    }
+    if new.get("preemptionPolicy") != cur.get("preemptionPolicy") {
+        out.push(FieldCause {
+            reason: "FieldValueInvalid".into(),
+            message: format!(
+                "Invalid value: {}: field is immutable",
+                new.get("preemptionPolicy")
+                    .and_then(Value::as_str)
+                    .map_or("null".into(), |p| format!("\"{p}\""))
+            ),
+            field: "preemptionPolicy".into(),
+        });
     }
     out
 }
@@ -182,6 +347,10 @@ pub fn on_update(
             causes(job::validate_job_update(new, cur))?;
         }
         (StoreKind::Lease, _) => causes(validate_lease(new))?,
+        (StoreKind::PriorityClass, _) => {
+            default_priority_class(new);
+            causes(validate_priority_class_update(new, cur))?;
+        }
         (StoreKind::Job, Part::Status) => causes(job::validate_job_status_update(new, cur))?,
         (StoreKind::Pod, Part::Main) => {
             pod::default_pod(new);

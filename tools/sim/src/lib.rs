@@ -130,6 +130,18 @@ pub fn start_app(config: SimConfig, shutdown: CancellationToken) -> anyhow::Resu
         )
         .map_err(|e| anyhow::anyhow!("bootstrapping namespace {ns}: {e}"))?;
     }
+    let pc_res = resources::StoreKind::PriorityClass.resource();
+    for (name, value, description) in admit::SYSTEM_PRIORITY_CLASSES {
+        registry::create(
+            &app.store,
+            pc_res,
+            None,
+            json!({"metadata": {"name": name}, "value": value, "description": description}),
+            &Default::default(),
+            Timestamp::now(),
+        )
+        .map_err(|e| anyhow::anyhow!("bootstrapping PriorityClass {name}: {e}"))?;
+    }
     tokio::spawn(gc::run(app.store.clone(), shutdown.child_token()));
     Ok(app)
 }

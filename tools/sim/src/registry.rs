@@ -347,6 +347,22 @@ fn create_prepared(
         if !causes.is_empty() {
             return Err(ApiError::invalid(res, &name, causes));
         }
+        if res.store == StoreKind::PriorityClass
+            && let Some(other) =
+                admit::second_default(&store.all(StoreKind::PriorityClass), &candidate)
+        {
+            return Err(ApiError::forbidden(format!(
+                "priorityclasses.scheduling.k8s.io \"{name}\" is forbidden: PriorityClass {other} \
+                 is already marked as default. Only one default can exist"
+            )));
+        }
+        if res.store == StoreKind::Pod {
+            // Admission runs before the storage generates a name: its errors name the pod by
+            // its generateName then.
+            let shown = if given.is_empty() { &generate } else { &given };
+            admit::pod_priority(&store.all(StoreKind::PriorityClass), &mut candidate)
+                .map_err(|m| ApiError::forbidden(format!("pods \"{shown}\" is forbidden: {m}")))?;
+        }
         admit::on_create(res, &mut candidate).map_err(|c| ApiError::invalid(res, &name, c))?;
         ownership::set_managed(&mut candidate, managed.clone());
         let key: Key = (ns.unwrap_or_default().to_owned(), name.clone());

@@ -16,12 +16,20 @@ pub enum StoreKind {
     Event,
     /// coordination.k8s.io/v1 leases.
     Lease,
+    /// scheduling.k8s.io/v1 priorityclasses (cluster-scoped).
+    PriorityClass,
 }
 
 impl StoreKind {
     /// Every store, in a fixed order.
-    pub const ALL: [StoreKind; 5] =
-        [StoreKind::Namespace, StoreKind::Pod, StoreKind::Job, StoreKind::Event, StoreKind::Lease];
+    pub const ALL: [StoreKind; 6] = [
+        StoreKind::Namespace,
+        StoreKind::Pod,
+        StoreKind::Job,
+        StoreKind::Event,
+        StoreKind::Lease,
+        StoreKind::PriorityClass,
+    ];
 
     /// Index into per-kind arrays.
     pub fn index(self) -> usize {
@@ -30,7 +38,7 @@ impl StoreKind {
 
     /// Whether objects of this store live in namespaces.
     pub fn namespaced(self) -> bool {
-        !matches!(self, StoreKind::Namespace)
+        !matches!(self, StoreKind::Namespace | StoreKind::PriorityClass)
     }
 
     /// The canonical resource (the one whose shape the store holds).
@@ -41,6 +49,7 @@ impl StoreKind {
             StoreKind::Job => &RESOURCES[2],
             StoreKind::Event => &RESOURCES[3],
             StoreKind::Lease => &RESOURCES[5],
+            StoreKind::PriorityClass => &RESOURCES[6],
         }
     }
 }
@@ -105,7 +114,7 @@ const fn events_in(group: &'static str, events_v1: bool) -> Resource {
 }
 
 /// Every served resource.
-pub static RESOURCES: [Resource; 6] = [
+pub static RESOURCES: [Resource; 7] = [
     Resource {
         group: "",
         version: "v1",
@@ -150,6 +159,17 @@ pub static RESOURCES: [Resource; 6] = [
         short_names: &[],
         subresources: &[],
         store: StoreKind::Lease,
+        events_v1: false,
+    },
+    Resource {
+        group: "scheduling.k8s.io",
+        version: "v1",
+        plural: "priorityclasses",
+        singular: "priorityclass",
+        kind: "PriorityClass",
+        short_names: &["pc"],
+        subresources: &[],
+        store: StoreKind::PriorityClass,
         events_v1: false,
     },
 ];
@@ -213,13 +233,14 @@ fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(
 /// re-encoded, then empty values dropped as Go's `omitempty` would. With `strict`, fields the type
 /// does not know are an error; otherwise they are silently dropped.
 pub fn normalize(kind: StoreKind, body: &Value, strict: bool) -> Result<Value, NormalizeError> {
-    use k8s_openapi::api::{batch, coordination, core};
+    use k8s_openapi::api::{batch, coordination, core, scheduling};
     let mut out = match kind {
         StoreKind::Namespace => roundtrip::<core::v1::Namespace>(body)?,
         StoreKind::Pod => roundtrip::<core::v1::Pod>(body)?,
         StoreKind::Job => roundtrip::<batch::v1::Job>(body)?,
         StoreKind::Event => roundtrip::<core::v1::Event>(body)?,
         StoreKind::Lease => roundtrip::<coordination::v1::Lease>(body)?,
+        StoreKind::PriorityClass => roundtrip::<scheduling::v1::PriorityClass>(body)?,
     };
     if strict {
         let mut unknown = Vec::new();
@@ -230,6 +251,15 @@ pub fn normalize(kind: StoreKind, body: &Value, strict: bool) -> Result<Value, N
     }
     prune(&mut out);
     drop_zero_ints(kind, &mut out);
+    if kind == StoreKind::PriorityClass
+        && let Some(m) = out.as_object_mut()
+    {
+        // The Go type never omits `value` and omits `globalDefault` when false.
+        m.entry("value").or_insert(Value::from(0));
+        if m.get("globalDefault") == Some(&Value::Bool(false)) {
+            m.remove("globalDefault");
+        }
+    }
     Ok(out)
 }
 

@@ -234,10 +234,10 @@ type LabelIndex = HashMap<String, HashMap<String, BTreeSet<Key>>>;
 #[derive(Debug)]
 struct Inner {
     rv: u64,
-    tables: [BTreeMap<Key, Arc<Obj>>; 5],
+    tables: [BTreeMap<Key, Arc<Obj>>; StoreKind::ALL.len()],
     // Equality label selectors (the worker lists a Job's pods by controller-uid on every sync)
     // are answered from here in O(matches) instead of a scan of the namespace.
-    labels: [LabelIndex; 5],
+    labels: [LabelIndex; StoreKind::ALL.len()],
     uids: HashMap<String, (StoreKind, Key)>,
     dependents: HashMap<String, HashSet<(StoreKind, Key)>>,
     history: VecDeque<Arc<StoreEvent>>,
@@ -385,6 +385,12 @@ impl Store {
     /// Reads one object.
     pub fn get(&self, kind: StoreKind, key: &Key) -> Option<Arc<Obj>> {
         self.inner.lock().tables[kind.index()].get(key).cloned()
+    }
+
+    /// Every object of a kind, in key order (for the small cluster-scoped tables admission
+    /// reads, such as PriorityClasses).
+    pub fn all(&self, kind: StoreKind) -> Vec<Arc<Obj>> {
+        self.inner.lock().tables[kind.index()].values().cloned().collect()
     }
 
     /// Looks an object up by uid.

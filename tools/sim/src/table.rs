@@ -242,6 +242,31 @@ fn columns(res: &Resource) -> Vec<Value> {
         StoreKind::Lease => {
             vec![name, col("Holder", "string", "", 0, "The holder of the lease."), age]
         }
+        StoreKind::PriorityClass => vec![
+            name,
+            col(
+                "Value",
+                "integer",
+                "",
+                0,
+                "value represents the integer value of this priority class. This is the actual priority that pods receive when they have the name of this class in their pod spec.",
+            ),
+            col(
+                "Global-Default",
+                "boolean",
+                "",
+                0,
+                "globalDefault specifies whether this PriorityClass should be considered as the default priority for pods that do not have any priority class. Only one PriorityClass can be marked as `globalDefault`. However, if more than one PriorityClasses exists with their `globalDefault` field set to true, the smallest value of such global default PriorityClasses will be used as the default priority.",
+            ),
+            age,
+            col(
+                "PreemptionPolicy",
+                "string",
+                "",
+                0,
+                "preemptionPolicy is the Policy for preempting pods with lower priority. One of Never, PreemptLowerPriority. Defaults to PreemptLowerPriority if unset.",
+            ),
+        ],
         StoreKind::Event => vec![
             col("Last Seen", "string", "", 0, "Time when last event occurred"),
             col("Type", "string", "", 0, "Type of event"),
@@ -294,6 +319,13 @@ fn row(res: &Resource, obj: &Value, now: Timestamp) -> Vec<Value> {
             obj["metadata"]["name"].clone(),
             obj.pointer("/spec/holderIdentity").cloned().unwrap_or_else(|| json!("")),
             json!(age(obj, now)),
+        ],
+        StoreKind::PriorityClass => vec![
+            obj["metadata"]["name"].clone(),
+            obj.get("value").cloned().unwrap_or(json!(0)),
+            obj.get("globalDefault").cloned().unwrap_or(json!(false)),
+            json!(age(obj, now)),
+            obj.get("preemptionPolicy").cloned().unwrap_or_else(|| json!("")),
         ],
         StoreKind::Event => event_row(obj, now),
     }

@@ -471,3 +471,95 @@ async fn kubelet_auto_runs_pods_to_completion() {
     wait_until("pod b succeeded", || async { phase(&pods.get("b").await.unwrap()) == "Succeeded" })
         .await;
 }
+
+/// PriorityClasses as kube-apiserver serves them: the two system classes exist from the start,
+/// a class is defaulted (preemptionPolicy) and validated (`system-` names reserved, user values
+/// at most 1,000,000,000, the value immutable), and a watch sees them.
+#[tokio::test]
+async fn priority_classes_are_bootstrapped_defaulted_and_validated() {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let sim = TestSim::start(SimConfig::default()).await;
+    let api: Api<PriorityClass> = Api::all(sim.client());
+    let node = api.get("system-node-critical").await.unwrap();
+    assert_eq!(node.value, Some(2_000_001_000));
+    assert_eq!(api.get("system-cluster-critical").await.unwrap().value, Some(2_000_000_000));
+    let class = |name: &str, value: i64, global: bool| -> PriorityClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": name}, "value": value, "globalDefault": global
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    let high = api.create(&pp, &class("high", 1000, false)).await.unwrap();
+    assert_eq!(high.preemption_policy.as_deref(), Some("PreemptLowerPriority"));
+    assert_eq!(high.global_default, None, "false is omitted");
+    let refused = |e: kube::Error| match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("{other:?}"),
+    };
+    let (code, msg) =
+        refused(api.create(&pp, &class("huge", 1_000_000_001, false)).await.unwrap_err());
+    assert_eq!(code, 422);
+    assert_eq!(
+        msg,
+        "PriorityClass.scheduling.k8s.io \"huge\" is invalid: value: Forbidden: maximum allowed \
+         value of a user defined priority is 1000000000"
+    );
+    let (code, msg) = refused(api.create(&pp, &class("system-mine", 5, false)).await.unwrap_err());
+    assert_eq!(code, 422);
+    assert!(msg.contains("system-mine is not a known system priority class"), "{msg}");
+    let patch = Patch::Merge(json!({"value": 7}));
+    let (code, msg) =
+        refused(api.patch("high", &PatchParams::default(), &patch).await.unwrap_err());
+    assert_eq!(code, 422);
+    assert!(msg.ends_with("value: Forbidden: may not be changed in an update."), "{msg}");
+    let described = Patch::Merge(json!({"description": "batch that matters"}));
+    api.patch("high", &PatchParams::default(), &described).await.unwrap();
+    // The watcher the kjob watcher runs: the list, then a new class.
+    use kube::runtime::WatchStreamExt;
+    let mut events = watcher(api.clone(), watcher::Config::default()).applied_objects().boxed();
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 3 {
+        let c = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
+        seen.insert(c.metadata.name.unwrap());
+    }
+    api.create(&pp, &class("default-batch", 10, true)).await.unwrap();
+    let (code, msg) = refused(api.create(&pp, &class("second", 20, true)).await.unwrap_err());
+    assert_eq!(code, 403);
+    assert_eq!(
+        msg,
+        "priorityclasses.scheduling.k8s.io \"second\" is forbidden: PriorityClass default-batch \
+         is already marked as default. Only one default can exist"
+    );
+    let c = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((c.metadata.name.as_deref(), c.global_default), (Some("default-batch"), Some(true)));
+    // The Priority admission plugin: a pod takes its class's value, a pod without a class the
+    // global default's (and its name), and a class that does not exist is refused.
+    namespace(&sim.client(), "prio").await;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "prio");
+    let with = |name: &str, spec: serde_json::Value| -> Pod {
+        let mut p = serde_json::to_value(pod(name)).unwrap();
+        p["spec"].as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(p).unwrap()
+    };
+    let p = pods.create(&pp, &with("high", json!({"priorityClassName": "high"}))).await.unwrap();
+    assert_eq!(p.spec.as_ref().unwrap().priority, Some(1000));
+    let p = pods.create(&pp, &with("plain", json!({}))).await.unwrap();
+    let spec = p.spec.unwrap();
+    assert_eq!(
+        (spec.priority, spec.priority_class_name.as_deref()),
+        (Some(10), Some("default-batch"))
+    );
+    let (code, msg) = refused(
+        pods.create(&pp, &with("none", json!({"priorityClassName": "nope"}))).await.unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert_eq!(msg, "pods \"none\" is forbidden: no PriorityClass with name nope was found");
+    let (code, msg) =
+        refused(pods.create(&pp, &with("own", json!({"priority": 3}))).await.unwrap_err());
+    assert_eq!(code, 403);
+    assert!(msg.contains("the integer value of priority (3) must not be provided"), "{msg}");
+    api.delete("default-batch", &DeleteParams::default()).await.unwrap();
+    let p = pods.create(&pp, &with("after", json!({}))).await.unwrap();
+    assert_eq!(p.spec.unwrap().priority, Some(0), "no default class: 0");
+}

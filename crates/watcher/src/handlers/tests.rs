@@ -32,6 +32,7 @@ fn mk_job(name: &str) -> JobInfo {
         start_time: None,
         finished: false,
         deleting: false,
+        pod_priority: Default::default(),
         view: None,
     }
 }

@@ -21,8 +21,9 @@ use crate::{Observation, WqError};
 /// hand-off's leases), ARGV[4] -> n_takers, then per taker (a
 /// waiting lessee of the calling replica): worker, n, lease_ms, views (0/1); then n_records and
 /// that many record names; then per entry: item, delay_ms, observe_only (0/1), n_obs, n_view,
-/// session, then n_obs × (kind, job_uid, pod_uid) and n_view × (kind, name, object,
-/// resource_version).
+/// session, priority (`head start ms|priority`, `0|0` to forget a stored one, empty: none sent,
+/// the stored one stays; see [`crate::ops::priority`]), then n_obs × (kind, job_uid, pod_uid)
+/// and n_view × (kind, name, object, resource_version).
 /// Reply: [`AddReply`] `{added, accepted_now, now, observed, view_lost, mark_at, woke, {lease
 /// item…} per taker}` (view_lost 1 when view writes found no current session: the writer must begin a new
 /// one; a lease item as LEASE returns it, and for a taker that asked for views, when the item
@@ -67,7 +68,7 @@ local function session()
   return current_session
 end
 if has_view then k = 9 end
-local now_items, seen = {}, {}
+local now_items, seen, now_hs = {}, {}, {}
 load_weights(ARGV[3])
 local takers = tonumber(ARGV[4])
 local rec_at = 6 + 4 * takers
@@ -80,7 +81,8 @@ local i = rec_at + nrec
 while i <= #ARGV do
   local item, delay, only = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local nobs, nview, writer = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5]
-  local obs_at, view_at = i + 6, i + 6 + 3 * nobs
+  local prio = ARGV[i + 6]
+  local obs_at, view_at = i + 7, i + 7 + 3 * nobs
   local ek, vk = k, k + 5
   if nobs > 0 or nview > 0 then k = k + 5 end
   if nview > 0 then
@@ -100,6 +102,8 @@ while i <= #ARGV do
     observed = observed + observe(e[ek], e[ek + 1], e[ek + 2], e[ek + 4], gc_ms, ARGV, obs_at, nobs)
   end
   if only == '0' then
+    -- Before the enqueue: a delayed item is scored with it when it is promoted.
+    local hs = set_prio(item, prio)
     if delay > 0 then
       local changed = add_after(item, delay)
       added = added + changed
@@ -109,9 +113,12 @@ while i <= #ARGV do
     elseif not seen[item] then
       seen[item] = true
       now_items[#now_items + 1] = item
+      now_hs[item] = hs
+    else
+      now_hs[item] = hs
     end
   end
-  i = i + 6 + 3 * nobs + 4 * nview
+  i = i + 7 + 3 * nobs + 4 * nview
 end
 -- Immediate adds of the whole batch: one HMGET finds the leased ones (they become dirty), one
 -- ZADD NX enqueues the rest; per-item commands would cost Redis more than the script itself.
@@ -130,7 +137,7 @@ if #now_items > 0 then
         per_ns[ns] = z
         namespaces[#namespaces + 1] = ns
       end
-      z[#z + 1] = now
+      z[#z + 1] = now - now_hs[item]
       z[#z + 1] = item
     end
   end
@@ -369,6 +376,7 @@ impl Store {
             args.push(obs.len().arg());
             args.push(view.len().arg());
             args.push(it.session.clone().into_bytes());
+            args.push(crate::ops::priority::arg(it.priority, self.config().priority_aging));
             // An entry with view writes names its expectation keys too: a hand-off of its
             // item reads the view with the expectations.
             if !obs.is_empty() || !view.is_empty() {

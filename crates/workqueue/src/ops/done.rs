@@ -73,6 +73,8 @@ for j, item in ipairs(items) do
     if ready_at < 0 and any_delayed then
       ready_at = tonumber(redis.call('ZSCORE', DELAYED, item) or -1)
     end
+    -- Gone from the queue: so is its priority.
+    if ready_at < 0 then forget_prio(item) end
     rows[#rows + 1] = {now - started, ready_at, delay}
     local entry = 'd|' .. now .. '|' .. started .. '|' .. outcome .. '|' .. delay .. '|' ..
       #wk .. '|' .. wk .. ARGV[a + 4]

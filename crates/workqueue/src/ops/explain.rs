@@ -36,7 +36,7 @@ pub const LAST_SYNC_GENERATION: Duration = Duration::from_secs(24 * 3600);
 /// the shard (-1), that set's size, namespaces in the shard's round robin, the namespace's place
 /// in it (1-based, 0 = none), its deficit, due, deadline, lease record ('' = none), failures,
 /// expiries, {uid, add, del, ts} ('' = none), {record name, value}… flat, {history entry}…,
-/// last Done ('' = none)}`.
+/// last Done ('' = none), priority (`hs|priority`, '' = none: 0)}`.
 const EXPLAIN: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
@@ -72,7 +72,7 @@ return {now, ready, rank, redis.call('ZCARD', rk), #rr, rr_at,
   tonumber(redis.call('HGET', FAILURES, item) or 0),
   tonumber(redis.call('HGET', FAILURES, xfield(item)) or 0),
   e, redis.call('HGETALL', KEYS[10]), redis.call('LRANGE', KEYS[12], -tonumber(ARGV[2]), -1),
-  last}
+  last, redis.call('HGET', PRIO, item) or ''}
 "#
 );
 
@@ -103,9 +103,13 @@ pub struct Explain {
     pub now_ms: i64,
     /// Where the key is (leased wins over ready wins over delayed).
     pub state: KeyState,
-    /// Its order score, if ready: when it became ready, less the head start its priority gives
-    /// (leasing takes a namespace's lowest first).
+    /// When it became ready, if ready.
     pub ready_ms: Option<i64>,
+    /// The Job's pod priority the queue holds for it (0 when none was sent).
+    pub priority: i32,
+    /// The head start that priority gives it in its namespace's order (its order score is
+    /// `ready_ms` less this; see [`crate::PRIORITY_AGING`]).
+    pub head_start: Duration,
     /// If ready: how many ready keys of its namespace are ahead of it, over every shard.
     pub ready_position: Option<u64>,
     /// Ready keys of its namespace, over every shard (the namespace's depth).
@@ -304,7 +308,7 @@ impl Store {
         let v: Value = self.run(&EXPLAIN_SCRIPT, &keys, args).await?;
         let mut f = Fields::new("explain", &v)?;
         let now_ms = f.int("now")?;
-        let ready_ms = f.opt("ready")?;
+        let score = f.opt("ready")?;
         let rank = f.opt("ready_rank")?;
         let mut namespace_ready = f.u64("namespace_ready")?;
         let rr_len = f.count("round_robin")?;
@@ -319,13 +323,21 @@ impl Store {
         let recs = strings(&mut f, "records")?;
         let hist = strings(&mut f, "history")?;
         let last = f.bytes("last sync")?;
+        let prio = f.string("priority")?;
+        let (head_start, priority) = match prio.split_once('|') {
+            Some((hs, p)) => {
+                (Duration::from_millis(hs.parse().unwrap_or(0)), p.parse().unwrap_or(0))
+            }
+            None => (Duration::ZERO, 0),
+        };
+        let ready_ms = score.map(|s| s + head_start.as_millis() as i64);
 
         // Keys of its namespace in the other shards: their count, and those ahead of it.
         let mut ready_position = rank.map(i64::unsigned_abs);
         let ns = key.split_once('/').map_or("", |(ns, _)| ns);
         let others = (0..self.layout().shards()).filter(|s| *s != shard).map(|s| {
             let keys = self.queue_keys(queue, s).to_vec();
-            let args = argv![ns, ready_ms.unwrap_or(-1)];
+            let args = argv![ns, score.unwrap_or(-1)];
             async move { self.run::<Value>(&NS_DEPTH_SCRIPT, &keys, args).await }
         });
         for r in futures::future::join_all(others).await {
@@ -392,6 +404,8 @@ impl Store {
             now_ms,
             state,
             ready_ms,
+            priority,
+            head_start,
             ready_position,
             namespace_ready,
             round_robin: RoundRobin { namespaces: rr_len, position: rr_at.checked_sub(1), deficit },
@@ -457,7 +471,8 @@ for _, ns in ipairs(redis.call('LRANGE', RR, 0, max - 1)) do
   local k = rkey(ns)
   a[2] = redis.call('ZCARD', k)
   local head = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-  if #head > 0 then a[5] = tonumber(head[2]) end
+  -- The next key's ready time: its score plus its priority head start.
+  if #head > 0 then a[5] = tonumber(head[2]) + head_start(head[1]) end
 end
 local function walk(key, field)
   if redis.call('ZCARD', key) > max then truncated = 1 end
@@ -492,7 +507,8 @@ pub struct NamespaceStats {
     pub delayed: u64,
     /// Keys leased.
     pub leased: u64,
-    /// Order score of its oldest ready key (its ready time, less any priority head start).
+    /// Ready time of the key leased next in the namespace (the lowest order score, with its
+    /// priority head start added back): the oldest ready key unless priorities reorder them.
     pub oldest_ready_ms: Option<i64>,
     /// Dones per second, summed over the kjob-queue replicas that published theirs in the
     /// last [`SYNC_RATE_STALE`].

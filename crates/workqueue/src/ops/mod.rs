@@ -10,6 +10,7 @@ mod holders;
 mod lease;
 mod maintain;
 mod oldest;
+pub(crate) mod priority;
 mod records;
 mod shards;
 mod stats;
@@ -26,6 +27,7 @@ pub use explain::{
 };
 pub use holders::{HOLDERS_MAX_KEYS, HOLDERS_MAX_SCAN, Holder, LeaseHolders};
 pub use oldest::{OLDEST_READY_MAX_KEYS, OLDEST_READY_MAX_NAMESPACES, OldestReady, WaitingKey};
+pub use priority::{PRIORITY_AGING, TOP_PRIORITY, head_start as priority_head_start};
 pub use records::MAX_RECORDS_PER_JOB;
 pub(crate) use shards::read_mark;
-pub use weights::{MAX_WEIGHT, WEIGHTS_REFRESH};
+pub use weights::{MAX_WEIGHT, MAX_WEIGHTED_NAMESPACES, WEIGHTS_REFRESH};

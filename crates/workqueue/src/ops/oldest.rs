@@ -15,9 +15,12 @@ use crate::store::Store;
 /// for every namespace with ready work in the shard.
 /// Reply: `{now, key, score, key, score…}`, at most n keys, lowest score (longest waiting) first.
 ///
-/// Each namespace's ready set is ordered by score, so its n longest waiting keys are its head:
-/// one `ZRANGE` of n per namespace and at most n comparisons per key read, never a walk of the
-/// ready sets (about 1 ms for 100 namespaces).
+/// Each namespace's ready set is ordered by score, so without priorities its n longest waiting
+/// keys are its head: one `ZRANGE` of n per namespace and at most n comparisons per key read,
+/// never a walk of the ready sets (about 1 ms for 100 namespaces). A key's age is from its ready
+/// time (its score plus its priority head start); where priorities are set, the head is the
+/// n first in lease order, so an older key of low priority behind n keys of higher priority that
+/// became ready within [`crate::PRIORITY_AGING`] after it is not among them.
 const OLDEST_READY: &str = concat!(
     queue_prelude!(),
     queue_fns!(),
@@ -32,13 +35,17 @@ local function better(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1])
 for _, ns in ipairs(nss) do
   local head = redis.call('ZRANGE', rkey(ns), 0, n - 1, 'WITHSCORES')
   for i = 1, #head, 2 do
-    local c = {head[i], tonumber(head[i + 1])}
-    -- A namespace's head is in order: once one of its keys misses the n best, the rest do.
-    if #best >= n and not better(c, best[#best]) then break end
-    local at = #best + 1
-    while at > 1 and better(c, best[at - 1]) do at = at - 1 end
-    table.insert(best, at, c)
-    if #best > n then best[#best] = nil end
+    local c = {head[i], tonumber(head[i + 1]) + head_start(head[i])}
+    local missed = #best >= n and not better(c, best[#best])
+    -- Without priorities a namespace's head is in ready order: once one of its keys misses
+    -- the n best, the rest do.
+    if missed and not has_prio() then break end
+    if not missed then
+      local at = #best + 1
+      while at > 1 and better(c, best[at - 1]) do at = at - 1 end
+      table.insert(best, at, c)
+      if #best > n then best[#best] = nil end
+    end
   end
 end
 local out = {now}
@@ -65,7 +72,7 @@ pub const OLDEST_READY_MAX_KEYS: u32 = 100;
 pub struct WaitingKey {
     /// The key, `namespace/name`.
     pub key: String,
-    /// Its order score: when it became ready, less any priority head start (Unix ms).
+    /// When it became ready (its order score plus its priority head start; Unix ms).
     pub ready_ms: i64,
 }
 
@@ -92,8 +99,8 @@ impl Reply for OldestReady {
 
 impl Store {
     /// The `n` (at most [`OLDEST_READY_MAX_KEYS`]) keys of `queue` that have been ready longest,
-    /// over every shard (one script per shard), of `namespace` only if given. Ages are by order
-    /// score, so a high-priority key counts as ready up to its head start earlier.
+    /// over every shard (one script per shard), of `namespace` only if given; ages from each
+    /// key's ready time (see the script's note on priorities).
     pub async fn oldest_ready(
         &self,
         queue: &str,

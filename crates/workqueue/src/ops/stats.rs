@@ -24,9 +24,9 @@ for _, ns in ipairs(redis.call('LRANGE', RR, 0, -1)) do
   local k = rkey(ns)
   ready = ready + redis.call('ZCARD', k)
   local head = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-  if #head > 0 and (oldest_ready < 0 or tonumber(head[2]) < oldest_ready) then
-    oldest_ready = tonumber(head[2])
-  end
+  -- The next key to lease: its ready time (the score less a priority head start, added back).
+  local at = #head > 0 and tonumber(head[2]) + head_start(head[1])
+  if at and (oldest_ready < 0 or at < oldest_ready) then oldest_ready = at end
 end
 local leased = redis.call('ZCARD', LEASES)
 local recs

@@ -16,7 +16,11 @@ pub(crate) const WEIGHTS_KEY: &str = "{wq:weights}";
 /// weight takes effect on every replica within this.
 pub const WEIGHTS_REFRESH: Duration = Duration::from_secs(5);
 /// Largest weight: a namespace gets at most this many leases per turn of the round robin.
-pub const MAX_WEIGHT: u32 = 1000;
+pub const MAX_WEIGHT: u32 = kjob_core::MAX_QUEUE_WEIGHT;
+/// Most namespaces weighted other than 1 at once: the lease scripts get the whole set in one
+/// argument (about 70 bytes a namespace, so at most ~700 KB), and a cluster has far fewer
+/// tenants than this.
+pub const MAX_WEIGHTED_NAMESPACES: usize = 10_000;
 
 /// Whether `ns` can be a weighted namespace: a DNS-1123 label, so it cannot break the
 /// `ns=w,…` encoding of the scripts' argument.
@@ -26,19 +30,25 @@ fn valid_namespace(ns: &str) -> bool {
         && ns.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// Refuses a namespace name or weight the scripts cannot take.
+fn check_weight(ns: &str, weight: u32) -> Result<(), WqError> {
+    if !valid_namespace(ns) {
+        return Err(WqError::Config(format!("{ns:?} is not a namespace name")));
+    }
+    if weight == 0 || weight > MAX_WEIGHT {
+        return Err(WqError::Config(format!(
+            "weight {weight} for {ns}: 1 to {MAX_WEIGHT} are allowed"
+        )));
+    }
+    Ok(())
+}
+
 impl Store {
     /// Sets the weight of namespace `ns` in the fair lease (1 = the default; a namespace of
     /// weight w gets w leases per turn while it has ready keys). Every replica uses it within
     /// [`WEIGHTS_REFRESH`]; this one at once.
     pub async fn set_namespace_weight(&self, ns: &str, weight: u32) -> Result<(), WqError> {
-        if !valid_namespace(ns) {
-            return Err(WqError::Config(format!("{ns:?} is not a namespace name")));
-        }
-        if weight == 0 || weight > MAX_WEIGHT {
-            return Err(WqError::Config(format!(
-                "weight {weight} for {ns}: 1 to {MAX_WEIGHT} are allowed"
-            )));
-        }
+        check_weight(ns, weight)?;
         let mut cmd = if weight == 1 {
             let mut c = redis::cmd("HDEL");
             c.arg(WEIGHTS_KEY).arg(ns);
@@ -51,6 +61,51 @@ impl Store {
         self.command::<i64>("set_namespace_weight", &mut cmd).await?;
         *self.weights.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())
+    }
+
+    /// Replaces every weight at once: the namespaces of `weights` get theirs, every other
+    /// namespace weight 1 (entries of weight 1 are dropped, as they are the default). Atomic:
+    /// a replica reading the weights sees the old set or the new one. Returns how many
+    /// namespaces are weighted other than 1 now.
+    pub async fn replace_namespace_weights(
+        &self,
+        weights: &BTreeMap<String, u32>,
+    ) -> Result<u32, WqError> {
+        if weights.len() > MAX_WEIGHTED_NAMESPACES {
+            return Err(WqError::Config(format!(
+                "{} weighted namespaces: at most {MAX_WEIGHTED_NAMESPACES} are allowed",
+                weights.len()
+            )));
+        }
+        for (ns, &w) in weights {
+            check_weight(ns, w)?;
+        }
+        let set: Vec<(&str, u32)> =
+            weights.iter().filter(|(_, w)| **w != 1).map(|(ns, w)| (ns.as_str(), *w)).collect();
+        let mut pipe = redis::pipe();
+        pipe.atomic().del(WEIGHTS_KEY).ignore();
+        if !set.is_empty() {
+            pipe.hset_multiple(WEIGHTS_KEY, &set).ignore();
+        }
+        let mut conn = self.connection();
+        match tokio::time::timeout(RESPONSE_TIMEOUT, pipe.query_async::<()>(&mut conn)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let e = WqError::from(e);
+                return Err(if e.is_unavailable() {
+                    WqError::Unavailable(format!("replace_namespace_weights: {e}"))
+                } else {
+                    e
+                });
+            }
+            Err(_) => {
+                return Err(WqError::Unavailable(format!(
+                    "replace_namespace_weights: no reply in {RESPONSE_TIMEOUT:?}"
+                )));
+            }
+        }
+        *self.weights.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(set.len() as u32)
     }
 
     /// The namespaces whose weight is not 1, with their weights.

@@ -242,6 +242,7 @@ pub fn zero_object(kind: StoreKind) -> Value {
             json!({"metadata": {}, "spec": {"template": {"metadata": {}, "spec": {}}}, "status": {}})
         }
         StoreKind::Lease => json!({"metadata": {}, "spec": {}}),
+        StoreKind::PriorityClass => json!({"metadata": {}}),
         StoreKind::Event => json!({"metadata": {}, "involvedObject": {}, "source": {}}),
         StoreKind::Pod | StoreKind::Namespace => json!({"metadata": {}, "spec": {}, "status": {}}),
     }
