@@ -87,7 +87,8 @@ const CONTROLLER_UID: u32 = 2;
 /// Code of `KNOWN[0]`.
 const FIRST_KNOWN: u32 = 3;
 
-/// One pod of the view (after the marker byte).
+/// One pod of the view (after the marker byte). Strings that may be coded are a pair of fields:
+/// the code, and the text when the code is 0 (both unset: absent, or empty).
 #[derive(Clone, PartialEq, Message)]
 pub struct ViewPod {
     /// `metadata.name`, or what follows `<controller name>-` when [`Self::name_after_controller`].
@@ -96,53 +97,45 @@ pub struct ViewPod {
     /// The name begins with the controller's name and a dash, left out of [`Self::name`].
     #[prost(bool, tag = "2")]
     pub name_after_controller: bool,
-    /// `metadata.uid`.
-    #[prost(message, optional, tag = "3")]
-    pub uid: Option<Uid>,
+    /// `metadata.uid` when it is a canonical UUID: its 16 bytes ([`uid_parts`]).
+    #[prost(bytes = "vec", tag = "3")]
+    pub uuid: Vec<u8>,
+    /// `metadata.uid` otherwise.
+    #[prost(string, tag = "4")]
+    pub uid: String,
     /// `metadata.creationTimestamp`, seconds since the epoch.
-    #[prost(sint64, optional, tag = "4")]
+    #[prost(sint64, optional, tag = "5")]
     pub created: Option<i64>,
     /// Its nanoseconds.
-    #[prost(uint32, tag = "5")]
+    #[prost(uint32, tag = "6")]
     pub created_nanos: u32,
     /// `metadata.deletionTimestamp`, seconds after the creation.
-    #[prost(sint64, optional, tag = "6")]
+    #[prost(sint64, optional, tag = "7")]
     pub deleted: Option<i64>,
     /// Its nanoseconds.
-    #[prost(uint32, tag = "7")]
+    #[prost(uint32, tag = "8")]
     pub deleted_nanos: u32,
     /// `metadata.deletionGracePeriodSeconds`.
-    #[prost(int64, optional, tag = "8")]
+    #[prost(int64, optional, tag = "9")]
     pub deletion_grace_period_seconds: Option<i64>,
     /// `metadata.labels`.
-    #[prost(message, repeated, tag = "9")]
+    #[prost(message, repeated, tag = "10")]
     pub labels: Vec<Pair>,
     /// `metadata.annotations` (the `batch.kubernetes.io/` ones the watcher keeps).
-    #[prost(message, repeated, tag = "10")]
+    #[prost(message, repeated, tag = "11")]
     pub annotations: Vec<Pair>,
     /// `metadata.finalizers`.
-    #[prost(message, repeated, tag = "11")]
+    #[prost(message, repeated, tag = "12")]
     pub finalizers: Vec<Sym>,
     /// `metadata.ownerReferences`.
-    #[prost(message, repeated, tag = "12")]
+    #[prost(message, repeated, tag = "13")]
     pub owners: Vec<Owner>,
     /// What syncJob reads of `spec`.
-    #[prost(message, optional, tag = "13")]
+    #[prost(message, optional, tag = "14")]
     pub spec: Option<Spec>,
     /// What syncJob reads of `status`.
-    #[prost(message, optional, tag = "14")]
+    #[prost(message, optional, tag = "15")]
     pub status: Option<Status>,
-}
-
-/// A UID: its 16 bytes when it is a canonical (lowercase, hyphenated) UUID, else its text.
-#[derive(Clone, PartialEq, Message)]
-pub struct Uid {
-    /// The UUID's bytes.
-    #[prost(bytes = "vec", tag = "1")]
-    pub uuid: Vec<u8>,
-    /// The text of a UID that is not a canonical UUID.
-    #[prost(string, tag = "2")]
-    pub text: String,
 }
 
 /// A string: a code ([`KNOWN`], the controller's name or UID) or spelled out (code 0).
@@ -177,23 +170,32 @@ pub struct Pair {
 /// name or UID by reference, since they are read from here).
 #[derive(Clone, PartialEq, Message)]
 pub struct Owner {
-    /// `apiVersion`.
-    #[prost(message, optional, tag = "1")]
-    pub api_version: Option<Sym>,
-    /// `kind`.
-    #[prost(message, optional, tag = "2")]
-    pub kind: Option<Sym>,
+    /// `apiVersion`'s code.
+    #[prost(uint32, tag = "1")]
+    pub api_version: u32,
+    /// `apiVersion` when its code is 0.
+    #[prost(string, tag = "2")]
+    pub api_version_text: String,
+    /// `kind`'s code.
+    #[prost(uint32, tag = "3")]
+    pub kind: u32,
+    /// `kind` when its code is 0.
+    #[prost(string, tag = "4")]
+    pub kind_text: String,
     /// `name`.
-    #[prost(string, tag = "3")]
+    #[prost(string, tag = "5")]
     pub name: String,
-    /// `uid`.
-    #[prost(message, optional, tag = "4")]
-    pub uid: Option<Uid>,
+    /// `uid` when it is a canonical UUID: its 16 bytes.
+    #[prost(bytes = "vec", tag = "6")]
+    pub uuid: Vec<u8>,
+    /// `uid` otherwise.
+    #[prost(string, tag = "7")]
+    pub uid: String,
     /// `controller`.
-    #[prost(bool, optional, tag = "5")]
+    #[prost(bool, optional, tag = "8")]
     pub controller: Option<bool>,
     /// `blockOwnerDeletion`.
-    #[prost(bool, optional, tag = "6")]
+    #[prost(bool, optional, tag = "9")]
     pub block_owner_deletion: Option<bool>,
 }
 
@@ -214,25 +216,31 @@ pub struct InitContainer {
     /// `name`.
     #[prost(string, tag = "1")]
     pub name: String,
-    /// `restartPolicy` (absent: code 0, no text).
-    #[prost(message, optional, tag = "2")]
-    pub restart_policy: Option<Sym>,
+    /// `restartPolicy`'s code.
+    #[prost(uint32, tag = "2")]
+    pub restart_policy: u32,
+    /// `restartPolicy` when its code is 0 (absent: neither).
+    #[prost(string, tag = "3")]
+    pub restart_policy_text: String,
 }
 
 /// What syncJob reads of a pod's status.
 #[derive(Clone, PartialEq, Message)]
 pub struct Status {
-    /// `phase` (absent: none).
-    #[prost(message, optional, tag = "1")]
-    pub phase: Option<Sym>,
+    /// `phase`'s code.
+    #[prost(uint32, tag = "1")]
+    pub phase: u32,
+    /// `phase` when its code is 0 (absent: neither).
+    #[prost(string, tag = "2")]
+    pub phase_text: String,
     /// `conditions`.
-    #[prost(message, repeated, tag = "2")]
+    #[prost(message, repeated, tag = "3")]
     pub conditions: Vec<Condition>,
     /// `containerStatuses`.
-    #[prost(message, repeated, tag = "3")]
+    #[prost(message, repeated, tag = "4")]
     pub containers: Vec<ContainerStat>,
     /// `initContainerStatuses`.
-    #[prost(message, repeated, tag = "4")]
+    #[prost(message, repeated, tag = "5")]
     pub init_containers: Vec<ContainerStat>,
 }
 
@@ -366,34 +374,31 @@ impl<'a> Dict<'a> {
     }
 }
 
-impl Uid {
-    /// A UID as the view keeps it (`None` when empty).
-    pub fn of(uid: &str) -> Option<Self> {
-        if uid.is_empty() {
-            return None;
-        }
-        Some(match uuid_bytes(uid) {
-            Some(b) => Uid { uuid: b.to_vec(), text: String::new() },
-            None => Uid { uuid: Vec::new(), text: uid.to_string() },
-        })
+/// A UID as the view keeps it: `(its 16 bytes, "")` when it is a canonical UUID, else
+/// `(empty, the text)`.
+pub fn uid_parts(uid: &str) -> (Vec<u8>, String) {
+    match uuid_bytes(uid) {
+        Some(b) => (b.to_vec(), String::new()),
+        None => (Vec::new(), uid.to_string()),
     }
+}
 
-    fn to_text(&self) -> Result<String, ViewPodError> {
-        match self.uuid.len() {
-            0 => Ok(self.text.clone()),
-            16 => {
-                let hex: String = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
-                Ok(format!(
-                    "{}-{}-{}-{}-{}",
-                    &hex[..8],
-                    &hex[8..12],
-                    &hex[12..16],
-                    &hex[16..20],
-                    &hex[20..]
-                ))
-            }
-            n => Err(ViewPodError::Message(format!("a UUID of {n} bytes"))),
+/// The UID [`uid_parts`] gave these parts of.
+fn uid_text(uuid: &[u8], text: String) -> Result<String, ViewPodError> {
+    match uuid.len() {
+        0 => Ok(text),
+        16 => {
+            let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+            Ok(format!(
+                "{}-{}-{}-{}-{}",
+                &hex[..8],
+                &hex[8..12],
+                &hex[12..16],
+                &hex[16..20],
+                &hex[20..]
+            ))
         }
+        n => Err(ViewPodError::Message(format!("a UUID of {n} bytes"))),
     }
 }
 
@@ -497,15 +502,11 @@ fn expand(m: ViewPod, namespace: &str) -> Result<Pod, ViewPodError> {
         .into_iter()
         .map(|o| {
             let dict = Dict::default();
-            let sym = |s: Option<Sym>| match s {
-                Some(s) => dict.text(s.code, &s.text),
-                None => Ok(String::new()),
-            };
             Ok(OwnerReference {
-                api_version: sym(o.api_version)?,
-                kind: sym(o.kind)?,
+                api_version: dict.text(o.api_version, &o.api_version_text)?,
+                kind: dict.text(o.kind, &o.kind_text)?,
                 name: o.name,
-                uid: o.uid.map(|u| u.to_text()).transpose()?.unwrap_or_default(),
+                uid: uid_text(&o.uuid, o.uid)?,
                 controller: o.controller,
                 block_owner_deletion: o.block_owner_deletion,
             })
@@ -535,7 +536,7 @@ fn expand(m: ViewPod, namespace: &str) -> Result<Pod, ViewPodError> {
     let metadata = ObjectMeta {
         name: text(name),
         namespace: Some(namespace.to_string()),
-        uid: m.uid.map(|u| u.to_text()).transpose()?.and_then(text),
+        uid: text(uid_text(&m.uuid, m.uid)?),
         creation_timestamp: clock.at(m.created.map(|_| 0), m.created_nanos)?,
         deletion_timestamp: clock.at(m.deleted, m.deleted_nanos)?,
         deletion_grace_period_seconds: m.deletion_grace_period_seconds,
@@ -554,7 +555,7 @@ fn expand(m: ViewPod, namespace: &str) -> Result<Pod, ViewPodError> {
                 .map(|c| {
                     Ok(Container {
                         name: c.name,
-                        restart_policy: c.restart_policy.map(sym).transpose()?.and_then(text),
+                        restart_policy: text(dict.text(c.restart_policy, &c.restart_policy_text)?),
                         ..Default::default()
                     })
                 })
@@ -606,7 +607,7 @@ fn expand(m: ViewPod, namespace: &str) -> Result<Pod, ViewPodError> {
                 })
                 .collect::<Result<Vec<_>, ViewPodError>>()?;
             Ok::<_, ViewPodError>(PodStatus {
-                phase: s.phase.map(sym).transpose()?.and_then(text),
+                phase: text(dict.text(s.phase, &s.phase_text)?),
                 conditions: non_empty(conditions),
                 container_statuses: statuses(s.containers)?,
                 init_container_statuses: statuses(s.init_containers)?,

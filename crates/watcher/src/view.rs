@@ -18,7 +18,7 @@ use crate::cache::{JobInfo, PodInfo, Store};
 /// megabyte of pods.
 pub const SNAPSHOT_CHUNK: usize = 200;
 
-/// One write to a Job's shared view, its trimmed JSON shared (see [`kjob_core::ViewOp`]).
+/// One write to a Job's shared view, its entry shared (see [`kjob_core::ViewOp`]).
 pub type ViewWrite = kjob_core::ViewOp<Arc<[u8]>>;
 
 /// The Job as the view keeps it: everything but managedFields (the worker creates pods from the
@@ -118,7 +118,8 @@ pub struct WatchedPodSpec {
     /// Init containers' names and restart policies (sidecars count for the finish time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_containers: Option<Vec<WatchedContainer>>,
-    /// Never read; written empty so the object is a valid PodSpec (`containers` is required).
+    /// Never read, always empty: `containers` is required in a PodSpec (the JSON entries of
+    /// watchers before the compact one wrote it so).
     #[serde(skip_deserializing, default)]
     pub containers: Vec<WatchedContainer>,
 }
@@ -223,6 +224,7 @@ impl WatchedPod {
         let clock = vp::Clock::new(m.creation_timestamp.as_ref());
         let (name, name_after_controller) = dict.name(m.name.as_deref().unwrap_or_default());
         let (deleted, deleted_nanos) = clock.since(m.deletion_timestamp.as_ref());
+        let (uuid, uid) = vp::uid_parts(m.uid.as_deref().unwrap_or_default());
         let pairs = |kv: &mut dyn Iterator<Item = (&String, &String)>| {
             kv.map(|(k, v)| dict.pair(k, v)).collect()
         };
@@ -231,7 +233,8 @@ impl WatchedPod {
         let view = vp::ViewPod {
             name,
             name_after_controller,
-            uid: vp::Uid::of(m.uid.as_deref().unwrap_or_default()),
+            uuid,
+            uid,
             created: m.creation_timestamp.as_ref().map(|t| t.0.as_second()),
             created_nanos: clock.since(m.creation_timestamp.as_ref()).1,
             deleted,
@@ -248,13 +251,21 @@ impl WatchedPod {
             finalizers: m.finalizers.iter().flatten().map(|f| dict.sym(f)).collect(),
             owners: owners
                 .iter()
-                .map(|o| vp::Owner {
-                    api_version: Some(plain.sym(&o.api_version)),
-                    kind: Some(plain.sym(&o.kind)),
-                    name: o.name.clone(),
-                    uid: vp::Uid::of(&o.uid),
-                    controller: o.controller,
-                    block_owner_deletion: o.block_owner_deletion,
+                .map(|o| {
+                    let (api_version, api_version_text) = plain.code(&o.api_version);
+                    let (kind, kind_text) = plain.code(&o.kind);
+                    let (uuid, uid) = vp::uid_parts(&o.uid);
+                    vp::Owner {
+                        api_version,
+                        api_version_text,
+                        kind,
+                        kind_text,
+                        name: o.name.clone(),
+                        uuid,
+                        uid,
+                        controller: o.controller,
+                        block_owner_deletion: o.block_owner_deletion,
+                    }
                 })
                 .collect(),
             spec: self.spec.as_ref().map(|s| vp::Spec {
@@ -263,9 +274,14 @@ impl WatchedPod {
                     .init_containers
                     .iter()
                     .flatten()
-                    .map(|c| vp::InitContainer {
-                        name: c.name.clone(),
-                        restart_policy: c.restart_policy.as_deref().map(|r| dict.sym(r)),
+                    .map(|c| {
+                        let (restart_policy, restart_policy_text) =
+                            dict.code(c.restart_policy.as_deref().unwrap_or_default());
+                        vp::InitContainer {
+                            name: c.name.clone(),
+                            restart_policy,
+                            restart_policy_text,
+                        }
                     })
                     .collect(),
             }),
@@ -289,8 +305,10 @@ impl WatchedPod {
                         })
                         .collect()
                 };
+                let (phase, phase_text) = dict.code(s.phase.as_deref().unwrap_or_default());
                 vp::Status {
-                    phase: s.phase.as_deref().map(|p| dict.sym(p)),
+                    phase,
+                    phase_text,
                     conditions: s
                         .conditions
                         .iter()

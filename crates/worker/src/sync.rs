@@ -1001,21 +1001,30 @@ mod tests {
             let dict = vp::Dict::new(Some((&controller.name, &controller.uid)));
             let plain = vp::Dict::default();
             let (name, name_after_controller) = dict.name(name);
+            let (uuid, uid) = vp::uid_parts("u-compact");
+            let (api_version, api_version_text) = plain.code(&controller.api_version);
+            let (kind, kind_text) = plain.code(&controller.kind);
+            let (owner_uuid, owner_uid) = vp::uid_parts(&controller.uid);
+            let (phase, phase_text) = dict.code("Running");
             vp::ViewPod {
                 name,
                 name_after_controller,
-                uid: vp::Uid::of("u-compact"),
+                uuid,
+                uid,
                 annotations: vec![dict.pair(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, index)],
                 finalizers: vec![dict.sym(JOB_TRACKING_FINALIZER)],
                 owners: vec![vp::Owner {
-                    api_version: Some(plain.sym(&controller.api_version)),
-                    kind: Some(plain.sym(&controller.kind)),
+                    api_version,
+                    api_version_text,
+                    kind,
+                    kind_text,
                     name: controller.name.clone(),
-                    uid: vp::Uid::of(&controller.uid),
+                    uuid: owner_uuid,
+                    uid: owner_uid,
                     controller: Some(true),
                     block_owner_deletion: Some(true),
                 }],
-                status: Some(vp::Status { phase: Some(dict.sym("Running")), ..Default::default() }),
+                status: Some(vp::Status { phase, phase_text, ..Default::default() }),
                 ..Default::default()
             }
             .to_entry()
