@@ -373,12 +373,16 @@ fn entries_of_unknown_formats_are_refused_whole() {
     assert_eq!(view_pod::decode(&newer, TEST_NAMESPACE), Err(ViewPodError::Format(Some(2))));
     assert_eq!(view_pod::decode(&[], TEST_NAMESPACE), Err(ViewPodError::Format(None)));
     // A phase coded with a number past the known strings.
-    let mut m = view_pod::ViewPod::default();
-    m.status = Some(view_pod::Status { phase: 200, ..Default::default() });
+    let m = view_pod::ViewPod {
+        status: Some(view_pod::Status { phase: 200, ..Default::default() }),
+        ..Default::default()
+    };
     assert_eq!(view_pod::decode(&m.to_entry(), TEST_NAMESPACE), Err(ViewPodError::Code(200)));
     // A reference to a controller the pod does not have.
-    let mut m = view_pod::ViewPod::default();
-    m.labels = vec![view_pod::Pair { key: 5, value: 2, ..Default::default() }];
+    let m = view_pod::ViewPod {
+        labels: vec![view_pod::Pair { key: 5, value: 2, ..Default::default() }],
+        ..Default::default()
+    };
     assert!(view_pod::decode(&m.to_entry(), TEST_NAMESPACE).is_err());
     let mut cut = entry.clone();
     cut.truncate(entry.len() - 3);
