@@ -31,6 +31,7 @@ pub mod template;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 pub mod validation;
+pub mod view_pod;
 
 pub use backoff::BackoffRecord;
 pub use ownership::{Claim, ClaimFacts, Owner, claim};

@@ -133,7 +133,7 @@ impl PodInfo {
     /// Extracts the slim view from a pod as the watch delivers it, with its view object when a
     /// Job controls it. Takes the pod, so its strings move into the cache rather than copied.
     pub fn from_watched(pod: crate::view::WatchedPod) -> Self {
-        let view = controlled_by_a_job(&pod.metadata).then(|| pod.view_json());
+        let view = controlled_by_a_job(&pod.metadata).then(|| pod.view_entry());
         Self { view, ..Self::from_meta(pod.metadata) }
     }
 

@@ -634,9 +634,9 @@ mod tests {
         assert_eq!(out[0].observations[0].kind, ObservationKind::Creation, "and the handler's");
         assert!(!out[0].observe_only && out[0].delay == SYNC_JOB_BATCH_PERIOD);
         assert_eq!(out[0].session.as_deref(), Some("w-1"), "the writes' session");
-        // The written pod is the trimmed object.
+        // The written pod is the view's entry of it (in the Job's namespace).
         let ViewWrite::Pod { object, .. } = &out[0].view[0] else { panic!() };
-        let back: Pod = serde_json::from_slice(object).unwrap();
+        let back = kjob_reconcile::view_pod::decode(object, "ns").unwrap();
         assert_eq!(back.metadata.name.as_deref(), Some("p1"));
         // An unchanged resourceVersion writes nothing.
         assert!(inf.pod_event(Event::Apply(pod("p1", "a", "3")), true).is_empty());

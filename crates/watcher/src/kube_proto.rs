@@ -549,7 +549,7 @@ mod tests {
         let from_pb = decode_pod(encoded.into()).expect("decodes");
         let from_json: WatchedPod = serde_json::from_value(full_pod_json()).unwrap();
         assert_eq!(from_pb, from_json);
-        assert_eq!(*from_pb.view_json(), *from_json.view_json());
+        assert_eq!(*from_pb.view_entry(), *from_json.view_entry());
         assert_eq!(from_pb.metadata.resource_version.as_deref(), Some("42"));
         assert_eq!(from_pb.metadata.managed_fields, None);
     }

@@ -6,12 +6,11 @@
 //! Pure: the informer calls these to turn its events into [`ViewWrite`]s, which ride on the same
 //! Add items as the handlers' observations (written first, in the same script).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::cache::{JobInfo, PodInfo, Store};
 
@@ -19,7 +18,7 @@ use crate::cache::{JobInfo, PodInfo, Store};
 /// megabyte of pods.
 pub const SNAPSHOT_CHUNK: usize = 200;
 
-/// One write to a Job's shared view, its trimmed JSON shared (see [`kjob_core::ViewOp`]).
+/// One write to a Job's shared view, its entry shared (see [`kjob_core::ViewOp`]).
 pub type ViewWrite = kjob_core::ViewOp<Arc<[u8]>>;
 
 /// The Job as the view keeps it: everything but managedFields (the worker creates pods from the
@@ -83,18 +82,18 @@ impl kube::Resource for WatchedJob {
     }
 }
 
-/// The pod as the view keeps it: what syncJob reads ([`WatchedPod::view_json`]), taken from a
+/// The pod as the view keeps it: what syncJob reads ([`WatchedPod::view_entry`]), taken from a
 /// whole Pod (tests and tools; the watcher decodes pods as [`WatchedPod`]s).
 pub fn trim_pod(pod: &Pod) -> Arc<[u8]> {
     let json = serde_json::to_vec(pod).unwrap_or_default();
-    serde_json::from_slice::<WatchedPod>(&json).map(|p| p.view_json()).unwrap_or_default()
+    serde_json::from_slice::<WatchedPod>(&json).map(|p| p.view_entry()).unwrap_or_default()
 }
 
 /// A pod as the watcher decodes it off the watch stream (JSON or protobuf,
 /// [`crate::kube_proto`]): what the handlers read (the metadata, without managedFields) and what
 /// syncJob reads of the spec and status. Everything else (container specs, volumes, IPs,
 /// probe times, messages, managedFields: most of a pod's bytes) is skipped while decoding
-/// instead of allocated. Its [`view_json`](Self::view_json) is the pod the shared view keeps.
+/// instead of allocated. Its [`view_entry`](Self::view_entry) is the pod the shared view keeps.
 #[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WatchedPod {
@@ -119,7 +118,8 @@ pub struct WatchedPodSpec {
     /// Init containers' names and restart policies (sidecars count for the finish time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_containers: Option<Vec<WatchedContainer>>,
-    /// Never read; written empty so the object is a valid PodSpec (`containers` is required).
+    /// Never read, always empty: `containers` is required in a PodSpec (the JSON entries of
+    /// watchers before the compact one wrote it so).
     #[serde(skip_deserializing, default)]
     pub containers: Vec<WatchedContainer>,
 }
@@ -210,78 +210,130 @@ pub struct WatchedTerminated {
 /// the per-index failure counts). Others (tools' notes, kubectl's) change nothing it decides.
 pub const VIEW_ANNOTATION_PREFIX: &str = "batch.kubernetes.io/";
 
-/// The view's pod, borrowed from a [`WatchedPod`]: a valid core/v1 Pod with what syncJob reads.
-/// No resourceVersion: it changes on every write, and a view entry that carried it would be
-/// rewritten for updates no decision reads.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ViewPod<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: ViewMeta<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec: Option<&'a WatchedPodSpec>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<&'a WatchedPodStatus>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ViewMeta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    namespace: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    uid: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    creation_timestamp: Option<&'a Time>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    deletion_timestamp: Option<&'a Time>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    deletion_grace_period_seconds: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    labels: Option<&'a BTreeMap<String, String>>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    annotations: BTreeMap<&'a str, &'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    finalizers: Option<&'a Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    owner_references: Option<&'a Vec<OwnerReference>>,
-}
-
 impl WatchedPod {
-    /// The view's JSON of this pod: what syncJob reads, and nothing else, so that two versions
-    /// of a pod whose differences no decision reads have the same view JSON (and the second
-    /// writes nothing).
-    pub fn view_json(&self) -> Arc<[u8]> {
+    /// The view's entry of this pod ([`kjob_reconcile::view_pod`]): what syncJob reads, and
+    /// nothing else, so that two versions of a pod whose differences no decision reads have
+    /// the same entry (and the second writes nothing). No resourceVersion: it changes on every
+    /// write, and an entry that carried it would be rewritten for updates no decision reads.
+    pub fn view_entry(&self) -> Arc<[u8]> {
+        use kjob_reconcile::view_pod as vp;
         let m = &self.metadata;
-        let annotations = m
-            .annotations
-            .iter()
-            .flatten()
-            .filter(|(k, _)| k.starts_with(VIEW_ANNOTATION_PREFIX))
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let view = ViewPod {
-            api_version: "v1",
-            kind: "Pod",
-            metadata: ViewMeta {
-                name: m.name.as_deref(),
-                namespace: m.namespace.as_deref(),
-                uid: m.uid.as_deref(),
-                creation_timestamp: m.creation_timestamp.as_ref(),
-                deletion_timestamp: m.deletion_timestamp.as_ref(),
-                deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-                labels: m.labels.as_ref(),
-                annotations,
-                finalizers: m.finalizers.as_ref(),
-                owner_references: m.owner_references.as_ref(),
-            },
-            spec: self.spec.as_ref(),
-            status: self.status.as_ref(),
+        let owners = m.owner_references.as_deref().unwrap_or_default();
+        let controller = owners.iter().find(|r| r.controller == Some(true));
+        let dict = vp::Dict::new(controller.map(|c| (c.name.as_str(), c.uid.as_str())));
+        let clock = vp::Clock::new(m.creation_timestamp.as_ref());
+        let (name, name_after_controller) = dict.name(m.name.as_deref().unwrap_or_default());
+        let (deleted, deleted_nanos) = clock.since(m.deletion_timestamp.as_ref());
+        let (uuid, uid) = vp::uid_parts(m.uid.as_deref().unwrap_or_default());
+        let pairs = |kv: &mut dyn Iterator<Item = (&String, &String)>| {
+            kv.map(|(k, v)| dict.pair(k, v)).collect()
         };
-        serde_json::to_vec(&view).unwrap_or_default().into()
+        // Owner references are coded without references to the controller: they hold it.
+        let plain = vp::Dict::default();
+        let view = vp::ViewPod {
+            name,
+            name_after_controller,
+            uuid,
+            uid,
+            created: m.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+            created_nanos: clock.since(m.creation_timestamp.as_ref()).1,
+            deleted,
+            deleted_nanos,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            labels: pairs(&mut m.labels.iter().flatten()),
+            annotations: pairs(
+                &mut m
+                    .annotations
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| k.starts_with(VIEW_ANNOTATION_PREFIX)),
+            ),
+            finalizers: m.finalizers.iter().flatten().map(|f| dict.sym(f)).collect(),
+            owners: owners
+                .iter()
+                .map(|o| {
+                    let (api_version, api_version_text) = plain.code(&o.api_version);
+                    let (kind, kind_text) = plain.code(&o.kind);
+                    let (uuid, uid) = vp::uid_parts(&o.uid);
+                    vp::Owner {
+                        api_version,
+                        api_version_text,
+                        kind,
+                        kind_text,
+                        name: o.name.clone(),
+                        uuid,
+                        uid,
+                        controller: o.controller,
+                        block_owner_deletion: o.block_owner_deletion,
+                    }
+                })
+                .collect(),
+            spec: self.spec.as_ref().map(|s| vp::Spec {
+                node_name: s.node_name.clone().unwrap_or_default(),
+                init_containers: s
+                    .init_containers
+                    .iter()
+                    .flatten()
+                    .map(|c| {
+                        let (restart_policy, restart_policy_text) =
+                            dict.code(c.restart_policy.as_deref().unwrap_or_default());
+                        vp::InitContainer {
+                            name: c.name.clone(),
+                            restart_policy,
+                            restart_policy_text,
+                        }
+                    })
+                    .collect(),
+            }),
+            status: self.status.as_ref().map(|s| {
+                let statuses = |v: &Option<Vec<WatchedContainerStatus>>| {
+                    v.iter()
+                        .flatten()
+                        .map(|c| {
+                            let t = c.state.as_ref().and_then(|s| s.terminated.as_ref());
+                            let (finished, finished_nanos) =
+                                clock.since(t.and_then(|t| t.finished_at.as_ref()));
+                            vp::ContainerStat {
+                                name: c.name.clone(),
+                                restart_count: c.restart_count,
+                                has_state: c.state.is_some(),
+                                terminated: t.is_some(),
+                                exit_code: t.map_or(0, |t| t.exit_code),
+                                finished,
+                                finished_nanos,
+                            }
+                        })
+                        .collect()
+                };
+                let (phase, phase_text) = dict.code(s.phase.as_deref().unwrap_or_default());
+                vp::Status {
+                    phase,
+                    phase_text,
+                    conditions: s
+                        .conditions
+                        .iter()
+                        .flatten()
+                        .map(|c| {
+                            let (type_, type_text) = dict.code(&c.type_);
+                            let (status, status_text) = dict.code(&c.status);
+                            let (changed, changed_nanos) =
+                                clock.since(c.last_transition_time.as_ref());
+                            vp::Condition {
+                                type_,
+                                type_text,
+                                status,
+                                status_text,
+                                changed,
+                                changed_nanos,
+                            }
+                        })
+                        .collect(),
+                    containers: statuses(&s.container_statuses),
+                    init_containers: statuses(&s.init_container_statuses),
+                }
+            }),
+        };
+        view.to_entry().into()
     }
 }
 
@@ -490,10 +542,19 @@ pub fn orphan_notices<'a>(
 }
 
 #[cfg(test)]
+mod compact_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-    use kjob_reconcile::testutil::{mk_job, mk_pod};
+    use kjob_reconcile::testutil::{TEST_NAMESPACE, mk_job, mk_pod};
+    use kjob_reconcile::view_pod;
+
+    /// The worker's expansion of a view entry of a pod in [`TEST_NAMESPACE`].
+    fn decode(entry: &[u8]) -> Pod {
+        view_pod::decode(entry, TEST_NAMESPACE).unwrap()
+    }
 
     #[test]
     fn a_watched_pod_is_the_trimmed_pod() {
@@ -502,14 +563,14 @@ mod tests {
         assert!(full.starts_with(br#"{"apiVersion":"v1","kind":"Pod""#));
         let watched: WatchedPod = serde_json::from_slice(&full).unwrap();
         assert_eq!(watched.metadata.managed_fields, None, "skipped while parsing");
-        assert_eq!(*watched.view_json(), *trim_pod(&pod));
-        // The worker decodes it as a core/v1 Pod, also when the stream left out apiVersion/kind.
-        let back: Pod = serde_json::from_slice(&watched.view_json()).unwrap();
+        assert_eq!(*watched.view_entry(), *trim_pod(&pod));
+        // The worker expands it into a core/v1 Pod, also when the stream left out apiVersion/kind.
+        let back = decode(&watched.view_entry());
         assert_eq!(back.metadata.name.as_deref(), Some("p"));
         let mut bare: serde_json::Value = serde_json::from_slice(&full).unwrap();
         bare.as_object_mut().unwrap().retain(|k, _| k != "apiVersion" && k != "kind");
         let bare: WatchedPod = serde_json::from_value(bare).unwrap();
-        assert_eq!(*bare.view_json(), *watched.view_json());
+        assert_eq!(*bare.view_entry(), *watched.view_entry());
     }
 
     /// Every answer syncJob takes from a pod is the same on the view's pod as on the whole one:
@@ -543,7 +604,7 @@ mod tests {
         ];
         let policy = job.spec.as_ref().and_then(|s| s.pod_failure_policy.as_ref());
         for full in pods {
-            let view: Pod = serde_json::from_slice(&trim_pod(&full)).unwrap();
+            let view = decode(&trim_pod(&full));
             let name = p::name(&full);
             assert_eq!(
                 kjob_reconcile::PodSummary::of(&view),
@@ -557,7 +618,10 @@ mod tests {
             assert_eq!(p::uid(&view), p::uid(&full), "{name}");
             assert_eq!(view.metadata.namespace, full.metadata.namespace, "{name}");
             assert_eq!(view.metadata.labels, full.metadata.labels, "{name}");
-            assert_eq!(view.metadata.finalizers, full.metadata.finalizers, "{name}");
+            // An empty list is absent in the view, as the API server's JSON leaves it out.
+            let finalizers = |p: &Pod| p.metadata.finalizers.clone().unwrap_or_default();
+            assert_eq!(finalizers(&view), finalizers(&full), "{name}");
+            assert_eq!(p::has_tracking_finalizer(&view), p::has_tracking_finalizer(&full));
             assert_eq!(
                 match_pod_failure_policy(policy, &view),
                 match_pod_failure_policy(policy, &full),
@@ -571,9 +635,9 @@ mod tests {
         }
     }
 
-    /// Updates that change nothing syncJob reads give the same view JSON; those that do, not.
+    /// Updates that change nothing syncJob reads give the same view entry; those that do, not.
     #[test]
-    fn only_what_syncjob_reads_changes_the_view_json() {
+    fn only_what_syncjob_reads_changes_the_view_entry() {
         let base = mk_pod(&mk_job("j").build(), "p")
             .ready(kjob_reconcile::testutil::at(3))
             .with(|p| p.metadata.resource_version = Some("5".into()))
@@ -656,7 +720,7 @@ mod tests {
     #[test]
     fn trimmed_pod_keeps_what_sync_reads() {
         let pod = sample_pod();
-        let back: Pod = serde_json::from_slice(&trim_pod(&pod)).unwrap();
+        let back = decode(&trim_pod(&pod));
         assert_eq!(back.metadata.managed_fields, None);
         assert_eq!(back.metadata.resource_version, None, "changes on every write");
         assert_eq!(back.metadata.annotations, None, "only batch.kubernetes.io/ ones are kept");

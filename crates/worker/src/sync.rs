@@ -18,6 +18,7 @@ use kjob_reconcile::conditions::is_finished;
 use kjob_reconcile::events::EventType as PlanEventType;
 use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::selector::Selector;
+use kjob_reconcile::view_pod;
 use kjob_reconcile::{
     BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
     SummarizedPods, SyncInput,
@@ -784,9 +785,9 @@ enum ViewProblem {
 fn decode_view(v: JobView, key: &str, view_key: &ViewKey) -> Result<ViewRead, ViewProblem> {
     let forged = |what: &str, e: SealError| ViewProblem::Forged(format!("{what}: {e}"));
     let undecodable =
-        |what: &str, e: serde_json::Error| ViewProblem::Undecodable(format!("{what}: {e}"));
+        |what: &str, e: &dyn std::fmt::Display| ViewProblem::Undecodable(format!("{what}: {e}"));
     let job_bytes = view_key.open(EntryKind::Job, key, &v.job).map_err(|e| forged("job", e))?;
-    let job: Job = serde_json::from_slice(job_bytes).map_err(|e| undecodable("job", e))?;
+    let job: Job = serde_json::from_slice(job_bytes).map_err(|e| undecodable("job", &e))?;
     let named = format!(
         "{}/{}",
         job.metadata.namespace.as_deref().unwrap_or_default(),
@@ -801,11 +802,15 @@ fn decode_view(v: JobView, key: &str, view_key: &ViewKey) -> Result<ViewRead, Vi
             job.metadata.uid, v.job_uid
         )));
     }
+    // Every pod is the Job's namespace's: the seal binds the entry to this key.
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
     let mut decoded = Vec::with_capacity(v.pods.len());
     for p in &v.pods {
         let bytes = view_key.open(EntryKind::Pod, key, p).map_err(|e| forged("pod", e))?;
-        decoded
-            .push(Some(serde_json::from_slice::<Pod>(bytes).map_err(|e| undecodable("pod", e))?));
+        // The compact entry, or the trimmed JSON of a watcher before it (a rolling upgrade);
+        // one that does not decode whole drops the view, never a part of a pod.
+        let pod = view_pod::decode(bytes, namespace).map_err(|e| undecodable("pod", &e))?;
+        decoded.push(Some(pod));
     }
     // In name order, as a LIST returns them. A Pod is kilobytes inline, so the order is sorted
     // as indices and each pod moved once (sorting the pods moved each ~log n times: a quarter
@@ -980,6 +985,74 @@ mod tests {
         assert_eq!(names, ["a", "b", "c", "d"]);
         let indexes: Vec<_> = read.pods.summaries().iter().map(|s| s.index()).collect();
         assert_eq!(indexes, [Some(0), Some(1), Some(2), Some(3)]);
+    }
+
+    /// During a rolling upgrade a view may hold entries of either format (the trimmed JSON of
+    /// a watcher before the compact one, and compact entries): both are read. An entry of a
+    /// format this worker does not know (a newer watcher's) drops the whole view, so the sync
+    /// reads the API server and plans from no part of it.
+    #[test]
+    fn view_entries_of_either_format_are_read_and_unknown_ones_drop_the_view() {
+        use kjob_reconcile::view_pod as vp;
+        let job = mk_job("pi").indexed().completions(Some(4)).build();
+        let (k, key) = (ViewKey::new(&[9; 32]).unwrap(), job_key(&job));
+        let controller = kjob_reconcile::template::controller_ref(&job);
+        let compact = |name: &str, index: &str| {
+            let dict = vp::Dict::new(Some((&controller.name, &controller.uid)));
+            let plain = vp::Dict::default();
+            let (name, name_after_controller) = dict.name(name);
+            let (uuid, uid) = vp::uid_parts("u-compact");
+            let (api_version, api_version_text) = plain.code(&controller.api_version);
+            let (kind, kind_text) = plain.code(&controller.kind);
+            let (owner_uuid, owner_uid) = vp::uid_parts(&controller.uid);
+            let (phase, phase_text) = dict.code("Running");
+            vp::ViewPod {
+                name,
+                name_after_controller,
+                uuid,
+                uid,
+                annotations: vec![dict.pair(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, index)],
+                finalizers: vec![dict.sym(JOB_TRACKING_FINALIZER)],
+                owners: vec![vp::Owner {
+                    api_version,
+                    api_version_text,
+                    kind,
+                    kind_text,
+                    name: controller.name.clone(),
+                    uuid: owner_uuid,
+                    uid: owner_uid,
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                }],
+                status: Some(vp::Status { phase, phase_text, ..Default::default() }),
+                ..Default::default()
+            }
+            .to_entry()
+        };
+        let legacy = serde_json::to_vec(&mk_pod(&job, "pi-0-a").index(0).build()).unwrap();
+        let view = |entries: Vec<Vec<u8>>| JobView {
+            job: k.seal(EntryKind::Job, &key, &serde_json::to_vec(&job).unwrap()),
+            job_uid: job.metadata.uid.clone().unwrap(),
+            pods: entries.iter().map(|e| k.seal(EntryKind::Pod, &key, e)).collect(),
+            ..Default::default()
+        };
+        let read =
+            decode_view(view(vec![compact("pi-1-b", "1"), legacy.clone()]), &key, &k).unwrap();
+        let pods = read.pods.pods();
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[1].metadata.name.as_deref(), Some("pi-1-b"));
+        assert_eq!(pods[1].metadata.namespace, job.metadata.namespace, "the Job's namespace");
+        let indexes: Vec<_> = read.pods.summaries().iter().map(|s| s.index()).collect();
+        assert_eq!(indexes, [Some(0), Some(1)]);
+        assert_eq!(
+            claimed_view_pods(&job, read.pods).unwrap().pods().len(),
+            1,
+            "a pod without the selector's labels is not claimed"
+        );
+        let mut newer = compact("pi-2-c", "2");
+        newer[0] = vp::FORMAT_V1 + 1;
+        let r = decode_view(view(vec![legacy, newer]), &key, &k);
+        assert!(matches!(r, Err(ViewProblem::Undecodable(_))), "a newer format drops the view");
     }
 
     #[test]

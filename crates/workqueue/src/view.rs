@@ -13,7 +13,7 @@
 //!
 //! Keys (all under the hash tag of the Job's shard of the job queue, so an Add writes a view,
 //! applies observations and enqueues in one script, also on a Cluster): `…:view:{key}` the Job JSON, `…:view:{key}:pods`
-//! HASH pod name → pod JSON, `…:view:{key}:meta` HASH (`uid`, `rv`, `epoch` = the session that
+//! HASH pod name → pod entry (sealed bytes kjob-queue never reads; `kjob_reconcile::view_pod`), `…:view:{key}:meta` HASH (`uid`, `rv`, `epoch` = the session that
 //! trusted it, `orphans` notices seen, `handled` notices acknowledged), one `…:view-session`
 //! string per shard: the current session, with a `|pending` suffix until it commits, and `…:view-run`: the
 //! Redis run id the session began on. A Redis that restarted (and may have lost the last writes)
@@ -302,8 +302,8 @@ return {1, tonumber(m[2] or 0), redis.call('HLEN', KEYS[3])}
 
 static VIEW_PAGE_SCRIPT: Lua = Lua::new("job_view_page", VIEW_PAGE);
 
-/// HSCAN's COUNT for one chunk of a paged view read: a few hundred pods (about half a
-/// megabyte at today's ~2 KB a pod) per Redis transaction, short for Redis, a few per page.
+/// HSCAN's COUNT for one chunk of a paged view read: a few hundred pods (about 60 KB of compact
+/// entries, half a megabyte of the older JSON ones) per Redis transaction, short for Redis.
 const VIEW_SCAN_COUNT: u32 = 256;
 
 /// Where a paged view read goes on: the view's version its pages so far were read at, the

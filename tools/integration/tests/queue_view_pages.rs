@@ -29,7 +29,8 @@ use tonic::transport::Channel;
 const NS: &str = "huge";
 const JOB: &str = "huge";
 const UID: &str = "0b5c1f3e-9d4a-4c61-8b0e-2f7a6d9e4c10";
-/// More pods than fit in one 16 MiB reply at today's per-pod size (about 1.5 KB trimmed).
+/// More pods than fit in one 16 MiB reply at the per-pod size of [`pod`] (about 550 bytes a
+/// compact entry, with its template's labels).
 const PODS: usize = 40_000;
 
 /// Pod `i` of the Job as the API server shows a running pod of an Indexed Job.
@@ -49,6 +50,12 @@ fn pod(i: usize) -> Pod {
                 "batch.kubernetes.io/job-completion-index": i.to_string(),
                 "controller-uid": UID,
                 "job-name": JOB,
+                // The template's own labels, as a large training Job's carry them.
+                "app.kubernetes.io/name": "distributed-training",
+                "app.kubernetes.io/instance": "huge-run-2026-12-07-experiment-0042",
+                "app.kubernetes.io/part-of": "ml-platform-research-pipelines",
+                "team.example.com/cost-center": "research-and-development-gpu-fleet-0007",
+                "team.example.com/owner": "someone-with-a-long-name-at-example-com",
             },
             "annotations": {"batch.kubernetes.io/job-completion-index": i.to_string()},
             "finalizers": ["batch.kubernetes.io/job-tracking"],
@@ -177,7 +184,7 @@ async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
     let mut names = HashSet::new();
     for sealed in &view.pods {
         let bytes = view_key.open(EntryKind::Pod, &key, sealed).expect("sealed for this Job");
-        let p: Pod = serde_json::from_slice(bytes).unwrap();
+        let p: Pod = kjob_reconcile::view_pod::decode(bytes, NS).unwrap();
         assert!(names.insert(p.metadata.name.unwrap()), "a pod twice");
     }
     assert!((0..PODS).all(|i| names.contains(pod(i).metadata.name.as_deref().unwrap())));

@@ -56,12 +56,12 @@ async fn applied(events: &mut Events, name: &str) -> WatchedPod {
     }
 }
 
-/// Same pod, same view JSON (resourceVersions equal too: both saw the same write).
+/// Same pod, same view entry (resourceVersions equal too: both saw the same write).
 fn assert_same(pb: &WatchedPod, json: &WatchedPod) {
     assert_eq!(pb, json);
     assert_eq!(
-        String::from_utf8_lossy(&pb.view_json()),
-        String::from_utf8_lossy(&json.view_json())
+        String::from_utf8_lossy(&pb.view_entry()),
+        String::from_utf8_lossy(&json.view_entry())
     );
 }
 
@@ -146,12 +146,12 @@ async fn protobuf_and_json_watches_see_the_same_pods(server: TestServer) {
             .and_then(|c| c[0].state.as_ref()?.terminated.as_ref().map(|t| t.exit_code))
     };
     assert_eq!(exit(&p), Some(42));
-    let before = p.view_json();
+    let before = p.view_entry();
     let note = serde_json::json!({"metadata": {"annotations": {"note": "y"}}});
     pods.patch("a", &PatchParams::default(), &Patch::Merge(&note)).await.expect("annotated");
     let (p, j) = (applied(&mut pb, "a").await, applied(&mut json, "a").await);
     assert_same(&p, &j);
-    assert_eq!(*p.view_json(), *before, "an annotation syncJob does not read: the same view");
+    assert_eq!(*p.view_entry(), *before, "an annotation syncJob does not read: the same view");
 
     // A delete: the same last state on both.
     pods.delete("b", &Default::default()).await.expect("deleted");
