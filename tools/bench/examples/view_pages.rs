@@ -92,14 +92,15 @@ fn thread_cpu_secs() -> f64 {
     ticks as f64 / 100.0
 }
 
-/// The worker's decode of a view's pods: open each seal, parse the Pod, sort by name.
+/// The worker's decode of a view's pods: open each seal, decode the entry (compact or the older
+/// JSON) into a Pod, sort by name.
 fn decode(view: &JobView, key: &str, view_key: &ViewKey) -> usize {
     let mut pods: Vec<Pod> = view
         .pods
         .iter()
         .map(|sealed| {
             let bytes = view_key.open(EntryKind::Pod, key, sealed).expect("sealed");
-            serde_json::from_slice(bytes).expect("a pod")
+            kjob_reconcile::view_pod::decode(bytes, NS).expect("a pod")
         })
         .collect();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
