@@ -116,13 +116,14 @@ bench-scale: cluster-build
 		--configs a,m1,m2,m4,m8,mt4 --workloads burst --burst-jobs 1000 --passes 2 --apiserver-profile false $(BENCH_ARGS)
 
 ## bench-fairness: the flood: one namespace creates 2,000 Jobs at once while ten others each create
-## one every 10 s; upstream against kjob (one worker) at upstream's default budget (a, m1) and
-## tuned (b, c); one pass (target/bench/fairness/upstream.md; BENCH_ARGS overrides)
+## one every 10 s; upstream against kjob (one worker), fair and with fairness off (--lease-order
+## fifo), at upstream's default budget (a, m1, f1) and tuned (b, c, cf); one pass
+## (target/bench/fairness/upstream.md; BENCH_ARGS overrides)
 bench-fairness: cluster-build
 	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=6 ./scripts/setup.sh
 	$(CARGO) build --locked --release -p kjob-bench -p kjob-sim -p kjob-queue -p kjob-watcher -p kjob-worker --bins
 	$(TARGET_DIR)/release/kjob-bench-upstream --bin-dir $(TARGET_DIR)/release --out $(TARGET_DIR)/bench/fairness \
-		--configs a,m1,b,c --workloads flood --passes 1 --apiserver-profile false $(BENCH_ARGS)
+		--configs a,m1,f1,b,c,cf --workloads flood --passes 1 --apiserver-profile false $(BENCH_ARGS)
 
 ## bench-watcher: the watcher's CPU per pod event, --watch-encoding protobuf against json, on the
 ## real control plane (BENCH_ARGS: --pods, --updates, --passes)

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use kjob_queue_client::QueueTlsArgs;
 use kjob_svc::AdminArgs;
-use kjob_workqueue::{RedisOptions, RedisTls, StoreConfig};
+use kjob_workqueue::{LeaseOrder, RedisOptions, RedisTls, StoreConfig};
 
 use crate::{Listeners, QueueConfig, Security};
 
@@ -73,6 +73,9 @@ pub struct Args {
     /// Namespaces whose depths get series of their own in the kjob_queue_namespace_* gauges, the deepest first (0 to 100); the rest are summed as namespace="_other".
     #[arg(long, env = "KJOB_NAMESPACE_METRICS_TOP", default_value_t = crate::tenants::DEFAULT_NAMESPACE_METRICS_TOP, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=crate::tenants::MAX_NAMESPACE_METRICS_TOP as u64))]
     pub namespace_metrics_top: usize,
+    /// How leases pick among namespaces with ready Jobs: `fair` (deficit round robin by the namespaces' `kjob.io/queue-weight`) or `fifo` (the oldest ready Job first whatever its namespace, as upstream's workqueue; fairness off, for comparison: costs a read per namespace with work per lease).
+    #[arg(long, env = "KJOB_LEASE_ORDER", value_enum, default_value_t = LeaseOrderArg::Fair)]
+    pub lease_order: LeaseOrderArg,
     /// Admin port flags.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -158,6 +161,7 @@ impl Args {
             max_concurrent_calls,
             queue_shards,
             namespace_metrics_top,
+            lease_order,
             admin: _,
         } = self;
         let security = match (tls_cert_file, tls_key_file, client_ca_file, insecure_no_auth) {
@@ -196,7 +200,11 @@ impl Args {
                 key_file: redis_key_file,
             },
         };
-        let store = StoreConfig { shards: queue_shards, ..StoreConfig::default() };
+        let lease_order = match lease_order {
+            LeaseOrderArg::Fair => LeaseOrder::Fair,
+            LeaseOrderArg::Fifo => LeaseOrder::Fifo,
+        };
+        let store = StoreConfig { shards: queue_shards, lease_order, ..StoreConfig::default() };
         Ok(QueueConfig {
             redis_url,
             redis,
@@ -206,6 +214,15 @@ impl Args {
             namespace_metrics_top,
         })
     }
+}
+
+/// `--lease-order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaseOrderArg {
+    /// Deficit round robin over namespaces (the default).
+    Fair,
+    /// Oldest ready first, whatever the namespace (fairness off).
+    Fifo,
 }
 
 #[cfg(test)]

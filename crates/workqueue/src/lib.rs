@@ -50,7 +50,8 @@ pub use ops::{
 };
 pub use store::{
     AddOutcome, DEFAULT_POISON_AFTER, Done, DoneResult, Enqueue, KeyState, KeyView, LeaseBatch,
-    LeaseOutcome, Leased, MAX_DONE_BATCH, NodeMemory, QueueStats, Store, StoreConfig, SweepResult,
+    LeaseOrder, LeaseOutcome, Leased, MAX_DONE_BATCH, NodeMemory, QueueStats, Store, StoreConfig,
+    SweepResult,
 };
 pub use view::{JobView, SessionPhase, ViewCursor, ViewOp, ViewPage, ViewPods};
 pub use wake::{LeaseAsk, Waker};

@@ -95,8 +95,13 @@ macro_rules! queue_fns {
 local SHARD = string.sub(READY, 1, #READY - #':ready')
 local RR, DRR = SHARD .. ':rr', SHARD .. ':drr'
 local weights = {}
+-- `LeaseOrder::Fifo` (the weights argument then begins `!fifo,`): leases take the oldest ready
+-- item of the shard whichever its namespace, as upstream's FIFO workqueue does (`fifo_pop`).
+local lease_fifo = false
 local function load_weights(s)
-  for ns, w in string.gmatch(s or '', '([^=,]+)=(%d+)') do weights[ns] = tonumber(w) end
+  s = s or ''
+  if string.sub(s, 1, 6) == '!fifo,' then lease_fifo, s = true, string.sub(s, 7) end
+  for ns, w in string.gmatch(s, '([^=,]+)=(%d+)') do weights[ns] = tonumber(w) end
 end
 local function ns_of(item) return string.match(item, '^([^/]*)/') or '' end
 local function rkey(ns) return READY .. ':' .. ns end
@@ -387,11 +392,47 @@ local function drr_pop(n)
   return popped
 end
 
--- Leases up to `n` ready items (`drr_pop`) to `worker` for `lease_ms`, appending
+-- Takes up to `n` ready items oldest first over every namespace of the shard (score, then key),
+-- fairness off: one ZRANGE per namespace with work, then a ZPOPMIN and a ZRANGE per item, so it
+-- costs O(namespaces) per call (a comparison and diagnosis mode, not for thousands of them). A
+-- namespace whose set empties leaves `T:rr` (and its deficit goes), as under `drr_pop`.
+-- Returns `{item, score, …}` as ZPOPMIN does.
+local function fifo_pop(n)
+  local heads = {}
+  for _, ns in ipairs(redis.call('LRANGE', RR, 0, -1)) do
+    local h = redis.call('ZRANGE', rkey(ns), 0, 0, 'WITHSCORES')
+    if #h > 0 then heads[ns] = {h[1], tonumber(h[2])} end
+  end
+  local popped = {}
+  while #popped < 2 * n do
+    local best_ns, best = nil, nil
+    for ns, h in pairs(heads) do
+      if not best or h[2] < best[2] or (h[2] == best[2] and h[1] < best[1]) then
+        best_ns, best = ns, h
+      end
+    end
+    if not best_ns then break end
+    local k = rkey(best_ns)
+    local got = redis.call('ZPOPMIN', k, 1)
+    popped[#popped + 1], popped[#popped + 2] = got[1], got[2]
+    local h = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+    if #h > 0 then
+      heads[best_ns] = {h[1], tonumber(h[2])}
+    else
+      heads[best_ns] = nil
+      redis.call('LREM', RR, 0, best_ns)
+      redis.call('HDEL', DRR, best_ns)
+    end
+  end
+  return popped
+end
+
+-- Leases up to `n` ready items (`drr_pop`, or `fifo_pop`) to `worker` for `lease_ms`, appending
 -- `{item, lease_id, requeues, deadline, added_at, expiries}` of each to `out`; returns how many. One
 -- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
 local function grant(worker, n, lease_ms, out)
-  local popped = drr_pop(n)
+  local popped
+  if lease_fifo then popped = fifo_pop(n) else popped = drr_pop(n) end
   local count = #popped / 2
   if count == 0 then return 0 end
   local last = redis.call('HINCRBY', STATS, 'lease_seq', count)

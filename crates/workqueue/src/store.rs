@@ -44,6 +44,22 @@ pub struct StoreConfig {
     /// bound on how long a key can be passed by keys that became ready after it (aging; see
     /// [`crate::PRIORITY_AGING`]).
     pub priority_aging: Duration,
+    /// How leases pick among the namespaces with ready items.
+    pub lease_order: LeaseOrder,
+}
+
+/// How leases pick among namespaces (within one, the order is always the score: ready time less
+/// the priority head start, then the key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaseOrder {
+    /// Deficit round robin over the namespaces with ready items, by their weights: one
+    /// namespace's flood does not hold up another's Jobs.
+    #[default]
+    Fair,
+    /// The oldest ready item of a shard first, whichever its namespace, as upstream's FIFO
+    /// workqueue: fairness off, for comparison and diagnosis. Costs a read per namespace with
+    /// work per lease.
+    Fifo,
 }
 
 impl Default for StoreConfig {
@@ -57,6 +73,7 @@ impl Default for StoreConfig {
             poison_after: DEFAULT_POISON_AFTER,
             shards: None,
             priority_aging: crate::PRIORITY_AGING,
+            lease_order: LeaseOrder::Fair,
         }
     }
 }

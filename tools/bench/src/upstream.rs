@@ -91,6 +91,9 @@ pub enum Controller {
         /// The workers' shared budget (`--api-qps-total`, `--api-burst-total`), when set.
         #[serde(skip_serializing_if = "Option::is_none")]
         api_total: Option<(u32, u32)>,
+        /// kjob-queue with `--lease-order fifo` (fairness off): the flood's reference.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        lease_fifo: bool,
     },
 }
 
@@ -137,9 +140,17 @@ impl Configuration {
             kube_burst: worker_burst,
             concurrency: KJOB_CONCURRENCY,
             api_total: None,
+            lease_fifo: false,
         };
         if let Some(c) = Self::managed(id) {
             return Some(c);
+        }
+        if id == "cf" {
+            let mut c = Self::by_id("c", worker_qps, worker_burst)?;
+            if let Controller::Kjob { lease_fifo, .. } = &mut c.controller {
+                *lease_fifo = true;
+            }
+            return Some(Self { id: id.into(), label: "kjob, 1 worker, fairness off".into(), ..c });
         }
         let (label, controller) = match id {
             "a" => ("upstream defaults", upstream(5, 20, 30, None)),
@@ -160,6 +171,14 @@ impl Configuration {
     /// default budget ([`MANAGED`]); `mt<N>`, the same N workers sharing one such budget
     /// (`--api-qps-total`/`--api-burst-total` equal to one process's).
     fn managed(id: &str) -> Option<Self> {
+        if id == "f1" {
+            let mut c = Self::managed("m1")?;
+            if let Controller::Kjob { lease_fifo, .. } = &mut c.controller {
+                *lease_fifo = true;
+            }
+            let label = "kjob, 1 worker at upstream's defaults, fairness off".to_string();
+            return Some(Self { id: id.into(), label, ..c });
+        }
         let (shared, n) = match id.strip_prefix("mt") {
             Some(n) => (true, n),
             None => (false, id.strip_prefix('m')?),
@@ -177,6 +196,7 @@ impl Configuration {
             kube_burst: burst,
             concurrency: syncs,
             api_total: shared.then_some((qps, burst)),
+            lease_fifo: false,
         };
         Some(Self { id: id.to_string(), label, controller })
     }
@@ -190,6 +210,14 @@ impl Configuration {
                 Some(*workers)
             }
             _ => None,
+        }
+    }
+
+    /// kjob-queue flags of a kjob configuration.
+    pub fn kjob_queue_args(&self) -> Vec<String> {
+        match &self.controller {
+            Controller::Kjob { lease_fifo: true, .. } => vec!["--lease-order=fifo".into()],
+            _ => Vec::new(),
         }
     }
 
@@ -224,7 +252,7 @@ impl Configuration {
     /// `(workers, worker flags)` of a kjob configuration.
     pub fn kjob_workers(&self) -> Option<(usize, Vec<String>)> {
         match &self.controller {
-            Controller::Kjob { workers, kube_qps, kube_burst, concurrency, api_total } => {
+            Controller::Kjob { workers, kube_qps, kube_burst, concurrency, api_total, .. } => {
                 let mut flags = vec![
                     format!("--kube-qps={kube_qps}"),
                     format!("--kube-burst={kube_burst}"),
@@ -511,6 +539,8 @@ pub struct ConfigFigures {
     pub flood_quiet_complete_p99: Option<f64>,
     /// Flood: seconds from the first flood Job created to the last finished (mean over runs).
     pub flood_drain_secs: Option<f64>,
+    /// Flood: every Job (the flood's and the quiet namespaces') finished per second.
+    pub flood_jobs_per_s: Option<f64>,
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
@@ -661,6 +691,7 @@ fn summarize_refs(c: &Configuration, runs: &[&RunFigures]) -> ConfigFigures {
         flood_drain_secs: mean(
             of(Workload::Flood).filter_map(|r| r.tenants.as_ref().map(|t| t.flood_drain_secs)),
         ),
+        flood_jobs_per_s: mean(of(Workload::Flood).map(|r| r.counts.jobs_per_sec())),
     }
 }
 
@@ -807,10 +838,11 @@ pub fn ratios(figures: &[ConfigFigures]) -> BTreeMap<String, Option<f64>> {
             continue;
         }
         type Get = fn(&ConfigFigures) -> Option<f64>;
-        let figures: [(&str, Get); 3] = [
+        let figures: [(&str, Get); 4] = [
             ("flood_quiet_p99_first_pod", |f| f.flood_quiet_first_pod_p99),
             ("flood_quiet_p99_complete", |f| f.flood_quiet_complete_p99),
             ("flood_drain", |f| f.flood_drain_secs),
+            ("flood_jobs_per_s", |f| f.flood_jobs_per_s),
         ];
         for (key, get) in figures {
             out.insert(format!("{key}_{suffix}"), ratio(get(k), get(base)));
@@ -834,8 +866,12 @@ pub fn ratios(figures: &[ConfigFigures]) -> BTreeMap<String, Option<f64>> {
 }
 
 /// The flood's comparisons: key suffix, kjob's configuration, upstream's with the same budget.
-pub const FLOOD_PAIRS: [(&str, &str, &str); 2] =
-    [("default", "m1", UPSTREAM_DEFAULTS), ("tuned", KJOB_1W, BASELINE)];
+pub const FLOOD_PAIRS: [(&str, &str, &str); 4] = [
+    ("default", "m1", UPSTREAM_DEFAULTS),
+    ("tuned", KJOB_1W, BASELINE),
+    ("fifo_default", "m1", "f1"),
+    ("fifo_tuned", KJOB_1W, "cf"),
+];
 
 /// Issue 45's fairness target: under the flood at upstream's default budget, the quiet
 /// namespaces' p99 Job created → first pod is at most this share of upstream's.
@@ -1001,6 +1037,14 @@ pub fn verdicts(
             )
         } else if key == "managed_jobs_per_s_m8" {
             (SCALE_EFFICIENCY * 8.0, "Jobs/s, 8 workers ÷ upstream at its defaults".to_string())
+        } else if key == "flood_quiet_p99_first_pod_fifo_tuned" {
+            (
+                -1.05,
+                "flood, tuned: quiet p99 created -> first pod, kjob fair (c) ÷ kjob FIFO (cf)"
+                    .to_string(),
+            )
+        } else if key == "flood_jobs_per_s_fifo_default" {
+            (0.95, "flood, default budget: Jobs/s, kjob fair (m1) ÷ kjob FIFO (f1)".to_string())
         } else if key == "flood_quiet_p99_first_pod_default" {
             (
                 -FLOOD_QUIET_P99_GOAL,
@@ -1317,7 +1361,8 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
         let how = match &c.controller {
             Controller::Upstream { .. } => c.controller_manager_args().join(" "),
             Controller::Kjob { workers, .. } => format!(
-                "redis + kjob-queue + 1 kjob-watcher + {workers} kjob-worker(s), {}, --manage-all-jobs",
+                "redis + kjob-queue{} + 1 kjob-watcher + {workers} kjob-worker(s), {}, --manage-all-jobs",
+                c.kjob_queue_args().iter().map(|a| format!(" {a}")).collect::<String>(),
                 c.kjob_workers().map(|(_, f)| f.join(" ")).unwrap_or_default()
             ),
         };
@@ -1341,7 +1386,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
     }
     let _ = writeln!(s, "{header}\n{rule}");
     type Row = (&'static str, fn(&ConfigFigures) -> Option<f64>, usize);
-    let rows: [Row; 28] = [
+    let rows: [Row; 29] = [
         ("pods created/s (burst)", |f| f.pods_per_s, 1),
         ("Jobs finished/s (burst)", |f| f.jobs_per_s, 1),
         ("Jobs the harness created/s (burst)", |f| f.jobs_created_per_s, 1),
@@ -1393,6 +1438,7 @@ pub fn render_markdown(r: &UpstreamReport) -> String {
             2,
         ),
         ("flood: the flooding namespace's drain (s)", |f| f.flood_drain_secs, 1),
+        ("flood: every Job finished per second", |f| f.flood_jobs_per_s, 2),
         (
             "Job controller's peak requests/s over 10 s (kjob's workers; upstream's job-controller)",
             |f| f.controller_peak_rate,
@@ -1660,6 +1706,14 @@ mod tests {
         let (n, flags) = mt4.kjob_workers().unwrap();
         assert_eq!(n, 4);
         assert_eq!(&flags[3..], ["--api-qps-total=20", "--api-burst-total=30"]);
+        for fifo in ["f1", "cf"] {
+            let c = cfg(fifo);
+            assert_eq!(c.kjob_queue_args(), ["--lease-order=fifo"], "{fifo}");
+            assert_eq!(c.managed_workers(), None, "{fifo} is no scaling point");
+        }
+        assert_eq!(cfg("f1").kjob_workers(), cfg("m1").kjob_workers());
+        assert_eq!(cfg("cf").kjob_workers(), cfg("c").kjob_workers());
+        assert!(cfg("m1").kjob_queue_args().is_empty());
         for bad in ["m0", "m17", "mx", "mt", "m"] {
             assert!(Configuration::by_id(bad, 1, 1).is_none(), "{bad}");
         }

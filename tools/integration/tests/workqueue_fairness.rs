@@ -292,6 +292,41 @@ async fn aging_bounds_a_low_priority_wait(s: Store) {
     );
 }
 
+/// `LeaseOrder::Fifo` (fairness off, `kjob-queue --lease-order fifo`): the oldest ready key first
+/// whatever its namespace, so the quiet namespace's key waits behind the whole flood, as under
+/// upstream's workqueue, and weights change nothing. A namespace that empties leaves the round
+/// robin as under the fair order: a fair replica on the same data afterwards alternates again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_order_serves_the_flood_first() {
+    let server = RedisServer::start().expect("redis-server");
+    let fifo = StoreConfig { lease_order: kjob_workqueue::LeaseOrder::Fifo, ..Default::default() };
+    let s = Store::connect(&server.url(), fifo).await.expect("connect");
+    s.set_namespace_weight("b", 10).await.unwrap();
+    let flood: Vec<String> = (0..200).map(|i| format!("a/job-{i:03}")).collect();
+    add_all(&s, &flood).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    s.add(Q, &[Enqueue::now("b/quiet")]).await.unwrap();
+    let mut order = Vec::new();
+    loop {
+        let got = s.lease(Q, "w", 7, LEASE).await.unwrap().items;
+        if got.is_empty() {
+            break;
+        }
+        order.extend(got.into_iter().map(|l| l.key));
+    }
+    let mut want = flood.clone();
+    want.push("b/quiet".into());
+    assert_eq!(order, want, "oldest first, whatever the namespace or its weight");
+
+    let fair = Store::connect(&server.url(), StoreConfig::default()).await.expect("connect");
+    let keys: Vec<String> =
+        ["a/x1", "a/x2", "a/x3", "c/y1", "c/y2", "c/y3"].map(String::from).to_vec();
+    add_all(&fair, &keys).await;
+    let order = lease_order(&fair).await;
+    let namespaces: String = order.iter().map(|k| &k[..1]).collect();
+    assert!(namespaces == "acacac" || namespaces == "cacaca", "{order:?}");
+}
+
 macro_rules! on {
     ($backend:ident: $($name:ident),* $(,)?) => {
         mod $backend {

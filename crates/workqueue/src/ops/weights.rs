@@ -120,8 +120,17 @@ impl Store {
     }
 
     /// The weights as the lease scripts take them (`ns=w,…`), read at most every
-    /// [`WEIGHTS_REFRESH`].
+    /// [`WEIGHTS_REFRESH`]; under [`crate::LeaseOrder::Fifo`] prefixed with `!fifo,` (the lease
+    /// scripts' `load_weights` reads the order from it).
     pub(crate) async fn weights_arg(&self) -> Result<String, WqError> {
+        let arg = self.weights_only_arg().await?;
+        Ok(match self.config().lease_order {
+            crate::LeaseOrder::Fair => arg,
+            crate::LeaseOrder::Fifo => format!("!fifo,{arg}"),
+        })
+    }
+
+    async fn weights_only_arg(&self) -> Result<String, WqError> {
         if let Some((at, arg)) = &*self.weights.lock().unwrap_or_else(|p| p.into_inner())
             && at.elapsed() < WEIGHTS_REFRESH
         {

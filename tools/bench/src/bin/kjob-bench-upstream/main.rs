@@ -45,7 +45,8 @@ struct Args {
     /// bj (upstream tuned talking JSON), b2 (upstream with the total budget of kjob's two
     /// workers), c (kjob, 1 worker), d (kjob, 2 workers); m<N> (kjob, N workers each at
     /// upstream's default budget: QPS 20, burst 30, 5 syncs) and mt<N> (N such workers sharing
-    /// one such budget), N from 1 to 16 (`make bench-scale`).
+    /// one such budget), N from 1 to 16 (`make bench-scale`); f1 and cf (m1 and c with
+    /// kjob-queue's `--lease-order fifo`, fairness off: `make bench-fairness`).
     #[arg(long, value_delimiter = ',', default_value = "a,c,b,d,b2,bj")]
     configs: Vec<String>,
     /// Passes; even passes run the configurations in reverse (default 4, 1 with --quick): four
@@ -181,7 +182,7 @@ async fn bench(args: Args) -> anyhow::Result<UpstreamReport> {
         .iter()
         .map(|id| {
             Configuration::by_id(id.trim(), worker_kube_qps, worker_kube_burst).with_context(|| {
-                format!("unknown configuration {id:?} (a, b, bj, b2, c, d, m<N>, mt<N>)")
+                format!("unknown configuration {id:?} (a, b, bj, b2, c, d, m<N>, mt<N>, f1, cf)")
             })
         })
         .collect::<anyhow::Result<_>>()?;

@@ -387,7 +387,8 @@ pub async fn run(
             sc.extra_args
                 .add(Program::Watcher, ["--manage-all-jobs"])
                 .add(Program::Worker, ["--manage-all-jobs"])
-                .add(Program::Worker, worker_flags);
+                .add(Program::Worker, worker_flags)
+                .add(Program::Queue, cfg.kjob_queue_args());
             sc.env = vec![("RUST_LOG".into(), env.service_log.clone())];
             (sc.tls, sc.redis_tls) = (env.kjob_secure, env.kjob_secure);
             let stack = tokio::task::block_in_place(|| -> anyhow::Result<Stack> {
