@@ -10,7 +10,7 @@ KUBELET ?= on
 JOB_CONTROLLER ?= kjob
 CLUSTER_DIR ?= $(TARGET_DIR)/cluster
 
-.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-scale bench-fairness bench-sim bench-watcher bench-queue \
+.PHONY: all build setup fmt lint deny test test-rust test-python test-rust-run test-python-run demo bench bench-upstream bench-scale bench-fairness bench-sim bench-watcher bench-queue bench-queue-cluster \
 	bench-reconcile chaos images kind-up kind-load deploy clean cluster-build cluster-build-addons cluster-build-helm cluster-up cluster-down \
 	diff-upstream test-diff-run
 
@@ -141,6 +141,12 @@ bench-queue:
 	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
 	$(CARGO) build --locked --release -p kjob-bench --bin kjob-queue-bench
 	RUST_LOG=warn $(TARGET_DIR)/release/kjob-queue-bench run $(BENCH_ARGS)
+
+## bench-queue-cluster: bench-queue's kjob rounds on one Redis and on a 3-master Redis Cluster (plain): items/s, keys and commands per master
+bench-queue-cluster:
+	KJOB_SKIP_PYTHON=1 KJOB_SKIP_NEXTEST=1 KJOB_DISK_GIB=4 ./scripts/setup.sh
+	$(CARGO) build --locked --release -p kjob-bench --bin kjob-queue-bench
+	RUST_LOG=warn $(TARGET_DIR)/release/kjob-queue-bench run --topology single,cluster --security plain $(BENCH_ARGS)
 
 ## bench-reconcile: Criterion bench of one sync plan for Indexed Jobs of 1k/10k/20k pods
 bench-reconcile:

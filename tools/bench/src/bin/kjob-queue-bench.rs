@@ -10,6 +10,12 @@
 //! latency p50/p99 with waiting lessees. Correctness gates (every key processed, none held by
 //! two lessees at once, queues empty) fail the run.
 //!
+//! `--topology single,cluster` adds kjob-queue's rounds on a private 3-master Redis Cluster
+//! (testkit's, every master pinned to core 0 like the single server), interleaved with the
+//! single-server rounds: items/s against one Redis per round, Redis CPU per item summed over
+//! the masters, and each master's share of kjob's keys (DBSIZE with the queue filled) and of
+//! its commands (INFO commandstats deltas per master). BullMQ stays on the single server.
+//!
 //! `--security both` (the default) runs every system twice: plain (no TLS, no passwords) and
 //! secured as deploy/ runs kjob (Redis over TLS with ACL users, kjob-queue over mTLS with a
 //! worker certificate; BullMQ's ioredis over the same TLS as its own ACL user), and reports what
@@ -170,7 +176,48 @@ mod bench {
         /// mTLS), or both one after the other.
         #[arg(long, value_enum, default_value_t = SecurityMode::Both)]
         security: SecurityMode,
+        /// Where kjob-queue's rounds run, comma-separated: `single` (one redis-server) and/or
+        /// `cluster` (a 3-master Redis Cluster, plain only, masters pinned to core 0 like the
+        /// single server); cluster rounds are interleaved with the single ones and report each
+        /// master's share of kjob's keys and commands. BullMQ always runs on the single server.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "single")]
+        topology: Vec<Topology>,
     }
+
+    /// `--topology`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+    pub enum Topology {
+        /// One redis-server.
+        Single,
+        /// Three masters (`redis-cli --cluster create`, no replicas), kjob-queue at its
+        /// default 24 shards.
+        Cluster,
+    }
+
+    /// What one row of the report runs.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Kind {
+        /// kjob-queue with this many lessees, on the single server or on the cluster.
+        Kjob { lessees: usize, cluster: bool },
+        /// The BullMQ driver (single server only: BullMQ keeps a queue under one hash tag).
+        Bull,
+    }
+
+    type Systems = [(String, Kind)];
+
+    /// Masters of the cluster (`Topology::Cluster`).
+    const CLUSTER_MASTERS: usize = 3;
+    /// A master's fair share, and the issue's tolerances around it (percentage points): keys
+    /// ±8, commands ±10.
+    const FAIR_SHARE: f64 = 100.0 / CLUSTER_MASTERS as f64;
+    const KEY_SHARE_TOLERANCE: f64 = 8.0;
+    const COMMAND_SHARE_TOLERANCE: f64 = 10.0;
+    /// Cluster items/s ÷ single-Redis items/s the issue asks for (same cores, so the cluster
+    /// can only show what it costs, not the capacity it adds).
+    const CLUSTER_RATIO_TARGET: f64 = 0.9;
+    /// Namespaces the bench's keys spread over (`<prefix>-00` … `<prefix>-49`, round robin), as
+    /// a real cluster's Jobs would.
+    const NAMESPACES: usize = 50;
 
     /// `--security`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -251,10 +298,58 @@ mod bench {
         }
     }
 
-    /// One private redis-server and how each side reaches it.
+    /// One private redis-server and how each side reaches it, and (plain only, with
+    /// `--topology cluster`) the private cluster kjob's cluster rounds use.
     struct Setup {
         redis: Redis,
         secured: Option<Secured>,
+        cluster: Option<Cluster>,
+    }
+
+    /// A private 3-master Redis Cluster (testkit's: redis-server processes joined by
+    /// `redis-cli --cluster create`), each master pinned to core 0 when pinning.
+    struct Cluster {
+        cluster: kjob_testkit::RedisCluster,
+    }
+
+    impl Cluster {
+        /// Starts the cluster; when pinning, moves every master (all its threads, by the
+        /// `process_id` its INFO reports) to core 0, where the single server runs.
+        async fn start(pin: bool) -> anyhow::Result<Self> {
+            let cluster = kjob_testkit::RedisCluster::start()?;
+            anyhow::ensure!(cluster.nodes().len() == CLUSTER_MASTERS, "expected 3 masters");
+            let me = Self { cluster };
+            if pin {
+                for mut conn in me.admin().await? {
+                    let info: String =
+                        redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+                    let pid = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("process_id:"))
+                        .context("no process_id in INFO server")?
+                        .trim()
+                        .to_string();
+                    let st =
+                        Command::new("taskset").args(["-a", "-p", "-c", "0", &pid]).output()?;
+                    anyhow::ensure!(st.status.success(), "taskset on redis-server {pid} failed");
+                }
+            }
+            Ok(me)
+        }
+
+        fn ports(&self) -> Vec<u16> {
+            self.cluster.nodes().iter().map(|n| n.port()).collect()
+        }
+
+        /// One direct connection per master (keyless commands: INFO, DBSIZE, SCAN, FLUSHALL).
+        async fn admin(&self) -> anyhow::Result<Vec<Conn>> {
+            let mut conns = Vec::new();
+            for port in self.ports() {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+                conns.push(client.get_multiplexed_async_connection().await?);
+            }
+            Ok(conns)
+        }
     }
 
     impl Setup {
@@ -278,13 +373,28 @@ mod bench {
             Ok(client.get_multiplexed_async_connection().await?)
         }
 
-        /// kjob-queue's configuration, the URL its clients dial and their security.
+        /// kjob-queue's configuration (on the single server, or on the cluster when
+        /// `on_cluster`), the URL its clients dial and their security.
         fn kjob(
             &self,
             grpc: SocketAddr,
-        ) -> (kjob_queue::QueueConfig, String, kjob_queue_client::QueueSecurity) {
+            on_cluster: bool,
+        ) -> anyhow::Result<(kjob_queue::QueueConfig, String, kjob_queue_client::QueueSecurity)>
+        {
             let port = self.redis.port;
-            match &self.secured {
+            if on_cluster {
+                let c = self.cluster.as_ref().context("no cluster in this setup")?;
+                anyhow::ensure!(self.secured.is_none(), "the cluster rounds run plain only");
+                return Ok((
+                    kjob_queue::QueueConfig::new(
+                        c.cluster.url(),
+                        kjob_queue::Security::InsecureNoAuth,
+                    ),
+                    format!("http://{grpc}"),
+                    kjob_queue_client::QueueSecurity::Insecure,
+                ));
+            }
+            Ok(match &self.secured {
                 None => (
                     kjob_queue::QueueConfig::new(
                         format!("redis://127.0.0.1:{port}"),
@@ -317,7 +427,7 @@ mod bench {
                     };
                     (config, format!("https://{grpc}"), client)
                 }
-            }
+            })
         }
 
         /// The BullMQ driver's connection flags.
@@ -365,7 +475,7 @@ mod bench {
             anyhow::ensure!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(Setup { redis, secured })
+        Ok(Setup { redis, secured, cluster: None })
     }
 
     type Conn = redis::aio::MultiplexedConnection;
@@ -406,6 +516,45 @@ mod bench {
         Ok(c)
     }
 
+    /// [`counters`] of every node (one for the single server, each master of the cluster).
+    async fn counters_all(conns: &mut [Conn]) -> anyhow::Result<Vec<Counters>> {
+        let mut v = Vec::with_capacity(conns.len());
+        for c in conns {
+            v.push(counters(c).await?);
+        }
+        Ok(v)
+    }
+
+    /// The counters of several nodes added up (a cluster's CPU and commands summed over its
+    /// masters).
+    fn merged(nodes: &[Counters]) -> Counters {
+        let mut m = Counters::default();
+        for n in nodes {
+            m.calls += n.calls;
+            m.cpu_s += n.cpu_s;
+            for (k, (calls, us)) in &n.by_command {
+                let e = m.by_command.entry(k.clone()).or_insert((0, 0));
+                e.0 += calls;
+                e.1 += us;
+            }
+        }
+        m
+    }
+
+    /// Commands a node ran between two snapshots, without the bench's own INFO calls.
+    fn node_calls(before: &Counters, after: &Counters) -> u64 {
+        let info = |c: &Counters| c.by_command.get("info").map_or(0, |v| v.0);
+        let all = after.calls.saturating_sub(before.calls);
+        all.saturating_sub(info(after).saturating_sub(info(before)))
+    }
+
+    async fn reset_all(conns: &mut [Conn]) -> anyhow::Result<()> {
+        for c in conns {
+            reset(c).await?;
+        }
+        Ok(())
+    }
+
     async fn reset(conn: &mut Conn) -> anyhow::Result<()> {
         redis::cmd("FLUSHALL").query_async::<()>(conn).await?;
         redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
@@ -425,16 +574,21 @@ mod bench {
         calls_per_item: Option<f64>,
         /// The commands that took most time: (name, calls per item, µs per item).
         top: Vec<(String, f64, f64)>,
+        /// Commands each node ran in the round (one entry on the single server, one per master
+        /// on the cluster), the bench's own INFO calls left out.
+        node_calls: Vec<u64>,
     }
 
     fn round(
         items: usize,
         took: Duration,
-        before: &Counters,
-        after: &Counters,
+        before: &[Counters],
+        after: &[Counters],
         client_cpu_s: f64,
         calls: Option<u64>,
     ) -> Round {
+        let node_calls = before.iter().zip(after).map(|(b, a)| node_calls(b, a)).collect();
+        let (before, after) = (&merged(before), &merged(after));
         let n = items as f64;
         let mut top: Vec<(String, f64, f64)> = after
             .by_command
@@ -453,6 +607,7 @@ mod bench {
             client_cpu_us_per_item: client_cpu_s * 1e6 / n,
             calls_per_item: calls.map(|c| c as f64 / n),
             top,
+            node_calls,
         }
     }
 
@@ -480,9 +635,9 @@ mod bench {
     }
 
     impl Service {
-        async fn start(setup: &Setup) -> anyhow::Result<Self> {
+        async fn start(setup: &Setup, on_cluster: bool) -> anyhow::Result<Self> {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let (config, url, security) = setup.kjob(listener.local_addr()?);
+            let (config, url, security) = setup.kjob(listener.local_addr()?, on_cluster)?;
             let shutdown = kjob_svc::Shutdown::new();
             let listeners = kjob_queue::Listeners::grpc(listener);
             let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
@@ -557,8 +712,7 @@ mod bench {
                 anyhow::Ok(())
             }));
         }
-        let keys: Vec<String> =
-            (0..items).map(|i| format!("{prefix}-{:02}/job-{i:07}", i % 50)).collect();
+        let keys: Vec<String> = (0..items).map(|i| bench_key(prefix, i)).collect();
         for chunk in keys.chunks(ADD_BATCH) {
             let batch = chunk
                 .iter()
@@ -585,28 +739,126 @@ mod bench {
         Ok((took, calls.load(Ordering::Relaxed)))
     }
 
+    /// Key `i` of a round: Jobs spread round robin over [`NAMESPACES`] namespaces
+    /// (`<prefix>-00` … `<prefix>-49`), so a sharded queue sees many namespaces in every shard.
+    fn bench_key(prefix: &str, i: usize) -> String {
+        format!("{prefix}-{:02}/job-{i:07}", i % NAMESPACES)
+    }
+
     /// CPU seconds `pid` has used so far.
     fn cpu_of(pid: u32) -> anyhow::Result<f64> {
         Ok(kjob_bench::procfs::read_usage(pid, kjob_bench::procfs::clock_ticks())?.cpu_secs)
     }
 
+    /// One kjob round on `conns` (the single server's connection, or one per cluster master).
     async fn kjob_round(
         setup: &Setup,
-        conn: &mut Conn,
+        conns: &mut [Conn],
         items: usize,
         warmup: usize,
         lessees: usize,
+        on_cluster: bool,
     ) -> anyhow::Result<Round> {
-        reset(conn).await?;
-        let svc = Service::start(setup).await?;
+        reset_all(conns).await?;
+        let svc = Service::start(setup, on_cluster).await?;
         throughput(&svc.client, warmup, lessees, "warm").await?;
-        let before = counters(conn).await?;
+        let before = counters_all(conns).await?;
         let cpu0 = cpu_of(std::process::id())?;
         let (took, calls) = throughput(&svc.client, items, lessees, "bench").await?;
         let cpu = cpu_of(std::process::id())? - cpu0;
-        let after = counters(conn).await?;
+        let after = counters_all(conns).await?;
         svc.stop().await?;
         Ok(round(items, took, &before, &after, cpu, Some(calls)))
+    }
+
+    /// Each cluster master's part of kjob's data while the queue holds keys.
+    #[derive(Debug, Default)]
+    struct KeySpread {
+        /// DBSIZE of each master: every key there is kjob's (the cluster is private).
+        keys: Vec<u64>,
+        /// Queued entries in each master's ready sets (ZCARD of its `…:ready…` ZSETs).
+        entries: Vec<u64>,
+    }
+
+    /// Adds `items` keys ([`bench_key`], over [`NAMESPACES`] namespaces) to kjob-queue on the
+    /// cluster with no lessee, counts each master's keys and queued entries, then leases every
+    /// key back and finishes it. Gates: each key leased exactly once, the queue empty after.
+    async fn key_spread(
+        setup: &Setup,
+        conns: &mut [Conn],
+        items: usize,
+    ) -> anyhow::Result<KeySpread> {
+        reset_all(conns).await?;
+        let svc = Service::start(setup, true).await?;
+        let keys: Vec<String> = (0..items).map(|i| bench_key("fill", i)).collect();
+        for chunk in keys.chunks(ADD_BATCH) {
+            let batch = chunk
+                .iter()
+                .map(|k| AddItem { queue: "job".into(), key: k.clone(), ..Default::default() })
+                .collect();
+            svc.client.add(batch).await?;
+        }
+        let mut spread = KeySpread::default();
+        for c in conns.iter_mut() {
+            spread.keys.push(redis::cmd("DBSIZE").query_async(c).await?);
+            let (mut cursor, mut entries) = (0u64, 0u64);
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg("*:ready*")
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("TYPE")
+                    .arg("zset")
+                    .query_async(c)
+                    .await?;
+                for k in batch {
+                    entries += redis::cmd("ZCARD").arg(&k).query_async::<u64>(c).await?;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+            spread.entries.push(entries);
+        }
+        anyhow::ensure!(
+            spread.entries.iter().sum::<u64>() == items as u64,
+            "GATE: the masters' ready sets hold {:?} entries, not {items}",
+            spread.entries
+        );
+        let mut leased = std::collections::HashSet::new();
+        let deadline = Instant::now() + ROUND_TIMEOUT;
+        while leased.len() < items {
+            anyhow::ensure!(Instant::now() < deadline, "key-spread drain stuck");
+            let got = svc
+                .client
+                .lease("job", LEASE_BATCH, LEASE, Duration::from_millis(100), "spread")
+                .await?;
+            let mut dones = Vec::with_capacity(got.len());
+            for it in got {
+                anyhow::ensure!(leased.insert(it.key.clone()), "GATE: {} leased twice", it.key);
+                dones.push(DoneItem {
+                    queue: "job".into(),
+                    key: it.key,
+                    lease_id: it.lease_id,
+                    outcome: Outcome::Forget,
+                });
+            }
+            for r in svc.client.done_many(&dones).await? {
+                r?;
+            }
+        }
+        let missing = keys.iter().filter(|k| !leased.contains(*k)).count();
+        anyhow::ensure!(missing == 0, "GATE: {missing} keys were never leased");
+        let s = svc.client.stats("job").await?;
+        anyhow::ensure!(
+            s.ready + s.delayed + s.leased == 0,
+            "GATE: queue not empty after the drain: {s:?}"
+        );
+        svc.stop().await?;
+        Ok(spread)
     }
 
     async fn latency(
@@ -764,7 +1016,7 @@ mod bench {
         node.finish().await?;
         bull_gates(&v, args.items)?;
         let took = Duration::from_secs_f64(num(&v, "elapsed_ms")? / 1000.0);
-        Ok(round(args.items, took, &before, &after, cpu, None))
+        Ok(round(args.items, took, &[before], &[after], cpu, None))
     }
 
     async fn bull_latency(
@@ -849,6 +1101,7 @@ mod bench {
             args.items > 0 && args.lessees > 0 && args.latency_items > 0 && args.rounds > 0,
             "counts must be positive"
         );
+        anyhow::ensure!(!args.topology.is_empty(), "--topology needs single, cluster or both");
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let pin = !args.no_pin && cores >= 2 && Command::new("taskset").arg("-V").output().is_ok();
         if pin {
@@ -867,6 +1120,13 @@ mod bench {
         if args.security != SecurityMode::Plain {
             setups.push(start_redis(&args.redis_server, pin, Some(Secured::new()?))?);
         }
+        if args.topology.contains(&Topology::Cluster) {
+            anyhow::ensure!(
+                setups[0].secured.is_none(),
+                "the cluster rounds run plain only: --topology cluster needs --security plain or both"
+            );
+            setups[0].cluster = Some(Cluster::start(pin).await?);
+        }
         let mut conn = setups[0].admin().await?;
         let version: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
         let version = version
@@ -883,6 +1143,17 @@ mod bench {
             args.warmup,
             args.rounds
         );
+        println!(
+            "Keys `<prefix>-NN/job-NNNNNNN` round robin over {NAMESPACES} namespaces; kjob-queue at its default shards (1 on one server, {} on a Cluster)",
+            kjob_workqueue::DEFAULT_SHARDS
+        );
+        if let Some(c) = &setups[0].cluster {
+            println!(
+                "Redis Cluster: {CLUSTER_MASTERS} masters (no replicas) on ports {:?}, {} like the single server (plain only); its rounds run interleaved with the single server's",
+                c.ports(),
+                if pin { "every master pinned to core 0" } else { "unpinned" },
+            );
+        }
         let plain = setups.iter().find(|s| s.secured.is_none());
         let bench = |test| {
             let port = plain?.redis.port;
@@ -893,16 +1164,45 @@ mod bench {
         println!("redis-benchmark ZADD (raw ceiling): {}; LPUSH: {}", show(zadd), show(lpush));
 
         let many = args.lessees;
-        let mut systems: Vec<(String, Option<usize>)> = vec![
-            ("kjob, 1 lessee (gRPC service)".into(), Some(1)),
-            (format!("kjob, {many} lessees (gRPC service)"), Some(many)),
-        ];
-        if !args.skip_bullmq {
-            systems.push((format!("BullMQ 6.7.0, Worker concurrency {BULL_CONCURRENCY}"), None));
+        let single = args.topology.contains(&Topology::Single);
+        let mut systems: Vec<(String, Kind)> = Vec::new();
+        // Each cluster configuration right after its single-server twin: the pairs run back to
+        // back in every round, so the cluster ÷ single ratio is taken per round.
+        for lessees in [1, many] {
+            let n =
+                if lessees == 1 { "1 lessee".to_string() } else { format!("{lessees} lessees") };
+            if single {
+                systems.push((
+                    format!("kjob, {n} (gRPC service)"),
+                    Kind::Kjob { lessees, cluster: false },
+                ));
+            }
+            if setups[0].cluster.is_some() {
+                systems.push((
+                    format!("kjob, {n}, 3-master cluster"),
+                    Kind::Kjob { lessees, cluster: true },
+                ));
+            }
         }
+        if !args.skip_bullmq {
+            systems
+                .push((format!("BullMQ 6.7.0, Worker concurrency {BULL_CONCURRENCY}"), Kind::Bull));
+        }
+        // The TLS setup has no cluster: its rows are the single-server ones.
+        let tls_systems: Vec<(String, Kind)> = systems
+            .iter()
+            .filter(|(_, k)| !matches!(k, Kind::Kjob { cluster: true, .. }))
+            .cloned()
+            .collect();
         let mut all: Vec<Vec<Vec<Round>>> = Vec::new();
+        let mut fill = None;
         for setup in &setups {
+            let systems = if setup.cluster.is_some() { &systems[..] } else { &tls_systems[..] };
             let mut conn = setup.admin().await?;
+            let mut masters = match &setup.cluster {
+                Some(c) => c.admin().await?,
+                None => Vec::new(),
+            };
             let mut results: Vec<Vec<Round>> = vec![Vec::new(); systems.len()];
             for r in 0..args.rounds {
                 let mut order: Vec<usize> = (0..systems.len()).collect();
@@ -910,9 +1210,16 @@ mod bench {
                     order.reverse();
                 }
                 for i in order {
+                    let (items, warmup) = (args.items, args.warmup);
                     let res = match systems[i].1 {
-                        Some(l) => kjob_round(setup, &mut conn, args.items, args.warmup, l).await?,
-                        None => bull_round(&args, pin, setup, &mut conn).await?,
+                        Kind::Kjob { lessees, cluster: false } => {
+                            let conns = std::slice::from_mut(&mut conn);
+                            kjob_round(setup, conns, items, warmup, lessees, false).await?
+                        }
+                        Kind::Kjob { lessees, cluster: true } => {
+                            kjob_round(setup, &mut masters, items, warmup, lessees, true).await?
+                        }
+                        Kind::Bull => bull_round(&args, pin, setup, &mut conn).await?,
                     };
                     eprintln!(
                         "{} round {r}: {}: {:.0} items/s",
@@ -923,15 +1230,21 @@ mod bench {
                     results[i].push(res);
                 }
             }
-            report(setup, &systems, &results, if setup.secured.is_none() { zadd } else { None });
+            if setup.cluster.is_some() {
+                fill = Some(key_spread(setup, &mut masters, args.items).await?);
+            }
+            report(setup, systems, &results, if setup.secured.is_none() { zadd } else { None });
+            if let (Some(c), Some(fill)) = (&setup.cluster, &fill) {
+                cluster_report(&c.ports(), systems, &results, fill, args.items);
+            }
             println!();
             println!(
-                "enqueue→lease latency, {} items at {}/s, lessees waiting (target p99 ≤ 5 ms):",
+                "enqueue→lease latency, {} items at {}/s, lessees waiting, single server (target p99 ≤ 5 ms):",
                 args.latency_items, args.latency_rate
             );
             for l in [1usize, many] {
                 reset(&mut conn).await?;
-                let svc = Service::start(setup).await?;
+                let svc = Service::start(setup, false).await?;
                 let v = latency(&svc.client, args.latency_items, l, args.latency_rate).await?;
                 svc.stop().await?;
                 println!(
@@ -950,7 +1263,7 @@ mod bench {
             all.push(results);
         }
         if let [plain, secured] = &all[..] {
-            security_cost(&systems, plain, secured);
+            security_cost(&systems, plain, &tls_systems, secured);
         }
         println!();
         println!(
@@ -960,12 +1273,7 @@ mod bench {
     }
 
     /// The throughput table, the costliest commands and the ratios against BullMQ of one setup.
-    fn report(
-        setup: &Setup,
-        systems: &[(String, Option<usize>)],
-        results: &[Vec<Round>],
-        zadd: Option<f64>,
-    ) {
+    fn report(setup: &Setup, systems: &Systems, results: &[Vec<Round>], zadd: Option<f64>) {
         println!();
         println!("## {}", setup.name());
         if setup.secured.is_some() {
@@ -983,9 +1291,11 @@ mod bench {
             "client CPU µs/item",
             "÷ ZADD ops/s"
         );
-        for (i, (name, _)) in systems.iter().enumerate() {
+        for (i, (name, kind)) in systems.iter().enumerate() {
             let of = |f: fn(&Round) -> f64| results[i].iter().map(f).collect::<Vec<f64>>();
             let ips = of(|r| r.items_per_s);
+            // The ceiling is the single server's: no fraction for the cluster's rows.
+            let zadd = zadd.filter(|_| !matches!(kind, Kind::Kjob { cluster: true, .. }));
             let frac = zadd.map(|z| format!("{:.3}", spread(&ips).0 / z)).unwrap_or("-".into());
             println!(
                 "{name:<44} {:>24} {:>14.2} {:>20} {:>18} {frac:>12}",
@@ -1006,12 +1316,16 @@ mod bench {
                 println!("  {name}: {}", top.join(", "));
             }
         }
-        let Some(bull) = systems.iter().position(|(_, lessees)| lessees.is_none()) else {
+        let Some(bull) = systems.iter().position(|(_, kind)| *kind == Kind::Bull) else {
             return;
         };
         println!();
         println!("ratios per round (pairs run back to back), median [min–max]:");
-        for k in 0..bull {
+        let single_kjob = systems
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, kind))| matches!(kind, Kind::Kjob { cluster: false, .. }));
+        for (k, _) in single_kjob {
             let pair = |f: fn(&Round, &Round) -> f64| {
                 results[k].iter().zip(&results[bull]).map(|(a, b)| f(a, b)).collect::<Vec<f64>>()
             };
@@ -1024,11 +1338,100 @@ mod bench {
         }
     }
 
+    /// `v` in percent of `total`.
+    fn pct(v: u64, total: u64) -> f64 {
+        if total == 0 { f64::NAN } else { v as f64 * 100.0 / total as f64 }
+    }
+
+    fn verdict(ok: bool) -> &'static str {
+        if ok { "met" } else { "NOT met" }
+    }
+
+    /// The cluster's figures: items/s against the single server per round, and each master's
+    /// share of kjob's keys (from [`key_spread`]) and commands (INFO commandstats per master,
+    /// per round), each against the issue's target.
+    fn cluster_report(
+        ports: &[u16],
+        systems: &Systems,
+        results: &[Vec<Round>],
+        fill: &KeySpread,
+        items: usize,
+    ) {
+        println!();
+        println!("## Redis Cluster ({CLUSTER_MASTERS} masters) against one Redis");
+        println!();
+        println!(
+            "cluster ÷ single items/s per round (pairs run back to back), median [min–max] (target ≥ {CLUSTER_RATIO_TARGET}; both on core 0, so this shows what the cluster costs, not the capacity it adds):"
+        );
+        for (c, (name, kind)) in systems.iter().enumerate() {
+            let Kind::Kjob { lessees, cluster: true } = *kind else { continue };
+            let twin =
+                systems.iter().position(|(_, k)| *k == Kind::Kjob { lessees, cluster: false });
+            let Some(s) = twin else {
+                println!("  {name}: no single-server rounds to compare with");
+                continue;
+            };
+            let ratios: Vec<f64> = results[c]
+                .iter()
+                .zip(&results[s])
+                .map(|(a, b)| a.items_per_s / b.items_per_s)
+                .collect();
+            let cpu: Vec<f64> = results[c]
+                .iter()
+                .zip(&results[s])
+                .map(|(a, b)| a.cpu_us_per_item / b.cpu_us_per_item)
+                .collect();
+            println!(
+                "  {name}: ×{} — {}; Redis CPU per item (summed over masters) ×{} of one Redis",
+                fmt_spread(&ratios, 2),
+                verdict(spread(&ratios).0 >= CLUSTER_RATIO_TARGET),
+                fmt_spread(&cpu, 2),
+            );
+        }
+        println!();
+        let (klo, khi) = (FAIR_SHARE - KEY_SHARE_TOLERANCE, FAIR_SHARE + KEY_SHARE_TOLERANCE);
+        let (clo, chi) =
+            (FAIR_SHARE - COMMAND_SHARE_TOLERANCE, FAIR_SHARE + COMMAND_SHARE_TOLERANCE);
+        println!(
+            "per master, with {items} keys queued over {NAMESPACES} namespaces: share of kjob's keys (DBSIZE; target {klo:.0}–{khi:.0} %) and of the queued entries (ZCARD of its ready sets), then share of kjob's commands in each system's rounds (INFO commandstats deltas, scripts' inner commands included; median [min–max] over rounds; target {clo:.0}–{chi:.0} %):"
+        );
+        let (keys, entries) = (fill.keys.iter().sum(), fill.entries.iter().sum());
+        let mut all_met = true;
+        for (m, port) in ports.iter().enumerate() {
+            let key_share = pct(fill.keys[m], keys);
+            let key_ok = (klo..=khi).contains(&key_share);
+            let mut line = format!(
+                "  master 127.0.0.1:{port}: keys {} of {keys} = {key_share:.1} % ({}), entries {:.1} %",
+                fill.keys[m],
+                verdict(key_ok),
+                pct(fill.entries[m], entries),
+            );
+            all_met &= key_ok;
+            for (c, (name, kind)) in systems.iter().enumerate() {
+                if !matches!(kind, Kind::Kjob { cluster: true, .. }) {
+                    continue;
+                }
+                let shares: Vec<f64> = results[c]
+                    .iter()
+                    .map(|r| pct(r.node_calls[m], r.node_calls.iter().sum()))
+                    .collect();
+                let (med, lo, hi) = spread(&shares);
+                let ok = (clo..=chi).contains(&lo) && (clo..=chi).contains(&hi);
+                all_met &= ok;
+                line +=
+                    &format!("; commands ({name}): {med:.1} % [{lo:.1}–{hi:.1}] ({})", verdict(ok));
+            }
+            println!("{line}");
+        }
+        println!("cluster share targets: {}", if all_met { "all met" } else { "NOT all met" });
+    }
+
     /// What TLS and authentication cost each system: throughput and CPU, secured against plain
     /// (medians of each setup's rounds), and for kjob the added CPU per RPC.
     fn security_cost(
-        systems: &[(String, Option<usize>)],
+        plain_systems: &Systems,
         plain: &[Vec<Round>],
+        systems: &Systems,
         tls: &[Vec<Round>],
     ) {
         let med =
@@ -1045,7 +1448,10 @@ mod bench {
             "added CPU µs per RPC"
         );
         for (i, (name, _)) in systems.iter().enumerate() {
-            let (p, t) = (&plain[i][..], &tls[i][..]);
+            let Some(pi) = plain_systems.iter().position(|(n, _)| n == name) else {
+                continue;
+            };
+            let (p, t) = (&plain[pi][..], &tls[i][..]);
             let redis = (med(p, |r| r.cpu_us_per_item), med(t, |r| r.cpu_us_per_item));
             let client =
                 (med(p, |r| r.client_cpu_us_per_item), med(t, |r| r.client_cpu_us_per_item));
