@@ -189,7 +189,7 @@ mod bench {
     pub enum Topology {
         /// One redis-server.
         Single,
-        /// Three masters (`redis-cli --cluster create`, no replicas), kjob-queue at its
+        /// Three masters (made with redis-cli's cluster create, no replicas), kjob-queue at its
         /// default 24 shards.
         Cluster,
     }
