@@ -398,8 +398,8 @@ end
 -- namespace whose set empties leaves `T:rr` (and its deficit goes), as under `drr_pop`.
 -- Returns `{item, score, …}` as ZPOPMIN does.
 local function fifo_pop(n)
-  local heads = {}
-  for _, ns in ipairs(redis.call('LRANGE', RR, 0, -1)) do
+  local heads, listed, emptied = {}, redis.call('LRANGE', RR, 0, -1), false
+  for _, ns in ipairs(listed) do
     local h = redis.call('ZRANGE', rkey(ns), 0, 0, 'WITHSCORES')
     if #h > 0 then heads[ns] = {h[1], tonumber(h[2])} end
   end
@@ -419,10 +419,19 @@ local function fifo_pop(n)
     if #h > 0 then
       heads[best_ns] = {h[1], tonumber(h[2])}
     else
-      heads[best_ns] = nil
-      redis.call('LREM', RR, 0, best_ns)
+      heads[best_ns], emptied = nil, true
       redis.call('HDEL', DRR, best_ns)
     end
+  end
+  -- The list again without the namespaces that emptied, in its order (kjob's ACL user has no
+  -- LREM, and a script that fails midway keeps what it did before: only allowed commands here).
+  if emptied then
+    local keep = {}
+    for _, ns in ipairs(listed) do
+      if heads[ns] then keep[#keep + 1] = ns end
+    end
+    redis.call('DEL', RR)
+    if #keep > 0 then redis.call('RPUSH', RR, unpack(keep)) end
   end
   return popped
 end

@@ -296,11 +296,21 @@ async fn aging_bounds_a_low_priority_wait(s: Store) {
 /// whatever its namespace, so the quiet namespace's key waits behind the whole flood, as under
 /// upstream's workqueue, and weights change nothing. A namespace that empties leaves the round
 /// robin as under the fair order: a fair replica on the same data afterwards alternates again.
+/// As kjob's ACL user, which has exactly the commands kjob's scripts may call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_order_serves_the_flood_first() {
-    let server = RedisServer::start().expect("redis-server");
+    let security = kjob_testkit::RedisSecurity {
+        tls: None,
+        tls_auth_clients: false,
+        acl: vec![
+            "user default off".into(),
+            kjob_workqueue::acl::acl_user_line("kjob", ">fifo-pw"),
+        ],
+    };
+    let server = RedisServer::start_secured(&security, &[]).expect("redis-server");
+    let url = format!("redis://kjob:fifo-pw@127.0.0.1:{}", server.port());
     let fifo = StoreConfig { lease_order: kjob_workqueue::LeaseOrder::Fifo, ..Default::default() };
-    let s = Store::connect(&server.url(), fifo).await.expect("connect");
+    let s = Store::connect(&url, fifo).await.expect("connect");
     s.set_namespace_weight("b", 10).await.unwrap();
     let flood: Vec<String> = (0..200).map(|i| format!("a/job-{i:03}")).collect();
     add_all(&s, &flood).await;
@@ -318,7 +328,7 @@ async fn fifo_order_serves_the_flood_first() {
     want.push("b/quiet".into());
     assert_eq!(order, want, "oldest first, whatever the namespace or its weight");
 
-    let fair = Store::connect(&server.url(), StoreConfig::default()).await.expect("connect");
+    let fair = Store::connect(&url, StoreConfig::default()).await.expect("connect");
     let keys: Vec<String> =
         ["a/x1", "a/x2", "a/x3", "c/y1", "c/y2", "c/y3"].map(String::from).to_vec();
     add_all(&fair, &keys).await;
