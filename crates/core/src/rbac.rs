@@ -213,6 +213,27 @@ mod tests {
             "patch",
             "status is written by merge patch with a resourceVersion",
         ),
+        ("", "namespaces", "get", "the watcher reads namespaces' kjob.io/queue-weight"),
+        ("", "namespaces", "list", "the watcher reads namespaces' kjob.io/queue-weight"),
+        ("", "namespaces", "watch", "the watcher reads namespaces' kjob.io/queue-weight"),
+        (
+            "scheduling.k8s.io",
+            "priorityclasses",
+            "get",
+            "the watcher orders a namespace's Jobs by their pods' priority",
+        ),
+        (
+            "scheduling.k8s.io",
+            "priorityclasses",
+            "list",
+            "the watcher orders a namespace's Jobs by their pods' priority",
+        ),
+        (
+            "scheduling.k8s.io",
+            "priorityclasses",
+            "watch",
+            "the watcher orders a namespace's Jobs by their pods' priority",
+        ),
     ];
 
     #[test]
