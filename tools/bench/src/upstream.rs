@@ -179,11 +179,8 @@ impl Configuration {
             let label = "kjob, 1 worker at upstream's defaults, fairness off".to_string();
             return Some(Self { id: id.into(), label, ..c });
         }
-        let (shared, n) = match id.strip_prefix("mt") {
-            Some(n) => (true, n),
-            None => (false, id.strip_prefix('m')?),
-        };
-        let workers: usize = n.parse().ok().filter(|w| (1..=MANAGED_MAX_WORKERS).contains(w))?;
+        let (workers, shared) =
+            managed_id(id).filter(|(w, _)| (1..=MANAGED_MAX_WORKERS).contains(w))?;
         let (qps, burst, syncs) = MANAGED;
         let label = if shared {
             format!("kjob, {workers} workers sharing upstream's default budget")
@@ -994,68 +991,8 @@ pub fn verdicts(
     per_pass: &BTreeMap<String, Vec<Option<f64>>>,
     intervals: &BTreeMap<String, (f64, f64)>,
 ) -> Vec<Verdict> {
-    let mut out = Vec::new();
-    for suffix in ["1w", "2w"] {
-        for h in &HEADLINES {
-            let key = format!("{}_{suffix}", h.key);
-            if !ratios.contains_key(&key) {
-                continue;
-            }
-            let goal = if suffix == "1w" { h.goal_1w } else { h.goal_2w };
-            let meets = |r: f64| if h.higher_is_better { r >= goal } else { r <= goal };
-            let r = ratios.get(&key).copied().flatten();
-            let met = r.is_some_and(meets);
-            let passes = per_pass.get(&key).cloned().unwrap_or_default();
-            let passes_agree = r.is_none() || passes.iter().flatten().all(|&p| meets(p) == met);
-            let interval = intervals.get(&key).copied();
-            let decided = match interval {
-                Some((lo, hi)) if r.is_some() => meets(lo) == met && meets(hi) == met,
-                _ => passes_agree,
-            };
-            let op = if h.higher_is_better { ">=" } else { "<=" };
-            out.push(Verdict {
-                key,
-                what: h.what.to_string(),
-                ratio: r,
-                goal: format!("{op} {goal}"),
-                met,
-                per_pass: passes,
-                passes_agree,
-                interval,
-                decided,
-            });
-        }
-    }
-    // Managed-cluster budgets (issue 45): N workers ≥ 0.85·N × one worker; 8 workers ≥
-    // 0.85·8 × upstream at its defaults. Only where the configurations ran.
-    for key in ratios.keys() {
-        let (goal, what) = if let Some(n) = key.strip_prefix("scale_jobs_per_s_m") {
-            let Ok(n) = n.parse::<usize>() else { continue };
-            (
-                SCALE_EFFICIENCY * n as f64,
-                format!("Jobs/s, {n} workers ÷ 1 (upstream's budget each)"),
-            )
-        } else if key == "managed_jobs_per_s_m8" {
-            (SCALE_EFFICIENCY * 8.0, "Jobs/s, 8 workers ÷ upstream at its defaults".to_string())
-        } else if key == "flood_quiet_p99_first_pod_fifo_tuned" {
-            (
-                -1.05,
-                "flood, tuned: quiet p99 created -> first pod, kjob fair (c) ÷ kjob FIFO (cf)"
-                    .to_string(),
-            )
-        } else if key == "flood_jobs_per_s_fifo_default" {
-            (0.95, "flood, default budget: Jobs/s, kjob fair (m1) ÷ kjob FIFO (f1)".to_string())
-        } else if key == "flood_quiet_p99_first_pod_default" {
-            (
-                -FLOOD_QUIET_P99_GOAL,
-                "flood: quiet namespaces' p99 Job created -> first pod, kjob (m1) ÷ upstream (a)"
-                    .to_string(),
-            )
-        } else {
-            continue;
-        };
-        // A negative goal is a ceiling (lower is better), a positive one a floor.
-        let meets = |r: f64| if goal < 0.0 { r <= -goal } else { r >= goal };
+    let judge = |key: &str, what: String, goal: f64, higher: bool, goal_text: String| {
+        let meets = |r: f64| if higher { r >= goal } else { r <= goal };
         let r = ratios.get(key).copied().flatten();
         let met = r.is_some_and(meets);
         let passes = per_pass.get(key).cloned().unwrap_or_default();
@@ -1065,17 +1002,54 @@ pub fn verdicts(
             Some((lo, hi)) if r.is_some() => meets(lo) == met && meets(hi) == met,
             _ => passes_agree,
         };
-        out.push(Verdict {
-            key: key.clone(),
+        Verdict {
+            key: key.to_string(),
             what,
             ratio: r,
-            goal: if goal < 0.0 { format!("<= {:.2}", -goal) } else { format!(">= {goal:.2}") },
+            goal: goal_text,
             met,
             per_pass: passes,
             passes_agree,
             interval,
             decided,
-        });
+        }
+    };
+    let op = |higher: bool| if higher { ">=" } else { "<=" };
+    let mut out = Vec::new();
+    for suffix in ["1w", "2w"] {
+        for h in &HEADLINES {
+            let key = format!("{}_{suffix}", h.key);
+            if !ratios.contains_key(&key) {
+                continue;
+            }
+            let goal = if suffix == "1w" { h.goal_1w } else { h.goal_2w };
+            let text = format!("{} {goal}", op(h.higher_is_better));
+            out.push(judge(&key, h.what.to_string(), goal, h.higher_is_better, text));
+        }
+    }
+    // Managed-cluster budgets (issue 45): N workers ≥ 0.85·N × one worker; 8 workers ≥
+    // 0.85·8 × upstream at its defaults; and the flood's. Only where the configurations ran.
+    for key in ratios.keys() {
+        let (goal, higher, what) = if let Some(n) = key.strip_prefix("scale_jobs_per_s_m") {
+            let Ok(n) = n.parse::<usize>() else { continue };
+            let what = format!("Jobs/s, {n} workers ÷ 1 (upstream's budget each)");
+            (SCALE_EFFICIENCY * n as f64, true, what)
+        } else if key == "managed_jobs_per_s_m8" {
+            (SCALE_EFFICIENCY * 8.0, true, "Jobs/s, 8 workers ÷ upstream at its defaults".into())
+        } else if key == "flood_quiet_p99_first_pod_fifo_tuned" {
+            let what =
+                "flood, tuned: quiet p99 created -> first pod, kjob fair (c) ÷ kjob FIFO (cf)";
+            (1.05, false, what.to_string())
+        } else if key == "flood_jobs_per_s_fifo_default" {
+            (0.95, true, "flood, default budget: Jobs/s, kjob fair (m1) ÷ kjob FIFO (f1)".into())
+        } else if key == "flood_quiet_p99_first_pod_default" {
+            let what =
+                "flood: quiet namespaces' p99 Job created -> first pod, kjob (m1) ÷ upstream (a)";
+            (FLOOD_QUIET_P99_GOAL, false, what.to_string())
+        } else {
+            continue;
+        };
+        out.push(judge(key, what, goal, higher, format!("{} {goal:.2}", op(higher))));
     }
     out
 }
