@@ -921,9 +921,24 @@ impl QueueService {
         keys: &[&str],
         records: &[String],
     ) -> Vec<Option<v1::GetJobViewResponse>> {
-        let reads = keys
-            .iter()
-            .map(|key| self.store.get_job_view_page(key, records, None, validate::VIEW_PAGE_BYTES));
+        /// Reads of one view begun again when a write landed between its HSCAN chunks (a
+        /// view of more than one chunk, its pods updated by the watcher while it ran): a read
+        /// here is cheaper than the lessee's GetJobView round trip (a CI run's 400-pod Job
+        /// with 100 pods running saw one such race).
+        const MOVED_ATTEMPTS: usize = 3;
+        let reads = keys.iter().map(|key| async move {
+            let mut attempt = 1;
+            loop {
+                let res = self
+                    .store
+                    .get_job_view_page(key, records, None, validate::VIEW_PAGE_BYTES)
+                    .await;
+                if !matches!(res, Ok(ViewPage::Moved)) || attempt == MOVED_ATTEMPTS {
+                    return res;
+                }
+                attempt += 1;
+            }
+        });
         futures::future::join_all(reads)
             .await
             .into_iter()

@@ -70,14 +70,16 @@ async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::s
     let (trusted, untrusted) = (views("trusted"), views("untrusted"));
     eprintln!("view reads: {trusted} trusted, {untrusted} untrusted");
     assert!(trusted > 0.0 && untrusted <= 3.0, "{trusted} trusted, {untrusted} untrusted");
-    // The Lease replies brought the views: no sync had to ask kjob-queue for one.
+    // The Lease replies brought the views: a sync asks kjob-queue for one only when the
+    // watcher's writes moved the view under kjob-queue's read three times running (this Job's
+    // view spans two HSCAN chunks; a loaded CI run saw one such sync before the retry).
     let queue_admin = stack.admin_url(kjob_testkit::stack::QUEUE).expect("queue admin");
     let queue_port: u16 = queue_admin.rsplit(':').next().unwrap().parse().unwrap();
     let queue_text =
         tokio::task::block_in_place(|| http_get(queue_port, "/metrics")).expect("queue metrics");
     let asked =
         metric_sum(&queue_text, "grpc_server_handled_total", &["grpc_method=\"GetJobView\""]);
-    assert_eq!(asked, 0.0, "GetJobView calls although the leases bring the views");
+    assert!(asked <= 1.0, "{asked} GetJobView calls although the leases bring the views");
     // ... and the Dones carry the write-backs: PutJobView only after a conflict.
     let puts =
         metric_sum(&queue_text, "grpc_server_handled_total", &["grpc_method=\"PutJobView\""]);
