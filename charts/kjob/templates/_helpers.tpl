@@ -10,11 +10,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{/* A kjob image: (list . "kjob-queue"). */}}
+{{/* A kjob image: (list . "kjob-queue"), with "@<digest>" when image.digests names one. */}}
 {{- define "kjob.image" -}}
 {{- $root := index . 0 -}}
 {{- $name := index . 1 -}}
-{{- printf "%s/%s:%s" $root.Values.image.registry $name ($root.Values.image.tag | default $root.Chart.AppVersion) -}}
+{{- $ref := printf "%s/%s:%s" $root.Values.image.registry $name ($root.Values.image.tag | default $root.Chart.AppVersion) -}}
+{{- $digest := index ($root.Values.image.digests | default dict) $name | default "" -}}
+{{- if $digest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" $digest) -}}
+{{- fail (printf "image.digests.%s must be sha256:<64 hex digits>, not %q" $name $digest) -}}
+{{- end -}}
+{{- $ref = printf "%s@%s" $ref $digest -}}
+{{- end -}}
+{{- $ref -}}
 {{- end }}
 
 {{/* Redis URL kjob-queue dials: the bundled StatefulSet's Service, or redis.url. */}}

@@ -258,7 +258,9 @@ pub fn expected_grants() -> BTreeMap<String, BTreeSet<Grant>> {
 
 /// The kjob binary a container runs, from its image name (`…/kjob-queue:tag`, `kjob/queue:dev`).
 pub fn binary_of_image(image: &str) -> Option<String> {
-    // A ':' after the last '/' starts the tag; one before it belongs to a registry port.
+    // A digest ends the reference (`name:tag@sha256:…`); a ':' after the last '/' starts the
+    // tag; one before it belongs to a registry port.
+    let image = image.split_once('@').map_or(image, |(name, _)| name);
     let repo = match image.rsplit_once(':') {
         Some((r, tag)) if !tag.contains('/') => r,
         _ => image,
@@ -266,6 +268,32 @@ pub fn binary_of_image(image: &str) -> Option<String> {
     let last = repo.rsplit('/').next()?;
     let bin = if last.starts_with("kjob-") { last.to_string() } else { format!("kjob-{last}") };
     ["kjob-queue", "kjob-watcher", "kjob-worker", "kjob-sim"].contains(&bin.as_str()).then_some(bin)
+}
+
+/// Whether an image reference names its content: `…@sha256:` and 64 lowercase hex digits.
+pub fn pinned_by_digest(image: &str) -> bool {
+    image.split_once("@sha256:").is_some_and(|(name, hex)| {
+        !name.is_empty()
+            && hex.len() == 64
+            && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Every container image (init containers included) of the rendered objects' pod templates
+/// (Deployments, StatefulSets, Jobs), as (object name, image).
+pub fn pod_template_images(objs: &[Value]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for o in objs {
+        let spec = &o["spec"]["template"]["spec"];
+        for list in ["initContainers", "containers"] {
+            for c in spec[list].as_array().into_iter().flatten() {
+                if let Some(image) = c["image"].as_str() {
+                    out.push((name(o).to_string(), image.to_string()));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// (binary, args) of every kjob container in the rendered objects' pod templates.
@@ -361,6 +389,8 @@ mod tests {
         assert!(!h.contains("--listen"));
     }
 
+    const DIGEST: &str = "sha256:ff02b58f971e7d7d156a1267e283fcbbeee91773b6aa36c49dac28ecfe28eadf";
+
     #[test]
     fn image_to_binary() {
         assert_eq!(
@@ -370,6 +400,15 @@ mod tests {
         assert_eq!(binary_of_image("kjob/worker:dev").as_deref(), Some("kjob-worker"));
         assert_eq!(binary_of_image("localhost:5000/kjob/watcher").as_deref(), Some("kjob-watcher"));
         assert_eq!(binary_of_image("redis:7.4-alpine"), None);
+        assert_eq!(binary_of_image(&format!("redis:7.4.11-alpine@{DIGEST}")), None);
+        assert_eq!(
+            binary_of_image(&format!("registry.example:5000/kjob-worker:1.0@{DIGEST}")).as_deref(),
+            Some("kjob-worker")
+        );
+        assert!(pinned_by_digest(&format!("redis:7.4.11-alpine@{DIGEST}")));
+        assert!(!pinned_by_digest("redis:7.4.11-alpine"));
+        assert!(!pinned_by_digest("redis@sha256:abc"));
+        assert!(!pinned_by_digest(&format!("redis@{}", DIGEST.to_uppercase())));
     }
 
     #[test]

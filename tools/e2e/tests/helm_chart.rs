@@ -235,6 +235,31 @@ fn an_external_redis_drops_the_bundled_one_and_is_required() {
 }
 
 #[test]
+fn image_digests_pin_kjob_images_and_nothing_else_changes() {
+    let Some((helm, kubectl)) = tools() else { return };
+    let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let chart = helm_template(&helm, &[&format!("image.digests.kjob-worker={digest}")]).unwrap();
+    let mut base = kustomize(&kubectl, "deploy/base").unwrap();
+    for o in &mut base {
+        if o["kind"] == "Deployment" && name(o) == "kjob-worker" {
+            let c = &mut o["spec"]["template"]["spec"]["containers"][0];
+            let pinned = format!("{}@{digest}", c["image"].as_str().unwrap());
+            c["image"] = json!(pinned);
+        }
+    }
+    assert_same("worker digest", chart, base);
+    // Not a digest: refused, naming the value, rather than rendering an image no node can pull.
+    for bad in [
+        "sha256:abc",
+        "latest",
+        "sha256:0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        let err = helm_template(&helm, &[&format!("image.digests.kjob-queue={bad}")]).unwrap_err();
+        assert!(err.contains("image.digests.kjob-queue must be sha256:"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn the_prometheus_rule_is_the_rules_file_behind_a_value() {
     let Some((helm, _)) = tools() else { return };
     // Off by default (the default render is deploy/base's, checked above).

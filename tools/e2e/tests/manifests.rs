@@ -767,3 +767,39 @@ fn the_queue_viewer_role_grants_only_get_on_the_queue_service_proxy() {
     });
     assert!(!bound, "deploy/ binds kjob-queue-viewer; an admin binds it to readers");
 }
+
+/// Every image deploy/ and docker-compose name that kjob does not build is pinned by digest
+/// (a tag moves; a digest names the bytes), and all of them name the same Redis. kjob's own
+/// images are named by tag and pinned by the installer (docs/operations.md#pin-images-by-digest).
+#[test]
+fn images_kjob_does_not_build_are_pinned_by_digest() {
+    let text = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();
+    let compose: Value = serde_yaml::from_str(&text).unwrap();
+    let mut images: Vec<(String, String)> = compose["services"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, s)| s["build"].is_null())
+        .map(|(n, s)| (format!("docker-compose {n}"), s["image"].as_str().unwrap().to_string()))
+        .collect();
+    let dirs: Vec<&str> = if kubectl().is_some() { KUSTOMIZATIONS.to_vec() } else { vec![] };
+    for dir in dirs {
+        let objs = render(dir).unwrap();
+        for (obj, image) in pod_template_images(&objs) {
+            images.push((format!("{dir} {obj}"), image));
+        }
+    }
+    if kubectl().is_none() {
+        for (obj, image) in pod_template_images(&base()) {
+            images.push((format!("deploy/base {obj}"), image));
+        }
+    }
+    let outside: Vec<&(String, String)> =
+        images.iter().filter(|(_, i)| binary_of_image(i).is_none()).collect();
+    assert!(outside.len() >= 3, "Redis in compose, the base and the cluster overlay: {outside:?}");
+    for (at, image) in &outside {
+        assert!(pinned_by_digest(image), "{at}: {image} is not pinned by digest");
+    }
+    let redis: BTreeSet<&str> = outside.iter().map(|(_, i)| i.as_str()).collect();
+    assert_eq!(redis.len(), 1, "one Redis image everywhere: {redis:?}");
+}
