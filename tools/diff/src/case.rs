@@ -114,8 +114,10 @@ impl KueueQueue {
 /// [`KueueQueue::position`]). The quota group's later Jobs must be created while the first ones
 /// still run, so Kueue holds them inadmissible together and admits them in creation order: at
 /// 3 s, the last Job came after the first had finished and was admitted at once, ahead of an
-/// older one still waiting to be requeued (Kueue's BestEffortFIFO), on both control planes.
-pub const KUEUE_CREATE_SPACING_MS: u64 = 2000;
+/// older one still waiting to be requeued (Kueue's BestEffortFIFO), on both control planes. The
+/// spacing is also the gap between the first two Jobs' ends, so between the admissions of the
+/// last two: at 2 s a loaded machine's jitter in admission and first pod swapped them.
+pub const KUEUE_CREATE_SPACING_MS: u64 = 4000;
 /// Name of each case's LocalQueue.
 pub const KUEUE_LOCAL_QUEUE: &str = "queue";
 /// Kueue's label naming a Job's LocalQueue.

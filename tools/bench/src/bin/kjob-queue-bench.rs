@@ -182,6 +182,10 @@ mod bench {
         /// master's share of kjob's keys and commands. BullMQ always runs on the single server.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "single")]
         topology: Vec<Topology>,
+        /// Shards of kjob-queue's data set on the cluster (its `--queue-shards`); default
+        /// kjob-queue's own (24 on a Cluster).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        cluster_shards: Option<u32>,
     }
 
     /// `--topology`.
@@ -310,15 +314,17 @@ mod bench {
     /// `redis-cli --cluster create`), each master pinned to core 0 when pinning.
     struct Cluster {
         cluster: kjob_testkit::RedisCluster,
+        /// `--cluster-shards`.
+        shards: Option<u32>,
     }
 
     impl Cluster {
         /// Starts the cluster; when pinning, moves every master (all its threads, by the
         /// `process_id` its INFO reports) to core 0, where the single server runs.
-        async fn start(pin: bool) -> anyhow::Result<Self> {
+        async fn start(pin: bool, shards: Option<u32>) -> anyhow::Result<Self> {
             let cluster = kjob_testkit::RedisCluster::start()?;
             anyhow::ensure!(cluster.nodes().len() == CLUSTER_MASTERS, "expected 3 masters");
-            let me = Self { cluster };
+            let me = Self { cluster, shards };
             if pin {
                 for mut conn in me.admin().await? {
                     let info: String =
@@ -385,11 +391,13 @@ mod bench {
             if on_cluster {
                 let c = self.cluster.as_ref().context("no cluster in this setup")?;
                 anyhow::ensure!(self.secured.is_none(), "the cluster rounds run plain only");
+                let mut config = kjob_queue::QueueConfig::new(
+                    c.cluster.url(),
+                    kjob_queue::Security::InsecureNoAuth,
+                );
+                config.store.shards = c.shards;
                 return Ok((
-                    kjob_queue::QueueConfig::new(
-                        c.cluster.url(),
-                        kjob_queue::Security::InsecureNoAuth,
-                    ),
+                    config,
                     format!("http://{grpc}"),
                     kjob_queue_client::QueueSecurity::Insecure,
                 ));
@@ -1125,7 +1133,7 @@ mod bench {
                 setups[0].secured.is_none(),
                 "the cluster rounds run plain only: --topology cluster needs --security plain or both"
             );
-            setups[0].cluster = Some(Cluster::start(pin).await?);
+            setups[0].cluster = Some(Cluster::start(pin, args.cluster_shards).await?);
         }
         let mut conn = setups[0].admin().await?;
         let version: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
@@ -1144,8 +1152,9 @@ mod bench {
             args.rounds
         );
         println!(
-            "Keys `<prefix>-NN/job-NNNNNNN` round robin over {NAMESPACES} namespaces; kjob-queue at its default shards (1 on one server, {} on a Cluster)",
-            kjob_workqueue::DEFAULT_SHARDS
+            "Keys `<prefix>-NN/job-NNNNNNN` round robin over {NAMESPACES} namespaces; kjob-queue at 1 shard on one server, {} on the Cluster{}",
+            args.cluster_shards.unwrap_or(kjob_workqueue::DEFAULT_SHARDS),
+            if args.cluster_shards.is_some() { " (--cluster-shards)" } else { " (its default)" }
         );
         if let Some(c) = &setups[0].cluster {
             println!(
