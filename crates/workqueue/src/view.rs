@@ -663,9 +663,12 @@ fn scan_cmd(keys: &GetViewKeys, scan: u64) -> redis::Cmd {
     c
 }
 
+/// One HSCAN chunk's reply: the next cursor, the values and their names.
+type ScanChunk = (u64, Vec<Vec<u8>>, Vec<String>);
+
 /// An HSCAN reply (the one read of its transaction): the next cursor, the values and their
 /// names.
-fn scan_reply(reads: &[Value]) -> Result<(u64, Vec<Vec<u8>>, Vec<String>), WqError> {
+fn scan_reply(reads: &[Value]) -> Result<ScanChunk, WqError> {
     let v = reads.first().unwrap_or(&Value::Nil);
     let mut f = Fields::new("job_view_scan", v)?;
     let next = f.u64("cursor")?;
