@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kjob_queue_client::CachedView;
 use kjob_reconcile::{PodSummary, SummarizedPods};
 
-/// Default of `--view-cache-pods`: one 100,000-pod Job (issue 46's largest), about 1.5 KB of
-/// decoded Pod and summary each, so about 150 MB at most.
+/// Default of `--view-cache-pods`: one 100,000-pod Job (issue 46's largest); at an estimated 1.5 KB
+/// of decoded Pod and summary each (not measured yet), about 150 MB at most.
 pub const DEFAULT_VIEW_CACHE_PODS: usize = 100_000;
 
 /// Most cached views a Lease names (kjob-queue's `MAX_CACHED_VIEWS`): the most recently
