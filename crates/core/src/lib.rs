@@ -8,8 +8,8 @@ pub mod rbac;
 pub mod seal;
 
 pub use queue::{
-    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome, Leased,
-    Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
+    CachedView, Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome,
+    Leased, Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
 };
 
 use std::time::Duration;

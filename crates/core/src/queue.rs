@@ -218,6 +218,31 @@ pub struct JobView {
     pub pod_count: Option<u64>,
     /// The view changed since the page this one continues: the read must begin again.
     pub moved: bool,
+    /// First page or delta: the token of the session the view is trusted in (a later delta
+    /// read names it with `version`).
+    pub epoch: String,
+    /// The view's name of each of `pods`, in the same order, when asked for (a caching
+    /// reader) or in a delta; empty otherwise.
+    pub pod_names: Vec<String>,
+    /// A delta: `pods` (named by `pod_names`) were written and `removed` removed since the
+    /// base version the read named; `version` and `pod_count` are the view's now.
+    pub delta: bool,
+    /// In a delta: pods removed since the base.
+    pub removed: Vec<String>,
+    /// In a delta: the version it is from; a holder of another one must not apply it.
+    pub delta_base: u64,
+}
+
+/// A view a worker holds decoded (wire `CachedView`), named in a Lease so that the view of a
+/// leased key among them comes as a delta.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CachedView {
+    /// The Job's key.
+    pub key: String,
+    /// The version held.
+    pub version: u64,
+    /// The epoch token of the read that gave it.
+    pub epoch: String,
 }
 
 /// A Job object written back into its shared view (wire `PutJobViewRequest`).

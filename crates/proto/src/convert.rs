@@ -6,8 +6,8 @@ use std::time::Duration;
 use kjob_core::events::{GateEvent, Gated};
 use kjob_core::queue::{AddAnswer, AddItem};
 use kjob_core::{
-    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome, Leased,
-    Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
+    CachedView, Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, LeaseOutcome,
+    Leased, Observation, ObservationKind, SetExpectations, ViewOp, ViewRecord, ViewWriteBack,
 };
 
 use crate::v1;
@@ -113,7 +113,18 @@ impl From<v1::GetJobViewResponse> for JobView {
             version: v.version,
             pod_count: v.pod_count,
             moved: v.moved,
+            epoch: v.epoch,
+            pod_names: v.pod_names,
+            delta: v.delta,
+            removed: v.removed,
+            delta_base: v.delta_base,
         }
+    }
+}
+
+impl From<&CachedView> for v1::CachedView {
+    fn from(c: &CachedView) -> Self {
+        Self { key: c.key.clone(), version: c.version, epoch: c.epoch.clone() }
     }
 }
 

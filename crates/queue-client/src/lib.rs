@@ -24,8 +24,8 @@ mod security;
 use kjob_core::events::{GateEvent, Gated};
 pub use kjob_core::queue::{AddAnswer, AddItem};
 pub use kjob_core::{
-    Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, Leased, SetExpectations,
-    ViewRecord, ViewWriteBack,
+    CachedView, Done, DoneAnswer, FinalizerRemovals, JobExpectations, JobView, Leased,
+    SetExpectations, ViewRecord, ViewWriteBack,
 };
 use kjob_proto::convert::millis;
 pub use kjob_proto::v1;
@@ -202,6 +202,9 @@ pub struct LeaseCall<'a> {
     pub worker_id: &'a str,
     /// Job queue only: bring each key's view with these per-Job records.
     pub records: Option<&'a [&'a str]>,
+    /// With `records`: the lessee caches views decoded. `Some` asks for views with their
+    /// pods' names, and for the views it names (those it holds) as deltas when they can be.
+    pub cached: Option<&'a [CachedView]>,
 }
 
 /// Maps one DoneBatch item result onto what [`QueueClient::done`] would have returned.
@@ -366,11 +369,13 @@ impl QueueClient {
         request: LeaseCall<'_>,
         dones: Vec<Done>,
     ) -> Result<(Vec<Leased>, DoneResults), ClientError> {
-        let LeaseCall { queue, max_items, lease, wait, worker_id, records } = request;
+        let LeaseCall { queue, max_items, lease, wait, worker_id, records, cached } = request;
         let carried = dones.len();
         let msg = v1::LeaseRequest {
             with_views: records.is_some(),
             view_records: records.unwrap_or_default().iter().map(|r| owned(r)).collect(),
+            cached_views: cached.unwrap_or_default().iter().map(Into::into).collect(),
+            view_names: cached.is_some(),
             dones: dones.into_iter().map(Into::into).collect(),
             ..lease_request(queue, max_items, lease, wait, worker_id)
         };
@@ -396,10 +401,45 @@ impl QueueClient {
         records: &[&str],
         first: Option<JobView>,
     ) -> Result<ViewPages, ClientError> {
-        let mut view = match first {
+        let view = match first {
             Some(v) => v,
             None => self.get_job_view_page(key, records, "").await?,
         };
+        self.read_pages(key, view, false).await
+    }
+
+    /// [`Self::read_job_view`] for a reader that caches the view's pods by name: the pages
+    /// carry `pod_names`, and with `base` (the version and epoch token of the view it holds)
+    /// the answer may be a delta from it (`JobView::delta`: no pages follow; the caller
+    /// applies it to what it holds and checks the count).
+    pub async fn read_job_view_cached(
+        &self,
+        key: &str,
+        records: &[&str],
+        first: Option<JobView>,
+        base: Option<(u64, &str)>,
+    ) -> Result<ViewPages, ClientError> {
+        let view = match first {
+            Some(v) => v,
+            None => {
+                let (version, epoch) = base.map_or((None, ""), |(v, e)| (Some(v), e));
+                self.get_job_view_since(key, records, version, epoch).await?
+            }
+        };
+        if view.delta && view.trusted {
+            return Ok(ViewPages::Trusted(Box::new(view)));
+        }
+        self.read_pages(key, view, true).await
+    }
+
+    /// The rest of a paged read begun with `view`, its first page (later pages with their
+    /// pods' names when `names`).
+    async fn read_pages(
+        &self,
+        key: &str,
+        mut view: JobView,
+        names: bool,
+    ) -> Result<ViewPages, ClientError> {
         if view.moved {
             return Ok(ViewPages::Moved);
         }
@@ -407,7 +447,11 @@ impl QueueClient {
             return Ok(ViewPages::Untrusted);
         }
         while !view.next_page.is_empty() {
-            let page = self.get_job_view_page(key, &[], &view.next_page).await?;
+            let page = if names {
+                self.get_job_view_named_page(key, &view.next_page).await?
+            } else {
+                self.get_job_view_page(key, &[], &view.next_page).await?
+            };
             if page.moved || (page.trusted && page.version != view.version) {
                 return Ok(ViewPages::Moved);
             }
@@ -415,13 +459,21 @@ impl QueueClient {
                 return Ok(ViewPages::Untrusted);
             }
             view.pods.extend(page.pods);
+            view.pod_names.extend(page.pod_names);
             view.next_page = page.next_page;
         }
         if let Some(count) = view.pod_count {
             let count = usize::try_from(count).unwrap_or(usize::MAX);
             // HSCAN returns a pod twice when the hash was resized between pages; at one version
             // the copies are the same bytes. Sorting costs only then.
-            if view.pods.len() > count {
+            if view.pods.len() > count && view.pod_names.len() == view.pods.len() {
+                let mut named: Vec<(String, Vec<u8>)> =
+                    view.pod_names.drain(..).zip(view.pods.drain(..)).collect();
+                named.sort_unstable();
+                named.dedup();
+                (view.pod_names, view.pods) = named.into_iter().unzip();
+            } else if view.pods.len() > count {
+                view.pod_names.clear();
                 view.pods.sort_unstable();
                 view.pods.dedup();
             }
@@ -613,7 +665,26 @@ unary_calls! {
     fn get_job_view_page(key: &str, records: &[&str], page: &str) -> JobView
         = job_state.get_job_view(v1::GetJobViewRequest {
             key: owned(key), records: records.iter().map(|r| owned(r)).collect(), paged: true,
-            page: owned(page)
+            page: owned(page), ..Default::default()
+        }) => |r| r.into();
+
+    /// A later page (`page`, a page's `next_page`) of the shared view of Job `key`, with its
+    /// pods' names.
+    fn get_job_view_named_page(key: &str, page: &str) -> JobView
+        = job_state.get_job_view(v1::GetJobViewRequest {
+            key: owned(key), paged: true, page: owned(page), with_names: true,
+            ..Default::default()
+        }) => |r| r.into();
+
+    /// The first page of the shared view of Job `key` with its pods' names, or, with
+    /// `base_version` (and the `base_epoch` token of the read that gave it), a delta from
+    /// that version when the view's change log can say. See [`Self::read_job_view_cached`].
+    fn get_job_view_since(
+        key: &str, records: &[&str], base_version: Option<u64>, base_epoch: &str
+    ) -> JobView
+        = job_state.get_job_view(v1::GetJobViewRequest {
+            key: owned(key), records: records.iter().map(|r| owned(r)).collect(), paged: true,
+            base_version, base_epoch: owned(base_epoch), with_names: true, ..Default::default()
         }) => |r| r.into();
 
     /// Writes back a Job object (as the API server returned it) into the shared view of `key`,

@@ -17,7 +17,8 @@ use kjob_workqueue::budget::TokenAsk;
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, DoneResult, Enqueue, FinalizerRemovals, LeaseAsk, Observation, ObservationKind,
-    SessionPhase, Store, SyncCounter, ViewCursor, ViewOp, ViewPage, Waker, WqError,
+    SessionPhase, Store, SyncCounter, ViewChanges, ViewCursor, ViewDelta, ViewOp, ViewPage, Waker,
+    WqError,
 };
 use tonic::{Request, Response, Status};
 
@@ -425,8 +426,12 @@ impl QueueService {
         validate::lease(r.max_items, r.lease_ms, r.wait_ms)?;
         validate::id("worker_id", &r.worker_id, false)?;
         let with_views = r.with_views && r.queue == kjob_core::JOB_QUEUE;
+        // A lessee that caches views decoded wants their pods' names, and deltas of those
+        // it holds.
+        let view_names = with_views && (r.view_names || !r.cached_views.is_empty());
         if with_views {
             view_records(&r.view_records)?;
+            cached_views(&r.cached_views)?;
         }
         if r.dones.len() > validate::MAX_DONE_BATCH {
             return Err(invalid(format!(
@@ -477,8 +482,9 @@ impl QueueService {
                     requeues: it.requeues,
                     deadline_unix_ms: it.deadline_ms,
                     enqueued_unix_ms: it.enqueued_ms,
-                    // An Add's hand-off read the view in its own script.
-                    view: it.view.map(view_reply),
+                    // An Add's hand-off read the view in its own script (without the
+                    // names a caching lessee needs: its view is read below).
+                    view: if view_names { None } else { it.view.map(view_reply) },
                     lease_expiries: it.expiries,
                     done_raises_expectations: true,
                     done_expects_finalizer_removals: true,
@@ -490,7 +496,14 @@ impl QueueService {
                 (0..items.len()).filter(|&i| items[i].view.is_none()).collect();
             if !unread.is_empty() {
                 let keys: Vec<&str> = unread.iter().map(|&i| items[i].key.as_str()).collect();
-                let views = self.leased_views(&keys, &r.view_records).await;
+                let bases: Vec<Option<(u64, &str)>> = keys
+                    .iter()
+                    .map(|k| {
+                        let c = r.cached_views.iter().find(|c| c.key == *k)?;
+                        Some((c.version, c.epoch.as_str()))
+                    })
+                    .collect();
+                let views = self.leased_views(&keys, &bases, &r.view_records, view_names).await;
                 for (i, view) in unread.into_iter().zip(views) {
                     items[i].view = view;
                 }
@@ -882,10 +895,34 @@ impl QueueService {
             }
             Some(cursor)
         };
+        // A delta read: what changed since the caller's version, when the change log can say;
+        // else the first page of a full read.
+        if let Some(base) = r.base_version {
+            if from.is_some() {
+                return Err(invalid("a delta read (base_version) reads no later page".into()));
+            }
+            epoch_token(&r.base_epoch)?;
+            let budget = validate::VIEW_PAGE_BYTES;
+            let delta =
+                self.store.get_job_view_delta(&r.key, &r.records, base, &r.base_epoch, budget);
+            match delta.await? {
+                ViewDelta::Untrusted => return Ok(v1::GetJobViewResponse::default()),
+                ViewDelta::Changes(c) => {
+                    // Bounded by the page budget; the object and records come on top, as on
+                    // a first page: should they pass the cap, the full read's check answers.
+                    let reply = delta_reply(*c);
+                    if prost::Message::encoded_len(&reply) <= validate::MAX_REPLY_BYTES {
+                        return Ok(reply);
+                    }
+                }
+                ViewDelta::Full => {}
+            }
+        }
         // A caller that does not page (older than paged views) gets the whole view in one
         // reply, or, when that would not fit, an untrusted one: it then reads the API server,
         // which is slower but right.
-        let paged = r.paged || from.is_some();
+        let paged = r.paged || from.is_some() || r.base_version.is_some();
+        let names = r.with_names || r.base_version.is_some();
         let budget = if paged { validate::VIEW_PAGE_BYTES } else { validate::WHOLE_VIEW_BYTES };
         let page = self.store.get_job_view_page(&r.key, &r.records, from, budget).await?;
         let reply = match page {
@@ -898,7 +935,7 @@ impl QueueService {
                 v1::GetJobViewResponse::default()
             }
             ViewPage::Moved if !paged => v1::GetJobViewResponse::default(),
-            page => page_reply(page),
+            page => page_reply(page, names),
         };
         // A first page is bounded by construction (see VIEW_PAGE_BYTES); should records and
         // expectations ever make one larger, no reply above the cap leaves: untrusted instead.
@@ -916,17 +953,30 @@ impl QueueService {
     /// each only when it fits in one page. A view that cannot be read, or is larger, is left
     /// out: its lessee asks with GetJobView, and the leases already granted are returned
     /// whatever happens here.
+    /// A key with a base (`(version, epoch)` its lessee holds) is read as a delta when the
+    /// change log can say; with `names`, every view carries its pods' names.
     async fn leased_views(
         &self,
         keys: &[&str],
+        bases: &[Option<(u64, &str)>],
         records: &[String],
+        names: bool,
     ) -> Vec<Option<v1::GetJobViewResponse>> {
         /// Reads of one view begun again when a write landed between its HSCAN chunks (a
         /// view of more than one chunk, its pods updated by the watcher while it ran): a read
         /// here is cheaper than the lessee's GetJobView round trip (a CI run's 400-pod Job
         /// with 100 pods running saw one such race).
         const MOVED_ATTEMPTS: usize = 3;
-        let reads = keys.iter().map(|key| async move {
+        let reads = keys.iter().zip(bases).map(|(key, base)| async move {
+            if let Some((version, epoch)) = base {
+                let budget = validate::VIEW_PAGE_BYTES;
+                match self.store.get_job_view_delta(key, records, *version, epoch, budget).await {
+                    Ok(ViewDelta::Changes(c)) => return Ok(Err(delta_reply(*c))),
+                    Ok(ViewDelta::Untrusted) => return Ok(Ok(ViewPage::Untrusted)),
+                    Ok(ViewDelta::Full) => {}
+                    Err(e) => return Err(e),
+                }
+            }
             let mut attempt = 1;
             loop {
                 let res = self
@@ -934,7 +984,7 @@ impl QueueService {
                     .get_job_view_page(key, records, None, validate::VIEW_PAGE_BYTES)
                     .await;
                 if !matches!(res, Ok(ViewPage::Moved)) || attempt == MOVED_ATTEMPTS {
-                    return res;
+                    return res.map(Ok);
                 }
                 attempt += 1;
             }
@@ -944,9 +994,11 @@ impl QueueService {
             .into_iter()
             .zip(keys)
             .map(|(res, key)| match res {
-                Ok(ViewPage::Pods(p)) if p.next.is_some() => None,
-                Ok(ViewPage::Moved) => None,
-                Ok(page) => Some(page_reply(page)),
+                // A delta, read whole in one script.
+                Ok(Err(delta)) => Some(delta),
+                Ok(Ok(ViewPage::Pods(p))) if p.next.is_some() => None,
+                Ok(Ok(ViewPage::Moved)) => None,
+                Ok(Ok(page)) => Some(page_reply(page, names)),
                 Err(e) => {
                     tracing::debug!(key, error = %e, "reading a leased key's view failed");
                     None
@@ -1096,8 +1148,48 @@ fn view_records(records: &[String]) -> Result<(), Refused> {
     Ok(())
 }
 
-/// A page of a view read as the wire answers it.
-fn page_reply(page: ViewPage) -> v1::GetJobViewResponse {
+/// Checks a Lease's cached views: at most [`validate::MAX_CACHED_VIEWS`], valid keys and
+/// tokens.
+fn cached_views(views: &[v1::CachedView]) -> Result<(), Refused> {
+    if views.len() > validate::MAX_CACHED_VIEWS {
+        return Err(invalid(format!(
+            "{} cached views named; the limit is {}",
+            views.len(),
+            validate::MAX_CACHED_VIEWS
+        )));
+    }
+    for v in views {
+        validate::key(&v.key)?;
+        epoch_token(&v.epoch)?;
+    }
+    Ok(())
+}
+
+/// Checks an epoch token a caller names (one kjob-queue answered: hex digits).
+fn epoch_token(token: &str) -> Result<(), Refused> {
+    if token.len() > validate::MAX_EPOCH_TOKEN || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(invalid(format!("epoch {token:?} is not a token GetJobView answered")));
+    }
+    Ok(())
+}
+
+/// A delta read as the wire answers it.
+fn delta_reply(c: ViewChanges) -> v1::GetJobViewResponse {
+    let mut reply = view_reply(Some(c.head));
+    let (pod_names, pods) = c.changed.into_iter().unzip();
+    reply.pods = pods;
+    reply.pod_names = pod_names;
+    reply.removed = c.removed;
+    reply.delta = true;
+    reply.delta_base = c.base;
+    reply.version = c.version;
+    reply.pod_count = Some(c.pod_count);
+    reply.epoch = c.epoch;
+    reply
+}
+
+/// A page of a view read as the wire answers it; with `names`, the pods' names too.
+fn page_reply(page: ViewPage, names: bool) -> v1::GetJobViewResponse {
     match page {
         ViewPage::Untrusted => v1::GetJobViewResponse::default(),
         ViewPage::Moved => v1::GetJobViewResponse { moved: true, ..Default::default() },
@@ -1107,6 +1199,10 @@ fn page_reply(page: ViewPage) -> v1::GetJobViewResponse {
                 None => v1::GetJobViewResponse { trusted: true, ..Default::default() },
             };
             reply.pods = p.pods;
+            if names {
+                reply.pod_names = p.names;
+            }
+            reply.epoch = p.epoch;
             reply.version = p.version;
             reply.pod_count = Some(p.pod_count);
             reply.next_page = p.next.map(|c| c.token()).unwrap_or_default();

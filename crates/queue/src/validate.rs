@@ -29,6 +29,11 @@ pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 pub const MAX_VIEW_OBJECT_BYTES: usize = 1536 * 1024;
 /// Most records read with one view.
 pub const MAX_VIEW_RECORDS: usize = 16;
+/// Most cached views a Lease names (`LeaseRequest.cached_views`): a lessee names only the
+/// views it holds among the keys it may lease now, a few per free slot.
+pub const MAX_CACHED_VIEWS: usize = 64;
+/// Longest epoch token a caller names (`kjob-queue` answers 16 hex digits).
+pub const MAX_EPOCH_TOKEN: usize = 64;
 /// Largest request kjob-queue decodes and largest reply it sends, and the pods of one view
 /// page (see their why there).
 pub use kjob_core::{MAX_REPLY_BYTES, MAX_REQUEST_BYTES, VIEW_PAGE_BYTES};

@@ -35,6 +35,12 @@ pub struct WorkerConfig {
     /// Syncs in flight at once in this process, per queue (upstream --concurrent-job-syncs).
     #[arg(long, env = "KJOB_CONCURRENCY", default_value_t = 5)]
     pub concurrency: usize,
+    /// Most pods, over all Jobs, this worker keeps decoded from the shared views it planned
+    /// from, so that its next sync of a Job reads only what changed (least recently synced
+    /// Jobs go first; a larger Job is read whole every sync). 0 turns the cache off.
+    #[arg(long, env = "KJOB_VIEW_CACHE_PODS",
+          default_value_t = crate::view_cache::DEFAULT_VIEW_CACHE_PODS)]
+    pub view_cache_pods: usize,
     /// Lease duration asked from the queue; long syncs are renewed every third of it.
     #[arg(long, env = "KJOB_LEASE_DURATION", default_value = "30s", value_parser = parse_duration)]
     pub lease_duration: Duration,

@@ -60,6 +60,8 @@ pub struct SyncContext {
     pub stale_expectations_after: Duration,
     /// Opens the sealed entries of the shared view and seals this worker's write-backs.
     pub view_key: ViewKey,
+    /// Decoded views of the Jobs this worker synced last (`--view-cache-pods`).
+    pub view_cache: std::sync::Arc<crate::view_cache::ViewCache>,
 }
 
 /// The shared view a Lease reply brought with a key (`None`: the sync reads it itself).

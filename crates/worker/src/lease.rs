@@ -67,6 +67,9 @@ pub struct LeaseSettings {
     /// Bring each leased key's shared view with these per-Job records (Job queue only;
     /// `None`: no views).
     pub view_records: Option<&'static [&'static str]>,
+    /// With `view_records`: the worker's cache of decoded views, whose most recently used a
+    /// Lease names so that their views come as deltas (`None`: views come whole).
+    pub view_cache: Option<std::sync::Arc<crate::view_cache::ViewCache>>,
 }
 
 /// What a lease's Done writes before it ends the lease (Job queue only).
@@ -144,7 +147,11 @@ impl LeaseSource for QueueClient {
         max_items: u32,
         finished: &[Finished],
     ) -> impl Call<Vec<Leased>> {
-        let LeaseSettings { queue, lease, worker_id, view_records, .. } = settings;
+        let LeaseSettings { queue, lease, worker_id, view_records, view_cache, .. } = settings;
+        let cached = view_cache
+            .as_ref()
+            .filter(|c| c.enabled() && view_records.is_some())
+            .map(|c| c.cached_views(crate::view_cache::LEASE_CACHED_VIEWS));
         let dones = finished
             .iter()
             .map(|f| done_writing(queue, &f.item, f.outcome, f.back.clone()))
@@ -158,6 +165,7 @@ impl LeaseSource for QueueClient {
                 wait: LEASE_WAIT,
                 worker_id,
                 records: *view_records,
+                cached: cached.as_deref(),
             };
             let (items, results) = self.lease_finishing(call, dones).await?;
             for (outcome, r) in ends.into_iter().zip(results) {
@@ -939,6 +947,7 @@ mod tests {
             worker_id: "w".into(),
             shutdown_grace: setup.grace,
             view_records: Some(&[]),
+            view_cache: None,
         };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod orphan;
 pub mod ratelimit;
 pub mod sync;
+pub mod view_cache;
 pub mod worker;
 
 use std::sync::Arc;
@@ -70,6 +71,7 @@ pub async fn run(
         queue_tls,
         view_key,
         concurrency,
+        view_cache_pods,
         lease_duration,
         kube_qps,
         kube_burst,
@@ -108,7 +110,8 @@ pub async fn run(
         let worker = Arc::new(
             Worker::new(api, queue.clone(), events, metrics, controller_name, manage_all_jobs)
                 .with_stale_expectations_after(lease_duration + sync::STALE_EXPECTATIONS_MARGIN)
-                .with_view_key(view_key),
+                .with_view_key(view_key)
+                .with_view_cache(view_cache_pods),
         );
         let writer_task = tokio::spawn(writer.run());
 
@@ -121,6 +124,7 @@ pub async fn run(
                 worker_id: worker_id.clone(),
                 shutdown_grace,
                 view_records: (q == kjob_core::JOB_QUEUE).then_some(JOB_VIEW_RECORDS),
+                view_cache: (q == kjob_core::JOB_QUEUE).then(|| worker.view_cache().clone()),
             };
             let lease_loop =
                 lease::lease_loop(worker.clone(), queue.clone(), settings, shutdown.clone());

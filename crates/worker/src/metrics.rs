@@ -206,6 +206,10 @@ kjob_svc::metrics! {
             job_view_reads: Family<ViewLabels, Counter> = Family::default(),
                 "job_view_reads",
                 "Syncs by where they read their Job and pods: the shared view or the API server";
+            /// `kjob_worker_job_view_cache_total`: how trusted view reads used the view cache.
+            job_view_cache: Family<ViewLabels, Counter> = Family::default(),
+                "job_view_cache",
+                "Trusted view reads by how they used the worker's cache of decoded views: delta (what changed since the cached version), full (the whole view), gap (a delta that did not fit what was cached: read whole)";
             /// `kjob_worker_events_recorded_total`: events the syncs recorded (before correlation).
             events_recorded: Counter = Counter::default(),
                 "events_recorded",
@@ -239,6 +243,9 @@ impl Metrics {
         for queue in kjob_core::QUEUES {
             drop(m.dones_carried.get_or_create(&Self::queue(queue)));
         }
+        for result in ["delta", "full", "gap"] {
+            drop(m.job_view_cache.get_or_create(&ViewLabels { result: result.into() }));
+        }
         m
     }
 
@@ -256,6 +263,11 @@ impl Metrics {
     /// Counts one sync's read of the shared view.
     pub fn view_read(&self, result: &str) {
         self.job_view_reads.get_or_create(&ViewLabels { result: result.to_string() }).inc();
+    }
+
+    /// Counts how one trusted view read used the view cache.
+    pub fn view_cache(&self, result: &str) {
+        self.job_view_cache.get_or_create(&ViewLabels { result: result.to_string() }).inc();
     }
 
     /// Counts `n` finished pods seen still holding the tracking finalizer (`event="add"`).

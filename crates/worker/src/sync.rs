@@ -20,8 +20,8 @@ use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::selector::Selector;
 use kjob_reconcile::view_pod;
 use kjob_reconcile::{
-    BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
-    SummarizedPods, SyncInput,
+    BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, PodSummary, Report,
+    Step, SummarizedPods, SyncInput,
 };
 use kjob_reconcile::{Claim, claim};
 use prometheus_client::metrics::counter::Counter;
@@ -34,6 +34,7 @@ use crate::kube_api::ApiError;
 use crate::metrics::{
     ActionLabels, CreationLabels, FinishedLabels, IndexesLabels, PodsFinishedLabels, SyncLabels,
 };
+use crate::view_cache::CachedJob;
 
 /// Name of the per-Job record holding the pod-failure backoff state in the queue service.
 pub const BACKOFF_RECORD: &str = "backoff";
@@ -247,20 +248,34 @@ impl JobRun<'_> {
         key: &str,
         leased: Option<JobView>,
     ) -> Result<Option<ViewRead>, SyncError> {
-        // The Lease reply brings a view that fits in it whole; a larger one is read here, page
-        // by page, all of one version (begun again once if it changed under the read).
+        // The Lease reply brings a view that fits in it whole (or, for a view this worker
+        // holds decoded, what changed since); a larger one is read here, page by page, all of
+        // one version (begun again once if it changed under the read). A delta that does not
+        // fit what is held is read again whole, once.
+        let cache = &self.ctx.view_cache;
         let mut first = leased;
-        let mut attempts = 0;
-        let v = loop {
+        let mut base = cache.base(key);
+        let (mut attempts, mut gap_read) = (0, false);
+        let records = &[BACKOFF_RECORD];
+        let decoded = loop {
             attempts += 1;
-            match self.ctx.queue.read_job_view(key, &[BACKOFF_RECORD], first.take()).await? {
-                ViewPages::Trusted(v) => break *v,
+            let b = base.as_ref().map(|(v, e)| (*v, e.as_str()));
+            let q = &self.ctx.queue;
+            let pages = if cache.enabled() {
+                q.read_job_view_cached(key, records, first.take(), b).await?
+            } else {
+                q.read_job_view(key, records, first.take()).await?
+            };
+            let v = match pages {
+                ViewPages::Trusted(v) => *v,
                 ViewPages::Untrusted => {
+                    cache.forget(key);
                     self.ctx.metrics.view_read("untrusted");
                     return Ok(None);
                 }
-                ViewPages::Moved if attempts < VIEW_READ_ATTEMPTS => {}
+                ViewPages::Moved if attempts < VIEW_READ_ATTEMPTS => continue,
                 ViewPages::Moved => {
+                    cache.forget(key);
                     tracing::debug!(
                         job = key,
                         attempts,
@@ -269,9 +284,33 @@ impl JobRun<'_> {
                     self.ctx.metrics.view_read("moved");
                     return Ok(None);
                 }
+            };
+            let delta = v.delta;
+            // What is held leaves the cache while it is checked: any doubt drops it.
+            let held = cache.take(key);
+            match decode_cached(v, key, &self.ctx.view_key, held) {
+                Err(ViewProblem::Gap(why)) if !gap_read => {
+                    tracing::debug!(job = key, why = %why, "a view delta did not fit; reading it whole");
+                    self.ctx.metrics.view_cache("gap");
+                    (base, gap_read) = (None, true);
+                    attempts -= 1;
+                }
+                Err(ViewProblem::Gap(why)) => {
+                    tracing::debug!(job = key, why = %why, "a view delta did not fit; reading the API server");
+                    self.ctx.metrics.view_read("moved");
+                    return Ok(None);
+                }
+                Ok((read, keep)) => {
+                    if let Some(c) = keep {
+                        self.ctx.metrics.view_cache(if delta { "delta" } else { "full" });
+                        cache.put(key, c);
+                    }
+                    break Ok(read);
+                }
+                Err(e) => break Err(e),
             }
         };
-        match decode_view(v, key, &self.ctx.view_key) {
+        match decoded {
             Ok(read) => {
                 let result = if read.orphans_pending.is_some() { "orphans" } else { "trusted" };
                 self.ctx.metrics.view_read(result);
@@ -287,6 +326,11 @@ impl JobRun<'_> {
             Err(ViewProblem::Undecodable(e)) => {
                 tracing::warn!(job = key, error = %e, "the shared view does not parse; reading the API server");
                 self.ctx.metrics.view_read("undecodable");
+                Ok(None)
+            }
+            Err(ViewProblem::Gap(e)) => {
+                tracing::debug!(job = key, error = %e, "a view delta did not fit; reading the API server");
+                self.ctx.metrics.view_read("moved");
                 Ok(None)
             }
         }
@@ -777,12 +821,132 @@ enum ViewProblem {
     Forged(String),
     /// An entry does not parse.
     Undecodable(String),
+    /// A delta that does not fit the view held (another version, UID or session, or a count
+    /// that does not match): read the view whole.
+    Gap(String),
 }
 
 /// Decodes the view of Job `key`: every entry must open with `view_key` as an entry of that
 /// Job, and the Job must be the one leased (namespace, name and UID), before anything of it is
 /// believed.
 fn decode_view(v: JobView, key: &str, view_key: &ViewKey) -> Result<ViewRead, ViewProblem> {
+    let job = open_job(&v, key, view_key)?;
+    // Every pod is the Job's namespace's: the seal binds the entry to this key.
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+    let mut decoded = Vec::with_capacity(v.pods.len());
+    for p in &v.pods {
+        decoded.push(Some(open_pod(p, key, namespace, view_key)?));
+    }
+    // In name order, as a LIST returns them. A Pod is kilobytes inline, so the order is sorted
+    // as indices and each pod moved once (sorting the pods moved each ~log n times: a quarter
+    // of a worker's CPU on a 5,000-pod Job went to memmove).
+    let name = |i: &usize| decoded[*i].as_ref().and_then(|p| p.metadata.name.as_deref());
+    let mut order: Vec<usize> = (0..decoded.len()).collect();
+    order.sort_by(|a, b| name(a).cmp(&name(b)));
+    let mut pods = SummarizedPods::with_capacity(decoded.len());
+    for i in order {
+        if let Some(p) = decoded[i].take() {
+            pods.push(p);
+        }
+    }
+    Ok(view_read(v, job, pods))
+}
+
+/// The pods a sync plans from, decoded from trusted view `v` of Job `key` as a sync's
+/// read does: with `cache`, a delta is applied to the view it holds for `key` and the result
+/// held again (a whole view with its pods' names becomes what it holds); without, the whole
+/// view is decoded. `Err` says why a sync would not plan from the view (it drops what `cache`
+/// held). For measurements and tests of the view read outside a sync.
+pub fn view_pods(
+    v: JobView,
+    key: &str,
+    view_key: &ViewKey,
+    cache: Option<&crate::view_cache::ViewCache>,
+) -> Result<SummarizedPods, String> {
+    let problem = |e: ViewProblem| format!("{e:?}");
+    match cache {
+        None => decode_view(v, key, view_key).map(|r| r.pods).map_err(problem),
+        Some(cache) => {
+            let (read, keep) = decode_cached(v, key, view_key, cache.take(key)).map_err(problem)?;
+            if let Some(c) = keep {
+                cache.put(key, c);
+            }
+            Ok(read.pods)
+        }
+    }
+}
+
+/// The read of view `v` once its Job and pods are decoded.
+fn view_read(v: JobView, job: Job, pods: SummarizedPods) -> ViewRead {
+    let backoff = v.records.into_iter().find(|r| r.name == BACKOFF_RECORD).map(|r| r.value);
+    ViewRead {
+        job,
+        pods,
+        expectations: v.expectations,
+        orphans_pending: (v.orphans_seen > v.orphans_handled).then_some(v.orphans_seen),
+        backoff,
+    }
+}
+
+/// Decodes view `v` of Job `key` with the worker's cache (issue 46): a delta is applied to
+/// `held` (the view this worker last planned from), which must be of the delta's base version,
+/// UID and session, and hold the view's count after it; a whole view with its pods' names
+/// becomes what is held. Every entry is opened and decoded as [`decode_view`] does, and the
+/// pods come in the same order, so the plan is the one a full read would make. Returns the read
+/// and the view to hold next (`None`: hold nothing, e.g. a server that sends no names).
+fn decode_cached(
+    mut v: JobView,
+    key: &str,
+    view_key: &ViewKey,
+    held: Option<CachedJob>,
+) -> Result<(ViewRead, Option<CachedJob>), ViewProblem> {
+    let gap = |why: &str| ViewProblem::Gap(why.to_string());
+    if !v.delta && (v.pod_names.len() != v.pods.len() || v.epoch.is_empty()) {
+        return decode_view(v, key, view_key).map(|r| (r, None));
+    }
+    let job = open_job(&v, key, view_key)?;
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+    let names = std::mem::take(&mut v.pod_names);
+    let entries = std::mem::take(&mut v.pods);
+    if names.len() != entries.len() {
+        return Err(gap("a delta's names do not match its pods"));
+    }
+    let mut c = if v.delta {
+        let Some(mut c) = held else { return Err(gap("a delta, and no view held")) };
+        if (c.uid.as_str(), c.epoch.as_str(), c.version)
+            != (v.job_uid.as_str(), v.epoch.as_str(), v.delta_base)
+        {
+            return Err(gap("a delta from another version, UID or session than the one held"));
+        }
+        for name in &v.removed {
+            c.pods.remove(name);
+        }
+        c
+    } else {
+        CachedJob { uid: v.job_uid.clone(), epoch: v.epoch.clone(), ..Default::default() }
+    };
+    for (name, entry) in names.into_iter().zip(&entries) {
+        let pod = open_pod(entry, key, namespace, view_key)?;
+        let summary = PodSummary::of(&pod);
+        c.pods.insert(name, (pod, summary));
+    }
+    c.version = v.version;
+    let count = v.pod_count.and_then(|n| usize::try_from(n).ok());
+    if count != Some(c.pods.len()) {
+        if !v.delta {
+            // A name twice in a whole view: plan from it as it is, hold nothing.
+            v.pods = entries;
+            return decode_view(v, key, view_key).map(|r| (r, None));
+        }
+        return Err(gap("the view's count after the delta is not the one held"));
+    }
+    let pods = c.summarized();
+    Ok((view_read(v, job, pods), Some(c)))
+}
+
+/// Opens view `v`'s Job: sealed by kjob as the object of Job `key`, and that Job (namespace,
+/// name and the view's UID).
+fn open_job(v: &JobView, key: &str, view_key: &ViewKey) -> Result<Job, ViewProblem> {
     let forged = |what: &str, e: SealError| ViewProblem::Forged(format!("{what}: {e}"));
     let undecodable =
         |what: &str, e: &dyn std::fmt::Display| ViewProblem::Undecodable(format!("{what}: {e}"));
@@ -802,36 +966,22 @@ fn decode_view(v: JobView, key: &str, view_key: &ViewKey) -> Result<ViewRead, Vi
             job.metadata.uid, v.job_uid
         )));
     }
-    // Every pod is the Job's namespace's: the seal binds the entry to this key.
-    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
-    let mut decoded = Vec::with_capacity(v.pods.len());
-    for p in &v.pods {
-        let bytes = view_key.open(EntryKind::Pod, key, p).map_err(|e| forged("pod", e))?;
-        // The compact entry, or the trimmed JSON of a watcher before it (a rolling upgrade);
-        // one that does not decode whole drops the view, never a part of a pod.
-        let pod = view_pod::decode(bytes, namespace).map_err(|e| undecodable("pod", &e))?;
-        decoded.push(Some(pod));
-    }
-    // In name order, as a LIST returns them. A Pod is kilobytes inline, so the order is sorted
-    // as indices and each pod moved once (sorting the pods moved each ~log n times: a quarter
-    // of a worker's CPU on a 5,000-pod Job went to memmove).
-    let name = |i: &usize| decoded[*i].as_ref().and_then(|p| p.metadata.name.as_deref());
-    let mut order: Vec<usize> = (0..decoded.len()).collect();
-    order.sort_by(|a, b| name(a).cmp(&name(b)));
-    let mut pods = SummarizedPods::with_capacity(decoded.len());
-    for i in order {
-        if let Some(p) = decoded[i].take() {
-            pods.push(p);
-        }
-    }
-    let backoff = v.records.into_iter().find(|r| r.name == BACKOFF_RECORD).map(|r| r.value);
-    Ok(ViewRead {
-        job,
-        pods,
-        expectations: v.expectations,
-        orphans_pending: (v.orphans_seen > v.orphans_handled).then_some(v.orphans_seen),
-        backoff,
-    })
+    Ok(job)
+}
+
+/// Opens one pod entry of Job `key`'s view (of `namespace`, the Job's).
+fn open_pod(
+    entry: &[u8],
+    key: &str,
+    namespace: &str,
+    view_key: &ViewKey,
+) -> Result<Pod, ViewProblem> {
+    let bytes = view_key
+        .open(EntryKind::Pod, key, entry)
+        .map_err(|e| ViewProblem::Forged(format!("pod: {e}")))?;
+    // The compact entry, or the trimmed JSON of a watcher before it (a rolling upgrade); one
+    // that does not decode whole drops the view, never a part of a pod.
+    view_pod::decode(bytes, namespace).map_err(|e| ViewProblem::Undecodable(format!("pod: {e}")))
 }
 
 fn job_name(job: &Job) -> &str {

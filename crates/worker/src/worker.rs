@@ -2,6 +2,7 @@
 //! [`SyncContext`] every sync reads and sends each leased key to its queue's sync
 //! ([`sync::sync_job`] or [`orphan::sync_orphan_pod`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kjob_core::seal::ViewKey;
@@ -14,6 +15,7 @@ use crate::events::EventSink;
 use crate::kube_api::KubeApi;
 use crate::lease::{SyncFuture, Syncer};
 use crate::metrics::Metrics;
+use crate::view_cache::{DEFAULT_VIEW_CACHE_PODS, ViewCache};
 use crate::{orphan, sync};
 
 /// Everything a sync needs; one per process, shared by all syncs.
@@ -41,8 +43,21 @@ impl Worker {
             manage_all,
             stale_expectations_after: sync::DEFAULT_STALE_EXPECTATIONS_AFTER,
             view_key: ViewKey::insecure_development(),
+            view_cache: Arc::new(ViewCache::new(DEFAULT_VIEW_CACHE_PODS)),
         };
         Self { ctx }
+    }
+
+    /// Bounds the cache of decoded views to `max_pods` pods over all Jobs (0: no cache; every
+    /// sync reads its view whole).
+    pub fn with_view_cache(mut self, max_pods: usize) -> Self {
+        self.ctx.view_cache = Arc::new(ViewCache::new(max_pods));
+        self
+    }
+
+    /// The cache of decoded views (a Lease names the views it holds).
+    pub fn view_cache(&self) -> &Arc<ViewCache> {
+        &self.ctx.view_cache
     }
 
     /// Sets the key that opens the shared view's sealed entries (the watcher's). Until set, the

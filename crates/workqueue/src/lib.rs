@@ -53,7 +53,10 @@ pub use store::{
     LeaseOrder, LeaseOutcome, Leased, MAX_DONE_BATCH, NodeMemory, QueueStats, Store, StoreConfig,
     SweepResult,
 };
-pub use view::{JobView, SessionPhase, ViewCursor, ViewOp, ViewPage, ViewPods};
+pub use view::{
+    DELTA_MAX_PODS, JobView, SessionPhase, ViewChanges, ViewCursor, ViewDelta, ViewOp, ViewPage,
+    ViewPods,
+};
 pub use wake::{LeaseAsk, Waker};
 
 /// Errors of the workqueue.

@@ -120,11 +120,6 @@ impl<'a> Fields<'a> {
             .collect()
     }
 
-    /// Passes over one field (present, of any type) without copying it.
-    pub(crate) fn skip(&mut self, field: &str) -> Result<(), WqError> {
-        self.take(field).map(drop)
-    }
-
     /// Fields not read yet.
     pub(crate) fn remaining(&self) -> usize {
         self.items.len().saturating_sub(self.next)

@@ -87,27 +87,34 @@ pub(crate) fn view_run_key(tag: &str) -> String {
     format!("{tag}:view-run")
 }
 
-/// The three view keys of one Job, under the job queue's hash tag.
+/// The four view keys of one Job, under the job queue's hash tag.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ViewKeys {
     /// STRING: the Job JSON.
     pub job: String,
     /// HASH pod name → pod JSON.
     pub pods: String,
-    /// HASH `uid`, `rv`, `epoch`, `orphans`, `handled`.
+    /// HASH `uid`, `rv`, `epoch`, `orphans`, `handled`, `ver`, `cver`, `floor`.
     pub meta: String,
+    /// ZSET pod name → the version its entry last changed or was removed at (the change log).
+    pub chg: String,
 }
 
 impl ViewKeys {
     /// The view keys of Job `key` under `tag`, its shard's.
     pub(crate) fn new(tag: &str, key: &str) -> Self {
         let t = format!("{tag}:view:{key}");
-        Self { pods: format!("{t}:pods"), meta: format!("{t}:meta"), job: t }
+        Self {
+            pods: format!("{t}:pods"),
+            meta: format!("{t}:meta"),
+            chg: format!("{t}:chg"),
+            job: t,
+        }
     }
 
-    /// The keys in the order ADD (three per item with view writes) and DELETE take them.
+    /// The keys in the order ADD (four per item with view writes) and DELETE take them.
     pub(crate) fn to_vec(&self) -> Vec<String> {
-        vec![self.job.clone(), self.pods.clone(), self.meta.clone()]
+        vec![self.job.clone(), self.pods.clone(), self.meta.clone(), self.chg.clone()]
     }
 }
 
@@ -157,10 +164,48 @@ local function session_accepts(current, session)
     (current == session or current == session .. '|pending')
 end
 
+-- Most entries of a change log beyond its view's pods before the oldest are dropped (a
+-- few chunks of churn): tombstones of removed pods stay a while, never without bound.
+local CHANGE_LOG_SLACK = 64
+
+-- The change log of a view: CHG, a ZSET pod name -> the version at which its entry last
+-- changed or was removed (a removed pod stays as a tombstone: in CHG, not in PODS), and
+-- `floor` in META: changes at versions <= floor are not known any more, so a reader whose
+-- base version is below it reads the view in full. `cver` in META is the version the log was
+-- last kept at: a view whose `ver` is another one was written by a writer that does not keep
+-- the log (an older kjob-queue, during an upgrade) or is new, so its log starts afresh.
+local function log_changes(PODS, META, CHG, ver, reset, changed)
+  local m = redis.call('HMGET', META, 'ver', 'cver')
+  if reset or not m[1] or m[1] ~= m[2] then
+    redis.call('DEL', CHG)
+    redis.call('HSET', META, 'floor', ver)
+    return
+  end
+  for s = 1, #changed, 500 do
+    local z = {}
+    for j = s, math.min(s + 499, #changed) do
+      z[#z + 1] = ver
+      z[#z + 1] = changed[j]
+    end
+    redis.call('ZADD', CHG, unpack(z))
+  end
+  -- Bounded: past twice the pods (and some slack), the oldest entries go, and the floor rises
+  -- to the newest of them. Always right: a reader whose base is at or above the new floor
+  -- already has every change it drops.
+  local n, pods = redis.call('ZCARD', CHG), redis.call('HLEN', PODS)
+  if n > 2 * pods + CHANGE_LOG_SLACK then
+    local popped = redis.call('ZPOPMIN', CHG, n - pods - CHANGE_LOG_SLACK)
+    if #popped > 0 then redis.call('HSET', META, 'floor', popped[#popped]) end
+  end
+end
+
 -- kind 1 JOB, 2 DELETE_JOB, 3 POD, 4 DELETE_POD, 5 RESET, 6 TRUST, 7 ORPHANS. SEQ: the
--- shard's counters (its `view_ver` gives each changed view a version it never had).
-local function apply_view(JOB, PODS, META, SEQ, gc_ms, session, ops, first, count)
-  local moved = false
+-- shard's counters (its `view_ver` gives each changed view a version it never had). CHG: the
+-- view's change log (see `log_changes`).
+local function apply_view(JOB, PODS, META, CHG, SEQ, gc_ms, session, ops, first, count)
+  local moved, reset = false, false
+  -- Pods written or removed by this call, logged at the view's new version.
+  local changed = {}
   for i = first, first + 4 * (count - 1), 4 do
     local kind, name, obj, rv = tonumber(ops[i]), ops[i + 1], ops[i + 2], ops[i + 3]
     if kind == 1 then
@@ -170,22 +215,24 @@ local function apply_view(JOB, PODS, META, SEQ, gc_ms, session, ops, first, coun
         redis.call('DEL', PODS, META)
         redis.call('SET', JOB, obj)
         redis.call('HSET', META, 'uid', name, 'rv', rv, 'epoch', '')
-        moved = true
+        moved, reset, changed = true, true, {}
       elseif newer(rv, cur[2]) then
         redis.call('SET', JOB, obj)
         redis.call('HSET', META, 'uid', name, 'rv', rv)
       end
     elseif kind == 2 then
-      redis.call('DEL', JOB, PODS, META)
-      moved = false
+      redis.call('DEL', JOB, PODS, META, CHG)
+      moved, reset, changed = false, false, {}
     elseif kind == 3 then
       redis.call('HSET', PODS, name, obj)
       moved = true
+      changed[#changed + 1] = name
     elseif kind == 4 then
       redis.call('HDEL', PODS, name)
       moved = true
+      changed[#changed + 1] = name
     elseif kind == 5 then
-      moved = true
+      moved, reset, changed = true, true, {}
       local cur = redis.call('HGET', META, 'uid')
       if cur and cur ~= name then
         redis.call('DEL', JOB, META)
@@ -201,11 +248,22 @@ local function apply_view(JOB, PODS, META, SEQ, gc_ms, session, ops, first, coun
   -- A paged read compares the version of its pages: a view whose pods changed gets one no
   -- page has seen (a per-shard sequence, so a view deleted and written again never repeats
   -- one).
-  if moved then redis.call('HSET', META, 'ver', redis.call('HINCRBY', SEQ, 'view_ver', 1)) end
+  if moved then
+    local ver = redis.call('HINCRBY', SEQ, 'view_ver', 1)
+    log_changes(PODS, META, CHG, ver, reset, changed)
+    redis.call('HSET', META, 'ver', ver, 'cver', ver)
+  end
   -- Views of Jobs whose delete nobody saw go away with the other idle records.
   redis.call('PEXPIRE', JOB, gc_ms)
   redis.call('PEXPIRE', PODS, gc_ms)
   redis.call('PEXPIRE', META, gc_ms)
+  redis.call('PEXPIRE', CHG, gc_ms)
+end
+
+-- The session a trusted view was read in, as readers see it: a digest, so a worker can tell
+-- one session from the next without learning the id that lets the watcher write.
+local function epoch_token(current)
+  return string.sub(redis.sha1hex(current), 1, 16)
 end
 
 -- One Job's view: {0} unless its epoch is the `current` session, which a pending session never
@@ -266,7 +324,7 @@ impl GetViewKeys {
 /// 6 its finalizer set, 7 run, 8 its per-Job records.
 /// ARGV: record names.
 /// Reply: `read_view`'s (see `apply_view_fn!`) without the pods, read in one script with the
-/// session check, and when trusted then the view's version and pod count;
+/// session check, and when trusted then the view's version, pod count and epoch token;
 /// [`Store::get_job_view`] reads the pods with an HVALS in the same transaction,
 /// [`Store::get_job_view_page`] with an HSCAN.
 const GET_VIEW: &str = concat!(
@@ -280,6 +338,7 @@ local r = read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8
 if r[1] == 1 then
   r[#r + 1] = tonumber(redis.call('HGET', KEYS[4], 'ver') or 0)
   r[#r + 1] = redis.call('HLEN', KEYS[3])
+  r[#r + 1] = epoch_token(current)
 end
 return r
 "#
@@ -353,8 +412,13 @@ pub struct ViewPods {
     pub head: Option<Box<JobView>>,
     /// This page's pods, at most the budget's bytes (or one pod, if larger).
     pub pods: Vec<Vec<u8>>,
+    /// Their names in the view (the hash's fields), one per pod, in the same order.
+    pub names: Vec<String>,
     /// The view's version: every page of one read must have the same.
     pub version: u64,
+    /// First page only: the token of the session the view was trusted in (empty on later
+    /// pages); a delta read names it with its base version.
+    pub epoch: String,
     /// How many pods the view holds at that version.
     pub pod_count: u64,
     /// Where the next page begins; `None` on the last.
@@ -366,8 +430,10 @@ struct ViewChunk {
     head: Option<Box<JobView>>,
     version: u64,
     pod_count: u64,
+    epoch: String,
     next_scan: u64,
     pods: Vec<Vec<u8>>,
+    names: Vec<String>,
 }
 
 static GET_VIEW_SCRIPT: Lua = Lua::new("get_job_view", GET_VIEW);
@@ -429,8 +495,15 @@ impl Store {
         };
         let (mut scan, mut skip) = from.map_or((0, 0), |c| (c.scan, c.skip as usize));
         let mut version = from.map(|c| c.version);
-        let mut page =
-            ViewPods { head: None, pods: Vec::new(), version: 0, pod_count: 0, next: None };
+        let mut page = ViewPods {
+            head: None,
+            pods: Vec::new(),
+            names: Vec::new(),
+            version: 0,
+            epoch: String::new(),
+            pod_count: 0,
+            next: None,
+        };
         let mut bytes = 0usize;
         let mut first = from.is_none();
         loop {
@@ -446,13 +519,14 @@ impl Store {
             version = Some(chunk.version);
             if first {
                 page.head = chunk.head;
+                page.epoch = chunk.epoch;
                 first = false;
             }
             page.version = chunk.version;
             page.pod_count = chunk.pod_count;
             // A chunk read again may be shorter than the part of it already returned (the hash
             // was resized): the reader's count check then finds what is missing.
-            for (i, pod) in chunk.pods.into_iter().enumerate().skip(skip) {
+            for (i, (pod, name)) in chunk.pods.into_iter().zip(chunk.names).enumerate().skip(skip) {
                 if !page.pods.is_empty() && bytes + pod.len() > budget {
                     let skip = u32::try_from(i).unwrap_or(u32::MAX);
                     page.next = Some(ViewCursor { version: chunk.version, scan, skip });
@@ -460,6 +534,7 @@ impl Store {
                 }
                 bytes += pod.len();
                 page.pods.push(pod);
+                page.names.push(name);
             }
             skip = 0;
             if chunk.next_scan == 0 {
@@ -488,8 +563,17 @@ impl Store {
         let Some(head) = self.read_view_fields(&mut f, records)? else { return Ok(None) };
         let version = f.u64("version")?;
         let pod_count = f.u64("pod_count")?;
-        let (next_scan, pods) = scan_reply(&reads)?;
-        Ok(Some(ViewChunk { head: Some(Box::new(head)), version, pod_count, next_scan, pods }))
+        let epoch = f.string("epoch")?;
+        let (next_scan, pods, names) = scan_reply(&reads)?;
+        Ok(Some(ViewChunk {
+            head: Some(Box::new(head)),
+            version,
+            pod_count,
+            epoch,
+            next_scan,
+            pods,
+            names,
+        }))
     }
 
     /// A later chunk of a paged read: VIEW_PAGE and an HSCAN from `scan`, in one transaction.
@@ -513,8 +597,9 @@ impl Store {
         }
         let version = f.u64("version")?;
         let pod_count = f.u64("pod_count")?;
-        let (next_scan, pods) = scan_reply(&reads)?;
-        Ok(Some(ViewChunk { head: None, version, pod_count, next_scan, pods }))
+        let (next_scan, pods, names) = scan_reply(&reads)?;
+        let epoch = String::new();
+        Ok(Some(ViewChunk { head: None, version, pod_count, epoch, next_scan, pods, names }))
     }
 
     /// Reads a view as `read_view` replies it (GET_VIEW, and ADD's hand-offs): `None` when it
@@ -578,18 +663,23 @@ fn scan_cmd(keys: &GetViewKeys, scan: u64) -> redis::Cmd {
     c
 }
 
-/// An HSCAN reply (the one read of its transaction): the next cursor and the values.
-fn scan_reply(reads: &[Value]) -> Result<(u64, Vec<Vec<u8>>), WqError> {
+/// One HSCAN chunk's reply: the next cursor, the values and their names.
+type ScanChunk = (u64, Vec<Vec<u8>>, Vec<String>);
+
+/// An HSCAN reply (the one read of its transaction): the next cursor, the values and their
+/// names.
+fn scan_reply(reads: &[Value]) -> Result<ScanChunk, WqError> {
     let v = reads.first().unwrap_or(&Value::Nil);
     let mut f = Fields::new("job_view_scan", v)?;
     let next = f.u64("cursor")?;
     let mut entries = f.array("entries")?;
     let mut pods = Vec::with_capacity(entries.remaining() / 2);
+    let mut names = Vec::with_capacity(entries.remaining() / 2);
     while entries.remaining() > 0 {
-        entries.skip("pod name")?;
+        names.push(entries.string("pod name")?);
         pods.push(entries.bytes("pod")?);
     }
-    Ok((next, pods))
+    Ok((next, pods, names))
 }
 
 /// KEYS[1] -> the Job's view object, KEYS[2] -> its view meta.
@@ -686,5 +776,157 @@ impl Store {
     /// The view keys of Job `key`, under its shard's tag.
     pub(crate) fn view_keys(&self, key: &str) -> ViewKeys {
         ViewKeys::new(&self.layout().job_tag(key), key)
+    }
+}
+
+/// Most changed pods a delta read answers with: a view that changed more since the reader's
+/// base is read in pages, as a full read (a delta of thousands costs Lua time and little less
+/// than a page).
+pub const DELTA_MAX_PODS: u32 = 8192;
+
+/// KEYS: [`GetViewKeys`] (1 session, 2 object, 3 pods, 4 meta, 5 expectation record, 6
+/// finalizer set, 7 run, 8 records), 9 the change log.
+/// ARGV[1] -> base version, ARGV[2] -> the base's epoch token, ARGV[3] -> most changed pods,
+/// ARGV[4] -> most bytes of changed entries, ARGV[5..] -> record names.
+/// Reply: `{0}` when the view is not trusted; `{2}` when the reader must read it in full (its
+/// base is below the log's floor or above the view's version, the session is another, the
+/// log was not kept at the view's version, or more changed than the bounds); else
+/// `read_view`'s reply without pods, then version, pod count, epoch token, and `{name, entry
+/// or '' when removed, …}` of every pod changed since the base: one script, so the changes,
+/// the head and the trust check are of one instant.
+const VIEW_DELTA: &str = concat!(
+    apply_view_fn!(),
+    r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local current = view_current(KEYS[1], KEYS[7])
+local r = read_view(current, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], now, ARGV, 5,
+  #ARGV - 4, false)
+if r[1] ~= 1 then return {0} end
+local m = redis.call('HMGET', KEYS[4], 'ver', 'cver', 'floor')
+local ver, floor, base = tonumber(m[1]), tonumber(m[3]), tonumber(ARGV[1])
+local epoch = epoch_token(current)
+if not ver or m[1] ~= m[2] or not floor or not base or base < floor or base > ver or
+    epoch ~= ARGV[2] then
+  return {2}
+end
+local changed = {}
+if base < ver then
+  if redis.call('ZCOUNT', KEYS[9], '(' .. ARGV[1], '+inf') > tonumber(ARGV[3]) then return {2} end
+  local names = redis.call('ZRANGE', KEYS[9], '(' .. ARGV[1], '+inf', 'BYSCORE')
+  local bytes, budget = 0, tonumber(ARGV[4])
+  for s = 1, #names, 500 do
+    local got = redis.call('HMGET', KEYS[3], unpack(names, s, math.min(s + 499, #names)))
+    for j = 1, #got do
+      local name = names[s + j - 1]
+      local entry = got[j] or ''
+      bytes = bytes + #name + #entry
+      changed[#changed + 1] = name
+      changed[#changed + 1] = entry
+    end
+    if bytes > budget then return {2} end
+  end
+end
+r[#r + 1] = ver
+r[#r + 1] = redis.call('HLEN', KEYS[3])
+r[#r + 1] = epoch
+r[#r + 1] = changed
+return r
+"#
+);
+
+static VIEW_DELTA_SCRIPT: Lua = Lua::new("job_view_delta", VIEW_DELTA);
+
+/// What a delta read of a view found ([`Store::get_job_view_delta`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewDelta {
+    /// The view is not trusted (now): read the API server.
+    Untrusted,
+    /// The reader's base cannot be brought up to date from the change log: read the view in
+    /// full (pages).
+    Full,
+    /// The view now, as what changed since the base.
+    Changes(Box<ViewChanges>),
+}
+
+/// A view as the changes since a reader's base version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewChanges {
+    /// The view's object, expectations and records, as a first page has them (`pods` empty).
+    pub head: JobView,
+    /// The view's version now.
+    pub version: u64,
+    /// How many pods the view holds now: the base's pods, with `changed` and without
+    /// `removed`, must be that many.
+    pub pod_count: u64,
+    /// The token of the session the view is trusted in (the base's: else the read is full).
+    pub epoch: String,
+    /// Pods written since the base, `(name, entry)`.
+    pub changed: Vec<(String, Vec<u8>)>,
+    /// Pods removed since the base (some may not have been in it: created and removed since).
+    pub removed: Vec<String>,
+    /// The base version the changes are from.
+    pub base: u64,
+}
+
+impl Store {
+    /// Reads what changed in the view of Job `key` since version `base` of session `epoch`
+    /// (a [`ViewPods::epoch`] or [`ViewChanges::epoch`]), with its object, expectations and
+    /// `records`, in one script with the trust check. [`ViewDelta::Full`] when the change
+    /// log cannot say (see `VIEW_DELTA`), or the changed entries pass `budget` bytes.
+    pub async fn get_job_view_delta(
+        &self,
+        key: &str,
+        records: &[String],
+        base: u64,
+        epoch: &str,
+        budget: usize,
+    ) -> Result<ViewDelta, WqError> {
+        let tag = self.layout().job_tag(key);
+        let keys = GetViewKeys {
+            session: view_session_key(&tag),
+            view: ViewKeys::new(&tag, key),
+            exp: ExpKeys::new(&tag, key),
+            run: view_run_key(&tag),
+        };
+        let mut key_list = keys.to_vec();
+        key_list.push(keys.view.chg.clone());
+        let mut args = argv![base, epoch, DELTA_MAX_PODS, budget];
+        args.extend(records.iter().map(Arg::arg));
+        let v: Value = self.run(&VIEW_DELTA_SCRIPT, &key_list, args).await?;
+        if let Value::Array(a) = &v {
+            match a.first() {
+                Some(Value::Int(0)) => return Ok(ViewDelta::Untrusted),
+                Some(Value::Int(2)) => return Ok(ViewDelta::Full),
+                _ => {}
+            }
+        }
+        let mut f = Fields::new("job_view_delta", &v)?;
+        let Some(head) = self.read_view_fields(&mut f, records)? else {
+            return Ok(ViewDelta::Untrusted);
+        };
+        let version = f.u64("version")?;
+        let pod_count = f.u64("pod_count")?;
+        let epoch = f.string("epoch")?;
+        let mut entries = f.array("changes")?;
+        let (mut changed, mut removed) = (Vec::new(), Vec::new());
+        while entries.remaining() > 0 {
+            let name = entries.string("pod name")?;
+            let entry = entries.bytes("pod")?;
+            if entry.is_empty() {
+                removed.push(name);
+            } else {
+                changed.push((name, entry));
+            }
+        }
+        Ok(ViewDelta::Changes(Box::new(ViewChanges {
+            head,
+            version,
+            pod_count,
+            epoch,
+            changed,
+            removed,
+            base,
+        })))
     }
 }

@@ -32,6 +32,9 @@ enum Req {
     },
     GetView {
         key: String,
+        /// A delta read's base version and epoch token (any).
+        base: Option<u64>,
+        epoch: String,
     },
     Forget {
         key: String,
@@ -205,7 +208,8 @@ fn req() -> impl Strategy<Value = Req> {
             .prop_map(|(queue, key, delay_ms, observe_only, cache, session, priority)| {
                 Req::Add { queue, key, delay_ms, observe_only, cache, session, priority }
             }),
-        text().prop_map(|key| Req::GetView { key }),
+        (text(), proptest::option::of(count()), text())
+            .prop_map(|(key, base, epoch)| Req::GetView { key, base, epoch }),
         (text(), proptest::collection::vec(text(), 0..5))
             .prop_map(|(key, pod_uids)| Req::Forget { key, pod_uids }),
         (text(), text()).prop_map(|(key, name)| Req::DeleteRecord { key, name }),
@@ -218,13 +222,15 @@ fn req() -> impl Strategy<Value = Req> {
             (
                 any::<bool>(),
                 proptest::collection::vec(text(), 0..20),
-                proptest::collection::vec(done(), 0..3)
+                proptest::collection::vec(done(), 0..3),
+                // Views a lessee says it holds: any key and epoch token, any version.
+                proptest::collection::vec((text(), count(), text()), 0..4)
             )
         )
             .prop_map(
                 |(
                     (queue, max_items, lease_ms, wait_ms, worker_id),
-                    (with_views, view_records, dones),
+                    (with_views, view_records, dones, cached),
                 )| {
                     Req::Lease(v1::LeaseRequest {
                         queue,
@@ -235,6 +241,11 @@ fn req() -> impl Strategy<Value = Req> {
                         with_views,
                         view_records,
                         dones: dones.into_iter().map(Done::into_proto).collect(),
+                        cached_views: cached
+                            .into_iter()
+                            .map(|(key, version, epoch)| v1::CachedView { key, version, epoch })
+                            .collect(),
+                        view_names: with_views,
                     })
                 }
             ),
@@ -297,11 +308,14 @@ async fn send(
                 })
                 .await
                 .map(drop),
-            Req::GetView { key } => {
+            Req::GetView { key, base, epoch } => {
                 let mut e = e.clone();
                 e.get_job_view(v1::GetJobViewRequest {
                     key,
                     records: vec!["backoff".into()],
+                    base_version: base,
+                    base_epoch: epoch,
+                    with_names: base.is_some(),
                     ..Default::default()
                 })
                 .await

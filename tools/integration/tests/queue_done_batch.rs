@@ -243,6 +243,7 @@ fn lease_call(queue: &str) -> LeaseCall<'_> {
         wait: Duration::ZERO,
         worker_id: "w",
         records: None,
+        cached: None,
     }
 }
 

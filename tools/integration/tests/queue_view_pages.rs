@@ -16,11 +16,13 @@ use kjob_core::seal::{EntryKind, ViewKey};
 use kjob_proto::v1;
 use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_queue::{Listeners, QueueConfig, Security};
-use kjob_queue_client::{QueueClient, ViewPages};
+use kjob_queue_client::{CachedView, LeaseCall, Outcome, QueueClient, ViewPages};
 use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use kjob_watcher::handlers::{Enqueue, SessionControl};
 use kjob_watcher::view::ViewWrite;
+use kjob_worker::sync::view_pods;
+use kjob_worker::view_cache::ViewCache;
 use prost::Message;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -245,6 +247,8 @@ async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
     let status = raw.get_job_view(later).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 
+    deltas_equal_full_reads(&client, &mut raw, &tx, &view_key).await;
+
     // A Lease brings no view it cannot carry whole: the lessee reads it in pages.
     let item =
         kjob_queue_client::AddItem { queue: "job".into(), key: key.clone(), ..Default::default() };
@@ -280,4 +284,151 @@ async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
     tokio::time::timeout(Duration::from_secs(30), sender).await.unwrap().unwrap();
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// Reads `key`'s view the worker's way with its cache (`view_pods`): what a sync plans from.
+async fn cached_read(
+    client: &QueueClient,
+    key: &str,
+    view_key: &ViewKey,
+    cache: &ViewCache,
+) -> (kjob_reconcile::SummarizedPods, bool) {
+    let base = cache.base(key);
+    let b = base.as_ref().map(|(v, e)| (*v, e.as_str()));
+    let v = match client.read_job_view_cached(key, &["backoff"], None, b).await.unwrap() {
+        ViewPages::Trusted(v) => *v,
+        other => panic!("{other:?}"),
+    };
+    let delta = v.delta;
+    (view_pods(v, key, view_key, Some(cache)).unwrap(), delta)
+}
+
+/// The same, read whole and decoded without a cache.
+async fn full_read(client: &QueueClient, key: &str, view_key: &ViewKey) -> Vec<Pod> {
+    let v = match client.read_job_view(key, &[], None).await.unwrap() {
+        ViewPages::Trusted(v) => *v,
+        other => panic!("{other:?}"),
+    };
+    view_pods(v, key, view_key, None).unwrap().pods().to_vec()
+}
+
+/// Issue 46 through real kjob-queue: a worker holding the 40,000-pod view decoded reads only
+/// what changed (pods updated, removed and created by the watcher's sender), in a reply of a
+/// few kilobytes, and plans from exactly the pods a full read gives; a Lease that names the
+/// view held brings its delta; one naming another session's version does not.
+async fn deltas_equal_full_reads(
+    client: &QueueClient,
+    raw: &mut JobStateClient<Channel>,
+    tx: &tokio::sync::mpsc::Sender<Enqueue>,
+    view_key: &ViewKey,
+) {
+    let key = format!("{NS}/{JOB}");
+    let cache = ViewCache::new(kjob_worker::view_cache::DEFAULT_VIEW_CACHE_PODS);
+    let (pods, delta) = cached_read(client, &key, view_key, &cache).await;
+    assert!(!delta, "the first read is whole");
+    assert_eq!(pods.len(), PODS);
+    for round in 0..6 {
+        let (version, epoch) = cache.base(&key).expect("held");
+        // A pod updated, one removed, one created.
+        let mut changed = pod(100 + round);
+        changed.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        let created = pod(PODS + round);
+        let writes = vec![
+            ViewWrite::Pod {
+                name: changed.metadata.name.clone().unwrap(),
+                object: kjob_watcher::view::trim_pod(&changed),
+            },
+            ViewWrite::DeletePod { name: pod(200 + round).metadata.name.clone().unwrap() },
+            ViewWrite::Pod {
+                name: created.metadata.name.clone().unwrap(),
+                object: kjob_watcher::view::trim_pod(&created),
+            },
+        ];
+        tx.send(Enqueue::view_only(key.clone(), "watcher-1".into(), writes)).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let reply = loop {
+            let r = raw
+                .get_job_view(v1::GetJobViewRequest {
+                    key: key.clone(),
+                    base_version: Some(version),
+                    base_epoch: epoch.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if r.version != version {
+                break r;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the write never landed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(reply.delta && reply.trusted, "round {round}: a delta");
+        assert_eq!((reply.pods.len(), reply.removed.len()), (2, 1), "round {round}");
+        assert_eq!(reply.pod_count, Some(PODS as u64), "one removed, one created");
+        assert!(reply.encoded_len() < 16 * 1024, "a delta of {} bytes", reply.encoded_len());
+        let (by_delta, delta) = cached_read(client, &key, view_key, &cache).await;
+        assert!(delta, "round {round}");
+        let full = full_read(client, &key, view_key).await;
+        assert!(by_delta.pods() == full.as_slice(), "round {round}: the pods a full read gives");
+    }
+
+    // A Lease naming the view held brings what changed since.
+    let (version, epoch) = cache.base(&key).unwrap();
+    let mut changed = pod(300);
+    changed.status.as_mut().unwrap().phase = Some("Failed".into());
+    let write = ViewWrite::Pod {
+        name: changed.metadata.name.clone().unwrap(),
+        object: kjob_watcher::view::trim_pod(&changed),
+    };
+    tx.send(Enqueue::view_only(key.clone(), "watcher-1".into(), vec![write])).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.get_job_view_page(&key, &[], "").await.unwrap().version == version {
+        assert!(tokio::time::Instant::now() < deadline, "the write never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lease = |cached: Vec<CachedView>| {
+        let key = key.clone();
+        async move {
+            let item = kjob_queue_client::AddItem {
+                queue: "job".into(),
+                key: key.clone(),
+                ..Default::default()
+            };
+            client.add(vec![item]).await.unwrap();
+            let call = LeaseCall {
+                queue: "job",
+                max_items: 1,
+                lease: Duration::from_secs(30),
+                wait: Duration::from_secs(5),
+                worker_id: "w",
+                records: Some(&[]),
+                cached: Some(cached.as_slice()),
+            };
+            let (mut leased, _) = client.lease_finishing(call, Vec::new()).await.unwrap();
+            assert_eq!(leased.len(), 1);
+            let it = leased.remove(0);
+            client.done("job", &key, &it.lease_id, Outcome::Forget).await.unwrap();
+            it.view
+        }
+    };
+    let held = CachedView { key: key.clone(), version, epoch: epoch.clone() };
+    let view = lease(vec![held]).await.expect("the delta rides along");
+    assert!(view.delta && view.delta_base == version);
+    assert_eq!(view.pods.len(), 1);
+    let by_lease = view_pods(view, &key, view_key, Some(&cache)).unwrap();
+    assert!(by_lease.pods() == full_read(client, &key, view_key).await.as_slice());
+    // Another session's token: no delta; the whole view does not fit a Lease reply.
+    let (version, _) = cache.base(&key).unwrap();
+    let stale = CachedView { key: key.clone(), version, epoch: "00".into() };
+    assert_eq!(lease(vec![stale]).await, None, "left to the lessee");
+    // A token kjob-queue never makes is refused.
+    let bad = v1::GetJobViewRequest {
+        key: key.clone(),
+        base_version: Some(1),
+        base_epoch: "not hex".into(),
+        ..Default::default()
+    };
+    let status = raw.get_job_view(bad).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
 }

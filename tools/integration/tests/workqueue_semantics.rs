@@ -3,7 +3,7 @@
 //! off, kjob's ACL user with exactly `kjob_workqueue::acl::ACL_RULES`), each test starting its
 //! own servers on free ports.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use kjob_testkit::{RedisCluster, RedisSecurity, RedisServer, TestPki};
@@ -11,7 +11,7 @@ use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, Enqueue, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch,
     LeaseOutcome, Observation, ObservationKind, RedisOptions, RedisTarget, RedisTls, SessionPhase,
-    Store, StoreConfig, ViewOp, ViewPage, Waker, WqError,
+    Store, StoreConfig, ViewDelta, ViewOp, ViewPage, Waker, WqError,
 };
 
 const Q: &str = "job";
@@ -1062,6 +1062,7 @@ every_backend!(
     handoff_brings_the_view_read_in_the_add_script,
     a_large_view_is_left_to_get_view,
     a_large_view_reads_in_pages,
+    view_delta_equals_a_full_read,
 );
 
 /// A Redis that restarted may have lost the last view writes: nothing written before is
@@ -1520,4 +1521,239 @@ async fn a_large_view_reads_in_pages(s: Store) {
     assert!(s.view_session("s2", SessionPhase::Begin).await.unwrap());
     let page = s.get_job_view_page(k, &[], Some(next), budget).await.unwrap();
     assert_eq!(page, ViewPage::Untrusted);
+}
+
+/// The whole view of `k` now, read in full: (version, epoch token, pod name → entry).
+async fn full_view(s: &Store, k: &str) -> Option<(u64, String, BTreeMap<String, Vec<u8>>)> {
+    let mut pods = BTreeMap::new();
+    let (mut from, mut head) = (None, None);
+    loop {
+        let page = match s.get_job_view_page(k, &[], from, usize::MAX).await.unwrap() {
+            ViewPage::Pods(p) => p,
+            ViewPage::Untrusted => return None,
+            ViewPage::Moved => panic!("nothing writes during the read"),
+        };
+        head.get_or_insert((page.version, page.epoch.clone()));
+        assert_eq!(page.names.len(), page.pods.len(), "a name for every pod");
+        pods.extend(page.names.into_iter().zip(page.pods));
+        from = page.next;
+        if from.is_none() {
+            let (version, epoch) = head.unwrap();
+            return Some((version, epoch, pods));
+        }
+    }
+}
+
+/// A reader's cache of `k`'s view at `base`, brought up to date by a delta read: `None` when
+/// the read says to read in full.
+async fn by_delta(
+    s: &Store,
+    k: &str,
+    base: &(u64, String, BTreeMap<String, Vec<u8>>),
+) -> Option<(u64, String, BTreeMap<String, Vec<u8>>)> {
+    let (version, epoch, pods) = base;
+    match s.get_job_view_delta(k, &[], *version, epoch, usize::MAX).await.unwrap() {
+        ViewDelta::Full => None,
+        ViewDelta::Untrusted => panic!("the view is trusted"),
+        ViewDelta::Changes(c) => {
+            let c = *c;
+            let mut pods = pods.clone();
+            for name in &c.removed {
+                pods.remove(name);
+            }
+            pods.extend(c.changed);
+            assert_eq!(c.pod_count, pods.len() as u64, "the count the view holds");
+            Some((c.version, c.epoch, pods))
+        }
+    }
+}
+
+/// Issue 46's change log: for random sequences of view writes (pods written and removed, the
+/// Job updated, orphan notices, snapshots, a recreated Job), a cache taken at any earlier
+/// version and brought up to date with a delta read equals a full read at every version; a
+/// delta is refused (read in full) only for a base before the last snapshot.
+async fn view_delta_equals_a_full_read(s: Store) {
+    use rand::{Rng, SeedableRng};
+    let k = "ns/delta";
+    let item =
+        |ops: Vec<ViewOp>| Enqueue { observe_only: true, ..Enqueue::now(k).writing_view("s", ops) };
+    assert!(s.view_session("s", SessionPhase::Begin).await.unwrap());
+    s.add(Q, &[item(snapshot("u1", "1", &[("p0", "a")]))]).await.unwrap();
+    assert!(s.view_session("s", SessionPhase::Commit).await.unwrap());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(46);
+    let mut bases = vec![full_view(&s, k).await.unwrap()];
+    // The version of the last snapshot: a base before it must be read in full.
+    let mut snapshot_at = bases[0].0;
+    let mut deltas = 0;
+    for step in 0..120 {
+        let mut ops = Vec::new();
+        let mut resets = false;
+        for _ in 0..rng.random_range(1..6) {
+            let name = format!("p{}", rng.random_range(0..12));
+            match rng.random_range(0..100) {
+                0..45 => ops.push(pod_op(&name, &format!("{name}@{step}.{}", ops.len()))),
+                45..80 => ops.push(ViewOp::DeletePod { name }),
+                80..90 => ops.push(job_op("u1", &(step + 2).to_string(), "job")),
+                90..95 => ops.push(ViewOp::Orphans),
+                _ => {
+                    resets = true;
+                    let pods = [(name.as_str(), "snap")];
+                    // Now and then a recreated Job: another UID under the same key.
+                    let uid = if rng.random_ratio(1, 3) { "u2" } else { "u1" };
+                    ops.extend(snapshot(uid, &(step + 2).to_string(), &pods));
+                }
+            }
+        }
+        if ops.iter().any(|o| matches!(o, ViewOp::Reset { uid } if uid == "u2")) {
+            // The recreated Job is trusted after its snapshot; later writes are of its UID.
+            ops.push(job_op("u1", "999999", "back"));
+            ops.extend(snapshot("u1", "999999", &[]));
+        }
+        s.add(Q, &[item(ops)]).await.unwrap();
+        let now = full_view(&s, k).await.expect("trusted");
+        if resets {
+            snapshot_at = now.0;
+        }
+        for base in &bases {
+            match by_delta(&s, k, base).await {
+                Some(d) => {
+                    assert!(base.0 >= snapshot_at, "a delta across a snapshot (step {step})");
+                    assert_eq!(d, now, "a delta from version {} at step {step}", base.0);
+                    deltas += 1;
+                }
+                None => assert!(
+                    base.0 < snapshot_at,
+                    "read in full with no snapshot since {} (step {step})",
+                    base.0
+                ),
+            }
+        }
+        bases.push(now);
+        if bases.len() > 8 {
+            bases.remove(rng.random_range(0..bases.len() - 1));
+        }
+    }
+    assert!(deltas > 100, "{deltas} deltas");
+    // A new session: the view is untrusted until its snapshot, then no older base is carried
+    // over (another session, and the snapshot reset the log).
+    let last = bases.last().unwrap().clone();
+    assert!(s.view_session("s2", SessionPhase::Begin).await.unwrap());
+    let d = s.get_job_view_delta(k, &[], last.0, &last.1, usize::MAX).await.unwrap();
+    assert_eq!(d, ViewDelta::Untrusted);
+    let snap = Enqueue {
+        observe_only: true,
+        ..Enqueue::now(k).writing_view("s2", snapshot("u1", "5000", &[("p1", "x")]))
+    };
+    s.add(Q, &[snap]).await.unwrap();
+    assert!(s.view_session("s2", SessionPhase::Commit).await.unwrap());
+    assert_eq!(by_delta(&s, k, &last).await, None, "another session: read in full");
+    let now = full_view(&s, k).await.unwrap();
+    assert_ne!(now.1, last.1, "the epoch token names the session");
+    // A base with the right version but another session's token is read in full too.
+    let forged = (now.0, last.1.clone(), now.2.clone());
+    assert_eq!(by_delta(&s, k, &forged).await, None);
+    assert_eq!(by_delta(&s, k, &now).await, Some(now.clone()), "nothing changed: empty delta");
+    // A changed pod too large for the caller's budget: read in full.
+    let big = Enqueue::now(k).writing_view("s2", vec![pod_op("p1", &"y".repeat(4096))]);
+    s.add(Q, &[big]).await.unwrap();
+    let d = s.get_job_view_delta(k, &[], now.0, &now.1, 1024).await.unwrap();
+    assert_eq!(d, ViewDelta::Full, "over the byte budget");
+    // The head comes with the delta, records and expectations as a first page has them.
+    s.set_expectations(k, "u1", 2, 0).await.unwrap();
+    match s.get_job_view_delta(k, &["backoff".into()], now.0, &now.1, usize::MAX).await.unwrap() {
+        ViewDelta::Changes(c) => {
+            assert_eq!(c.head.uid, "u1");
+            assert_eq!(c.head.expectations.record.as_ref().map(|r| r.add), Some(2));
+            assert!(c.head.records.is_empty());
+            assert_eq!((c.changed.len(), c.removed.len()), (1, 0));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Raw access to one key of a view on a single server (its name carries the shard's tag).
+async fn view_key_named(conn: &mut redis::aio::MultiplexedConnection, suffix: &str) -> String {
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("*:view:{suffix}")).query_async(conn).await.unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    keys.into_iter().next().unwrap()
+}
+
+/// The change log stays bounded (at most twice the pods, and some slack) under churn, raising
+/// its floor as it drops old entries: a reader older than the floor reads in full, one newer
+/// gets a delta equal to a full read. A view written by a kjob-queue that does not keep the log
+/// (an older one during an upgrade) is read in full until a writer that keeps it starts a new
+/// log.
+#[tokio::test]
+async fn view_change_log_is_bounded_and_survives_an_older_writer() {
+    let server = RedisServer::start().unwrap();
+    let s = Store::connect(&server.url(), StoreConfig::default()).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let k = "ns/churn";
+    let item =
+        |ops: Vec<ViewOp>| Enqueue { observe_only: true, ..Enqueue::now(k).writing_view("s", ops) };
+    s.view_session("s", SessionPhase::Begin).await.unwrap();
+    let live: Vec<(String, String)> = (0..10).map(|i| (format!("live{i}"), "x".into())).collect();
+    let pods: Vec<(&str, &str)> = live.iter().map(|(n, b)| (n.as_str(), b.as_str())).collect();
+    s.add(Q, &[item(snapshot("u", "1", &pods))]).await.unwrap();
+    s.view_session("s", SessionPhase::Commit).await.unwrap();
+    let meta = view_key_named(&mut conn, "ns/churn:meta").await;
+    // A snapshot starts the log empty: the key appears with the first change after it.
+    let chg = format!("{}:chg", meta.strip_suffix(":meta").unwrap());
+    let oldest = full_view(&s, k).await.unwrap();
+    // Pods created and removed: each leaves a tombstone.
+    let mut recent = None;
+    for i in 0..200 {
+        let name = format!("gone{i}");
+        s.add(Q, &[item(vec![pod_op(&name, "y")])]).await.unwrap();
+        s.add(Q, &[item(vec![ViewOp::DeletePod { name }])]).await.unwrap();
+        let n: u64 = redis::cmd("ZCARD").arg(&chg).query_async(&mut conn).await.unwrap();
+        // Twice the pods (11 while `gone{i}` lives) and the slack.
+        assert!(n <= 2 * 11 + 64, "{n} entries in the change log of 10 pods");
+        if i == 150 {
+            recent = full_view(&s, k).await;
+        }
+    }
+    let floor: u64 =
+        redis::cmd("HGET").arg(&meta).arg("floor").query_async(&mut conn).await.unwrap();
+    assert!(floor > oldest.0, "the floor rose");
+    let now = full_view(&s, k).await.unwrap();
+    assert_eq!(by_delta(&s, k, &oldest).await, None, "older than the floor: read in full");
+    assert_eq!(by_delta(&s, k, &recent.unwrap()).await, Some(now.clone()));
+    // Bytes of the log per live pod and tombstone, for the record: small beside an entry.
+    let log_bytes: u64 =
+        redis::cmd("MEMORY").arg("USAGE").arg(&chg).query_async(&mut conn).await.unwrap();
+    assert!(log_bytes < 84 * 100, "{log_bytes} bytes for at most 84 names");
+
+    // An older kjob-queue removes a pod and moves the version (from the shard's sequence)
+    // without logging it.
+    let pods_key = view_key_named(&mut conn, "ns/churn:pods").await;
+    let stats: Vec<String> =
+        redis::cmd("KEYS").arg("*wq:job:*:stats").query_async(&mut conn).await.unwrap();
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    let ver: u64 = redis::cmd("HINCRBY")
+        .arg(&stats[0])
+        .arg("view_ver")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () =
+        redis::cmd("HDEL").arg(&pods_key).arg("live0").query_async(&mut conn).await.unwrap();
+    let _: () =
+        redis::cmd("HSET").arg(&meta).arg("ver").arg(ver).query_async(&mut conn).await.unwrap();
+    assert_eq!(by_delta(&s, k, &now).await, None, "a write the log missed: read in full");
+    // The next write that keeps the log starts it afresh; deltas work from there.
+    s.add(Q, &[item(vec![pod_op("live1", "z")])]).await.unwrap();
+    let fresh = full_view(&s, k).await.unwrap();
+    assert!(!fresh.2.contains_key("live0"));
+    assert_eq!(by_delta(&s, k, &now).await, None, "still below the new floor");
+    s.add(Q, &[item(vec![ViewOp::DeletePod { name: "live2".into() }])]).await.unwrap();
+    let after = full_view(&s, k).await.unwrap();
+    assert_eq!(by_delta(&s, k, &fresh).await, Some(after));
+    // Deleting the view's keys takes the log with them.
+    s.delete_expectations(k).await.unwrap();
+    let n: u64 = redis::cmd("EXISTS").arg(&chg).query_async(&mut conn).await.unwrap();
+    assert_eq!(n, 0, "the change log is deleted with the view");
 }

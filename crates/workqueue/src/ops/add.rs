@@ -16,7 +16,7 @@ use crate::{Observation, WqError};
 
 /// KEYS: the [`QueueKeys`] of one shard; then, with has_view, KEYS[7] the shard's view session
 /// and KEYS[8] its view run; then, in entry order, the five [`ExpKeys`] of each entry with n_obs > 0 or n_view > 0,
-/// followed by the three [`ViewKeys`] of each with n_view > 0.
+/// followed by the four [`ViewKeys`] of each with n_view > 0.
 /// ARGV[1] -> gc_ms, ARGV[2] -> has_view (0/1), ARGV[3] -> weights (`ns=w,…`, for the
 /// hand-off's leases), ARGV[4] -> n_takers, then per taker (a
 /// waiting lessee of the calling replica): worker, n, lease_ms, views (0/1); then n_records and
@@ -86,11 +86,11 @@ while i <= #ARGV do
   local ek, vk = k, k + 5
   if nobs > 0 or nview > 0 then k = k + 5 end
   if nview > 0 then
-    k = k + 3
+    k = k + 4
     view_keys[item] = ek
     if session_accepts(session(), writer) then
-      apply_view(KEYS[vk], KEYS[vk + 1], KEYS[vk + 2], STATS, gc_ms, writer, ARGV, view_at,
-        nview)
+      apply_view(KEYS[vk], KEYS[vk + 1], KEYS[vk + 2], KEYS[vk + 3], STATS, gc_ms, writer, ARGV,
+        view_at, nview)
     elseif not current_session then
       -- No session at all: this Redis lost it (restarted from an older state). The writer
       -- must begin a new one.

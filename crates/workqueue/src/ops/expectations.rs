@@ -239,7 +239,7 @@ impl Store {
     }
 }
 
-/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys) and the three [`ViewKeys`](crate::view::ViewKeys) of one Job.
+/// KEYS: the [`ExpKeys`](crate::keys::ExpKeys) and the four [`ViewKeys`](crate::view::ViewKeys) of one Job.
 /// Reply: the number of keys deleted.
 const DELETE: &str = r#"
 return redis.call('DEL', unpack(KEYS))

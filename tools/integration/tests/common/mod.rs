@@ -132,6 +132,7 @@ impl WorkerHandle {
             queue_tls: kjob_queue_client::QueueTlsArgs::insecure(),
             view_key: Default::default(),
             concurrency: 4,
+            view_cache_pods: kjob_worker::view_cache::DEFAULT_VIEW_CACHE_PODS,
             lease_duration: lease,
             kube_qps: 500.0,
             kube_burst: 1000,
