@@ -913,10 +913,20 @@ fn decode_cached(
     }
     let mut c = if v.delta {
         let Some(mut c) = held else { return Err(gap("a delta, and no view held")) };
-        if (c.uid.as_str(), c.epoch.as_str(), c.version)
-            != (v.job_uid.as_str(), v.epoch.as_str(), v.delta_base)
-        {
-            return Err(gap("a delta from another version, UID or session than the one held"));
+        // A delta from an older base than the view held applies too: it holds every pod that
+        // changed after its base, so every one that changed after the held version, at its
+        // current bytes, and names every pod gone since; the rest is the same in both. A
+        // worker's Lease may name the version it held before its last sync's read (the Lease
+        // that carries that sync's Done is built beside it), so this is the common case.
+        let fits = c.uid == v.job_uid
+            && c.epoch == v.epoch
+            && v.delta_base <= c.version
+            && c.version <= v.version;
+        if !fits {
+            return Err(ViewProblem::Gap(format!(
+                "a delta from another version, UID or session than the one held: held {} {} {}, delta from {} {} {}",
+                c.uid, c.epoch, c.version, v.job_uid, v.epoch, v.delta_base
+            )));
         }
         for name in &v.removed {
             c.pods.remove(name);

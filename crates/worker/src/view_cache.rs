@@ -3,8 +3,9 @@
 //! A sync that planned from a trusted view keeps its pods here, decoded and seal-checked, with
 //! their summaries, keyed by the view's name of each pod, and the view's Job UID, epoch token
 //! and version. The next sync of that Job asks kjob-queue for what changed since that version
-//! and applies it; anything that does not fit exactly (another UID or epoch, a delta from
-//! another version, a count that does not match) drops the entry and reads the view in full.
+//! and applies it (a delta from an older base than the one held fits too: it is a superset);
+//! anything that does not fit (another UID or epoch, a delta from a newer base than the one
+//! held, a count that does not match) drops the entry and reads the view in full.
 //! The plan is the same as from a full read: the pods are the same entries, opened the same
 //! way, in the same order.
 //!

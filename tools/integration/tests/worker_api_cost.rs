@@ -69,6 +69,15 @@ async fn a_large_indexed_job_costs_few_api_calls_per_pod(server: kjob_testkit::s
     };
     let (trusted, untrusted) = (views("trusted"), views("untrusted"));
     eprintln!("view reads: {trusted} trusted, {untrusted} untrusted");
+    // The worker holds the Job's view decoded between syncs: after the first sync's whole
+    // read, its Leases bring only what changed (issue 46), and no delta misses what it holds.
+    let cached = |r: &str| {
+        metric_sum(&text, "kjob_worker_job_view_cache_total", &[&format!("result=\"{r}\"")])
+    };
+    let (deltas, fulls, gaps) = (cached("delta"), cached("full"), cached("gap"));
+    eprintln!("view cache: {deltas} deltas, {fulls} whole, {gaps} gaps");
+    assert!(deltas >= trusted / 2.0, "{deltas} deltas of {trusted} view reads");
+    assert!(gaps <= 1.0, "{gaps} deltas did not fit the view held");
     assert!(trusted > 0.0 && untrusted <= 3.0, "{trusted} trusted, {untrusted} untrusted");
     // The Lease replies brought the views: a sync asks kjob-queue for one only when the
     // watcher's writes moved the view under kjob-queue's read three times running (this Job's
