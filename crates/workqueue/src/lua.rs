@@ -187,10 +187,11 @@ local function flush_index()
 end
 
 -- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
--- id goes last because it is free-form).
+-- id goes last because it is free-form). The start comes back as read too, for writers that
+-- copy it into a record (formatting a number in Lua costs more than the rest of a field).
 local function unpack_lease(v)
   local id, st, rq, ex, dt, wk = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk
+  return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk, st
 end
 
 local function xfield(item) return '!x|' .. item end

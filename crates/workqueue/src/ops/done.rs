@@ -33,11 +33,16 @@ for i = 3, #ARGV, 5 do items[#items + 1] = ARGV[i] end
 local recs = redis.call('HMGET', LEASE, unpack(items))
 local any_delayed = redis.call('ZCARD', DELAYED) > 0
 local rows, finished, gone, last = {}, {}, {}, {}
+-- The last-Done entry is written for every Done, so it is built from strings as read: the
+-- time once per call, the start as the lease record has it, each worker's length once.
+local head, wklen = 'd|' .. now .. '|', {}
 for j, item in ipairs(items) do
   local a = 3 + 5 * (j - 1)
   local id, outcome = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local lid, started, req, ex, dt, wk
-  if recs[j] and not finished[item] then lid, started, req, ex, dt, wk = unpack_lease(recs[j]) end
+  local lid, started, req, ex, dt, wk, started_s
+  if recs[j] and not finished[item] then
+    lid, started, req, ex, dt, wk, started_s = unpack_lease(recs[j])
+  end
   if lid ~= id then
     redis.call('HINCRBY', STATS, 'stale_total', 1)
     rows[#rows + 1] = {-1, -1, -1}
@@ -76,8 +81,14 @@ for j, item in ipairs(items) do
     -- Gone from the queue: so is its priority.
     if ready_at < 0 then forget_prio(item) end
     rows[#rows + 1] = {now - started, ready_at, delay}
-    local entry = 'd|' .. now .. '|' .. started .. '|' .. outcome .. '|' .. delay .. '|' ..
-      #wk .. '|' .. wk .. ARGV[a + 4]
+    local wl = wklen[wk]
+    if not wl then
+      wl = #wk .. '|'
+      wklen[wk] = wl
+    end
+    local delay_s = '-1|'
+    if delay >= 0 then delay_s = delay .. '|' end
+    local entry = head .. started_s .. '|' .. ARGV[a + 2] .. '|' .. delay_s .. wl .. wk .. ARGV[a + 4]
     last[#last + 1] = item
     last[#last + 1] = entry
     -- Happy: a success after a success. An error, a requeue-after, or the first success after
