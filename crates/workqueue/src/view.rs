@@ -306,6 +306,16 @@ struct GetViewKeys {
 }
 
 impl GetViewKeys {
+    /// The keys of `key`'s view, under its tag `tag`.
+    fn of(tag: &str, key: &str) -> Self {
+        GetViewKeys {
+            session: view_session_key(tag),
+            view: ViewKeys::new(tag, key),
+            exp: ExpKeys::new(tag, key),
+            run: view_run_key(tag),
+        }
+    }
+
     fn to_vec(&self) -> Vec<String> {
         vec![
             self.session.clone(),
@@ -449,12 +459,7 @@ impl Store {
         records: &[String],
     ) -> Result<Option<JobView>, WqError> {
         let tag = self.layout().job_tag(key);
-        let keys = GetViewKeys {
-            session: view_session_key(&tag),
-            view: ViewKeys::new(&tag, key),
-            exp: ExpKeys::new(&tag, key),
-            run: view_run_key(&tag),
-        };
+        let keys = GetViewKeys::of(&tag, key);
         let args: Vec<Vec<u8>> = records.iter().map(Arg::arg).collect();
         let mut hvals = redis::cmd("HVALS");
         hvals.arg(&keys.view.pods);
@@ -487,12 +492,7 @@ impl Store {
         budget: usize,
     ) -> Result<ViewPage, WqError> {
         let tag = self.layout().job_tag(key);
-        let keys = GetViewKeys {
-            session: view_session_key(&tag),
-            view: ViewKeys::new(&tag, key),
-            exp: ExpKeys::new(&tag, key),
-            run: view_run_key(&tag),
-        };
+        let keys = GetViewKeys::of(&tag, key);
         let (mut scan, mut skip) = from.map_or((0, 0), |c| (c.scan, c.skip as usize));
         let mut version = from.map(|c| c.version);
         let mut page = ViewPods {
@@ -883,12 +883,7 @@ impl Store {
         budget: usize,
     ) -> Result<ViewDelta, WqError> {
         let tag = self.layout().job_tag(key);
-        let keys = GetViewKeys {
-            session: view_session_key(&tag),
-            view: ViewKeys::new(&tag, key),
-            exp: ExpKeys::new(&tag, key),
-            run: view_run_key(&tag),
-        };
+        let keys = GetViewKeys::of(&tag, key);
         let mut key_list = keys.to_vec();
         key_list.push(keys.view.chg.clone());
         let mut args = argv![base, epoch, DELTA_MAX_PODS, budget];

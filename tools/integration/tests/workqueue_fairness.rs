@@ -6,37 +6,30 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kjob_testkit::{RedisCluster, RedisServer};
+use kjob_testkit::{RedisServer, TestRedis};
 use kjob_workqueue::{Enqueue, Store, StoreConfig};
 
 const Q: &str = "job";
 const LEASE: Duration = Duration::from_secs(30);
 
-/// Keeps the servers alive for the test.
-#[allow(dead_code)]
-enum Backend {
-    Single(RedisServer),
-    Cluster(RedisCluster),
-}
-
-async fn one_shard() -> (Backend, Store) {
-    let server = RedisServer::start().expect("redis-server");
-    let store = Store::connect(&server.url(), StoreConfig::default()).await.expect("connect");
+async fn one_shard() -> (TestRedis, Store) {
+    let redis = TestRedis::single().expect("redis-server");
+    let store = Store::connect(&redis.url(), StoreConfig::default()).await.expect("connect");
     assert_eq!(store.layout().shards(), 1);
-    (Backend::Single(server), store)
+    (redis, store)
 }
 
-async fn many_shards() -> (Backend, Store) {
-    let server = RedisServer::start().expect("redis-server");
+async fn many_shards() -> (TestRedis, Store) {
+    let redis = TestRedis::single().expect("redis-server");
     let config = StoreConfig { shards: Some(kjob_workqueue::DEFAULT_SHARDS), ..Default::default() };
-    let store = Store::connect(&server.url(), config).await.expect("connect");
-    (Backend::Single(server), store)
+    let store = Store::connect(&redis.url(), config).await.expect("connect");
+    (redis, store)
 }
 
-async fn cluster() -> (Backend, Store) {
-    let c = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().expect("cluster");
-    let store = Store::connect(&c.url(), StoreConfig::default()).await.expect("connect");
-    (Backend::Cluster(c), store)
+async fn cluster() -> (TestRedis, Store) {
+    let redis = TestRedis::cluster().await.expect("cluster");
+    let store = Store::connect(&redis.url(), StoreConfig::default()).await.expect("connect");
+    (redis, store)
 }
 
 async fn add_all(s: &Store, keys: &[String]) {

@@ -5,30 +5,11 @@
 
 use std::time::Duration;
 
-use kjob_testkit::{RedisCluster, RedisServer};
+use kjob_testkit::TestRedis;
 use kjob_workqueue::{Done, Enqueue, HistoryEntry, LeaseOutcome, Store, StoreConfig};
 
 const Q: &str = "job";
 const LEASE: Duration = Duration::from_secs(30);
-
-/// Keeps the servers alive for the test.
-#[allow(dead_code)]
-enum Backend {
-    Single(RedisServer),
-    Cluster(RedisCluster),
-}
-
-async fn single() -> (Backend, String) {
-    let server = RedisServer::start().expect("redis-server");
-    let url = server.url();
-    (Backend::Single(server), url)
-}
-
-async fn cluster() -> (Backend, String) {
-    let c = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().expect("cluster");
-    let url = c.url();
-    (Backend::Cluster(c), url)
-}
 
 /// Leases `key` as `worker` and finishes it with `outcome` and `error`.
 async fn sync_once(s: &Store, key: &str, worker: &str, outcome: LeaseOutcome, error: &str) {
@@ -108,12 +89,14 @@ async fn the_last_done_is_the_historys_and_reaches_other_replicas(url: String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_done_is_the_historys_and_reaches_other_replicas_on_one_server() {
-    let (_b, url) = single().await;
+    let redis = TestRedis::single().expect("redis-server");
+    let url = redis.url();
     the_last_done_is_the_historys_and_reaches_other_replicas(url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_done_is_the_historys_and_reaches_other_replicas_on_a_cluster() {
-    let (_b, url) = cluster().await;
+    let redis = TestRedis::cluster().await.expect("cluster");
+    let url = redis.url();
     the_last_done_is_the_historys_and_reaches_other_replicas(url).await;
 }

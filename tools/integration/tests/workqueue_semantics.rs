@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use kjob_testkit::{RedisCluster, RedisSecurity, RedisServer, TestPki};
+use kjob_testkit::{RedisSecurity, RedisServer, TestPki, TestRedis};
 use kjob_workqueue::events::{EventGateConfig, GateEvent};
 use kjob_workqueue::{
     Done, Enqueue, FinalizerRemovals, HANDOFF_VIEW_MAX_PODS, KeyState, LeaseAsk, LeaseBatch,
@@ -16,31 +16,23 @@ use kjob_workqueue::{
 
 const Q: &str = "job";
 
-/// Keeps the servers alive for the test.
-#[allow(dead_code)]
-enum Backend {
-    Single(RedisServer),
-    Cluster(RedisCluster),
-    Secured(RedisServer, TestPki),
+async fn single(config: StoreConfig) -> (TestRedis, Store) {
+    let redis = TestRedis::single().expect("redis-server");
+    let store = Store::connect(&redis.url(), config).await.expect("connect");
+    (redis, store)
 }
 
-async fn single(config: StoreConfig) -> (Backend, Store) {
-    let server = RedisServer::start().expect("redis-server");
-    let store = Store::connect(&server.url(), config).await.expect("connect");
-    (Backend::Single(server), store)
-}
-
-async fn cluster(config: StoreConfig) -> (Backend, Store) {
-    let c = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().expect("cluster");
-    let store = Store::connect(&c.url(), config).await.expect("connect");
-    (Backend::Cluster(c), store)
+async fn cluster(config: StoreConfig) -> (TestRedis, Store) {
+    let redis = TestRedis::cluster().await.expect("cluster");
+    let store = Store::connect(&redis.url(), config).await.expect("connect");
+    (redis, store)
 }
 
 /// A TLS-only redis-server that asks for client certificates, with the `default` user off and
 /// kjob's ACL user, reached as kjob-queue reaches it in production. Its data set is sharded as
 /// a Cluster's (a single server defaults to one shard), so the suite runs with several shards
 /// on one server too.
-async fn secured(config: StoreConfig) -> (Backend, Store) {
+async fn secured(config: StoreConfig) -> (TestRedis, Store) {
     let config = StoreConfig { shards: Some(kjob_workqueue::DEFAULT_SHARDS), ..config };
     let pki = TestPki::generate("semantics").expect("test certificates");
     let security = RedisSecurity {
@@ -63,7 +55,7 @@ async fn secured(config: StoreConfig) -> (Backend, Store) {
     };
     let target = RedisTarget::new(&server.url(), &options).expect("target");
     let store = Store::connect_to(target, config).await.expect("connect");
-    (Backend::Secured(server, pki), store)
+    (TestRedis::Secured(server, pki), store)
 }
 
 /// `INFO memory` reaches every node (a Cluster's too), for the per-node memory gauges.

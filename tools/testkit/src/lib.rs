@@ -20,5 +20,5 @@ pub use args::{ExtraArgs, Program};
 pub use pki::TestPki;
 pub use process::{ChildGuard, bin_path, free_port, require_bins, wait_for_tcp, workspace_root};
 pub use redis::{RedisSecurity, RedisServer};
-pub use redis_cluster::RedisCluster;
+pub use redis_cluster::{RedisCluster, TestRedis};
 pub use stack::{Stack, StackConfig};

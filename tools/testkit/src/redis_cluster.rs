@@ -337,3 +337,34 @@ impl RedisCluster {
         &self.nodes
     }
 }
+
+/// A redis-server or a 3-master Redis Cluster, running while held: for suites that run the
+/// same tests on both (and a TLS server's certificates, which must outlive it).
+pub enum TestRedis {
+    /// One plain redis-server.
+    Single(RedisServer),
+    /// A 3-master Redis Cluster.
+    Cluster(RedisCluster),
+    /// A TLS redis-server and the certificates it was started with.
+    Secured(RedisServer, crate::TestPki),
+}
+
+impl TestRedis {
+    /// Starts one plain redis-server.
+    pub fn single() -> anyhow::Result<Self> {
+        RedisServer::start().map(Self::Single)
+    }
+
+    /// Starts a Redis Cluster on a blocking thread (it waits for the cluster to form).
+    pub async fn cluster() -> anyhow::Result<Self> {
+        tokio::task::spawn_blocking(RedisCluster::start).await?.map(Self::Cluster)
+    }
+
+    /// The URL a client connects with (a cluster's first node).
+    pub fn url(&self) -> String {
+        match self {
+            Self::Single(s) | Self::Secured(s, _) => s.url(),
+            Self::Cluster(c) => c.url(),
+        }
+    }
+}
