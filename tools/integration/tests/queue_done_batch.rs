@@ -3,48 +3,31 @@
 //! outcomes in one batch, items of both queues, and bad input refused whole; and the same Dones
 //! carried by a Lease call.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::time::Duration;
 
 use kjob_core::{Observation, ObservationKind};
-use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{
     AddItem, ClientError, Done, DoneItem, FinalizerRemovals, LeaseCall, MAX_DONE_BATCH, Outcome,
     QueueClient, RetryPolicy, v1,
 };
-use kjob_svc::Shutdown;
 use kjob_testkit::{RedisCluster, RedisServer};
-use tokio::net::TcpListener;
 
 const LEASE: Duration = Duration::from_secs(30);
 
-struct Running {
-    client: QueueClient,
-    url: String,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
+type Running = InProcessQueue;
 
-impl Running {
-    async fn start(redis_url: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shutdown = Shutdown::new();
-        let config = QueueConfig::new(redis_url, Security::InsecureNoAuth);
-        let task =
-            tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
-        let client = QueueClient::connect_lazy(&url).unwrap();
-        // The default client retries UNAVAILABLE, so this returns once the server answers.
-        tokio::time::timeout(Duration::from_secs(15), client.stats("job"))
-            .await
-            .expect("server never answered")
-            .unwrap();
-        Self { client, url, shutdown, task }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
-    }
+/// kjob-queue over `redis_url`, once it answers (the default client retries UNAVAILABLE).
+async fn start(redis_url: &str) -> Running {
+    let r = InProcessQueue::insecure(redis_url).await;
+    tokio::time::timeout(Duration::from_secs(15), r.client.stats("job"))
+        .await
+        .expect("server never answered")
+        .unwrap();
+    r
 }
 
 fn add(queue: &str, key: &str) -> AddItem {
@@ -126,7 +109,7 @@ async fn semantics(c: &QueueClient) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn done_batch_on_single_redis() {
     let redis = RedisServer::start().unwrap();
-    let r = Running::start(redis.url()).await;
+    let r = start(&redis.url()).await;
     semantics(&r.client).await;
     r.stop().await;
 }
@@ -134,7 +117,7 @@ async fn done_batch_on_single_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn done_batch_on_redis_cluster() {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap().unwrap();
-    let r = Running::start(cluster.url()).await;
+    let r = start(&cluster.url()).await;
     semantics(&r.client).await;
     r.stop().await;
 }
@@ -142,7 +125,7 @@ async fn done_batch_on_redis_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_done_batches_are_refused_whole() {
     let redis = RedisServer::start().unwrap();
-    let r = Running::start(redis.url()).await;
+    let r = start(&redis.url()).await;
     let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
     c.add(vec![add("job", "ns/a")]).await.unwrap();
     let id = lease_all(&c, "job", &["ns/a"]).await.remove(0);
@@ -199,7 +182,7 @@ async fn bad_done_batches_are_refused_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_over_the_script_limit() {
     let redis = RedisServer::start().unwrap();
-    let r = Running::start(redis.url()).await;
+    let r = start(&redis.url()).await;
     let c = &r.client;
     let keys: Vec<String> = (0..600).map(|i| format!("ns/k{i:03}")).collect();
     c.add(keys.iter().map(|k| add("job", k)).collect()).await.unwrap();
@@ -254,7 +237,7 @@ fn carried(queue: &str, key: &str, lease_id: &str, outcome: Outcome) -> Done {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_call_finishes_the_dones_it_carries_first() {
     let redis = RedisServer::start().unwrap();
-    let r = Running::start(redis.url()).await;
+    let r = start(&redis.url()).await;
     let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
     c.add(vec![add("job", "ns/a"), add("job", "ns/b"), add("orphan-pod", "ns/p")]).await.unwrap();
     let ids = lease_all(&c, "job", &["ns/a", "ns/b"]).await;
@@ -309,7 +292,7 @@ async fn a_lease_call_finishes_the_dones_it_carries_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dones_expect_the_finalizer_removals_they_carry() {
     let redis = RedisServer::start().unwrap();
-    let r = Running::start(redis.url()).await;
+    let r = start(&redis.url()).await;
     let c = r.client.clone().with_retry_policy(RetryPolicy::no_retries());
     let removals = |key: &str, pods: &[&str]| FinalizerRemovals {
         key: key.into(),

@@ -5,41 +5,28 @@
 //! with the numbers the state implies; and what the happy path leaves: no history, only its
 //! last Done.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::time::Duration;
 
-use kjob_queue::{Listeners, QueueConfig, Security};
-use kjob_queue_client::{Outcome, QueueClient};
+use kjob_queue_client::Outcome;
 use kjob_reconcile::BackoffRecord;
 use kjob_reconcile::backoff::StoredBackoff;
-use kjob_svc::Shutdown;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::{
     Done, Enqueue, LeaseOutcome, Observation, ObservationKind, Store, StoreConfig,
 };
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 const Q: &str = "job";
 const LEASE: Duration = Duration::from_secs(60);
 
-struct Running {
-    admin: String,
-    client: QueueClient,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
+type Running = InProcessQueue;
 
 async fn start(redis_url: &str) -> Running {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client =
-        QueueClient::connect_lazy(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_url = format!("http://{}", admin.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis_url.to_string(), Security::InsecureNoAuth);
-    let listeners = Listeners { grpc: listener, admin: Some(admin) };
-    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-    Running { admin: admin_url, client, shutdown, task }
+    InProcessQueue::insecure(redis_url).await
 }
 
 /// GET `path` on the admin port: status and JSON body, waiting for kjob-queue to connect.
@@ -315,6 +302,5 @@ async fn every_state(url: &str) {
     assert_eq!(err["syncs_per_second"].as_f64(), Some(0.0), "{n}");
     assert_eq!(row("held").unwrap()["leased"].as_u64(), Some(1));
 
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }

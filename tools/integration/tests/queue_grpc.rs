@@ -4,6 +4,7 @@
 //! breaks under the server ends the service with an error naming it).
 
 mod common;
+mod queue_common;
 
 use std::time::Duration;
 
@@ -12,50 +13,27 @@ use kjob_core::events::GateEvent;
 use kjob_core::{Observation, ObservationKind, ViewOp};
 use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{
-    AddItem, ClientError, Done, Outcome, QueueClient, RetryPolicy, SetExpectations, ViewRecord,
-    ViewWriteBack, v1,
+    AddItem, ClientError, Done, Outcome, QueueClient, SetExpectations, ViewRecord, ViewWriteBack,
+    v1,
 };
 use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
+use queue_common::InProcessQueue;
 use tokio::net::TcpListener;
 use tracing::instrument::WithSubscriber;
 
-struct Running {
-    client: QueueClient,
-    url: String,
-    admin: String,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Running {
-    /// A client that reports the first failure instead of retrying it.
-    fn strict(&self) -> QueueClient {
-        self.client.clone().with_retry_policy(RetryPolicy::no_retries())
-    }
-
-    /// Shuts the service down and checks that it stopped cleanly.
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
+type Running = InProcessQueue;
 
 async fn start(redis: &RedisServer) -> Running {
     start_with(redis, Default::default()).await
 }
 
 async fn start_with(redis: &RedisServer, store: kjob_workqueue::StoreConfig) -> Running {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let admin_url = format!("http://{}", admin.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig { store, ..QueueConfig::new(redis.url(), Security::InsecureNoAuth) };
-    let listeners = Listeners { grpc: listener, admin: Some(admin) };
-    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-    let client = QueueClient::connect_lazy(&url).unwrap();
-    Running { client, url, admin: admin_url, shutdown, task }
+    InProcessQueue::start(QueueConfig {
+        store,
+        ..QueueConfig::new(redis.url(), Security::InsecureNoAuth)
+    })
+    .await
 }
 
 fn item(key: &str, delay_ms: u64) -> AddItem {
@@ -472,12 +450,8 @@ async fn redis_down_is_unavailable_then_recovers_without_restart() {
 async fn serves_over_a_redis_cluster() {
     let cluster =
         tokio::task::spawn_blocking(kjob_testkit::RedisCluster::start).await.unwrap().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(cluster.url(), Security::InsecureNoAuth);
-    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
-    let c = QueueClient::connect_lazy(&url).unwrap();
+    let r = InProcessQueue::insecure(&cluster.url()).await;
+    let c = r.client.clone();
     // A waiting lessee is woken by an Add (the marker lives in the queue's slot).
     let waiter = {
         let c = c.clone();
@@ -502,8 +476,7 @@ async fn serves_over_a_redis_cluster() {
     c.set_expectations("other/x", "u", 0, 0).await.unwrap();
     assert!(!c.get_expectations("ns/a", "u").await.unwrap().satisfied);
     assert!(c.get_expectations("other/x", "u").await.unwrap().satisfied);
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 async fn scrape(admin: &str) -> String {

@@ -4,16 +4,18 @@
 //! global concurrency limit: calls held up for real in Redis fill it, the one past it is
 //! refused with RESOURCE_EXHAUSTED naming it, and the held ones complete afterwards.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::time::Duration;
 
 use kjob_proto::v1;
 use kjob_proto::v1::job_state_client::JobStateClient;
 use kjob_proto::v1::queue_client::QueueClient;
 use kjob_queue::validate;
-use kjob_queue::{Listeners, QueueConfig, Security};
-use kjob_svc::Shutdown;
+use kjob_queue::{QueueConfig, Security};
 use kjob_testkit::RedisServer;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 fn item(key: &str) -> v1::AddItem {
@@ -32,12 +34,8 @@ fn refused<T: std::fmt::Debug>(what: &str, res: Result<T, tonic::Status>, words:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_past_every_limit_is_refused_and_changes_nothing() {
     let redis = RedisServer::start().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
-    let listeners = Listeners { grpc: listener, admin: None };
-    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
+    let running = InProcessQueue::insecure(&redis.url()).await;
+    let url = running.url.clone();
     let channel = Channel::from_shared(url).unwrap().connect_lazy();
     // Larger than the server's request limit, so the server (not this client) refuses.
     let big = validate::MAX_REPLY_BYTES;
@@ -219,8 +217,7 @@ async fn one_past_every_limit_is_refused_and_changes_nothing() {
     assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
     assert!(before == after, "a refused request changed Redis");
 
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// The series `name` (no labels) on kjob-queue's admin port.
@@ -238,18 +235,13 @@ async fn metric(admin: &str, name: &str) -> f64 {
 async fn the_call_past_the_concurrency_limit_is_refused_and_the_others_complete() {
     const LIMIT: usize = 4;
     let redis = RedisServer::start().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let admin_url = format!("http://{}", admin.local_addr().unwrap());
-    let shutdown = Shutdown::new();
     let config = QueueConfig {
         max_concurrent_calls: LIMIT,
         ..QueueConfig::new(redis.url(), Security::InsecureNoAuth)
     };
-    let listeners = Listeners { grpc: listener, admin: Some(admin) };
-    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-    let q = QueueClient::new(Channel::from_shared(url).unwrap().connect_lazy());
+    let running = InProcessQueue::start(config).await;
+    let admin_url = running.admin.clone();
+    let q = QueueClient::new(Channel::from_shared(running.url.clone()).unwrap().connect_lazy());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while q.clone().add(v1::AddRequest { items: vec![item("ns/real")] }).await.is_err() {
         assert!(tokio::time::Instant::now() < deadline, "kjob-queue never answered");
@@ -303,8 +295,7 @@ async fn the_call_past_the_concurrency_limit_is_refused_and_the_others_complete(
     // The limit is free again.
     q.clone().add(v1::AddRequest { items: vec![item("ns/after")] }).await.unwrap();
 
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// The watcher's sender never sends an Add past kjob-queue's request limit: a snapshot item of
@@ -319,12 +310,8 @@ async fn the_watchers_sender_splits_an_add_past_the_request_limit() {
     use kjob_watcher::view::ViewWrite;
 
     let redis = RedisServer::start().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
-    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
-    let client = kjob_queue_client::QueueClient::connect_lazy(&url).unwrap();
+    let q = InProcessQueue::insecure(&redis.url()).await;
+    let client = q.client.clone();
     let metrics = kjob_watcher::metrics::Metrics::register(&mut Default::default());
     let (tx, rx) = kjob_watcher::sender::channel();
     let sender = tokio::spawn(kjob_watcher::sender::run_sender(
@@ -359,6 +346,5 @@ async fn the_watchers_sender_splits_an_add_past_the_request_limit() {
     assert_eq!(metrics.batches.get(), 2, "9.6 MiB goes as two Adds");
     let view = client.get_job_view("ns/big", &[]).await.unwrap().expect("a trusted view");
     assert_eq!(view.pods.len(), 8);
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    q.stop().await;
 }

@@ -4,44 +4,26 @@
 //! drops the series of a namespace that drains (and of Jobs no longer waiting); the Namespaces
 //! RPC answers the same table, deepest first, and one namespace's longest waiting keys.
 
+mod queue_common;
+
+use kjob_queue::{QueueConfig, Security};
+use queue_common::InProcessQueue;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kjob_queue::{Listeners, QueueConfig, Security};
-use kjob_queue_client::QueueClient;
-use kjob_svc::Shutdown;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::{Done, Enqueue, LeaseOutcome, Store, StoreConfig};
-use tokio::net::TcpListener;
 
 const Q: &str = "job";
 const LEASE: Duration = Duration::from_secs(600);
 /// Two refresh periods (10 s, jittered up to 12 s) and some.
 const REFRESH_WAIT: Duration = Duration::from_secs(40);
 
-struct Running {
-    admin: String,
-    client_url: String,
-    client: QueueClient,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
+type Running = InProcessQueue;
 
 async fn start(redis_url: &str) -> Running {
-    start_with(redis_url, QueueConfig::new(redis_url.to_string(), Security::InsecureNoAuth)).await
-}
-
-async fn start_with(redis_url: &str, config: QueueConfig) -> Running {
-    assert_eq!(config.redis_url, redis_url);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client_url = format!("http://{}", listener.local_addr().unwrap());
-    let client = QueueClient::connect_lazy(&client_url).unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_url = format!("http://{}", admin.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let listeners = Listeners { grpc: listener, admin: Some(admin) };
-    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-    Running { admin: admin_url, client_url, client, shutdown, task }
+    InProcessQueue::insecure(redis_url).await
 }
 
 /// Samples of `family` on `/metrics`: label set → value.
@@ -120,7 +102,7 @@ async fn the_flag_sets_how_many_namespaces_get_series() {
         namespace_metrics_top: 2,
         ..QueueConfig::new(redis.url(), Security::InsecureNoAuth)
     };
-    let r = start_with(&redis.url(), config).await;
+    let r = InProcessQueue::start(config).await;
     for (ns, n) in [("a", 4), ("b", 3), ("c", 2), ("d", 1)] {
         let keys: Vec<Enqueue> = (0..n).map(|j| Enqueue::now(format!("{ns}/j{j}"))).collect();
         store.add(Q, &keys).await.unwrap();
@@ -129,8 +111,7 @@ async fn the_flag_sets_how_many_namespaces_get_series() {
         [("a", 4.0), ("b", 3.0), ("_other", 3.0)].map(|(n, v)| (n.to_string(), v)).into();
     wait_for_depths(&r, &want).await;
     assert_eq!(value(&r, "kjob_queue_namespaces").await, Some(4.0));
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 async fn top_namespaces(url: &str) {
@@ -219,7 +200,7 @@ async fn top_namespaces(url: &str) {
     assert!(format!("{e:?}").contains("InvalidArgument"), "{e:?}");
 
     // `kjob-queue inspect`: the namespaces by depth, and one namespace's longest waiting keys.
-    let url = r.client_url.clone();
+    let url = r.url.clone();
     let inspect = move |args: &[&str]| {
         let out = std::process::Command::new(kjob_testkit::bin_path("kjob-queue").unwrap())
             .args(["inspect", "--insecure-no-auth", &format!("--queue-url={url}")])
@@ -282,6 +263,5 @@ async fn top_namespaces(url: &str) {
     let waiting = samples(&r, "kjob_queue_oldest_ready_job_seconds").await;
     assert!(waiting.is_empty(), "no Job is ready: {waiting:?}");
 
-    r.shutdown.cancel();
-    r.task.await.unwrap().unwrap();
+    r.stop().await;
 }

@@ -4,13 +4,14 @@
 //! below); once memory frees,
 //! readiness comes back and every Add that was acknowledged is in the queue.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::time::Duration;
 
-use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{ClientError, QueueClient, RetryPolicy};
-use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
-use tokio::net::TcpListener;
 
 /// Keys per Add while filling: big enough to fill 4 MB in a few dozen calls.
 const FILL_BATCH: usize = 500;
@@ -43,16 +44,8 @@ async fn memory_gauges(admin: &str) -> Option<(u64, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_is_unavailable_not_ready_and_loses_nothing_acknowledged() {
     let redis = RedisServer::start_with(false, &["--maxmemory", "4mb"]).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let admin_url = format!("http://{}", admin.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let task = tokio::spawn(kjob_queue::run(
-        Listeners { grpc: listener, admin: Some(admin) },
-        QueueConfig::new(redis.url(), Security::InsecureNoAuth),
-        shutdown.clone(),
-    ));
+    let q = InProcessQueue::insecure(&redis.url()).await;
+    let (url, admin_url) = (q.url.clone(), q.admin.clone());
     eventually("ready", async || ready(&admin_url).await).await;
     let (used, max) = memory_gauges(&admin_url).await.expect("memory gauges");
     assert_eq!(max, 4 * 1024 * 1024);
@@ -124,6 +117,5 @@ async fn out_of_memory_is_unavailable_not_ready_and_loses_nothing_acknowledged()
     for k in c.inspect("job", sample).await.unwrap().keys {
         assert_eq!(k.state, "ready", "{k:?}");
     }
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    q.stop().await;
 }

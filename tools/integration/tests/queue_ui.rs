@@ -4,43 +4,26 @@
 //! redis-server (one shard) and a 3-master Redis Cluster (24 shards) with Jobs in known states:
 //! ready, delayed and leased, in three namespaces, two leases held by one worker.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::time::Duration;
 
 use kjob_queue::ui::CONTENT_SECURITY_POLICY;
-use kjob_queue::{Listeners, QueueConfig, Security};
-use kjob_svc::Shutdown;
 use kjob_testkit::{RedisCluster, RedisServer};
 use kjob_workqueue::{Enqueue, Store, StoreConfig};
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 const Q: &str = "job";
 const LEASE: Duration = Duration::from_secs(300);
 /// How long kjob-queue may take to connect and take its second depth sample (5 s apart).
 const SAMPLE_WAIT: Duration = Duration::from_secs(20);
 
-struct Running {
-    admin: String,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
+type Running = InProcessQueue;
 
 async fn start(redis_url: &str) -> Running {
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_url = format!("http://{}", admin.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis_url.to_string(), Security::InsecureNoAuth);
-    let listeners = Listeners { grpc, admin: Some(admin) };
-    let task = tokio::spawn(kjob_queue::run(listeners, config, shutdown.clone()));
-    Running { admin: admin_url, shutdown, task }
-}
-
-impl Running {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
-    }
+    InProcessQueue::insecure(redis_url).await
 }
 
 /// A client that shows redirects instead of following them.

@@ -4,19 +4,19 @@
 //! redis-server. Measured two ways: `MEMORY USAGE` of the Job's pods hash, and `used_memory`
 //! grown by the view; both divided by the pods. Prints the figures and the entry's parts.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use kjob_core::seal::ViewKey;
-use kjob_queue::{Listeners, QueueConfig, Security};
-use kjob_queue_client::QueueClient;
-use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use kjob_watcher::handlers::{Enqueue, SessionControl};
 use kjob_watcher::view::{ViewWrite, WatchedPod};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 /// Pods per Job measured: enough that the hash's own table and Redis' rounding average out.
 const PODS: usize = 10_000;
@@ -86,12 +86,8 @@ async fn pods_hash(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_pod_costs_redis_under_a_kilobyte_in_the_view() {
     let redis = RedisServer::start().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
-    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
-    let client = QueueClient::connect_lazy(&url).unwrap();
+    let q = InProcessQueue::insecure(&redis.url()).await;
+    let client = q.client.clone();
     let view_key = ViewKey::new(&[7; 32]).unwrap();
     let metrics = kjob_watcher::metrics::Metrics::register(&mut Default::default());
     let (tx, rx) = kjob_watcher::sender::channel();
@@ -184,6 +180,5 @@ async fn a_live_pod_costs_redis_under_a_kilobyte_in_the_view() {
 
     drop(tx);
     tokio::time::timeout(Duration::from_secs(30), sender).await.unwrap().unwrap().unwrap();
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    q.stop().await;
 }

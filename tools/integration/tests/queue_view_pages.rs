@@ -6,6 +6,10 @@
 //! (it reads the API server) instead of a reply it cannot take; a Lease leaves the view to the
 //! lessee; a pod written between two pages makes the read say the view moved.
 
+mod queue_common;
+
+use queue_common::InProcessQueue;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -15,9 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kjob_core::seal::{EntryKind, ViewKey};
 use kjob_proto::v1;
 use kjob_proto::v1::job_state_client::JobStateClient;
-use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{CachedView, LeaseCall, Outcome, QueueClient, ViewPages};
-use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
 use kjob_watcher::handlers::{Enqueue, SessionControl};
 use kjob_watcher::view::ViewWrite;
@@ -25,7 +27,6 @@ use kjob_worker::sync::view_pods;
 use kjob_worker::view_cache::ViewCache;
 use prost::Message;
 use serde_json::json;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 const NS: &str = "huge";
@@ -163,12 +164,8 @@ async fn until_trusted(client: &QueueClient, key: &str, n: u64) -> v1::GetJobVie
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
     let redis = RedisServer::start().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = Shutdown::new();
-    let config = QueueConfig::new(redis.url(), Security::InsecureNoAuth);
-    let task = tokio::spawn(kjob_queue::run(Listeners::grpc(listener), config, shutdown.clone()));
-    let client = QueueClient::connect_lazy(&url).unwrap();
+    let q = InProcessQueue::insecure(&redis.url()).await;
+    let (url, client) = (q.url.clone(), q.client.clone());
     let view_key = ViewKey::new(&[7; 32]).unwrap();
     let key = format!("{NS}/{JOB}");
 
@@ -282,8 +279,7 @@ async fn a_view_past_the_reply_cap_is_read_in_pages_of_one_version() {
 
     drop(tx);
     tokio::time::timeout(Duration::from_secs(30), sender).await.unwrap().unwrap();
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    q.stop().await;
 }
 
 /// Reads `key`'s view the worker's way with its cache (`view_pods`): what a sync plans from.
