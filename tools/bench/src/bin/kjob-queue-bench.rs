@@ -124,7 +124,7 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use anyhow::Context;
-    use kjob_queue_client::{AddItem, DoneItem, Outcome, QueueClient};
+    use kjob_queue_client::{AddItem, Done, DoneItem, LeaseCall, Outcome, QueueClient};
     use parking_lot::Mutex;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -679,40 +679,58 @@ mod bench {
                 (c.clone(), ledger.clone(), unique.clone(), calls.clone());
             tasks.push(tokio::spawn(async move {
                 let worker = format!("bench-{w}");
+                // The leases finished since the last call: each batch's Dones ride on the
+                // Lease that refills it (`lease_finishing`), as kjob's worker hands them in;
+                // BullMQ's Worker, too, completes a job and fetches the next in one call.
+                let mut finished: Vec<Done> = Vec::new();
                 while unique.load(Ordering::SeqCst) < items as u64 {
-                    let got = c
-                        .lease("job", LEASE_BATCH, LEASE, Duration::from_millis(100), &worker)
-                        .await?;
-                    calls.fetch_add(1 + u64::from(!got.is_empty()), Ordering::Relaxed);
-                    {
-                        let mut l = ledger.lock();
-                        for it in &got {
-                            if l.held.insert(it.key.clone(), true) == Some(true) {
-                                l.overlaps += 1;
-                            }
-                            let n = l.processed.entry(it.key.clone()).or_insert(0);
-                            *n += 1;
-                            if *n == 1 {
-                                unique.fetch_add(1, Ordering::SeqCst);
-                            }
+                    let call = LeaseCall {
+                        queue: "job",
+                        max_items: LEASE_BATCH,
+                        lease: LEASE,
+                        wait: Duration::from_millis(100),
+                        worker_id: &worker,
+                        records: None,
+                        cached: None,
+                    };
+                    let (got, results) =
+                        c.lease_finishing(call, std::mem::take(&mut finished)).await?;
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    for r in results {
+                        r?;
+                    }
+                    let mut l = ledger.lock();
+                    for it in &got {
+                        if l.held.insert(it.key.clone(), true) == Some(true) {
+                            l.overlaps += 1;
+                        }
+                        let n = l.processed.entry(it.key.clone()).or_insert(0);
+                        *n += 1;
+                        if *n == 1 {
+                            unique.fetch_add(1, Ordering::SeqCst);
                         }
                     }
-                    // The whole leased batch finishes with one DoneBatch (BullMQ's worker
-                    // also completes jobs in bulk internally, so both sides batch).
-                    let dones: Vec<DoneItem> = {
-                        let mut l = ledger.lock();
-                        got.iter()
-                            .map(|it| {
-                                l.held.insert(it.key.clone(), false);
-                                DoneItem {
-                                    queue: "job".into(),
-                                    key: it.key.clone(),
-                                    lease_id: it.lease_id.clone(),
-                                    outcome: Outcome::Forget,
-                                }
-                            })
-                            .collect()
-                    };
+                    // Processed: no longer held once its Done is on its way.
+                    finished = got
+                        .iter()
+                        .map(|it| {
+                            l.held.insert(it.key.clone(), false);
+                            Done::new("job", &it.key, &it.lease_id, Outcome::Forget)
+                        })
+                        .collect();
+                }
+                // The last batch's Dones, with nothing more to lease.
+                if !finished.is_empty() {
+                    let dones: Vec<DoneItem> = finished
+                        .iter()
+                        .map(|d| DoneItem {
+                            queue: d.queue.clone(),
+                            key: d.key.clone(),
+                            lease_id: d.lease_id.clone(),
+                            outcome: d.outcome,
+                        })
+                        .collect();
+                    calls.fetch_add(1, Ordering::Relaxed);
                     for r in c.done_many(&dones).await? {
                         r?;
                     }
@@ -1145,7 +1163,7 @@ mod bench {
 
         println!("# kjob-queue-bench");
         println!(
-            "Redis {version} {}; {} items per throughput round after a {}-item warm-up; {} rounds in ABBA order; Add batches of {ADD_BATCH}, Lease batches of {LEASE_BATCH} each finished with one DoneBatch (BullMQ's worker also completes jobs in bulk)",
+            "Redis {version} {}; {} items per throughput round after a {}-item warm-up; {} rounds in ABBA order; Add batches of {ADD_BATCH}, Lease batches of {LEASE_BATCH}, each batch's Dones carried by the Lease that refills it (as kjob's worker does; BullMQ's Worker completes a job and fetches the next in one call)",
             if pin { "pinned to core 0, every client pinned to core 1" } else { "unpinned" },
             args.items,
             args.warmup,
@@ -1482,7 +1500,7 @@ mod bench {
             );
         }
         println!(
-            "kjob's client CPU is this process: kjob-queue and its callers in one process, so each RPC's TLS is paid on both ends; BullMQ's is its driver (producer and Worker); an RPC here is an Add of {ADD_BATCH} keys, a Lease of up to {LEASE_BATCH} or their DoneBatch."
+            "kjob's client CPU is this process: kjob-queue and its callers in one process, so each RPC's TLS is paid on both ends; BullMQ's is its driver (producer and Worker); an RPC here is an Add of {ADD_BATCH} keys, a Lease of up to {LEASE_BATCH} carrying the previous batch's Dones (a DoneBatch for the last)."
         );
     }
 }
