@@ -130,6 +130,7 @@ async fn write_view(
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": JOB, "namespace": NS, "uid": UID, "resourceVersion": "5"},
         "spec": {"completions": PODS, "parallelism": PODS, "completionMode": "Indexed",
+                 "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": UID}},
                  "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}}},
     });
     let job = ViewWrite::Job {
