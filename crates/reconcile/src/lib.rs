@@ -35,7 +35,7 @@ pub mod view_pod;
 
 pub use backoff::BackoffRecord;
 pub use ownership::{Claim, ClaimFacts, Owner, claim};
-pub use summary::{PodSummary, SummarizedPods};
+pub use summary::{PodIter, PodSlice, PodSummary, SummarizedPods};
 pub use sync::{
     BackoffUpdate, CallError, Expectations, JobSync, Outcome, PodRef, Report, Skipped, Step,
     SyncError, SyncInput,

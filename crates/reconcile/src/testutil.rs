@@ -603,13 +603,13 @@ pub fn condition_rule(action: &str, patterns: &[(&str, &str)]) -> PodFailurePoli
 /// default controller name and every Job managed; change the other fields on the result.
 pub fn sync_input<'a>(
     job: &'a Job,
-    pods: &'a [Pod],
+    pods: impl Into<crate::PodSlice<'a>>,
     now: Timestamp,
     finalizer_removals_in_flight: &'a BTreeSet<String>,
 ) -> crate::SyncInput<'a> {
     crate::SyncInput {
         job,
-        pods,
+        pods: pods.into(),
         now,
         expectations_satisfied: true,
         finalizer_removals_in_flight,
@@ -623,7 +623,7 @@ pub fn sync_input<'a>(
 /// [`crate::JobSync::with_summaries`]), else from the Pods alone.
 pub fn start_sync<'a>(
     job: &'a Job,
-    pods: &'a [Pod],
+    pods: impl Into<crate::PodSlice<'a>>,
     now: Timestamp,
     finalizer_removals_in_flight: &'a BTreeSet<String>,
     summaries: Option<&'a [crate::PodSummary]>,

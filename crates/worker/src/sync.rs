@@ -20,8 +20,8 @@ use kjob_reconcile::metrics::MetricDeltas;
 use kjob_reconcile::selector::Selector;
 use kjob_reconcile::view_pod;
 use kjob_reconcile::{
-    BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, PodSummary, Report,
-    Step, SummarizedPods, SyncInput,
+    BackoffRecord, BackoffUpdate, CallError, Expectations, JobSync, Outcome, Report, Step,
+    SummarizedPods, SyncInput,
 };
 use kjob_reconcile::{Claim, claim};
 use prometheus_client::metrics::counter::Counter;
@@ -184,9 +184,11 @@ impl JobRun<'_> {
         let mut from_view = false;
         let pods = match view_pods {
             // Stale expectations mean an observation may be lost, so the view may miss a pod.
+            // The read kept the pods the Job claims; a selector that does not compile fails
+            // the sync, as it does a LIST.
             Some((pods, None)) if !stale => {
                 from_view = true;
-                claimed_view_pods(&job, pods)?
+                pods?
             }
             Some((_, orphans)) => {
                 let pods = self.pods_for_job(&job).await?;
@@ -210,7 +212,7 @@ impl JobRun<'_> {
         let recheck = (!satisfied).then(|| self.ctx.stale_expectations_after.saturating_sub(age));
         let input = SyncInput {
             job: &job,
-            pods: &[],
+            pods: Default::default(),
             now: jiff::Timestamp::now(),
             expectations_satisfied: satisfied,
             finalizer_removals_in_flight: &in_flight,
@@ -225,13 +227,13 @@ impl JobRun<'_> {
         // the Job finished meanwhile).
         let listed;
         let mut plan =
-            JobSync::with_summaries(SyncInput { pods: pods.pods(), ..input }, pods.summaries());
+            JobSync::with_summaries(SyncInput { pods: pods.as_slice(), ..input }, pods.summaries());
         if from_view && exp.add > 0 && plan.succeeds_unmanaged() {
             drop(plan);
             self.ctx.metrics.view_read("unobserved_creations");
             listed = self.pods_for_job(&job).await?;
             plan = JobSync::with_summaries(
-                SyncInput { pods: listed.pods(), ..input },
+                SyncInput { pods: listed.as_slice(), ..input },
                 listed.summaries(),
             );
         }
@@ -789,7 +791,9 @@ impl JobRun<'_> {
 /// A trusted shared view, decoded.
 struct ViewRead {
     job: Job,
-    pods: SummarizedPods,
+    /// The view's pods the Job claims ([`claimed_view_pods`]), in name order; `Err` when its
+    /// selector does not compile.
+    pods: Result<SummarizedPods, SyncError>,
     expectations: Option<JobExpectations>,
     /// `Some(seen)` when orphan notices wait for a LIST to adopt them.
     orphans_pending: Option<u64>,
@@ -849,14 +853,16 @@ fn decode_view(v: JobView, key: &str, view_key: &ViewKey) -> Result<ViewRead, Vi
             pods.push(p);
         }
     }
+    let pods = claimed_view_pods(&job, pods);
     Ok(view_read(v, job, pods))
 }
 
-/// The pods a sync plans from, decoded from trusted view `v` of Job `key` as a sync's
-/// read does: with `cache`, a delta is applied to the view it holds for `key` and the result
-/// held again (a whole view with its pods' names becomes what it holds); without, the whole
-/// view is decoded. `Err` says why a sync would not plan from the view (it drops what `cache`
-/// held). For measurements and tests of the view read outside a sync.
+/// The pods a sync plans from (those the Job claims), decoded from trusted view `v` of Job
+/// `key` as a sync's read does: with `cache`, a delta is applied to the view it holds for
+/// `key` and the result held again (a whole view with its pods' names becomes what it holds),
+/// and the pods are the held ones, shared; without, the whole view is decoded. `Err` says why
+/// a sync would not plan from the view (it drops what `cache` held). For measurements and
+/// tests of the view read outside a sync.
 pub fn view_pods(
     v: JobView,
     key: &str,
@@ -864,20 +870,21 @@ pub fn view_pods(
     cache: Option<&crate::view_cache::ViewCache>,
 ) -> Result<SummarizedPods, String> {
     let problem = |e: ViewProblem| format!("{e:?}");
-    match cache {
-        None => decode_view(v, key, view_key).map(|r| r.pods).map_err(problem),
+    let read = match cache {
+        None => decode_view(v, key, view_key).map_err(problem)?,
         Some(cache) => {
             let (read, keep) = decode_cached(v, key, view_key, cache.take(key)).map_err(problem)?;
             if let Some(c) = keep {
                 cache.put(key, c);
             }
-            Ok(read.pods)
+            read
         }
-    }
+    };
+    read.pods.map_err(|e| e.to_string())
 }
 
 /// The read of view `v` once its Job and pods are decoded.
-fn view_read(v: JobView, job: Job, pods: SummarizedPods) -> ViewRead {
+fn view_read(v: JobView, job: Job, pods: Result<SummarizedPods, SyncError>) -> ViewRead {
     let backoff = v.records.into_iter().find(|r| r.name == BACKOFF_RECORD).map(|r| r.value);
     ViewRead {
         job,
@@ -892,8 +899,9 @@ fn view_read(v: JobView, job: Job, pods: SummarizedPods) -> ViewRead {
 /// `held` (the view this worker last planned from), which must be of the delta's base version,
 /// UID and session, and hold the view's count after it; a whole view with its pods' names
 /// becomes what is held. Every entry is opened and decoded as [`decode_view`] does, and the
-/// pods come in the same order, so the plan is the one a full read would make. Returns the read
-/// and the view to hold next (`None`: hold nothing, e.g. a server that sends no names).
+/// pods come in the same order, so the plan is the one a full read would make; the read's pods
+/// are the held ones, shared, not a copy. Returns the read and the view to hold next (`None`:
+/// hold nothing, e.g. a server that sends no names).
 fn decode_cached(
     mut v: JobView,
     key: &str,
@@ -912,7 +920,7 @@ fn decode_cached(
         return Err(gap("a delta's names do not match its pods"));
     }
     let mut c = if v.delta {
-        let Some(mut c) = held else { return Err(gap("a delta, and no view held")) };
+        let Some(c) = held else { return Err(gap("a delta, and no view held")) };
         // A delta from an older base than the view held applies too: it holds every pod that
         // changed after its base, so every one that changed after the held version, at its
         // current bytes, and names every pod gone since; the rest is the same in both. A
@@ -928,21 +936,33 @@ fn decode_cached(
                 c.uid, c.epoch, c.version, v.job_uid, v.epoch, v.delta_base
             )));
         }
-        for name in &v.removed {
-            c.pods.remove(name);
-        }
         c
     } else {
-        CachedJob { uid: v.job_uid.clone(), epoch: v.epoch.clone(), ..Default::default() }
+        CachedJob::new(v.job_uid.clone(), v.epoch.clone())
     };
-    for (name, entry) in names.into_iter().zip(&entries) {
-        let pod = open_pod(entry, key, namespace, view_key)?;
-        let summary = PodSummary::of(&pod);
-        c.pods.insert(name, (pod, summary));
+    // Opened in name order (a whole view's pages come in hash order), so they go in with one
+    // pass over what is held.
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by(|a, b| names[*a].cmp(&names[*b]));
+    let mut changed = Vec::with_capacity(order.len());
+    for i in order {
+        let pod = open_pod(&entries[i], key, namespace, view_key)?;
+        // The cache finds pods by name: each must be held under its own, as the watcher
+        // writes them. Anything else is planned from as a full read plans from it, and not
+        // held.
+        if pod.metadata.name.as_deref() != Some(names[i].as_str()) {
+            if v.delta {
+                return Err(gap("a changed pod is not held under its own name"));
+            }
+            v.pods = entries;
+            return decode_view(v, key, view_key).map(|r| (r, None));
+        }
+        changed.push(pod);
     }
+    c.apply(&v.removed, changed);
     c.version = v.version;
     let count = v.pod_count.and_then(|n| usize::try_from(n).ok());
-    if count != Some(c.pods.len()) {
+    if count != Some(c.len()) {
         if !v.delta {
             // A name twice in a whole view: plan from it as it is, hold nothing.
             v.pods = entries;
@@ -950,7 +970,7 @@ fn decode_cached(
         }
         return Err(gap("the view's count after the delta is not the one held"));
     }
-    let pods = c.summarized();
+    let pods = job_selector(&job).map(|selector| c.claimed(&job, &selector));
     Ok((view_read(v, job, pods), Some(c)))
 }
 
@@ -1001,6 +1021,7 @@ fn job_name(job: &Job) -> &str {
 /// The view's pods the Job claims. The view holds every pod the Job controls, matching its
 /// selector or not; one that does not match is the orphan queue's to release, and upstream's
 /// `ClaimPods` never counts it (counted, it would be an active pod too many, and deleted).
+/// The worker's view cache keeps the same claims per pod ([`CachedJob::claimed`]).
 fn claimed_view_pods(job: &Job, mut pods: SummarizedPods) -> Result<SummarizedPods, SyncError> {
     let selector = job_selector(job)?;
     pods.retain(|p| claim(job, &selector, p) == Claim::Owned);
@@ -1070,6 +1091,8 @@ fn call_error(e: ApiError) -> CallError {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use k8s_openapi::api::batch::v1::JobSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use kjob_reconcile::testutil::{mk_job, mk_pod};
@@ -1139,12 +1162,85 @@ mod tests {
             pods,
             ..Default::default()
         };
-        let read = decode_view(view, &key, &k).unwrap();
-        let names: Vec<_> =
-            read.pods.pods().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+        let pods = decode_view(view, &key, &k).unwrap().pods.unwrap();
+        let names: Vec<_> = pods.pods().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
         assert_eq!(names, ["a", "b", "c", "d"]);
-        let indexes: Vec<_> = read.pods.summaries().iter().map(|s| s.index()).collect();
+        let indexes: Vec<_> = pods.summaries().iter().map(|s| s.index()).collect();
         assert_eq!(indexes, [Some(0), Some(1), Some(2), Some(3)]);
+    }
+
+    /// A view of `pods` (each under its own name) at `version`, as a caching reader gets it:
+    /// whole, or (with `delta_base`) what changed since that version, `removed` gone.
+    fn named_view(
+        job: &Job,
+        k: &ViewKey,
+        version: u64,
+        count: usize,
+        pods: &[Pod],
+        delta: Option<(u64, &[&str])>,
+    ) -> JobView {
+        let key = job_key(job);
+        JobView {
+            trusted: true,
+            job: k.seal(EntryKind::Job, &key, &serde_json::to_vec(job).unwrap()),
+            job_uid: job.metadata.uid.clone().unwrap(),
+            pods: pods
+                .iter()
+                .map(|p| k.seal(EntryKind::Pod, &key, &serde_json::to_vec(p).unwrap()))
+                .collect(),
+            pod_names: pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect(),
+            version,
+            pod_count: Some(count as u64),
+            epoch: "epoch-1".into(),
+            delta: delta.is_some(),
+            delta_base: delta.map_or(0, |(b, _)| b),
+            removed: delta.map_or(Vec::new(), |(_, r)| r.iter().map(|n| n.to_string()).collect()),
+            ..Default::default()
+        }
+    }
+
+    /// Through the sync's read: the pods a delta read hands the plan are the cache's own
+    /// (the same `Arc`s, no copy), the same as a full read's, and a later delta applied to
+    /// the cache leaves the pods an earlier sync holds as they were (no aliasing).
+    #[test]
+    fn delta_reads_hand_over_the_held_pods_and_never_change_a_sync_s() {
+        let job = mk_job("pi").indexed().completions(Some(5)).build();
+        let (k, key) = (ViewKey::new(&[9; 32]).unwrap(), job_key(&job));
+        let pod =
+            |n: &str, i: i32, restarts: i32| mk_pod(&job, n).index(i).restarts(restarts).build();
+        let all = [pod("pi-3", 3, 0), pod("pi-0", 0, 0), pod("pi-2", 2, 0), pod("pi-1", 1, 0)];
+        let cache = crate::view_cache::ViewCache::new(100);
+        let first =
+            view_pods(named_view(&job, &k, 1, 4, &all, None), &key, &k, Some(&cache)).unwrap();
+        let full = view_pods(named_view(&job, &k, 1, 4, &all, None), &key, &k, None).unwrap();
+        assert_eq!(first.pods(), full.pods(), "a whole read through the cache is a full read");
+        assert_eq!(first.summaries(), full.summaries());
+
+        // pi-2 restarted, pi-0 is gone, pi-4 is new.
+        let changed = [pod("pi-2", 2, 1), pod("pi-4", 4, 0)];
+        let delta = named_view(&job, &k, 2, 4, &changed, Some((1, &["pi-0"])));
+        let second = view_pods(delta, &key, &k, Some(&cache)).unwrap();
+        let now = [pod("pi-1", 1, 0), pod("pi-2", 2, 1), pod("pi-3", 3, 0), pod("pi-4", 4, 0)];
+        let full = view_pods(named_view(&job, &k, 2, 4, &now, None), &key, &k, None).unwrap();
+        assert_eq!(second.pods(), full.pods(), "the delta's pods are the full read's");
+        assert_eq!(second.summaries(), full.summaries());
+        let held = cache.take(&key).unwrap();
+        assert!(second.shares_with(held.pods()), "the plan's pods are the cache's, not a copy");
+        assert!(Arc::ptr_eq(&second.pods()[0], &held.pods().pods()[0]));
+        cache.put(&key, held);
+        assert!(Arc::ptr_eq(&second.pods()[0], &first.pods()[1]), "pi-1 was never copied");
+        let names = |p: &SummarizedPods| -> Vec<String> {
+            p.pods().iter().map(|p| p.metadata.name.clone().unwrap()).collect()
+        };
+        assert_eq!(names(&first), ["pi-0", "pi-1", "pi-2", "pi-3"], "the first sync's pods");
+        assert_eq!(kjob_reconcile::pod::total_restarts(&first.pods()[2]), 0, "pi-2 as it was");
+
+        // And a third delta while the second sync still holds its pods.
+        let delta = named_view(&job, &k, 3, 3, &[], Some((2, &["pi-4"])));
+        let third = view_pods(delta, &key, &k, Some(&cache)).unwrap();
+        assert_eq!(names(&third), ["pi-1", "pi-2", "pi-3"]);
+        assert_eq!(names(&second), ["pi-1", "pi-2", "pi-3", "pi-4"], "the second sync's pods");
+        assert_eq!(second.summaries().len(), 4);
     }
 
     /// During a rolling upgrade a view may hold entries of either format (the trimmed JSON of
@@ -1157,7 +1253,7 @@ mod tests {
         let job = mk_job("pi").indexed().completions(Some(4)).build();
         let (k, key) = (ViewKey::new(&[9; 32]).unwrap(), job_key(&job));
         let controller = kjob_reconcile::template::controller_ref(&job);
-        let compact = |name: &str, index: &str| {
+        let compact = |name: &str, index: &str, labelled: bool| {
             let dict = vp::Dict::new(Some((&controller.name, &controller.uid)));
             let plain = vp::Dict::default();
             let (name, name_after_controller) = dict.name(name);
@@ -1172,6 +1268,11 @@ mod tests {
                 uuid,
                 uid,
                 annotations: vec![dict.pair(kjob_core::JOB_COMPLETION_INDEX_ANNOTATION, index)],
+                labels: if labelled {
+                    vec![dict.pair(kjob_core::CONTROLLER_UID_LABEL, &controller.uid)]
+                } else {
+                    Vec::new()
+                },
                 finalizers: vec![dict.sym(JOB_TRACKING_FINALIZER)],
                 owners: vec![vp::Owner {
                     api_version,
@@ -1196,20 +1297,16 @@ mod tests {
             pods: entries.iter().map(|e| k.seal(EntryKind::Pod, &key, e)).collect(),
             ..Default::default()
         };
-        let read =
-            decode_view(view(vec![compact("pi-1-b", "1"), legacy.clone()]), &key, &k).unwrap();
-        let pods = read.pods.pods();
-        assert_eq!(pods.len(), 2);
+        let entries =
+            vec![compact("pi-1-b", "1", true), legacy.clone(), compact("pi-2-c", "2", false)];
+        let read = decode_view(view(entries), &key, &k).unwrap().pods.unwrap();
+        let pods = read.pods();
+        assert_eq!(pods.len(), 2, "a pod without the selector's labels is not claimed");
         assert_eq!(pods[1].metadata.name.as_deref(), Some("pi-1-b"));
         assert_eq!(pods[1].metadata.namespace, job.metadata.namespace, "the Job's namespace");
-        let indexes: Vec<_> = read.pods.summaries().iter().map(|s| s.index()).collect();
+        let indexes: Vec<_> = read.summaries().iter().map(|s| s.index()).collect();
         assert_eq!(indexes, [Some(0), Some(1)]);
-        assert_eq!(
-            claimed_view_pods(&job, read.pods).unwrap().pods().len(),
-            1,
-            "a pod without the selector's labels is not claimed"
-        );
-        let mut newer = compact("pi-2-c", "2");
+        let mut newer = compact("pi-2-c", "2", true);
         newer[0] = vp::FORMAT_V1 + 1;
         let r = decode_view(view(vec![legacy, newer]), &key, &k);
         assert!(matches!(r, Err(ViewProblem::Undecodable(_))), "a newer format drops the view");

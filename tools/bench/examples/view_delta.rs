@@ -1,25 +1,29 @@
-//! Measures a sync's read of a large Job's shared view after one pod changed (issue 46: a sync
-//! costs what changed): writes the view of one Job of N realistic pods (default 20,000) through
-//! the watcher's sender into kjob-queue (in process, over a private redis-server), then R times
-//! (default 20) changes one pod (as the watcher writes a pod update) and reads the view as a
-//! worker does, two ways:
+//! Measures a sync's read of a large Job's shared view, and its plan, after one pod changed
+//! (issue 46: a sync costs what changed): writes the view of one Job of N realistic pods
+//! (default 20,000) through the watcher's sender into kjob-queue (in process, over a private
+//! redis-server), then R times (default 20) changes one pod (as the watcher writes a pod
+//! update) and syncs as a worker does, two ways:
 //!
 //! * `full` — the whole view, page by page (`QueueClient::read_job_view`), every entry opened
-//!   and decoded into the pods a sync plans from (`kjob_worker::sync::view_pods` without a
+//!   and decoded into the pods the Job claims (`kjob_worker::sync::view_pods` without a
 //!   cache).
 //! * `delta` — what changed since the version the worker holds
-//!   (`QueueClient::read_job_view_cached` with its base), applied to the worker's view cache
-//!   (`view_pods` with the cache); the pods handed to the plan are the same (checked).
+//!   (`QueueClient::read_job_view_cached` with its base), applied to the worker's view cache,
+//!   whose pods the plan then reads (`view_pods` with the cache); the pods handed to the plan
+//!   are the same as the full read's (checked every round).
 //!
-//! CPU is the reading thread's own (utime + stime of `/proc/thread-self/stat`, gRPC included),
-//! so kjob-queue's and Redis's work is not in it. Redis bytes per pod are `used_memory` grown by
-//! the view, after every pod was changed once more (so the change log holds every pod).
+//! Each way then plans one sync (`kjob_reconcile::JobSync` over the pods handed over, every
+//! step answered as successful) and drops its pods, as a sync ends. CPU is the syncing
+//! thread's own (`/proc/thread-self/schedstat`, in nanoseconds; gRPC included), so kjob-queue's
+//! and Redis's work is not in it. Redis bytes per pod are `used_memory` grown by the view,
+//! after every pod was changed once more (so the change log holds every pod).
 //!
 //! `cargo run --release -p kjob-bench --example view_delta -- 20000 20`
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::seal::ViewKey;
 use kjob_queue::{Listeners, QueueConfig, Security};
@@ -81,8 +85,13 @@ fn pod(i: usize) -> Pod {
     .expect("a pod")
 }
 
-/// CPU seconds this thread has used (utime + stime).
+/// CPU seconds this thread has used: the scheduler's run time in nanoseconds, or else utime +
+/// stime in 10 ms ticks.
 fn thread_cpu_secs() -> f64 {
+    let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    if let Some(ns) = schedstat.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()) {
+        return ns as f64 / 1e9;
+    }
     let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
     // Fields after the command (which may hold spaces) start at the last ')'.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
@@ -116,6 +125,70 @@ fn pod_write(p: &Pod) -> ViewWrite {
     ViewWrite::Pod { name, object: kjob_watcher::view::trim_pod(p) }
 }
 
+/// The Job of the view, as the API server shows an Indexed Job with every pod running.
+fn job(n: usize) -> serde_json::Value {
+    let labels =
+        json!({"batch.kubernetes.io/controller-uid": UID, "batch.kubernetes.io/job-name": JOB});
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": JOB, "namespace": NS, "uid": UID, "resourceVersion": "5"},
+        "spec": {
+            "completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": 6,
+            "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": UID}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+        "status": {
+            "startTime": "2026-12-07T06:00:00Z", "active": n, "ready": n, "terminating": 0,
+            "uncountedTerminatedPods": {},
+        },
+    })
+}
+
+/// Plans one sync of `job` from `pods` (what a worker's sync does once its read is done),
+/// answering every step as successful; returns the number of steps.
+fn plan(job: &Job, pods: &kjob_reconcile::SummarizedPods) -> usize {
+    use kjob_reconcile::{JobSync, Report, Step, SyncInput};
+    let in_flight = Default::default();
+    let input = SyncInput {
+        job,
+        pods: pods.as_slice(),
+        now: jiff::Timestamp::now(),
+        expectations_satisfied: true,
+        finalizer_removals_in_flight: &in_flight,
+        backoff: None,
+        controller_name: kjob_core::DEFAULT_CONTROLLER_NAME,
+        manage_all: true,
+    };
+    let mut sync = JobSync::with_summaries(input, pods.summaries());
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        let report = match sync.next_step() {
+            Step::Done(_) => return steps,
+            Step::Expectations(_) => continue,
+            Step::CreatePods { pods } => Report::PodsCreated(
+                pods.iter().enumerate().map(|(i, _)| Ok(format!("new-{i}"))).collect(),
+            ),
+            Step::DeletePods { pods, .. } => {
+                Report::PodsDeleted(pods.iter().map(|_| Ok(())).collect())
+            }
+            Step::RemoveFinalizers { pods } => {
+                Report::FinalizersRemoved(pods.iter().map(|_| Ok(())).collect())
+            }
+            Step::UpdateStatus { .. } => Report::StatusUpdated(Ok(())),
+        };
+        if sync.report(report).is_err() {
+            return steps;
+        }
+    }
+}
+
 /// The names of the pods a plan gets, in order, and their restart counts: what a full read and
 /// a delta must agree on.
 fn fingerprint(pods: &kjob_reconcile::SummarizedPods) -> Vec<(String, i32)> {
@@ -131,6 +204,25 @@ fn fingerprint(pods: &kjob_reconcile::SummarizedPods) -> Vec<(String, i32)> {
             (p.metadata.name.clone().unwrap_or_default(), restarts)
         })
         .collect()
+}
+
+/// The syncing thread's CPU over all rounds, in seconds.
+#[derive(Debug, Default)]
+struct Cpu {
+    /// Syncs that read the view whole: read, plan, pods dropped.
+    full: f64,
+    /// Of which the plan.
+    full_plan: f64,
+    /// Of which dropping the pods.
+    full_drop: f64,
+    /// Syncs that read what changed.
+    delta: f64,
+    /// Of which the plan.
+    delta_plan: f64,
+    /// Of which dropping the pods.
+    delta_drop: f64,
+    /// Reads that came as deltas.
+    deltas: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -173,13 +265,9 @@ fn main() -> anyhow::Result<()> {
             let writes = (first..(first + 200).min(n)).map(|i| pod_write(&pod(i))).collect();
             tx.send(item(writes)).await?;
         }
-        let job = json!({
-            "metadata": {"name": JOB, "namespace": NS, "uid": UID},
-            "spec": {"selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": UID}}},
-        });
         let job = ViewWrite::Job {
             uid: UID.into(),
-            object: serde_json::to_vec(&job)?.into(),
+            object: serde_json::to_vec(&job(n))?.into(),
             resource_version: "5".into(),
         };
         tx.send(item(vec![job, ViewWrite::Trust])).await?;
@@ -222,12 +310,13 @@ fn main() -> anyhow::Result<()> {
     // The reads, on a thread of their own so its CPU is the reader's alone.
     let reader = {
         let (key, view_key, url) = (key.clone(), view_key.clone(), url.clone());
-        std::thread::spawn(move || -> anyhow::Result<(f64, f64, f64, usize)> {
+        std::thread::spawn(move || -> anyhow::Result<Cpu> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let client = {
                 let _rt = rt.enter();
                 QueueClient::connect_lazy(&url)?
             };
+            let job: Job = serde_json::from_value(job(n))?;
             let cache = ViewCache::new(kjob_worker::view_cache::DEFAULT_VIEW_CACHE_PODS);
             let read = |base: Option<(u64, String)>| -> anyhow::Result<kjob_queue_client::JobView> {
                 let b = base.as_ref().map(|(v, e)| (*v, e.as_str()));
@@ -241,39 +330,51 @@ fn main() -> anyhow::Result<()> {
             let pods = kjob_worker::sync::view_pods(first, &key, &view_key, Some(&cache))
                 .map_err(anyhow::Error::msg)?;
             anyhow::ensure!(pods.len() == n, "{} pods held", pods.len());
+            drop(pods);
             // Filled: the writes may begin.
             tx_done.send(())?;
-            let (mut full_cpu, mut delta_cpu, mut copy_cpu, mut deltas) = (0.0, 0.0, 0.0, 0);
+            let mut cpu = Cpu::default();
             for _round in rx_round {
-                let cpu = thread_cpu_secs();
+                // A sync that reads the view whole: read, plan, and drop its pods at the end.
+                let t = thread_cpu_secs();
                 let v = match rt.block_on(client.read_job_view(&key, &[], None))? {
                     ViewPages::Trusted(v) => *v,
                     other => anyhow::bail!("the view is not readable: {other:?}"),
                 };
                 let full = kjob_worker::sync::view_pods(v, &key, &view_key, None)
                     .map_err(anyhow::Error::msg)?;
-                full_cpu += thread_cpu_secs() - cpu;
-                let cpu = thread_cpu_secs();
+                let planning = thread_cpu_secs();
+                std::hint::black_box(plan(&job, &full));
+                let planned = thread_cpu_secs();
+                let want = fingerprint(&full);
+                let dropping = thread_cpu_secs();
+                drop(full);
+                let end = thread_cpu_secs();
+                // The fingerprint (a check, not the sync's) is left out.
+                cpu.full += (planned - t) + (end - dropping);
+                cpu.full_plan += planned - planning;
+                cpu.full_drop += end - dropping;
+
+                // A sync that reads what changed into the cache and plans from the held pods.
+                let t = thread_cpu_secs();
                 let v = read(cache.base(&key))?;
-                deltas += usize::from(v.delta);
+                cpu.deltas += usize::from(v.delta);
                 let by_delta = kjob_worker::sync::view_pods(v, &key, &view_key, Some(&cache))
                     .map_err(anyhow::Error::msg)?;
-                delta_cpu += thread_cpu_secs() - cpu;
-                // Of that, handing the plan its own copy of the held pods (what grows with the
-                // Job): the same copy again, timed alone.
-                let cpu = thread_cpu_secs();
-                let held = cache.take(&key).ok_or_else(|| anyhow::anyhow!("nothing held"))?;
-                let copy = held.summarized();
-                copy_cpu += thread_cpu_secs() - cpu;
-                anyhow::ensure!(copy.len() == by_delta.len());
-                cache.put(&key, held);
-                anyhow::ensure!(
-                    fingerprint(&full) == fingerprint(&by_delta),
-                    "the delta's pods are not the full read's"
-                );
+                let planning = thread_cpu_secs();
+                std::hint::black_box(plan(&job, &by_delta));
+                let planned = thread_cpu_secs();
+                let got = fingerprint(&by_delta);
+                let dropping = thread_cpu_secs();
+                drop(by_delta);
+                let end = thread_cpu_secs();
+                cpu.delta += (planned - t) + (end - dropping);
+                cpu.delta_plan += planned - planning;
+                cpu.delta_drop += end - dropping;
+                anyhow::ensure!(want == got, "the delta's pods are not the full read's");
                 tx_done.send(())?;
             }
-            Ok((full_cpu, delta_cpu, copy_cpu, deltas))
+            Ok(cpu)
         })
     };
     // The reader's first read (the cache filled) before any write: else it would race one.
@@ -288,8 +389,7 @@ fn main() -> anyhow::Result<()> {
         ready = tx_round.send(round).is_ok() && rx_done.recv().is_ok();
     }
     drop(tx_round);
-    let (full_cpu, delta_cpu, copy_cpu, deltas) =
-        reader.join().map_err(|_| anyhow::anyhow!("the reader panicked"))??;
+    let cpu = reader.join().map_err(|_| anyhow::anyhow!("the reader panicked"))??;
 
     // Every pod changed once more: the change log holds each.
     for first in (0..n).step_by(200) {
@@ -302,22 +402,32 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(sender)??;
 
     let ms = |s: f64| s * 1000.0 / rounds as f64;
-    println!("# A sync's view read after one pod of {n} changed: {rounds} rounds\n");
-    println!("| read | reader CPU per read (ms) |\n|---|---:|");
-    println!("| full (pages, every entry decoded) | {:.2} |", ms(full_cpu));
-    println!("| delta (what changed, applied to the cache) | {:.2} |", ms(delta_cpu));
+    let pct = |a: f64, b: f64| 100.0 * a / b.max(f64::MIN_POSITIVE);
+    println!("# A sync after one pod of {n} changed: {rounds} rounds\n");
+    println!("| per sync, syncing thread's CPU (ms) | full read | delta read |\n|---|---:|---:|");
     println!(
-        "| of which: the plan's copy of the held pods (grows with the Job) | {:.2} |",
-        ms(copy_cpu)
+        "| whole sync: read, plan, pods dropped | {:.2} | {:.2} |",
+        ms(cpu.full),
+        ms(cpu.delta)
     );
     println!(
-        "\ndelta ÷ full: {:.1} % ({deltas} of {rounds} reads were deltas; the pods planned from \
-         matched the full read's every round)",
-        100.0 * delta_cpu / full_cpu.max(f64::MIN_POSITIVE)
+        "| of which: the read (pods handed to the plan) | {:.2} | {:.2} |",
+        ms(cpu.full - cpu.full_plan - cpu.full_drop),
+        ms(cpu.delta - cpu.delta_plan - cpu.delta_drop)
+    );
+    println!("| of which: the plan | {:.2} | {:.2} |", ms(cpu.full_plan), ms(cpu.delta_plan));
+    println!(
+        "| of which: the pods dropped as the sync ends | {:.2} | {:.2} |",
+        ms(cpu.full_drop),
+        ms(cpu.delta_drop)
     );
     println!(
-        "delta without the copy ÷ full: {:.1} %",
-        100.0 * (delta_cpu - copy_cpu).max(0.0) / full_cpu.max(f64::MIN_POSITIVE)
+        "\nsync after one pod changed ÷ sync reading the whole view: {:.1} % (reads alone: {:.1} %; \
+         {} of {rounds} reads were deltas; the pods planned from matched the full read's every \
+         round)",
+        pct(cpu.delta, cpu.full),
+        pct(cpu.delta - cpu.delta_plan - cpu.delta_drop, cpu.full - cpu.full_plan - cpu.full_drop),
+        cpu.deltas,
     );
     println!(
         "Redis: {redis_bytes} bytes for the view with every pod in its change log \

@@ -131,6 +131,7 @@ async fn write_view(
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": JOB, "namespace": NS, "uid": UID, "resourceVersion": "5"},
         "spec": {"completions": PODS, "parallelism": PODS, "completionMode": "Indexed",
+                 "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": UID}},
                  "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}}},
     });
     let job = ViewWrite::Job {
@@ -300,7 +301,7 @@ async fn cached_read(
 }
 
 /// The same, read whole and decoded without a cache.
-async fn full_read(client: &QueueClient, key: &str, view_key: &ViewKey) -> Vec<Pod> {
+async fn full_read(client: &QueueClient, key: &str, view_key: &ViewKey) -> Vec<Arc<Pod>> {
     let v = match client.read_job_view(key, &[], None).await.unwrap() {
         ViewPages::Trusted(v) => *v,
         other => panic!("{other:?}"),
@@ -320,9 +321,14 @@ async fn deltas_equal_full_reads(
 ) {
     let key = format!("{NS}/{JOB}");
     let cache = ViewCache::new(kjob_worker::view_cache::DEFAULT_VIEW_CACHE_PODS);
-    let (pods, delta) = cached_read(client, &key, view_key, &cache).await;
+    let (mut pods, delta) = cached_read(client, &key, view_key, &cache).await;
     assert!(!delta, "the first read is whole");
     assert_eq!(pods.len(), PODS);
+    // A pod no round changes: every read through the cache hands over the one decoded Pod.
+    let untouched = pod(7).metadata.name.unwrap();
+    let held = |p: &kjob_reconcile::SummarizedPods| {
+        p.find_by_name(&untouched).map(|i| p.pods()[i].clone()).expect("held")
+    };
     for round in 0..6 {
         let (version, epoch) = cache.base(&key).expect("held");
         // A pod updated, one removed, one created.
@@ -367,6 +373,8 @@ async fn deltas_equal_full_reads(
         assert!(delta, "round {round}");
         let full = full_read(client, &key, view_key).await;
         assert!(by_delta.pods() == full.as_slice(), "round {round}: the pods a full read gives");
+        assert!(Arc::ptr_eq(&held(&by_delta), &held(&pods)), "round {round}: shared, not copied");
+        pods = by_delta;
     }
 
     // A Lease naming the view held brings what changed since.

@@ -37,7 +37,7 @@ use crate::backoff::BackoffRecord;
 use crate::conditions as cond;
 use crate::events::{self, Event};
 use crate::metrics::{self as m, MetricDeltas};
-use crate::summary::PodSummary;
+use crate::summary::{PodSlice, PodSummary};
 use crate::{job, pod};
 
 mod manage;
@@ -64,7 +64,8 @@ pub struct SyncInput<'a> {
     pub job: &'a Job,
     /// The Job's pods (LIST by selector, claimed by controllerRef). Pods adopted in this sync
     /// must appear with the tracking finalizer added, as upstream assumes after `ClaimPods`.
-    pub pods: &'a [Pod],
+    /// Owned or shared ([`PodSlice`]: `(&pods).into()`, or [`crate::SummarizedPods::as_slice`]).
+    pub pods: PodSlice<'a>,
     /// The time of this sync; every timestamp the sync writes is this one.
     pub now: Timestamp,
     /// Whether the Job's create/delete expectations were satisfied when read (before listing pods).

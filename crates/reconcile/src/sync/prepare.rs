@@ -156,7 +156,7 @@ impl<'a> JobSync<'a> {
         self.ready = ready;
         self.terminating = terminating;
         let non_ignored =
-            new_failed.iter().filter(|&&i| policy::policy_counts_failure(job, &pods[i])).count();
+            new_failed.iter().filter(|&&i| policy::policy_counts_failure(job, pods.pod(i))).count();
         self.succeeded = self.status.succeeded.unwrap_or(0)
             + new_succeeded.len() as i32
             + self.uncounted_succeeded.len() as i32;

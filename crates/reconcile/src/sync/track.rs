@@ -55,7 +55,7 @@ impl<'a> JobSync<'a> {
         let base_succeeded = uncounted.succeeded.as_ref().map_or(0, Vec::len);
         let base_failed = uncounted.failed.as_ref().map_or(0, Vec::len);
         for i in order {
-            let pod = &all[i];
+            let pod = all.pod(i);
             let f = self.facts[i];
             if !f.tracked {
                 continue;
