@@ -23,7 +23,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kjob_core::JOB_COMPLETION_INDEX_ANNOTATION;
 use kjob_reconcile::testutil::{self, JobBuilder, at, busy_indexed_job, mk_pod, start_sync};
-use kjob_reconcile::{PodSummary, Report, Step, SummarizedPods};
+use kjob_reconcile::{PodSummary, Step, SummarizedPods};
 
 /// Pod counts benched side by side.
 const SIZES: [i32; 3] = [1_000, 10_000, 20_000];
@@ -137,26 +137,13 @@ fn plan_one_sync(
     let mut steps = 0;
     loop {
         steps += 1;
-        let report = match sync.next_step() {
-            Step::Done(outcome) => {
-                black_box(outcome);
-                return steps;
-            }
-            Step::Expectations(_) => continue,
-            Step::CreatePods { pods } => Report::PodsCreated(
-                pods.iter().enumerate().map(|(i, _)| Ok(format!("p{i}"))).collect(),
-            ),
-            Step::DeletePods { pods, .. } => {
-                Report::PodsDeleted(pods.iter().map(|_| Ok(())).collect())
-            }
-            Step::RemoveFinalizers { pods } => {
-                Report::FinalizersRemoved(pods.iter().map(|_| Ok(())).collect())
-            }
-            Step::UpdateStatus { status } => {
-                black_box(status);
-                Report::StatusUpdated(Ok(()))
-            }
-        };
+        let step = sync.next_step();
+        if let Step::Done(outcome) = step {
+            black_box(outcome);
+            return steps;
+        }
+        let Some(report) = step.all_succeeded(|i| format!("p{i}")) else { continue };
+        black_box(step);
         sync.report(report).expect("report matches step");
     }
 }

@@ -153,7 +153,7 @@ fn job(n: usize) -> serde_json::Value {
 /// Plans one sync of `job` from `pods` (what a worker's sync does once its read is done),
 /// answering every step as successful; returns the number of steps.
 fn plan(job: &Job, pods: &kjob_reconcile::SummarizedPods) -> usize {
-    use kjob_reconcile::{JobSync, Report, Step, SyncInput};
+    use kjob_reconcile::{JobSync, Step, SyncInput};
     let in_flight = Default::default();
     let input = SyncInput {
         job,
@@ -169,20 +169,11 @@ fn plan(job: &Job, pods: &kjob_reconcile::SummarizedPods) -> usize {
     let mut steps = 0;
     loop {
         steps += 1;
-        let report = match sync.next_step() {
-            Step::Done(_) => return steps,
-            Step::Expectations(_) => continue,
-            Step::CreatePods { pods } => Report::PodsCreated(
-                pods.iter().enumerate().map(|(i, _)| Ok(format!("new-{i}"))).collect(),
-            ),
-            Step::DeletePods { pods, .. } => {
-                Report::PodsDeleted(pods.iter().map(|_| Ok(())).collect())
-            }
-            Step::RemoveFinalizers { pods } => {
-                Report::FinalizersRemoved(pods.iter().map(|_| Ok(())).collect())
-            }
-            Step::UpdateStatus { .. } => Report::StatusUpdated(Ok(())),
-        };
+        let step = sync.next_step();
+        if matches!(step, Step::Done(_)) {
+            return steps;
+        }
+        let Some(report) = step.all_succeeded(|i| format!("new-{i}")) else { continue };
         if sync.report(report).is_err() {
             return steps;
         }

@@ -158,6 +158,23 @@ pub enum Step {
     Done(Box<Outcome>),
 }
 
+impl Step {
+    /// The report of this step when every call in it succeeds, the `i`-th created pod named
+    /// `created(i)`; `None` for a step that takes no report ([`Step::Expectations`],
+    /// [`Step::Done`]). For drivers that play the API server's part (benchmarks, simulations).
+    pub fn all_succeeded(&self, created: impl Fn(usize) -> String) -> Option<Report> {
+        Some(match self {
+            Step::Expectations(_) | Step::Done(_) => return None,
+            Step::CreatePods { pods } => {
+                Report::PodsCreated((0..pods.len()).map(|i| Ok(created(i))).collect())
+            }
+            Step::DeletePods { pods, .. } => Report::PodsDeleted(vec![Ok(()); pods.len()]),
+            Step::RemoveFinalizers { pods } => Report::FinalizersRemoved(vec![Ok(()); pods.len()]),
+            Step::UpdateStatus { .. } => Report::StatusUpdated(Ok(())),
+        })
+    }
+}
+
 /// Why one pod call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {

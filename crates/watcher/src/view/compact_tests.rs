@@ -10,7 +10,7 @@ use kjob_reconcile::testutil::{
     TEST_NAMESPACE, at, condition_rule, exit_code_rule, mk_job, mk_pod,
 };
 use kjob_reconcile::view_pod::{self, FORMAT_V1, ViewPodError};
-use kjob_reconcile::{JobSync, Report, Step};
+use kjob_reconcile::{JobSync, Step};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -309,20 +309,10 @@ fn plan(job: &Job, pods: &[Pod]) -> Vec<String> {
     loop {
         let step = sync.next_step();
         steps.push(format!("{step:?}"));
-        let report = match step {
-            Step::Done(_) => return steps,
-            Step::CreatePods { pods } => Report::PodsCreated(
-                pods.iter().enumerate().map(|(i, _)| Ok(format!("new-{i}"))).collect(),
-            ),
-            Step::DeletePods { pods, .. } => {
-                Report::PodsDeleted(pods.iter().map(|_| Ok(())).collect())
-            }
-            Step::RemoveFinalizers { pods } => {
-                Report::FinalizersRemoved(pods.iter().map(|_| Ok(())).collect())
-            }
-            Step::UpdateStatus { .. } => Report::StatusUpdated(Ok(())),
-            _ => continue,
-        };
+        if matches!(step, Step::Done(_)) {
+            return steps;
+        }
+        let Some(report) = step.all_succeeded(|i| format!("new-{i}")) else { continue };
         sync.report(report).unwrap();
         assert!(steps.len() < 50, "a plan that never ends: {steps:#?}");
     }
