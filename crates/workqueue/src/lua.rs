@@ -194,6 +194,11 @@ local function unpack_lease(v)
   return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk, st
 end
 
+-- The same fields as the text the record holds, for writers that only compare or copy them.
+local function unpack_lease_text(v)
+  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+
 local function xfield(item) return '!x|' .. item end
 
 -- The Job's bounded history (`crate::keys::hist_key`), for explain: only what is off the happy
@@ -439,7 +444,9 @@ end
 
 -- Leases up to `n` ready items (`drr_pop`, or `fifo_pop`) to `worker` for `lease_ms`, appending
 -- `{item, lease_id, requeues, deadline, added_at, expiries}` of each to `out`; returns how many. One
--- sequence bump, one HMGET, one ZADD and one HSET for the whole batch.
+-- sequence bump, one HMGET, one ZADD and one HSET for the whole batch. Numbers go out as the
+-- text Redis gave (the counts, the ready time) or as text made once per call (the time, the
+-- deadline): only each lease id's sequence number is formatted per item.
 local function grant(worker, n, lease_ms, out)
   local popped
   if lease_fifo then popped = fifo_pop(n) else popped = drr_pop(n) end
@@ -454,23 +461,26 @@ local function grant(worker, n, lease_ms, out)
   end
   local fail = redis.call('HMGET', FAILURES, unpack(fields))
   -- The scores are ready times less head starts: add them back, so `added` is the ready time.
-  local hs = {}
+  local hs = false
   if has_prio() then
     local items = {}
     for i = 1, count do items[i] = popped[2 * i - 1] end
     hs = redis.call('HMGET', PRIO, unpack(items))
   end
-  local deadline = now + lease_ms
+  local deadline = string.format('%d', now + lease_ms)
+  local mid, tail = '-' .. now_s .. '|' .. now_s .. '|', '|-1|' .. worker
+  local first = last - count
   local zargs, hargs = {}, {}
   for i = 1, count do
     local item, added = popped[2 * i - 1], popped[2 * i]
     -- The time part keeps ids unique even if Redis lost the sequence (restart without AOF).
-    local id = (last - count + i) .. '-' .. now
-    local req, ex = tonumber(fail[2 * i - 1] or 0), tonumber(fail[2 * i] or 0)
+    local seq = string.format('%d', first + i)
+    local req, ex = fail[2 * i - 1] or '0', fail[2 * i] or '0'
     zargs[2 * i - 1], zargs[2 * i] = deadline, item
     hargs[2 * i - 1] = item
-    hargs[2 * i] = id .. '|' .. now .. '|' .. req .. '|' .. ex .. '|-1|' .. worker
-    out[#out + 1] = {item, id, req, deadline, tonumber(added) + hs_of(hs[i]), ex}
+    hargs[2 * i] = seq .. mid .. req .. '|' .. ex .. tail
+    if hs and hs[i] then added = tonumber(added) + hs_of(hs[i]) end
+    out[#out + 1] = {item, seq .. '-' .. now_s, req, deadline, added, ex}
   end
   redis.call('ZADD', LEASES, unpack(zargs))
   redis.call('HSET', LEASE, unpack(hargs))

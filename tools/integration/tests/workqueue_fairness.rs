@@ -330,6 +330,37 @@ async fn fifo_order_serves_the_flood_first() {
     assert!(namespaces == "acacac" || namespaces == "cacaca", "{order:?}");
 }
 
+/// A namespace joins the round robin once, when its set was empty, whichever way an Add finds
+/// out: from the list read whole (an Add naming at least half as many namespaces as the list
+/// holds) or by asking each set (a longer list). A namespace listed twice would take two turns
+/// in a round. The leases carry the Add's time and no failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_joins_the_round_robin_once() {
+    let (_server, s) = one_shard().await;
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let before = i64::try_from(before.as_millis()).unwrap();
+    let add = |keys: &'static [&'static str]| {
+        let items: Vec<Enqueue> = keys.iter().map(|k| Enqueue::now(*k)).collect();
+        let s = s.clone();
+        async move { s.add(Q, &items).await.unwrap() }
+    };
+    // The list read whole: empty, then 3 entries against 2 namespaces named.
+    add(&["n1/a", "n2/a", "n3/a"]).await;
+    add(&["n1/b", "n4/a"]).await;
+    // Asked per set: 4 entries against 1 namespace named, once listed and once not.
+    add(&["n2/b"]).await;
+    add(&["n5/a"]).await;
+    let mut order = Vec::new();
+    loop {
+        let got = s.lease(Q, "w", 1, LEASE).await.unwrap().items;
+        let Some(l) = got.into_iter().next() else { break };
+        assert_eq!((l.requeues, l.expiries), (0, 0), "{l:?}");
+        assert!(l.enqueued_ms >= before && l.deadline_ms >= l.enqueued_ms + 30_000, "{l:?}");
+        order.push(l.key);
+    }
+    assert_eq!(order, ["n1/a", "n2/a", "n3/a", "n4/a", "n5/a", "n1/b", "n2/b"]);
+}
+
 macro_rules! on {
     ($backend:ident: $($name:ident),* $(,)?) => {
         mod $backend {

@@ -137,8 +137,20 @@ if #now_items > 0 then
         per_ns[ns] = z
         namespaces[#namespaces + 1] = ns
       end
-      z[#z + 1] = now - now_hs[item]
+      local hs = now_hs[item]
+      z[#z + 1] = hs == 0 and now_s or now - hs
       z[#z + 1] = item
+    end
+  end
+  -- A namespace joins the round robin when its set was empty, that is when it is not in the
+  -- list (it is there exactly while its set is not empty). A short list is read whole, once;
+  -- a long one is asked about per namespace (ZCARD after the ZADD).
+  local listed, joining = false, {}
+  local len = redis.call('LLEN', RR)
+  if len <= 2 * #namespaces then
+    listed = {}
+    if len > 0 then
+      for _, ns in ipairs(redis.call('LRANGE', RR, 0, -1)) do listed[ns] = true end
     end
   end
   for _, ns in ipairs(namespaces) do
@@ -146,10 +158,14 @@ if #now_items > 0 then
     for s = 1, #z, 2000 do
       n = n + redis.call('ZADD', k, 'NX', unpack(z, s, math.min(s + 1999, #z)))
     end
-    -- The namespace joins the round robin when its set was empty.
-    if n > 0 and redis.call('ZCARD', k) == n then redis.call('RPUSH', RR, ns) end
+    if n > 0 then
+      local was_empty
+      if listed then was_empty = not listed[ns] else was_empty = redis.call('ZCARD', k) == n end
+      if was_empty then joining[#joining + 1] = ns end
+    end
     added, accepted, readied = added + n, accepted + n, readied + n
   end
+  if #joining > 0 then redis.call('RPUSH', RR, unpack(joining)) end
 end
 -- Hand-off: the replica's own waiting lessees, in the order they began waiting, lease what
 -- became ready in this same script (no wake-up, no second script). Only what they leave is

@@ -35,13 +35,15 @@ local any_delayed = redis.call('ZCARD', DELAYED) > 0
 local rows, finished, gone, last = {}, {}, {}, {}
 -- The last-Done entry is written for every Done, so it is built from strings as read: the
 -- time once per call, the start as the lease record has it, each worker's length once.
-local head, wklen = 'd|' .. now .. '|', {}
+local head, wklen = 'd|' .. now_s .. '|', {}
 for j, item in ipairs(items) do
   local a = 3 + 5 * (j - 1)
   local id, outcome = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local lid, started, req, ex, dt, wk, started_s
+  -- As text: only the start is used as a number (the work time); the counts are compared
+  -- with '0' and the dirty time with '-1' (Lua's number parsing costs per field).
+  local lid, started_s, req, ex, dt, wk
   if recs[j] and not finished[item] then
-    lid, started, req, ex, dt, wk, started_s = unpack_lease(recs[j])
+    lid, started_s, req, ex, dt, wk = unpack_lease_text(recs[j])
   end
   if lid ~= id then
     redis.call('HINCRBY', STATS, 'stale_total', 1)
@@ -51,7 +53,7 @@ for j, item in ipairs(items) do
     gone[#gone + 1] = item
     -- A Done ends the run of lease expiries (poison detection). The record says whether there
     -- is anything to delete, which saves a command on the common path.
-    if ex > 0 and redis.call('HDEL', FAILURES, xfield(item)) == 1 then
+    if ex ~= '0' and redis.call('HDEL', FAILURES, xfield(item)) == 1 then
       redis.call('HINCRBY', STATS, 'expiring', -1)
     end
     local delay = -1
@@ -60,13 +62,13 @@ for j, item in ipairs(items) do
     else
       -- Forget (also for requeue-after, a success). Only the holder changes the count while
       -- the key is leased, so the count read at lease time tells whether there is one.
-      if req > 0 then redis.call('HDEL', FAILURES, item) end
+      if req ~= '0' then redis.call('HDEL', FAILURES, item) end
       if outcome == 3 then delay = tonumber(ARGV[a + 3]) end
     end
     local ready_at = -1
-    if dt >= 0 or delay == 0 then
-      if dt < 0 then dt = now end
-      ready_add(item, dt)
+    local dirty = dt ~= '-1'
+    if dirty or delay == 0 then
+      ready_add(item, dirty and tonumber(dt) or now)
       ready_at = now
       wake()
     end
@@ -80,7 +82,7 @@ for j, item in ipairs(items) do
     end
     -- Gone from the queue: so is its priority.
     if ready_at < 0 then forget_prio(item) end
-    rows[#rows + 1] = {now - started, ready_at, delay}
+    rows[#rows + 1] = {now - tonumber(started_s), ready_at, delay}
     local wl = wklen[wk]
     if not wl then
       wl = #wk .. '|'
@@ -93,7 +95,7 @@ for j, item in ipairs(items) do
     last[#last + 1] = entry
     -- Happy: a success after a success. An error, a requeue-after, or the first success after
     -- errors or expiries is history.
-    if outcome ~= 1 or req > 0 or ex > 0 then hist(item, entry) end
+    if outcome ~= 1 or req ~= '0' or ex ~= '0' then hist(item, entry) end
   end
 end
 if #gone > 0 then
