@@ -161,7 +161,9 @@ end
 -- item's MARK, or the sweep after a lost one, put it there) and its waiters were woken then: no
 -- MARK needed, which spares a round trip on every Add to a busy shard. Lease deadlines are not
 -- marked either: a lease's SETTLE records them, and the sweep reaps every shard.
-local had_ready = any_ready()
+-- `T:rr`'s length as the script began (`ready_len0`): ADD reuses it instead of asking again.
+local ready_len0 = redis.call('LLEN', RR)
+local had_ready = ready_len0 > 0
 local mark_at, woke = -1, 0
 local function mark(at)
   if mark_at < 0 or at < mark_at then mark_at = at end
@@ -189,14 +191,15 @@ end
 -- Lease record: id|start|requeues|expiries|dirtyAt|worker (dirtyAt -1 = not dirty; the worker
 -- id goes last because it is free-form). The start comes back as read too, for writers that
 -- copy it into a record (formatting a number in Lua costs more than the rest of a field).
-local function unpack_lease(v)
-  local id, st, rq, ex, dt, wk = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk, st
-end
-
--- The same fields as the text the record holds, for writers that only compare or copy them.
+-- `unpack_lease_text` gives the fields as the text the record holds, for writers that only
+-- compare or copy them; `unpack_lease` the numeric ones as numbers.
 local function unpack_lease_text(v)
   return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+
+local function unpack_lease(v)
+  local id, st, rq, ex, dt, wk = unpack_lease_text(v)
+  return id, tonumber(st), tonumber(rq), tonumber(ex), tonumber(dt), wk, st
 end
 
 local function xfield(item) return '!x|' .. item end

@@ -144,9 +144,10 @@ if #now_items > 0 then
   end
   -- A namespace joins the round robin when its set was empty, that is when it is not in the
   -- list (it is there exactly while its set is not empty). A short list is read whole, once;
-  -- a long one is asked about per namespace (ZCARD after the ZADD).
+  -- a long one is asked about per namespace (ZCARD after the ZADD). Nothing above writes the
+  -- list, so its length is still the prelude's.
   local listed, joining = false, {}
-  local len = redis.call('LLEN', RR)
+  local len = ready_len0
   if len <= 2 * #namespaces then
     listed = {}
     if len > 0 then
