@@ -361,6 +361,62 @@ async fn a_namespace_joins_the_round_robin_once() {
     assert_eq!(order, ["n1/a", "n2/a", "n3/a", "n4/a", "n5/a", "n1/b", "n2/b"]);
 }
 
+/// A namespace whose set a lease empties leaves the round robin and its deficit goes, however
+/// the lease found out: a visit that got fewer keys than it asked for, or (when it got exactly
+/// what it asked for) the one check of every such set after the visits — with the whole list
+/// read, with only its head read (a rotated namespace), and a head that keeps the rest of its
+/// turn. The list is read from Redis after each lease: a namespace with nothing ready must not
+/// stay listed (it would tell every lessee that the shard has work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_a_lease_empties_leaves_the_round_robin() {
+    let (server, s) = one_shard().await;
+    let tag = s.layout().tag(Q, 0);
+    let (rr, drr) = (format!("{tag}:rr"), format!("{tag}:drr"));
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let add = |keys: &'static [&'static str]| {
+        let items: Vec<Enqueue> = keys.iter().map(|k| Enqueue::now(*k)).collect();
+        let s = s.clone();
+        async move { s.add(Q, &items).await.unwrap() }
+    };
+    let lease = |n: u32| {
+        let s = s.clone();
+        async move {
+            let got = s.lease(Q, "w", n, LEASE).await.unwrap().items;
+            got.into_iter().map(|l| l.key).collect::<Vec<_>>()
+        }
+    };
+    add(&["n1/a", "n2/a", "n2/b", "n2/c", "n3/a"]).await;
+    // The whole list read (3 entries for 3 keys): n1 and n3 gave their last key.
+    assert_eq!(lease(3).await, ["n1/a", "n2/a", "n3/a"]);
+    let listed: Vec<String> =
+        redis::cmd("LRANGE").arg(&rr).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+    assert_eq!(listed, ["n2"]);
+    add(&["m1/a", "m2/a", "m2/b", "m3/a", "m4/a"]).await;
+    s.set_namespace_weight("m2", 3).await.unwrap();
+    // Only the head read (5 entries for 2 keys): n2 and m1 rotate, and m1 is empty.
+    assert_eq!(lease(2).await, ["n2/b", "m1/a"]);
+    let listed: Vec<String> =
+        redis::cmd("LRANGE").arg(&rr).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+    assert_eq!(listed, ["m2", "m3", "m4", "n2"]);
+    // m2 (weight 3) gives 2 and would keep the head for its third, but it has no third.
+    assert_eq!(lease(2).await, ["m2/a", "m2/b"]);
+    let listed: Vec<String> =
+        redis::cmd("LRANGE").arg(&rr).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+    assert_eq!(listed, ["m3", "m4", "n2"]);
+    let deficits: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&drr).query_async(&mut c).await.unwrap();
+    assert!(deficits.is_empty(), "an emptied namespace keeps no deficit: {deficits:?}");
+    // Each gives its last key, then the next round finds them empty.
+    assert_eq!(lease(10).await, ["m3/a", "m4/a", "n2/c"]);
+    let exists: u32 = redis::cmd("EXISTS").arg(&rr).arg(&drr).query_async(&mut c).await.unwrap();
+    assert_eq!(exists, 0, "nothing ready: no round robin, no deficits");
+    // A namespace that left joins again, once.
+    add(&["m2/c", "n1/b", "m2/d"]).await;
+    assert_eq!(lease(10).await, ["m2/c", "m2/d", "n1/b"]);
+    s.set_namespace_weight("m2", 1).await.unwrap();
+}
+
 macro_rules! on {
     ($backend:ident: $($name:ident),* $(,)?) => {
         mod $backend {
