@@ -79,10 +79,21 @@ const WAIT: Duration = Duration::from_secs(5);
 /// Keys leased per call.
 const BATCH: u32 = 10;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let Args { command, log } = Args::parse();
     kjob_svc::init_logging(&log)?;
+    // The runtime the kjob-queue binary runs on (`kjob_svc::main` with `Threads::One`): one
+    // worker thread, the body a task on it. The in-process kjob-queue is measured as deployed,
+    // not on tokio's default of a thread per CPU, which would put two threads on the clients'
+    // single core and make every hand-over between them a context switch.
+    match command {
+        Command::Run(args) => kjob_svc::binary::run_on_workers(Some(1), bench::run(args)),
+        other => tokio::runtime::Runtime::new()?.block_on(tools(other)),
+    }
+}
+
+/// The other subcommands, on tokio's default runtime.
+async fn tools(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => bench::run(args).await,
         Command::Explain(args) => kjob_bench::explain::run(args).await,
