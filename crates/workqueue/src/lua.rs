@@ -456,13 +456,18 @@ local function grant(worker, n, lease_ms, out)
   local count = #popped / 2
   if count == 0 then return 0 end
   local last = redis.call('HINCRBY', STATS, 'lease_seq', count)
-  local fields = {}
-  for i = 1, count do
-    local item = popped[2 * i - 1]
-    fields[2 * i - 1] = item
-    fields[2 * i] = xfield(item)
+  -- Each item's failures and lease expiries. Both are rare: a shard without any (the common
+  -- case) reads none, for one HLEN.
+  local fail = {}
+  if redis.call('HLEN', FAILURES) > 0 then
+    local fields = {}
+    for i = 1, count do
+      local item = popped[2 * i - 1]
+      fields[2 * i - 1] = item
+      fields[2 * i] = xfield(item)
+    end
+    fail = redis.call('HMGET', FAILURES, unpack(fields))
   end
-  local fail = redis.call('HMGET', FAILURES, unpack(fields))
   -- The scores are ready times less head starts: add them back, so `added` is the ready time.
   local hs = false
   if has_prio() then
