@@ -482,9 +482,9 @@ impl QueueService {
                     requeues: it.requeues,
                     deadline_unix_ms: it.deadline_ms,
                     enqueued_unix_ms: it.enqueued_ms,
-                    // An Add's hand-off read the view in its own script (without the
-                    // names a caching lessee needs: its view is read below).
-                    view: if view_names { None } else { it.view.map(view_reply) },
+                    // An Add's hand-off read the view in its own script, with the names,
+                    // version and epoch a caching lessee keeps.
+                    view: it.view.map(|v| handoff_reply(v, view_names)),
                     lease_expiries: it.expiries,
                     done_raises_expectations: true,
                     done_expects_finalizer_removals: true,
@@ -1209,6 +1209,22 @@ fn page_reply(page: ViewPage, names: bool) -> v1::GetJobViewResponse {
             reply
         }
     }
+}
+
+/// A view an Add's hand-off read whole in its script, as the wire answers it; with `names`
+/// (a lessee that caches views decoded) its pods' names, version, count and epoch token, as a
+/// one-page read brings them.
+fn handoff_reply(view: Option<kjob_workqueue::JobView>, names: bool) -> v1::GetJobViewResponse {
+    let Some(mut view) = view else { return view_reply(None) };
+    let named = view.named.take();
+    let mut reply = view_reply(Some(view));
+    if let (true, Some(n)) = (names, named) {
+        reply.pod_count = Some(reply.pods.len() as u64);
+        reply.pod_names = n.names;
+        reply.version = n.version;
+        reply.epoch = n.epoch;
+    }
+    reply
 }
 
 /// A view read as the wire answers it: untrusted (`None`) is an empty, untrusted reply.

@@ -54,8 +54,8 @@ pub use store::{
     SweepResult,
 };
 pub use view::{
-    DELTA_MAX_PODS, JobView, SessionPhase, ViewChanges, ViewCursor, ViewDelta, ViewOp, ViewPage,
-    ViewPods,
+    DELTA_MAX_PODS, JobView, NamedPods, SessionPhase, ViewChanges, ViewCursor, ViewDelta, ViewOp,
+    ViewPage, ViewPods,
 };
 pub use wake::{LeaseAsk, Waker};
 

@@ -62,6 +62,21 @@ pub struct JobView {
     pub expectations: crate::Expectations,
     /// The per-Job records asked for that exist, as `(name, value)`.
     pub records: Vec<(String, Vec<u8>)>,
+    /// Read whole in one script (an Add's hand-off): each pod's name (as `pods`, in the same
+    /// order), the view's version and its epoch token, which a lessee that caches views
+    /// decoded keeps. `None` for a view read otherwise.
+    pub named: Option<NamedPods>,
+}
+
+/// What a view read whole in one script adds (see [`JobView::named`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedPods {
+    /// The pods' names, in the order of [`JobView::pods`].
+    pub names: Vec<String>,
+    /// The view's version (`ver`): a later delta read may start from it.
+    pub version: u64,
+    /// The token of the session that trusted the view.
+    pub epoch: String,
 }
 
 /// A phase of a watcher's view session.
@@ -271,9 +286,12 @@ end
 -- `exp` as GET_EXPECTATIONS replies it and the records named by names[first .. first + count -
 -- 1] (each `expiry|value`, '' when absent). The pods only `with_pods` (else {}): GET_VIEW reads
 -- them with an HVALS after the script, in the same transaction (see `Store::run_then_read`).
+-- With the pods (an Add's hand-off) they come as `{name, entry, …}` and the reply ends with the
+-- view's version and epoch token, so a lessee that caches views decoded can hold this one
+-- without reading it again.
 local function read_view(current, JOB, PODS, META, EXP, FIN, REC, now, names, first, count,
                          with_pods)
-  local m = redis.call('HMGET', META, 'epoch', 'orphans', 'handled', 'uid')
+  local m = redis.call('HMGET', META, 'epoch', 'orphans', 'handled', 'uid', 'ver')
   if not current or not m[1] or m[1] == '' or m[1] ~= current then return {0} end
   local job = redis.call('GET', JOB)
   if not job then return {0} end
@@ -288,9 +306,11 @@ local function read_view(current, JOB, PODS, META, EXP, FIN, REC, now, names, fi
   local recs = {}
   if count > 0 then recs = redis.call('HMGET', REC, unpack(names, first, first + count - 1)) end
   for i = 1, count do if not recs[i] then recs[i] = '' end end
-  local pods = {}
-  if with_pods then pods = redis.call('HVALS', PODS) end
-  return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), pods, m[4] or '', exp, recs}
+  if not with_pods then
+    return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), {}, m[4] or '', exp, recs}
+  end
+  return {1, job, tonumber(m[2] or 0), tonumber(m[3] or 0), redis.call('HGETALL', PODS),
+    m[4] or '', exp, recs, tonumber(m[5] or 0), epoch_token(current)}
 end
 "#
     };
@@ -465,7 +485,8 @@ impl Store {
         hvals.arg(&keys.view.pods);
         let (v, mut reads) =
             self.run_then_read(&GET_VIEW_SCRIPT, &keys.to_vec(), &args, &[hvals]).await?;
-        let Some(mut view) = self.job_view_reply(Fields::new("get_job_view", &v)?, records)? else {
+        let mut f = Fields::new("get_job_view", &v)?;
+        let Some(mut view) = self.read_view_fields(&mut f, records, false)? else {
             return Ok(None);
         };
         let pods = reads.pop().unwrap_or(Value::Nil);
@@ -560,7 +581,7 @@ impl Store {
             .run_then_read(&GET_VIEW_SCRIPT, &keys.to_vec(), &args, &[scan_cmd(keys, 0)])
             .await?;
         let mut f = Fields::new("get_job_view", &v)?;
-        let Some(head) = self.read_view_fields(&mut f, records)? else { return Ok(None) };
+        let Some(head) = self.read_view_fields(&mut f, records, false)? else { return Ok(None) };
         let version = f.u64("version")?;
         let pod_count = f.u64("pod_count")?;
         let epoch = f.string("epoch")?;
@@ -602,21 +623,30 @@ impl Store {
         Ok(Some(ViewChunk { head: None, version, pod_count, epoch, next_scan, pods, names }))
     }
 
-    /// Reads a view as `read_view` replies it (GET_VIEW, and ADD's hand-offs): `None` when it
-    /// is not trusted.
-    pub(crate) fn job_view_reply(
+    /// Reads a view as `read_view` replies it with its pods (ADD's hand-offs: named, with
+    /// version and epoch): `None` when it is not trusted.
+    pub(crate) fn handoff_view_reply(
         &self,
         mut f: Fields<'_>,
         records: &[String],
     ) -> Result<Option<JobView>, WqError> {
-        self.read_view_fields(&mut f, records)
+        let Some(mut view) = self.read_view_fields(&mut f, records, true)? else {
+            return Ok(None);
+        };
+        if let Some(named) = &mut view.named {
+            named.version = f.u64("version")?;
+            named.epoch = f.string("epoch")?;
+        }
+        Ok(Some(view))
     }
 
-    /// [`Self::job_view_reply`] from a cursor that may go on past the view's fields.
+    /// The fields of `read_view`'s reply from a cursor that may go on past them; the pods as
+    /// `{name, entry, …}` when `named`.
     fn read_view_fields(
         &self,
         f: &mut Fields<'_>,
         records: &[String],
+        named: bool,
     ) -> Result<Option<JobView>, WqError> {
         if !f.flag("trusted")? {
             return Ok(None);
@@ -625,8 +655,15 @@ impl Store {
         let orphans_seen = f.u64("orphans_seen")?;
         let orphans_handled = f.u64("orphans_handled")?;
         let mut pods_f = f.array("pods")?;
-        let pods =
-            (0..pods_f.remaining()).map(|_| pods_f.bytes("pod")).collect::<Result<_, _>>()?;
+        let mut pods = Vec::with_capacity(pods_f.remaining());
+        let mut names = Vec::new();
+        while pods_f.remaining() > 0 {
+            if named {
+                names.push(pods_f.string("pod name")?);
+            }
+            pods.push(pods_f.bytes("pod")?);
+        }
+        let named = named.then(|| NamedPods { names, version: 0, epoch: String::new() });
         let uid = f.string("uid")?;
         let exp = self.expectations_reply(f.array("expectations")?, &uid)?;
         let mut recs = f.array("records")?;
@@ -652,6 +689,7 @@ impl Store {
             uid,
             expectations: exp.expectations,
             records: found,
+            named,
         }))
     }
 }
@@ -897,7 +935,7 @@ impl Store {
             }
         }
         let mut f = Fields::new("job_view_delta", &v)?;
-        let Some(head) = self.read_view_fields(&mut f, records)? else {
+        let Some(head) = self.read_view_fields(&mut f, records, false)? else {
             return Ok(ViewDelta::Untrusted);
         };
         let version = f.u64("version")?;

@@ -13,8 +13,8 @@ use kjob_core::events::GateEvent;
 use kjob_core::{Observation, ObservationKind, ViewOp};
 use kjob_queue::{Listeners, QueueConfig, Security};
 use kjob_queue_client::{
-    AddItem, ClientError, Done, Outcome, QueueClient, SetExpectations, ViewRecord, ViewWriteBack,
-    v1,
+    AddItem, ClientError, Done, LeaseCall, Outcome, QueueClient, SetExpectations, ViewRecord,
+    ViewWriteBack, v1,
 };
 use kjob_svc::Shutdown;
 use kjob_testkit::RedisServer;
@@ -713,10 +713,24 @@ async fn a_broken_listener_ends_the_service_with_an_error_naming_the_server() {
 /// read after its own writes (the pod it wrote is there), and the hand-off is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
+    hand_off_a_view(false).await;
+}
+
+/// The same for a lessee that caches views decoded (kjob-worker's default): the hand-off brings
+/// the pods' names, the view's version, count and epoch token, as a one-page read does, so the
+/// service reads nothing more for it (Redis ran no HSCAN, the paged read's command).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caching_lessee_keeps_the_view_of_its_hand_off() {
+    hand_off_a_view(true).await;
+}
+
+async fn hand_off_a_view(caching: bool) {
     let redis = RedisServer::start().unwrap();
     let r = start(&redis).await;
     let c = r.strict();
     let http = reqwest::Client::new();
+    let mut direct =
+        redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     assert!(c.cache_session("s1", v1::CacheSessionPhase::Begin).await.unwrap());
     let write = |key: &str, only: bool, cache: Vec<ViewOp<Vec<u8>>>| AddItem {
         queue: "job".into(),
@@ -746,11 +760,20 @@ async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
         let waiting = {
             let c = c.clone();
             tokio::spawn(async move {
-                c.lease_with_views("job", 1, LEASE, Duration::from_secs(10), "w", &["backoff"])
-                    .await
+                let call = LeaseCall {
+                    queue: "job",
+                    max_items: 1,
+                    lease: LEASE,
+                    wait: Duration::from_secs(10),
+                    worker_id: "w",
+                    records: Some(&["backoff"]),
+                    cached: if caching { Some(&[]) } else { None },
+                };
+                c.lease_finishing(call, Vec::new()).await.map(|(got, _)| got)
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut direct).await.unwrap();
         let pod = cache_op(v1::CacheOpKind::Pod, "p", b"{\"pod\":2}", "");
         c.add(vec![write(&key, false, vec![pod])]).await.unwrap();
         let got = waiting.await.unwrap().unwrap();
@@ -761,10 +784,22 @@ async fn an_add_hands_a_waiting_lease_the_view_it_wrote() {
         assert_eq!(v.pods, vec![b"{\"pod\":2}".to_vec()], "the Add's own write is in the view");
         let e = v.expectations.as_ref().unwrap();
         assert!(!e.exists && e.satisfied, "{e:?}");
-        if handed().await == 1.0 {
-            r.stop().await;
-            return;
+        if handed().await != 1.0 {
+            continue;
         }
+        let stats: String =
+            redis::cmd("INFO").arg("commandstats").query_async(&mut direct).await.unwrap();
+        if caching {
+            assert_eq!(v.pod_names, ["p"], "{v:?}");
+            assert_eq!(v.pod_count, Some(1));
+            assert!(v.version > 0 && !v.epoch.is_empty(), "{v:?}");
+            assert!(v.next_page.is_empty() && !v.delta, "{v:?}");
+            assert!(!stats.contains("cmdstat_hscan"), "the view was read again:\n{stats}");
+        } else {
+            assert!(v.pod_names.is_empty() && v.epoch.is_empty(), "{v:?}");
+        }
+        r.stop().await;
+        return;
     }
     panic!("no Add handed its key to the waiting Lease in five tries");
 }

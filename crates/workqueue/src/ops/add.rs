@@ -245,7 +245,7 @@ impl AddReply {
         let handed_item = |mut f: Fields<'_>| {
             let mut leased = Leased::parse(&mut f)?;
             if f.remaining() > 0 {
-                leased.view = Some(store.job_view_reply(f.array("view")?, records)?);
+                leased.view = Some(store.handoff_view_reply(f.array("view")?, records)?);
             }
             Ok(leased)
         };
